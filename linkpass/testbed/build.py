@@ -1,0 +1,274 @@
+"""Turn a `Fabric` into real namespaces, veths, addresses, routes and sysctls (and back).
+
+The only module that creates testbed objects. Everything it makes carries the prefix:
+namespaces `<prefix>-<node>`, root-namespace links `<prefix>-mgmt` / `<prefix>-m<i>`, so
+`clean(prefix)` can reap the leftovers of any crashed run by name alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import os
+import signal
+import time
+from typing import Callable
+
+from pyroute2 import IPRoute, netns as pr_netns
+
+from .. import netns as ns_io
+from . import state
+from .topology import Fabric, Route, Spec, TopologyError, mac_of, make_fabric, mgmt_subnet_for_slot
+
+# pyroute2 speaks in route protocol numbers; 4 = "static" marks testbed baseline routes.
+RTPROT_STATIC = 4
+NUD_PERMANENT = 0x80
+
+
+class TestbedError(RuntimeError):
+    """Building or changing the testbed failed; the message says what to do."""
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# ---- discovery -------------------------------------------------------------------------
+
+def namespaces_with_prefix(prefix: str) -> list[str]:
+    return sorted(n for n in pr_netns.listnetns() if n.startswith(f"{prefix}-"))
+
+
+def root_links_with_prefix(prefix: str) -> list[str]:
+    with IPRoute() as ipr:
+        names = [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
+    return sorted(n for n in names if n and n.startswith(f"{prefix}-"))
+
+
+def _pick_mgmt_subnet() -> str:
+    """First management /24 that no route in the root namespace already uses."""
+    with IPRoute() as ipr:
+        used = []
+        for r in ipr.get_routes(family=2):
+            dst = r.get_attr("RTA_DST")
+            if dst:
+                used.append(ipaddress.IPv4Network(f"{dst}/{r['dst_len']}", strict=False))
+    taken_by_state = set()
+    for p in state.all_prefixes():
+        doc = state.load(p)
+        if doc:
+            taken_by_state.add(doc.get("mgmt_subnet"))
+    for slot in range(256):
+        cand = mgmt_subnet_for_slot(slot)
+        net = ipaddress.IPv4Network(cand)
+        if cand in taken_by_state or any(net.overlaps(u) for u in used):
+            continue
+        return cand
+    raise TestbedError("no free management /24 left in 198.19.0.0/16; remove old testbeds with `linkpass testbed clean --all`")
+
+
+# ---- build -----------------------------------------------------------------------------
+
+def up(spec: Spec, prefix: str, progress: Progress = _quiet) -> Fabric:
+    """Build the testbed; on any failure remove everything built so far and re-raise."""
+    t0 = time.perf_counter()
+    with state.locked(prefix):
+        existing = namespaces_with_prefix(prefix) + root_links_with_prefix(prefix)
+        if existing or state.load(prefix):
+            raise TestbedError(
+                f"a testbed with prefix {prefix!r} already exists ({len(existing)} objects); "
+                f"run `linkpass testbed down --prefix {prefix}` first, or choose another --prefix")
+        fab = make_fabric(spec, prefix, spec.mgmt_subnet or _pick_mgmt_subnet())
+        state.save(prefix, {"status": "building", "spec": spec.__dict__, "mgmt_subnet": fab.mgmt_subnet,
+                            "faults": [], "next_fault_id": 1})
+        try:
+            _build(fab, progress)
+        except BaseException as exc:
+            progress(f"build failed ({exc}); removing what was built")
+            _teardown(prefix)
+            state.remove(prefix)
+            raise
+        state.save(prefix, {"status": "up", "spec": spec.__dict__, "mgmt_subnet": fab.mgmt_subnet,
+                            "faults": [], "next_fault_id": 1,
+                            "built_in_s": round(time.perf_counter() - t0, 3)})
+    return fab
+
+
+def _build(fab: Fabric, progress: Progress) -> None:
+    names = list(fab.nodes)
+    progress(f"creating {len(names)} namespaces")
+    for node in names:
+        pr_netns.create(fab.netns(node))
+    for node in names:
+        ns_io.write_sysctls(fab.netns(node), fab.nodes[node].sysctls)
+
+    sockets: dict[str, IPRoute] = {}
+    try:
+        for node in names:
+            sockets[node] = IPRoute(netns=fab.netns(node))
+        progress(f"wiring {len(fab.links)} fabric links")
+        for lk in fab.links.values():
+            sockets[lk.a].link("add", ifname=lk.a_if, kind="veth", address=mac_of(lk.a_addr),
+                               peer={"ifname": lk.b_if, "net_ns_fd": fab.netns(lk.b),
+                                     "address": mac_of(lk.b_addr)})
+        for node, ipr in sockets.items():
+            _configure_node(fab, node, ipr)
+        progress("wiring the management network")
+        _build_mgmt(fab, sockets)
+        progress("installing neighbours and routes")
+        for node, ipr in sockets.items():
+            ensure_neighbors(ipr, fab.neighbors(node))
+            ensure_routes(ipr, fab.routes.get(node, []))
+    finally:
+        for ipr in sockets.values():
+            ipr.close()
+
+
+def _configure_node(fab: Fabric, node: str, ipr: IPRoute) -> None:
+    lo = ipr.link_lookup(ifname="lo")[0]
+    ipr.link("set", index=lo, state="up")
+    if fab.nodes[node].role == "host":
+        i = int(node[1:])
+        ipr.addr("add", index=lo, address=fab.service_addr(i), prefixlen=32)
+    for lk in fab.links_of(node):
+        ifname, addr = lk.end(node)
+        idx = ipr.link_lookup(ifname=ifname)[0]
+        ip, plen = addr.split("/")
+        ipr.link("set", index=idx, mtu=fab.spec.mtu)
+        ipr.addr("add", index=idx, address=ip, prefixlen=int(plen))
+        ipr.link("set", index=idx, state="up")
+
+
+def _build_mgmt(fab: Fabric, sockets: dict[str, IPRoute]) -> None:
+    net = ipaddress.IPv4Network(fab.mgmt_subnet)
+    with IPRoute() as root:
+        root.link("add", ifname=fab.mgmt_bridge, kind="bridge")
+        br = root.link_lookup(ifname=fab.mgmt_bridge)[0]
+        root.addr("add", index=br, address=fab.mgmt_root_addr, prefixlen=net.prefixlen)
+        root.link("set", index=br, state="up")
+        for i in range(fab.spec.hosts):
+            root_if = fab.mgmt_root_if(i)
+            root.link("add", ifname=root_if, kind="veth",
+                      peer={"ifname": "mgmt", "net_ns_fd": fab.netns(f"h{i}")})
+            idx = root.link_lookup(ifname=root_if)[0]
+            root.link("set", index=idx, master=br, state="up")
+            host = sockets[f"h{i}"]
+            hidx = host.link_lookup(ifname="mgmt")[0]
+            host.addr("add", index=hidx, address=fab.mgmt_addr(i), prefixlen=net.prefixlen)
+            host.link("set", index=hidx, state="up")
+
+
+def _route_kwargs(ipr: IPRoute, route: Route) -> dict:
+    dst, plen = route.dst.split("/")
+    kw: dict = {"dst": dst, "dst_len": int(plen), "proto": RTPROT_STATIC}
+    if route.src:
+        kw["prefsrc"] = route.src
+    if len(route.via) == 1:
+        gw, dev = route.via[0]
+        kw["gateway"] = gw
+        kw["oif"] = ipr.link_lookup(ifname=dev)[0]
+    else:
+        kw["multipath"] = [{"gateway": gw, "oif": ipr.link_lookup(ifname=dev)[0]} for gw, dev in route.via]
+    return kw
+
+
+def ensure_neighbors(ipr: IPRoute, neighbors: list[tuple[str, str, str]]) -> None:
+    """Permanent neighbour entries for the node's link peers; idempotent."""
+    for ifname, ip, mac in neighbors:
+        idx = ipr.link_lookup(ifname=ifname)[0]
+        ipr.neigh("replace", dst=ip, lladdr=mac, ifindex=idx, state=NUD_PERMANENT)
+
+
+def ensure_routes(ipr: IPRoute, routes: list[Route]) -> None:
+    """Install the node's baseline routes; idempotent (route replace)."""
+    for route in routes:
+        ipr.route("replace", **_route_kwargs(ipr, route))
+
+
+# ---- teardown --------------------------------------------------------------------------
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 2.0
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        time.sleep(0.02)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _flapper_pids(prefix: str) -> list[int]:
+    """Flapper processes of this testbed (they run in the root namespace)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"linkpass.testbed.flapper" in argv and b"--prefix" in argv:
+            i = argv.index(b"--prefix")
+            if i + 1 < len(argv) and argv[i + 1] == prefix.encode():
+                found.append(int(entry))
+    return found
+
+
+def _teardown(prefix: str) -> dict:
+    """Remove every process, link and namespace that carries `prefix`. Returns counts."""
+    namespaces = namespaces_with_prefix(prefix)
+    inodes = {i for i in (ns_io.netns_inode(n) for n in namespaces) if i is not None}
+    pids = _flapper_pids(prefix) + ns_io.pids_in_netns(inodes)
+    _kill(pids)
+    links = root_links_with_prefix(prefix)
+    with IPRoute() as root:
+        # veth peers vanish with their namespace; delete root ends first so nothing dangles
+        for name in sorted(links, key=lambda n: n.endswith("-mgmt")):
+            idx = root.link_lookup(ifname=name)
+            if idx:
+                try:
+                    root.link("del", index=idx[0])
+                except Exception as exc:  # already gone with its peer
+                    if getattr(exc, "code", None) != errno.ENODEV:
+                        raise
+    for name in namespaces:
+        pr_netns.remove(name)
+    return {"processes": len(pids), "links": len(links), "namespaces": len(namespaces)}
+
+
+def down(prefix: str, progress: Progress = _quiet) -> dict:
+    with state.locked(prefix):
+        counts = _teardown(prefix)
+        state.remove(prefix)
+    progress(f"removed {counts['namespaces']} namespaces, {counts['links']} root links, "
+             f"{counts['processes']} processes")
+    return counts
+
+
+def clean(prefix: str | None = None) -> dict[str, dict]:
+    """Reap leftovers: one prefix, or (prefix=None) every testbed with a state file."""
+    prefixes = [prefix] if prefix else state.all_prefixes()
+    return {p: down(p) for p in prefixes}
+
+
+def load_fabric(prefix: str) -> Fabric:
+    """The Fabric of a running testbed, from its state file."""
+    doc = state.load(prefix)
+    if not doc:
+        raise TestbedError(f"no testbed with prefix {prefix!r} is up; start one with `linkpass testbed up --prefix {prefix}`")
+    try:
+        spec = Spec(**doc["spec"])
+    except TypeError as exc:
+        raise TestbedError(f"state file {state.state_path(prefix)} is unreadable ({exc}); "
+                           f"run `linkpass testbed clean --prefix {prefix}`") from None
+    return make_fabric(spec, prefix, doc["mgmt_subnet"])
+
+
+__all__ = ["up", "down", "clean", "load_fabric", "ensure_routes", "ensure_neighbors", "TestbedError", "TopologyError"]

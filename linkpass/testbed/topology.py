@@ -1,0 +1,418 @@
+"""Multi-plane leaf-spine fabric as plain data: nodes, links, addresses, routes.
+
+Pure: no sockets, no netlink, no files. `build.py` is the only code that turns a
+`Fabric` into namespaces; everything here is unit-testable without root.
+
+Address plan (all inside 198.18.0.0/15, the RFC 2544 benchmarking range):
+
+    198.18.0.0/20            service addresses, host i -> 198.18.0.0 + 1 + i (/32 on lo)
+    198.18.64.0/18           host uplinks, one /21 per plane p: 198.18.64.0 + p*2048;
+                             host i: leaf side .2i, host NIC .2i+1 (/31)
+    198.18.128.0/17          leaf-spine links, one /20 per plane p: 198.18.128.0 + p*4096;
+                             link (l, s): index l*S+s, leaf side .2idx, spine side .2idx+1 (/31)
+    198.19.0.0/16            management networks, one /24 per testbed (root side .1, host i .i+2)
+
+Hosts attach to leaves in contiguous blocks (a rack per leaf): host i -> leaf i*L//H, so a
+leaf's hosts summarise into a few prefixes and spines need few routes.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+
+SERVICE_BLOCK = ipaddress.IPv4Network("198.18.0.0/20")
+HOST_LINK_BLOCK = ipaddress.IPv4Network("198.18.64.0/18")
+FABRIC_LINK_BLOCK = ipaddress.IPv4Network("198.18.128.0/17")
+MGMT_BLOCK = ipaddress.IPv4Network("198.19.0.0/16")
+
+MAX_PLANES = 8
+MAX_HOSTS_PER_PLANE = 1024  # /21 of /31s
+MAX_LEAF_SPINE_LINKS = 2048  # /20 of /31s
+MAX_HOSTS = 253  # management /24
+PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")
+
+PRESETS: dict[str, dict] = {
+    "default": {"hosts": 4, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
+    "tiny": {"hosts": 2, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 1},
+    "rack16": {"hosts": 16, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
+    "rack32": {"hosts": 32, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
+    "rail8": {"hosts": 8, "planes": 8, "leaves_per_plane": 2, "spines_per_plane": 2},
+}
+
+_SPEC_FIELDS = {
+    "name": "a short label for this topology",
+    "hosts": f"integer 2..{MAX_HOSTS}",
+    "planes": f"integer 1..{MAX_PLANES}",
+    "leaves_per_plane": "integer >= 1 and <= hosts",
+    "spines_per_plane": "integer >= 1",
+    "mtu": "integer 1280..9000",
+    "management": "mapping with optional 'subnet' (a /24 inside 198.19.0.0/16)",
+}
+
+
+class TopologyError(ValueError):
+    """A topology description is invalid. The message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    hosts: int
+    planes: int
+    leaves_per_plane: int
+    spines_per_plane: int
+    name: str = "custom"
+    mtu: int = 1500
+    mgmt_subnet: str | None = None  # None: pick a free /24 at build time
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point link; `a` is the lower tier (host or leaf), `b` the upper."""
+
+    name: str
+    kind: str  # "host-leaf" | "leaf-spine"
+    plane: int
+    a: str
+    a_if: str
+    a_addr: str
+    b: str
+    b_if: str
+    b_addr: str
+
+    def end(self, node: str) -> tuple[str, str]:
+        """(interface, address) of this link on `node`."""
+        if node == self.a:
+            return self.a_if, self.a_addr
+        if node == self.b:
+            return self.b_if, self.b_addr
+        raise TopologyError(f"node {node!r} is not an end of link {self.name} (ends: {self.a}, {self.b})")
+
+    def other(self, node: str) -> str:
+        self.end(node)
+        return self.b if node == self.a else self.a
+
+
+@dataclass(frozen=True)
+class Route:
+    dst: str  # CIDR
+    via: tuple[tuple[str, str], ...]  # (gateway, interface) per nexthop; >1 means ECMP
+    src: str | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    role: str  # "host" | "leaf" | "spine"
+    plane: int | None = None
+    sysctls: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class Fabric:
+    spec: Spec
+    prefix: str
+    mgmt_subnet: str
+    nodes: dict[str, Node] = field(default_factory=dict)
+    links: dict[str, Link] = field(default_factory=dict)
+    routes: dict[str, list[Route]] = field(default_factory=dict)
+
+    # ---- names -------------------------------------------------------------------------
+    def netns(self, node: str) -> str:
+        return f"{self.prefix}-{node}"
+
+    @property
+    def mgmt_bridge(self) -> str:
+        return f"{self.prefix}-mgmt"
+
+    def mgmt_root_if(self, host: int) -> str:
+        return f"{self.prefix}-m{host}"
+
+    # ---- addresses ---------------------------------------------------------------------
+    def service_addr(self, host: int) -> str:
+        return service_addr(host)
+
+    def nic_addr(self, host: int, plane: int) -> str:
+        return str(host_link_addrs(plane, host)[1])
+
+    def mgmt_addr(self, host: int) -> str:
+        net = ipaddress.IPv4Network(self.mgmt_subnet)
+        return str(net.network_address + 2 + host)
+
+    @property
+    def mgmt_root_addr(self) -> str:
+        return str(ipaddress.IPv4Network(self.mgmt_subnet).network_address + 1)
+
+    # ---- lookups -----------------------------------------------------------------------
+    @property
+    def hosts(self) -> list[str]:
+        return [n for n, node in self.nodes.items() if node.role == "host"]
+
+    def leaf_of(self, host: int, plane: int) -> str:
+        return f"p{plane}l{leaf_index(host, self.spec)}"
+
+    def uplink(self, host: int, plane: int) -> Link:
+        return self.links[f"h{host}-{self.leaf_of(host, plane)}"]
+
+    def link(self, name: str) -> Link:
+        """Find a link by name, in either order of its ends ("h0-p0l0" or "p0l0-h0")."""
+        if name in self.links:
+            return self.links[name]
+        parts = name.split("-")
+        if len(parts) == 2 and f"{parts[1]}-{parts[0]}" in self.links:
+            return self.links[f"{parts[1]}-{parts[0]}"]
+        examples = ", ".join(list(self.links)[:3])
+        raise TopologyError(f"no link named {name!r} in this testbed (e.g. {examples}; `linkpass testbed show` lists all)")
+
+    def links_of(self, node: str) -> list[Link]:
+        return [lk for lk in self.links.values() if node in (lk.a, lk.b)]
+
+    def neighbors(self, node: str) -> list[tuple[str, str, str]]:
+        """(interface, peer address, peer MAC) for every fabric link of `node`.
+
+        Installed as permanent entries: ARP timers (up to 1 s after a link returns) would
+        otherwise blur what the faults do and add noise to interface counters.
+        """
+        out = []
+        for lk in self.links_of(node):
+            my_if, _ = lk.end(node)
+            _, peer_addr = lk.end(lk.other(node))
+            ip = peer_addr.split("/")[0]
+            out.append((my_if, ip, mac_of(ip)))
+        return out
+
+    def as_dict(self) -> dict:
+        s = self.spec
+        return {
+            "prefix": self.prefix,
+            "name": s.name,
+            "hosts": s.hosts,
+            "planes": s.planes,
+            "leaves_per_plane": s.leaves_per_plane,
+            "spines_per_plane": s.spines_per_plane,
+            "mtu": s.mtu,
+            "management": {"subnet": self.mgmt_subnet, "bridge": self.mgmt_bridge, "root_addr": self.mgmt_root_addr},
+            "host_list": [
+                {
+                    "name": f"h{i}",
+                    "netns": self.netns(f"h{i}"),
+                    "service": self.service_addr(i),
+                    "mgmt": self.mgmt_addr(i),
+                    "nics": {f"p{p}": self.nic_addr(i, p) for p in range(s.planes)},
+                    "leaves": [self.leaf_of(i, p) for p in range(s.planes)],
+                }
+                for i in range(s.hosts)
+            ],
+            "links": [
+                {"name": lk.name, "kind": lk.kind, "plane": lk.plane,
+                 "a": lk.a, "a_if": lk.a_if, "a_addr": lk.a_addr,
+                 "b": lk.b, "b_if": lk.b_if, "b_addr": lk.b_addr}
+                for lk in self.links.values()
+            ],
+        }
+
+
+# ---- address arithmetic (module level so other layers reuse it) --------------------------
+
+def mac_of(addr: str) -> str:
+    """Deterministic, locally administered MAC of a fabric interface, from its IPv4 address."""
+    return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.IPv4Address(addr.split("/")[0]).packed)
+
+
+def service_addr(host: int) -> str:
+    return str(SERVICE_BLOCK.network_address + 1 + host)
+
+
+def plane_host_block(plane: int) -> ipaddress.IPv4Network:
+    return ipaddress.IPv4Network((int(HOST_LINK_BLOCK.network_address) + plane * 2048, 21))
+
+
+def host_link_addrs(plane: int, host: int) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
+    """(leaf side, host side) of host `host`'s uplink on `plane`."""
+    base = plane_host_block(plane).network_address + 2 * host
+    return base, base + 1
+
+
+def fabric_link_addrs(plane: int, index: int) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
+    """(leaf side, spine side) of leaf-spine link number `index` on `plane`."""
+    base = FABRIC_LINK_BLOCK.network_address + plane * 4096 + 2 * index
+    return base, base + 1
+
+
+def leaf_index(host: int, spec: Spec) -> int:
+    return host * spec.leaves_per_plane // spec.hosts
+
+
+def mgmt_subnet_for_slot(slot: int) -> str:
+    if not 0 <= slot < 256:
+        raise TopologyError(f"management slot {slot} out of range 0..255")
+    return str(ipaddress.IPv4Network((int(MGMT_BLOCK.network_address) + 256 * slot, 24)))
+
+
+# ---- parsing and validation -------------------------------------------------------------
+
+def _int_field(raw: dict, key: str, lo: int, hi: int, where: str) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TopologyError(f"{where}.{key}: expected an integer {lo}..{hi}, got {value!r}")
+    if not lo <= value <= hi:
+        raise TopologyError(f"{where}.{key}: {value} is out of range; allowed {lo}..{hi}")
+    return value
+
+
+def parse_spec(raw: object, where: str = "topology") -> Spec:
+    """Validate a topology mapping (from YAML or a preset). Errors name the field and the fix."""
+    if not isinstance(raw, dict):
+        raise TopologyError(f"{where}: expected a mapping with fields {', '.join(_SPEC_FIELDS)}, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_SPEC_FIELDS))
+    if unknown:
+        allowed = "; ".join(f"{k} ({v})" for k, v in _SPEC_FIELDS.items())
+        raise TopologyError(f"{where}.{unknown[0]}: unknown field; allowed fields: {allowed}")
+    for key in ("hosts", "planes", "leaves_per_plane", "spines_per_plane"):
+        if key not in raw:
+            raise TopologyError(f"{where}.{key}: required field is missing ({_SPEC_FIELDS[key]})")
+    hosts = _int_field(raw, "hosts", 2, MAX_HOSTS, where)
+    planes = _int_field(raw, "planes", 1, MAX_PLANES, where)
+    leaves = _int_field(raw, "leaves_per_plane", 1, hosts, where)
+    spines = _int_field(raw, "spines_per_plane", 1, MAX_LEAF_SPINE_LINKS // leaves, where)
+    mtu = _int_field(raw, "mtu", 1280, 9000, where) if "mtu" in raw else 1500
+    name = raw.get("name", "custom")
+    if not isinstance(name, str) or not name:
+        raise TopologyError(f"{where}.name: expected a non-empty string, got {name!r}")
+    subnet = None
+    mgmt = raw.get("management")
+    if mgmt is not None:
+        if not isinstance(mgmt, dict) or set(mgmt) - {"subnet"}:
+            raise TopologyError(f"{where}.management: expected a mapping with only 'subnet', got {mgmt!r}")
+        if "subnet" in mgmt:
+            subnet = _parse_mgmt_subnet(mgmt["subnet"], f"{where}.management.subnet")
+    return Spec(hosts=hosts, planes=planes, leaves_per_plane=leaves, spines_per_plane=spines,
+                name=name, mtu=mtu, mgmt_subnet=subnet)
+
+
+def _parse_mgmt_subnet(value: object, where: str) -> str:
+    try:
+        net = ipaddress.IPv4Network(str(value))
+    except ValueError as exc:
+        raise TopologyError(f"{where}: {value!r} is not an IPv4 network ({exc}); use e.g. 198.19.7.0/24") from None
+    if net.prefixlen != 24 or not net.subnet_of(MGMT_BLOCK):
+        raise TopologyError(f"{where}: {net} must be a /24 inside {MGMT_BLOCK} (testbed addresses stay in 198.18.0.0/15)")
+    return str(net)
+
+
+def load_spec_text(text: str, where: str) -> Spec:
+    import yaml  # local: the pure core does not need YAML unless it parses a file
+
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TopologyError(f"{where}: not valid YAML: {exc}") from None
+    return parse_spec(raw, where)
+
+
+def preset(name: str) -> Spec:
+    if name not in PRESETS:
+        raise TopologyError(f"preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
+    return parse_spec(dict(PRESETS[name], name=name), f"preset {name}")
+
+
+def check_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str) or not PREFIX_RE.match(prefix):
+        raise TopologyError(
+            f"prefix {prefix!r}: use 1-6 characters, a lowercase letter then lowercase letters or digits "
+            "(it starts every namespace and link name, which Linux limits to 15 characters)")
+    return prefix
+
+
+# ---- the fabric ------------------------------------------------------------------------
+
+ROUTER_SYSCTLS = (
+    ("net/ipv4/ip_forward", "1"),
+    ("net/ipv4/fib_multipath_hash_policy", "1"),  # L4 hash: the UDP source port picks the spine
+    ("net/ipv4/icmp_ratelimit", "0"),  # path discovery relies on TTL-exceeded replies
+    ("net/ipv4/conf/all/rp_filter", "0"),
+    ("net/ipv4/conf/default/rp_filter", "0"),
+    ("net/ipv6/conf/all/disable_ipv6", "1"),  # IPv4 fabric; keeps RS/MLD noise out of counters
+    ("net/ipv6/conf/default/disable_ipv6", "1"),
+)
+HOST_SYSCTLS = (
+    ("net/ipv4/ip_forward", "0"),
+    ("net/ipv4/fib_multipath_hash_policy", "1"),
+    ("net/ipv4/conf/all/rp_filter", "0"),
+    ("net/ipv4/conf/default/rp_filter", "0"),
+    ("net/ipv6/conf/all/disable_ipv6", "1"),
+    ("net/ipv6/conf/default/disable_ipv6", "1"),
+)
+
+
+def _summarise(first: ipaddress.IPv4Address, last: ipaddress.IPv4Address) -> list[str]:
+    return [str(n) for n in ipaddress.summarize_address_range(first, last)]
+
+
+def make_fabric(spec: Spec, prefix: str, mgmt_subnet: str) -> Fabric:
+    """Expand a spec into nodes, links and per-node routes."""
+    check_prefix(prefix)
+    mgmt_subnet = _parse_mgmt_subnet(mgmt_subnet, "management.subnet")
+    fab = Fabric(spec=spec, prefix=prefix, mgmt_subnet=mgmt_subnet)
+    H, P, L, S = spec.hosts, spec.planes, spec.leaves_per_plane, spec.spines_per_plane
+
+    for i in range(H):
+        fab.nodes[f"h{i}"] = Node(f"h{i}", "host", None, HOST_SYSCTLS)
+    for p in range(P):
+        for l in range(L):
+            fab.nodes[f"p{p}l{l}"] = Node(f"p{p}l{l}", "leaf", p, ROUTER_SYSCTLS)
+        for s in range(S):
+            fab.nodes[f"p{p}s{s}"] = Node(f"p{p}s{s}", "spine", p, ROUTER_SYSCTLS)
+
+    for p in range(P):
+        for i in range(H):
+            leaf = f"p{p}l{leaf_index(i, spec)}"
+            leaf_side, host_side = host_link_addrs(p, i)
+            name = f"h{i}-{leaf}"
+            fab.links[name] = Link(name, "host-leaf", p, f"h{i}", f"p{p}", f"{host_side}/31",
+                                   leaf, f"h{i}", f"{leaf_side}/31")
+        for l in range(L):
+            for s in range(S):
+                leaf_side, spine_side = fabric_link_addrs(p, l * S + s)
+                name = f"p{p}l{l}-p{p}s{s}"
+                fab.links[name] = Link(name, "leaf-spine", p, f"p{p}l{l}", f"s{s}", f"{leaf_side}/31",
+                                       f"p{p}s{s}", f"l{l}", f"{spine_side}/31")
+
+    # hosts: each plane's NIC block via that plane; service addresses ECMP over all planes,
+    # sourced from the host's own service address so replies come back to it.
+    for i in range(H):
+        routes = []
+        for p in range(P):
+            leaf_side, _ = host_link_addrs(p, i)
+            routes.append(Route(str(plane_host_block(p)), ((str(leaf_side), f"p{p}"),)))
+        hops = tuple((str(host_link_addrs(p, i)[0]), f"p{p}") for p in range(P))
+        routes.append(Route(str(SERVICE_BLOCK), hops, src=service_addr(i)))
+        fab.routes[f"h{i}"] = routes
+
+    hosts_of_leaf = {l: [i for i in range(H) if leaf_index(i, spec) == l] for l in range(L)}
+    for p in range(P):
+        for l in range(L):
+            routes = []
+            for i in hosts_of_leaf[l]:
+                _, host_side = host_link_addrs(p, i)
+                routes.append(Route(f"{service_addr(i)}/32", ((str(host_side), f"h{i}"),)))
+            if L > 1:
+                ups = tuple((str(fabric_link_addrs(p, l * S + s)[1]), f"s{s}") for s in range(S))
+                routes.append(Route(str(plane_host_block(p)), ups))
+                routes.append(Route(str(SERVICE_BLOCK), ups))
+            fab.routes[f"p{p}l{l}"] = routes
+        for s in range(S):
+            routes = []
+            for l in range(L):
+                members = hosts_of_leaf[l]
+                if not members:
+                    continue
+                via = ((str(fabric_link_addrs(p, l * S + s)[0]), f"l{l}"),)
+                first, last = members[0], members[-1]
+                for net in _summarise(host_link_addrs(p, first)[0], host_link_addrs(p, last)[1]):
+                    routes.append(Route(net, via))
+                for net in _summarise(ipaddress.IPv4Address(service_addr(first)),
+                                      ipaddress.IPv4Address(service_addr(last))):
+                    routes.append(Route(net, via))
+            fab.routes[f"p{p}s{s}"] = routes
+    return fab
