@@ -10,6 +10,7 @@ import contextlib
 import errno
 import ipaddress
 import os
+import re
 import signal
 import time
 from typing import Callable
@@ -27,6 +28,8 @@ NUD_PERMANENT = 0x80
 
 class TestbedError(RuntimeError):
     """Building or changing the testbed failed; the message says what to do."""
+
+    __test__ = False  # not a pytest class, despite the name
 
 
 Progress = Callable[[str], None]
@@ -252,10 +255,24 @@ def down(prefix: str, progress: Progress = _quiet) -> dict:
     return counts
 
 
+_TESTBED_NETNS = re.compile(r"^([a-z][a-z0-9]{0,5})-(h\d+|p\d+[ls]\d+)$")
+
+
 def clean(prefix: str | None = None) -> dict[str, dict]:
-    """Reap leftovers: one prefix, or (prefix=None) every testbed with a state file."""
-    prefixes = [prefix] if prefix else state.all_prefixes()
+    """Reap leftovers: one prefix, or (prefix=None) every testbed found, by state file or by
+    namespace names of the testbed's shape (a crash can precede the state file)."""
+    prefixes = [prefix] if prefix else find_prefixes()
     return {p: down(p) for p in prefixes}
+
+
+def find_prefixes() -> list[str]:
+    """Prefixes of every testbed on this machine, running or crashed."""
+    prefixes = set(state.all_prefixes())
+    for name in pr_netns.listnetns():
+        m = _TESTBED_NETNS.match(name)
+        if m:
+            prefixes.add(m.group(1))
+    return sorted(prefixes)
 
 
 def load_fabric(prefix: str) -> Fabric:

@@ -262,14 +262,23 @@ def apply(prefix: str, spec: FaultSpec) -> dict:
 
 
 def clear(prefix: str, link: str | None = None) -> list[dict]:
-    """Remove all faults (or those on one link). Returns the removed records, each with `cleared_at`."""
+    """Remove all faults (or those on one link). Returns the removed records."""
+    canonical = load_fabric(prefix).link(link).name if link else None
+    return _clear_where(prefix, lambda f: canonical is None or f["link"] == canonical)
+
+
+def clear_ids(prefix: str, ids: list[int]) -> list[dict]:
+    return _clear_where(prefix, lambda f: f["id"] in ids)
+
+
+def _clear_where(prefix: str, selected) -> list[dict]:
+    """Undo the selected faults; each removed record gets `cleared_mono_ns`, when it stopped."""
     fab = load_fabric(prefix)
-    canonical = fab.link(link).name if link else None
     with state.locked(prefix):
         doc = state.load(prefix)
         if doc is None:
             raise TestbedError(f"testbed {prefix!r} went away")
-        gone = [f for f in doc["faults"] if canonical is None or f["link"] == canonical]
+        gone = [f for f in doc["faults"] if selected(f)]
         keep = [f for f in doc["faults"] if f not in gone]
         nft_nodes = set()
         for f in gone:

@@ -1,0 +1,38 @@
+# The two commands a new user needs (as root, on a fresh machine):
+#   make demo   - the main job on the embedded default
+#   make test   - the whole test suite
+# Both install what they need first, idempotently: OS packages, then a .venv with the project.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml deploy/install-os-deps.sh 2>/dev/null | cksum | cut -d' ' -f1)
+
+.PHONY: demo test test-unit bench deps clean
+
+demo: deps
+	$(VENV)/bin/linkpass demo
+
+test: deps
+	$(PY) -m pytest -q
+
+# tests that need neither root nor namespaces
+test-unit: deps
+	$(PY) -m pytest -q -m "not root"
+
+bench: deps
+	@mkdir -p out
+	$(PY) sim/bench/testbed.py --json out/bench-testbed.json
+
+deps: $(STAMP)
+
+$(STAMP): pyproject.toml deploy/install-os-deps.sh
+	@bash deploy/install-os-deps.sh
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "installing Python packages into $(VENV) (first time: ~1 min)"
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+# remove leftovers of crashed testbeds (every prefix), then the venv
+clean:
+	-@test -x $(VENV)/bin/linkpass && $(VENV)/bin/linkpass testbed clean --all
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# OS packages LinkPass and its tests need: iproute2 (ip netns), nftables (faults, later the
+# agent's own rules), python3-venv. Idempotent: installs only what is missing.
+set -euo pipefail
+need=()
+command -v ip  >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v tc  >/dev/null 2>&1 || need+=(iproute2)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+if ((${#need[@]} == 0)); then
+    exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+    echo "missing OS packages: ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
+    exit 1
+fi
+echo "installing OS packages: ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,63 @@
+"""Rendering for every CLI command: tables for people, JSON/YAML for scripts.
+
+Colour only on a terminal and never when NO_COLOR is set (https://no-color.org).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Iterable, Sequence
+
+FORMATS = ("table", "wide", "json", "yaml")
+
+# exit codes shared by all commands, for scripts and monitoring
+EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+
+_COLORS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
+
+
+def use_color(stream=sys.stdout) -> bool:
+    return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+
+
+def paint(text: str, color: str, stream=sys.stdout) -> str:
+    if not use_color(stream):
+        return text
+    return f"\033[{_COLORS[color]}m{text}\033[0m"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    rows = [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(_strip(c)))
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    for r in rows:
+        lines.append("  ".join(c + " " * (w - len(_strip(c))) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def _strip(text: str) -> str:
+    """Visible part of a possibly coloured cell."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\033":
+            i = text.index("m", i) + 1
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def emit(doc: Any, fmt: str, render_table) -> None:
+    """Print `doc` as JSON/YAML, or call render_table(doc) -> str for table/wide."""
+    if fmt == "json":
+        print(json.dumps(doc, indent=2, default=str))
+    elif fmt == "yaml":
+        import yaml
+
+        print(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False), end="")
+    else:
+        print(render_table(doc))

@@ -1,0 +1,60 @@
+"""Shared fixtures. Tests marked `root` build real namespaces and are skipped without root.
+
+Every testbed a test makes carries a prefix unique to this pytest run, and is torn down in a
+finally block, also when the test fails; a session-end hook reaps anything left over.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+IS_ROOT = os.geteuid() == 0
+RUN_TAG = f"{os.getpid() % 10000:04d}"
+
+
+def prefix_for(letter: str) -> str:
+    """A testbed prefix unique to this run: one letter + 4 digits (e.g. 'd0412')."""
+    return f"{letter}{RUN_TAG}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if IS_ROOT:
+        return
+    skip = pytest.mark.skip(reason="needs root to create network namespaces (run `sudo make test`)")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not IS_ROOT:
+        return
+    from linkpass.testbed import build
+
+    for letter in "abcdefghijklmnopqrstuvwxyz":
+        if build.namespaces_with_prefix(prefix_for(letter)) or build.root_links_with_prefix(prefix_for(letter)):
+            build.down(prefix_for(letter))
+
+
+@pytest.fixture(scope="session")
+def fabric():
+    """The default preset (4 hosts, 2 planes, 2 leaves + 2 spines per plane), shared."""
+    from linkpass.testbed import build, topology
+
+    prefix = prefix_for("d")
+    build.clean(prefix)
+    fab = build.up(topology.preset("default"), prefix)
+    try:
+        yield fab
+    finally:
+        build.down(prefix)
+
+
+@pytest.fixture
+def clean_faults(fabric):
+    """Faults a test applies on the shared fabric are cleared after it, pass or fail."""
+    from linkpass.testbed import faults
+
+    yield fabric
+    faults.clear(fabric.prefix)
