@@ -74,3 +74,9 @@ def test_nft_script_is_one_transaction_per_namespace(fab):
 
 def test_nft_script_without_faults_only_removes_the_table(fab):
     assert F.render_nft("lp", fab, [], "p0l0").splitlines() == ["table netdev lp_faults", "delete table netdev lp_faults"]
+
+
+def test_total_loss_is_a_plain_drop(fab):
+    fs = [{"id": 7, "kind": "loss", "link": "h0-p0l0", "direction": None, "params": {"pct": 100}}]
+    script = F.render_nft("lp", fab, fs, "p0l0")
+    assert "numgen" not in script and script.count('counter drop comment "fault 7"') == 2

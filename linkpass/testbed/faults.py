@@ -138,7 +138,7 @@ def render_nft(prefix: str, fab: Fabric, faults: list[dict], node: str) -> str:
             key = f"{hook}:{lk.b_if}"
             if f["kind"] == "loss":
                 thr = round(f["params"]["pct"] * LOSS_SCALE / 100)
-                rule = f"numgen random mod {LOSS_SCALE} < {thr} counter drop"
+                rule = "counter drop" if thr >= LOSS_SCALE else f"numgen random mod {LOSS_SCALE} < {thr} counter drop"
             else:
                 limit = f["params"]["bytes"] + (L2_HEADER if hook == "egress" else 0)
                 rule = f"meta length > {limit} counter drop"
