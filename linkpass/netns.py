@@ -20,8 +20,67 @@ T = TypeVar("T")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+MS_BIND, MS_REC, MS_SHARED, MNT_DETACH = 0x1000, 0x4000, 0x100000, 0x2
+
+
 def netns_path(name: str) -> str:
     return os.path.join(NETNS_RUN_DIR, name)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _ensure_shared_run_dir() -> None:
+    """Make /run/netns a shared mount, as `ip netns add` does, so namespace mounts propagate."""
+    os.makedirs(NETNS_RUN_DIR, exist_ok=True)
+    if _libc.mount(b"none", NETNS_RUN_DIR.encode(), None, MS_SHARED | MS_REC, None) == 0:
+        return
+    if ctypes.get_errno() != 22:  # EINVAL: not a mount point yet
+        _check(-1, f"mount --make-shared {NETNS_RUN_DIR}")
+    _check(_libc.mount(NETNS_RUN_DIR.encode(), NETNS_RUN_DIR.encode(), b"none", MS_BIND | MS_REC, None),
+           f"mount --bind {NETNS_RUN_DIR}")
+    _check(_libc.mount(b"none", NETNS_RUN_DIR.encode(), None, MS_SHARED | MS_REC, None),
+           f"mount --make-shared {NETNS_RUN_DIR}")
+
+
+def create_netns(name: str) -> None:
+    """Create a named network namespace (like `ip netns add`), without spawning a process:
+    a short-lived thread unshares its network namespace and bind-mounts it to /run/netns/NAME."""
+    _ensure_shared_run_dir()
+    path = netns_path(name)
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
+
+    def make() -> None:
+        _check(_libc.unshare(CLONE_NEWNET), f"unshare a network namespace for {name}")
+        src = f"/proc/self/task/{threading.get_native_id()}/ns/net"
+        _check(_libc.mount(src.encode(), path.encode(), b"none", MS_BIND, None), f"bind-mount namespace {name}")
+
+    box: dict[str, BaseException] = {}
+
+    def worker() -> None:
+        try:
+            make()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=worker, name=f"netns-create-{name}", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        os.unlink(path)
+        raise box["error"]
+
+
+def remove_netns(name: str) -> None:
+    path = netns_path(name)
+    _libc.umount2(path.encode(), MNT_DETACH)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def run_in_netns(name: str, fn: Callable[[], T]) -> T:

@@ -104,7 +104,7 @@ def _build(fab: Fabric, progress: Progress) -> None:
     names = list(fab.nodes)
     progress(f"creating {len(names)} namespaces")
     for node in names:
-        pr_netns.create(fab.netns(node))
+        ns_io.create_netns(fab.netns(node))
     for node in names:
         ns_io.write_sysctls(fab.netns(node), fab.nodes[node].sysctls)
 
@@ -117,32 +117,33 @@ def _build(fab: Fabric, progress: Progress) -> None:
             sockets[lk.a].link("add", ifname=lk.a_if, kind="veth", address=mac_of(lk.a_addr),
                                peer={"ifname": lk.b_if, "net_ns_fd": fab.netns(lk.b),
                                      "address": mac_of(lk.b_addr)})
+        progress("addresses, neighbours and routes")
         for node, ipr in sockets.items():
             _configure_node(fab, node, ipr)
         progress("wiring the management network")
         _build_mgmt(fab, sockets)
-        progress("installing neighbours and routes")
-        for node, ipr in sockets.items():
-            ensure_neighbors(ipr, fab.neighbors(node))
-            ensure_routes(ipr, fab.routes.get(node, []))
     finally:
         for ipr in sockets.values():
             ipr.close()
 
 
+def _ifindexes(ipr: IPRoute) -> dict[str, int]:
+    return {link.get_attr("IFLA_IFNAME"): link["index"] for link in ipr.get_links()}
+
+
 def _configure_node(fab: Fabric, node: str, ipr: IPRoute) -> None:
-    lo = ipr.link_lookup(ifname="lo")[0]
-    ipr.link("set", index=lo, state="up")
+    index = _ifindexes(ipr)
+    ipr.link("set", index=index["lo"], state="up")
     if fab.nodes[node].role == "host":
         i = int(node[1:])
-        ipr.addr("add", index=lo, address=fab.service_addr(i), prefixlen=32)
+        ipr.addr("add", index=index["lo"], address=fab.service_addr(i), prefixlen=32)
     for lk in fab.links_of(node):
         ifname, addr = lk.end(node)
-        idx = ipr.link_lookup(ifname=ifname)[0]
         ip, plen = addr.split("/")
-        ipr.link("set", index=idx, mtu=fab.spec.mtu)
-        ipr.addr("add", index=idx, address=ip, prefixlen=int(plen))
-        ipr.link("set", index=idx, state="up")
+        ipr.addr("add", index=index[ifname], address=ip, prefixlen=int(plen))
+        ipr.link("set", index=index[ifname], mtu=fab.spec.mtu, state="up")
+    ensure_neighbors(ipr, fab.neighbors(node), index)
+    ensure_routes(ipr, fab.routes.get(node, []), index)
 
 
 def _build_mgmt(fab: Fabric, sockets: dict[str, IPRoute]) -> None:
@@ -164,7 +165,7 @@ def _build_mgmt(fab: Fabric, sockets: dict[str, IPRoute]) -> None:
             host.link("set", index=hidx, state="up")
 
 
-def _route_kwargs(ipr: IPRoute, route: Route) -> dict:
+def _route_kwargs(index: dict[str, int], route: Route) -> dict:
     dst, plen = route.dst.split("/")
     kw: dict = {"dst": dst, "dst_len": int(plen), "proto": RTPROT_STATIC}
     if route.src:
@@ -172,23 +173,24 @@ def _route_kwargs(ipr: IPRoute, route: Route) -> dict:
     if len(route.via) == 1:
         gw, dev = route.via[0]
         kw["gateway"] = gw
-        kw["oif"] = ipr.link_lookup(ifname=dev)[0]
+        kw["oif"] = index[dev]
     else:
-        kw["multipath"] = [{"gateway": gw, "oif": ipr.link_lookup(ifname=dev)[0]} for gw, dev in route.via]
+        kw["multipath"] = [{"gateway": gw, "oif": index[dev]} for gw, dev in route.via]
     return kw
 
 
-def ensure_neighbors(ipr: IPRoute, neighbors: list[tuple[str, str, str]]) -> None:
+def ensure_neighbors(ipr: IPRoute, neighbors: list[tuple[str, str, str]], index: dict[str, int] | None = None) -> None:
     """Permanent neighbour entries for the node's link peers; idempotent."""
+    index = index or _ifindexes(ipr)
     for ifname, ip, mac in neighbors:
-        idx = ipr.link_lookup(ifname=ifname)[0]
-        ipr.neigh("replace", dst=ip, lladdr=mac, ifindex=idx, state=NUD_PERMANENT)
+        ipr.neigh("replace", dst=ip, lladdr=mac, ifindex=index[ifname], state=NUD_PERMANENT)
 
 
-def ensure_routes(ipr: IPRoute, routes: list[Route]) -> None:
+def ensure_routes(ipr: IPRoute, routes: list[Route], index: dict[str, int] | None = None) -> None:
     """Install the node's baseline routes; idempotent (route replace)."""
+    index = index or _ifindexes(ipr)
     for route in routes:
-        ipr.route("replace", **_route_kwargs(ipr, route))
+        ipr.route("replace", **_route_kwargs(index, route))
 
 
 # ---- teardown --------------------------------------------------------------------------
@@ -242,7 +244,7 @@ def _teardown(prefix: str) -> dict:
                     if getattr(exc, "code", None) != errno.ENODEV:
                         raise
     for name in namespaces:
-        pr_netns.remove(name)
+        ns_io.remove_netns(name)
     return {"processes": len(pids), "links": len(links), "namespaces": len(namespaces)}
 
 
