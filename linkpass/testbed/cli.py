@@ -200,8 +200,11 @@ def cmd_fault(args) -> int:
         if args.kind:
             raise build.TestbedError("use either --clear [LINK] or a fault KIND, not both")
         gone = faults.clear(args.prefix, None if args.clear == "*" else args.clear)
+        for f in gone:
+            f["cleared_at"] = _mono_to_iso(f.get("cleared_mono_ns"))
         emit({"cleared": gone}, args.output,
-             lambda d: f"cleared {len(gone)} fault(s)" + "".join(f"\n  {f['id']} {f['kind']} {f['link']}" for f in gone))
+             lambda d: f"cleared {len(gone)} fault(s)" + "".join(
+                 f"\n  {f['id']} {f['kind']} {f['link']}: gone at {f['cleared_at']}" for f in gone))
         return EXIT_OK
     if not args.kind:
         raise build.TestbedError("name a fault KIND (down, up, flap, loss, mtu, congest) or use --clear [LINK]; "
@@ -228,6 +231,15 @@ def cmd_fault(args) -> int:
                    f"{' from ' + r['direction'] if r.get('direction') else ''} in effect at {r['effective_at']} "
                    f"(applied in {r['apply_ms']:.1f} ms)")
     return EXIT_OK
+
+
+def _mono_to_iso(mono_ns: int | None) -> str | None:
+    if mono_ns is None:
+        return None
+    import datetime as dt
+
+    wall = mono_ns + time.time_ns() - time.monotonic_ns()
+    return dt.datetime.fromtimestamp(wall / 1e9, dt.timezone.utc).isoformat(timespec="microseconds")
 
 
 def cmd_down(args) -> int:

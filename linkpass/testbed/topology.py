@@ -330,6 +330,9 @@ ROUTER_SYSCTLS = (
     ("net/ipv4/ip_forward", "1"),
     ("net/ipv4/fib_multipath_hash_policy", "1"),  # L4 hash: the UDP source port picks the spine
     ("net/ipv4/icmp_ratelimit", "0"),  # path discovery relies on TTL-exceeded replies
+    ("net/ipv4/icmp_msgs_per_sec", "1000000"),  # ... at sweep rates (global ICMP limit)
+    ("net/ipv4/icmp_msgs_burst", "100000"),
+    ("net/ipv4/icmp_errors_use_inbound_ifaddr", "1"),  # an ICMP error names the link it came in on
     ("net/ipv4/conf/all/rp_filter", "0"),
     ("net/ipv4/conf/default/rp_filter", "0"),
     ("net/ipv6/conf/all/disable_ipv6", "1"),  # IPv4 fabric; keeps RS/MLD noise out of counters
