@@ -340,6 +340,9 @@ ROUTER_SYSCTLS = (
 )
 HOST_SYSCTLS = (
     ("net/ipv4/ip_forward", "0"),
+    ("net/ipv4/icmp_ratelimit", "0"),  # port-unreachable ends a discovery trace; do not rate-limit it
+    ("net/ipv4/icmp_msgs_per_sec", "1000000"),
+    ("net/ipv4/icmp_msgs_burst", "100000"),
     ("net/ipv4/fib_multipath_hash_policy", "1"),
     ("net/ipv4/conf/all/rp_filter", "0"),
     ("net/ipv4/conf/default/rp_filter", "0"),

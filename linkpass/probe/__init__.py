@@ -1,0 +1,1 @@
+"""Probe I/O: engine, reflector, ECMP path discovery (sockets inside host namespaces)."""
