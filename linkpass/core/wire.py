@@ -1,0 +1,193 @@
+"""The LinkPass probe on the wire: a RoCEv2 packet carrying an authenticated exchange record.
+
+Pure: no sockets, no clock reads. Encoding and decoding take the IP/UDP fields the RoCEv2
+invariant CRC covers as arguments.
+
+    IPv4 (DF, id 0) | UDP (dport 4791) | BTH (12) | LinkPass header (64) | padding | tag (16) | ICRC (4)
+
+- **Why RoCEv2.** Switches hash RoCEv2 by the UDP 5-tuple and often classify it by port: a probe
+  framed this way takes exactly the path (and queue) of RDMA traffic with the same source port.
+  BTH: opcode RC SEND_ONLY, P_Key 0xFFFF, destination QP `LINKPASS_QPN`, PSN = low 24 bits of the
+  sequence. The ICRC is computed as RoCEv2 defines it (and as scapy's `contrib.roce` builds it):
+  CRC-32 over 8 bytes of 0xFF, the IPv4 header with TOS, TTL and checksum set to all ones, the UDP
+  header with its checksum set to all ones, the BTH with FECN, BECN and the 6 reserved bits set to
+  ones, and the payload; stored little-endian.
+- **IP id 0.** The kernel sends unconnected DF datagrams with IP id 0 (measured on this
+  kernel), so the receiver can rebuild the covered IPv4 header from addresses and length alone.
+- **Authentication.** A keyed BLAKE2b-128 tag over the LinkPass header and padding, with the
+  fleet key. The BTH and ICRC are outside the tag because switches may legally set FECN/BECN.
+- **Replays.** `ReplayWindow` keeps a sliding bitmap of sequence numbers per (peer, path).
+
+Decoding never raises on bad input from the network; it returns a `WireError` reason that the
+caller counts (`DROP_REASONS`), so garbage costs a counter, not the agent.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+import zlib
+from dataclasses import dataclass, replace
+
+ROCE_PORT = 4791
+VERSION = 1
+MAGIC = b"LP"
+LINKPASS_QPN = 0x4C5001  # "LP" + 1: the destination QP that marks a LinkPass probe
+BTH_OPCODE_RC_SEND_ONLY = 0x04
+PKEY_DEFAULT = 0xFFFF
+
+KIND_REQUEST = 1
+KIND_REPLY = 2
+FLAG_MTU_PROBE = 0x01  # a full-size probe that tests for an MTU black hole
+
+_BTH = struct.Struct("!BBHII")  # opcode, se/m/pad/tver, pkey, fecn/becn/resv6/dqpn, ackreq/resv7/psn
+_HDR = struct.Struct("!2sBBBBH IIII Q qqqq")
+BTH_LEN = _BTH.size  # 12
+HEADER_LEN = _HDR.size  # 64
+TAG_LEN = 16
+ICRC_LEN = 4
+IPV4_LEN, UDP_LEN = 20, 8
+MIN_PAYLOAD = BTH_LEN + HEADER_LEN + TAG_LEN + ICRC_LEN  # UDP payload of an unpadded probe (96)
+MAX_PAD = 9000
+
+DROP_REASONS = ("short", "not_roce", "bad_magic", "bad_version", "bad_kind", "bad_length", "bad_icrc",
+                "bad_tag", "replay", "unknown_peer", "unexpected")
+
+
+class WireError(ValueError):
+    """A packet we will not accept; `reason` is one of DROP_REASONS (a counter label)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    kind: int
+    sender: int  # agent id of the host that sent the request
+    reflector: int  # agent id of the host that reflects it
+    path: int  # sender's path id (which NIC, peer NIC and source port)
+    seq: int
+    t1: int = 0  # sender TX, sender clock (ns)
+    t2: int = 0  # reflector RX, reflector clock
+    t3: int = 0  # reflector TX, reflector clock
+    t4: int = 0  # sender RX, sender clock: 0 on the wire, filled in at reception
+    rx_count: int = 0  # in replies: requests the reflector has received on this path so far
+    flags: int = 0
+    pad: int = 0  # padding bytes after the header (full-size probes)
+
+    def reply(self, t2: int, t3: int, rx_count: int) -> "Probe":
+        return replace(self, kind=KIND_REPLY, t2=t2, t3=t3, rx_count=rx_count)
+
+
+def udp_payload_len(pad: int) -> int:
+    return MIN_PAYLOAD + pad
+
+
+def pad_for_ip_size(ip_size: int) -> int:
+    """Padding that makes the whole IPv4 packet `ip_size` bytes (for MTU probes)."""
+    pad = ip_size - IPV4_LEN - UDP_LEN - MIN_PAYLOAD
+    if not 0 <= pad <= MAX_PAD:
+        raise ValueError(f"ip_size must be {IPV4_LEN + UDP_LEN + MIN_PAYLOAD}..{IPV4_LEN + UDP_LEN + MIN_PAYLOAD + MAX_PAD}")
+    return pad
+
+
+def _ip4(addr: str | bytes) -> bytes:
+    if isinstance(addr, bytes):
+        return addr
+    parts = addr.split(".")
+    return bytes(int(p) for p in parts)
+
+
+def icrc(src: str | bytes, dst: str | bytes, sport: int, dport: int, roce: bytes) -> bytes:
+    """RoCEv2 invariant CRC of a packet whose UDP payload is `roce` (BTH .. payload, no ICRC).
+
+    The IPv4 header is the one the kernel builds for our probes: no options, DF, id 0, UDP.
+    """
+    total = IPV4_LEN + UDP_LEN + len(roce) + ICRC_LEN
+    masked_ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0xFF, total, 0, 0x4000, 0xFF, 17, 0xFFFF, _ip4(src), _ip4(dst))
+    masked_udp = struct.pack("!HHHH", sport, dport, UDP_LEN + len(roce) + ICRC_LEN, 0xFFFF)
+    masked_bth = roce[:4] + b"\xff" + roce[5:BTH_LEN]  # FECN, BECN and resv6 are masked to ones
+    crc = zlib.crc32(b"\xff" * 8)
+    crc = zlib.crc32(masked_ip, crc)
+    crc = zlib.crc32(masked_udp, crc)
+    crc = zlib.crc32(masked_bth, crc)
+    crc = zlib.crc32(memoryview(roce)[BTH_LEN:], crc)
+    return struct.pack("<I", crc)
+
+
+class Codec:
+    """Encoder/decoder bound to a fleet key. Thread-compatible (no mutable state)."""
+
+    def __init__(self, key: bytes):
+        if not isinstance(key, (bytes, bytearray)) or not 16 <= len(key) <= 64:
+            raise ValueError("fleet key must be 16..64 bytes (BLAKE2b key); generate one with "
+                             "`python -c 'import secrets; print(secrets.token_hex(32))'`")
+        self._key = bytes(key)
+
+    def _tag(self, data: bytes | memoryview) -> bytes:
+        return hashlib.blake2b(data, key=self._key, digest_size=TAG_LEN).digest()
+
+    def encode(self, p: Probe, src: str | bytes, dst: str | bytes, sport: int, dport: int = ROCE_PORT) -> bytes:
+        """UDP payload (BTH .. ICRC) of probe `p` sent from src:sport to dst:dport."""
+        bth = _BTH.pack(BTH_OPCODE_RC_SEND_ONLY, 0, PKEY_DEFAULT, LINKPASS_QPN, p.seq & 0xFFFFFF)
+        body = _HDR.pack(MAGIC, VERSION, p.kind, p.flags, 0, p.pad, p.sender, p.reflector, p.path, p.rx_count,
+                         p.seq, p.t1, p.t2, p.t3, p.t4) + bytes(p.pad)
+        roce = bth + body + self._tag(body)
+        return roce + icrc(src, dst, sport, dport, roce)
+
+    def decode(self, data: bytes, src: str | bytes, dst: str | bytes, sport: int, dport: int = ROCE_PORT) -> Probe:
+        """Parse and verify a UDP payload; raise WireError(reason) for anything we do not accept."""
+        n = len(data)
+        if n < MIN_PAYLOAD:
+            raise WireError("short", f"{n} bytes, a probe has at least {MIN_PAYLOAD}")
+        opcode, _, _, fecn_qpn, _ = _BTH.unpack_from(data)
+        if opcode != BTH_OPCODE_RC_SEND_ONLY or fecn_qpn & 0xFFFFFF != LINKPASS_QPN:
+            raise WireError("not_roce", "BTH is not a LinkPass probe")
+        (magic, version, kind, flags, _res, pad, sender, reflector, path, rx_count,
+         seq, t1, t2, t3, t4) = _HDR.unpack_from(data, BTH_LEN)
+        if magic != MAGIC:
+            raise WireError("bad_magic")
+        if version != VERSION:
+            raise WireError("bad_version", f"version {version}, this agent speaks {VERSION}")
+        if kind not in (KIND_REQUEST, KIND_REPLY):
+            raise WireError("bad_kind", str(kind))
+        if n != MIN_PAYLOAD + pad:
+            raise WireError("bad_length", f"{n} bytes for padding {pad}")
+        roce = memoryview(data)[: n - ICRC_LEN]
+        if icrc(src, dst, sport, dport, bytes(roce)) != data[n - ICRC_LEN:]:
+            raise WireError("bad_icrc")
+        body_end = n - ICRC_LEN - TAG_LEN
+        if not hmac.compare_digest(self._tag(roce[BTH_LEN:body_end]), data[body_end: n - ICRC_LEN]):
+            raise WireError("bad_tag", "not signed with this fleet's key")
+        return Probe(kind, sender, reflector, path, seq, t1, t2, t3, t4, rx_count, flags, pad)
+
+
+class ReplayWindow:
+    """Anti-replay window over sequence numbers (as IPsec's): accept each seq once, and none
+    older than `size` behind the highest seen."""
+
+    __slots__ = ("size", "top", "bits")
+
+    def __init__(self, size: int = 4096):
+        if size < 1:
+            raise ValueError("size must be >= 1")
+        self.size = size
+        self.top = -1
+        self.bits = 0  # bit i set: seq (top - i) seen
+
+    def accept(self, seq: int) -> bool:
+        if seq > self.top:
+            shift = seq - self.top
+            self.bits = ((self.bits << shift) | 1) & ((1 << self.size) - 1) if shift < self.size else 1
+            self.top = seq
+            return True
+        back = self.top - seq
+        if back >= self.size:
+            return False
+        mask = 1 << back
+        if self.bits & mask:
+            return False
+        self.bits |= mask
+        return True
