@@ -52,6 +52,29 @@ def _identity(t: int) -> int:
     return t
 
 
+def open_nic_sockets(netns: str | None, ifname: str, addr: str) -> tuple[socket.socket, socket.socket]:
+    """(rx, tx) for one NIC, opened inside `netns`: UDP NIC:4791 with kernel RX timestamps, and
+    a raw socket bound to the NIC for sending with any source port."""
+    def make(*args) -> socket.socket:
+        return ns_io.socket_in_netns(netns, *args) if netns else socket.socket(*args)
+
+    rx = make(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = make(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
+        rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        rx.bind((addr, wire.ROCE_PORT))
+        rx.setblocking(False)
+        tx.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, ifname.encode())
+        tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        tx.setblocking(False)
+    except OSError:
+        rx.close()
+        tx.close()
+        raise
+    return rx, tx
+
+
 @dataclass(frozen=True)
 class PathSpec:
     path_id: int
@@ -109,19 +132,8 @@ class ProbeEngine:
         self._sel = selectors.DefaultSelector()
 
     # ---- setup -----------------------------------------------------------------------------
-    def _socket(self, *args) -> socket.socket:
-        return ns_io.socket_in_netns(self.netns, *args) if self.netns else socket.socket(*args)
-
     def add_nic(self, name: str, ifname: str, addr: str) -> None:
-        rx = self._socket(socket.AF_INET, socket.SOCK_DGRAM)
-        rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
-        rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        rx.bind((addr, wire.ROCE_PORT))
-        rx.setblocking(False)
-        tx = self._socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
-        tx.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, ifname.encode())
-        tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-        tx.setblocking(False)
+        rx, tx = open_nic_sockets(self.netns, ifname, addr)
         nic = _Nic(name, ifname, addr, socket.inet_aton(addr), rx, tx)
         self.nics[name] = nic
         self._sel.register(rx, selectors.EVENT_READ, nic)
@@ -254,3 +266,93 @@ class ProbeEngine:
     # ---- reading -------------------------------------------------------------------------
     def telemetry(self, path_id: int) -> PathTelemetry:
         return self.paths[path_id].telemetry
+
+
+class CoreProbeEngine:
+    """The same engine with its per-packet loop in C (linkpass._probecore).
+
+    `run()` hands the loop to C in slices (GIL released) and, between slices, turns the
+    completed exchanges into per-path telemetry and `on_exchange` calls. The clock is a linear
+    map per slice, `clock_segment(true_ns) -> (base_true_ns, base_local_ns, rate_ppb)`, so a
+    synthetic clock's random walk is followed piecewise.
+    """
+
+    RECORD = struct.Struct("<IIQqqqq")
+
+    def __init__(self, agent_id: int, key: bytes, netns: str | None = None,
+                 clock_segment: Callable[[int], tuple[int, int, int]] | None = None, seed: int = 1,
+                 jitter: float = 0.1, slice_s: float = 0.05,
+                 on_exchange: Callable[[int, int, int, int, int, int], None] | None = None):
+        from .. import _probecore
+
+        if not 0 < agent_id < 2**32:
+            raise ValueError(f"agent_id must be 1..{2**32 - 1}, got {agent_id}")
+        if not 0 <= jitter < 1:
+            raise ValueError("jitter must be in [0, 1): a fraction of the interval")
+        self.agent_id = agent_id
+        self.netns = netns
+        self.core = _probecore.Core(key, agent_id, seed=seed or 1, jitter_ppm=int(jitter * 1e6))
+        self.clock_segment = clock_segment
+        self.slice_s = slice_s
+        self.on_exchange = on_exchange
+        self.nics: dict[str, tuple[int, socket.socket, socket.socket]] = {}
+        self.paths: dict[int, _Path] = {}
+        assert self.RECORD.size == _probecore.RECORD_SIZE
+
+    def add_nic(self, name: str, ifname: str, addr: str) -> None:
+        rx, tx = open_nic_sockets(self.netns, ifname, addr)
+        index = self.core.add_nic(rx.fileno(), tx.fileno(), socket.inet_aton(addr))
+        self.nics[name] = (index, rx, tx)
+
+    def add_path(self, spec: PathSpec, first_due_s: float = 0.0) -> None:
+        if spec.nic not in self.nics:
+            raise ValueError(f"path {spec.path_id}: unknown NIC {spec.nic!r}; add_nic() it first")
+        self.core.add_path(spec.path_id, self.nics[spec.nic][0], spec.peer_id, socket.inet_aton(spec.peer_addr),
+                           spec.sport, int(spec.interval_s * 1e9), spec.pad,
+                           time.monotonic_ns() + int(first_due_s * 1e9))
+        self.paths[spec.path_id] = _Path(spec, PathTelemetry())
+
+    def remove_path(self, path_id: int) -> None:
+        self.core.remove_path(path_id)
+        del self.paths[path_id]
+
+    def run(self, duration_s: float) -> None:
+        end = time.monotonic() + duration_s
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            if self.clock_segment:
+                self.core.set_clock(*self.clock_segment(time.time_ns()))
+            self.core.run(int(min(left, self.slice_s) * 1e9))
+            self.absorb()
+
+    def absorb(self) -> int:
+        """Feed the exchanges completed in C into telemetry; returns how many."""
+        data = self.core.take()
+        for path_id, rx_count, seq, t1, t2, t3, t4 in self.RECORD.iter_unpack(data):
+            path = self.paths.get(path_id)
+            if path is None:
+                continue
+            path.telemetry.on_reply(seq, t1, t2, t3, t4, rx_count)
+            if self.on_exchange:
+                self.on_exchange(path_id, path.spec.peer_id, t1, t2, t3, t4)
+        return len(data) // self.RECORD.size
+
+    @property
+    def stats(self) -> dict:
+        c = self.core.counters()
+        return {k: c[k] for k in ("sent", "reflected", "replies", "received")}
+
+    @property
+    def drops(self) -> dict:
+        return self.core.counters()["drops"]
+
+    def telemetry(self, path_id: int) -> PathTelemetry:
+        return self.paths[path_id].telemetry
+
+    def close(self) -> None:
+        for _, rx, tx in self.nics.values():
+            rx.close()
+            tx.close()
+        self.nics.clear()

@@ -1,0 +1,775 @@
+/*
+ * linkpass._probecore: the per-packet data path of the probe engine, in C.
+ *
+ * Why C: the Python engine (linkpass/probe/engine.py) does ~7 500 exchanges/s on a core; an
+ * agent on a host with 8 NICs x 16 paths at 1 kHz needs 128 000/s. This core does the hot loop
+ * (send, receive, reflect, timestamps, authentication, replay windows) with sendmmsg/recvmmsg
+ * and the GIL released, and hands completed exchanges to Python as packed records.
+ * Decisions stay in Python.
+ *
+ * The wire format is exactly linkpass/core/wire.py's (tests compare the two byte for byte):
+ *   BTH(12) | header(64) | padding | BLAKE2b-128 tag over header+padding | ICRC(4, little-endian)
+ * BLAKE2b (RFC 7693) and CRC-32 are implemented here so the extension needs no libraries.
+ *
+ * Sockets are created by Python inside the right network namespace and passed in as fds:
+ * per NIC, a UDP socket bound to NIC:4791 with SO_TIMESTAMPNS, and a raw IPPROTO_RAW socket
+ * bound to the NIC (headers built here: IPv4 DF, id 0, as the ICRC expects).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define ROCE_PORT 4791
+#define LINKPASS_QPN 0x4C5001u
+#define OPCODE_RC_SEND_ONLY 0x04
+#define VERSION 1
+#define KIND_REQUEST 1
+#define KIND_REPLY 2
+#define BTH_LEN 12
+#define HDR_LEN 64
+#define TAG_LEN 16
+#define ICRC_LEN 4
+#define MIN_PAYLOAD (BTH_LEN + HDR_LEN + TAG_LEN + ICRC_LEN)
+#define MAX_PAD 9000
+#define MAX_PKT (28 + MIN_PAYLOAD + MAX_PAD)
+#define MAX_NICS 16
+#define MAX_PATHS 4096
+#define BATCH 64
+#define REPLAY_WORDS 64 /* 4096-sequence window */
+#define REFLECT_SLOTS 16384 /* power of two */
+#define XRING_DEFAULT (1 << 17)
+
+/* drop reasons: the first ones are wire.DROP_REASONS, in the same order */
+enum { D_SHORT, D_NOT_ROCE, D_BAD_MAGIC, D_BAD_VERSION, D_BAD_KIND, D_BAD_LENGTH, D_BAD_ICRC, D_BAD_TAG,
+       D_REPLAY, D_UNKNOWN_PEER, D_UNEXPECTED, D_SEND_FULL, D_SEND_ERROR, D_REFLECT_FULL, D_RING_FULL, D_COUNT };
+static const char *DROP_NAMES[D_COUNT] = {"short", "not_roce", "bad_magic", "bad_version", "bad_kind", "bad_length",
+                                          "bad_icrc", "bad_tag", "replay", "unknown_peer", "unexpected",
+                                          "send_buffer_full", "send_error", "reflector_table_full", "ring_full"};
+
+/* ---- CRC-32 (IEEE, reflected, as zlib) ------------------------------------------------- */
+static uint32_t crc_table[256];
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+static uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t n) { /* crc is the running, inverted value */
+    while (n--) crc = crc_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return crc;
+}
+
+/* ---- BLAKE2b (RFC 7693), keyed, 16-byte output --------------------------------------------- */
+static const uint64_t B2_IV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
+                                  0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
+                                  0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
+static const uint8_t B2_SIGMA[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+typedef struct {
+    uint64_t h[8];
+    uint64_t t;
+    uint8_t buf[128];
+    size_t n;
+} b2_t;
+
+static inline uint64_t rotr64(uint64_t x, int r) { return (x >> r) | (x << (64 - r)); }
+static inline uint64_t load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; } /* x86: little-endian */
+
+static void b2_compress(b2_t *s, const uint8_t *block, int last) {
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 16; i++) m[i] = load64(block + 8 * i);
+    for (int i = 0; i < 8; i++) { v[i] = s->h[i]; v[i + 8] = B2_IV[i]; }
+    v[12] ^= s->t;
+    if (last) v[14] = ~v[14];
+#define G(a, b, c, d, x, y)                     \
+    do {                                        \
+        v[a] = v[a] + v[b] + (x);               \
+        v[d] = rotr64(v[d] ^ v[a], 32);         \
+        v[c] = v[c] + v[d];                     \
+        v[b] = rotr64(v[b] ^ v[c], 24);         \
+        v[a] = v[a] + v[b] + (y);               \
+        v[d] = rotr64(v[d] ^ v[a], 16);         \
+        v[c] = v[c] + v[d];                     \
+        v[b] = rotr64(v[b] ^ v[c], 63);         \
+    } while (0)
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *sg = B2_SIGMA[r];
+        G(0, 4, 8, 12, m[sg[0]], m[sg[1]]);
+        G(1, 5, 9, 13, m[sg[2]], m[sg[3]]);
+        G(2, 6, 10, 14, m[sg[4]], m[sg[5]]);
+        G(3, 7, 11, 15, m[sg[6]], m[sg[7]]);
+        G(0, 5, 10, 15, m[sg[8]], m[sg[9]]);
+        G(1, 6, 11, 12, m[sg[10]], m[sg[11]]);
+        G(2, 7, 8, 13, m[sg[12]], m[sg[13]]);
+        G(3, 4, 9, 14, m[sg[14]], m[sg[15]]);
+    }
+#undef G
+    for (int i = 0; i < 8; i++) s->h[i] ^= v[i] ^ v[i + 8];
+}
+
+static void b2_update(b2_t *s, const uint8_t *p, size_t n) {
+    while (n > 0) {
+        if (s->n == 128) { /* a full buffer is compressed only once more data follows */
+            s->t += 128;
+            b2_compress(s, s->buf, 0);
+            s->n = 0;
+        }
+        size_t take = 128 - s->n;
+        if (take > n) take = n;
+        memcpy(s->buf + s->n, p, take);
+        s->n += take;
+        p += take;
+        n -= take;
+    }
+}
+
+/* state after absorbing the key block: computed once per key, copied per message */
+static void b2_keyed_init(b2_t *s, const uint8_t *key, size_t keylen) {
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < 8; i++) s->h[i] = B2_IV[i];
+    s->h[0] ^= 0x01010000ULL ^ ((uint64_t)keylen << 8) ^ TAG_LEN;
+    uint8_t block[128] = {0};
+    memcpy(block, key, keylen);
+    b2_update(s, block, 128);
+}
+
+static void b2_final16(b2_t *s, uint8_t out[TAG_LEN]) {
+    s->t += s->n;
+    memset(s->buf + s->n, 0, 128 - s->n);
+    b2_compress(s, s->buf, 1);
+    memcpy(out, s->h, TAG_LEN);
+}
+
+/* ---- wire helpers ----------------------------------------------------------------------- */
+static inline void put16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = v; }
+static inline void put32(uint8_t *p, uint32_t v) { p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v; }
+static inline void put64(uint8_t *p, uint64_t v) { put32(p, v >> 32); put32(p + 4, (uint32_t)v); }
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+static inline uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+static inline uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
+
+typedef struct {
+    uint8_t kind, flags;
+    uint16_t pad;
+    uint32_t sender, reflector, path, rx_count;
+    uint64_t seq;
+    int64_t t1, t2, t3, t4;
+} probe_t;
+
+/* addresses in network byte order as stored in the packet (4 raw bytes) */
+static uint32_t icrc(const uint8_t src[4], const uint8_t dst[4], uint16_t sport, uint16_t dport, const uint8_t *roce,
+                     size_t roce_len) {
+    uint8_t pre[8 + 20 + 8 + BTH_LEN];
+    memset(pre, 0xFF, 8);
+    uint8_t *ip = pre + 8;
+    uint16_t total = (uint16_t)(20 + 8 + roce_len + ICRC_LEN);
+    ip[0] = 0x45; ip[1] = 0xFF; put16(ip + 2, total); put16(ip + 4, 0); put16(ip + 6, 0x4000);
+    ip[8] = 0xFF; ip[9] = 17; put16(ip + 10, 0xFFFF); memcpy(ip + 12, src, 4); memcpy(ip + 16, dst, 4);
+    uint8_t *udp = ip + 20;
+    put16(udp, sport); put16(udp + 2, dport); put16(udp + 4, (uint16_t)(8 + roce_len + ICRC_LEN)); put16(udp + 6, 0xFFFF);
+    uint8_t *bth = udp + 8;
+    memcpy(bth, roce, BTH_LEN);
+    bth[4] = 0xFF; /* FECN, BECN, resv6 */
+    uint32_t c = crc_update(0xFFFFFFFFu, pre, sizeof pre);
+    c = crc_update(c, roce + BTH_LEN, roce_len - BTH_LEN);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* writes the UDP payload of `p` into out (room for MIN_PAYLOAD + pad); returns its length */
+static size_t encode(const b2_t *keyed, const probe_t *p, const uint8_t src[4], const uint8_t dst[4], uint16_t sport,
+                     uint16_t dport, uint8_t *out) {
+    out[0] = OPCODE_RC_SEND_ONLY; out[1] = 0; put16(out + 2, 0xFFFF);
+    put32(out + 4, LINKPASS_QPN); put32(out + 8, (uint32_t)(p->seq & 0xFFFFFF));
+    uint8_t *h = out + BTH_LEN;
+    h[0] = 'L'; h[1] = 'P'; h[2] = VERSION; h[3] = p->kind; h[4] = p->flags; h[5] = 0; put16(h + 6, p->pad);
+    put32(h + 8, p->sender); put32(h + 12, p->reflector); put32(h + 16, p->path); put32(h + 20, p->rx_count);
+    put64(h + 24, p->seq); put64(h + 32, (uint64_t)p->t1); put64(h + 40, (uint64_t)p->t2);
+    put64(h + 48, (uint64_t)p->t3); put64(h + 56, (uint64_t)p->t4);
+    memset(h + HDR_LEN, 0, p->pad);
+    size_t body = HDR_LEN + p->pad;
+    b2_t s = *keyed;
+    b2_update(&s, h, body);
+    b2_final16(&s, h + body);
+    size_t roce_len = BTH_LEN + body + TAG_LEN;
+    uint32_t c = icrc(src, dst, sport, dport, out, roce_len);
+    out[roce_len] = c; out[roce_len + 1] = c >> 8; out[roce_len + 2] = c >> 16; out[roce_len + 3] = c >> 24;
+    return roce_len + ICRC_LEN;
+}
+
+/* returns -1 on success, else a drop reason */
+static int decode(const b2_t *keyed, const uint8_t *d, size_t n, const uint8_t src[4], const uint8_t dst[4],
+                  uint16_t sport, uint16_t dport, probe_t *p) {
+    if (n < MIN_PAYLOAD) return D_SHORT;
+    if (d[0] != OPCODE_RC_SEND_ONLY || (get32(d + 4) & 0xFFFFFF) != LINKPASS_QPN) return D_NOT_ROCE;
+    const uint8_t *h = d + BTH_LEN;
+    if (h[0] != 'L' || h[1] != 'P') return D_BAD_MAGIC;
+    if (h[2] != VERSION) return D_BAD_VERSION;
+    if (h[3] != KIND_REQUEST && h[3] != KIND_REPLY) return D_BAD_KIND;
+    uint16_t pad = get16(h + 6);
+    if (n != (size_t)MIN_PAYLOAD + pad) return D_BAD_LENGTH;
+    size_t roce_len = n - ICRC_LEN;
+    uint32_t c = icrc(src, dst, sport, dport, d, roce_len);
+    const uint8_t *ic = d + roce_len;
+    if ((uint32_t)(ic[0] | ic[1] << 8 | ic[2] << 16 | (uint32_t)ic[3] << 24) != c) return D_BAD_ICRC;
+    size_t body = HDR_LEN + pad;
+    uint8_t tag[TAG_LEN];
+    b2_t s = *keyed;
+    b2_update(&s, h, body);
+    b2_final16(&s, tag);
+    uint8_t diff = 0;
+    for (int i = 0; i < TAG_LEN; i++) diff |= tag[i] ^ h[body + i]; /* constant time */
+    if (diff) return D_BAD_TAG;
+    p->kind = h[3]; p->flags = h[4]; p->pad = pad;
+    p->sender = get32(h + 8); p->reflector = get32(h + 12); p->path = get32(h + 16); p->rx_count = get32(h + 20);
+    p->seq = get64(h + 24); p->t1 = (int64_t)get64(h + 32); p->t2 = (int64_t)get64(h + 40);
+    p->t3 = (int64_t)get64(h + 48); p->t4 = (int64_t)get64(h + 56);
+    return -1;
+}
+
+/* ---- replay window ---------------------------------------------------------------------- */
+typedef struct {
+    uint64_t top; /* highest accepted seq + 1 (0: none yet) */
+    uint64_t bits[REPLAY_WORDS]; /* bit i: seq (top-1-i) seen */
+} replay_t;
+
+static int replay_accept(replay_t *w, uint64_t seq) {
+    const uint64_t size = REPLAY_WORDS * 64;
+    if (seq >= w->top) {
+        uint64_t shift = seq + 1 - w->top;
+        if (w->top == 0 || shift >= size) {
+            memset(w->bits, 0, sizeof w->bits);
+        } else { /* shift the bitmap left by `shift` bits (towards older) */
+            uint64_t words = shift / 64, bitsh = shift % 64;
+            for (int i = REPLAY_WORDS - 1; i >= 0; i--) {
+                uint64_t v = 0;
+                if ((uint64_t)i >= words) {
+                    v = w->bits[i - words] << bitsh;
+                    if (bitsh && (uint64_t)i > words) v |= w->bits[i - words - 1] >> (64 - bitsh);
+                }
+                w->bits[i] = v;
+            }
+        }
+        w->top = seq + 1;
+        w->bits[0] |= 1;
+        return 1;
+    }
+    uint64_t back = w->top - 1 - seq;
+    if (back >= size) return 0;
+    uint64_t m = 1ULL << (back % 64);
+    if (w->bits[back / 64] & m) return 0;
+    w->bits[back / 64] |= m;
+    return 1;
+}
+
+/* ---- the engine ------------------------------------------------------------------------- */
+typedef struct {
+    int rx_fd, tx_fd;
+    uint8_t addr[4];
+} nic_t;
+
+typedef struct {
+    uint32_t path_id, peer_id;
+    uint8_t peer[4];
+    uint16_t sport, pad;
+    int nic;
+    int64_t interval_ns, next_due;
+    uint64_t next_seq, sent;
+    replay_t replay;
+} path_t;
+
+typedef struct {
+    uint32_t sender, path; /* key; sender 0 = empty slot */
+    uint32_t count;
+    replay_t replay;
+} reflect_t;
+
+typedef struct { /* one completed exchange, as handed to Python (little-endian, 48 bytes) */
+    uint32_t path_id, rx_count;
+    uint64_t seq;
+    int64_t t1, t2, t3, t4;
+} xrec_t;
+
+typedef struct {
+    PyObject_HEAD
+    b2_t keyed;
+    uint32_t agent_id;
+    int nnics, npaths;
+    nic_t nics[MAX_NICS];
+    path_t *paths;
+    reflect_t *reflect;
+    uint32_t reflect_used;
+    xrec_t *ring;
+    uint32_t ring_cap, ring_head, ring_len;
+    uint64_t drops[D_COUNT];
+    uint64_t sent, reflected, replies, received;
+    /* synthetic clock: local = base_local + (true - base_true) * (1 + rate_ppb / 1e9) */
+    int64_t clk_base_true, clk_base_local, clk_rate_ppb;
+    uint64_t rng; /* xorshift64* for jitter */
+    uint32_t jitter_ppm;
+} Core;
+
+static inline int64_t now_ns(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline int64_t local_clock(const Core *c, int64_t true_ns) {
+    int64_t dt = true_ns - c->clk_base_true;
+    return c->clk_base_local + dt + (int64_t)((__int128)dt * c->clk_rate_ppb / 1000000000LL);
+}
+
+static inline uint64_t rng_next(Core *c) {
+    uint64_t x = c->rng;
+    x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+    c->rng = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static void build_ip_udp(uint8_t *pkt, const uint8_t src[4], const uint8_t dst[4], uint16_t sport, size_t payload) {
+    pkt[0] = 0x45; pkt[1] = 0; put16(pkt + 2, (uint16_t)(28 + payload)); put16(pkt + 4, 0); put16(pkt + 6, 0x4000);
+    pkt[8] = 64; pkt[9] = 17; put16(pkt + 10, 0); memcpy(pkt + 12, src, 4); memcpy(pkt + 16, dst, 4);
+    put16(pkt + 20, sport); put16(pkt + 22, ROCE_PORT); put16(pkt + 24, (uint16_t)(8 + payload)); put16(pkt + 26, 0);
+}
+
+/* a batch of packets to send on one NIC's raw socket */
+typedef struct {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    struct sockaddr_in to[BATCH];
+    uint8_t *buf; /* BATCH * MAX_PKT */
+    int n;
+    int what[BATCH]; /* path index for requests, -1 for replies */
+} txbatch_t;
+
+static void tx_flush(Core *c, int nic, txbatch_t *b) {
+    int off = 0;
+    while (off < b->n) {
+        int r = sendmmsg(c->nics[nic].tx_fd, b->msgs + off, b->n - off, MSG_DONTWAIT);
+        if (r < 0) {
+            c->drops[(errno == EAGAIN || errno == ENOBUFS) ? D_SEND_FULL : D_SEND_ERROR]++;
+            off++; /* drop the packet at the head and go on: never wait on a peer */
+            continue;
+        }
+        for (int i = off; i < off + r; i++) {
+            if (b->what[i] >= 0) { c->paths[b->what[i]].sent++; c->sent++; }
+            else c->reflected++;
+        }
+        off += r;
+    }
+    b->n = 0;
+}
+
+static uint8_t *tx_slot(txbatch_t *b, const uint8_t dst[4], int what) {
+    int i = b->n++;
+    b->what[i] = what;
+    memset(&b->to[i], 0, sizeof b->to[i]);
+    b->to[i].sin_family = AF_INET;
+    memcpy(&b->to[i].sin_addr, dst, 4);
+    b->iov[i].iov_base = b->buf + (size_t)i * MAX_PKT;
+    memset(&b->msgs[i], 0, sizeof b->msgs[i]);
+    b->msgs[i].msg_hdr.msg_name = &b->to[i];
+    b->msgs[i].msg_hdr.msg_namelen = sizeof b->to[i];
+    b->msgs[i].msg_hdr.msg_iov = &b->iov[i];
+    b->msgs[i].msg_hdr.msg_iovlen = 1;
+    return b->buf + (size_t)i * MAX_PKT;
+}
+
+static reflect_t *reflect_lookup(Core *c, uint32_t sender, uint32_t path) {
+    uint32_t h = (sender * 2654435761u) ^ (path * 40503u);
+    for (uint32_t probe = 0; probe < REFLECT_SLOTS; probe++) {
+        reflect_t *r = &c->reflect[(h + probe) & (REFLECT_SLOTS - 1)];
+        if (r->sender == sender && r->path == path) return r;
+        if (r->sender == 0) {
+            if (c->reflect_used >= REFLECT_SLOTS * 3 / 4) return NULL; /* keep probing short */
+            r->sender = sender; r->path = path; r->count = 0;
+            memset(&r->replay, 0, sizeof r->replay);
+            c->reflect_used++;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static int path_index(Core *c, uint32_t path_id) {
+    for (int i = 0; i < c->npaths; i++) /* few hundred paths: a scan is cheaper than a hash here */
+        if (c->paths[i].path_id == path_id) return i;
+    return -1;
+}
+
+static void handle_packet(Core *c, int nic, const uint8_t *data, size_t n, const struct sockaddr_in *from,
+                          int64_t t_rx_true, txbatch_t *tx) {
+    probe_t p;
+    const uint8_t *src = (const uint8_t *)&from->sin_addr;
+    uint16_t sport = ntohs(from->sin_port);
+    int why = decode(&c->keyed, data, n, src, c->nics[nic].addr, sport, ROCE_PORT, &p);
+    if (why >= 0) { c->drops[why]++; return; }
+    int64_t t_rx = local_clock(c, t_rx_true);
+    if (p.kind == KIND_REQUEST) {
+        if (p.reflector != c->agent_id || p.sender == 0) { c->drops[D_UNEXPECTED]++; return; }
+        reflect_t *r = reflect_lookup(c, p.sender, p.path);
+        if (!r) { c->drops[D_REFLECT_FULL]++; return; }
+        if (!replay_accept(&r->replay, p.seq)) { c->drops[D_REPLAY]++; return; }
+        r->count++;
+        if (tx->n == BATCH) tx_flush(c, nic, tx);
+        uint8_t *pkt = tx_slot(tx, src, -1);
+        p.kind = KIND_REPLY; p.t2 = t_rx; p.rx_count = r->count;
+        p.t3 = local_clock(c, now_ns(CLOCK_REALTIME));
+        size_t len = encode(&c->keyed, &p, c->nics[nic].addr, src, sport, ROCE_PORT, pkt + 28);
+        build_ip_udp(pkt, c->nics[nic].addr, src, sport, len);
+        tx->iov[tx->n - 1].iov_len = 28 + len;
+        return;
+    }
+    int pi = (p.sender == c->agent_id) ? path_index(c, p.path) : -1;
+    if (pi < 0 || memcmp(c->paths[pi].peer, src, 4) != 0) { c->drops[D_UNEXPECTED]++; return; }
+    if (!replay_accept(&c->paths[pi].replay, p.seq)) { c->drops[D_REPLAY]++; return; }
+    c->replies++;
+    if (c->ring_len == c->ring_cap) { c->drops[D_RING_FULL]++; return; }
+    xrec_t *x = &c->ring[(c->ring_head + c->ring_len++) % c->ring_cap];
+    x->path_id = p.path; x->rx_count = p.rx_count; x->seq = p.seq;
+    x->t1 = p.t1; x->t2 = p.t2; x->t3 = p.t3; x->t4 = t_rx;
+}
+
+static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
+    for (int nic = 0; nic < c->nnics; nic++) {
+        for (int i = 0; i < c->npaths; i++) {
+            path_t *pt = &c->paths[i];
+            if (pt->nic != nic || pt->next_due > now_mono) continue;
+            if (tx[nic].n == BATCH) tx_flush(c, nic, &tx[nic]);
+            probe_t p = {0};
+            p.kind = KIND_REQUEST; p.flags = pt->pad ? 1 : 0; p.pad = pt->pad;
+            p.sender = c->agent_id; p.reflector = pt->peer_id; p.path = pt->path_id; p.seq = pt->next_seq++;
+            p.t1 = local_clock(c, now_ns(CLOCK_REALTIME));
+            uint8_t *pkt = tx_slot(&tx[nic], pt->peer, i);
+            size_t len = encode(&c->keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + 28);
+            build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
+            tx[nic].iov[tx[nic].n - 1].iov_len = 28 + len;
+            /* next due: interval +- jitter, never in the past (a late loop does not burst) */
+            int64_t j = 0;
+            if (c->jitter_ppm) {
+                int64_t span = pt->interval_ns * c->jitter_ppm / 1000000;
+                if (span > 0) j = (int64_t)(rng_next(c) % (uint64_t)(2 * span + 1)) - span;
+            }
+            pt->next_due += pt->interval_ns + j;
+            if (pt->next_due < now_mono) pt->next_due = now_mono + pt->interval_ns / 2;
+        }
+        if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
+    }
+}
+
+/* the loop: returns after duration_ns (CLOCK_MONOTONIC) */
+static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf) {
+    struct pollfd pfd[MAX_NICS];
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    struct sockaddr_in from[BATCH];
+    char cbuf[BATCH][64];
+    for (int i = 0; i < c->nnics; i++) { pfd[i].fd = c->nics[i].rx_fd; pfd[i].events = POLLIN; }
+    int64_t end = now_ns(CLOCK_MONOTONIC) + duration_ns;
+    for (;;) {
+        int64_t now = now_ns(CLOCK_MONOTONIC);
+        if (now >= end) break;
+        send_due(c, now, tx);
+        int64_t next = end;
+        for (int i = 0; i < c->npaths; i++) if (c->paths[i].next_due < next) next = c->paths[i].next_due;
+        int64_t wait = next - now_ns(CLOCK_MONOTONIC);
+        struct timespec ts = {0, 0};
+        if (wait > 0) { ts.tv_sec = wait / 1000000000LL; ts.tv_nsec = wait % 1000000000LL; }
+        int ready = ppoll(pfd, c->nnics, &ts, NULL);
+        if (ready <= 0) continue;
+        for (int nic = 0; nic < c->nnics; nic++) {
+            if (!(pfd[nic].revents & POLLIN)) continue;
+            for (int round = 0; round < 4; round++) { /* bounded work per wake-up */
+                for (int i = 0; i < BATCH; i++) {
+                    iov[i].iov_base = rxbuf + (size_t)i * MAX_PKT;
+                    iov[i].iov_len = MAX_PKT;
+                    memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
+                    msgs[i].msg_hdr.msg_name = &from[i];
+                    msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+                    msgs[i].msg_hdr.msg_iov = &iov[i];
+                    msgs[i].msg_hdr.msg_iovlen = 1;
+                    msgs[i].msg_hdr.msg_control = cbuf[i];
+                    msgs[i].msg_hdr.msg_controllen = sizeof cbuf[i];
+                }
+                int got = recvmmsg(c->nics[nic].rx_fd, msgs, BATCH, MSG_DONTWAIT, NULL);
+                if (got <= 0) break;
+                int64_t fallback = now_ns(CLOCK_REALTIME);
+                for (int i = 0; i < got; i++) {
+                    int64_t t_rx = fallback;
+                    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr); cm; cm = CMSG_NXTHDR(&msgs[i].msg_hdr, cm)) {
+                        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SO_TIMESTAMPNS) {
+                            struct timespec k;
+                            memcpy(&k, CMSG_DATA(cm), sizeof k);
+                            t_rx = (int64_t)k.tv_sec * 1000000000LL + k.tv_nsec;
+                        }
+                    }
+                    c->received++;
+                    handle_packet(c, nic, rxbuf + (size_t)i * MAX_PKT, msgs[i].msg_len, &from[i], t_rx, &tx[nic]);
+                }
+                if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
+                if (got < BATCH) break;
+            }
+        }
+    }
+}
+
+/* ---- Python type ------------------------------------------------------------------------ */
+static int Core_init(Core *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"key", "agent_id", "ring", "seed", "jitter_ppm", NULL};
+    Py_buffer key;
+    unsigned int agent_id, ring = XRING_DEFAULT, jitter = 100000;
+    unsigned long long seed = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*I|IKI", kwlist, &key, &agent_id, &ring, &seed, &jitter)) return -1;
+    if (key.len < 16 || key.len > 64) {
+        PyBuffer_Release(&key);
+        PyErr_SetString(PyExc_ValueError, "fleet key must be 16..64 bytes");
+        return -1;
+    }
+    if (agent_id == 0 || ring < 16 || jitter >= 1000000) {
+        PyBuffer_Release(&key);
+        PyErr_SetString(PyExc_ValueError, "agent_id must be > 0, ring >= 16, jitter_ppm < 1000000");
+        return -1;
+    }
+    b2_keyed_init(&self->keyed, key.buf, (size_t)key.len);
+    PyBuffer_Release(&key);
+    self->agent_id = agent_id;
+    self->paths = PyMem_Calloc(MAX_PATHS, sizeof(path_t));
+    self->reflect = PyMem_Calloc(REFLECT_SLOTS, sizeof(reflect_t));
+    self->ring = PyMem_Calloc(ring, sizeof(xrec_t));
+    if (!self->paths || !self->reflect || !self->ring) { PyErr_NoMemory(); return -1; }
+    self->ring_cap = ring;
+    self->rng = seed ? seed : 1;
+    self->jitter_ppm = jitter;
+    return 0;
+}
+
+static void Core_dealloc(Core *self) {
+    PyMem_Free(self->paths);
+    PyMem_Free(self->reflect);
+    PyMem_Free(self->ring);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int get_addr(PyObject *obj, uint8_t out[4]) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_SIMPLE) < 0) return -1;
+    int ok = b.len == 4;
+    if (ok) memcpy(out, b.buf, 4);
+    PyBuffer_Release(&b);
+    if (!ok) PyErr_SetString(PyExc_ValueError, "address must be 4 bytes (socket.inet_aton)");
+    return ok ? 0 : -1;
+}
+
+static PyObject *Core_add_nic(Core *self, PyObject *args) {
+    int rx, tx;
+    PyObject *addr;
+    if (!PyArg_ParseTuple(args, "iiO", &rx, &tx, &addr)) return NULL;
+    if (self->nnics == MAX_NICS) return PyErr_Format(PyExc_ValueError, "at most %d NICs", MAX_NICS);
+    nic_t *n = &self->nics[self->nnics];
+    if (get_addr(addr, n->addr) < 0) return NULL;
+    n->rx_fd = rx; n->tx_fd = tx;
+    return PyLong_FromLong(self->nnics++);
+}
+
+static PyObject *Core_add_path(Core *self, PyObject *args) {
+    unsigned int path_id, peer_id;
+    int nic, sport, pad;
+    long long interval, first_due;
+    PyObject *peer;
+    if (!PyArg_ParseTuple(args, "IiIOiLiL", &path_id, &nic, &peer_id, &peer, &sport, &interval, &pad, &first_due))
+        return NULL;
+    if (nic < 0 || nic >= self->nnics) return PyErr_Format(PyExc_ValueError, "unknown NIC index %d", nic);
+    if (sport < 1 || sport > 65535 || interval < 10000 || pad < 0 || pad > MAX_PAD)
+        return PyErr_Format(PyExc_ValueError, "sport 1..65535, interval >= 10 us, pad 0..%d", MAX_PAD);
+    if (path_index(self, path_id) >= 0) return PyErr_Format(PyExc_ValueError, "path %u exists", path_id);
+    if (self->npaths == MAX_PATHS) return PyErr_Format(PyExc_ValueError, "at most %d paths", MAX_PATHS);
+    path_t *p = &self->paths[self->npaths];
+    memset(p, 0, sizeof *p);
+    if (get_addr(peer, p->peer) < 0) return NULL;
+    p->path_id = path_id; p->peer_id = peer_id; p->nic = nic; p->sport = (uint16_t)sport; p->pad = (uint16_t)pad;
+    p->interval_ns = interval; p->next_due = first_due;
+    self->npaths++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_remove_path(Core *self, PyObject *args) {
+    unsigned int path_id;
+    if (!PyArg_ParseTuple(args, "I", &path_id)) return NULL;
+    int i = path_index(self, path_id);
+    if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
+    self->paths[i] = self->paths[--self->npaths];
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_set_clock(Core *self, PyObject *args) {
+    long long bt, bl, rate;
+    if (!PyArg_ParseTuple(args, "LLL", &bt, &bl, &rate)) return NULL;
+    self->clk_base_true = bt; self->clk_base_local = bl; self->clk_rate_ppb = rate;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_run(Core *self, PyObject *args) {
+    long long duration;
+    if (!PyArg_ParseTuple(args, "L", &duration)) return NULL;
+    txbatch_t *tx = PyMem_Calloc(self->nnics ? self->nnics : 1, sizeof(txbatch_t));
+    uint8_t *rxbuf = PyMem_Malloc((size_t)BATCH * MAX_PKT);
+    int ok = tx && rxbuf;
+    for (int i = 0; ok && i < self->nnics; i++) {
+        tx[i].buf = PyMem_Malloc((size_t)BATCH * MAX_PKT);
+        ok = tx[i].buf != NULL;
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        core_run(self, duration, tx, rxbuf);
+        Py_END_ALLOW_THREADS
+    }
+    for (int i = 0; tx && i < self->nnics; i++) PyMem_Free(tx[i].buf);
+    PyMem_Free(tx);
+    PyMem_Free(rxbuf);
+    if (!ok) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_take(Core *self, PyObject *Py_UNUSED(ignored)) {
+    /* completed exchanges since the last call, as packed little-endian records "<IIQqqqq" */
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)self->ring_len * sizeof(xrec_t));
+    if (!out) return NULL;
+    char *dst = PyBytes_AS_STRING(out);
+    for (uint32_t i = 0; i < self->ring_len; i++)
+        memcpy(dst + (size_t)i * sizeof(xrec_t), &self->ring[(self->ring_head + i) % self->ring_cap], sizeof(xrec_t));
+    self->ring_head = (self->ring_head + self->ring_len) % self->ring_cap;
+    self->ring_len = 0;
+    return out;
+}
+
+static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *drops = PyDict_New();
+    if (!drops) return NULL;
+    for (int i = 0; i < D_COUNT; i++) {
+        if (!self->drops[i]) continue;
+        PyObject *v = PyLong_FromUnsignedLongLong(self->drops[i]);
+        if (!v || PyDict_SetItemString(drops, DROP_NAMES[i], v) < 0) { Py_XDECREF(v); Py_DECREF(drops); return NULL; }
+        Py_DECREF(v);
+    }
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:N}", "sent", self->sent, "reflected", self->reflected, "replies",
+                         self->replies, "received", self->received, "drops", drops);
+}
+
+static PyObject *Core_path_sent(Core *self, PyObject *args) {
+    unsigned int path_id;
+    if (!PyArg_ParseTuple(args, "I", &path_id)) return NULL;
+    int i = path_index(self, path_id);
+    if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
+    return PyLong_FromUnsignedLongLong(self->paths[i].sent);
+}
+
+/* test entry points: the same encoder/decoder the loop uses */
+static PyObject *Core_encode(Core *self, PyObject *args) {
+    probe_t p = {0};
+    unsigned int kind, flags, pad, sport, dport;
+    PyObject *src, *dst;
+    if (!PyArg_ParseTuple(args, "IIIIIIKLLLLIOOII", &kind, &flags, &pad, &p.sender, &p.reflector, &p.path, &p.seq,
+                          &p.t1, &p.t2, &p.t3, &p.t4, &p.rx_count, &src, &dst, &sport, &dport))
+        return NULL;
+    if (pad > MAX_PAD) return PyErr_Format(PyExc_ValueError, "pad > %d", MAX_PAD);
+    p.kind = (uint8_t)kind; p.flags = (uint8_t)flags; p.pad = (uint16_t)pad;
+    uint8_t s[4], d[4];
+    if (get_addr(src, s) < 0 || get_addr(dst, d) < 0) return NULL;
+    uint8_t *buf = PyMem_Malloc(MIN_PAYLOAD + MAX_PAD);
+    if (!buf) return PyErr_NoMemory();
+    size_t n = encode(&self->keyed, &p, s, d, (uint16_t)sport, (uint16_t)dport, buf);
+    PyObject *out = PyBytes_FromStringAndSize((char *)buf, (Py_ssize_t)n);
+    PyMem_Free(buf);
+    return out;
+}
+
+static PyObject *Core_decode(Core *self, PyObject *args) {
+    Py_buffer data;
+    PyObject *src, *dst;
+    unsigned int sport, dport;
+    if (!PyArg_ParseTuple(args, "y*OOII", &data, &src, &dst, &sport, &dport)) return NULL;
+    uint8_t s[4], d[4];
+    if (get_addr(src, s) < 0 || get_addr(dst, d) < 0) { PyBuffer_Release(&data); return NULL; }
+    probe_t p;
+    int why = decode(&self->keyed, data.buf, (size_t)data.len, s, d, (uint16_t)sport, (uint16_t)dport, &p);
+    PyBuffer_Release(&data);
+    if (why >= 0) return PyUnicode_FromString(DROP_NAMES[why]);
+    /* same field order as wire.Probe */
+    return Py_BuildValue("(IIIIKLLLLIII)", p.kind, p.sender, p.reflector, p.path, p.seq, p.t1, p.t2, p.t3, p.t4,
+                         p.rx_count, p.flags, p.pad);
+}
+
+static PyObject *Core_replay_test(Core *self, PyObject *args) {
+    /* feed a list of sequence numbers to a fresh replay window; returns the accept decisions */
+    PyObject *seqs;
+    if (!PyArg_ParseTuple(args, "O", &seqs)) return NULL;
+    PyObject *it = PyObject_GetIter(seqs);
+    if (!it) return NULL;
+    replay_t w;
+    memset(&w, 0, sizeof w);
+    PyObject *out = PyList_New(0), *item;
+    while (out && (item = PyIter_Next(it))) {
+        unsigned long long s = PyLong_AsUnsignedLongLong(item);
+        Py_DECREF(item);
+        if (PyErr_Occurred()) { Py_CLEAR(out); break; }
+        PyObject *b = PyBool_FromLong(replay_accept(&w, s));
+        PyList_Append(out, b);
+        Py_DECREF(b);
+    }
+    Py_DECREF(it);
+    return out;
+}
+
+static PyMethodDef Core_methods[] = {
+    {"add_nic", (PyCFunction)Core_add_nic, METH_VARARGS, "add_nic(rx_fd, tx_fd, addr4) -> index"},
+    {"add_path", (PyCFunction)Core_add_path, METH_VARARGS,
+     "add_path(path_id, nic, peer_id, peer_addr4, sport, interval_ns, pad, first_due_monotonic_ns)"},
+    {"remove_path", (PyCFunction)Core_remove_path, METH_VARARGS, "remove_path(path_id)"},
+    {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
+    {"run", (PyCFunction)Core_run, METH_VARARGS, "run(duration_ns): probe, reflect, receive; GIL released"},
+    {"take", (PyCFunction)Core_take, METH_NOARGS, "completed exchanges as packed '<IIQqqqq' records"},
+    {"counters", (PyCFunction)Core_counters, METH_NOARGS, "sent/reflected/replies/received and drops by reason"},
+    {"path_sent", (PyCFunction)Core_path_sent, METH_VARARGS, "requests sent on a path"},
+    {"encode", (PyCFunction)Core_encode, METH_VARARGS, "test hook: the loop's encoder"},
+    {"decode", (PyCFunction)Core_decode, METH_VARARGS, "test hook: the loop's decoder; a str is a drop reason"},
+    {"replay_test", (PyCFunction)Core_replay_test, METH_VARARGS, "test hook: replay window decisions"},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "linkpass._probecore.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Core_init,
+    .tp_dealloc = (destructor)Core_dealloc,
+    .tp_methods = Core_methods,
+    .tp_doc = "The probe engine's data path for one agent (see module docstring).",
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "linkpass._probecore",
+                                    "Compiled per-packet data path of the LinkPass probe engine.", -1, NULL};
+
+PyMODINIT_FUNC PyInit__probecore(void) {
+    crc_init();
+    if (PyType_Ready(&CoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&CoreType);
+    PyModule_AddObject(m, "Core", (PyObject *)&CoreType);
+    PyModule_AddIntConstant(m, "RECORD_SIZE", sizeof(xrec_t));
+    PyModule_AddIntConstant(m, "MAX_PATHS", MAX_PATHS);
+    return m;
+}
