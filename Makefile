@@ -5,7 +5,9 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml deploy/install-os-deps.sh 2>/dev/null | cksum | cut -d' ' -f1)
+# the stamp names a checksum of everything the install builds from, so a change to the C core rebuilds it
+BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/_probecore.c
+STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)
 
 .PHONY: demo test test-unit bench deps clean
 
@@ -21,11 +23,11 @@ test-unit: deps
 
 bench: deps
 	@mkdir -p out
-	$(PY) sim/bench/testbed.py --json out/bench-testbed.json
+	for b in sim/bench/*.py; do $(PY) $$b --json out/bench-$$(basename $$b .py).json || exit 1; done
 
 deps: $(STAMP)
 
-$(STAMP): pyproject.toml deploy/install-os-deps.sh
+$(STAMP): $(BUILD_INPUTS)
 	@bash deploy/install-os-deps.sh
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing Python packages into $(VENV) (first time: ~1 min)"
