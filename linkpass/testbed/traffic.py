@@ -210,7 +210,7 @@ def link_counters(fab: Fabric, node: str) -> dict[str, dict[str, int]]:
 
 
 def spine_for_sport(fab: Fabric, src_host: int, dst_host: int, plane: int, sport: int,
-                    packets: int = 20, target: str = "nic") -> str | None:
+                    packets: int = 20, target: str = "nic", dport: int = ROCE_PORT) -> str | None:
     """Which spine a flow with this source port takes (by the source leaf's TX counters).
 
     None when both hosts hang off the same leaf (no spine on the way).
@@ -220,7 +220,7 @@ def spine_for_sport(fab: Fabric, src_host: int, dst_host: int, plane: int, sport
         return None
     uplinks = [f"s{s}" for s in range(fab.spec.spines_per_plane)]
     before = link_counters(fab, leaf)
-    res = send_flow(fab, src_host, dst_host, plane=plane, target=target, sport=sport, count=packets)
+    res = send_flow(fab, src_host, dst_host, plane=plane, target=target, sport=sport, dport=dport, count=packets)
     after = link_counters(fab, leaf)
     deltas = {s: after[s]["tx_packets"] - before[s]["tx_packets"] for s in uplinks}
     best = max(deltas, key=deltas.get)
