@@ -27,12 +27,13 @@ def _raise_interrupt(_sig, _frame):
 
 def build_parser() -> argparse.ArgumentParser:
     from .testbed import cli as testbed_cli
-    from . import demo
+    from . import demo, paths_cli
 
     ap = argparse.ArgumentParser(prog="linkpass", description=__doc__.strip() if __doc__ else None)
     ap.add_argument("--version", action="version", version=f"linkpass {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     testbed_cli.register(sub)
+    paths_cli.register(sub)
     demo.register(sub)
     return ap
 

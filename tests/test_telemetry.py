@@ -56,22 +56,37 @@ def test_reflector_restart_is_not_counted_as_loss():
 
 
 def test_window_of_loss_is_a_difference_of_snapshots():
-    loss = LossCounters()
+    t = PathTelemetry()
     for seq in range(100):
-        loss.on_reply(seq, seq + 1)
-    a = LossSnapshot.of(loss)
+        t.on_sent()
+        t.on_reply(seq, 0, 0, 0, 0, seq + 1)
+    a = LossSnapshot.of(t)
     rx = 100
     for seq in range(100, 200):
+        t.on_sent()
         if seq % 4 == 0:
             continue  # request lost
         rx += 1
         if seq % 5 == 0:
             continue  # reply lost
-        loss.on_reply(seq, rx)
-    w = LossSnapshot.of(loss).minus(a)
+        t.on_reply(seq, 0, 0, 0, 0, rx)
+    w = LossSnapshot.of(t).minus(a)
     assert w["lost_fwd"] == 25
     assert w["lost_rev"] == len([s for s in range(100, 200) if s % 4 and s % 5 == 0])  # 199, the last, arrived
-    assert w["loss_fwd_pct"] == pytest.approx(100 * 25 / w["sent"])
+    assert w["loss_fwd_pct"] == pytest.approx(100 * 25 / w["sent"]) and w["unanswered"] == 0
+
+
+def test_a_dark_path_is_sent_without_replies():
+    t = PathTelemetry()
+    for seq in range(10):
+        t.on_sent()
+        t.on_reply(seq, 0, 0, 0, 0, seq + 1)
+    a = LossSnapshot.of(t)
+    for _ in range(50):
+        t.on_sent()  # nothing comes back
+    w = LossSnapshot.of(t).minus(a)
+    assert w["sent"] == 50 and w["replies"] == 0 and w["unanswered"] == 50 and w["loss_pct"] == 100
+    assert w["loss_fwd_pct"] is None  # no reply, no direction
 
 
 def test_one_way_delays_need_the_clock_offset():

@@ -16,8 +16,13 @@ of these cumulative counts between its two ends.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+
+# RTT histogram bucket upper bounds (ns): 5 µs .. 1 s, fixed so Prometheus series stay bounded
+RTT_BUCKETS_NS = (5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000, 5_000_000,
+                  10_000_000, 20_000_000, 50_000_000, 100_000_000, 200_000_000, 500_000_000, 1_000_000_000)
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -88,6 +93,8 @@ class PathTelemetry:
     loss: LossCounters = field(default_factory=LossCounters)
     samples: deque = field(default_factory=deque)
     sent: int = 0
+    rtt_counts: list = field(default_factory=lambda: [0] * (len(RTT_BUCKETS_NS) + 1))  # last: +Inf
+    rtt_sum_ns: int = 0
 
     def __post_init__(self) -> None:
         self.samples = deque(maxlen=self.ring)
@@ -99,7 +106,12 @@ class PathTelemetry:
         self.loss.on_reply(seq, rx_count)
         s = Sample(seq, t4, (t4 - t1) - (t3 - t2), t2 - t1, t4 - t3)
         self.samples.append(s)
+        self.rtt_counts[bisect_left(RTT_BUCKETS_NS, s.rtt)] += 1
+        self.rtt_sum_ns += s.rtt
         return s
+
+    def latest_t4(self) -> int | None:
+        return self.samples[-1].t4 if self.samples else None
 
     def window(self, since_t4: int, offset_ns: float | None = None) -> dict:
         """Statistics of the samples whose reply arrived at or after `since_t4` (sender clock).
@@ -107,7 +119,7 @@ class PathTelemetry:
         With `offset_ns` (reflector clock minus sender clock, from clock sync) the one-way delays
         are true delays; without it only RTT is meaningful and one-way figures are omitted.
         """
-        xs = [s for s in self.samples if s.t4 >= since_t4]
+        xs = [s for s in list(self.samples) if s.t4 >= since_t4]  # list(): one atomic copy under the GIL
         out = {"samples": len(xs), "rtt_ns": _summary(sorted(s.rtt for s in xs)),
                "jitter_ns": _jitter([s.rtt for s in xs])}
         if offset_ns is not None:
@@ -132,21 +144,30 @@ def _jitter(values: list[float]) -> float | None:
 
 @dataclass(frozen=True)
 class LossSnapshot:
-    """Cumulative loss counters of a path at one instant; subtract two to get a window."""
+    """Cumulative counters of a path at one instant; subtract two to get a window.
 
+    `sent` counts every request; `answered` only the span up to the highest answered one. A
+    dark path (nothing comes back) shows as sent without replies: `unanswered`, with no
+    direction, since nothing returned to tell which way was lost.
+    """
+
+    sent: int
     answered: int
     arrived: int
     replies: int
 
     @classmethod
-    def of(cls, loss: LossCounters) -> "LossSnapshot":
-        return cls(loss.answered, loss.arrived, loss.replies)
+    def of(cls, t: "PathTelemetry") -> "LossSnapshot":
+        return cls(t.sent, t.loss.answered, t.loss.arrived, t.loss.replies)
 
     def minus(self, earlier: "LossSnapshot") -> dict:
-        sent = self.answered - earlier.answered
+        sent = self.sent - earlier.sent
+        answered = self.answered - earlier.answered
         arrived = self.arrived - earlier.arrived
         replies = self.replies - earlier.replies
-        lost_fwd, lost_rev = max(0, sent - arrived), max(0, arrived - replies)
-        return {"sent": sent, "lost_fwd": lost_fwd, "lost_rev": lost_rev,
-                "loss_fwd_pct": 100.0 * lost_fwd / sent if sent else None,
+        lost_fwd, lost_rev = max(0, answered - arrived), max(0, arrived - replies)
+        return {"sent": sent, "replies": replies, "lost_fwd": lost_fwd, "lost_rev": lost_rev,
+                "unanswered": max(0, sent - answered),
+                "loss_pct": 100.0 * max(0, sent - replies) / sent if sent else None,
+                "loss_fwd_pct": 100.0 * lost_fwd / answered if answered else None,
                 "loss_rev_pct": 100.0 * lost_rev / arrived if arrived else None}

@@ -330,6 +330,8 @@ class CoreProbeEngine:
     def absorb(self) -> int:
         """Feed the exchanges completed in C into telemetry; returns how many."""
         data = self.core.take()
+        for pid, path in self.paths.items():
+            path.telemetry.sent = self.core.path_sent(pid)
         for path_id, rx_count, seq, t1, t2, t3, t4 in self.RECORD.iter_unpack(data):
             path = self.paths.get(path_id)
             if path is None:

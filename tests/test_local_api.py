@@ -1,0 +1,95 @@
+"""The local query API and Prometheus exposition of an agent's probes, read as the CLI and a
+scraper would: from inside the host's namespace."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from linkpass.probe.service import LocalApi, PathLabels, TelemetryView
+from linkpass.testbed import faults
+from linkpass.testbed.faults import FaultSpec
+from linkpass.testbed.mesh import Mesh
+
+pytestmark = pytest.mark.root
+KEY = bytes(range(32))
+LINKPASS = [sys.executable, "-m", "linkpass.cli"]
+
+
+@pytest.fixture
+def h0_api(clean_faults):
+    fab = clean_faults
+    paths = [(0, b, p, sp) for b in (1, 2, 3) for p in (0, 1) for sp in (50000, 50001)]
+    mesh = Mesh.start(fab, paths, KEY, interval_s=0.002)
+    labels = {pid: PathLabels(f"h{mp.dst}", mp.plane, mp.sport - 50000, mp.sport) for pid, mp in mesh.paths.items()}
+    view = TelemetryView(mesh.engines[0], labels, offset_ns=lambda peer: 0.0, window_s=0.5)
+    api = LocalApi(view, netns=fab.netns("h0"), port=0)
+    try:
+        yield fab, mesh, api
+    finally:
+        api.close()
+        mesh.close()
+
+
+def cli(fab, *args):
+    return subprocess.run(["ip", "netns", "exec", fab.netns("h0"), *LINKPASS, *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_paths_json_and_exit_codes_follow_the_fabric(h0_api):
+    fab, mesh, api = h0_api
+    runner = threading.Thread(target=mesh.run, args=(5.0,))  # the agent keeps probing while we ask
+    runner.start()
+    time.sleep(1.5)
+    out = cli(fab, "paths", "--port", str(api.port), "-o", "json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = json.loads(out.stdout)
+    assert len(rows) == 12 and {r["peer"] for r in rows} == {"h1", "h2", "h3"}
+    for r in rows:
+        assert r["replies"] > 200 and r["lost_fwd"] == 0 and r["lost_rev"] == 0
+        assert 0 < r["rtt_ns"]["p50"] < 5e6 and r["owd_fwd_ns"]["p50"] > 0
+    # a dark plane towards h1: exit code 2 and the table names it
+    faults.apply(fab.prefix, FaultSpec("down", "h1-p0l0"))
+    time.sleep(1.5)
+    out = cli(fab, "paths", "h1", "--port", str(api.port))
+    runner.join()
+    assert out.returncode == 2, out.stdout
+    assert "4 paths" in out.stdout and "2 dark" in out.stdout
+
+
+def test_no_agent_is_exit_3_with_a_hint(fabric):
+    out = subprocess.run(["ip", "netns", "exec", fabric.netns("h3"), *LINKPASS, "paths", "--port", "9"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 3 and "no agent answers" in out.stdout
+
+
+def test_prometheus_exposition_has_bounded_labels(h0_api):
+    fab, mesh, api = h0_api
+    mesh.run(0.5)
+    text = cli_get(fab, api.port, "/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("linkpass_probe_requests", "linkpass_probe_replies", "linkpass_probe_lost",
+                 "linkpass_path_loss_ratio", "linkpass_probe_rtt_seconds", "linkpass_path_one_way_delay_seconds"):
+        assert name in families, sorted(families)
+    allowed = {"peer", "plane", "path", "direction", "quantile", "le", "reason"}
+    for fam in families.values():
+        for s in fam.samples:
+            assert set(s.labels) <= allowed, (fam.name, s.labels)
+            assert "sport" not in s.labels and "seq" not in s.labels
+    reqs = [s for s in families["linkpass_probe_requests"].samples if s.name.endswith("_total")]
+    assert len(reqs) == 12 and all(s.value > 50 for s in reqs)
+    buckets = [s for s in families["linkpass_probe_rtt_seconds"].samples if s.name.endswith("_bucket")]
+    assert buckets and all(b.labels["le"] for b in buckets)
+
+
+def cli_get(fab, port, path):
+    code = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}{path}').read().decode())"
+    out = subprocess.run(["ip", "netns", "exec", fab.netns("h0"), sys.executable, "-c", code], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
