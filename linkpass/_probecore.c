@@ -285,6 +285,7 @@ typedef struct {
     uint8_t peer[4];
     uint16_t sport, pad;
     int nic;
+    int pair; /* send coded pairs: two probes back to back each interval (for clock sync) */
     int64_t interval_ns, next_due;
     uint64_t next_seq, sent;
     replay_t replay;
@@ -448,15 +449,17 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
         for (int i = 0; i < c->npaths; i++) {
             path_t *pt = &c->paths[i];
             if (pt->nic != nic || pt->next_due > now_mono) continue;
-            if (tx[nic].n == BATCH) tx_flush(c, nic, &tx[nic]);
-            probe_t p = {0};
-            p.kind = KIND_REQUEST; p.flags = pt->pad ? 1 : 0; p.pad = pt->pad;
-            p.sender = c->agent_id; p.reflector = pt->peer_id; p.path = pt->path_id; p.seq = pt->next_seq++;
-            p.t1 = local_clock(c, now_ns(CLOCK_REALTIME));
-            uint8_t *pkt = tx_slot(&tx[nic], pt->peer, i);
-            size_t len = encode(&c->keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + 28);
-            build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
-            tx[nic].iov[tx[nic].n - 1].iov_len = 28 + len;
+            for (int k = 0; k <= pt->pair; k++) {
+                if (tx[nic].n == BATCH) tx_flush(c, nic, &tx[nic]);
+                probe_t p = {0};
+                p.kind = KIND_REQUEST; p.flags = pt->pad ? 1 : 0; p.pad = pt->pad;
+                p.sender = c->agent_id; p.reflector = pt->peer_id; p.path = pt->path_id; p.seq = pt->next_seq++;
+                p.t1 = local_clock(c, now_ns(CLOCK_REALTIME));
+                uint8_t *pkt = tx_slot(&tx[nic], pt->peer, i);
+                size_t len = encode(&c->keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + 28);
+                build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
+                tx[nic].iov[tx[nic].n - 1].iov_len = 28 + len;
+            }
             /* next due: interval +- jitter, never in the past (a late loop does not burst) */
             int64_t j = 0;
             if (c->jitter_ppm) {
@@ -586,10 +589,11 @@ static PyObject *Core_add_nic(Core *self, PyObject *args) {
 
 static PyObject *Core_add_path(Core *self, PyObject *args) {
     unsigned int path_id, peer_id;
-    int nic, sport, pad;
+    int nic, sport, pad, pair = 0;
     long long interval, first_due;
     PyObject *peer;
-    if (!PyArg_ParseTuple(args, "IiIOiLiL", &path_id, &nic, &peer_id, &peer, &sport, &interval, &pad, &first_due))
+    if (!PyArg_ParseTuple(args, "IiIOiLiL|p", &path_id, &nic, &peer_id, &peer, &sport, &interval, &pad, &first_due,
+                          &pair))
         return NULL;
     if (nic < 0 || nic >= self->nnics) return PyErr_Format(PyExc_ValueError, "unknown NIC index %d", nic);
     if (sport < 1 || sport > 65535 || interval < 10000 || pad < 0 || pad > MAX_PAD)
@@ -600,7 +604,7 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
     memset(p, 0, sizeof *p);
     if (get_addr(peer, p->peer) < 0) return NULL;
     p->path_id = path_id; p->peer_id = peer_id; p->nic = nic; p->sport = (uint16_t)sport; p->pad = (uint16_t)pad;
-    p->interval_ns = interval; p->next_due = first_due;
+    p->interval_ns = interval; p->next_due = first_due; p->pair = pair ? 1 : 0;
     self->npaths++;
     Py_RETURN_NONE;
 }
@@ -736,7 +740,7 @@ static PyObject *Core_replay_test(Core *self, PyObject *args) {
 static PyMethodDef Core_methods[] = {
     {"add_nic", (PyCFunction)Core_add_nic, METH_VARARGS, "add_nic(rx_fd, tx_fd, addr4) -> index"},
     {"add_path", (PyCFunction)Core_add_path, METH_VARARGS,
-     "add_path(path_id, nic, peer_id, peer_addr4, sport, interval_ns, pad, first_due_monotonic_ns)"},
+     "add_path(path_id, nic, peer_id, peer_addr4, sport, interval_ns, pad, first_due_monotonic_ns[, pair])"},
     {"remove_path", (PyCFunction)Core_remove_path, METH_VARARGS, "remove_path(path_id)"},
     {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
     {"run", (PyCFunction)Core_run, METH_VARARGS, "run(duration_ns): probe, reflect, receive; GIL released"},

@@ -84,6 +84,7 @@ class PathSpec:
     sport: int
     interval_s: float = 0.001
     pad: int = 0  # padding for full-size probes
+    pair: bool = False  # coded pairs: two probes back to back per interval (clock sync); C core only
 
 
 @dataclass
@@ -309,7 +310,7 @@ class CoreProbeEngine:
             raise ValueError(f"path {spec.path_id}: unknown NIC {spec.nic!r}; add_nic() it first")
         self.core.add_path(spec.path_id, self.nics[spec.nic][0], spec.peer_id, socket.inet_aton(spec.peer_addr),
                            spec.sport, int(spec.interval_s * 1e9), spec.pad,
-                           time.monotonic_ns() + int(first_due_s * 1e9))
+                           time.monotonic_ns() + int(first_due_s * 1e9), spec.pair)
         self.paths[spec.path_id] = _Path(spec, PathTelemetry())
 
     def remove_path(self, path_id: int) -> None:
