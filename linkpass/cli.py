@@ -21,7 +21,14 @@ def _fail(message: str, code: int = EXIT_CRITICAL) -> int:
     return code
 
 
+_MAIN_PID = os.getpid()
+
+
 def _raise_interrupt(_sig, _frame):
+    # Libraries fork helpers (pyroute2 opens namespace sockets from a forked child, then
+    # SIGTERMs it): a forked copy of us must just die, never unwind into our cleanup code.
+    if os.getpid() != _MAIN_PID:
+        os._exit(128 + signal.SIGTERM)
     raise KeyboardInterrupt
 
 
