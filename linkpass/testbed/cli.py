@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..output import EXIT_CRITICAL, EXIT_OK, FORMATS, emit, paint, table
-from . import build, faults, state, traffic
+from . import build, faults, traffic
 from .topology import Fabric, load_spec_text, preset, check_prefix, PRESETS
 
 DEFAULT_PREFIX = os.environ.get("LINKPASS_PREFIX", "lp")
