@@ -3,7 +3,6 @@ direction. Truth comes from the fabric itself: which spine each (source, destina
 crosses, read from interface counters (traffic.spine_for_sport)."""
 from __future__ import annotations
 
-import statistics
 import threading
 
 import pytest

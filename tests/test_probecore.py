@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import socket
 
 import pytest
 from hypothesis import given, settings, strategies as st

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-from pyroute2 import netns as pr_netns
 
 from linkpass.testbed import build, faults, state, topology, traffic
 
