@@ -75,6 +75,19 @@ def open_nic_sockets(netns: str | None, ifname: str, addr: str) -> tuple[socket.
     return rx, tx
 
 
+@dataclass(frozen=True, slots=True)
+class ExchangeRecord:
+    """One completed exchange as the engine hands it on (times in the agent's clock, ns)."""
+
+    path_id: int
+    peer_id: int
+    seq: int
+    t1: int
+    t2: int
+    t3: int
+    t4: int
+
+
 @dataclass(frozen=True)
 class PathSpec:
     path_id: int
@@ -110,7 +123,7 @@ class ProbeEngine:
 
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None, clock: Clock = _identity,
                  seed: int = 0, jitter: float = 0.1, batch: int = 256, max_reflected_paths: int = 65536,
-                 on_exchange: Callable[[int, int, int, int, int, int], None] | None = None):
+                 on_exchange: Callable[[ExchangeRecord], None] | None = None):
         if not 0 < agent_id < 2**32:
             raise ValueError(f"agent_id must be 1..{2**32 - 1}, got {agent_id}")
         if not 0 <= jitter < 1:
@@ -262,7 +275,7 @@ class ProbeEngine:
         path.telemetry.on_reply(rep.seq, rep.t1, rep.t2, rep.t3, t4, rep.rx_count)
         self.stats["replies"] += 1
         if self.on_exchange:
-            self.on_exchange(rep.path, path.spec.peer_id, rep.t1, rep.t2, rep.t3, t4)
+            self.on_exchange(ExchangeRecord(rep.path, path.spec.peer_id, rep.seq, rep.t1, rep.t2, rep.t3, t4))
 
     # ---- reading -------------------------------------------------------------------------
     def telemetry(self, path_id: int) -> PathTelemetry:
@@ -283,7 +296,7 @@ class CoreProbeEngine:
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None,
                  clock_segment: Callable[[int], tuple[int, int, int]] | None = None, seed: int = 1,
                  jitter: float = 0.1, slice_s: float = 0.05,
-                 on_exchange: Callable[[int, int, int, int, int, int], None] | None = None):
+                 on_exchange: Callable[[ExchangeRecord], None] | None = None):
         from .. import _probecore
 
         if not 0 < agent_id < 2**32:
@@ -339,7 +352,7 @@ class CoreProbeEngine:
                 continue
             path.telemetry.on_reply(seq, t1, t2, t3, t4, rx_count)
             if self.on_exchange:
-                self.on_exchange(path_id, path.spec.peer_id, t1, t2, t3, t4)
+                self.on_exchange(ExchangeRecord(path_id, path.spec.peer_id, seq, t1, t2, t3, t4))
         return len(data) // self.RECORD.size
 
     @property

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..probe.engine import CoreProbeEngine, PathSpec
+from ..probe.engine import CoreProbeEngine, ExchangeRecord, PathSpec
 from .topology import Fabric
 
 
@@ -33,18 +33,19 @@ class Mesh:
 
     @classmethod
     def start(cls, fab: Fabric, paths: list[tuple[int, int, int, int]], key: bytes, interval_s: float = 0.001,
+              pair: bool = False,
               clocks: dict[int, Callable[[int], tuple[int, int, int]]] | None = None,
-              on_exchange: Callable[[int, int, int, int, int, int, int], None] | None = None) -> "Mesh":
+              on_exchange: Callable[[int, ExchangeRecord], None] | None = None) -> "Mesh":
         """Engines for every host; `paths` as (src, dst, plane, sport). Agent id = host index + 1.
 
         `clocks[host]` maps true ns to a (base_true, base_local, rate_ppb) segment of that host's
-        clock; `on_exchange(src_host, path_id, peer_id, t1, t2, t3, t4)` sees every exchange.
+        clock; `on_exchange(src_host, record)` sees every completed exchange.
         """
         mesh = cls(fab, key)
         for i in range(fab.spec.hosts):
             cb = None
             if on_exchange:
-                cb = (lambda host: lambda pid, peer, t1, t2, t3, t4: on_exchange(host, pid, peer, t1, t2, t3, t4))(i)
+                cb = (lambda host: lambda rec: on_exchange(host, rec))(i)
             eng = CoreProbeEngine(i + 1, key, netns=fab.netns(f"h{i}"), seed=i + 1,
                                   clock_segment=(clocks or {}).get(i), on_exchange=cb)
             for p in range(fab.spec.planes):
@@ -52,8 +53,8 @@ class Mesh:
             mesh.engines[i] = eng
         for n, (src, dst, plane, sport) in enumerate(paths, start=1):
             mesh.paths[n] = MeshPath(n, src, dst, plane, sport)
-            mesh.engines[src].add_path(PathSpec(n, f"p{plane}", dst + 1, fab.nic_addr(dst, plane), sport, interval_s),
-                                       first_due_s=0.01)
+            mesh.engines[src].add_path(PathSpec(n, f"p{plane}", dst + 1, fab.nic_addr(dst, plane), sport, interval_s,
+                                                pair=pair), first_due_s=0.01)
         return mesh
 
     def run(self, seconds: float) -> None:
