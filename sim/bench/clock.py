@@ -112,7 +112,8 @@ def main() -> int:
                     converged_at[(a, b)] = elapsed
                 errors.append(err / 1e3)  # every sample once the estimator calls itself converged
                 ntp_errors.append(abs(est.ntp_offset_at(ts) - truth) / 1e3)
-                true_drift = clocks[b].drift_ppm_at(now) - clocks[a].drift_ppm_at(now)
+                da, db = clocks[a].drift_ppm_at(now), clocks[b].drift_ppm_at(now)
+                true_drift = ((1 + db * 1e-6) / (1 + da * 1e-6) - 1) * 1e6  # b's rate seen from a's clock
                 drift_errors.append(abs(est.drift_ppm - true_drift))
                 if solution is not None:
                     mesh_errors.append(abs(solution.offset(a, b) - truth) / 1e3)
