@@ -285,7 +285,8 @@ typedef struct {
     uint8_t peer[4];
     uint16_t sport, pad;
     int nic;
-    int pair; /* send coded pairs: two probes back to back each interval (for clock sync) */
+    int64_t pair_gap_ns; /* > 0: coded pairs, a second probe this long after each first (clock sync) */
+    int64_t pair_due; /* when the pending second probe of a pair is due; 0: none */
     int64_t interval_ns, next_due;
     uint64_t next_seq, sent;
     replay_t replay;
@@ -444,22 +445,33 @@ static void handle_packet(Core *c, int nic, const uint8_t *data, size_t n, const
     x->t1 = p.t1; x->t2 = p.t2; x->t3 = p.t3; x->t4 = t_rx;
 }
 
+static void queue_probe(Core *c, int nic, int i, txbatch_t *tx) {
+    path_t *pt = &c->paths[i];
+    if (tx[nic].n == BATCH) tx_flush(c, nic, &tx[nic]);
+    probe_t p = {0};
+    p.kind = KIND_REQUEST; p.flags = pt->pad ? 1 : 0; p.pad = pt->pad;
+    p.sender = c->agent_id; p.reflector = pt->peer_id; p.path = pt->path_id; p.seq = pt->next_seq++;
+    p.t1 = local_clock(c, now_ns(CLOCK_REALTIME));
+    uint8_t *pkt = tx_slot(&tx[nic], pt->peer, i);
+    size_t len = encode(&c->keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + 28);
+    build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
+    tx[nic].iov[tx[nic].n - 1].iov_len = 28 + len;
+}
+
 static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
     for (int nic = 0; nic < c->nnics; nic++) {
         for (int i = 0; i < c->npaths; i++) {
             path_t *pt = &c->paths[i];
-            if (pt->nic != nic || pt->next_due > now_mono) continue;
-            for (int k = 0; k <= pt->pair; k++) {
-                if (tx[nic].n == BATCH) tx_flush(c, nic, &tx[nic]);
-                probe_t p = {0};
-                p.kind = KIND_REQUEST; p.flags = pt->pad ? 1 : 0; p.pad = pt->pad;
-                p.sender = c->agent_id; p.reflector = pt->peer_id; p.path = pt->path_id; p.seq = pt->next_seq++;
-                p.t1 = local_clock(c, now_ns(CLOCK_REALTIME));
-                uint8_t *pkt = tx_slot(&tx[nic], pt->peer, i);
-                size_t len = encode(&c->keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + 28);
-                build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
-                tx[nic].iov[tx[nic].n - 1].iov_len = 28 + len;
+            if (pt->nic != nic) continue;
+            if (pt->pair_due && pt->pair_due <= now_mono) { /* second probe of a coded pair */
+                queue_probe(c, nic, i, tx);
+                pt->pair_due = 0;
             }
+            if (pt->next_due > now_mono) continue;
+            queue_probe(c, nic, i, tx);
+            /* the pair's second probe goes out `gap` later, alone: on a software fabric a
+             * back-to-back pair is spread by the first packet's own forwarding work */
+            if (pt->pair_gap_ns) pt->pair_due = now_mono + pt->pair_gap_ns;
             /* next due: interval +- jitter, never in the past (a late loop does not burst) */
             int64_t j = 0;
             if (c->jitter_ppm) {
@@ -487,7 +499,10 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         if (now >= end) break;
         send_due(c, now, tx);
         int64_t next = end;
-        for (int i = 0; i < c->npaths; i++) if (c->paths[i].next_due < next) next = c->paths[i].next_due;
+        for (int i = 0; i < c->npaths; i++) {
+            if (c->paths[i].next_due < next) next = c->paths[i].next_due;
+            if (c->paths[i].pair_due && c->paths[i].pair_due < next) next = c->paths[i].pair_due;
+        }
         int64_t wait = next - now_ns(CLOCK_MONOTONIC);
         struct timespec ts = {0, 0};
         if (wait > 0) { ts.tv_sec = wait / 1000000000LL; ts.tv_nsec = wait % 1000000000LL; }
@@ -589,22 +604,24 @@ static PyObject *Core_add_nic(Core *self, PyObject *args) {
 
 static PyObject *Core_add_path(Core *self, PyObject *args) {
     unsigned int path_id, peer_id;
-    int nic, sport, pad, pair = 0;
-    long long interval, first_due;
+    int nic, sport, pad;
+    long long interval, first_due, pair_gap = 0;
     PyObject *peer;
-    if (!PyArg_ParseTuple(args, "IiIOiLiL|p", &path_id, &nic, &peer_id, &peer, &sport, &interval, &pad, &first_due,
-                          &pair))
+    if (!PyArg_ParseTuple(args, "IiIOiLiL|L", &path_id, &nic, &peer_id, &peer, &sport, &interval, &pad, &first_due,
+                          &pair_gap))
         return NULL;
     if (nic < 0 || nic >= self->nnics) return PyErr_Format(PyExc_ValueError, "unknown NIC index %d", nic);
-    if (sport < 1 || sport > 65535 || interval < 10000 || pad < 0 || pad > MAX_PAD)
-        return PyErr_Format(PyExc_ValueError, "sport 1..65535, interval >= 10 us, pad 0..%d", MAX_PAD);
+    if (sport < 1 || sport > 65535 || interval < 10000 || pad < 0 || pad > MAX_PAD || pair_gap < 0 ||
+        pair_gap >= interval)
+        return PyErr_Format(PyExc_ValueError, "sport 1..65535, interval >= 10 us, pad 0..%d, 0 <= pair gap < interval",
+                            MAX_PAD);
     if (path_index(self, path_id) >= 0) return PyErr_Format(PyExc_ValueError, "path %u exists", path_id);
     if (self->npaths == MAX_PATHS) return PyErr_Format(PyExc_ValueError, "at most %d paths", MAX_PATHS);
     path_t *p = &self->paths[self->npaths];
     memset(p, 0, sizeof *p);
     if (get_addr(peer, p->peer) < 0) return NULL;
     p->path_id = path_id; p->peer_id = peer_id; p->nic = nic; p->sport = (uint16_t)sport; p->pad = (uint16_t)pad;
-    p->interval_ns = interval; p->next_due = first_due; p->pair = pair ? 1 : 0;
+    p->interval_ns = interval; p->next_due = first_due; p->pair_gap_ns = pair_gap;
     self->npaths++;
     Py_RETURN_NONE;
 }
@@ -740,7 +757,7 @@ static PyObject *Core_replay_test(Core *self, PyObject *args) {
 static PyMethodDef Core_methods[] = {
     {"add_nic", (PyCFunction)Core_add_nic, METH_VARARGS, "add_nic(rx_fd, tx_fd, addr4) -> index"},
     {"add_path", (PyCFunction)Core_add_path, METH_VARARGS,
-     "add_path(path_id, nic, peer_id, peer_addr4, sport, interval_ns, pad, first_due_monotonic_ns[, pair])"},
+     "add_path(path_id, nic, peer_id, peer_addr4, sport, interval_ns, pad, first_due_monotonic_ns[, pair_gap_ns])"},
     {"remove_path", (PyCFunction)Core_remove_path, METH_VARARGS, "remove_path(path_id)"},
     {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
     {"run", (PyCFunction)Core_run, METH_VARARGS, "run(duration_ns): probe, reflect, receive; GIL released"},

@@ -97,7 +97,7 @@ class PathSpec:
     sport: int
     interval_s: float = 0.001
     pad: int = 0  # padding for full-size probes
-    pair: bool = False  # coded pairs: two probes back to back per interval (clock sync); C core only
+    pair_gap_s: float = 0.0  # > 0: coded pairs, a second probe this long after each (clock sync); C core only
 
 
 @dataclass
@@ -323,7 +323,7 @@ class CoreProbeEngine:
             raise ValueError(f"path {spec.path_id}: unknown NIC {spec.nic!r}; add_nic() it first")
         self.core.add_path(spec.path_id, self.nics[spec.nic][0], spec.peer_id, socket.inet_aton(spec.peer_addr),
                            spec.sport, int(spec.interval_s * 1e9), spec.pad,
-                           time.monotonic_ns() + int(first_due_s * 1e9), spec.pair)
+                           time.monotonic_ns() + int(first_due_s * 1e9), int(spec.pair_gap_s * 1e9))
         self.paths[spec.path_id] = _Path(spec, PathTelemetry())
 
     def remove_path(self, path_id: int) -> None:

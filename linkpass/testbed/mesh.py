@@ -33,7 +33,7 @@ class Mesh:
 
     @classmethod
     def start(cls, fab: Fabric, paths: list[tuple[int, int, int, int]], key: bytes, interval_s: float = 0.001,
-              pair: bool = False,
+              pair_gap_s: float = 0.0,
               clocks: dict[int, Callable[[int], tuple[int, int, int]]] | None = None,
               on_exchange: Callable[[int, ExchangeRecord], None] | None = None) -> "Mesh":
         """Engines for every host; `paths` as (src, dst, plane, sport). Agent id = host index + 1.
@@ -54,7 +54,7 @@ class Mesh:
         for n, (src, dst, plane, sport) in enumerate(paths, start=1):
             mesh.paths[n] = MeshPath(n, src, dst, plane, sport)
             mesh.engines[src].add_path(PathSpec(n, f"p{plane}", dst + 1, fab.nic_addr(dst, plane), sport, interval_s,
-                                                pair=pair), first_due_s=0.01)
+                                                pair_gap_s=pair_gap_s), first_due_s=0.01)
         return mesh
 
     def run(self, seconds: float) -> None:
