@@ -635,6 +635,21 @@ static PyObject *Core_remove_path(Core *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Core_set_interval(Core *self, PyObject *args) {
+    unsigned int path_id;
+    long long interval;
+    if (!PyArg_ParseTuple(args, "IL", &path_id, &interval)) return NULL;
+    int i = path_index(self, path_id);
+    if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
+    if (interval < 10000 || self->paths[i].pair_gap_ns >= interval)
+        return PyErr_Format(PyExc_ValueError, "interval must be >= 10 us and longer than the pair gap");
+    path_t *p = &self->paths[i];
+    /* an active path must not wait out the rest of a long idle interval */
+    if (interval < p->interval_ns) p->next_due -= p->interval_ns - interval;
+    p->interval_ns = interval;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_set_clock(Core *self, PyObject *args) {
     long long bt, bl, rate;
     if (!PyArg_ParseTuple(args, "LLL", &bt, &bl, &rate)) return NULL;
@@ -759,6 +774,7 @@ static PyMethodDef Core_methods[] = {
     {"add_path", (PyCFunction)Core_add_path, METH_VARARGS,
      "add_path(path_id, nic, peer_id, peer_addr4, sport, interval_ns, pad, first_due_monotonic_ns[, pair_gap_ns])"},
     {"remove_path", (PyCFunction)Core_remove_path, METH_VARARGS, "remove_path(path_id)"},
+    {"set_interval", (PyCFunction)Core_set_interval, METH_VARARGS, "set_interval(path_id, interval_ns)"},
     {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
     {"run", (PyCFunction)Core_run, METH_VARARGS, "run(duration_ns): probe, reflect, receive; GIL released"},
     {"take", (PyCFunction)Core_take, METH_NOARGS, "completed exchanges as packed '<IIQqqqq' records"},

@@ -107,3 +107,29 @@ def test_clock_estimates_converge_on_the_testbed(fabric):
     truth = clocks[3].read(now) - clocks[0].read(now)
     assert abs(truth) > 1_000_000  # the clocks really were apart
     assert abs(est.offset_at(clocks[0].read(now)) - truth) < 2_000
+
+
+@pytest.mark.parametrize("engine_cls", [CoreProbeEngine, ProbeEngine], ids=["c-core", "python"])
+def test_idle_paths_probe_slower_and_speed_up_when_active(fabric, engine_cls):
+    fab = fabric
+    a, b = engine_cls(1, KEY, netns=fab.netns("h0")), engine_cls(2, KEY, netns=fab.netns("h1"))
+    try:
+        a.add_nic("p0", "p0", fab.nic_addr(0, 0))
+        b.add_nic("p0", "p0", fab.nic_addr(1, 0))
+        a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(1, 0), 50000, interval_s=0.05))  # idle: 20/s
+
+        def run(seconds):
+            ts = [threading.Thread(target=e.run, args=(seconds,)) for e in (a, b)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            return a.telemetry(1).loss.replies
+
+        idle = run(1.0)
+        a.set_interval(1, 0.002)  # active: 500/s
+        active = run(1.0) - idle
+        assert 10 <= idle <= 30 and 300 <= active <= 600, (idle, active)
+    finally:
+        a.close()
+        b.close()

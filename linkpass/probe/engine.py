@@ -32,7 +32,7 @@ import socket
 import struct
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .. import netns as ns_io
@@ -160,6 +160,12 @@ class ProbeEngine:
         self.paths[spec.path_id] = _Path(spec, PathTelemetry())
         start = (time.perf_counter() if now is None else now) + self.rng.random() * spec.interval_s
         heapq.heappush(self._due, (start, spec.path_id))
+
+    def set_interval(self, path_id: int, interval_s: float) -> None:
+        """Probe a path faster (active: traffic on it) or slower (idle); takes effect at its next probe."""
+        path = self.paths[path_id]
+        self.paths[path_id] = _Path(replace(path.spec, interval_s=interval_s), path.telemetry, path.replay,
+                                    path.next_seq)
 
     def close(self) -> None:
         for nic in self.nics.values():
@@ -329,6 +335,12 @@ class CoreProbeEngine:
     def remove_path(self, path_id: int) -> None:
         self.core.remove_path(path_id)
         del self.paths[path_id]
+
+    def set_interval(self, path_id: int, interval_s: float) -> None:
+        """Probe a path faster (active: traffic on it) or slower (idle); a faster rate starts at once."""
+        self.core.set_interval(path_id, int(interval_s * 1e9))
+        path = self.paths[path_id]
+        path.spec = replace(path.spec, interval_s=interval_s)
 
     def run(self, duration_s: float) -> None:
         end = time.monotonic() + duration_s
