@@ -1,10 +1,11 @@
 """`linkpass demo`: the main job on the embedded default.
 
-Foundation stage: the collective job, agents and coordinator are not built yet (issues
-"host agent", "coordinator" and "main job"). Until they are, the demo shows the part that
-exists: it builds the default testbed, prints it, proves every host reaches every other host
-over every plane and through the service addresses, breaks a link to show a fault taking
-effect, and tears everything down again, also on Ctrl-C or a crash.
+The collective job, agents and coordinator are not built yet (issues "host agent",
+"coordinator" and "main job"). Until they are, the demo shows the parts that exist: it builds
+the default testbed, prints it, proves every host reaches every other host over every plane and
+through the service addresses, breaks a link to show which source ports it black-holes, runs
+the probe mesh (discovery, 1 kHz probes) and shows a one-direction loss landing on exactly the
+paths and the direction it affects, and tears everything down again, also on Ctrl-C or a crash.
 """
 from __future__ import annotations
 
@@ -16,10 +17,46 @@ from .output import EXIT_CRITICAL, EXIT_OK, paint
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the main job on the embedded default (foundation stage: testbed only)")
+    p = sub.add_parser("demo", help="run the main job on the embedded default (for now: the fabric and the probe mesh)")
     p.add_argument("--prefix", default="lpdemo", help="name prefix of the demo testbed (default lpdemo)")
     p.add_argument("--keep", action="store_true", help="leave the testbed up at the end")
     p.set_defaults(func=run, needs_root=True)
+
+
+def _probe_mesh(prefix: str, fab) -> bool:
+    """Discover h0's paths to the last host on plane 0, probe one port per path, then drop 30 %
+    of p0l0 -> p0s0 and show that exactly the paths through it lose, forward only."""
+    from .probe.discovery import Target, discover
+    from .testbed import faults
+    from .testbed.mesh import Mesh
+
+    last = fab.spec.hosts - 1
+    table = discover(fab.netns("h0"), [Target("p0", fab.nic_addr(0, 0), fab.nic_addr(last, 0))])
+    paths = table.paths(fab.nic_addr(last, 0), "p0")
+    spine_of = {lk.b_addr.split("/")[0]: lk.b for lk in fab.links.values() if lk.kind == "leaf-spine"}
+    chosen = sorted((p.ports[0], next((spine_of[h] for h in p.hops if h in spine_of), "?")) for p in paths)
+    print(f"  discovered {len(chosen)} paths h0 → h{last} on plane 0: "
+          + ", ".join(f"sport {sp} via {spine}" for sp, spine in chosen))
+    mesh = Mesh.start(fab, [(0, last, 0, sp) for sp, _ in chosen], bytes(32), interval_s=0.001)
+    try:
+        faults.apply(prefix, faults.FaultSpec("loss", "p0l0-p0s0", "p0l0", {"pct": 30}))
+        mesh.run(1.5)
+        faults.clear(prefix)
+        ok = True
+        print("  30 % loss on p0l0 → p0s0 only, 1.5 s of probes:")
+        for pid, (sp, spine) in zip(sorted(mesh.paths), chosen):
+            loss = mesh.telemetry(pid).loss
+            fwd = 100 * loss.lost_fwd / max(1, loss.answered)
+            rev = 100 * loss.lost_rev / max(1, loss.arrived)
+            rtt = mesh.telemetry(pid).window(0)["rtt_ns"]["p50"]
+            hit = spine == "p0s0"
+            ok &= (fwd > 15) == hit and rev < 3
+            print(f"    sport {sp} via {spine}: {loss.answered} probes, forward loss {fwd:4.1f} %, "
+                  f"reverse loss {rev:4.1f} %, rtt p50 {rtt / 1e3:.0f} µs  "
+                  + (paint("lossy link, forward", "red") if fwd > 15 else paint("clean", "green")))
+        return ok
+    finally:
+        mesh.close()
 
 
 def _step(n: int, total: int, text: str) -> None:
@@ -31,9 +68,9 @@ def run(args) -> int:
     from .testbed.cli import _progress, _show
     from .testbed.topology import preset
 
-    print("LinkPass demo — foundation stage: the fabric only. The training job, agents and "
-          "coordinator arrive with later issues; this run shows the testbed they will run on.\n")
-    steps = 5
+    print("LinkPass demo — the fabric and the probe mesh. The training job, agents and coordinator "
+          "arrive with later issues; this run shows what they stand on.\n")
+    steps = 6
     t0 = time.perf_counter()
     build.clean(args.prefix)  # a previous run killed with SIGKILL may have left objects behind
     _step(1, steps, "building the default testbed (4 hosts × 2 planes, 2 leaves + 2 spines per plane)")
@@ -61,14 +98,17 @@ def run(args) -> int:
             print(f"    sport {sp} → {spines[sp]}: {lost[sp]:5.1f} % lost  {mark}")
         expected = {sp for sp in ports if spines[sp] == "p0s0"}
         holed = {sp for sp in ports if lost[sp] == 100}
-        print("  nothing reroutes yet: that is the host agent's job (next issue)."
-              if holed == expected else paint("  unexpected: loss does not follow the spine choice", "red"))
-        ok = not bad and holed == expected
+        if holed != expected:
+            print(paint("  unexpected: loss does not follow the spine choice", "red"))
+        _step(5, steps, "the probe mesh: discover h0's paths, probe each at 1 kHz, break a link direction")
+        mesh_ok = _probe_mesh(args.prefix, fab)
+        print("  nothing reroutes yet: that is the host agent's job (next issue).")
+        ok = not bad and holed == expected and mesh_ok
     finally:
         if args.keep:
             print(f"testbed left up (prefix {args.prefix}); remove it with `linkpass testbed down --prefix {args.prefix}`")
         else:
-            _step(5, steps, "tearing down")
+            _step(steps, steps, "tearing down")
             build.down(args.prefix, _progress)
     print(f"\ndemo {'passed' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f} s")
     return EXIT_OK if ok else EXIT_CRITICAL
