@@ -70,3 +70,13 @@ class Mesh:
     def close(self) -> None:
         for e in self.engines.values():
             e.close()
+
+
+def peer_routes(fab: Fabric, host: int):
+    """What the route actuator of `host` needs: every other host's service address and, per
+    plane, the gateway (the leaf end of our uplink) and device."""
+    from ..agent.routes import PeerRoutes
+    from .topology import host_link_addrs
+
+    hops = {p: (str(host_link_addrs(p, host)[0]), f"p{p}") for p in range(fab.spec.planes)}
+    return {f"h{j}": PeerRoutes(f"h{j}", fab.service_addr(j), hops) for j in range(fab.spec.hosts) if j != host}

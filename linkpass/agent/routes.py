@@ -1,0 +1,243 @@
+"""Route actuator: the host routes to peers' service addresses that LinkPass owns.
+
+One /32 route per peer, multipath over the planes that are usable towards it, marked with
+LinkPass's own route protocol number (so nothing else's routes are ever touched), sourced from
+this host's service address and carrying `rto_min` so TCP retransmits reach the new path fast.
+
+- **Atomic.** Every change is one RTM_NEWROUTE with NLM_F_REPLACE: the kernel swaps the whole
+  multipath set at once; there is never a moment without a route.
+- **Never the last path.** A decision that leaves a peer no usable plane is not applied: the
+  route keeps its current planes (fail static) and the refusal is counted and returned.
+- **Journal.** The desired state of each peer is appended to a journal (fsync'ed) *before* the
+  kernel is changed. `reconcile()` on start makes the kernel match the journal: a change cut off
+  by SIGKILL is completed, routes of ours for unknown peers are removed, missing ones added.
+- **Rate limit.** A token bucket bounds changes per second; a change over the limit is deferred
+  (returned as such), not dropped, so the caller retries on its next tick.
+- **Dry run.** Decisions are computed, journaled to memory and returned, and nothing is touched.
+
+The pure part (`desired_route`, `Plan`) decides; `RouteActuator` talks netlink.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from pyroute2 import IPRoute
+
+
+RTPROT_LINKPASS = 176  # unassigned in iproute2's rt_protos; `ip route show proto 176`
+DEFAULT_RTO_MIN_MS = 10
+
+
+@dataclass(frozen=True)
+class PeerRoutes:
+    """How to reach one peer's service address over each plane from this host."""
+
+    peer: str
+    service: str  # the peer's service address (/32)
+    hops: dict[int, tuple[str, str]]  # plane -> (gateway, device)
+
+
+@dataclass(frozen=True)
+class Plan:
+    peer: str
+    planes: tuple[int, ...]  # planes the route will use
+    refused: tuple[int, ...] = ()  # planes the caller wanted gone but that stay (last usable path)
+    reason: str = ""
+
+
+def desired_route(peer: PeerRoutes, usable: set[int], current: tuple[int, ...]) -> Plan:
+    """Which planes a peer's route should use. Pure.
+
+    Usable planes only; but if none is usable, keep what is installed (fail static): removing
+    the last path would turn a degraded peer into an unreachable one.
+    """
+    want = tuple(sorted(p for p in usable if p in peer.hops))
+    if want:
+        return Plan(peer.peer, want)
+    keep = current or tuple(sorted(peer.hops))
+    return Plan(peer.peer, keep, refused=keep, reason="no usable plane: keeping the current route (fail static)")
+
+
+@dataclass
+class TokenBucket:
+    rate_per_s: float
+    burst: int
+    tokens: float = 0.0
+    last: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self.last is None:
+            self.tokens, self.last = float(self.burst), now
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate_per_s)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+@dataclass
+class RouteActuator:
+    netns: str | None
+    own_service: str
+    peers: dict[str, PeerRoutes]
+    journal_path: str
+    rto_min_ms: int = DEFAULT_RTO_MIN_MS
+    max_changes_per_s: float = 1000.0
+    burst: int = 200
+    dry_run: bool = False
+    installed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=lambda: {"changes": 0, "refused_last_path": 0, "deferred": 0,
+                                                            "reconciled": 0})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rto_min_ms <= 1000:
+            raise ValueError(f"rto_min_ms: {self.rto_min_ms} is out of range; allowed 1..1000 (ms)")
+        self._bucket = TokenBucket(self.max_changes_per_s, self.burst)
+        self._ipr: IPRoute | None = None
+        self._index: dict[str, int] = {}
+
+    # ---- netlink ---------------------------------------------------------------------------
+    def _open(self) -> IPRoute:
+        if self._ipr is None:
+            # IPRoute(netns=) rather than creating it in a namespace thread: pyroute2 keeps its
+            # socket per thread, so one made elsewhere would silently talk to the root namespace
+            self._ipr = IPRoute(netns=self.netns) if self.netns else IPRoute()
+            self._index = {link.get_attr("IFLA_IFNAME"): link["index"] for link in self._ipr.get_links()}
+        return self._ipr
+
+    def close(self) -> None:
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+
+    def _kernel_replace(self, peer: PeerRoutes, planes: tuple[int, ...]) -> None:
+        ipr = self._open()
+        hops = [{"gateway": peer.hops[p][0], "oif": self._index[peer.hops[p][1]]} for p in planes]
+        kw = dict(dst=peer.service, dst_len=32, proto=RTPROT_LINKPASS, prefsrc=self.own_service,
+                  metrics={"RTAX_RTO_MIN": self.rto_min_ms})
+        if len(hops) == 1:
+            kw.update(gateway=hops[0]["gateway"], oif=hops[0]["oif"])
+        else:
+            kw["multipath"] = hops
+        ipr.route("replace", **kw)
+
+    def kernel_routes(self) -> dict[str, tuple[int, ...]]:
+        """Our routes as the kernel has them: service address -> planes (by device)."""
+        ipr = self._open()
+        plane_of_dev = {}
+        for peer in self.peers.values():
+            for plane, (_, dev) in peer.hops.items():
+                plane_of_dev[self._index.get(dev)] = plane
+        out = {}
+        for r in ipr.get_routes(family=2, proto=RTPROT_LINKPASS):
+            if r["proto"] != RTPROT_LINKPASS or r["dst_len"] != 32:
+                continue
+            mp = r.get_attr("RTA_MULTIPATH")
+            oifs = [h["oif"] for h in mp] if mp else [r.get_attr("RTA_OIF")]
+            out[r.get_attr("RTA_DST")] = tuple(sorted(plane_of_dev.get(o, -1) for o in oifs))
+        return out
+
+    def _kernel_delete(self, service: str) -> None:
+        try:
+            self._open().route("del", dst=service, dst_len=32, proto=RTPROT_LINKPASS)
+        except Exception as exc:  # ESRCH: already gone
+            if getattr(exc, "code", None) != 3:
+                raise
+
+    # ---- journal -----------------------------------------------------------------------------
+    def _journal(self, peer: str, planes: tuple[int, ...]) -> None:
+        if self.dry_run:
+            return
+        with open(self.journal_path, "a") as f:
+            f.write(json.dumps({"peer": peer, "planes": list(planes), "at": time.time()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _journal_state(self) -> dict[str, tuple[int, ...]]:
+        state: dict[str, tuple[int, ...]] = {}
+        try:
+            with open(self.journal_path) as f:
+                for line in f:
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line cut off by a crash: the change after it never happened
+                    state[rec["peer"]] = tuple(rec["planes"])
+        except FileNotFoundError:
+            pass
+        return state
+
+    # ---- the verbs ---------------------------------------------------------------------------
+    def reconcile(self) -> dict[str, tuple[int, ...]]:
+        """Make the kernel match the journal (or the baseline: all planes) for every known peer,
+        and remove routes of ours to unknown destinations. Returns what is installed."""
+        journal = self._journal_state()
+        kernel = self.kernel_routes() if not self.dry_run else {}
+        known = {p.service for p in self.peers.values()}
+        for service in kernel:
+            if service not in known and not self.dry_run:
+                self._kernel_delete(service)
+                self.stats["reconciled"] += 1
+        for name, peer in self.peers.items():
+            want = tuple(p for p in journal.get(name, tuple(sorted(peer.hops))) if p in peer.hops) or \
+                tuple(sorted(peer.hops))
+            if kernel.get(peer.service) != want and not self.dry_run:
+                self._kernel_replace(peer, want)
+                self.stats["reconciled"] += 1
+            self.installed[name] = want
+        # compact the journal to the reconciled state
+        if not self.dry_run:
+            tmp = self.journal_path + ".tmp"
+            with open(tmp, "w") as f:
+                for name, planes in self.installed.items():
+                    f.write(json.dumps({"peer": name, "planes": list(planes), "at": time.time()}) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.journal_path)
+        return dict(self.installed)
+
+    def set_usable(self, peer: str, usable: set[int], now: float | None = None) -> dict:
+        """Point `peer`'s route at its usable planes. Returns what happened, as data."""
+        pr = self.peers[peer]
+        current = self.installed.get(peer, tuple(sorted(pr.hops)))
+        plan = desired_route(pr, usable, current)
+        result = {"peer": peer, "planes": plan.planes, "changed": False, "refused": plan.refused,
+                  "reason": plan.reason, "deferred": False}
+        if plan.refused:
+            self.stats["refused_last_path"] += 1
+        if plan.planes == current:
+            return result
+        if not self._bucket.take(time.monotonic() if now is None else now):
+            self.stats["deferred"] += 1
+            result["deferred"] = True
+            return result
+        self._journal(peer, plan.planes)
+        if not self.dry_run:
+            self._kernel_replace(pr, plan.planes)
+        self.installed[peer] = plan.planes
+        self.stats["changes"] += 1
+        result["changed"] = True
+        return result
+
+    def restore_baseline(self) -> None:
+        """Every peer over every plane (a clean stop)."""
+        for name, pr in self.peers.items():
+            planes = tuple(sorted(pr.hops))
+            if self.installed.get(name) != planes:
+                self._journal(name, planes)
+                if not self.dry_run:
+                    self._kernel_replace(pr, planes)
+                self.installed[name] = planes
+
+    def remove_all(self) -> None:
+        """Withdraw every route of ours (uninstall); the testbed's baseline ECMP route remains."""
+        if not self.dry_run:
+            for service in self.kernel_routes():
+                self._kernel_delete(service)
+        self.installed.clear()
+        if os.path.exists(self.journal_path) and not self.dry_run:
+            os.unlink(self.journal_path)
