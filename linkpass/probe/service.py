@@ -48,20 +48,24 @@ class TelemetryView:
         self.labels = labels
         self.offset_ns = offset_ns or (lambda peer_id: None)
         self.window_s = window_s
-        keep = int(window_s / snapshot_every_s) + 2
-        self._snaps: dict[int, deque] = {pid: deque(maxlen=keep) for pid in labels}
+        self._keep = int(window_s / snapshot_every_s) + 2
+        self._snaps: dict[int, deque] = {}  # paths may come and go while the agent runs
         self._lock = threading.Lock()
 
     def tick(self) -> None:
         """Record each path's loss counters; called every `snapshot_every_s` by LocalApi."""
         now = time.monotonic()
         with self._lock:
-            for pid in self.labels:
-                self._snaps[pid].append((now, LossSnapshot.of(self.engine.telemetry(pid))))
+            for pid in list(self.labels):
+                path = self.engine.paths.get(pid)
+                if path is not None:
+                    self._snaps.setdefault(pid, deque(maxlen=self._keep)).append((now, LossSnapshot.of(path.telemetry)))
+            for pid in [p for p in self._snaps if p not in self.labels]:
+                del self._snaps[pid]
 
     def _window_start(self, pid: int) -> LossSnapshot:
         """The newest snapshot at least `window_s` old (else the oldest we have)."""
-        snaps = self._snaps[pid]
+        snaps = self._snaps.get(pid)
         if not snaps:
             return LossSnapshot(0, 0, 0, 0)
         cutoff = time.monotonic() - self.window_s
@@ -71,8 +75,10 @@ class TelemetryView:
     def rows(self) -> list[dict]:
         out = []
         with self._lock:
-            for pid, lab in sorted(self.labels.items()):
-                path = self.engine.paths[pid]
+            for pid, lab in sorted(list(self.labels.items())):  # list(): one atomic copy
+                path = self.engine.paths.get(pid)
+                if path is None:
+                    continue
                 tel = path.telemetry
                 loss = tel.loss
                 now = LossSnapshot.of(tel)
@@ -132,7 +138,10 @@ class _Collector:
                 if summary and summary["p50"] is not None:
                     owd.add_metric(lv + [direction, "0.5"], summary["p50"] / 1e9)
                     owd.add_metric(lv + [direction, "0.99"], summary["p99"] / 1e9)
-            tel = self.view.engine.telemetry(row["path_id"])
+            path = self.view.engine.paths.get(row["path_id"])
+            if path is None:  # removed since rows() was taken
+                continue
+            tel = path.telemetry
             acc, buckets = 0, []
             for bound, count in zip(list(RTT_BUCKETS_NS) + [float("inf")], tel.rtt_counts):
                 acc += count

@@ -80,3 +80,32 @@ def peer_routes(fab: Fabric, host: int):
 
     hops = {p: (str(host_link_addrs(p, host)[0]), f"p{p}") for p in range(fab.spec.planes)}
     return {f"h{j}": PeerRoutes(f"h{j}", fab.service_addr(j), hops) for j in range(fab.spec.hosts) if j != host}
+
+
+def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = 9471,
+                        interval_ms: float = 1.0) -> dict[int, str]:
+    """One `linkpass agent` config per host (all peers, every plane) plus the fleet key file."""
+    import os
+
+    import yaml
+
+    os.makedirs(directory, exist_ok=True)
+    key_file = os.path.join(directory, "fleet.key")
+    with open(key_file, "w") as f:
+        f.write(key.hex())
+    os.chmod(key_file, 0o600)
+    out = {}
+    planes = range(fab.spec.planes)
+    for i in range(fab.spec.hosts):
+        doc = {
+            "agent_id": i + 1, "name": f"h{i}", "fleet_key_file": key_file, "service": fab.service_addr(i),
+            "nics": [{"plane": p, "ifname": f"p{p}", "addr": fab.nic_addr(i, p)} for p in planes],
+            "peers": [{"name": f"h{j}", "agent_id": j + 1, "service": fab.service_addr(j),
+                       "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in range(fab.spec.hosts) if j != i],
+            "probe": {"interval_ms": interval_ms}, "api": {"port": api_port},
+        }
+        path = os.path.join(directory, f"agent-h{i}.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
+        out[i] = path
+    return out
