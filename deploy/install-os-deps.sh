@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # OS packages LinkPass and its tests need: iproute2 (ip netns), nftables (faults, later the
-# agent's own rules), python3-venv. Idempotent: installs only what is missing.
+# agent's own rules), python3-venv, frr (bfdd, the BFD peer in benchmarks and tests).
+# Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
 command -v ip  >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v tc  >/dev/null 2>&1 || need+=(iproute2)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+# FRR's bfdd: the BFD peer the failover benchmark and its tests measure LinkPass against
+[[ -x /usr/lib/frr/bfdd ]] || need+=(frr)
 if ((${#need[@]} == 0)); then
     exit 0
 fi
@@ -18,3 +21,5 @@ echo "installing OS packages: ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# LinkPass runs bfdd only inside testbed namespaces; never let a packaged FRR run in the root one
+if command -v systemctl >/dev/null 2>&1; then systemctl disable --now frr >/dev/null 2>&1 || true; fi
