@@ -98,7 +98,8 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
             f.write("agent_id: zero\n")
         procs[0].send_signal(signal.SIGHUP)
         time.sleep(0.5)
-        assert paths_json(fab, 0, port)[0] == 0
+        code, rows = paths_json(fab, 0, port)
+        assert code == 0, [(r["peer"], r["plane"], r["path"], r["window"]) for r in rows]
     finally:
         for p in procs.values():
             p.send_signal(signal.SIGTERM)
@@ -106,7 +107,8 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
     for i, p in procs.items():
         assert p.returncode == 0, logs[i][-2000:]
     events = [json.loads(line)["event"] for line in logs[0].splitlines() if line.startswith("{")]
-    assert "reloaded" in events and "reload_rejected" in events and events[-1] == "stopped"
+    assert "reloaded" in events and "reload_rejected" in events and events[-1] == "stopped", \
+        [e for e in events if e != "path_state"]
 
 
 @pytest.mark.root
@@ -115,3 +117,4 @@ def test_agent_refuses_a_bad_config_with_exit_2(tmp_path):
     bad.write_text(GOOD.replace("agent_id: 1", "agent_id: -3"))
     out = subprocess.run([*LINKPASS, "agent", "--config", str(bad)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "agent_id: expected an integer" in out.stderr
+

@@ -44,6 +44,18 @@ def load(path: str) -> tuple[AgentConfig, bytes]:
     return cfg, key
 
 
+def distinct_paths(found):
+    """Paths by the routers they cross. Traces that end differently (a peer agent on 4791 answers
+    nothing, so traces end by timeout) or miss one ICMP answer under load are views of a path
+    already seen, not paths of their own: group by the answered hops, prefer complete views."""
+    best = {}
+    for p in sorted(found, key=lambda p: (None in p.hops, -p.seen)):
+        key = tuple(h for h in p.hops if h is not None)
+        if not any(key == k or (None in p.hops and set(key) <= set(k)) for k in best):
+            best[key] = p
+    return list(best.values())
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, key: bytes):
         self.cfg = cfg
@@ -79,7 +91,7 @@ class Agent:
             for plane, addr in sorted(peer.nics.items()):
                 if plane not in my:
                     continue
-                for index, path in enumerate(table.paths(addr, f"p{plane}")):
+                for index, path in enumerate(distinct_paths(table.paths(addr, f"p{plane}"))):
                     for sport in path.ports[: self.cfg.ports_per_path]:
                         pid = self._next_path_id
                         self._next_path_id += 1

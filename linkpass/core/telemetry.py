@@ -160,14 +160,18 @@ class LossSnapshot:
     def of(cls, t: "PathTelemetry") -> "LossSnapshot":
         return cls(t.sent, t.loss.answered, t.loss.arrived, t.loss.replies)
 
-    def minus(self, earlier: "LossSnapshot") -> dict:
+    def minus(self, earlier: "LossSnapshot", in_flight: int = 0) -> dict:
+        """The window between two snapshots. `in_flight`: how many of the newest unanswered
+        probes may still be on their way (not counted as lost: only a longer silence is)."""
         sent = self.sent - earlier.sent
         answered = self.answered - earlier.answered
         arrived = self.arrived - earlier.arrived
         replies = self.replies - earlier.replies
         lost_fwd, lost_rev = max(0, answered - arrived), max(0, arrived - replies)
+        unanswered = max(0, sent - answered)
+        silent = max(0, unanswered - in_flight)
         return {"sent": sent, "replies": replies, "lost_fwd": lost_fwd, "lost_rev": lost_rev,
-                "unanswered": max(0, sent - answered),
-                "loss_pct": 100.0 * max(0, sent - replies) / sent if sent else None,
+                "unanswered": unanswered,
+                "loss_pct": 100.0 * min(sent, lost_fwd + lost_rev + silent) / sent if sent else None,
                 "loss_fwd_pct": 100.0 * lost_fwd / answered if answered else None,
                 "loss_rev_pct": 100.0 * lost_rev / arrived if arrived else None}

@@ -298,6 +298,7 @@ class CoreProbeEngine:
     """
 
     RECORD = struct.Struct("<IIQqqqq")
+    MAX_KEPT = 1_000_000
 
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None,
                  clock_segment: Callable[[int], tuple[int, int, int]] | None = None, seed: int = 1,
@@ -317,6 +318,7 @@ class CoreProbeEngine:
         self.on_exchange = on_exchange
         self.nics: dict[str, tuple[int, socket.socket, socket.socket]] = {}
         self.paths: dict[int, _Path] = {}
+        self._collect: list[ExchangeRecord] | None = None
         assert self.RECORD.size == _probecore.RECORD_SIZE
 
     def add_nic(self, name: str, ifname: str, addr: str) -> None:
@@ -353,6 +355,15 @@ class CoreProbeEngine:
             self.core.run(int(min(left, self.slice_s) * 1e9))
             self.absorb()
 
+    def take_records(self) -> list[ExchangeRecord]:
+        """The exchanges completed since the last call (they also went into telemetry). Keeping
+        them starts with the first call; at most `MAX_KEPT` wait, the oldest are dropped."""
+        if self._collect is None:
+            self._collect = []
+        self.absorb()
+        out, self._collect = self._collect, []
+        return out
+
     def absorb(self) -> int:
         """Feed the exchanges completed in C into telemetry; returns how many."""
         data = self.core.take()
@@ -363,8 +374,14 @@ class CoreProbeEngine:
             if path is None:
                 continue
             path.telemetry.on_reply(seq, t1, t2, t3, t4, rx_count)
-            if self.on_exchange:
-                self.on_exchange(ExchangeRecord(path_id, path.spec.peer_id, seq, t1, t2, t3, t4))
+            if self.on_exchange or self._collect is not None:
+                rec = ExchangeRecord(path_id, path.spec.peer_id, seq, t1, t2, t3, t4)
+                if self._collect is not None:
+                    if len(self._collect) >= self.MAX_KEPT:
+                        del self._collect[: len(self._collect) // 2]
+                    self._collect.append(rec)
+                if self.on_exchange:
+                    self.on_exchange(rec)
         return len(data) // self.RECORD.size
 
     @property

@@ -29,6 +29,7 @@ from .. import netns as ns_io
 from ..core.telemetry import RTT_BUCKETS_NS, LossSnapshot
 
 DEFAULT_PORT = 9471
+IN_FLIGHT_S = 0.2  # a path silent for less than this is late, not lossy; a detector is far faster
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,10 @@ class TelemetryView:
                 tel = path.telemetry
                 loss = tel.loss
                 now = LossSnapshot.of(tel)
-                window = now.minus(self._window_start(pid))
+                start = self._window_start(pid)
+                # probes of the last IN_FLIGHT_S may still be on their way: not lost (yet)
+                rate = (now.sent - start.sent) / self.window_s
+                window = now.minus(start, in_flight=int(rate * IN_FLIGHT_S) + 1)
                 latest = tel.latest_t4()
                 offset = self.offset_ns(path.spec.peer_id)
                 stats = tel.window(latest - int(self.window_s * 1e9), offset) if latest is not None else {}
