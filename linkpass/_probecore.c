@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -304,6 +305,8 @@ typedef struct { /* one completed exchange, as handed to Python (little-endian, 
     int64_t t1, t2, t3, t4;
 } xrec_t;
 
+struct txbatch;
+
 typedef struct {
     PyObject_HEAD
     b2_t keyed;
@@ -321,6 +324,14 @@ typedef struct {
     int64_t clk_base_true, clk_base_local, clk_rate_ppb;
     uint64_t rng; /* xorshift64* for jitter */
     uint32_t jitter_ppm;
+    /* background mode: a native thread runs the loop continuously, so reflecting and receiving
+     * never pause for Python; `mu` guards everything the loop and the Python methods share */
+    pthread_mutex_t mu;
+    pthread_t thread;
+    int thread_running;
+    volatile int thread_stop;
+    struct txbatch *bg_tx;
+    uint8_t *bg_rx;
 } Core;
 
 static inline int64_t now_ns(clockid_t id) {
@@ -348,7 +359,7 @@ static void build_ip_udp(uint8_t *pkt, const uint8_t src[4], const uint8_t dst[4
 }
 
 /* a batch of packets to send on one NIC's raw socket */
-typedef struct {
+typedef struct txbatch {
     struct mmsghdr msgs[BATCH];
     struct iovec iov[BATCH];
     struct sockaddr_in to[BATCH];
@@ -496,18 +507,22 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
     int64_t end = now_ns(CLOCK_MONOTONIC) + duration_ns;
     for (;;) {
         int64_t now = now_ns(CLOCK_MONOTONIC);
-        if (now >= end) break;
+        if (now >= end || c->thread_stop) break;
+        pthread_mutex_lock(&c->mu);
         send_due(c, now, tx);
         int64_t next = end;
         for (int i = 0; i < c->npaths; i++) {
             if (c->paths[i].next_due < next) next = c->paths[i].next_due;
             if (c->paths[i].pair_due && c->paths[i].pair_due < next) next = c->paths[i].pair_due;
         }
+        pthread_mutex_unlock(&c->mu);
         int64_t wait = next - now_ns(CLOCK_MONOTONIC);
+        if (wait > 2000000) wait = 2000000; /* wake at least every 2 ms: new paths, stop requests */
         struct timespec ts = {0, 0};
         if (wait > 0) { ts.tv_sec = wait / 1000000000LL; ts.tv_nsec = wait % 1000000000LL; }
         int ready = ppoll(pfd, c->nnics, &ts, NULL);
         if (ready <= 0) continue;
+        pthread_mutex_lock(&c->mu);
         for (int nic = 0; nic < c->nnics; nic++) {
             if (!(pfd[nic].revents & POLLIN)) continue;
             for (int round = 0; round < 4; round++) { /* bounded work per wake-up */
@@ -541,7 +556,15 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
                 if (got < BATCH) break;
             }
         }
+        pthread_mutex_unlock(&c->mu);
     }
+}
+
+static void *core_thread(void *arg) {
+    Core *c = arg;
+
+    while (!c->thread_stop) core_run(c, 100000000LL, c->bg_tx, c->bg_rx);
+    return NULL;
 }
 
 /* ---- Python type ------------------------------------------------------------------------ */
@@ -569,12 +592,28 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     self->ring = PyMem_Calloc(ring, sizeof(xrec_t));
     if (!self->paths || !self->reflect || !self->ring) { PyErr_NoMemory(); return -1; }
     self->ring_cap = ring;
+    pthread_mutex_init(&self->mu, NULL);
     self->rng = seed ? seed : 1;
     self->jitter_ppm = jitter;
     return 0;
 }
 
+static void stop_thread(Core *self) {
+    if (!self->thread_running) return;
+    self->thread_stop = 1;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(self->thread, NULL);
+    Py_END_ALLOW_THREADS
+    self->thread_running = 0;
+    for (int i = 0; i < self->nnics; i++) free(self->bg_tx[i].buf);
+    free(self->bg_tx);
+    free(self->bg_rx);
+    self->bg_tx = NULL;
+    self->bg_rx = NULL;
+}
+
 static void Core_dealloc(Core *self) {
+    stop_thread(self);
     PyMem_Free(self->paths);
     PyMem_Free(self->reflect);
     PyMem_Free(self->ring);
@@ -615,23 +654,28 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
         pair_gap >= interval)
         return PyErr_Format(PyExc_ValueError, "sport 1..65535, interval >= 10 us, pad 0..%d, 0 <= pair gap < interval",
                             MAX_PAD);
-    if (path_index(self, path_id) >= 0) return PyErr_Format(PyExc_ValueError, "path %u exists", path_id);
-    if (self->npaths == MAX_PATHS) return PyErr_Format(PyExc_ValueError, "at most %d paths", MAX_PATHS);
-    path_t *p = &self->paths[self->npaths];
-    memset(p, 0, sizeof *p);
-    if (get_addr(peer, p->peer) < 0) return NULL;
-    p->path_id = path_id; p->peer_id = peer_id; p->nic = nic; p->sport = (uint16_t)sport; p->pad = (uint16_t)pad;
-    p->interval_ns = interval; p->next_due = first_due; p->pair_gap_ns = pair_gap;
-    self->npaths++;
+    path_t np;
+    memset(&np, 0, sizeof np);
+    if (get_addr(peer, np.peer) < 0) return NULL;
+    np.path_id = path_id; np.peer_id = peer_id; np.nic = nic; np.sport = (uint16_t)sport; np.pad = (uint16_t)pad;
+    np.interval_ns = interval; np.next_due = first_due; np.pair_gap_ns = pair_gap;
+    pthread_mutex_lock(&self->mu);
+    int exists = path_index(self, path_id) >= 0, full = self->npaths == MAX_PATHS;
+    if (!exists && !full) self->paths[self->npaths++] = np;
+    pthread_mutex_unlock(&self->mu);
+    if (exists) return PyErr_Format(PyExc_ValueError, "path %u exists", path_id);
+    if (full) return PyErr_Format(PyExc_ValueError, "at most %d paths", MAX_PATHS);
     Py_RETURN_NONE;
 }
 
 static PyObject *Core_remove_path(Core *self, PyObject *args) {
     unsigned int path_id;
     if (!PyArg_ParseTuple(args, "I", &path_id)) return NULL;
+    pthread_mutex_lock(&self->mu);
     int i = path_index(self, path_id);
+    if (i >= 0) self->paths[i] = self->paths[--self->npaths];
+    pthread_mutex_unlock(&self->mu);
     if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
-    self->paths[i] = self->paths[--self->npaths];
     Py_RETURN_NONE;
 }
 
@@ -639,27 +683,36 @@ static PyObject *Core_set_interval(Core *self, PyObject *args) {
     unsigned int path_id;
     long long interval;
     if (!PyArg_ParseTuple(args, "IL", &path_id, &interval)) return NULL;
-    int i = path_index(self, path_id);
+    pthread_mutex_lock(&self->mu);
+    int i = path_index(self, path_id), bad = 0;
+    if (i >= 0) {
+        path_t *p = &self->paths[i];
+        if (interval < 10000 || p->pair_gap_ns >= interval) bad = 1;
+        else {
+            /* an active path must not wait out the rest of a long idle interval */
+            if (interval < p->interval_ns) p->next_due -= p->interval_ns - interval;
+            p->interval_ns = interval;
+        }
+    }
+    pthread_mutex_unlock(&self->mu);
     if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
-    if (interval < 10000 || self->paths[i].pair_gap_ns >= interval)
-        return PyErr_Format(PyExc_ValueError, "interval must be >= 10 us and longer than the pair gap");
-    path_t *p = &self->paths[i];
-    /* an active path must not wait out the rest of a long idle interval */
-    if (interval < p->interval_ns) p->next_due -= p->interval_ns - interval;
-    p->interval_ns = interval;
+    if (bad) return PyErr_Format(PyExc_ValueError, "interval must be >= 10 us and longer than the pair gap");
     Py_RETURN_NONE;
 }
 
 static PyObject *Core_set_clock(Core *self, PyObject *args) {
     long long bt, bl, rate;
     if (!PyArg_ParseTuple(args, "LLL", &bt, &bl, &rate)) return NULL;
+    pthread_mutex_lock(&self->mu);
     self->clk_base_true = bt; self->clk_base_local = bl; self->clk_rate_ppb = rate;
+    pthread_mutex_unlock(&self->mu);
     Py_RETURN_NONE;
 }
 
 static PyObject *Core_run(Core *self, PyObject *args) {
     long long duration;
     if (!PyArg_ParseTuple(args, "L", &duration)) return NULL;
+    if (self->thread_running) return PyErr_Format(PyExc_RuntimeError, "the loop runs in the background; stop() it first");
     txbatch_t *tx = PyMem_Calloc(self->nnics ? self->nnics : 1, sizeof(txbatch_t));
     uint8_t *rxbuf = PyMem_Malloc((size_t)BATCH * MAX_PKT);
     int ok = tx && rxbuf;
@@ -679,15 +732,45 @@ static PyObject *Core_run(Core *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Core_start(Core *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->thread_running) Py_RETURN_NONE;
+    self->bg_tx = calloc(self->nnics ? self->nnics : 1, sizeof(txbatch_t));
+    self->bg_rx = malloc((size_t)BATCH * MAX_PKT);
+    int ok = self->bg_tx && self->bg_rx;
+    for (int i = 0; ok && i < self->nnics; i++) ok = (self->bg_tx[i].buf = malloc((size_t)BATCH * MAX_PKT)) != NULL;
+    self->thread_stop = 0;
+    if (!ok || pthread_create(&self->thread, NULL, core_thread, self) != 0) {
+        for (int i = 0; self->bg_tx && i < self->nnics; i++) free(self->bg_tx[i].buf);
+        free(self->bg_tx);
+        free(self->bg_rx);
+        self->bg_tx = NULL;
+        self->bg_rx = NULL;
+        return ok ? PyErr_Format(PyExc_OSError, "cannot start the probe thread") : PyErr_NoMemory();
+    }
+    self->thread_running = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_stop(Core *self, PyObject *Py_UNUSED(ignored)) {
+    stop_thread(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_take(Core *self, PyObject *Py_UNUSED(ignored)) {
     /* completed exchanges since the last call, as packed little-endian records "<IIQqqqq" */
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)self->ring_len * sizeof(xrec_t));
-    if (!out) return NULL;
-    char *dst = PyBytes_AS_STRING(out);
-    for (uint32_t i = 0; i < self->ring_len; i++)
-        memcpy(dst + (size_t)i * sizeof(xrec_t), &self->ring[(self->ring_head + i) % self->ring_cap], sizeof(xrec_t));
-    self->ring_head = (self->ring_head + self->ring_len) % self->ring_cap;
-    self->ring_len = 0;
+    pthread_mutex_lock(&self->mu);
+    uint32_t n = self->ring_len;
+    char *tmp = n ? malloc((size_t)n * sizeof(xrec_t)) : NULL;
+    if (tmp) {
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(tmp + (size_t)i * sizeof(xrec_t), &self->ring[(self->ring_head + i) % self->ring_cap], sizeof(xrec_t));
+        self->ring_head = (self->ring_head + n) % self->ring_cap;
+        self->ring_len = 0;
+    }
+    pthread_mutex_unlock(&self->mu);
+    if (n && !tmp) return PyErr_NoMemory();
+    PyObject *out = PyBytes_FromStringAndSize(tmp ? tmp : "", (Py_ssize_t)n * sizeof(xrec_t));
+    free(tmp);
     return out;
 }
 
@@ -777,6 +860,8 @@ static PyMethodDef Core_methods[] = {
     {"set_interval", (PyCFunction)Core_set_interval, METH_VARARGS, "set_interval(path_id, interval_ns)"},
     {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
     {"run", (PyCFunction)Core_run, METH_VARARGS, "run(duration_ns): probe, reflect, receive; GIL released"},
+    {"start", (PyCFunction)Core_start, METH_NOARGS, "run the loop in a native background thread (GIL-free)"},
+    {"stop", (PyCFunction)Core_stop, METH_NOARGS, "stop the background thread and wait for it"},
     {"take", (PyCFunction)Core_take, METH_NOARGS, "completed exchanges as packed '<IIQqqqq' records"},
     {"counters", (PyCFunction)Core_counters, METH_NOARGS, "sent/reflected/replies/received and drops by reason"},
     {"path_sent", (PyCFunction)Core_path_sent, METH_VARARGS, "requests sent on a path"},

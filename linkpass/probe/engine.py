@@ -319,6 +319,7 @@ class CoreProbeEngine:
         self.nics: dict[str, tuple[int, socket.socket, socket.socket]] = {}
         self.paths: dict[int, _Path] = {}
         self._collect: list[ExchangeRecord] | None = None
+        self.background = False
         assert self.RECORD.size == _probecore.RECORD_SIZE
 
     def add_nic(self, name: str, ifname: str, addr: str) -> None:
@@ -344,8 +345,25 @@ class CoreProbeEngine:
         path = self.paths[path_id]
         path.spec = replace(path.spec, interval_s=interval_s)
 
+    def start_background(self) -> None:
+        """Run the loop in a native thread from now on: it keeps receiving, reflecting and
+        probing while Python is busy (a paused reflector makes its peers see false misses)."""
+        self.core.start()
+        self.background = True
+
+    def stop_background(self) -> None:
+        self.core.stop()
+        self.background = False
+
     def run(self, duration_s: float) -> None:
         end = time.monotonic() + duration_s
+        if self.background:  # the native thread does the work; keep telemetry current
+            while (left := end - time.monotonic()) > 0:
+                if self.clock_segment:
+                    self.core.set_clock(*self.clock_segment(time.time_ns()))
+                time.sleep(min(left, self.slice_s))
+                self.absorb()
+            return
         while True:
             left = end - time.monotonic()
             if left <= 0:
@@ -397,6 +415,8 @@ class CoreProbeEngine:
         return self.paths[path_id].telemetry
 
     def close(self) -> None:
+        if self.background:
+            self.stop_background()
         for _, rx, tx in self.nics.values():
             rx.close()
             tx.close()
