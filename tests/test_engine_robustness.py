@@ -95,9 +95,8 @@ def test_clock_estimates_converge_on_the_testbed(fabric):
             for pure in filt.accept(pending.pop("a")[1], ex):
                 est.add(pure)
 
-    seg = lambda c: lambda t: (t, c.read(t), round(c.drift_ppm_at(t) * 1000))  # noqa: E731
     mesh = Mesh.start(fab, [(0, 3, 0, 49200), (3, 0, 0, 49201)], KEY, interval_s=0.005, pair_gap_s=0.00005,
-                      clocks={0: seg(clocks[0]), 3: seg(clocks[3])}, on_exchange=on_exchange)
+                      clocks={0: clocks[0].segment, 3: clocks[3].segment}, on_exchange=on_exchange)
     try:
         mesh.run(6.0)
     finally:

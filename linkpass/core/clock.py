@@ -749,3 +749,8 @@ class SyntheticClock:
 
     def drift_ppm_at(self, true_ns: int) -> float:
         return self._drift[self._segment(true_ns)]
+
+    def segment(self, true_ns: int) -> tuple[int, int, int]:
+        """This clock as a line from `true_ns` on: (base_true_ns, base_local_ns, rate_ppb), the
+        form the C probe core applies to its timestamps between two updates."""
+        return true_ns, self.read(true_ns), round(self.drift_ppm_at(true_ns) * 1000)

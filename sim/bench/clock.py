@@ -21,17 +21,16 @@ drift error <= 0.1 ppm.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import statistics
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from linkpass_sim import report  # noqa: E402
 from linkpass.core.clock import Exchange, MeshCorrector, PairEstimator, PurePairFilter, SyntheticClock  # noqa: E402
 from linkpass.testbed import build, faults, topology, traffic  # noqa: E402
 from linkpass.testbed.mesh import Mesh  # noqa: E402
@@ -39,20 +38,6 @@ from linkpass.testbed.mesh import Mesh  # noqa: E402
 KEY = bytes(range(32))
 CONVERGED_NS = 2_000
 PAIR_GAP_S = 0.00005  # 50 µs: longer than one probe's forwarding work through the software fabric
-
-
-def segment_of(clock: SyntheticClock):
-    """The C core's linear clock for the next slice: (base_true, base_local, rate_ppb)."""
-    def segment(true_ns: int) -> tuple[int, int, int]:
-        return true_ns, clock.read(true_ns), round(clock.drift_ppm_at(true_ns) * 1000)
-    return segment
-
-
-def pctl(values: list[float], q: float) -> float | None:
-    if len(values) < 20:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
 def main() -> int:
@@ -65,8 +50,7 @@ def main() -> int:
     ap.add_argument("--pair-tolerance-us", type=float, default=50.0,
                     help="pure-pair tolerance; the software fabric spreads pairs by tens of us (see docs)")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("this benchmark builds network namespaces: run it as root", file=sys.stderr)
+    if not report.require_root():
         return 3
     seconds = 10.0 if args.quick else args.seconds
     build.clean(args.prefix)
@@ -80,17 +64,13 @@ def main() -> int:
             notes[case] = case_notes
     finally:
         build.down(args.prefix)
-    doc = {"benchmark": "clock", "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "machine": f"{os.cpu_count()} cores, Linux {platform.release().split('-')[0]}", "rows": rows,
-           "notes": notes}
+    doc = report.document("clock", rows, notes=notes)
     print(f"{'case':32} {'metric':13} {'n':>5} {'median':>9} {'p99':>9} {'peer median':>12} {'peer p99':>9} {'ratio':>6}")
     for r in rows:
         cell = lambda k: r.get(k) if r.get(k) is not None else "-"  # noqa: E731
         print(f"{r['case']:32} {r['metric']:13} {r['n']:5} {cell('median'):>9} {cell('p99'):>9} "
               f"{r.get('peer_median', ''):>12} {r.get('peer_p99', '') or '':>9} {r.get('ratio') or '':>6}  {r['unit']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    report.write(doc, args.json)
     return 0
 
 
@@ -125,7 +105,7 @@ def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[d
             estimators[pair].add(pure)
 
     mesh = Mesh.start(fab, sync_paths, KEY, interval_s=0.01, pair_gap_s=PAIR_GAP_S,
-                      clocks={i: segment_of(c) for i, c in clocks.items()}, on_exchange=on_exchange)
+                      clocks={i: c.segment for i, c in clocks.items()}, on_exchange=on_exchange)
     stop = threading.Event()
     loader = threading.Thread(target=background_load, args=(fab, stop), daemon=True)
     if loaded:
@@ -175,8 +155,8 @@ def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[d
         return [], {"pairs": len(estimators), "converged": 0}
     rejected = sum(f.rejected for f in filters.values())
     em, pm = statistics.median(errors), statistics.median(ntp_errors)
-    e99, p99_ = pctl(errors, 0.99), pctl(ntp_errors, 0.99)
-    m99 = pctl(mesh_errors, 0.99)
+    e99, p99_ = report.tail(errors, 0.99), report.tail(ntp_errors, 0.99)
+    m99 = report.tail(mesh_errors, 0.99)
     rows = [
         # what LinkPass reports: pairwise estimates made loop-consistent across the mesh
         {"case": case, "metric": "offset_error", "unit": "us", "n": len(mesh_errors),
@@ -188,13 +168,13 @@ def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[d
          "ratio": round(p99_ / e99, 1) if e99 and p99_ else None},
         {"case": case, "metric": "drift_error", "unit": "ppm", "n": len(drift_errors),
          "median": round(statistics.median(drift_errors), 4) if drift_errors else None,
-         "p99": pctl(drift_errors, 0.99)},
+         "p99": report.tail(drift_errors, 0.99)},
         {"case": f"{case}-before-full-history", "metric": "drift_error", "unit": "ppm", "n": len(early_drift_errors),
          "median": round(statistics.median(early_drift_errors), 4) if early_drift_errors else None,
-         "p99": pctl(early_drift_errors, 0.99)},
+         "p99": report.tail(early_drift_errors, 0.99)},
         {"case": case, "metric": "converge", "unit": "s", "n": len(converged_at),
          "median": round(statistics.median(converged_at.values()), 2) if converged_at else None,
-         "p99": pctl(list(converged_at.values()), 0.99),
+         "p99": report.tail(list(converged_at.values()), 0.99),
          "max": round(max(converged_at.values()), 2) if converged_at else None},
     ]
     for r in rows:

@@ -14,10 +14,7 @@ Target (issue 3): every distinct spine path of every (NIC, peer) in <= 1 s.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import select
 import socket
 import statistics
@@ -26,7 +23,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from linkpass_sim import report  # noqa: E402
 from linkpass import netns as ns_io  # noqa: E402
 from linkpass.core import paths as P  # noqa: E402
 from linkpass.probe import discovery as D  # noqa: E402
@@ -110,13 +109,6 @@ def classic_sweep(fab, cfg: D.DiscoveryConfig) -> dict[str, P.PathTable]:
     return tables
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if len(values) < 20:
-        return None  # too few trials for a p99 to mean anything
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 runs each")
@@ -124,8 +116,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--prefix", default="bdisc")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("this benchmark builds network namespaces: run it as root", file=sys.stderr)
+    if not report.require_root():
         return 3
     runs = 2 if args.quick else args.runs
     cfg = D.DiscoveryConfig()
@@ -155,14 +146,13 @@ def main() -> int:
         build.down(args.prefix)
     m, pm = statistics.median(ours), statistics.median(peer)
     rows = [{"case": "path-discovery", "metric": "time", "unit": "s", "n": runs,
-             "median": round(m, 4), "p99": pct(ours, 0.99), "max": round(max(ours), 4),
-             "peer": PEER, "peer_median": round(pm, 4), "peer_p99": pct(peer, 0.99),
+             "median": round(m, 4), "p99": report.tail(ours, 0.99), "max": round(max(ours), 4),
+             "peer": PEER, "peer_median": round(pm, 4), "peer_p99": report.tail(peer, 0.99),
              "ratio": round(pm / m, 2) if m else None,
              "pairs": pairs, "paths": paths, "ports_per_pair": len(cfg.ports),
              "probes": counters.get("sent"), "timeouts": counters.get("timeouts"),
              "lost_ttls": counters.get("lost_ttls"), "target_s": TARGET_S, "met": m <= TARGET_S}]
-    doc = {"benchmark": "discovery", "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "machine": f"{os.cpu_count()} cores, Linux {platform.release().split('-')[0]}", "rows": rows}
+    doc = report.document("discovery", rows)
     print(f"{'case':15} {'metric':6} {'n':>3} {'median':>9} {'max':>9} {'peer median':>12} {'ratio':>7}")
     for r in rows:
         print(f"{r['case']:15} {r['metric']:6} {r['n']:3} {r['median']:8.3f}s {r['max']:8.3f}s "
@@ -171,9 +161,7 @@ def main() -> int:
           f"{counters.get('sent')} probes per sweep ({counters.get('timeouts')} timeouts)")
     print(f"target: every path of the default testbed in <= {TARGET_S:.0f} s -> {m:.3f} s "
           f"({'met' if m <= TARGET_S else 'MISSED'})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    report.write(doc, args.json)
     return 0
 
 

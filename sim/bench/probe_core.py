@@ -20,10 +20,7 @@ the figures are reported as measured.)
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -33,7 +30,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from linkpass_sim import report  # noqa: E402
 from linkpass.probe.engine import CoreProbeEngine, PathSpec, ProbeEngine  # noqa: E402
 from linkpass.testbed import build, topology  # noqa: E402
 
@@ -85,13 +84,6 @@ def peer(fab, binary: str, seconds: float) -> float:
     return int(trips) / used if used > 0 else 0.0
 
 
-def p99(values: list[float]) -> float | None:
-    if len(values) < 20:
-        return None
-    s = sorted(values)
-    return s[int(round(0.01 * (len(s) - 1)))]  # a rate's bad tail is its low end
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -100,8 +92,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--prefix", default="bprobe")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("this benchmark builds network namespaces: run it as root", file=sys.stderr)
+    if not report.require_root():
         return 3
     trials, seconds = (3, 0.5) if args.quick else (args.trials, args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,20 +115,17 @@ def main() -> int:
     for case, rates in (("exchanges", c_rates), ("exchanges-python", py_rates)):
         m = statistics.median(rates)
         rows.append({"case": case, "metric": "rate", "unit": "per_s", "n": trials, "median": round(m),
-                     "p99": p99(rates), "min": round(min(rates)), "peer": "c-mmsg-echo", "peer_median": round(pm),
-                     "peer_p99": p99(peer_rates), "ratio": round(m / pm, 3)})
+                     "p99": report.tail(rates, 0.01), "min": round(min(rates)), "peer": "c-mmsg-echo", "peer_median": round(pm),
+                     "peer_p99": report.tail(peer_rates, 0.01), "ratio": round(m / pm, 3)})
     share = 100.0 * HOST_LOAD / statistics.median(c_rates)
     rows.append({"case": "host-8nic-16path-1khz", "metric": "core_share", "unit": "pct", "n": trials,
                  "median": round(share, 1), "p99": None})
-    doc = {"benchmark": "probe_core", "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "machine": f"{os.cpu_count()} cores, Linux {platform.release().split('-')[0]}", "rows": rows}
+    doc = report.document("probe_core", rows)
     print(f"{'case':24} {'median /s/core':>15} {'min':>10} {'peer (C echo)':>14} {'ratio':>6}")
     for r in rows[:2]:
         print(f"{r['case']:24} {r['median']:15,} {r['min']:10,} {r['peer_median']:14,} {r['ratio']:6.2f}")
     print(f"one host, 8 NICs x 16 paths at 1 kHz: {share:.1f} % of a core (target <= 15 %)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    report.write(doc, args.json)
     return 0
 
 

@@ -11,17 +11,16 @@ Target (issue 2): 32 hosts up in <= 15 s on this 2-core machine.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from linkpass_sim import report  # noqa: E402
 from linkpass.testbed import build, topology, traffic  # noqa: E402
 from linkpass.testbed.topology import Fabric, mac_of  # noqa: E402
 
@@ -89,13 +88,6 @@ def peer_down(fab: Fabric) -> None:
         subprocess.run(["ip", "netns", "del", fab.netns(node)], check=True)
 
 
-def pct(values: list[float], q: float) -> float | None:
-    if len(values) < 20:
-        return None  # too few trials for a p99 to mean anything
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 run per size, 4 and 16 hosts only")
@@ -103,8 +95,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--prefix", default="bench")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("this benchmark builds network namespaces: run it as root", file=sys.stderr)
+    if not report.require_root():
         return 3
     sizes = [4, 16] if args.quick else [4, 16, 32]
     runs = 1 if args.quick else args.runs
@@ -142,11 +133,10 @@ def main() -> int:
         for metric in ("up_s", "down_s"):
             m, pm = statistics.median(ours[metric]), statistics.median(peer[metric])
             rows.append({"case": f"hosts-{hosts}", "metric": metric, "unit": "s", "n": runs,
-                         "median": round(m, 4), "p99": pct(ours[metric], 0.99), "max": round(max(ours[metric]), 4),
-                         "peer": PEER, "peer_median": round(pm, 4), "peer_p99": pct(peer[metric], 0.99),
+                         "median": round(m, 4), "p99": report.tail(ours[metric], 0.99), "max": round(max(ours[metric]), 4),
+                         "peer": PEER, "peer_median": round(pm, 4), "peer_p99": report.tail(peer[metric], 0.99),
                          "ratio": round(pm / m, 2) if m else None})
-    doc = {"benchmark": "testbed", "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-           "machine": f"{os.cpu_count()} cores, Linux {platform.release().split('-')[0]}", "rows": rows}
+    doc = report.document("testbed", rows)
     print(f"{'case':10} {'metric':7} {'n':>3} {'median':>9} {'max':>9} {'peer median':>12} {'ratio':>6}")
     for r in rows:
         print(f"{r['case']:10} {r['metric']:7} {r['n']:3} {r['median']:8.3f}s {r['max']:8.3f}s {r['peer_median']:11.3f}s "
@@ -155,9 +145,7 @@ def main() -> int:
     if target:
         print(f"target: 32 hosts up in <= 15 s -> {target[0]['median']:.2f} s "
               f"({'met' if target[0]['median'] <= 15 else 'MISSED'})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    report.write(doc, args.json)
     return 0
 
 

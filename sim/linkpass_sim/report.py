@@ -1,0 +1,38 @@
+"""The benchmark report format (the workplace's BENCHMARKS.md), in one place for every
+`sim/bench/*.py`: trial statistics, the JSON document, and the root check they all need."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import sys
+
+MIN_TRIALS_FOR_P99 = 20
+
+
+def tail(values: list[float], q: float = 0.99) -> float | None:
+    """The q-quantile of the trials, or None when there are too few for it to mean anything.
+    For a rate, whose bad tail is its low end, pass q=0.01."""
+    if len(values) < MIN_TRIALS_FOR_P99:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def require_root() -> bool:
+    if os.geteuid() != 0:
+        print("this benchmark builds network namespaces: run it as root", file=sys.stderr)
+        return False
+    return True
+
+
+def document(benchmark: str, rows: list[dict], **extra) -> dict:
+    return {"benchmark": benchmark, "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "machine": f"{os.cpu_count()} cores, Linux {platform.release().split('-')[0]}", "rows": rows, **extra}
+
+
+def write(doc: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)
