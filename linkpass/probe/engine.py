@@ -52,6 +52,13 @@ def _identity(t: int) -> int:
     return t
 
 
+def _check_engine_args(agent_id: int, jitter: float) -> None:
+    if not 0 < agent_id < 2**32:
+        raise ValueError(f"agent_id must be 1..{2**32 - 1}, got {agent_id}")
+    if not 0 <= jitter < 1:
+        raise ValueError("jitter must be in [0, 1): a fraction of the interval")
+
+
 def open_nic_sockets(netns: str | None, ifname: str, addr: str) -> tuple[socket.socket, socket.socket]:
     """(rx, tx) for one NIC, opened inside `netns`: UDP NIC:4791 with kernel RX timestamps, and
     a raw socket bound to the NIC for sending with any source port."""
@@ -124,10 +131,7 @@ class ProbeEngine:
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None, clock: Clock = _identity,
                  seed: int = 0, jitter: float = 0.1, batch: int = 256, max_reflected_paths: int = 65536,
                  on_exchange: Callable[[ExchangeRecord], None] | None = None):
-        if not 0 < agent_id < 2**32:
-            raise ValueError(f"agent_id must be 1..{2**32 - 1}, got {agent_id}")
-        if not 0 <= jitter < 1:
-            raise ValueError("jitter must be in [0, 1): a fraction of the interval")
+        _check_engine_args(agent_id, jitter)
         self.agent_id = agent_id
         self.codec = wire.Codec(key)
         self.netns = netns
@@ -306,10 +310,7 @@ class CoreProbeEngine:
                  on_exchange: Callable[[ExchangeRecord], None] | None = None):
         from .. import _probecore
 
-        if not 0 < agent_id < 2**32:
-            raise ValueError(f"agent_id must be 1..{2**32 - 1}, got {agent_id}")
-        if not 0 <= jitter < 1:
-            raise ValueError("jitter must be in [0, 1): a fraction of the interval")
+        _check_engine_args(agent_id, jitter)
         self.agent_id = agent_id
         self.netns = netns
         self.core = _probecore.Core(key, agent_id, seed=seed or 1, jitter_ppm=int(jitter * 1e6))
