@@ -2,7 +2,8 @@
 
 Today it discovers the ECMP paths to every configured peer, probes them with the C probe core,
 reflects its peers' probes, and serves per-path telemetry on the local query API and /metrics.
-Detection and failover (issue 4) plug into `Agent.step`; until they land it decides nothing.
+It detects nothing and changes no route yet: the detector and the route actuator exist
+(linkpass/core/detector.py, linkpass/agent/routes.py) but are not wired in (issue 4).
 
 Lifecycle: SIGTERM/SIGINT stop it cleanly (sockets closed, API down); SIGHUP re-reads the config
 and applies what can change without dropping probe state (peers added or removed, probe rates);
@@ -148,11 +149,7 @@ class Agent:
                     self.reload(*load(config_path))
                 except ConfigError as exc:
                     log("reload_rejected", error=str(exc), note="running on with the previous config")
-            self.engine.run(0.05)
-            self.step()
-
-    def step(self) -> None:
-        """Decisions on the telemetry of the last slice: the detector and actuators (issue 4)."""
+            self.engine.run(0.05)  # detection and failover are not wired in yet (issue 4)
 
     def stop(self) -> None:
         if self.api:

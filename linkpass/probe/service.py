@@ -49,6 +49,7 @@ class TelemetryView:
         self.labels = labels
         self.offset_ns = offset_ns or (lambda peer_id: None)
         self.window_s = window_s
+        self.snapshot_every_s = snapshot_every_s
         self._keep = int(window_s / snapshot_every_s) + 2
         self._snaps: dict[int, deque] = {}  # paths may come and go while the agent runs
         self._lock = threading.Lock()
@@ -198,7 +199,7 @@ class LocalApi:
             t.start()
 
     def _tick(self) -> None:
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(self.view.snapshot_every_s):
             self.view.tick()
 
     def close(self) -> None:

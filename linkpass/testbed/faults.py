@@ -158,11 +158,6 @@ def render_nft(prefix: str, fab: Fabric, faults: list[dict], node: str) -> str:
 
 # ---- kernel actions --------------------------------------------------------------------
 
-def _now() -> tuple[int, str]:
-    wall = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
-    return time.monotonic_ns(), wall
-
-
 def set_link_state(fab: Fabric, lk: Link, up: bool) -> int:
     """Carrier on/off for a link by its upper end; on up, restore that end's routes.
 

@@ -114,9 +114,9 @@ class Bfd:
                 for line in f:
                     m = _STATE.match(line)
                     if m:
+                        # bfdd logs local time: a naive datetime's timestamp() reads it as such
                         stamp = dt.datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f")
-                        # bfdd logs local time; this machine runs UTC (checked by the caller's test)
-                        wall = int(stamp.replace(tzinfo=dt.timezone.utc).timestamp() * 1e6) * 1000
+                        wall = round(stamp.timestamp() * 1e6) * 1000
                         out.append(StateChange(wall, m.group(2), m.group(3), m.group(4), m.group(5)))
         except FileNotFoundError:
             pass
@@ -124,15 +124,13 @@ class Bfd:
 
     def stop(self) -> None:
         for host in self.hosts:
-            ns = self.fab.netns(f"h{host}")
-            etc, run = self._dirs(host)
+            _, run = self._dirs(host)
             for daemon in ("bfdd", "zebra"):
                 try:
                     pid = int(open(f"{run}/{daemon}.pid").read().strip())
                     os.kill(pid, 15)
                 except (FileNotFoundError, ValueError, ProcessLookupError):
                     pass
-            del ns
         time.sleep(0.2)
         for host in self.hosts:
             for d in self._dirs(host):
