@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -45,6 +46,9 @@
 #define REPLAY_WORDS 64 /* 4096-sequence window */
 #define REFLECT_SLOTS 16384 /* power of two */
 #define XRING_DEFAULT (1 << 17)
+/* probes due within this much of a wake-up go out in it: one wake-up (and one sendmmsg) serves
+ * many paths instead of one each, which is most of the loop's cost at 1 kHz per path */
+#define COALESCE_NS 200000
 
 /* drop reasons: the first ones are wire.DROP_REASONS, in the same order */
 enum { D_SHORT, D_NOT_ROCE, D_BAD_MAGIC, D_BAD_VERSION, D_BAD_KIND, D_BAD_LENGTH, D_BAD_ICRC, D_BAD_TAG,
@@ -281,6 +285,34 @@ typedef struct {
     uint8_t addr[4];
 } nic_t;
 
+/* Judging mode (track(True)): the loop matches every reply to its request and hands Python an
+ * ordered stream of events instead of one record per exchange, so Python's work per path is a few
+ * calls per second rather than one per probe (the detector stays in Python; only the per-probe
+ * bookkeeping is here). A request is *on time* if its reply arrives by its deadline, sent time +
+ * the path's rto (which the detector computes and pushes with set_rto). Events, in the order the
+ * loop learned them, per path:
+ *   ANSWERED  on-time replies since the last event of the path: count, seq/rx_count/t1..t4 of the
+ *             newest, size = 1 if any was a full-size probe. Flushed before any other event of the
+ *             path (so order is kept) and on take_events(all=True).
+ *   MISS      a request whose deadline passed with no reply: seq, size, t1 = sent, t4 = deadline.
+ *             Judged when the loop has read every packet that arrived before the deadline (the
+ *             evidence time), or when a reply to a later request of the path arrived after it.
+ *   LATE      a reply that came after its request was judged missed (or that matched none). */
+enum { EV_ANSWERED = 1, EV_MISS = 2, EV_LATE = 3 };
+typedef struct { /* little-endian, 64 bytes: "<IIQIIIIqqqq" */
+    uint32_t kind, path_id;
+    uint64_t seq;
+    uint32_t count, rx_count, size, pad;
+    int64_t t1, t2, t3, t4;
+} ev_t;
+
+#define OUT_SLOTS 128 /* requests awaiting a reply per path; more in flight are judged missed */
+typedef struct {
+    uint64_t seq;
+    int64_t t_sent, deadline;
+    uint8_t waiting, size;
+} out_t;
+
 typedef struct {
     uint32_t path_id, peer_id;
     uint8_t peer[4];
@@ -289,6 +321,13 @@ typedef struct {
     int64_t pair_gap_ns; /* > 0: coded pairs, a second probe this long after each first (clock sync) */
     int64_t pair_due; /* when the pending second probe of a pair is due; 0: none */
     int64_t interval_ns, next_due;
+    uint32_t size_every, size_count; /* every Nth probe is a full-size one (MTU black holes) */
+    uint16_t size_pad;
+    /* judging mode */
+    int64_t rto_ns;
+    out_t *out; /* OUT_SLOTS, by seq */
+    uint64_t exp_seq; /* requests below this are judged */
+    ev_t agg; /* pending ANSWERED (agg.count > 0) */
     uint64_t next_seq, sent;
     replay_t replay;
 } path_t;
@@ -305,6 +344,7 @@ typedef struct { /* one completed exchange, as handed to Python (little-endian, 
     int64_t t1, t2, t3, t4;
 } xrec_t;
 
+
 struct txbatch;
 
 typedef struct {
@@ -318,8 +358,14 @@ typedef struct {
     uint32_t reflect_used;
     xrec_t *ring;
     uint32_t ring_cap, ring_head, ring_len;
+    /* sent requests (only while tracking) and the evidence time: every packet that reached a
+     * socket before `drained_local` is in the rings. A detector may judge a probe missed only up
+     * to that time, so neither a late Python nor a descheduled loop can fake a miss. */
+    ev_t *evring;
+    uint32_t ev_head, ev_len, tracking;
+    int64_t drained_local;
     uint64_t drops[D_COUNT];
-    uint64_t sent, reflected, replies, received;
+    uint64_t sent, reflected, replies, received, wakeups, evidence_updates;
     /* synthetic clock: local = base_local + (true - base_true) * (1 + rate_ppb / 1e9) */
     int64_t clk_base_true, clk_base_local, clk_rate_ppb;
     uint64_t rng; /* xorshift64* for jitter */
@@ -330,6 +376,8 @@ typedef struct {
     pthread_t thread;
     int thread_running;
     volatile int thread_stop;
+    int rt_priority; /* > 0: the thread asks for SCHED_FIFO at this priority */
+    volatile int rt_status; /* 0 ok / not asked, else the errno of pthread_setschedparam */
     struct txbatch *bg_tx;
     uint8_t *bg_rx;
 } Core;
@@ -366,7 +414,75 @@ typedef struct txbatch {
     uint8_t *buf; /* BATCH * MAX_PKT */
     int n;
     int what[BATCH]; /* path index for requests, -1 for replies */
+    uint64_t seq[BATCH];
+    int64_t t1[BATCH];
+    uint8_t size_probe[BATCH];
 } txbatch_t;
+
+static ev_t *ev_push(Core *c) {
+    if (c->ev_len == c->ring_cap) { c->drops[D_RING_FULL]++; return NULL; }
+    ev_t *e = &c->evring[(c->ev_head + c->ev_len++) % c->ring_cap];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+static void flush_answered(Core *c, path_t *pt) {
+    if (!pt->agg.count) return;
+    ev_t *e = ev_push(c);
+    if (e) *e = pt->agg;
+    pt->agg.count = 0;
+    pt->agg.size = 0;
+}
+
+static void emit_miss(Core *c, path_t *pt, out_t *o) {
+    flush_answered(c, pt);
+    ev_t *e = ev_push(c);
+    if (e) {
+        e->kind = EV_MISS; e->path_id = pt->path_id; e->seq = o->seq; e->size = o->size;
+        e->t1 = o->t_sent; e->t4 = o->deadline;
+    }
+    o->waiting = 0;
+}
+
+/* judge every request of the path, oldest first, whose deadline is before `until` */
+static void expire(Core *c, path_t *pt, int64_t until) {
+    for (; pt->exp_seq < pt->next_seq; pt->exp_seq++) {
+        out_t *o = &pt->out[pt->exp_seq % OUT_SLOTS];
+        if (!o->waiting || o->seq != pt->exp_seq) continue; /* answered (or never sent) */
+        if (o->deadline >= until) break;
+        emit_miss(c, pt, o);
+    }
+}
+
+static void track_sent(Core *c, path_t *pt, uint64_t seq, int64_t t1, uint8_t size) {
+    out_t *o = &pt->out[seq % OUT_SLOTS];
+    if (o->waiting) emit_miss(c, pt, o); /* OUT_SLOTS requests later and still unanswered */
+    o->seq = seq; o->t_sent = t1; o->deadline = t1 + pt->rto_ns; o->size = size; o->waiting = 1;
+}
+
+/* a reply in judging mode: fold it into ANSWERED if on time, else a LATE event */
+static void track_reply(Core *c, path_t *pt, const probe_t *p, int64_t t_rx) {
+    expire(c, pt, t_rx); /* requests whose deadline passed before this reply came are missed */
+    out_t *o = &pt->out[p->seq % OUT_SLOTS];
+    if (o->waiting && o->seq == p->seq && t_rx <= o->deadline) {
+        o->waiting = 0;
+        ev_t *a = &pt->agg;
+        a->kind = EV_ANSWERED; a->path_id = pt->path_id; a->count++;
+        if (p->seq >= a->seq || a->count == 1) {
+            a->seq = p->seq; a->rx_count = p->rx_count;
+            a->t1 = p->t1; a->t2 = p->t2; a->t3 = p->t3; a->t4 = t_rx;
+        }
+        a->size |= o->size;
+        return;
+    }
+    if (o->waiting && o->seq == p->seq) emit_miss(c, pt, o); /* late: judged before it is heard */
+    flush_answered(c, pt);
+    ev_t *e = ev_push(c);
+    if (e) {
+        e->kind = EV_LATE; e->path_id = pt->path_id; e->seq = p->seq; e->rx_count = p->rx_count;
+        e->t1 = p->t1; e->t2 = p->t2; e->t3 = p->t3; e->t4 = t_rx;
+    }
+}
 
 static void tx_flush(Core *c, int nic, txbatch_t *b) {
     int off = 0;
@@ -378,8 +494,10 @@ static void tx_flush(Core *c, int nic, txbatch_t *b) {
             continue;
         }
         for (int i = off; i < off + r; i++) {
-            if (b->what[i] >= 0) { c->paths[b->what[i]].sent++; c->sent++; }
-            else c->reflected++;
+            if (b->what[i] < 0) { c->reflected++; continue; }
+            c->paths[b->what[i]].sent++;
+            c->sent++;
+            if (c->tracking) track_sent(c, &c->paths[b->what[i]], b->seq[i], b->t1[i], b->size_probe[i]);
         }
         off += r;
     }
@@ -450,6 +568,7 @@ static void handle_packet(Core *c, int nic, const uint8_t *data, size_t n, const
     if (pi < 0 || memcmp(c->paths[pi].peer, src, 4) != 0) { c->drops[D_UNEXPECTED]++; return; }
     if (!replay_accept(&c->paths[pi].replay, p.seq)) { c->drops[D_REPLAY]++; return; }
     c->replies++;
+    if (c->tracking) { track_reply(c, &c->paths[pi], &p, t_rx); return; }
     if (c->ring_len == c->ring_cap) { c->drops[D_RING_FULL]++; return; }
     xrec_t *x = &c->ring[(c->ring_head + c->ring_len++) % c->ring_cap];
     x->path_id = p.path; x->rx_count = p.rx_count; x->seq = p.seq;
@@ -460,10 +579,14 @@ static void queue_probe(Core *c, int nic, int i, txbatch_t *tx) {
     path_t *pt = &c->paths[i];
     if (tx[nic].n == BATCH) tx_flush(c, nic, &tx[nic]);
     probe_t p = {0};
-    p.kind = KIND_REQUEST; p.flags = pt->pad ? 1 : 0; p.pad = pt->pad;
+    int size_probe = pt->size_every && ++pt->size_count % pt->size_every == 0;
+    p.kind = KIND_REQUEST; p.pad = size_probe ? pt->size_pad : pt->pad; p.flags = p.pad ? 1 : 0;
     p.sender = c->agent_id; p.reflector = pt->peer_id; p.path = pt->path_id; p.seq = pt->next_seq++;
     p.t1 = local_clock(c, now_ns(CLOCK_REALTIME));
     uint8_t *pkt = tx_slot(&tx[nic], pt->peer, i);
+    tx[nic].seq[tx[nic].n - 1] = p.seq;
+    tx[nic].t1[tx[nic].n - 1] = p.t1;
+    tx[nic].size_probe[tx[nic].n - 1] = (uint8_t)size_probe;
     size_t len = encode(&c->keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + 28);
     build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
     tx[nic].iov[tx[nic].n - 1].iov_len = 28 + len;
@@ -478,7 +601,7 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
                 queue_probe(c, nic, i, tx);
                 pt->pair_due = 0;
             }
-            if (pt->next_due > now_mono) continue;
+            if (pt->next_due > now_mono + COALESCE_NS) continue;
             queue_probe(c, nic, i, tx);
             /* the pair's second probe goes out `gap` later, alone: on a software fabric a
              * back-to-back pair is spread by the first packet's own forwarding work */
@@ -494,6 +617,13 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
         }
         if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
     }
+}
+
+static void set_evidence(Core *c, int64_t t) {
+    c->drained_local = t;
+    c->evidence_updates++;
+    if (c->tracking)
+        for (int i = 0; i < c->npaths; i++) expire(c, &c->paths[i], t);
 }
 
 /* the loop: returns after duration_ns (CLOCK_MONOTONIC) */
@@ -521,10 +651,21 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         struct timespec ts = {0, 0};
         if (wait > 0) { ts.tv_sec = wait / 1000000000LL; ts.tv_nsec = wait % 1000000000LL; }
         int ready = ppoll(pfd, c->nnics, &ts, NULL);
-        if (ready <= 0) continue;
+        if (ready < 0) continue;
+        int64_t t_check = now_ns(CLOCK_REALTIME);
+        c->wakeups++;
+        if (ready == 0) { /* nothing arrived while we slept: everything before now is known */
+            pthread_mutex_lock(&c->mu);
+            set_evidence(c, local_clock(c, t_check));
+            pthread_mutex_unlock(&c->mu);
+            continue;
+        }
+        /* every NIC is read until empty (a no-op recvmmsg on a quiet one) so that, if all come
+         * back empty, everything that arrived before t_check is known: the evidence time */
+        int drained = 1;
         pthread_mutex_lock(&c->mu);
         for (int nic = 0; nic < c->nnics; nic++) {
-            if (!(pfd[nic].revents & POLLIN)) continue;
+            int emptied = 0;
             for (int round = 0; round < 4; round++) { /* bounded work per wake-up */
                 for (int i = 0; i < BATCH; i++) {
                     iov[i].iov_base = rxbuf + (size_t)i * MAX_PKT;
@@ -538,7 +679,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
                     msgs[i].msg_hdr.msg_controllen = sizeof cbuf[i];
                 }
                 int got = recvmmsg(c->nics[nic].rx_fd, msgs, BATCH, MSG_DONTWAIT, NULL);
-                if (got <= 0) break;
+                if (got <= 0) { emptied = got == 0 || errno == EAGAIN || errno == EWOULDBLOCK; break; }
                 int64_t fallback = now_ns(CLOCK_REALTIME);
                 for (int i = 0; i < got; i++) {
                     int64_t t_rx = fallback;
@@ -553,15 +694,24 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
                     handle_packet(c, nic, rxbuf + (size_t)i * MAX_PKT, msgs[i].msg_len, &from[i], t_rx, &tx[nic]);
                 }
                 if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
-                if (got < BATCH) break;
+                if (got < BATCH) { emptied = 1; break; }
             }
+            drained &= emptied;
         }
+        if (drained) set_evidence(c, local_clock(c, t_check));
         pthread_mutex_unlock(&c->mu);
     }
 }
 
 static void *core_thread(void *arg) {
     Core *c = arg;
+    /* real-time priority: on a busy host a normal thread waits for a CPU for milliseconds, and a
+     * reflector that answers late looks like a lossy link to its peers. The loop sleeps in ppoll
+     * between packets, so it takes little CPU; the kernel's RT throttling bounds it anyway. */
+    if (c->rt_priority > 0) {
+        struct sched_param sp = {.sched_priority = c->rt_priority};
+        c->rt_status = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
+    }
 
     while (!c->thread_stop) core_run(c, 100000000LL, c->bg_tx, c->bg_rx);
     return NULL;
@@ -590,7 +740,8 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     self->paths = PyMem_Calloc(MAX_PATHS, sizeof(path_t));
     self->reflect = PyMem_Calloc(REFLECT_SLOTS, sizeof(reflect_t));
     self->ring = PyMem_Calloc(ring, sizeof(xrec_t));
-    if (!self->paths || !self->reflect || !self->ring) { PyErr_NoMemory(); return -1; }
+    self->evring = PyMem_Calloc(ring, sizeof(ev_t));
+    if (!self->paths || !self->reflect || !self->ring || !self->evring) { PyErr_NoMemory(); return -1; }
     self->ring_cap = ring;
     pthread_mutex_init(&self->mu, NULL);
     self->rng = seed ? seed : 1;
@@ -614,9 +765,11 @@ static void stop_thread(Core *self) {
 
 static void Core_dealloc(Core *self) {
     stop_thread(self);
+    for (int i = 0; self->paths && i < self->npaths; i++) PyMem_Free(self->paths[i].out);
     PyMem_Free(self->paths);
     PyMem_Free(self->reflect);
     PyMem_Free(self->ring);
+    PyMem_Free(self->evring);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -659,10 +812,14 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
     if (get_addr(peer, np.peer) < 0) return NULL;
     np.path_id = path_id; np.peer_id = peer_id; np.nic = nic; np.sport = (uint16_t)sport; np.pad = (uint16_t)pad;
     np.interval_ns = interval; np.next_due = first_due; np.pair_gap_ns = pair_gap;
+    np.rto_ns = 5000000; /* until the detector pushes one: its initial timeout */
+    np.out = PyMem_Calloc(OUT_SLOTS, sizeof(out_t));
+    if (!np.out) return PyErr_NoMemory();
     pthread_mutex_lock(&self->mu);
     int exists = path_index(self, path_id) >= 0, full = self->npaths == MAX_PATHS;
     if (!exists && !full) self->paths[self->npaths++] = np;
     pthread_mutex_unlock(&self->mu);
+    if (exists || full) PyMem_Free(np.out);
     if (exists) return PyErr_Format(PyExc_ValueError, "path %u exists", path_id);
     if (full) return PyErr_Format(PyExc_ValueError, "at most %d paths", MAX_PATHS);
     Py_RETURN_NONE;
@@ -673,8 +830,13 @@ static PyObject *Core_remove_path(Core *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "I", &path_id)) return NULL;
     pthread_mutex_lock(&self->mu);
     int i = path_index(self, path_id);
-    if (i >= 0) self->paths[i] = self->paths[--self->npaths];
+    out_t *gone = NULL;
+    if (i >= 0) {
+        gone = self->paths[i].out;
+        self->paths[i] = self->paths[--self->npaths];
+    }
     pthread_mutex_unlock(&self->mu);
+    PyMem_Free(gone);
     if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
     Py_RETURN_NONE;
 }
@@ -732,8 +894,13 @@ static PyObject *Core_run(Core *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Core_start(Core *self, PyObject *Py_UNUSED(ignored)) {
+static PyObject *Core_start(Core *self, PyObject *args) {
+    int prio = 0;
+    if (!PyArg_ParseTuple(args, "|i", &prio)) return NULL;
+    if (prio < 0 || prio > 99) return PyErr_Format(PyExc_ValueError, "rt priority must be 0 (off) .. 99");
     if (self->thread_running) Py_RETURN_NONE;
+    self->rt_priority = prio;
+    self->rt_status = 0;
     self->bg_tx = calloc(self->nnics ? self->nnics : 1, sizeof(txbatch_t));
     self->bg_rx = malloc((size_t)BATCH * MAX_PKT);
     int ok = self->bg_tx && self->bg_rx;
@@ -749,6 +916,10 @@ static PyObject *Core_start(Core *self, PyObject *Py_UNUSED(ignored)) {
     }
     self->thread_running = 1;
     Py_RETURN_NONE;
+}
+
+static PyObject *Core_rt_status(Core *self, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromLong(self->rt_status);
 }
 
 static PyObject *Core_stop(Core *self, PyObject *Py_UNUSED(ignored)) {
@@ -774,6 +945,73 @@ static PyObject *Core_take(Core *self, PyObject *Py_UNUSED(ignored)) {
     return out;
 }
 
+static PyObject *Core_take_events(Core *self, PyObject *args) {
+    /* (events as packed ev_t records, evidence time). all=True first flushes every path's pending
+     * ANSWERED, so the caller sees every reply; all=False leaves them accumulating (cheap polls
+     * that still see every MISS and LATE at once) */
+    int all = 1;
+    if (!PyArg_ParseTuple(args, "|p", &all)) return NULL;
+    pthread_mutex_lock(&self->mu);
+    if (all)
+        for (int i = 0; i < self->npaths; i++) flush_answered(self, &self->paths[i]);
+    uint32_t n = self->ev_len;
+    char *buf = malloc((size_t)n * sizeof(ev_t) + 1);
+    int64_t evidence = self->drained_local;
+    if (buf) {
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(buf + (size_t)i * sizeof(ev_t), &self->evring[(self->ev_head + i) % self->ring_cap], sizeof(ev_t));
+        self->ev_head = (self->ev_head + n) % self->ring_cap;
+        self->ev_len = 0;
+    }
+    pthread_mutex_unlock(&self->mu);
+    if (!buf) return PyErr_NoMemory();
+    PyObject *out = Py_BuildValue("(y#L)", buf, (Py_ssize_t)n * sizeof(ev_t), (long long)evidence);
+    free(buf);
+    return out;
+}
+
+static PyObject *Core_track(Core *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    pthread_mutex_lock(&self->mu);
+    self->tracking = (uint32_t)on;
+    self->ev_len = 0;
+    for (int i = 0; i < self->npaths; i++) {
+        path_t *pt = &self->paths[i];
+        memset(pt->out, 0, OUT_SLOTS * sizeof(out_t));
+        pt->exp_seq = pt->next_seq;
+        pt->agg.count = 0;
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_set_rto(Core *self, PyObject *args) {
+    unsigned int path_id;
+    long long rto;
+    if (!PyArg_ParseTuple(args, "IL", &path_id, &rto)) return NULL;
+    if (rto < 1000 || rto > 60000000000LL) return PyErr_Format(PyExc_ValueError, "rto must be 1 us .. 60 s");
+    pthread_mutex_lock(&self->mu);
+    int i = path_index(self, path_id);
+    if (i >= 0) self->paths[i].rto_ns = rto;
+    pthread_mutex_unlock(&self->mu);
+    if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_set_size_probe(Core *self, PyObject *args) {
+    unsigned int path_id, every;
+    int pad;
+    if (!PyArg_ParseTuple(args, "IIi", &path_id, &every, &pad)) return NULL;
+    if (pad < 0 || pad > MAX_PAD) return PyErr_Format(PyExc_ValueError, "pad must be 0..%d", MAX_PAD);
+    pthread_mutex_lock(&self->mu);
+    int i = path_index(self, path_id);
+    if (i >= 0) { self->paths[i].size_every = every; self->paths[i].size_pad = (uint16_t)pad; }
+    pthread_mutex_unlock(&self->mu);
+    if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
     PyObject *drops = PyDict_New();
     if (!drops) return NULL;
@@ -783,8 +1021,9 @@ static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
         if (!v || PyDict_SetItemString(drops, DROP_NAMES[i], v) < 0) { Py_XDECREF(v); Py_DECREF(drops); return NULL; }
         Py_DECREF(v);
     }
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:N}", "sent", self->sent, "reflected", self->reflected, "replies",
-                         self->replies, "received", self->received, "drops", drops);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", self->sent, "reflected", self->reflected, "replies",
+                         self->replies, "received", self->received, "wakeups", self->wakeups, "evidence_updates",
+                         self->evidence_updates, "drops", drops);
 }
 
 static PyObject *Core_path_sent(Core *self, PyObject *args) {
@@ -860,9 +1099,17 @@ static PyMethodDef Core_methods[] = {
     {"set_interval", (PyCFunction)Core_set_interval, METH_VARARGS, "set_interval(path_id, interval_ns)"},
     {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
     {"run", (PyCFunction)Core_run, METH_VARARGS, "run(duration_ns): probe, reflect, receive; GIL released"},
-    {"start", (PyCFunction)Core_start, METH_NOARGS, "run the loop in a native background thread (GIL-free)"},
+    {"start", (PyCFunction)Core_start, METH_VARARGS,
+     "start([rt_priority]): run the loop in a native background thread (GIL-free), SCHED_FIFO if > 0"},
+    {"rt_status", (PyCFunction)Core_rt_status, METH_NOARGS, "0, or the errno the thread got asking for SCHED_FIFO"},
     {"stop", (PyCFunction)Core_stop, METH_NOARGS, "stop the background thread and wait for it"},
     {"take", (PyCFunction)Core_take, METH_NOARGS, "completed exchanges as packed '<IIQqqqq' records"},
+    {"take_events", (PyCFunction)Core_take_events, METH_VARARGS,
+     "take_events(all=True) -> (events '<IIQIIIIqqqq' (kind, path, seq, count, rx_count, size, 0, t1..t4), evidence_ns)"},
+    {"track", (PyCFunction)Core_track, METH_VARARGS, "track(on): judging mode (see the ev_t comment)"},
+    {"set_rto", (PyCFunction)Core_set_rto, METH_VARARGS, "set_rto(path_id, rto_ns): deadline of the next requests"},
+    {"set_size_probe", (PyCFunction)Core_set_size_probe, METH_VARARGS,
+     "set_size_probe(path_id, every, pad): every Nth probe carries `pad` bytes (0: off)"},
     {"counters", (PyCFunction)Core_counters, METH_NOARGS, "sent/reflected/replies/received and drops by reason"},
     {"path_sent", (PyCFunction)Core_path_sent, METH_VARARGS, "requests sent on a path"},
     {"encode", (PyCFunction)Core_encode, METH_VARARGS, "test hook: the loop's encoder"},
@@ -892,6 +1139,8 @@ PyMODINIT_FUNC PyInit__probecore(void) {
     Py_INCREF(&CoreType);
     PyModule_AddObject(m, "Core", (PyObject *)&CoreType);
     PyModule_AddIntConstant(m, "RECORD_SIZE", sizeof(xrec_t));
+    PyModule_AddIntConstant(m, "EVENT_SIZE", sizeof(ev_t));
+    PyModule_AddIntConstant(m, "MAX_PAD", MAX_PAD);
     PyModule_AddIntConstant(m, "MAX_PATHS", MAX_PATHS);
     return m;
 }

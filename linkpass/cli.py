@@ -40,12 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"linkpass {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     testbed_cli.register(sub)
-    ag = sub.add_parser("agent", help="the per-host daemon: probe mesh, telemetry API (detection/failover: issue 4)",
+    ag = sub.add_parser("agent", help="the per-host daemon: probe mesh, detection, failover of routes and ports",
                         description="Run the LinkPass agent on this host (in this network namespace).")
     ag.add_argument("--config", required=True, metavar="FILE", help="YAML config; see linkpass/agent/config.py")
     ag.add_argument("--max-seconds", type=float, default=None, help="stop by itself after this long")
-    ag.set_defaults(func=lambda a: __import__("linkpass.agent.daemon", fromlist=["main"]).main(a.config, a.max_seconds),
-                    needs_root=True)
+    ag.add_argument("--dry-run", action="store_true",
+                    help="detect and log every decision (route_change events with dry_run=true); touch nothing")
+    ag.set_defaults(func=lambda a: __import__("linkpass.agent.daemon", fromlist=["main"]).main(
+        a.config, a.max_seconds, a.dry_run), needs_root=True)
     paths_cli.register(sub)
     demo.register(sub)
     return ap

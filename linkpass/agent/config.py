@@ -5,7 +5,7 @@
     fleet_key_file: /etc/linkpass/fleet.key   # 32-64 random bytes, hex or raw, same on every host
     service: 198.18.0.1              # this host's service address
     nics:                            # one per plane
-      - {plane: 0, ifname: p0, addr: 198.18.64.1}
+      - {plane: 0, ifname: p0, addr: 198.18.64.1, gateway: 198.18.64.0}   # gateway: for routes
     peers:
       - {name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}
     probe:
@@ -13,8 +13,20 @@
       idle_interval_ms: 10           # idle paths (the agent's policy decides; issue 4)
       ports_per_path: 1              # source ports probed per distinct discovered path
       discovery_ports: 32            # source ports swept per (NIC, peer)
+      size_probe_every: 100          # every Nth probe is full-size (MTU black holes); 0 = never
+      mtu: 1500                      # IP size of those probes
+      rt_priority: 10                # SCHED_FIFO for the probe thread (0 = off): replies on time on busy hosts
+    detect:                          # linkpass/core/detector.py explains each
+      miss_threshold: 3              # consecutive misses that declare a path down
+      timeout_floor_us: 250          # the adaptive timeout never goes below this
+      hold_down_ms: 500              # a recovered path waits this long before it is used again
+      recovery_good_probes: 100      # ... and needs this many good probes in a row
+      latency_floor_us: 50           # delay noise below this is not judged (software timestamps)
+      latency_alarm_mads: 200        # CUSUM alarm level, in units of that noise (~30 ms of +0.5 ms)
     api: {port: 9471}                # local query API and /metrics on 127.0.0.1
-    routes: {enabled: false, rto_min_ms: 10, journal: /var/lib/linkpass/routes.journal}
+    routes: {enabled: false, rto_min_ms: 10, journal: /var/lib/linkpass/routes.journal,
+             max_changes_per_s: 1000}
+    entropy: {enabled: false, path: /dev/shm/linkpass-entropy}   # ports per (peer, plane), docs/entropy-table.md
 
 Pure: parsing and validation only; reading the files is the daemon's.
 """
@@ -22,6 +34,8 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+
+from ..core.detector import DetectorConfig
 
 
 class ConfigError(ValueError):
@@ -33,6 +47,7 @@ class Nic:
     plane: int
     ifname: str
     addr: str
+    gateway: str | None = None  # next hop for this plane's routes (needed when routes are enabled)
 
 
 @dataclass(frozen=True)
@@ -55,10 +70,17 @@ class AgentConfig:
     idle_interval_ms: float = 10.0
     ports_per_path: int = 1
     discovery_ports: int = 32
+    size_probe_every: int = 100
+    mtu: int = 1500
+    rt_priority: int = 10  # SCHED_FIFO priority of the probe thread; 0 = normal scheduling
     api_port: int = 9471
     routes_enabled: bool = False
     rto_min_ms: int = 10
     routes_journal: str = "/var/lib/linkpass/routes.journal"
+    max_route_changes_per_s: float = 1000.0
+    entropy_enabled: bool = False
+    entropy_path: str = "/dev/shm/linkpass-entropy"
+    detect: dict = field(default_factory=dict)  # DetectorConfig overrides, in its own units (ns)
     extra: dict = field(default_factory=dict)
 
 
@@ -102,7 +124,22 @@ def _mapping(value, where: str, allowed: set[str]) -> dict:
     return value
 
 
-TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe", "api", "routes"}
+TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe", "detect", "api", "routes", "entropy"}
+# detect.<field>: (DetectorConfig field, factor to its unit, lo, hi, the agent's default or None for
+# DetectorConfig's). The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
+# noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
+DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
+          "timeout_floor_us": ("timeout_floor_ns", 1000, 10, 1_000_000, None),
+          "hold_down_ms": ("hold_down_ns", 1_000_000, 0, 600_000, None),
+          "recovery_good_probes": ("recovery_good_probes", 1, 1, 100_000, None),
+          "latency_floor_us": ("latency_mad_floor_ns", 1000, 1, 1_000_000, 50),
+          "latency_alarm_mads": ("latency_h_mad", 1, 1, 100_000, 200)}
+
+
+def _bool(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
 
 
 def parse(raw: object) -> AgentConfig:
@@ -117,9 +154,10 @@ def parse(raw: object) -> AgentConfig:
     nics = []
     for k, n in enumerate(nics_raw):
         w = f"nics[{k}]"
-        n = _mapping(n, w, {"plane", "ifname", "addr"})
+        n = _mapping(n, w, {"plane", "ifname", "addr", "gateway"})
         nics.append(Nic(_int(_need(n, "plane", w + "."), f"{w}.plane", 0, 63),
-                        _str(_need(n, "ifname", w + "."), f"{w}.ifname"), _addr(_need(n, "addr", w + "."), f"{w}.addr")))
+                        _str(_need(n, "ifname", w + "."), f"{w}.ifname"), _addr(_need(n, "addr", w + "."), f"{w}.addr"),
+                        _addr(n["gateway"], f"{w}.gateway") if "gateway" in n else None))
     planes = [n.plane for n in nics]
     if len(set(planes)) != len(planes):
         raise ConfigError(f"nics: plane listed twice ({planes}); one NIC per plane")
@@ -137,19 +175,42 @@ def parse(raw: object) -> AgentConfig:
             raise ConfigError(f"{w}.nics: expected a mapping plane -> address, e.g. {{0: 198.18.64.3}}")
         peers.append(Peer(_str(_need(p, "name", w + "."), f"{w}.name"), pid, _addr(_need(p, "service", w + "."), f"{w}.service"),
                           {_int(pl, f"{w}.nics key", 0, 63): _addr(a, f"{w}.nics.{pl}") for pl, a in pnics.items()}))
-    probe = _mapping(top.get("probe") or {}, "probe", {"interval_ms", "idle_interval_ms", "ports_per_path", "discovery_ports"})
+    probe = _mapping(top.get("probe") or {}, "probe", {"interval_ms", "idle_interval_ms", "ports_per_path",
+                                                       "discovery_ports", "size_probe_every", "mtu", "rt_priority"})
+    detect_raw = _mapping(top.get("detect") or {}, "detect", set(DETECT))
     api = _mapping(top.get("api") or {}, "api", {"port"})
-    routes = _mapping(top.get("routes") or {}, "routes", {"enabled", "rto_min_ms", "journal"})
+    routes = _mapping(top.get("routes") or {}, "routes", {"enabled", "rto_min_ms", "journal", "max_changes_per_s"})
+    entropy = _mapping(top.get("entropy") or {}, "entropy", {"enabled", "path"})
     interval = _num(probe.get("interval_ms", 1.0), "probe.interval_ms", 0.1, 60_000)
     idle = _num(probe.get("idle_interval_ms", 10.0), "probe.idle_interval_ms", interval, 60_000)
-    enabled = routes.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"routes.enabled: expected true or false, got {enabled!r}")
+    enabled = _bool(routes.get("enabled", False), "routes.enabled")
+    if enabled:
+        for k, n in enumerate(nics):
+            if n.gateway is None:
+                raise ConfigError(f"nics[{k}].gateway: required when routes.enabled is true (the next hop of "
+                                  f"plane {n.plane}'s routes, e.g. the leaf's address on {n.ifname})")
+    detect = {}
+    for key, (field_name, factor, lo, hi, default) in DETECT.items():
+        if key in detect_raw:
+            detect[field_name] = _int(detect_raw[key], f"detect.{key}", lo, hi) * factor
+        elif default is not None:
+            detect[field_name] = default * factor
+    try:
+        DetectorConfig(**detect)
+    except ValueError as exc:
+        raise ConfigError(f"detect: {exc}") from None
     return AgentConfig(
         agent_id=agent_id, name=name, fleet_key_file=key_file, service=service, nics=tuple(nics), peers=tuple(peers),
         interval_ms=interval, idle_interval_ms=idle,
         ports_per_path=_int(probe.get("ports_per_path", 1), "probe.ports_per_path", 1, 16),
         discovery_ports=_int(probe.get("discovery_ports", 32), "probe.discovery_ports", 1, 1024),
+        size_probe_every=_int(probe.get("size_probe_every", 100), "probe.size_probe_every", 0, 1_000_000),
+        mtu=_int(probe.get("mtu", 1500), "probe.mtu", 124, 9000),
+        rt_priority=_int(probe.get("rt_priority", 10), "probe.rt_priority", 0, 99),
+        detect=detect,
+        max_route_changes_per_s=_num(routes.get("max_changes_per_s", 1000), "routes.max_changes_per_s", 1, 100_000),
+        entropy_enabled=_bool(entropy.get("enabled", False), "entropy.enabled"),
+        entropy_path=_str(entropy.get("path", "/dev/shm/linkpass-entropy"), "entropy.path"),
         api_port=_int(api.get("port", 9471), "api.port", 0, 65535),
         routes_enabled=enabled, rto_min_ms=_int(routes.get("rto_min_ms", 10), "routes.rto_min_ms", 1, 1000),
         routes_journal=_str(routes.get("journal", "/var/lib/linkpass/routes.journal"), "routes.journal"))

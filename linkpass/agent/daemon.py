@@ -1,29 +1,42 @@
 """`linkpass agent`: the per-host daemon.
 
-Today it discovers the ECMP paths to every configured peer, probes them with the C probe core,
-reflects its peers' probes, and serves per-path telemetry on the local query API and /metrics.
-It detects nothing and changes no route yet: the detector and the route actuator exist
-(linkpass/core/detector.py, linkpass/agent/routes.py) but are not wired in (issue 4).
+It discovers the ECMP paths to every configured peer, probes them with the C probe core (a
+native thread that sends, reflects and timestamps without waiting for Python), judges every
+path with the detector, and rewrites the data path: the routes to peers' service addresses
+(whole planes; `routes.py`) and the healthy source ports per (peer, plane) in the entropy table
+(single paths; `linkpass/entropy.py`). `failover.py` is the loop between the two.
 
-Lifecycle: SIGTERM/SIGINT stop it cleanly (sockets closed, API down); SIGHUP re-reads the config
-and applies what can change without dropping probe state (peers added or removed, probe rates);
-what cannot (agent id, fleet key, NICs) is logged and left as it was. Logs are JSON lines on
-stderr, one event each.
+Lifecycle: SIGTERM/SIGINT stop it cleanly: routes back to the baseline (every plane), entropy
+table withdrawn, sockets closed, API down. SIGHUP re-reads the config and applies what can change
+without dropping probe or detector state (peers added or removed, probe rates); what cannot
+(agent id, fleet key, NICs, detector settings) is logged and left as it was. SIGKILL leaves the
+routes as they were; the next start reconciles them with the journal. `--dry-run` decides and
+logs everything and touches no route and no table. Logs are JSON lines on stderr, one event each.
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import signal
 import sys
 import threading
 import time
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..core.detector import Detector, DetectorConfig, State
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import CoreProbeEngine, PathSpec
 from ..probe.service import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, load_text, read_fleet_key
+from .decide import PathInfo
+from .failover import Failover
+from .routes import PeerRoutes, RouteActuator
 
 DISCOVERY_BASE_PORT = 49152
+POLL_S = 0.001  # the decision loop's period: detection latency is at most this above the detector's
+BATCH_S = 0.01  # how often on-time replies are taken (RTT, delay and good-probe counts)
+HEARTBEAT_S = 0.1  # entropy-table heartbeat (readers treat a silent writer as gone)
 
 
 def log(event: str, **fields) -> None:
@@ -45,6 +58,11 @@ def load(path: str) -> tuple[AgentConfig, bytes]:
     return cfg, key
 
 
+# fields a reload cannot change: they shape sockets, identities or the detector's state
+FIXED_ON_RELOAD = ("agent_id", "name", "nics", "service", "detect", "rt_priority", "routes_enabled", "routes_journal",
+                   "entropy_enabled", "entropy_path")
+
+
 def distinct_paths(found):
     """Paths by the routers they cross. Traces that end differently (a peer agent on 4791 answers
     nothing, so traces end by timeout) or miss one ICMP answer under load are views of a path
@@ -57,20 +75,77 @@ def distinct_paths(found):
     return list(best.values())
 
 
+class _FailoverMetrics:
+    """Prometheus view of the decisions: path states, transitions, route changes, fail static."""
+
+    def __init__(self, agent: "Agent"):
+        self.agent = agent
+
+    def collect(self):
+        fo = self.agent.failover
+        state = GaugeMetricFamily("linkpass_path_state", "1 for the state each path is in",
+                                  labels=["peer", "plane", "path", "state"])
+        for row in fo.path_rows():
+            for s in State:
+                state.add_metric([row["peer"], str(row["plane"]), str(row["path"]), s.value],
+                                 1.0 if row["state"] == s.value else 0.0)
+        trans = CounterMetricFamily("linkpass_path_transitions", "Path state changes, by new state", labels=["to"])
+        for s in State:
+            trans.add_metric([s.value], fo.counters.get(f"transition_{s.value}", 0))
+        changes = CounterMetricFamily("linkpass_route_changes", "Route rewrites applied (or logged, in dry run)")
+        changes.add_metric([], fo.counters.get("route_changes", 0))
+        deferred = CounterMetricFamily("linkpass_route_changes_deferred", "Route rewrites held back by the rate limit")
+        deferred.add_metric([], fo.counters.get("route_deferred", 0))
+        static = GaugeMetricFamily("linkpass_fail_static_peers",
+                                   "Peers with no usable path: their route is kept as it was (never removed)")
+        static.add_metric([], len(fo.fail_static))
+        entered = CounterMetricFamily("linkpass_fail_static_events", "Times a peer was left without a usable path")
+        entered.add_metric([], fo.counters.get("fail_static", 0))
+        planes = GaugeMetricFamily("linkpass_route_planes", "Planes the route to each peer uses now", labels=["peer"])
+        for peer, pl in sorted(fo.planes.items()):
+            planes.add_metric([peer], len(pl))
+        yield from (state, trans, changes, deferred, static, entered, planes)
+
+
 class Agent:
-    def __init__(self, cfg: AgentConfig, key: bytes):
+    def __init__(self, cfg: AgentConfig, key: bytes, dry_run: bool = False):
         self.cfg = cfg
         self.key = key
+        self.dry_run = dry_run
         self.engine = CoreProbeEngine(cfg.agent_id, key)
         self.labels: dict[int, PathLabels] = {}
         self.paths_of_peer: dict[str, list[int]] = {}
         self._next_path_id = 1
         for nic in cfg.nics:
             self.engine.add_nic(f"p{nic.plane}", nic.ifname, nic.addr)
-        self.view = TelemetryView(self.engine, self.labels)
+        self.engine.track(True)
+        self.routes = self._route_actuator(cfg, dry_run)
+        self.entropy = None
+        if cfg.entropy_enabled and not dry_run:
+            from ..entropy import EntropyWriter
+            self.entropy = EntropyWriter(cfg.entropy_path)
+        self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
+                                 log, routes=self.routes, entropy=self.entropy,
+                                 interval_ns=int(cfg.interval_ms * 1e6), set_rto=self.engine.set_rto)
+        self.view = TelemetryView(self.engine, self.labels, state_of=self._state_of)
         self.api: LocalApi | None = None
         self.stopping = threading.Event()
         self.reload_requested = False
+
+    @staticmethod
+    def _route_actuator(cfg: AgentConfig, dry_run: bool) -> RouteActuator | None:
+        if not (cfg.routes_enabled or dry_run) or any(n.gateway is None for n in cfg.nics):
+            return None
+        hops = {n.plane: (n.gateway, n.ifname) for n in cfg.nics}
+        peers = {p.name: PeerRoutes(p.name, p.service, {pl: h for pl, h in hops.items() if pl in p.nics})
+                 for p in cfg.peers}
+        return RouteActuator(None, cfg.service, peers, cfg.routes_journal, rto_min_ms=cfg.rto_min_ms,
+                             max_changes_per_s=cfg.max_route_changes_per_s, dry_run=dry_run)
+
+    def _state_of(self, pid: int) -> dict:
+        d = self.failover.detector.paths.get(pid)
+        last = self.failover.last_transition.get(pid)
+        return {"state": d.state.value if d else None, "reason": last.reason.value if last else None}
 
     # ---- paths ---------------------------------------------------------------------------
     def _discovery_config(self) -> DiscoveryConfig:
@@ -98,7 +173,10 @@ class Agent:
                         self._next_path_id += 1
                         self.engine.add_path(PathSpec(pid, f"p{plane}", peer.agent_id, addr, sport,
                                                       self.cfg.interval_ms / 1000), first_due_s=0.01)
+                        if self.cfg.size_probe_every:
+                            self.engine.set_size_probe(pid, self.cfg.size_probe_every, self.cfg.mtu)
                         self.labels[pid] = PathLabels(peer.name, plane, index, sport)
+                        self.failover.add_path(PathInfo(pid, peer.name, plane, sport, addr))
                         ids.append(pid)
                         added += 1
             self.paths_of_peer[peer.name] = ids
@@ -108,6 +186,7 @@ class Agent:
         return added
 
     def remove_peer(self, name: str) -> None:
+        self.failover.remove_peer(name)
         for pid in self.paths_of_peer.pop(name, []):
             self.engine.remove_path(pid)
             self.labels.pop(pid, None)
@@ -115,13 +194,23 @@ class Agent:
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
+        if self.routes is not None:
+            installed = self.routes.reconcile()
+            log("routes_reconciled", installed={k: list(v) for k, v in installed.items()},
+                reconciled=self.routes.stats["reconciled"], dry_run=self.dry_run)
         self.add_peers(self.cfg.peers)
-        self.api = LocalApi(self.view, port=self.cfg.api_port)
+        refused = self.engine.start_background(self.cfg.rt_priority)
+        if refused:
+            log("rt_priority_refused", priority=self.cfg.rt_priority, error=refused,
+                note="probe thread runs at normal priority: on a busy host, expect late replies")
+        self.api = LocalApi(self.view, port=self.cfg.api_port, collectors=[_FailoverMetrics(self)],
+                            extra_routes={"/v1/state": self.failover.path_rows})
         log("started", agent_id=self.cfg.agent_id, name=self.cfg.name, api_port=self.api.port,
-            paths=len(self.labels), nics=[n.ifname for n in self.cfg.nics])
+            paths=len(self.labels), nics=[n.ifname for n in self.cfg.nics], routes=self.routes is not None,
+            entropy=self.entropy is not None, dry_run=self.dry_run)
 
     def reload(self, new: AgentConfig, key: bytes) -> None:
-        fixed = [f for f in ("agent_id", "name", "nics", "service") if getattr(new, f) != getattr(self.cfg, f)]
+        fixed = [f for f in FIXED_ON_RELOAD if getattr(new, f) != getattr(self.cfg, f)]
         if key != self.key:
             fixed.append("fleet_key_file (contents)")
         if fixed:
@@ -133,8 +222,7 @@ class Agent:
         changed = [p for n, p in new_peers.items() if n in old_peers and old_peers[n] != p]
         for p in changed:
             self.remove_peer(p.name)
-        self.cfg = AgentConfig(**{**new.__dict__, **{f: getattr(self.cfg, f) for f in ("agent_id", "name", "nics",
-                                                                                       "service")}})
+        self.cfg = AgentConfig(**{**new.__dict__, **{f: getattr(self.cfg, f) for f in FIXED_ON_RELOAD}})
         self.add_peers([p for n, p in new_peers.items() if n not in old_peers] + changed)
         for pid in self.labels:
             self.engine.set_interval(pid, self.cfg.interval_ms / 1000)
@@ -142,6 +230,7 @@ class Agent:
 
     def run(self, config_path: str, max_seconds: float | None = None) -> None:
         end = None if max_seconds is None else time.monotonic() + max_seconds
+        next_beat = next_batch = 0.0
         while not self.stopping.is_set() and (end is None or time.monotonic() < end):
             if self.reload_requested:
                 self.reload_requested = False
@@ -149,25 +238,41 @@ class Agent:
                     self.reload(*load(config_path))
                 except ConfigError as exc:
                     log("reload_rejected", error=str(exc), note="running on with the previous config")
-            self.engine.run(0.05)  # detection and failover are not wired in yet (issue 4)
+            now = time.monotonic()
+            batch = now >= next_batch  # on-time replies come in batches; misses at every poll
+            if batch:
+                next_batch = now + BATCH_S
+            self.failover.step(*self.engine.poll(batch))
+            if self.entropy is not None and now >= next_beat:
+                self.entropy.heartbeat()
+                next_beat = now + HEARTBEAT_S
+            time.sleep(POLL_S)
 
     def stop(self) -> None:
+        """Clean stop: the data path goes back to the baseline before the probes stop."""
+        if self.routes is not None:
+            try:
+                self.routes.restore_baseline()
+            finally:
+                self.routes.close()
+        if self.entropy is not None:
+            self.entropy.close(unlink=True)
         if self.api:
             self.api.close()
         self.engine.close()
-        log("stopped", stats=self.engine_stats())
+        log("stopped", stats=self.engine_stats(), decisions=dict(self.failover.counters))
 
     def engine_stats(self) -> dict:
         return {"counters": self.engine.stats, "drops": self.engine.drops}
 
 
-def main(config_path: str, max_seconds: float | None = None) -> int:
+def main(config_path: str, max_seconds: float | None = None, dry_run: bool = False) -> int:
     try:
         cfg, key = load(config_path)
     except ConfigError as exc:
         print(f"linkpass agent: config error: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(cfg, key)
+    agent = Agent(cfg, key, dry_run=dry_run)
 
     def on_term(_sig, _frm):
         agent.stopping.set()
@@ -178,6 +283,7 @@ def main(config_path: str, max_seconds: float | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, on_hup)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1` prints every thread's stack: for a stuck agent
     try:
         agent.start()
         agent.run(config_path, max_seconds)

@@ -472,6 +472,28 @@ class PathDetector:
         out += self._check_hold(now_ns)
         return out
 
+    # Judging mode: a data path that matches replies to requests itself (the C probe core) reports
+    # outcomes instead of sends and replies; the effect on streaks, runs and states is the same.
+
+    def on_miss(self, seq: int, now_ns: int, size_probe: bool = False) -> list[Transition]:
+        """Probe `seq` went unanswered past its deadline `now_ns`, judged against this path's
+        `rto_ns` (instead of on_sent + tick)."""
+        self.counters["sent"] += 1
+        return self._miss(seq, _Sent(now_ns - self.rto_ns, size_probe), now_ns)
+
+    def on_answered(self, count: int, seq: int, now_ns: int, rtt_ns: int, owd_fwd_ns: int | None = None,
+                    owd_rev_ns: int | None = None, size_probe: bool = False) -> list[Transition]:
+        """`count` ≥ 1 probes answered on time, reported at once (instead of on_sent + on_reply
+        each); `seq`, `now_ns`, the delays are the newest one's; `size_probe`: one of them was
+        full-size."""
+        if count < 1:
+            raise ValueError(f"on_answered: count must be ≥ 1, got {count}")
+        self.counters["sent"] += count
+        self.counters["replies"] += count - 1
+        self.good_run += count - 1
+        self._outstanding[seq] = _Sent(now_ns - rtt_ns, size_probe)  # so on_reply finds it on time
+        return self.on_reply(seq, now_ns, rtt_ns, owd_fwd_ns, owd_rev_ns)
+
     def on_loss(self, first_seq: int, last_seq: int, lost_fwd: int, lost_rev: int,
                 now_ns: int) -> list[Transition]:
         """Requests first_seq..last_seq are now accounted for (telemetry's rx_count): `lost_fwd`
@@ -712,6 +734,14 @@ class Detector:
     def on_loss(self, path: Hashable, first_seq: int, last_seq: int, lost_fwd: int, lost_rev: int,
                 now_ns: int) -> list[Transition]:
         return self[path].on_loss(first_seq, last_seq, lost_fwd, lost_rev, now_ns)
+
+    def on_miss(self, path: Hashable, seq: int, now_ns: int, size_probe: bool = False) -> list[Transition]:
+        return self[path].on_miss(seq, now_ns, size_probe)
+
+    def on_answered(self, path: Hashable, count: int, seq: int, now_ns: int, rtt_ns: int,
+                    owd_fwd_ns: int | None = None, owd_rev_ns: int | None = None,
+                    size_probe: bool = False) -> list[Transition]:
+        return self[path].on_answered(count, seq, now_ns, rtt_ns, owd_fwd_ns, owd_rev_ns, size_probe)
 
     def tick(self, now_ns: int) -> list[Transition]:
         out: list[Transition] = []

@@ -43,7 +43,8 @@ class LossCounters:
     reflector_restarts: int = 0
     _last_rx: int = 0
 
-    def on_reply(self, seq: int, rx_count: int) -> None:
+    def on_reply(self, seq: int, rx_count: int, replies: int = 1) -> None:
+        """`replies` > 1: that many replies, `seq` and `rx_count` being the newest's (batched)."""
         if self.start_seq is None:
             self.start_seq = self.hi = seq
             self.arrived = self.replies = 1
@@ -51,7 +52,7 @@ class LossCounters:
             return
         if seq < self.start_seq:
             return
-        self.replies += 1
+        self.replies += replies
         if seq > self.hi:
             step = rx_count - self._last_rx
             if not 0 < step <= seq - self.hi:
@@ -102,8 +103,9 @@ class PathTelemetry:
     def on_sent(self) -> None:
         self.sent += 1
 
-    def on_reply(self, seq: int, t1: int, t2: int, t3: int, t4: int, rx_count: int) -> Sample:
-        self.loss.on_reply(seq, rx_count)
+    def on_reply(self, seq: int, t1: int, t2: int, t3: int, t4: int, rx_count: int, replies: int = 1) -> Sample:
+        """One exchange; `replies` > 1 when it stands for a batch of on-time replies (judging mode)."""
+        self.loss.on_reply(seq, rx_count, replies)
         s = Sample(seq, t4, (t4 - t1) - (t3 - t2), t2 - t1, t4 - t3)
         self.samples.append(s)
         self.rtt_counts[bisect_left(RTT_BUCKETS_NS, s.rtt)] += 1

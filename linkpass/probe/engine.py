@@ -26,6 +26,7 @@ meant to move into a compiled core behind this same interface.
 from __future__ import annotations
 
 import heapq
+import os
 import random
 import selectors
 import socket
@@ -46,6 +47,7 @@ _IP_UDP = struct.Struct("!BBHHHBBH4s4sHHHH")
 _TS = struct.Struct("qq")
 
 Clock = Callable[[int], int]
+EV_ANSWERED, EV_MISS, EV_LATE = 1, 2, 3  # judging-mode event kinds (_probecore.c)
 
 
 def _identity(t: int) -> int:
@@ -302,6 +304,7 @@ class CoreProbeEngine:
     """
 
     RECORD = struct.Struct("<IIQqqqq")
+    EVENT = struct.Struct("<IIQIIIIqqqq")
     MAX_KEPT = 1_000_000
 
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None,
@@ -321,7 +324,8 @@ class CoreProbeEngine:
         self.paths: dict[int, _Path] = {}
         self._collect: list[ExchangeRecord] | None = None
         self.background = False
-        assert self.RECORD.size == _probecore.RECORD_SIZE
+        assert self.RECORD.size == _probecore.RECORD_SIZE and self.EVENT.size == _probecore.EVENT_SIZE
+        self.MAX_PAD = _probecore.MAX_PAD
 
     def add_nic(self, name: str, ifname: str, addr: str) -> None:
         rx, tx = open_nic_sockets(self.netns, ifname, addr)
@@ -346,11 +350,18 @@ class CoreProbeEngine:
         path = self.paths[path_id]
         path.spec = replace(path.spec, interval_s=interval_s)
 
-    def start_background(self) -> None:
+    def start_background(self, rt_priority: int = 0) -> str | None:
         """Run the loop in a native thread from now on: it keeps receiving, reflecting and
-        probing while Python is busy (a paused reflector makes its peers see false misses)."""
-        self.core.start()
+        probing while Python is busy (a paused reflector makes its peers see false misses).
+        `rt_priority` > 0 asks for SCHED_FIFO; returns None, or why that was refused."""
+        self.core.start(rt_priority)
         self.background = True
+        if rt_priority:
+            time.sleep(0.01)  # the thread asks first thing
+            err = self.core.rt_status()
+            if err:
+                return os.strerror(err)
+        return None
 
     def stop_background(self) -> None:
         self.core.stop()
@@ -402,6 +413,42 @@ class CoreProbeEngine:
                 if self.on_exchange:
                     self.on_exchange(rec)
         return len(data) // self.RECORD.size
+
+    def track(self, on: bool = True) -> None:
+        """Judging mode: the C loop matches replies to requests against each path's deadline
+        (`set_rto`) and `poll()` returns events instead of one record per exchange."""
+        self.core.track(on)
+
+    def set_rto(self, path_id: int, rto_ns: int) -> None:
+        self.core.set_rto(path_id, rto_ns)
+
+    def set_size_probe(self, path_id: int, every: int, ip_size: int) -> None:
+        """Make every `every`-th probe of a path an IP packet of `ip_size` bytes (0 = off): full-MTU
+        probes find MTU black holes that small probes cross."""
+        pad = ip_size - 28 - wire.MIN_PAYLOAD if every else 0
+        if every and not 0 <= pad <= self.MAX_PAD:
+            raise ValueError(f"size probe of {ip_size} bytes: allowed {28 + wire.MIN_PAYLOAD}.."
+                             f"{28 + wire.MIN_PAYLOAD + self.MAX_PAD}")
+        self.core.set_size_probe(path_id, every, pad)
+
+    def poll(self, all_answered: bool = True) -> tuple[list[tuple], int]:
+        """Judging mode's events since the last call, in order, already fed into telemetry:
+        (kind, path_id, seq, count, rx_count, size_probe, t1, t2, t3, t4) with kind one of
+        EV_ANSWERED / EV_MISS / EV_LATE (see _probecore.c); and the evidence time: every reply
+        that reached a socket before it has been judged. `all_answered=False` leaves on-time
+        replies accumulating in C (cheap frequent polls that still see every miss at once).
+        Times are on this agent's clock."""
+        data, evidence = self.core.take_events(all_answered)
+        events = [(k, pid, seq, n, rx, size, t1, t2, t3, t4)
+                  for k, pid, seq, n, rx, size, _, t1, t2, t3, t4 in self.EVENT.iter_unpack(data)]
+        for k, pid, seq, n, rx, _size, t1, t2, t3, t4 in events:
+            path = self.paths.get(pid)
+            if path is not None and k != EV_MISS:
+                path.telemetry.on_reply(seq, t1, t2, t3, t4, rx, replies=n if k == EV_ANSWERED else 1)
+        if all_answered:
+            for pid, path in self.paths.items():
+                path.telemetry.sent = self.core.path_sent(pid)
+        return events, evidence
 
     @property
     def stats(self) -> dict:

@@ -44,10 +44,12 @@ class TelemetryView:
     """Rows of per-path telemetry over a sliding window (default 10 s)."""
 
     def __init__(self, engine, labels: dict[int, PathLabels], offset_ns: Callable[[int], float | None] | None = None,
-                 window_s: float = 10.0, snapshot_every_s: float = 1.0):
+                 window_s: float = 10.0, snapshot_every_s: float = 1.0,
+                 state_of: Callable[[int], dict] | None = None):
         self.engine = engine
         self.labels = labels
         self.offset_ns = offset_ns or (lambda peer_id: None)
+        self.state_of = state_of  # path id -> {"state": ..., "reason": ...} from the detector, if any
         self.window_s = window_s
         self.snapshot_every_s = snapshot_every_s
         self._keep = int(window_s / snapshot_every_s) + 2
@@ -100,6 +102,7 @@ class TelemetryView:
                     "rtt_ns": stats.get("rtt_ns"), "jitter_ns": stats.get("jitter_ns"),
                     "owd_fwd_ns": stats.get("owd_fwd_ns"), "owd_rev_ns": stats.get("owd_rev_ns"),
                     "clock_offset_ns": offset,
+                    **(self.state_of(pid) if self.state_of else {}),
                 })
         return out
 
@@ -163,10 +166,14 @@ class LocalApi:
     """HTTP on 127.0.0.1:`port` inside `netns` (or here); a ticker snapshots loss counters."""
 
     def __init__(self, view: TelemetryView, netns: str | None = None, port: int = DEFAULT_PORT,
-                 host: str = "127.0.0.1"):
+                 host: str = "127.0.0.1", collectors=(), extra_routes: dict | None = None):
         self.view = view
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(view))
+        for c in collectors:
+            self.registry.register(c)
+        extra = {path: (lambda fn=fn: (json.dumps(fn()).encode(), "application/json"))
+                 for path, fn in (extra_routes or {}).items()}
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -174,7 +181,7 @@ class LocalApi:
                 routes = {"/metrics": lambda: (generate_latest(api.registry), "text/plain; version=0.0.4"),
                           "/v1/paths": lambda: (json.dumps(api.view.rows()).encode(), "application/json"),
                           "/v1/counters": lambda: (json.dumps(api.view.counters()).encode(), "application/json"),
-                          "/healthz": lambda: (b"ok\n", "text/plain")}
+                          "/healthz": lambda: (b"ok\n", "text/plain"), **extra}
                 route = routes.get(self.path.split("?")[0])
                 if route is None:
                     self.send_error(404, "unknown path; try /v1/paths, /v1/counters or /metrics")

@@ -21,7 +21,7 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .topology import Fabric
 
@@ -47,21 +47,37 @@ class StateChange:
     new: str
 
 
+def parse_state_change(line: str) -> StateChange | None:
+    """One bfdd log line -> its session state change, or None."""
+    m = _STATE.match(line)
+    if not m:
+        return None
+    # bfdd logs local time: a naive datetime's timestamp() reads it as such
+    stamp = dt.datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f")
+    wall = round(stamp.timestamp() * 1e6) * 1000
+    return StateChange(wall, m.group(2), m.group(3), m.group(4), m.group(5))
+
+
 @dataclass
 class Bfd:
     fab: Fabric
     hosts: list[int]
     interval_ms: int = 10
     multiplier: int = 3
+    sessions: list[tuple[int, int, int]] = field(default_factory=list)  # as given to start()
 
     def _dirs(self, host: int) -> tuple[str, str]:
         ns = self.fab.netns(f"h{host}")
         return f"/etc/frr/{ns}", f"/var/run/frr/{ns}"
 
+    def log_path(self, host: int) -> str:
+        return f"{self._dirs(host)[1]}/bfdd.log"
+
     def start(self, sessions: list[tuple[int, int, int]], timeout_s: float = 10.0) -> None:
         """Sessions as (host a, host b, plane); waits until all are up."""
         if not available():
             raise FrrError("FRR is not installed (Debian: apt-get install frr)")
+        self.sessions = list(sessions)
         peers: dict[int, list[tuple[str, str]]] = {h: [] for h in self.hosts}
         for a, b, plane in sessions:
             peers[a].append((self.fab.nic_addr(b, plane), self.fab.nic_addr(a, plane)))
@@ -107,17 +123,13 @@ class Bfd:
         return states
 
     def changes(self, host: int) -> list[StateChange]:
-        _, run = self._dirs(host)
         out = []
         try:
-            with open(f"{run}/bfdd.log") as f:
+            with open(self.log_path(host)) as f:
                 for line in f:
-                    m = _STATE.match(line)
-                    if m:
-                        # bfdd logs local time: a naive datetime's timestamp() reads it as such
-                        stamp = dt.datetime.strptime(m.group(1), "%Y/%m/%d %H:%M:%S.%f")
-                        wall = round(stamp.timestamp() * 1e6) * 1000
-                        out.append(StateChange(wall, m.group(2), m.group(3), m.group(4), m.group(5)))
+                    change = parse_state_change(line)
+                    if change:
+                        out.append(change)
         except FileNotFoundError:
             pass
         return out

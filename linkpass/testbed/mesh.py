@@ -83,11 +83,15 @@ def peer_routes(fab: Fabric, host: int):
 
 
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = 9471,
-                        interval_ms: float = 1.0) -> dict[int, str]:
-    """One `linkpass agent` config per host (all peers, every plane) plus the fleet key file."""
+                        interval_ms: float = 1.0, routes: bool = False, entropy: bool = False,
+                        detect: dict | None = None, hosts=None) -> dict[int, str]:
+    """One `linkpass agent` config per host (all peers, every plane) plus the fleet key file.
+    Route journals and entropy tables go into `directory` too (one per host)."""
     import os
 
     import yaml
+
+    from .topology import host_link_addrs
 
     os.makedirs(directory, exist_ok=True)
     key_file = os.path.join(directory, "fleet.key")
@@ -96,14 +100,19 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     os.chmod(key_file, 0o600)
     out = {}
     planes = range(fab.spec.planes)
-    for i in range(fab.spec.hosts):
+    for i in (range(fab.spec.hosts) if hosts is None else hosts):
         doc = {
             "agent_id": i + 1, "name": f"h{i}", "fleet_key_file": key_file, "service": fab.service_addr(i),
-            "nics": [{"plane": p, "ifname": f"p{p}", "addr": fab.nic_addr(i, p)} for p in planes],
+            "nics": [{"plane": p, "ifname": f"p{p}", "addr": fab.nic_addr(i, p),
+                      "gateway": str(host_link_addrs(p, i)[0])} for p in planes],
             "peers": [{"name": f"h{j}", "agent_id": j + 1, "service": fab.service_addr(j),
                        "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in range(fab.spec.hosts) if j != i],
             "probe": {"interval_ms": interval_ms}, "api": {"port": api_port},
+            "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-h{i}.journal")},
+            "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-h{i}")},
         }
+        if detect:
+            doc["detect"] = dict(detect)
         path = os.path.join(directory, f"agent-h{i}.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)

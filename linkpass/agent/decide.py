@@ -1,0 +1,76 @@
+"""From path states to what the data path should use: planes for routes, ports for transports. Pure.
+
+A peer is reached over several planes (one NIC each); within a plane, over several fabric paths
+(ECMP through different spines), each probed with its own UDP source port. The kernel route to a
+peer spreads flows over planes and the fabric hashes each flow onto one path of the plane, so a
+plane is only safe for routed traffic when *every* path of it is usable: one dead spine link
+black-holes the flows hashed onto it. Transports that pick their own source port (RDMA QPs, the
+NCCL plugin) can do better and use exactly the healthy paths of every plane.
+
+    planes:  all paths usable ("clean") > some usable ("partial", only if no plane is clean) >
+             none: the caller keeps what is installed (fail static; never the last path)
+    ports:   the ports of the usable paths of (peer, plane); none usable: every port, flagged
+             fail-static, so a transport still has somewhere to go
+
+A path gone silent is only held against its plane once the peer is heard on another path after
+it fell silent (`silence_confirmed`). When every path to a peer goes dark at once, the peer (its
+host, its agent, its scheduler) is the likelier culprit than its links, and moving its traffic
+from plane to plane would only churn routes: they stay as they are.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ..core.detector import State
+from ..entropy import ENTRY_FAIL_STATIC, MAX_PORTS, PORT_VERIFIED, Entry
+
+
+@dataclass(frozen=True)
+class PathInfo:
+    """What the agent knows about one probed path besides its state."""
+
+    path_id: int
+    peer: str  # peer name
+    plane: int
+    sport: int
+    peer_addr: str  # the peer's NIC address in this plane (what an RDMA QP connects to)
+
+
+@dataclass(frozen=True)
+class PlaneChoice:
+    planes: frozenset[int]
+    quality: str  # "clean" | "partial" | "none"
+
+
+def usable_planes(states_by_plane: Mapping[int, Iterable[State]]) -> PlaneChoice:
+    """The planes a peer's route should use, given the states of each plane's paths to it."""
+    states = {p: list(ss) for p, ss in states_by_plane.items()}
+    clean = frozenset(p for p, ss in states.items() if ss and all(s.usable for s in ss))
+    if clean:
+        return PlaneChoice(clean, "clean")
+    partial = frozenset(p for p, ss in states.items() if any(s.usable for s in ss))
+    return PlaneChoice(partial, "partial" if partial else "none")
+
+
+def silence_confirmed(silent_since_ns: int, others_last_answered_ns: Iterable[int], margin_ns: int) -> bool:
+    """Whether a silent path's peer has answered another path for a probe sent at least
+    `margin_ns` after the silent path's last answered one (all times: send times, our clock)."""
+    return any(t >= silent_since_ns + margin_ns for t in others_last_answered_ns)
+
+
+def entropy_entry(paths: Iterable[tuple[PathInfo, State]]) -> Entry:
+    """The entropy-table entry of one (peer, plane): the source ports of its usable paths, in
+    path order; if none is usable, all of them with ENTRY_FAIL_STATIC."""
+    items = sorted(paths, key=lambda ps: ps[0].path_id)
+    if not items:
+        raise ValueError("entropy_entry: no paths given")
+    first = items[0][0]
+    good = [p for p, s in items if s.usable]
+    flags, use = (0, good) if good else (ENTRY_FAIL_STATIC, [p for p, _ in items])
+    seen: dict[int, int] = {}
+    for p in use:
+        seen.setdefault(p.sport, p.path_id)
+    ports = tuple(seen)[:MAX_PORTS]
+    return Entry(first.peer_addr, first.plane, ports, tuple(seen[q] for q in ports),
+                 tuple((0 if flags else PORT_VERIFIED) for _ in ports), flags)

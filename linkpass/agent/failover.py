@@ -1,0 +1,266 @@
+"""The agent's decision loop: probe events in, path states out, the data path rewritten.
+
+    engine.poll() ──events (ANSWERED / MISS / LATE), evidence time──► Failover.step()
+        ├─ Detector (pure): on_answered / on_miss / on_reply / on_loss (every `loss_batch_ns`) / tick
+        ├─ transitions ──► log, counters, peers to re-decide
+        └─ decide.usable_planes ──► RouteActuator.set_usable      (routes: whole planes)
+           decide.entropy_entry ──► EntropyWriter.update          (ports: single paths)
+
+Time is the agent's clock (the one t1..t4 are stamped with). Per-probe bookkeeping is the C
+core's (judging mode): it matches each reply to its request against the deadline the detector
+sets (`set_rto`, pushed when the detector's timeout moves), and reports on-time replies in
+batches, misses and late replies one by one, in order. A probe counts as missed only once every
+reply that reached a socket before its deadline has been read (the *evidence time*), so a late
+Python loop, or a probe thread the scheduler kept waiting, cannot turn a slow poll into a false
+failure; and Python's cost is per batch, not per probe.
+
+One-way delays (for the latency detector) need the peer's clock offset: a `PairEstimator` per
+peer, fed from one of its paths, supplies it once converged (~3 s); until then latency is not
+judged. Decisions a rate limit deferred are retried on the next step; when no plane to a peer is
+usable the route is kept as it is (fail static), logged once and counted.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..core.clock import Exchange, PairEstimator
+from ..core.detector import Detector, State, Transition
+from ..core.telemetry import LossCounters
+from ..entropy import Entry
+from ..probe.engine import EV_ANSWERED, EV_MISS
+from .decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
+
+
+
+@dataclass
+class _LossMark:
+    hi: int
+    lost_fwd: int
+    lost_rev: int
+
+
+class Failover:
+    def __init__(self, detector: Detector, loss_of: Callable[[int], LossCounters], log: Callable[..., None], *,
+                 routes=None, entropy=None, loss_batch_ns: int = 10_000_000, interval_ns: int = 1_000_000,
+                 set_rto: Callable[[int, int], None] | None = None):
+        self.detector = detector
+        self.loss_of = loss_of
+        self.log = log
+        self.routes = routes  # RouteActuator or None (routes disabled)
+        self.entropy = entropy  # EntropyWriter or None
+        self.loss_batch_ns = loss_batch_ns
+        self.silence_margin_ns = 2 * interval_ns  # see decide.silence_confirmed
+        self._last_answered: dict[int, int] = {}  # path -> send time of its newest answered probe
+        self.peer_silent: set[str] = set()
+        self.set_rto = set_rto  # pushes a path's timeout to the data path that judges deadlines
+        self._rto_pushed: dict[int, int] = {}
+        self.paths: dict[int, PathInfo] = {}
+        self.by_peer: dict[str, dict[int, list[int]]] = {}
+        self._loss: dict[int, _LossMark] = {}
+        self._next_loss_ns = 0
+        self._clocks: dict[str, tuple[int, PairEstimator]] = {}  # peer -> (feeding path, estimator)
+        self._pending: set[str] = set()
+        self._entries: dict[tuple[str, int], Entry] = {}
+        self.fail_static: set[str] = set()
+        self.planes: dict[str, tuple[int, ...]] = {}
+        self.counters: Counter = Counter()
+        self.last_transition: dict[int, Transition] = {}
+        self._live: set[int] = set()  # paths answered at least once; only those are judged
+
+    # ---- paths ---------------------------------------------------------------------------
+    def add_path(self, info: PathInfo) -> None:
+        self.paths[info.path_id] = info
+        self.detector.add_path(info.path_id)
+        self.by_peer.setdefault(info.peer, {}).setdefault(info.plane, []).append(info.path_id)
+        self._clocks.setdefault(info.peer, (info.path_id, PairEstimator()))
+        self._pending.add(info.peer)
+
+    def remove_peer(self, peer: str) -> None:
+        for ids in self.by_peer.pop(peer, {}).values():
+            for pid in ids:
+                self.paths.pop(pid, None)
+                self.detector.remove_path(pid)
+                self._loss.pop(pid, None)
+                self.last_transition.pop(pid, None)
+                self._live.discard(pid)
+                self._last_answered.pop(pid, None)
+                self._rto_pushed.pop(pid, None)
+        self._clocks.pop(peer, None)
+        self._pending.discard(peer)
+        self.fail_static.discard(peer)
+        self.peer_silent.discard(peer)
+        for key in [k for k in self._entries if k[0] == peer]:
+            entry = self._entries.pop(key)
+            if self.entropy is not None:
+                self.entropy.remove(entry.peer, entry.plane)
+
+    def offset_ns(self, peer: str, t_ns: int) -> float | None:
+        """The peer's clock minus ours at `t_ns` (our clock), once the estimator has converged."""
+        entry = self._clocks.get(peer)
+        if entry is None or not entry[1].converged:
+            return None
+        return entry[1].offset_at(t_ns)
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self, events, evidence_ns: int) -> list[Transition]:
+        """Feed one poll's events (engine.poll(), in order); returns the transitions they caused
+        (already acted on)."""
+        det = self.detector
+        live = self._live
+        out: list[Transition] = []
+        touched = set()
+        for kind, pid, seq, count, _rx, size, t1, t2, t3, t4 in events:
+            info = self.paths.get(pid)
+            if info is None:
+                continue
+            if kind == EV_MISS:
+                if pid in live:  # a path is judged from its first answer on (peers start at their own pace)
+                    out += det.on_miss(pid, seq, t4, bool(size))
+                continue
+            if t1 > self._last_answered.get(pid, 0):
+                self._last_answered[pid] = t1
+            clock_path, est = self._clocks[info.peer]
+            owd_fwd = owd_rev = None
+            if est.converged:
+                off = est.offset_at(t1)
+                owd_fwd, owd_rev = int(t2 - t1 - off), int(t4 - t3 + off)
+            if pid == clock_path and t1 <= t4 and t2 <= t3:
+                est.add(Exchange(t1, t2, t3, t4))
+            if pid not in live:
+                live.add(pid)
+                continue
+            touched.add(pid)
+            if kind == EV_ANSWERED:
+                out += det.on_answered(pid, count, seq, t4, t4 - t1, owd_fwd, owd_rev, bool(size))
+            else:  # EV_LATE
+                out += det.on_reply(pid, seq, t4, t4 - t1, owd_fwd, owd_rev)
+        if evidence_ns >= self._next_loss_ns:
+            self._next_loss_ns = evidence_ns + self.loss_batch_ns
+            out += self._loss_batches(evidence_ns)
+        if evidence_ns:
+            out += det.tick(evidence_ns)  # hold-downs and flap reuse (deadlines are judged in C)
+        for pid in touched:
+            self._push_rto(pid)
+        for t in out:
+            self._on_transition(t)
+        self.apply()
+        return out
+
+    def _push_rto(self, pid: int) -> None:
+        """Tell the data path the detector's current timeout when it moved by more than 5 %."""
+        rto = self.detector[pid].rto_ns
+        old = self._rto_pushed.get(pid)
+        if old is None or abs(rto - old) * 20 > old:
+            self._rto_pushed[pid] = rto
+            if self.set_rto is not None:
+                self.set_rto(pid, rto)
+
+    def _loss_batches(self, now_ns: int) -> list[Transition]:
+        out: list[Transition] = []
+        for pid in self.paths:
+            lc = self.loss_of(pid)
+            if lc.start_seq is None:
+                continue
+            mark = self._loss.get(pid)
+            if mark is None:
+                self._loss[pid] = _LossMark(lc.hi, lc.lost_fwd, lc.lost_rev)
+                continue
+            if lc.hi <= mark.hi:
+                continue
+            trials = lc.hi - mark.hi
+            fwd = min(trials, max(0, lc.lost_fwd - mark.lost_fwd))
+            rev = min(trials - fwd, max(0, lc.lost_rev - mark.lost_rev))
+            out += self.detector.on_loss(pid, mark.hi + 1, lc.hi, fwd, rev, now_ns)
+            self._loss[pid] = _LossMark(lc.hi, lc.lost_fwd, lc.lost_rev)
+        return out
+
+    def _on_transition(self, t: Transition) -> None:
+        info = self.paths.get(t.path)
+        if info is None:
+            return
+        self.counters[f"transition_{t.new.value}"] += 1
+        self.last_transition[t.path] = t
+        if t.old.usable != t.new.usable:
+            self._pending.add(info.peer)
+        if t.new is State.SUSPECT or t.old is State.SUSPECT:
+            return  # a single late probe: counted, not worth a log line each
+        self.log("path_state", peer=info.peer, plane=info.plane, sport=info.sport, path=t.path, old=t.old.value,
+                 new=t.new.value, reason=t.reason.value, detail=t.detail, at_ns=t.at_ns,
+                 mono_ns=time.monotonic_ns())
+
+    # ---- acting on decisions ---------------------------------------------------------------
+    def apply(self) -> None:
+        """Re-decide every peer whose paths changed usability (and retry deferred ones)."""
+        for peer in sorted(self._pending):
+            planes = self.by_peer.get(peer, {})
+            eff, unconfirmed = self._effective_states(planes)
+            choice = usable_planes({plane: [eff[pid] for pid in ids] for plane, ids in planes.items()})
+            done = not unconfirmed  # re-decide on every step until the silence is explained
+            if unconfirmed and peer not in self.peer_silent:
+                self.peer_silent.add(peer)
+                self.counters["peer_silent"] += 1
+                self.log("peer_silent", peer=peer, paths=sorted(unconfirmed),
+                         note="paths went dark with no other path to this peer answering since: "
+                              "the peer itself is the likelier cause; routes stay until it is heard again")
+            elif not unconfirmed:
+                self.peer_silent.discard(peer)
+            if self.routes is not None and peer in self.routes.peers:
+                r = self.routes.set_usable(peer, set(choice.planes))
+                if r["deferred"]:
+                    done = False
+                    self.counters["route_deferred"] += 1
+                elif r["changed"]:
+                    self.counters["route_changes"] += 1
+                    self.log("route_change", peer=peer, planes=list(r["planes"]), quality=choice.quality,
+                             dry_run=self.routes.dry_run, mono_ns=time.monotonic_ns())
+                self.planes[peer] = tuple(r["planes"])
+            else:
+                self.planes[peer] = tuple(sorted(choice.planes))
+            if choice.quality == "none":
+                if peer not in self.fail_static:
+                    self.fail_static.add(peer)
+                    self.counters["fail_static"] += 1
+                    self.log("fail_static", peer=peer, planes=list(self.planes.get(peer, ())),
+                             note="no usable path to this peer: keeping the current route rather than none")
+            elif peer in self.fail_static:
+                self.fail_static.discard(peer)
+                self.log("fail_static_cleared", peer=peer)
+            if self.entropy is not None:
+                for plane, ids in planes.items():
+                    entry = entropy_entry([(self.paths[i], eff[i]) for i in ids])
+                    if self._entries.get((peer, plane)) != entry:
+                        self.entropy.update(entry.peer, entry.plane, entry.ports, entry.path_ids, entry.port_flags,
+                                            entry.flags)
+                        self._entries[(peer, plane)] = entry
+                        self.counters["entropy_updates"] += 1
+            if done:
+                self._pending.discard(peer)
+
+    def _effective_states(self, planes: dict[int, list[int]]) -> tuple[dict[int, State], list[int]]:
+        """Path states as the data path should see them: a DOWN path whose silence no other path
+        of the same peer confirms counts as UP for now; returns those paths too."""
+        answered = {pid: self._last_answered.get(pid, 0) for ids in planes.values() for pid in ids}
+        eff: dict[int, State] = {}
+        unconfirmed = []
+        for pid in answered:
+            st = self.detector[pid].state
+            if st is State.DOWN and not silence_confirmed(
+                    answered[pid], (t for q, t in answered.items() if q != pid), self.silence_margin_ns):
+                unconfirmed.append(pid)
+                st = State.UP
+            eff[pid] = st
+        return eff, unconfirmed
+
+    def path_rows(self) -> list[dict]:
+        """Per path: peer, plane, port, state and the last reason (for the API and metrics)."""
+        rows = []
+        for pid, info in sorted(list(self.paths.items())):
+            d = self.detector[pid]
+            last = self.last_transition.get(pid)
+            rows.append({"path": pid, "peer": info.peer, "plane": info.plane, "sport": info.sport,
+                         "state": d.state.value, "usable": d.state.usable, "rto_ns": d.rto_ns,
+                         "reason": last.reason.value if last else None})
+        return rows

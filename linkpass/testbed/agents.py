@@ -1,0 +1,104 @@
+"""`linkpass agent` daemons on testbed hosts, for tests, benchmarks and the demo.
+
+Each agent is a real process in its host's namespace with its own config (written by
+`mesh.write_agent_configs`), its structured log in a file, and its route journal and entropy
+table in the run directory. `events()` reads the logs back; `stop()` sends SIGTERM (a clean stop
+restores the baseline routes) and kills what does not exit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .mesh import write_agent_configs
+from .topology import Fabric
+
+LINKPASS = [sys.executable, "-m", "linkpass.cli"]
+
+
+@dataclass
+class Agents:
+    fab: Fabric
+    directory: str
+    hosts: list[int]
+    key: bytes = bytes(range(32))
+    interval_ms: float = 1.0
+    routes: bool = True
+    entropy: bool = True
+    detect: dict | None = None
+    extra_args: tuple[str, ...] = ()
+    procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+
+    def start(self, wait_s: float = 30.0) -> "Agents":
+        """Start every agent and wait until each has logged `started`."""
+        configs = write_agent_configs(self.fab, self.directory, self.key, interval_ms=self.interval_ms,
+                                      routes=self.routes, entropy=self.entropy, detect=self.detect, hosts=self.hosts)
+        for h in self.hosts:
+            log = open(self.log_path(h), "w")
+            self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(f"h{h}"), *LINKPASS, "agent",
+                                              "--config", configs[h], *self.extra_args],
+                                             stdout=subprocess.DEVNULL, stderr=log)
+            log.close()
+        deadline = time.monotonic() + wait_s
+        for h in self.hosts:
+            while not self.events(h, "started"):
+                if self.procs[h].poll() is not None:
+                    raise RuntimeError(f"agent on h{h} exited with {self.procs[h].returncode}: "
+                                       f"{open(self.log_path(h)).read()[-1500:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"agent on h{h} did not start within {wait_s} s")
+                time.sleep(0.05)
+        return self
+
+    def log_path(self, host: int) -> str:
+        return os.path.join(self.directory, f"agent-h{host}.log")
+
+    def events(self, host: int, kind: str | None = None) -> list[dict]:
+        out = []
+        try:
+            with open(self.log_path(host)) as f:
+                for line in f:
+                    try:
+                        ev = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line being written, or a traceback
+                    if kind is None or ev.get("event") == kind:
+                        out.append(ev)
+        except FileNotFoundError:
+            pass
+        return out
+
+    def wait_for(self, host: int, kind: str, pred=lambda ev: True, timeout_s: float = 5.0) -> dict | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for ev in self.events(host, kind):
+                if pred(ev):
+                    return ev
+            time.sleep(0.02)
+        return None
+
+    def stop(self, timeout_s: float = 15.0) -> dict[int, int | None]:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = {}
+        deadline = time.monotonic() + timeout_s
+        for h, p in self.procs.items():
+            try:
+                codes[h] = p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes[h] = p.wait()
+        self.procs.clear()
+        return codes
+
+    def __enter__(self) -> "Agents":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
