@@ -24,8 +24,10 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #define ROCE_PORT 4791
 #define LINKPASS_QPN 0x4C5001u
@@ -302,7 +304,7 @@ enum { EV_ANSWERED = 1, EV_MISS = 2, EV_LATE = 3 };
 typedef struct { /* little-endian, 64 bytes: "<IIQIIIIqqqq" */
     uint32_t kind, path_id;
     uint64_t seq;
-    uint32_t count, rx_count, size, pad;
+    uint32_t count, rx_count, size, worst_rtt; /* worst_rtt: ANSWERED's largest round trip, ns */
     int64_t t1, t2, t3, t4;
 } ev_t;
 
@@ -363,6 +365,8 @@ typedef struct {
      * to that time, so neither a late Python nor a descheduled loop can fake a miss. */
     ev_t *evring;
     uint32_t ev_head, ev_len, tracking;
+    int efd; /* eventfd: readable when a MISS or LATE is waiting (Python sleeps on it) */
+    int notify; /* set under `mu` when one was pushed; the loop signals efd after unlocking */
     int64_t drained_local;
     uint64_t drops[D_COUNT];
     uint64_t sent, reflected, replies, received, wakeups, evidence_updates;
@@ -420,6 +424,7 @@ typedef struct txbatch {
 } txbatch_t;
 
 static ev_t *ev_push(Core *c) {
+    c->notify = 1; /* ANSWERED is pushed only while a MISS/LATE or a take needs it: wake Python */
     if (c->ev_len == c->ring_cap) { c->drops[D_RING_FULL]++; return NULL; }
     ev_t *e = &c->evring[(c->ev_head + c->ev_len++) % c->ring_cap];
     memset(e, 0, sizeof *e);
@@ -432,6 +437,7 @@ static void flush_answered(Core *c, path_t *pt) {
     if (e) *e = pt->agg;
     pt->agg.count = 0;
     pt->agg.size = 0;
+    pt->agg.worst_rtt = 0;
 }
 
 static void emit_miss(Core *c, path_t *pt, out_t *o) {
@@ -468,6 +474,8 @@ static void track_reply(Core *c, path_t *pt, const probe_t *p, int64_t t_rx) {
         o->waiting = 0;
         ev_t *a = &pt->agg;
         a->kind = EV_ANSWERED; a->path_id = pt->path_id; a->count++;
+        int64_t rtt = t_rx - p->t1; /* the batch's worst round trip: the timeout must cover it */
+        if (rtt > 0 && (uint64_t)rtt > a->worst_rtt) a->worst_rtt = rtt > UINT32_MAX ? UINT32_MAX : (uint32_t)rtt;
         if (p->seq >= a->seq || a->count == 1) {
             a->seq = p->seq; a->rx_count = p->rx_count;
             a->t1 = p->t1; a->t2 = p->t2; a->t3 = p->t3; a->t4 = t_rx;
@@ -619,6 +627,13 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
     }
 }
 
+static void signal_python(Core *c) {
+    if (!c->notify) return;
+    c->notify = 0;
+    uint64_t one = 1;
+    if (c->efd >= 0 && write(c->efd, &one, sizeof one) < 0) { /* full counter: Python is awake anyway */ }
+}
+
 static void set_evidence(Core *c, int64_t t) {
     c->drained_local = t;
     c->evidence_updates++;
@@ -641,9 +656,16 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         pthread_mutex_lock(&c->mu);
         send_due(c, now, tx);
         int64_t next = end;
+        int64_t mono_minus_local = c->tracking ? now - local_clock(c, now_ns(CLOCK_REALTIME)) : 0;
         for (int i = 0; i < c->npaths; i++) {
-            if (c->paths[i].next_due < next) next = c->paths[i].next_due;
-            if (c->paths[i].pair_due && c->paths[i].pair_due < next) next = c->paths[i].pair_due;
+            path_t *pt = &c->paths[i];
+            if (pt->next_due < next) next = pt->next_due;
+            if (pt->pair_due && pt->pair_due < next) next = pt->pair_due;
+            if (c->tracking && pt->exp_seq < pt->next_seq) { /* judge a miss the moment it is due */
+                out_t *o = &pt->out[pt->exp_seq % OUT_SLOTS];
+                if (o->waiting && o->seq == pt->exp_seq && o->deadline + mono_minus_local < next)
+                    next = o->deadline + mono_minus_local + 1;
+            }
         }
         pthread_mutex_unlock(&c->mu);
         int64_t wait = next - now_ns(CLOCK_MONOTONIC);
@@ -657,6 +679,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         if (ready == 0) { /* nothing arrived while we slept: everything before now is known */
             pthread_mutex_lock(&c->mu);
             set_evidence(c, local_clock(c, t_check));
+            signal_python(c);
             pthread_mutex_unlock(&c->mu);
             continue;
         }
@@ -699,6 +722,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
             drained &= emptied;
         }
         if (drained) set_evidence(c, local_clock(c, t_check));
+        signal_python(c);
         pthread_mutex_unlock(&c->mu);
     }
 }
@@ -741,6 +765,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     self->reflect = PyMem_Calloc(REFLECT_SLOTS, sizeof(reflect_t));
     self->ring = PyMem_Calloc(ring, sizeof(xrec_t));
     self->evring = PyMem_Calloc(ring, sizeof(ev_t));
+    self->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!self->paths || !self->reflect || !self->ring || !self->evring) { PyErr_NoMemory(); return -1; }
     self->ring_cap = ring;
     pthread_mutex_init(&self->mu, NULL);
@@ -770,6 +795,7 @@ static void Core_dealloc(Core *self) {
     PyMem_Free(self->reflect);
     PyMem_Free(self->ring);
     PyMem_Free(self->evring);
+    if (self->efd >= 0) close(self->efd);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -955,6 +981,7 @@ static PyObject *Core_take_events(Core *self, PyObject *args) {
     if (all)
         for (int i = 0; i < self->npaths; i++) flush_answered(self, &self->paths[i]);
     uint32_t n = self->ev_len;
+    self->notify = 0; /* whatever was pushed is being taken now */
     char *buf = malloc((size_t)n * sizeof(ev_t) + 1);
     int64_t evidence = self->drained_local;
     if (buf) {
@@ -968,6 +995,11 @@ static PyObject *Core_take_events(Core *self, PyObject *args) {
     PyObject *out = Py_BuildValue("(y#L)", buf, (Py_ssize_t)n * sizeof(ev_t), (long long)evidence);
     free(buf);
     return out;
+}
+
+static PyObject *Core_fileno(Core *self, PyObject *Py_UNUSED(ignored)) {
+    /* the eventfd: wait for it to be readable, then read 8 bytes and take_events() */
+    return PyLong_FromLong(self->efd);
 }
 
 static PyObject *Core_track(Core *self, PyObject *args) {
@@ -1105,8 +1137,9 @@ static PyMethodDef Core_methods[] = {
     {"stop", (PyCFunction)Core_stop, METH_NOARGS, "stop the background thread and wait for it"},
     {"take", (PyCFunction)Core_take, METH_NOARGS, "completed exchanges as packed '<IIQqqqq' records"},
     {"take_events", (PyCFunction)Core_take_events, METH_VARARGS,
-     "take_events(all=True) -> (events '<IIQIIIIqqqq' (kind, path, seq, count, rx_count, size, 0, t1..t4), evidence_ns)"},
+     "take_events(all=True) -> (events '<IIQIIIIqqqq' (kind, path, seq, count, rx_count, size, worst_rtt, t1..t4), evidence_ns)"},
     {"track", (PyCFunction)Core_track, METH_VARARGS, "track(on): judging mode (see the ev_t comment)"},
+    {"fileno", (PyCFunction)Core_fileno, METH_NOARGS, "eventfd, readable when a MISS or LATE waits"},
     {"set_rto", (PyCFunction)Core_set_rto, METH_VARARGS, "set_rto(path_id, rto_ns): deadline of the next requests"},
     {"set_size_probe", (PyCFunction)Core_set_size_probe, METH_VARARGS,
      "set_size_probe(path_id, every, pad): every Nth probe carries `pad` bytes (0: off)"},

@@ -185,6 +185,13 @@ def _scenarios() -> list[Transition]:
         t += 3000 * MS
         assert d.state is State.UP, (kind, seen[-3:])
         seen += _suspect_then(d, kind, t)
+    # a streak of late (not lost) replies: DOWN, then undone
+    d = PathDetector("late")
+    t = warm(d, random.Random(5))
+    for k in range(3):
+        seen += d.on_sent(60_000 + k, t + k * MS)
+    seen += d.tick(t + 3 * MS)
+    seen += d.on_reply(60_000, t + 3 * MS + 10 * US, 3 * MS + 10 * US)
     return seen
 
 
@@ -485,3 +492,51 @@ def test_failing_again_while_damped_adds_penalty_without_transitions():
     run = simulate(d, Link(dark=lambda x: 300 * MS <= x - t1 < 310 * MS), 500 * MS, rng, start_ns=t1, seq0=20_000)
     assert run.transitions == [] and d.state is State.DAMPED
     assert d.penalty(t1 + 500 * MS) > before + 0.5 * cfg.flap_penalty
+
+
+# ---- judging mode and spurious DOWNs -----------------------------------------------------------
+
+def test_judging_mode_matches_per_probe_mode():
+    """on_answered / on_miss (the C core's batched reports) lead to the same states as
+    on_sent / on_reply / tick per probe, for the same story: healthy, dark for 5 probes, back."""
+    per_probe, batched = PathDetector("a", DetectorConfig(hold_down_ns=0, recovery_good_probes=5)), \
+        PathDetector("b", DetectorConfig(hold_down_ns=0, recovery_good_probes=5))
+    states_a, states_b = [], []
+    for seq in range(40):
+        t = seq * MS
+        dark = 20 <= seq < 25
+        per_probe.on_sent(seq, t)
+        if not dark:
+            states_a += [x.new for x in per_probe.on_reply(seq, t + 50 * US, 50 * US)]
+        states_a += [x.new for x in per_probe.tick(t + MS - 1)]
+        if dark:
+            states_b += [x.new for x in batched.on_miss(seq, t + batched.rto_ns)]
+        else:
+            states_b += [x.new for x in batched.on_answered(1, seq, t + 50 * US, 50 * US)]
+        batched.tick(t + MS - 1)
+    assert states_a == states_b
+    assert State.DOWN in states_a and states_a[-1] is State.UP
+
+
+def test_late_streak_is_undone_as_spurious_and_raises_the_floor():
+    d = PathDetector("p")
+    rng = random.Random(3)
+    t0 = warm(d, rng)
+    penalty_before = d.penalty(t0)
+    out = []
+    for k in range(3):  # three probes whose replies are 3 ms late: judged missed
+        out += d.on_miss(10_000 + k, t0 + k * MS + d.rto_ns)
+    assert [x.new for x in out][-1] is State.DOWN
+    late = d.on_reply(10_000, t0 + 3 * MS, 3 * MS)
+    assert [(x.new, x.reason) for x in late] == [(State.UP, Reason.SPURIOUS_DOWN)]
+    assert d.penalty(t0 + 3 * MS) <= penalty_before + 1e-9  # the flap penalty was taken back
+    assert d.rto_ns >= 4 * MS  # 1.5 × the late reply's round trip
+
+
+def test_real_outage_is_not_undone_by_a_reply_after_it():
+    d = PathDetector("p", DetectorConfig(hold_down_ns=100 * MS))
+    t0 = warm(d, random.Random(4))
+    for k in range(3):
+        d.on_miss(10_000 + k, t0 + k * MS + d.rto_ns)
+    back = d.on_reply(10_005, t0 + 6 * MS, 60 * US)  # a later probe answered: the link came back
+    assert [(x.new, x.reason) for x in back] == [(State.RECOVERING, Reason.REPLY_SEEN)]

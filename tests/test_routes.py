@@ -25,6 +25,30 @@ def test_desired_route_never_removes_the_last_plane():
     assert desired_route(peer, {5}, (0, 1)).planes == (0, 1)  # an unknown plane is not usable
 
 
+@pytest.mark.parametrize("hops", [[("198.18.64.0", 7)], [("198.18.64.0", 7), ("198.18.72.0", 9)]])
+def test_our_route_message_decodes_as_the_route_we_meant(hops):
+    """The hand-packed RTM_NEWROUTE, read back by pyroute2's own rtnetlink parser."""
+    from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+    from linkpass.agent.netlink import NLM_F_REPLACE, RTM_NEWROUTE, route_replace_message
+
+    raw = route_replace_message(42, "198.18.0.3", "198.18.0.1", hops, RTPROT_LINKPASS, 10)
+    msg = rtmsg(raw)
+    msg.decode()
+    assert msg["header"]["type"] == RTM_NEWROUTE and msg["header"]["flags"] & NLM_F_REPLACE
+    assert msg["header"]["length"] == len(raw) and msg["header"]["sequence_number"] == 42
+    assert (msg["dst_len"], msg["proto"], msg["table"]) == (32, RTPROT_LINKPASS, 254)
+    assert msg.get_attr("RTA_DST") == "198.18.0.3" and msg.get_attr("RTA_PREFSRC") == "198.18.0.1"
+    assert msg.get_attr("RTA_METRICS").get_attr("RTAX_RTO_MIN") == 10
+    if len(hops) == 1:
+        assert (msg.get_attr("RTA_GATEWAY"), msg.get_attr("RTA_OIF")) == hops[0]
+    else:
+        got = [(nh.get_attr("RTA_GATEWAY"), nh["oif"]) for nh in msg.get_attr("RTA_MULTIPATH")]
+        assert got == hops
+    with pytest.raises(ValueError):
+        route_replace_message(1, "198.18.0.3", "198.18.0.1", [], RTPROT_LINKPASS, 10)
+
+
 @pytest.fixture
 def actuator(clean_faults, tmp_path):
     fab = clean_faults

@@ -24,7 +24,7 @@
       latency_floor_us: 50           # delay noise below this is not judged (software timestamps)
       latency_alarm_mads: 200        # CUSUM alarm level, in units of that noise (~30 ms of +0.5 ms)
     api: {port: 9471}                # local query API and /metrics on 127.0.0.1
-    routes: {enabled: false, rto_min_ms: 10, journal: /var/lib/linkpass/routes.journal,
+    routes: {enabled: false, rto_min_ms: 10, journal: /run/linkpass/routes.journal,
              max_changes_per_s: 1000}
     entropy: {enabled: false, path: /dev/shm/linkpass-entropy}   # ports per (peer, plane), docs/entropy-table.md
 
@@ -76,7 +76,7 @@ class AgentConfig:
     api_port: int = 9471
     routes_enabled: bool = False
     rto_min_ms: int = 10
-    routes_journal: str = "/var/lib/linkpass/routes.journal"
+    routes_journal: str = "/run/linkpass/routes.journal"
     max_route_changes_per_s: float = 1000.0
     entropy_enabled: bool = False
     entropy_path: str = "/dev/shm/linkpass-entropy"
@@ -213,7 +213,7 @@ def parse(raw: object) -> AgentConfig:
         entropy_path=_str(entropy.get("path", "/dev/shm/linkpass-entropy"), "entropy.path"),
         api_port=_int(api.get("port", 9471), "api.port", 0, 65535),
         routes_enabled=enabled, rto_min_ms=_int(routes.get("rto_min_ms", 10), "routes.rto_min_ms", 1, 1000),
-        routes_journal=_str(routes.get("journal", "/var/lib/linkpass/routes.journal"), "routes.journal"))
+        routes_journal=_str(routes.get("journal", "/run/linkpass/routes.journal"), "routes.journal"))
 
 
 def load_text(text: str, where: str) -> AgentConfig:

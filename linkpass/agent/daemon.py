@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.detector import Detector, DetectorConfig, State
 from ..probe.discovery import DiscoveryConfig, Target, discover
-from ..probe.engine import CoreProbeEngine, PathSpec
+from ..probe.engine import EV_MISS, CoreProbeEngine, PathSpec
 from ..probe.service import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, load_text, read_fleet_key
 from .decide import PathInfo
@@ -34,8 +34,7 @@ from .failover import Failover
 from .routes import PeerRoutes, RouteActuator
 
 DISCOVERY_BASE_PORT = 49152
-POLL_S = 0.001  # the decision loop's period: detection latency is at most this above the detector's
-BATCH_S = 0.01  # how often on-time replies are taken (RTT, delay and good-probe counts)
+BATCH_S = 0.01  # how often on-time replies are taken (RTT, delay, good-probe counts; hold-down timers)
 HEARTBEAT_S = 0.1  # entropy-table heartbeat (readers treat a silent writer as gone)
 
 
@@ -198,11 +197,12 @@ class Agent:
             installed = self.routes.reconcile()
             log("routes_reconciled", installed={k: list(v) for k, v in installed.items()},
                 reconciled=self.routes.stats["reconciled"], dry_run=self.dry_run)
-        self.add_peers(self.cfg.peers)
+        # the reflector runs before discovery: peers probing us meanwhile must not see us dark
         refused = self.engine.start_background(self.cfg.rt_priority)
         if refused:
             log("rt_priority_refused", priority=self.cfg.rt_priority, error=refused,
                 note="probe thread runs at normal priority: on a busy host, expect late replies")
+        self.add_peers(self.cfg.peers)
         self.api = LocalApi(self.view, port=self.cfg.api_port, collectors=[_FailoverMetrics(self)],
                             extra_routes={"/v1/state": self.failover.path_rows})
         log("started", agent_id=self.cfg.agent_id, name=self.cfg.name, api_port=self.api.port,
@@ -238,15 +238,21 @@ class Agent:
                     self.reload(*load(config_path))
                 except ConfigError as exc:
                     log("reload_rejected", error=str(exc), note="running on with the previous config")
+            # sleep until the C loop reports a miss or a late reply, or the next batch is due
+            self.engine.wait(next_batch - time.monotonic())
             now = time.monotonic()
-            batch = now >= next_batch  # on-time replies come in batches; misses at every poll
+            batch = now >= next_batch  # on-time replies come in batches; misses at once
             if batch:
                 next_batch = now + BATCH_S
-            self.failover.step(*self.engine.poll(batch))
+            events, evidence = self.engine.poll(batch)
+            if not batch and any(e[0] == EV_MISS for e in events):
+                # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)
+                more, evidence = self.engine.poll(True)
+                events += more
+            self.failover.step(events, evidence)
             if self.entropy is not None and now >= next_beat:
                 self.entropy.heartbeat()
                 next_beat = now + HEARTBEAT_S
-            time.sleep(POLL_S)
 
     def stop(self) -> None:
         """Clean stop: the data path goes back to the baseline before the probes stop."""

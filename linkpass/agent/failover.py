@@ -112,7 +112,7 @@ class Failover:
         live = self._live
         out: list[Transition] = []
         touched = set()
-        for kind, pid, seq, count, _rx, size, t1, t2, t3, t4 in events:
+        for kind, pid, seq, count, _rx, size, worst_rtt, t1, t2, t3, t4 in events:
             info = self.paths.get(pid)
             if info is None:
                 continue
@@ -134,7 +134,7 @@ class Failover:
                 continue
             touched.add(pid)
             if kind == EV_ANSWERED:
-                out += det.on_answered(pid, count, seq, t4, t4 - t1, owd_fwd, owd_rev, bool(size))
+                out += det.on_answered(pid, count, seq, t4, t4 - t1, owd_fwd, owd_rev, bool(size), worst_rtt)
             else:  # EV_LATE
                 out += det.on_reply(pid, seq, t4, t4 - t1, owd_fwd, owd_rev)
         if evidence_ns >= self._next_loss_ns:
@@ -185,7 +185,7 @@ class Failover:
         self.last_transition[t.path] = t
         if t.old.usable != t.new.usable:
             self._pending.add(info.peer)
-        if t.new is State.SUSPECT or t.old is State.SUSPECT:
+        if {t.old, t.new} == {State.UP, State.SUSPECT}:
             return  # a single late probe: counted, not worth a log line each
         self.log("path_state", peer=info.peer, plane=info.plane, sport=info.sport, path=t.path, old=t.old.value,
                  new=t.new.value, reason=t.reason.value, detail=t.detail, at_ns=t.at_ns,

@@ -5,11 +5,14 @@ LinkPass's own route protocol number (so nothing else's routes are ever touched)
 this host's service address and carrying `rto_min` so TCP retransmits reach the new path fast.
 
 - **Atomic.** Every change is one RTM_NEWROUTE with NLM_F_REPLACE: the kernel swaps the whole
-  multipath set at once; there is never a moment without a route.
+  multipath set at once; there is never a moment without a route. The message is our own
+  (`netlink.py`, tens of µs); pyroute2 reads routes and links, off the fast path.
 - **Never the last path.** A decision that leaves a peer no usable plane is not applied: the
   route keeps its current planes (fail static) and the refusal is counted and returned.
-- **Journal.** The desired state of each peer is appended to a journal (fsync'ed) *before* the
-  kernel is changed. `reconcile()` on start makes the kernel match the journal: a change cut off
+- **Journal.** The desired state of each peer is appended to a journal *before* the kernel is
+  changed. It has to outlive the agent, not the machine (routes do not survive a reboot either),
+  so it lives on tmpfs (/run) and is written, not fsync'ed: a write that returned is in the page
+  cache whatever happens to the process, and an fsync would cost milliseconds per failover. `reconcile()` on start makes the kernel match the journal: a change cut off
   by SIGKILL is completed, routes of ours for unknown peers are removed, missing ones added.
 - **Rate limit.** A token bucket bounds changes per second; a change over the limit is deferred
   (returned as such), not dropped, so the caller retries on its next tick.
@@ -25,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
+
+from .netlink import RouteSocket
 
 
 RTPROT_LINKPASS = 176  # unassigned in iproute2's rt_protos; `ip route show proto 176`
@@ -99,6 +104,8 @@ class RouteActuator:
         self._bucket = TokenBucket(self.max_changes_per_s, self.burst)
         self._ipr: IPRoute | None = None
         self._index: dict[str, int] = {}
+        self._journal_file = None
+        self._rtsock: RouteSocket | None = None  # the fast path: our own netlink message
 
     # ---- netlink ---------------------------------------------------------------------------
     def _open(self) -> IPRoute:
@@ -109,21 +116,26 @@ class RouteActuator:
             self._index = {link.get_attr("IFLA_IFNAME"): link["index"] for link in self._ipr.get_links()}
         return self._ipr
 
+    def _close_journal(self) -> None:
+        if self._journal_file is not None:
+            self._journal_file.close()
+            self._journal_file = None
+
     def close(self) -> None:
+        self._close_journal()
+        if self._rtsock is not None:
+            self._rtsock.close()
+            self._rtsock = None
         if self._ipr is not None:
             self._ipr.close()
             self._ipr = None
 
     def _kernel_replace(self, peer: PeerRoutes, planes: tuple[int, ...]) -> None:
-        ipr = self._open()
-        hops = [{"gateway": peer.hops[p][0], "oif": self._index[peer.hops[p][1]]} for p in planes]
-        kw = dict(dst=peer.service, dst_len=32, proto=RTPROT_LINKPASS, prefsrc=self.own_service,
-                  metrics={"RTAX_RTO_MIN": self.rto_min_ms})
-        if len(hops) == 1:
-            kw.update(gateway=hops[0]["gateway"], oif=hops[0]["oif"])
-        else:
-            kw["multipath"] = hops
-        ipr.route("replace", **kw)
+        self._open()
+        if self._rtsock is None:
+            self._rtsock = RouteSocket(self.netns)
+        hops = [(peer.hops[p][0], self._index[peer.hops[p][1]]) for p in planes]
+        self._rtsock.replace(peer.service, self.own_service, hops, RTPROT_LINKPASS, self.rto_min_ms)
 
     def kernel_routes(self) -> dict[str, tuple[int, ...]]:
         """Our routes as the kernel has them: service address -> planes (by device)."""
@@ -152,10 +164,11 @@ class RouteActuator:
     def _journal(self, peer: str, planes: tuple[int, ...]) -> None:
         if self.dry_run:
             return
-        with open(self.journal_path, "a") as f:
-            f.write(json.dumps({"peer": peer, "planes": list(planes), "at": time.time()}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if self._journal_file is None:
+            os.makedirs(os.path.dirname(self.journal_path) or ".", exist_ok=True)
+            self._journal_file = open(self.journal_path, "a")
+        self._journal_file.write(json.dumps({"peer": peer, "planes": list(planes), "at": time.time()}) + "\n")
+        self._journal_file.flush()  # in the kernel's page cache from here on: a SIGKILL cannot lose it
 
     def _journal_state(self) -> dict[str, tuple[int, ...]]:
         state: dict[str, tuple[int, ...]] = {}
@@ -191,6 +204,8 @@ class RouteActuator:
             self.installed[name] = want
         # compact the journal to the reconciled state
         if not self.dry_run:
+            self._close_journal()
+            os.makedirs(os.path.dirname(self.journal_path) or ".", exist_ok=True)
             tmp = self.journal_path + ".tmp"
             with open(tmp, "w") as f:
                 for name, planes in self.installed.items():
@@ -239,5 +254,6 @@ class RouteActuator:
             for service in self.kernel_routes():
                 self._kernel_delete(service)
         self.installed.clear()
+        self._close_journal()
         if os.path.exists(self.journal_path) and not self.dry_run:
             os.unlink(self.journal_path)

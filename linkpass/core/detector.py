@@ -15,6 +15,7 @@ penalties, resets) and returns the `Transition` as data.
     UP/SUSPECT/RECOVERING ──gray loss | latency | MTU──► DEGRADED ──evidence clears──► RECOVERING
     DEGRADED/RECOVERING ──N misses──► DOWN ──penalty ≥ suppress──► DAMPED ──penalty ≤ reuse──►
         RECOVERING (path answering) | DOWN (path dark)
+    DOWN ──a probe of the streak that declared it is answered after all──► UP (spurious)
 
 Mechanisms, and why these numbers (defaults in `DetectorConfig`, tuned for 1 ms probes):
 
@@ -28,6 +29,14 @@ DOWN is declared at its deadline + (N-1)·I, i.e. 2.25 ms after the first lost p
 ≤ 3.25 ms after the fault. A healthy path needs N consecutive replies later than rto to trip:
 with exponential jitter of mean m around a base, rto ≥ base + ~4 m, so p(one late) ≈ e⁻⁴ or
 less and p(three in a row) ≈ 1e-5 or less before the floor helps; with the floor it is far lower.
+
+Spurious DOWN. On a busy host (and on this software fabric) a reply can be late by more than
+the timeout without being lost. If a probe counted in the streak that declared DOWN is answered
+after all, the DOWN was spurious (as TCP's Eifel detection undoes a spurious retransmit timeout):
+the path returns to UP at once, the flap penalty of that DOWN is taken back, and the path's
+timeout floor is raised to 1.5× that reply's round trip, so the same lateness does not trip it
+again; the raise halves every `floor_boost_half_life_ns` (30 s), since a burst of lateness (a busy
+moment) says little about the path an hour later. Only DOWNs entered from UP or SUSPECT are undone this way.
 
 Gray loss, per direction. The telemetry tells forward loss (request never reached the
 reflector) from reverse loss (reply lost) exactly, via the reflector's rx_count; the caller
@@ -122,6 +131,7 @@ class Event(enum.Enum):
     SUPPRESS = "suppress"  # flap penalty reached the suppress threshold
     REUSE_LIVE = "reuse_live"  # penalty decayed to reuse; path answering
     REUSE_DARK = "reuse_dark"  # penalty decayed to reuse; path still dark
+    LATE = "late"  # a probe counted in the streak that declared DOWN was answered after all
 
 
 class Reason(enum.Enum):
@@ -137,6 +147,7 @@ class Reason(enum.Enum):
     EVIDENCE_CLEARED = "evidence_cleared"
     REUSED = "reused"
     RECOVERED = "recovered"
+    SPURIOUS_DOWN = "spurious_down"  # late, not lost: the DOWN is undone and the timeout raised
 
 
 class Direction(enum.Enum):
@@ -186,6 +197,7 @@ TRANSITIONS: dict[tuple[State, Event], tuple[State, str]] = {
     (State.DOWN, Event.SUPPRESS): (State.DAMPED, "_t_damp"),
     (State.DAMPED, Event.REUSE_LIVE): (State.RECOVERING, "_t_reuse"),
     (State.DAMPED, Event.REUSE_DARK): (State.DOWN, "_t_reuse"),
+    (State.DOWN, Event.LATE): (State.UP, "_t_undo"),
 }
 
 
@@ -222,6 +234,7 @@ class DetectorConfig:
     flap_reuse: float = 750.0
     flap_max_penalty: float = 16000.0
     hold_down_ns: int = 500_000_000
+    floor_boost_half_life_ns: int = 30_000_000_000  # a spurious DOWN's raised timeout floor fades
     recovery_good_probes: int = 100
     max_outstanding: int = 65_536  # probes awaiting a reply; older ones are forgotten
 
@@ -234,7 +247,7 @@ class DetectorConfig:
                                       or not math.isfinite(value)):
                 raise _fail(f.name, value, "a finite number")
         for name in ("miss_threshold", "mtu_misses", "recovery_good_probes", "latency_clear_window",
-                     "timeout_floor_ns", "flap_half_life_ns", "latency_mad_floor_ns"):
+                     "timeout_floor_ns", "flap_half_life_ns", "latency_mad_floor_ns", "floor_boost_half_life_ns"):
             if getattr(self, name) < 1:
                 raise _fail(name, getattr(self, name), "≥ 1")
         if self.latency_learn_samples < 8:
@@ -362,6 +375,10 @@ class PathDetector:
         self._outstanding: dict[int, _Sent] = {}
         self._deadlines: list[tuple[int, int]] = []  # heap of (deadline, seq)
         self.consecutive_misses = 0
+        self._streak: list[int] = []  # seqs of the current miss streak
+        self._down_cause: tuple[frozenset[int], float, int] | None = None  # (streak, penalty, at) before DOWN
+        self.floor_boost_ns = 0  # raised after a spurious DOWN: this path's replies can be that late
+        self._boost_at = 0
         self._dark = False
         # gray loss: (fast, slow) per direction
         self._sprt = {d: (Sprt(cfg.gray_p0, cfg.gray_p1_fast, cfg.gray_alpha, cfg.gray_beta),
@@ -389,9 +406,10 @@ class PathDetector:
     @property
     def rto_ns(self) -> int:
         cfg = self.cfg
+        floor = max(cfg.timeout_floor_ns, self.floor_boost_ns)
         if self.srtt is None:
-            return cfg.initial_timeout_ns
-        return int(min(cfg.timeout_ceiling_ns, max(cfg.timeout_floor_ns, self.srtt + cfg.rtt_k * self.rttvar)))
+            return max(cfg.initial_timeout_ns, floor)
+        return int(min(cfg.timeout_ceiling_ns, max(floor, self.srtt + cfg.rtt_k * self.rttvar)))
 
     def penalty(self, now_ns: int) -> float:
         """The flap penalty decayed to `now_ns`."""
@@ -448,7 +466,20 @@ class PathDetector:
             self._size_seqs[seq] = True
             self.size_misses = 0
             self.faults.discard(Reason.MTU_BLACKHOLE)
+        if self.state is State.DOWN and self._down_cause and seq in self._down_cause[0]:
+            # Eifel-style: a probe we counted as lost was only late
+            boost = min(self.cfg.timeout_ceiling_ns, rtt_ns * 3 // 2)
+            out += self._fire(Event.LATE, Reason.SPURIOUS_DOWN, now_ns,
+                              f"seq {seq}, counted missed, answered after {rtt_ns} ns: late, not lost; "
+                              f"timeout floor of this path raised to {max(boost, self.floor_boost_ns)} ns")
+            self.floor_boost_ns = max(self.floor_boost_ns, boost)
+            self._boost_at = now_ns
+        elif self.floor_boost_ns and now_ns > self._boost_at:  # the lateness was a moment, not the path
+            self.floor_boost_ns = int(self.floor_boost_ns * 2.0 ** (-(now_ns - self._boost_at)
+                                                                     / self.cfg.floor_boost_half_life_ns))
+            self._boost_at = now_ns
         self.consecutive_misses = 0
+        self._streak.clear()
         self._dark = False
         self.good_run = self.good_run + 1 if entry is not None else 0
 
@@ -482,12 +513,16 @@ class PathDetector:
         return self._miss(seq, _Sent(now_ns - self.rto_ns, size_probe), now_ns)
 
     def on_answered(self, count: int, seq: int, now_ns: int, rtt_ns: int, owd_fwd_ns: int | None = None,
-                    owd_rev_ns: int | None = None, size_probe: bool = False) -> list[Transition]:
+                    owd_rev_ns: int | None = None, size_probe: bool = False,
+                    worst_rtt_ns: int = 0) -> list[Transition]:
         """`count` ≥ 1 probes answered on time, reported at once (instead of on_sent + on_reply
         each); `seq`, `now_ns`, the delays are the newest one's; `size_probe`: one of them was
-        full-size."""
+        full-size; `worst_rtt_ns`: the largest round trip among them (an RTT sample too, so the
+        timeout keeps covering the batch's tail)."""
         if count < 1:
             raise ValueError(f"on_answered: count must be ≥ 1, got {count}")
+        if worst_rtt_ns > rtt_ns:
+            self._rtt_sample(worst_rtt_ns)
         self.counters["sent"] += count
         self.counters["replies"] += count - 1
         self.good_run += count - 1
@@ -583,6 +618,7 @@ class PathDetector:
             return []
         self.counters["misses"] += 1
         self.consecutive_misses += 1
+        self._streak = (self._streak + [seq])[-self.cfg.miss_threshold:]
         n = self.consecutive_misses
         out: list[Transition] = []
         if n == 1 and n < self.cfg.miss_threshold:
@@ -662,7 +698,10 @@ class PathDetector:
         """SUSPECT -> UP: the miss was a lone loss."""
 
     def _t_down(self, reason: Reason, now_ns: int) -> None:
-        """-> DOWN: count a flap; forget gray evidence (an outage is not a loss rate)."""
+        """-> DOWN: count a flap; forget gray evidence (an outage is not a loss rate). From UP or
+        SUSPECT, remember what to undo should the streak turn out late rather than lost."""
+        self._down_cause = ((frozenset(self._streak), self._penalty, self._penalty_at)
+                            if self.state in (State.UP, State.SUSPECT) else None)
         self._add_penalty(now_ns)
         self._reset_evidence()
 
@@ -678,6 +717,13 @@ class PathDetector:
     def _t_recovered(self, reason: Reason, now_ns: int) -> None:
         """RECOVERING -> UP."""
         self.faults.clear()
+
+    def _t_undo(self, reason: Reason, now_ns: int) -> None:
+        """DOWN -> UP: the DOWN was spurious; it costs no flap penalty and needs no hold-down."""
+        if self._down_cause is not None:
+            _, self._penalty, self._penalty_at = self._down_cause
+        self._down_cause = None
+        self.good_run = 0
 
     def _t_damp(self, reason: Reason, now_ns: int) -> None:
         """DOWN -> DAMPED: out until the penalty decays, whatever the path does meanwhile."""
@@ -740,8 +786,8 @@ class Detector:
 
     def on_answered(self, path: Hashable, count: int, seq: int, now_ns: int, rtt_ns: int,
                     owd_fwd_ns: int | None = None, owd_rev_ns: int | None = None,
-                    size_probe: bool = False) -> list[Transition]:
-        return self[path].on_answered(count, seq, now_ns, rtt_ns, owd_fwd_ns, owd_rev_ns, size_probe)
+                    size_probe: bool = False, worst_rtt_ns: int = 0) -> list[Transition]:
+        return self[path].on_answered(count, seq, now_ns, rtt_ns, owd_fwd_ns, owd_rev_ns, size_probe, worst_rtt_ns)
 
     def tick(self, now_ns: int) -> list[Transition]:
         out: list[Transition] = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import os
 import random
+import select
 import selectors
 import socket
 import struct
@@ -419,6 +420,17 @@ class CoreProbeEngine:
         (`set_rto`) and `poll()` returns events instead of one record per exchange."""
         self.core.track(on)
 
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep until the C loop has a MISS or LATE waiting (True) or `timeout_s` passed."""
+        fd = self.core.fileno()
+        ready, _, _ = select.select([fd], [], [], max(0.0, timeout_s))
+        if ready:
+            try:
+                os.read(fd, 8)
+            except BlockingIOError:
+                pass
+        return bool(ready)
+
     def set_rto(self, path_id: int, rto_ns: int) -> None:
         self.core.set_rto(path_id, rto_ns)
 
@@ -433,15 +445,14 @@ class CoreProbeEngine:
 
     def poll(self, all_answered: bool = True) -> tuple[list[tuple], int]:
         """Judging mode's events since the last call, in order, already fed into telemetry:
-        (kind, path_id, seq, count, rx_count, size_probe, t1, t2, t3, t4) with kind one of
+        (kind, path_id, seq, count, rx_count, size_probe, worst_rtt_ns, t1, t2, t3, t4) with kind one of
         EV_ANSWERED / EV_MISS / EV_LATE (see _probecore.c); and the evidence time: every reply
         that reached a socket before it has been judged. `all_answered=False` leaves on-time
         replies accumulating in C (cheap frequent polls that still see every miss at once).
         Times are on this agent's clock."""
         data, evidence = self.core.take_events(all_answered)
-        events = [(k, pid, seq, n, rx, size, t1, t2, t3, t4)
-                  for k, pid, seq, n, rx, size, _, t1, t2, t3, t4 in self.EVENT.iter_unpack(data)]
-        for k, pid, seq, n, rx, _size, t1, t2, t3, t4 in events:
+        events = list(self.EVENT.iter_unpack(data))
+        for k, pid, seq, n, rx, _size, _worst, t1, t2, t3, t4 in events:
             path = self.paths.get(pid)
             if path is not None and k != EV_MISS:
                 path.telemetry.on_reply(seq, t1, t2, t3, t4, rx, replies=n if k == EV_ANSWERED else 1)

@@ -85,8 +85,9 @@ def peer_routes(fab: Fabric, host: int):
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = 9471,
                         interval_ms: float = 1.0, routes: bool = False, entropy: bool = False,
                         detect: dict | None = None, hosts=None) -> dict[int, str]:
-    """One `linkpass agent` config per host (all peers, every plane) plus the fleet key file.
-    Route journals and entropy tables go into `directory` too (one per host)."""
+    """One `linkpass agent` config per host in `hosts` (default: all), whose peers are the other
+    hosts in it, every plane; plus the fleet key file. Route journals and entropy tables go into
+    `directory` too (one per host)."""
     import os
 
     import yaml
@@ -100,13 +101,14 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     os.chmod(key_file, 0o600)
     out = {}
     planes = range(fab.spec.planes)
-    for i in (range(fab.spec.hosts) if hosts is None else hosts):
+    chosen = list(range(fab.spec.hosts) if hosts is None else hosts)  # agents run here; they are each other's peers
+    for i in chosen:
         doc = {
             "agent_id": i + 1, "name": f"h{i}", "fleet_key_file": key_file, "service": fab.service_addr(i),
             "nics": [{"plane": p, "ifname": f"p{p}", "addr": fab.nic_addr(i, p),
                       "gateway": str(host_link_addrs(p, i)[0])} for p in planes],
             "peers": [{"name": f"h{j}", "agent_id": j + 1, "service": fab.service_addr(j),
-                       "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in range(fab.spec.hosts) if j != i],
+                       "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in chosen if j != i],
             "probe": {"interval_ms": interval_ms}, "api": {"port": api_port},
             "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-h{i}.journal")},
             "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-h{i}")},
