@@ -21,6 +21,7 @@
       timeout_floor_us: 250          # the adaptive timeout never goes below this
       hold_down_ms: 500              # a recovered path waits this long before it is used again
       recovery_good_probes: 100      # ... and needs this many good probes in a row
+      flap_half_life_ms: 10000       # flap damping: a DOWN's penalty halves this fast
       latency_floor_us: 50           # delay noise below this is not judged (software timestamps)
       latency_alarm_mads: 200        # CUSUM alarm level, in units of that noise (~30 ms of +0.5 ms)
     api: {port: 9471}                # local query API and /metrics on 127.0.0.1
@@ -132,6 +133,7 @@ DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "timeout_floor_us": ("timeout_floor_ns", 1000, 10, 1_000_000, None),
           "hold_down_ms": ("hold_down_ns", 1_000_000, 0, 600_000, None),
           "recovery_good_probes": ("recovery_good_probes", 1, 1, 100_000, None),
+          "flap_half_life_ms": ("flap_half_life_ns", 1_000_000, 100, 3_600_000, None),
           "latency_floor_us": ("latency_mad_floor_ns", 1000, 1, 1_000_000, 50),
           "latency_alarm_mads": ("latency_h_mad", 1, 1, 100_000, 200)}
 

@@ -15,8 +15,8 @@ Python loop, or a probe thread the scheduler kept waiting, cannot turn a slow po
 failure; and Python's cost is per batch, not per probe.
 
 One-way delays (for the latency detector) need the peer's clock offset: a `PairEstimator` per
-peer, fed from one of its paths, supplies it once converged (~3 s); until then latency is not
-judged. Decisions a rate limit deferred are retried on the next step; when no plane to a peer is
+peer, fed from all of its paths (one sample per path and batch), supplies it once converged
+(~3 s); until then latency is not judged. Decisions a rate limit deferred are retried on the next step; when no plane to a peer is
 usable the route is kept as it is (fail static), logged once and counted.
 """
 from __future__ import annotations
@@ -61,7 +61,9 @@ class Failover:
         self.by_peer: dict[str, dict[int, list[int]]] = {}
         self._loss: dict[int, _LossMark] = {}
         self._next_loss_ns = 0
-        self._clocks: dict[str, tuple[int, PairEstimator]] = {}  # peer -> (feeding path, estimator)
+        # peer -> its clock estimator, fed by every path to it: the lower delay envelope over all
+        # paths stays true while one path is queued one way (which alone would bias the offset)
+        self._clocks: dict[str, PairEstimator] = {}
         self._pending: set[str] = set()
         self._entries: dict[tuple[str, int], Entry] = {}
         self.fail_static: set[str] = set()
@@ -75,7 +77,7 @@ class Failover:
         self.paths[info.path_id] = info
         self.detector.add_path(info.path_id)
         self.by_peer.setdefault(info.peer, {}).setdefault(info.plane, []).append(info.path_id)
-        self._clocks.setdefault(info.peer, (info.path_id, PairEstimator()))
+        self._clocks.setdefault(info.peer, PairEstimator())
         self._pending.add(info.peer)
 
     def remove_peer(self, peer: str) -> None:
@@ -99,10 +101,10 @@ class Failover:
 
     def offset_ns(self, peer: str, t_ns: int) -> float | None:
         """The peer's clock minus ours at `t_ns` (our clock), once the estimator has converged."""
-        entry = self._clocks.get(peer)
-        if entry is None or not entry[1].converged:
+        est = self._clocks.get(peer)
+        if est is None or not est.converged:
             return None
-        return entry[1].offset_at(t_ns)
+        return est.offset_at(t_ns)
 
     # ---- the step ------------------------------------------------------------------------
     def step(self, events, evidence_ns: int) -> list[Transition]:
@@ -122,12 +124,12 @@ class Failover:
                 continue
             if t1 > self._last_answered.get(pid, 0):
                 self._last_answered[pid] = t1
-            clock_path, est = self._clocks[info.peer]
+            est = self._clocks[info.peer]
             owd_fwd = owd_rev = None
             if est.converged:
                 off = est.offset_at(t1)
                 owd_fwd, owd_rev = int(t2 - t1 - off), int(t4 - t3 + off)
-            if pid == clock_path and t1 <= t4 and t2 <= t3:
+            if t1 <= t4 and t2 <= t3:
                 est.add(Exchange(t1, t2, t3, t4))
             if pid not in live:
                 live.add(pid)

@@ -703,7 +703,9 @@ class PathDetector:
         self._down_cause = ((frozenset(self._streak), self._penalty, self._penalty_at)
                             if self.state in (State.UP, State.SUSPECT) else None)
         self._add_penalty(now_ns)
-        self._reset_evidence()
+        # the delay sums stay: an outage brings no delay samples, and a DOWN that turns out
+        # spurious (a queue making replies late) must not wipe the latency evidence building up
+        self._reset_evidence(keep_latency=True)
 
     def _t_degrade(self, reason: Reason, now_ns: int) -> None:
         """-> DEGRADED: remember why; each reason clears on its own."""
@@ -733,11 +735,11 @@ class PathDetector:
         self.good_run = 0
         self._reset_evidence()
 
-    def _reset_evidence(self) -> None:
+    def _reset_evidence(self, keep_latency: bool = False) -> None:
         for fast, slow in self._sprt.values():
             fast.reset()
             slow.reset()
-        for c in self._cusum.values():
+        for c in ([] if keep_latency else self._cusum.values()):
             c.s = 0.0
             c.recent.clear()
         self.size_misses = 0
