@@ -1,23 +1,26 @@
 """`linkpass demo`: the main job on the embedded default.
 
-The collective job, agents and coordinator are not built yet (issues "host agent",
-"coordinator" and "main job"). Until they are, the demo shows the parts that exist: it builds
-the default testbed, prints it, proves every host reaches every other host over every plane and
-through the service addresses, breaks a link to show which source ports it black-holes, runs
-the probe mesh (discovery, 1 kHz probes) and shows a one-direction loss landing on exactly the
-paths and the direction it affects, and tears everything down again, also on Ctrl-C or a crash.
+The collective job and the coordinator are not built yet (issues "coordinator" and "main job").
+Until they are, the demo shows the parts that exist: it builds the default testbed, prints it,
+proves every host reaches every other host over every plane and through the service addresses,
+breaks a link to show which source ports it black-holes, runs the probe mesh (discovery, 1 kHz
+probes) and shows a one-direction loss landing on exactly the paths and the direction it
+affects, then runs two host agents and cuts an uplink under a TCP flow: the agents detect it,
+move the routes at both ends, and the flow stalls for milliseconds instead of seconds. It tears
+everything down again, also on Ctrl-C or a crash.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 
 from .output import EXIT_CRITICAL, EXIT_OK, paint
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the main job on the embedded default (for now: the fabric and the probe mesh)")
+    p = sub.add_parser("demo", help="run the main job on the embedded default (for now: fabric, probe mesh, agents)")
     p.add_argument("--prefix", default="lpdemo", help="name prefix of the demo testbed (default lpdemo)")
     p.add_argument("--keep", action="store_true", help="leave the testbed up at the end")
     p.set_defaults(func=run, needs_root=True)
@@ -59,6 +62,47 @@ def _probe_mesh(prefix: str, fab) -> bool:
         mesh.close()
 
 
+def _failover(prefix: str, fab, workdir: str) -> bool:
+    """Agents on h0 and the last host; a TCP flow between them on plane 0; h0's plane-0 uplink
+    goes down for 1.5 s. Shows the verdict, the route change at both ends and the flow's stall."""
+    from .testbed import faults, tcpflow
+    from .testbed.agents import Agents
+
+    last = fab.spec.hosts - 1
+    agents = Agents(fab, workdir, [0, last]).start()
+    try:
+        time.sleep(2)  # every path answered, RTT learned
+        sport = tcpflow.sport_for_plane(fab, 0, last, 0)
+        flow = tcpflow.TcpFlow(fab, 0, last, sport=sport).start()
+        time.sleep(0.5)
+        rec = faults.apply(prefix, faults.FaultSpec("down", "h0-p0l0"))
+        t0 = rec["effective_mono_ns"]
+        time.sleep(1.5)
+        faults.clear(prefix)
+        time.sleep(0.5)
+        stall = flow.stop()
+        print(f"  h0's uplink in plane 0 down at {rec['effective_at']}, a TCP flow h0 → h{last} on it:")
+        ok = True
+        for h, peer in ((0, last), (last, 0)):
+            down = next((e for e in agents.events(h, "path_state") if e["mono_ns"] >= t0 and e["new"] == "down"), None)
+            route = next((e for e in agents.events(h, "route_change")
+                          if e["mono_ns"] >= t0 and e["peer"] == f"h{peer}"), None)
+            ok &= route is not None and route["planes"] == [1]
+            print(f"    agent h{h}: paths to h{peer} in plane 0 "
+                  + (f"down after {(down['mono_ns'] - t0) / 1e6:.1f} ms, " if down else "not seen down, ")
+                  + (f"route to h{peer} moved to plane {route['planes']} after {(route['mono_ns'] - t0) / 1e6:.1f} ms"
+                     if route else paint("route not moved", "red")))
+        print(f"    TCP flow: longest stall {stall.max_gap_ms:.0f} ms, {stall.lost} messages lost"
+              + (paint("  ✓", "green") if not stall.broken else paint("  connection broke", "red")))
+        back = agents.wait_for(0, "route_change", lambda e: e["mono_ns"] > t0 and e["planes"] == [0, 1], 10)
+        print("    link back: " + (f"h0 uses both planes again after {(back['mono_ns'] - t0) / 1e9 - 1.5:.1f} s "
+                                   "(hold-down: 0.5 s and 100 good probes)" if back else paint("not restored", "red")))
+        return ok and back is not None and not stall.broken
+    finally:
+        agents.stop()
+        faults.clear(prefix)
+
+
 def _step(n: int, total: int, text: str) -> None:
     print(paint(f"[{n}/{total}] {text}", "bold"), flush=True)
 
@@ -68,9 +112,9 @@ def run(args) -> int:
     from .testbed.cli import _progress, _show
     from .testbed.topology import preset
 
-    print("LinkPass demo — the fabric and the probe mesh. The training job, agents and coordinator "
-          "arrive with later issues; this run shows what they stand on.\n")
-    steps = 6
+    print("LinkPass demo — the fabric, the probe mesh and host agents failing over. The training job "
+          "and the coordinator arrive with later issues.\n")
+    steps = 7
     t0 = time.perf_counter()
     build.clean(args.prefix)  # a previous run killed with SIGKILL may have left objects behind
     _step(1, steps, "building the default testbed (4 hosts × 2 planes, 2 leaves + 2 spines per plane)")
@@ -102,8 +146,10 @@ def run(args) -> int:
             print(paint("  unexpected: loss does not follow the spine choice", "red"))
         _step(5, steps, "the probe mesh: discover h0's paths, probe each at 1 kHz, break a link direction")
         mesh_ok = _probe_mesh(args.prefix, fab)
-        print("  nothing reroutes yet: that is the host agent's job (next issue).")
-        ok = not bad and holed == expected and mesh_ok
+        _step(6, steps, "host agents: an uplink fails under a TCP flow")
+        with tempfile.TemporaryDirectory(prefix="linkpass-demo-") as workdir:
+            failover_ok = _failover(args.prefix, fab, workdir)
+        ok = not bad and holed == expected and mesh_ok and failover_ok
     finally:
         if args.keep:
             print(f"testbed left up (prefix {args.prefix}); remove it with `linkpass testbed down --prefix {args.prefix}`")

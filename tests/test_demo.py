@@ -21,4 +21,6 @@ def test_demo_runs_clean_and_tears_down():
     assert "demo passed" in out.stdout
     assert "48/48 paths deliver" in out.stdout
     assert "lossy link, forward" in out.stdout and "clean" in out.stdout
+    assert "route to h3 moved to plane [1]" in out.stdout and "route to h0 moved to plane [1]" in out.stdout
+    assert "h0 uses both planes again" in out.stdout
     assert not build.namespaces_with_prefix(prefix) and not build.root_links_with_prefix(prefix)

@@ -35,7 +35,7 @@ the timeout without being lost. If a probe counted in the streak that declared D
 after all, the DOWN was spurious (as TCP's Eifel detection undoes a spurious retransmit timeout):
 the path returns to UP at once, the flap penalty of that DOWN is taken back, and the path's
 timeout floor is raised to 1.5× that reply's round trip, so the same lateness does not trip it
-again; the raise halves every `floor_boost_half_life_ns` (30 s), since a burst of lateness (a busy
+again; the raise halves every `floor_boost_half_life_ns` (10 s), since a burst of lateness (a busy
 moment) says little about the path an hour later. Only DOWNs entered from UP or SUSPECT are undone this way.
 
 Gray loss, per direction. The telemetry tells forward loss (request never reached the
@@ -234,7 +234,7 @@ class DetectorConfig:
     flap_reuse: float = 750.0
     flap_max_penalty: float = 16000.0
     hold_down_ns: int = 500_000_000
-    floor_boost_half_life_ns: int = 30_000_000_000  # a spurious DOWN's raised timeout floor fades
+    floor_boost_half_life_ns: int = 10_000_000_000  # a spurious DOWN's raised timeout floor fades
     recovery_good_probes: int = 100
     max_outstanding: int = 65_536  # probes awaiting a reply; older ones are forgotten
 

@@ -82,6 +82,23 @@ class Agents:
             time.sleep(0.02)
         return None
 
+    def path_states(self, host: int) -> dict[int, str]:
+        """Each path's latest state as the agent logged it (paths never logged are up; a path
+        that only went SUSPECT is not logged and counts as up too)."""
+        states: dict[int, str] = {}
+        for ev in self.events(host, "path_state"):
+            states[ev["path"]] = ev["new"]
+        return states
+
+    def wait_healthy(self, hosts=None, timeout_s: float = 60.0) -> bool:
+        """Until every path the agents on `hosts` logged is back to up (or suspect)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(s in ("up", "suspect") for h in (hosts or self.hosts) for s in self.path_states(h).values()):
+                return True
+            time.sleep(0.2)
+        return False
+
     def stop(self, timeout_s: float = 15.0) -> dict[int, int | None]:
         for p in self.procs.values():
             if p.poll() is None:

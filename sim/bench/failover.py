@@ -72,6 +72,8 @@ def linkpass_hard(prefix, agents, links, trials, spacing_s):
     """Down one link per trial (alternating planes); fault -> DOWN verdict and -> route rewritten at A."""
     detect, reroute = [], []
     for i in range(trials):
+        if not agents.wait_healthy(timeout_s=60):  # each trial starts from a healthy fabric
+            progress("paths not all up after 60 s; measuring anyway")
         rec = faults.apply(prefix, FaultSpec("down", links[i % len(links)]))
         t0 = rec["effective_mono_ns"]
         ev = agents.wait_for(A, "route_change", lambda e: e["mono_ns"] >= t0 and e["peer"] == f"h{B}", 2.0)
@@ -90,6 +92,7 @@ def linkpass_hard(prefix, agents, links, trials, spacing_s):
 
 def linkpass_gray(prefix, agents, spec, reasons, window_s):
     """Apply a gray fault; time to the first DEGRADED with one of `reasons` on a path to B."""
+    agents.wait_healthy(timeout_s=60)
     rec = faults.apply(prefix, spec)
     t0 = rec["effective_mono_ns"]
     ev = agents.wait_for(A, "path_state", lambda e: e["mono_ns"] >= t0 and e["new"] == "degraded"
@@ -214,7 +217,7 @@ def main() -> int:
         return 2
     trials = args.trials or (4 if args.quick else 20)
     soak_s = args.soak_s or (20 if args.quick else 600)
-    spacing = 6.0  # per plane 12 s between DOWNs: the flap penalty stays below suppress
+    spacing = 8.0  # per plane 16 s between DOWNs: the flap penalty stays well below suppress (1500 < 2000)
     prefix = f"fb{os.getpid() % 10000}"
     rows: list[dict] = []
     fab = build.up(topology.preset("default"), prefix)
@@ -226,7 +229,8 @@ def main() -> int:
         print("LinkPass agents on h0 and h2, 1 ms probes")
         agents = Agents(fab, workdir, [A, B]).start()
         try:
-            time.sleep(3)
+            progress("agents warming up (10 s): RTTs learned, start-up lateness faded")
+            time.sleep(10)
             lp = {}
             for case, links in (("host-uplink-down", uplinks), ("leaf-spine-down", spine_links)):
                 lp[case] = linkpass_hard(prefix, agents, links, trials, spacing)

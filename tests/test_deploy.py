@@ -1,0 +1,44 @@
+"""The install artifacts: the systemd unit passes systemd's own checker, and the DaemonSet asks for
+what the agent needs (host network, the three capabilities, SIGTERM grace, journal and entropy
+table on the host) and runs the command the CLI really has."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_unit_verifies(tmp_path):
+    unit = open(os.path.join(ROOT, "deploy/systemd/linkpass-agent.service")).read()
+    linkpass = os.path.join(os.path.dirname(sys.executable), "linkpass")
+    assert "/opt/linkpass/.venv/bin/linkpass agent --config" in unit
+    path = tmp_path / "linkpass-agent.service"
+    path.write_text(unit.replace("/opt/linkpass/.venv/bin/linkpass", linkpass))
+    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    problems = [line for line in (out.stdout + out.stderr).splitlines() if "linkpass-agent.service" in line]
+    assert out.returncode == 0 and not problems, out.stdout + out.stderr
+
+
+def test_daemonset_asks_for_what_the_agent_needs():
+    docs = list(yaml.safe_load_all(open(os.path.join(ROOT, "deploy/kubernetes/linkpass-agent.yaml"))))
+    ds = next(d for d in docs if d and d["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["terminationGracePeriodSeconds"] >= 10
+    agent = pod["containers"][0]
+    assert agent["command"][:3] == ["linkpass", "agent", "--config"]
+    assert set(agent["securityContext"]["capabilities"]["add"]) == {"NET_RAW", "NET_ADMIN", "SYS_NICE"}
+    assert "cpu" not in agent["resources"].get("limits", {})  # CPU throttling would fake failures
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert {"/run/linkpass", "/dev/shm", "/etc/linkpass"} <= mounts
+    # the command's flags exist in the CLI
+    from linkpass.cli import build_parser
+
+    args = build_parser().parse_args(agent["command"][1:3] + ["x.yaml"])
+    assert args.config == "x.yaml"
