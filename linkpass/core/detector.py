@@ -33,10 +33,11 @@ less and p(three in a row) ≈ 1e-5 or less before the floor helps; with the flo
 Spurious DOWN. On a busy host (and on this software fabric) a reply can be late by more than
 the timeout without being lost. If a probe counted in the streak that declared DOWN is answered
 after all, the DOWN was spurious (as TCP's Eifel detection undoes a spurious retransmit timeout):
-the path returns to UP at once, the flap penalty of that DOWN is taken back, and the path's
-timeout floor is raised to 1.5× that reply's round trip, so the same lateness does not trip it
-again; the raise halves every `floor_boost_half_life_ns` (10 s), since a burst of lateness (a busy
-moment) says little about the path an hour later. Only DOWNs entered from UP or SUSPECT are undone this way.
+the path returns to UP at once and the flap penalty of that DOWN is taken back. The timeout is
+not raised for it: measured on the testbed, such lateness comes in host-wide bursts (every path
+late by 3-30 ms at once), which say nothing about the path, and raising the floor after each made
+later real failures take tens of ms to detect. RFC 6298 smoothing (fed each batch's worst RTT)
+is what adapts the timeout to a path that really is slower. Only DOWNs entered from UP or SUSPECT are undone this way.
 
 Gray loss, per direction. The telemetry tells forward loss (request never reached the
 reflector) from reverse loss (reply lost) exactly, via the reflector's rx_count; the caller
@@ -234,7 +235,6 @@ class DetectorConfig:
     flap_reuse: float = 750.0
     flap_max_penalty: float = 16000.0
     hold_down_ns: int = 500_000_000
-    floor_boost_half_life_ns: int = 10_000_000_000  # a spurious DOWN's raised timeout floor fades
     recovery_good_probes: int = 100
     max_outstanding: int = 65_536  # probes awaiting a reply; older ones are forgotten
 
@@ -247,7 +247,7 @@ class DetectorConfig:
                                       or not math.isfinite(value)):
                 raise _fail(f.name, value, "a finite number")
         for name in ("miss_threshold", "mtu_misses", "recovery_good_probes", "latency_clear_window",
-                     "timeout_floor_ns", "flap_half_life_ns", "latency_mad_floor_ns", "floor_boost_half_life_ns"):
+                     "timeout_floor_ns", "flap_half_life_ns", "latency_mad_floor_ns"):
             if getattr(self, name) < 1:
                 raise _fail(name, getattr(self, name), "≥ 1")
         if self.latency_learn_samples < 8:
@@ -377,8 +377,6 @@ class PathDetector:
         self.consecutive_misses = 0
         self._streak: list[int] = []  # seqs of the current miss streak
         self._down_cause: tuple[frozenset[int], float, int] | None = None  # (streak, penalty, at) before DOWN
-        self.floor_boost_ns = 0  # raised after a spurious DOWN: this path's replies can be that late
-        self._boost_at = 0
         self._dark = False
         # gray loss: (fast, slow) per direction
         self._sprt = {d: (Sprt(cfg.gray_p0, cfg.gray_p1_fast, cfg.gray_alpha, cfg.gray_beta),
@@ -406,10 +404,9 @@ class PathDetector:
     @property
     def rto_ns(self) -> int:
         cfg = self.cfg
-        floor = max(cfg.timeout_floor_ns, self.floor_boost_ns)
         if self.srtt is None:
-            return max(cfg.initial_timeout_ns, floor)
-        return int(min(cfg.timeout_ceiling_ns, max(floor, self.srtt + cfg.rtt_k * self.rttvar)))
+            return cfg.initial_timeout_ns
+        return int(min(cfg.timeout_ceiling_ns, max(cfg.timeout_floor_ns, self.srtt + cfg.rtt_k * self.rttvar)))
 
     def penalty(self, now_ns: int) -> float:
         """The flap penalty decayed to `now_ns`."""
@@ -468,16 +465,8 @@ class PathDetector:
             self.faults.discard(Reason.MTU_BLACKHOLE)
         if self.state is State.DOWN and self._down_cause and seq in self._down_cause[0]:
             # Eifel-style: a probe we counted as lost was only late
-            boost = min(self.cfg.timeout_ceiling_ns, rtt_ns * 3 // 2)
             out += self._fire(Event.LATE, Reason.SPURIOUS_DOWN, now_ns,
-                              f"seq {seq}, counted missed, answered after {rtt_ns} ns: late, not lost; "
-                              f"timeout floor of this path raised to {max(boost, self.floor_boost_ns)} ns")
-            self.floor_boost_ns = max(self.floor_boost_ns, boost)
-            self._boost_at = now_ns
-        elif self.floor_boost_ns and now_ns > self._boost_at:  # the lateness was a moment, not the path
-            self.floor_boost_ns = int(self.floor_boost_ns * 2.0 ** (-(now_ns - self._boost_at)
-                                                                     / self.cfg.floor_boost_half_life_ns))
-            self._boost_at = now_ns
+                              f"seq {seq}, counted missed, answered after {rtt_ns} ns: late, not lost")
         self.consecutive_misses = 0
         self._streak.clear()
         self._dark = False
