@@ -261,7 +261,9 @@ def main() -> int:
                     gray[case].append(linkpass_gray(prefix, agents, spec, reasons, window))
                     progress(f"{case} trial {k + 1}/{gray_trials}: {gray[case][-1]}")
                     time.sleep(spacing)
-            # TCP across a plane failure
+            # TCP across a plane failure (from a healthy fabric: both planes in the route)
+            agents.wait_healthy(timeout_s=60)
+            time.sleep(1)
             sport = tcpflow.sport_for_plane(fab, A, B, 0)
             flow = tcpflow.TcpFlow(fab, A, B, sport=sport).start()
             time.sleep(1)
