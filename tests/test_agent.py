@@ -36,6 +36,11 @@ peers: [{name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}]
     (lambda d: d["peers"][0].update(agent_id=1), "peers[0].agent_id: 1 is used twice"),
     (lambda d: d["nics"].append({"plane": 0, "ifname": "p9", "addr": "198.18.64.9"}), "nics: plane listed twice"),
     (lambda d: d.update(routes={"enabled": "yes"}), "routes.enabled: expected true or false"),
+    (lambda d: d.update(routes={"enabled": True}), "nics[0].gateway: required when routes.enabled is true"),
+    (lambda d: d.update(detect={"miss_threshold": 0}), "detect.miss_threshold: expected an integer 1..100"),
+    (lambda d: d.update(detect={"hold_down": 5}), "detect.hold_down: unknown field"),
+    (lambda d: d.update(probe={"rt_priority": 200}), "probe.rt_priority: expected an integer 0..99"),
+    (lambda d: d.update(entropy={"enabled": 1}), "entropy.enabled: expected true or false"),
 ])
 def test_config_errors_name_the_field(edit, message):
     doc = yaml.safe_load(GOOD)

@@ -162,3 +162,45 @@ def test_background_loop_keeps_reflecting_while_python_is_busy(fabric):
     finally:
         a.close()
         b.close()
+
+
+def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric):
+    """track(True): every request ends up in exactly one of ANSWERED (counted) or MISS; with the
+    reflector gone, every probe after it is a MISS in sequence order, judged no earlier than its
+    deadline; the eventfd wakes a waiter when one is ready."""
+    import time
+
+    from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS
+
+    fab = fabric
+    a, b = CoreProbeEngine(1, KEY, netns=fab.netns("h0")), CoreProbeEngine(2, KEY, netns=fab.netns("h3"))
+    try:
+        a.add_nic("p0", "p0", fab.nic_addr(0, 0))
+        b.add_nic("p0", "p0", fab.nic_addr(3, 0))
+        a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.001))
+        a.track(True)
+        a.set_rto(1, 5_000_000)  # generous: nothing on a healthy fabric is late by 5 ms
+        b.start_background()
+        a.start_background()
+        time.sleep(0.5)
+        events, evidence = a.poll(True)
+        answered = [e for e in events if e[0] == EV_ANSWERED]
+        assert answered and not [e for e in events if e[0] == EV_MISS], events[:5]
+        assert sum(e[3] for e in answered) >= 400  # ~1 per ms, in a few batches
+        assert evidence > 0 and abs(time.time_ns() - evidence) < 50_000_000
+        b.close()  # the reflector is gone: from now on every request is missed
+        time.sleep(0.3)
+        assert a.wait(1.0)  # the eventfd says a miss is waiting
+        events, evidence = a.poll(True)
+        misses = [e for e in events if e[0] == EV_MISS]
+        assert len(misses) >= 200, len(misses)
+        seqs = [e[2] for e in misses]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        for _, _, _, _, _, _, _, t_sent, _, _, deadline in misses:
+            assert deadline == t_sent + 5_000_000 and deadline <= evidence
+        assert not [e for e in events if e[0] == EV_LATE]
+        total = sum(e[3] for e in answered) + sum(e[3] for e in events if e[0] == EV_ANSWERED) + len(misses)
+        assert a.core.path_sent(1) - total < 20  # the rest are still within their deadline
+    finally:
+        a.close()
+        b.close()
