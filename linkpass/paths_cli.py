@@ -13,8 +13,8 @@ from .probe.service import DEFAULT_PORT
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("paths", help="probed paths on this host: loss per direction, RTT, one-way delay",
                        description="Read the local agent's per-path telemetry (127.0.0.1:PORT/v1/paths). "
-                                   "Exit 0 ok, 1 if a path lost > 1 %% in the window, 2 if a path is dark, "
-                                   "3 if no agent answers.")
+                                   "Exit 0 ok, 1 if a path lost > 1 %% in the window or is degraded / "
+                                   "recovering, 2 if a path is dark, down or damped, 3 if no agent answers.")
     p.add_argument("peer", nargs="?", help="only paths to this peer")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("-o", "--output", choices=FORMATS, default="table")
@@ -40,28 +40,32 @@ def run(args) -> int:
         return EXIT_UNKNOWN
     if args.peer:
         rows = [r for r in rows if r["peer"] == args.peer]
-    dark = [r for r in rows if r["window"]["sent"] > 0 and r["window"]["replies"] == 0]
-    lossy = [r for r in rows if (r["window"]["loss_pct"] or 0) > 1]
+    dark = [r for r in rows if (r["window"]["sent"] > 0 and r["window"]["replies"] == 0)
+            or r.get("state") in ("down", "damped")]
+    lossy = [r for r in rows if (r["window"]["loss_pct"] or 0) > 1 or r.get("state") in ("degraded", "recovering")]
 
     def render(rs) -> str:
         wide = args.output == "wide"
-        headers = ["peer", "plane", "path", "loss %", "fwd %", "rev %", "rtt p50 ms", "rtt p99 ms", "owd fwd p50 ms",
-                   "owd rev p50 ms"] + (["sport", "sent", "replies", "jitter ms"] if wide else [])
+        headers = ["peer", "plane", "path", "state", "loss %", "fwd %", "rev %", "rtt p50 ms", "rtt p99 ms",
+                   "owd fwd p50 ms", "owd rev p50 ms"] + (["reason", "sport", "sent", "replies", "jitter ms"] if wide else [])
         lines = []
         for r in rs:
             w = r["window"]
             bad = (w["loss_pct"] or 0) > 1
-            cells = [r["peer"], r["plane"], r["path"], _pct(w["loss_pct"]), _pct(w["loss_fwd_pct"]),
+            state = r.get("state") or "-"
+            colour = {"up": "green", "suspect": "yellow", "degraded": "yellow", "recovering": "yellow"}.get(state, "red")
+            cells = [r["peer"], r["plane"], r["path"], paint(state, colour) if state != "-" else state,
+                     _pct(w["loss_pct"]), _pct(w["loss_fwd_pct"]),
                      _pct(w["loss_rev_pct"]),
                      _ms((r["rtt_ns"] or {}).get("p50")), _ms((r["rtt_ns"] or {}).get("p99")),
                      _ms((r["owd_fwd_ns"] or {}).get("p50")), _ms((r["owd_rev_ns"] or {}).get("p50"))]
             if wide:
-                cells += [r["sport"], r["sent"], r["replies"], _ms(r["jitter_ns"])]
+                cells += [r.get("reason") or "-", r["sport"], r["sent"], r["replies"], _ms(r["jitter_ns"])]
             if bad:
                 cells[0] = paint(str(cells[0]), "red")
             lines.append(cells)
         window = rs[0]["window_s"] if rs else 0
-        summary = f"{len(rs)} paths, window {window:g} s: {len(lossy)} lossy, {len(dark)} dark"
+        summary = f"{len(rs)} paths, window {window:g} s: {len(lossy)} lossy or degraded, {len(dark)} dark or down"
         return table(headers, lines) + "\n" + summary
 
     emit(rows, args.output, render)

@@ -59,7 +59,7 @@ def test_paths_json_and_exit_codes_follow_the_fabric(h0_api):
     out = cli(fab, "paths", "h1", "--port", str(api.port))
     runner.join()
     assert out.returncode == 2, out.stdout
-    assert "4 paths" in out.stdout and "2 dark" in out.stdout
+    assert "4 paths" in out.stdout and "2 dark or down" in out.stdout
 
 
 def test_no_agent_is_exit_3_with_a_hint(fabric):

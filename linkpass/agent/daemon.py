@@ -126,7 +126,7 @@ class Agent:
         self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
                                  log, routes=self.routes, entropy=self.entropy,
                                  interval_ns=int(cfg.interval_ms * 1e6), set_rto=self.engine.set_rto)
-        self.view = TelemetryView(self.engine, self.labels, state_of=self._state_of)
+        self.view = TelemetryView(self.engine, self.labels, offset_ns=self._offset_of_peer, state_of=self._state_of)
         self.api: LocalApi | None = None
         self.stopping = threading.Event()
         self.reload_requested = False
@@ -140,6 +140,11 @@ class Agent:
                  for p in cfg.peers}
         return RouteActuator(None, cfg.service, peers, cfg.routes_journal, rto_min_ms=cfg.rto_min_ms,
                              max_changes_per_s=cfg.max_route_changes_per_s, dry_run=dry_run)
+
+    def _offset_of_peer(self, peer_id: int) -> float | None:
+        """The peer's clock offset now (once synced): one-way delays in /v1/paths and metrics."""
+        name = next((p.name for p in self.cfg.peers if p.agent_id == peer_id), None)
+        return None if name is None else self.failover.offset_ns(name, time.time_ns())
 
     def _state_of(self, pid: int) -> dict:
         d = self.failover.detector.paths.get(pid)
