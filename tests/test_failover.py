@@ -64,6 +64,14 @@ def agents(fabric, tmp_path_factory):
         assert set(routes_of(fabric, A).values()) <= {(0, 1)}
 
 
+def settle(fabric, agents):
+    """Each test starts from a healthy fabric: every path up at both ends, both routes on both
+    planes (a previous test's fault may still be in its hold-down or flap damping)."""
+    assert agents.wait_healthy(timeout_s=40), {h: agents.path_states(h) for h in (A, B)}
+    wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (0, 1)
+               and routes_of(fabric, B).get(fabric.service_addr(A)) == (0, 1), 20, "both routes on both planes")
+
+
 def _transitions_since(ag, host, t0, **match):
     return [e for e in ag.events(host, "path_state")
             if e["mono_ns"] >= t0 and all(e.get(k) == v for k, v in match.items())]
@@ -85,6 +93,7 @@ GRAY = [
 
 @pytest.mark.parametrize("spec,reasons", GRAY, ids=["loss", "loss-from-a", "loss-to-a", "mtu", "congest"])
 def test_gray_fault_is_detected_with_its_reason_routed_around_and_recovered(fabric, agents, spec, reasons):
+    settle(fabric, agents)
     t0 = time.monotonic_ns()
     faults.apply(fabric.prefix, spec)
     load = None
@@ -109,11 +118,12 @@ def test_gray_fault_is_detected_with_its_reason_routed_around_and_recovered(fabr
 
 
 def test_hard_failure_of_an_uplink_moves_routes_at_both_ends_and_the_entropy_table(fabric, agents):
+    settle(fabric, agents)
     t0 = time.monotonic_ns()
     faults.apply(fabric.prefix, FaultSpec("down", f"h{A}-p0l0"))
     try:
         wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (1,), 2, "A's route off plane 0")
-        wait_until(lambda: routes_of(fabric, B).get(fabric.service_addr(A)) == (1,), 2, "B's route off plane 0")
+        wait_until(lambda: routes_of(fabric, B).get(fabric.service_addr(A)) == (1,), 3, "B's route off plane 0")
         downs = _transitions_since(agents, A, t0, new="down", reason="hard_failure")
         assert downs and {e["plane"] for e in downs} == {0}, downs
         # every plane-0 path to B is down: the entry keeps its ports, flagged fail-static
@@ -128,6 +138,7 @@ def test_hard_failure_of_an_uplink_moves_routes_at_both_ends_and_the_entropy_tab
 
 
 def test_spine_link_failure_leaves_only_that_path_out_of_the_entropy_table(fabric, agents):
+    settle(fabric, agents)
     t0 = time.monotonic_ns()
     faults.apply(fabric.prefix, FaultSpec("down", "p0l0-p0s0"))
     try:
@@ -145,6 +156,7 @@ def test_spine_link_failure_leaves_only_that_path_out_of_the_entropy_table(fabri
 def test_the_last_path_is_never_removed(fabric, agents):
     """Random sets of dead links between A and B, some leaving no path at all: the route to B
     always keeps at least one plane, and uses only clean planes when there is one."""
+    settle(fabric, agents)
     rng = random.Random(11)
     links = [f"h{A}-p0l0", f"h{A}-p1l0", "p0l0-p0s0", "p0l0-p0s1", "p1l0-p1s0", "p1l0-p1s1"]
     for _ in range(3):
