@@ -82,6 +82,7 @@ def _failover(prefix: str, fab, workdir: str) -> bool:
         time.sleep(0.5)
         stall = flow.stop()
         print(f"  h0's uplink in plane 0 down at {rec['effective_at']}, a TCP flow h0 → h{last} on it:")
+        wall_minus_mono = time.time_ns() - time.monotonic_ns()  # verdicts carry the agent's (wall) clock
         ok = True
         for h, peer in ((0, last), (last, 0)):
             down = next((e for e in agents.events(h, "path_state") if e["mono_ns"] >= t0 and e["new"] == "down"), None)
@@ -89,7 +90,8 @@ def _failover(prefix: str, fab, workdir: str) -> bool:
                           if e["mono_ns"] >= t0 and e["peer"] == f"h{peer}"), None)
             ok &= route is not None and route["planes"] == [1]
             print(f"    agent h{h}: paths to h{peer} in plane 0 "
-                  + (f"down after {(down['mono_ns'] - t0) / 1e6:.1f} ms, " if down else "not seen down, ")
+                  + (f"judged down after {(down['at_ns'] - wall_minus_mono - t0) / 1e6:.1f} ms, " if down
+                     else "not seen down, ")
                   + (f"route to h{peer} moved to plane {route['planes']} after {(route['mono_ns'] - t0) / 1e6:.1f} ms"
                      if route else paint("route not moved", "red")))
         print(f"    TCP flow: longest stall {stall.max_gap_ms:.0f} ms, {stall.lost} messages lost"

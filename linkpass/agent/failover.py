@@ -146,9 +146,10 @@ class Failover:
             out += det.tick(evidence_ns)  # hold-downs and flap reuse (deadlines are judged in C)
         for pid in touched:
             self._push_rto(pid)
-        for t in out:
-            self._on_transition(t)
+        logs = [line for t in out if (line := self._on_transition(t)) is not None]
         self.apply()
+        for fields in logs:  # after acting: a log line costs tens of µs, the route change should not wait for it
+            self.log("path_state", **fields)
         return out
 
     def _push_rto(self, pid: int) -> None:
@@ -179,19 +180,20 @@ class Failover:
             self._loss[pid] = _LossMark(lc.hi, lc.lost_fwd, lc.lost_rev)
         return out
 
-    def _on_transition(self, t: Transition) -> None:
+    def _on_transition(self, t: Transition) -> dict | None:
+        """Count the transition and mark its peer for a decision; returns its log fields, if it
+        is worth a log line."""
         info = self.paths.get(t.path)
         if info is None:
-            return
+            return None
         self.counters[f"transition_{t.new.value}"] += 1
         self.last_transition[t.path] = t
         if t.old.usable != t.new.usable:
             self._pending.add(info.peer)
         if {t.old, t.new} == {State.UP, State.SUSPECT}:
-            return  # a single late probe: counted, not worth a log line each
-        self.log("path_state", peer=info.peer, plane=info.plane, sport=info.sport, path=t.path, old=t.old.value,
-                 new=t.new.value, reason=t.reason.value, detail=t.detail, at_ns=t.at_ns,
-                 mono_ns=time.monotonic_ns())
+            return None  # a single late probe: counted, not worth a log line each
+        return dict(peer=info.peer, plane=info.plane, sport=info.sport, path=t.path, old=t.old.value,
+                    new=t.new.value, reason=t.reason.value, detail=t.detail, at_ns=t.at_ns, mono_ns=time.monotonic_ns())
 
     # ---- acting on decisions ---------------------------------------------------------------
     def apply(self) -> None:
