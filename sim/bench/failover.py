@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -221,6 +222,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=None, help="hard-fault trials per case and side (default 20)")
     ap.add_argument("--soak-s", type=float, default=None, help="healthy-saturated duration (default 600 s)")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the agents' logs (path printed at the end)")
     args = ap.parse_args()
     if not report.require_root():
         return 2
@@ -321,6 +323,10 @@ def main() -> int:
     finally:
         faults.clear(prefix)
         build.down(prefix)
+        if args.keep_logs:
+            print(f"agent logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     for case in ("host-uplink-down", "leaf-spine-down"):
         detect, reroute = lp[case]
