@@ -38,14 +38,21 @@ def routes_of(fab, host: int) -> dict[str, tuple[int, ...]]:
         return out
 
 
-def wait_until(pred, timeout_s: float, what: str):
+def wait_until(pred, timeout_s: float, what: str, detail=None):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         got = pred()
         if got:
             return got
         time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}" + (f": {detail()}" if detail else ""))
+
+
+def _recovered(fabric, agents):
+    """Both planes back in A's route once the fault is gone (hold-down, or flap damping fading)."""
+    wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (0, 1), 30, "both planes again",
+               lambda: {"routes": routes_of(fabric, A), "states": {h: agents.path_states(h) for h in (A, B)},
+                        "recent": agents.events(A, "path_state")[-6:]})
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +141,7 @@ def test_hard_failure_of_an_uplink_moves_routes_at_both_ends_and_the_entropy_tab
         assert e1 is not None and e1.ports and not e1.flags, e1
     finally:
         faults.clear(fabric.prefix)
-    wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (0, 1), 15, "both planes again")
+    _recovered(fabric, agents)
 
 
 def test_spine_link_failure_leaves_only_that_path_out_of_the_entropy_table(fabric, agents):
@@ -150,7 +157,7 @@ def test_spine_link_failure_leaves_only_that_path_out_of_the_entropy_table(fabri
         assert e0 is not None and not e0.flags and e0.ports and downs[0]["sport"] not in e0.ports, (e0, downs)
     finally:
         faults.clear(fabric.prefix)
-    wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (0, 1), 15, "both planes again")
+    _recovered(fabric, agents)
 
 
 def test_the_last_path_is_never_removed(fabric, agents):
