@@ -134,17 +134,22 @@ def test_idle_paths_probe_slower_and_speed_up_when_active(fabric, engine_cls):
         b.close()
 
 
+def one_path_pair(fab):
+    """C-core engines on h0 and h3, and one 1 kHz path from h0 to h3 on plane 0 (path id 1)."""
+    a, b = CoreProbeEngine(1, KEY, netns=fab.netns("h0")), CoreProbeEngine(2, KEY, netns=fab.netns("h3"))
+    a.add_nic("p0", "p0", fab.nic_addr(0, 0))
+    b.add_nic("p0", "p0", fab.nic_addr(3, 0))
+    a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.001))
+    return a, b
+
+
 def test_background_loop_keeps_reflecting_while_python_is_busy(fabric):
     """In background mode the C loop runs in a native thread: replies keep flowing while the
     Python side holds the GIL (the reason: a paused reflector reads as loss to its peers)."""
     import time
 
-    fab = fabric
-    a, b = CoreProbeEngine(1, KEY, netns=fab.netns("h0")), CoreProbeEngine(2, KEY, netns=fab.netns("h3"))
+    a, b = one_path_pair(fabric)
     try:
-        a.add_nic("p0", "p0", fab.nic_addr(0, 0))
-        b.add_nic("p0", "p0", fab.nic_addr(3, 0))
-        a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.001))
         a.start_background()
         b.start_background()
         t0 = time.time_ns()
@@ -172,12 +177,8 @@ def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric)
 
     from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS
 
-    fab = fabric
-    a, b = CoreProbeEngine(1, KEY, netns=fab.netns("h0")), CoreProbeEngine(2, KEY, netns=fab.netns("h3"))
+    a, b = one_path_pair(fabric)
     try:
-        a.add_nic("p0", "p0", fab.nic_addr(0, 0))
-        b.add_nic("p0", "p0", fab.nic_addr(3, 0))
-        a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.001))
         a.track(True)
         a.set_rto(1, 5_000_000)  # generous: nothing on a healthy fabric is late by 5 ms
         b.start_background()

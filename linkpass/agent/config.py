@@ -10,7 +10,7 @@
       - {name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}
     probe:
       interval_ms: 1                 # active paths
-      idle_interval_ms: 10           # idle paths (the agent's policy decides; issue 4)
+      idle_interval_ms: 10           # for idle paths: validated but NOT applied yet (every path probes at interval_ms)
       ports_per_path: 1              # source ports probed per distinct discovered path
       discovery_ports: 32            # source ports swept per (NIC, peer)
       size_probe_every: 100          # every Nth probe is full-size (MTU black holes); 0 = never
@@ -68,7 +68,7 @@ class AgentConfig:
     nics: tuple[Nic, ...]
     peers: tuple[Peer, ...]
     interval_ms: float = 1.0
-    idle_interval_ms: float = 10.0
+    idle_interval_ms: float = 10.0  # not applied yet: no idle-path policy in the agent
     ports_per_path: int = 1
     discovery_ports: int = 32
     size_probe_every: int = 100

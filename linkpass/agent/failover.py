@@ -53,7 +53,9 @@ class Failover:
         self.entropy = entropy  # EntropyWriter or None
         self.loss_batch_ns = loss_batch_ns
         self.silence_margin_ns = 2 * interval_ns  # see decide.silence_confirmed
-        self._last_answered: dict[int, int] = {}  # path -> send time of its newest answered probe
+        # path -> send time of its newest answered probe; a path is judged only once it is in here
+        # (answered at least once: peers start at their own pace)
+        self._last_answered: dict[int, int] = {}
         self.peer_silent: set[str] = set()
         self.set_rto = set_rto  # pushes a path's timeout to the data path that judges deadlines
         self._rto_pushed: dict[int, int] = {}
@@ -70,7 +72,6 @@ class Failover:
         self.planes: dict[str, tuple[int, ...]] = {}
         self.counters: Counter = Counter()
         self.last_transition: dict[int, Transition] = {}
-        self._live: set[int] = set()  # paths answered at least once; only those are judged
 
     # ---- paths ---------------------------------------------------------------------------
     def add_path(self, info: PathInfo) -> None:
@@ -87,7 +88,6 @@ class Failover:
                 self.detector.remove_path(pid)
                 self._loss.pop(pid, None)
                 self.last_transition.pop(pid, None)
-                self._live.discard(pid)
                 self._last_answered.pop(pid, None)
                 self._rto_pushed.pop(pid, None)
         self._clocks.pop(peer, None)
@@ -111,7 +111,7 @@ class Failover:
         """Feed one poll's events (engine.poll(), in order); returns the transitions they caused
         (already acted on)."""
         det = self.detector
-        live = self._live
+        answered = self._last_answered
         out: list[Transition] = []
         touched = set()
         for kind, pid, seq, count, _rx, size, worst_rtt, t1, t2, t3, t4 in events:
@@ -119,11 +119,12 @@ class Failover:
             if info is None:
                 continue
             if kind == EV_MISS:
-                if pid in live:  # a path is judged from its first answer on (peers start at their own pace)
+                if pid in answered:
                     out += det.on_miss(pid, seq, t4, bool(size))
                 continue
-            if t1 > self._last_answered.get(pid, 0):
-                self._last_answered[pid] = t1
+            first_answer = pid not in answered
+            if t1 > answered.get(pid, 0):
+                answered[pid] = t1
             est = self._clocks[info.peer]
             owd_fwd = owd_rev = None
             if est.converged:
@@ -131,8 +132,7 @@ class Failover:
                 owd_fwd, owd_rev = int(t2 - t1 - off), int(t4 - t3 + off)
             if t1 <= t4 and t2 <= t3:
                 est.add(Exchange(t1, t2, t3, t4))
-            if pid not in live:
-                live.add(pid)
+            if first_answer:
                 continue
             touched.add(pid)
             if kind == EV_ANSWERED:

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
+from linkpass.agent.routes import RTPROT_LINKPASS  # noqa: E402
 from linkpass.testbed import build, faults, frr, tcpflow, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.bfd_hook import BfdRouteHook  # noqa: E402
@@ -133,6 +134,17 @@ def soak(agents, seconds, burners):
     return out
 
 
+def tcp_across_cut(fab, prefix, uplink):
+    """A TCP flow A -> B hashed onto plane 0; `uplink` (A's, plane 0) down for 2 s mid-flow."""
+    flow = tcpflow.TcpFlow(fab, A, B, sport=tcpflow.sport_for_plane(fab, A, B, 0)).start()
+    time.sleep(1)
+    faults.apply(prefix, FaultSpec("down", uplink))
+    time.sleep(2)
+    faults.clear(prefix)
+    time.sleep(1)
+    return flow.stop()
+
+
 # ---- BFD -------------------------------------------------------------------------------------
 
 def bfd_hard(fab, prefix, hook, links, trials):
@@ -181,7 +193,7 @@ def bfd_under(fab, prefix, bfd, spec, window_s):
 
 def route_ops(fab, n):
     """Route changes per second: LinkPass's actuator (own netlink message) vs pyroute2's replace."""
-    from linkpass.agent.routes import RTPROT_LINKPASS, RouteActuator
+    from linkpass.agent.routes import RouteActuator
     from linkpass.testbed.mesh import peer_routes
 
     with tempfile.TemporaryDirectory() as d:
@@ -266,14 +278,7 @@ def main() -> int:
             # TCP across a plane failure (from a healthy fabric: both planes in the route)
             agents.wait_healthy(timeout_s=60)
             time.sleep(1)
-            sport = tcpflow.sport_for_plane(fab, A, B, 0)
-            flow = tcpflow.TcpFlow(fab, A, B, sport=sport).start()
-            time.sleep(1)
-            faults.apply(prefix, FaultSpec("down", uplinks[0]))
-            time.sleep(2)
-            faults.clear(prefix)
-            time.sleep(1)
-            stall_lp = flow.stop()
+            stall_lp = tcp_across_cut(fab, prefix, uplinks[0])
             progress(f"tcp with linkpass: longest gap {stall_lp.max_gap_ms} ms")
             time.sleep(spacing)
             print(f"healthy soak with 2 CPU burners, {soak_s:.0f} s")
@@ -289,16 +294,9 @@ def main() -> int:
         finally:
             agents.stop()
             faults.clear(prefix)
-        flush_routes(fab, 176)
+        flush_routes(fab, RTPROT_LINKPASS)
         # -- without LinkPass: the same TCP flow
-        sport = tcpflow.sport_for_plane(fab, A, B, 0)
-        flow = tcpflow.TcpFlow(fab, A, B, sport=sport).start()
-        time.sleep(1)
-        faults.apply(prefix, FaultSpec("down", uplinks[0]))
-        time.sleep(2)
-        faults.clear(prefix)
-        time.sleep(1)
-        stall_none = flow.stop()
+        stall_none = tcp_across_cut(fab, prefix, uplinks[0])
         progress(f"tcp without linkpass: longest gap {stall_none.max_gap_ms} ms")
         # -- BFD
         bfd_rows = {}
