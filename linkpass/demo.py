@@ -71,7 +71,9 @@ def _failover(prefix: str, fab, workdir: str) -> bool:
     last = fab.spec.hosts - 1
     agents = Agents(fab, workdir, [0, last]).start()
     try:
-        time.sleep(2)  # every path answered, RTT learned
+        # every path answered and up (a start-up burst of lateness can leave one damped a while)
+        agents.wait_healthy(timeout_s=30)
+        time.sleep(1)
         sport = tcpflow.sport_for_plane(fab, 0, last, 0)
         flow = tcpflow.TcpFlow(fab, 0, last, sport=sport).start()
         time.sleep(0.5)
