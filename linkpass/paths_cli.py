@@ -11,14 +11,33 @@ from .probe.service import DEFAULT_PORT
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("paths", help="probed paths on this host: loss per direction, RTT, one-way delay",
-                       description="Read the local agent's per-path telemetry (127.0.0.1:PORT/v1/paths). "
+    p = sub.add_parser("paths", help="probed paths: this host's (local agent) or any host's (coordinator)",
+                       description="`linkpass paths [--peer PEER]` reads the local agent's per-path telemetry "
+                                   "(127.0.0.1:PORT/v1/paths); `linkpass paths HOST [PEER]` asks the coordinator "
+                                   "for HOST's paths and the links they cross. A single PEER with --port or "
+                                   "--local is read as a peer of the local agent. "
                                    "Exit 0 ok, 1 if a path lost > 1 %% in the window or is degraded / "
-                                   "recovering, 2 if a path is dark, down or damped, 3 if no agent answers.")
+                                   "recovering, 2 if a path is dark, down or damped, 3 if nothing answers.")
+    p.add_argument("host", nargs="?", help="a host of the fleet (asks the coordinator)")
     p.add_argument("peer", nargs="?", help="only paths to this peer")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--local", action="store_true", help="the local agent, whatever the arguments")
+    p.add_argument("--peer", dest="peer_opt", help="only paths to this peer (local agent)")
+    p.add_argument("--port", type=int, default=None, help=f"local agent's API port (default {DEFAULT_PORT})")
     p.add_argument("-o", "--output", choices=FORMATS, default="table")
-    p.set_defaults(func=run)
+    from .fleet_cli import add_coordinator_paths_args
+
+    add_coordinator_paths_args(p)
+    p.set_defaults(func=dispatch)
+
+
+def dispatch(args) -> int:
+    if args.host and not (args.local or args.port is not None):
+        from .fleet_cli import paths_from_coordinator
+
+        return paths_from_coordinator(args)
+    args.peer = args.peer_opt or args.host
+    args.port = DEFAULT_PORT if args.port is None else args.port
+    return run(args)
 
 
 def _ms(ns) -> str:

@@ -28,6 +28,12 @@
     routes: {enabled: false, rto_min_ms: 10, journal: /run/linkpass/routes.journal,
              max_changes_per_s: 1000}
     entropy: {enabled: false, path: /dev/shm/linkpass-entropy}   # ports per (peer, plane), docs/entropy-table.md
+    coordinator:                     # optional; without it the agent works alone (it always fails over locally)
+      url: http://198.19.0.1:9470    # the coordinator's endpoint
+      token_file: /etc/linkpass/agent.token   # a token with role "agent"
+      report_ms: 200                 # path changes are sent this often (batched)
+      summary_s: 10                  # the whole path table is sent this often (heals lost reports)
+      follow_plan: true              # probe the peers the coordinator's probe plan names
 
 Pure: parsing and validation only; reading the files is the daemon's.
 """
@@ -60,6 +66,15 @@ class Peer:
 
 
 @dataclass(frozen=True)
+class CoordinatorLinkConfig:
+    url: str
+    token_file: str
+    report_ms: int = 200
+    summary_s: float = 10.0
+    follow_plan: bool = True
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     agent_id: int
     name: str
@@ -82,6 +97,7 @@ class AgentConfig:
     entropy_enabled: bool = False
     entropy_path: str = "/dev/shm/linkpass-entropy"
     detect: dict = field(default_factory=dict)  # DetectorConfig overrides, in its own units (ns)
+    coordinator: "CoordinatorLinkConfig | None" = None
     extra: dict = field(default_factory=dict)
 
 
@@ -125,7 +141,8 @@ def _mapping(value, where: str, allowed: set[str]) -> dict:
     return value
 
 
-TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe", "detect", "api", "routes", "entropy"}
+TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe", "detect", "api", "routes", "entropy",
+       "coordinator"}
 # detect.<field>: (DetectorConfig field, factor to its unit, lo, hi, the agent's default or None for
 # DetectorConfig's). The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
 # noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
@@ -201,7 +218,19 @@ def parse(raw: object) -> AgentConfig:
         DetectorConfig(**detect)
     except ValueError as exc:
         raise ConfigError(f"detect: {exc}") from None
+    coordinator = None
+    if top.get("coordinator") is not None:
+        c = _mapping(top["coordinator"], "coordinator", {"url", "token_file", "report_ms", "summary_s", "follow_plan"})
+        url = _str(_need(c, "url", "coordinator."), "coordinator.url")
+        if not url.startswith("http://"):
+            raise ConfigError(f"coordinator.url: expected http://HOST:PORT (the coordinator's endpoint), got {url!r}")
+        coordinator = CoordinatorLinkConfig(
+            url, _str(_need(c, "token_file", "coordinator."), "coordinator.token_file"),
+            _int(c.get("report_ms", 200), "coordinator.report_ms", 10, 60_000),
+            _num(c.get("summary_s", 10), "coordinator.summary_s", 1, 3600),
+            _bool(c.get("follow_plan", True), "coordinator.follow_plan"))
     return AgentConfig(
+        coordinator=coordinator,
         agent_id=agent_id, name=name, fleet_key_file=key_file, service=service, nics=tuple(nics), peers=tuple(peers),
         interval_ms=interval, idle_interval_ms=idle,
         ports_per_path=_int(probe.get("ports_per_path", 1), "probe.ports_per_path", 1, 16),

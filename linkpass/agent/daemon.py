@@ -28,8 +28,9 @@ from ..core.detector import Detector, DetectorConfig, State
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import EV_MISS, CoreProbeEngine, PathSpec
 from ..probe.service import LocalApi, PathLabels, TelemetryView
-from .config import AgentConfig, ConfigError, load_text, read_fleet_key
-from .decide import PathInfo
+from .config import AgentConfig, ConfigError, Peer, load_text, read_fleet_key
+from .coordinator_link import CoordinatorLink
+from .decide import PathInfo, crosses
 from .failover import Failover
 from .routes import PeerRoutes, RouteActuator
 
@@ -130,6 +131,12 @@ class Agent:
         self.api: LocalApi | None = None
         self.stopping = threading.Event()
         self.reload_requested = False
+        self.hops: dict[int, tuple] = {}  # path -> routers on the way (for the coordinator's fleet view)
+        self.link: CoordinatorLink | None = None
+        # handed over by the coordinator thread, applied by the main loop (Failover is single-threaded)
+        self.pending_drains: list[dict] | None = None
+        self.pending_plan: dict | None = None
+        self.drain_addrs: list[dict] = []
 
     @staticmethod
     def _route_actuator(cfg: AgentConfig, dry_run: bool) -> RouteActuator | None:
@@ -180,6 +187,7 @@ class Agent:
                         if self.cfg.size_probe_every:
                             self.engine.set_size_probe(pid, self.cfg.size_probe_every, self.cfg.mtu)
                         self.labels[pid] = PathLabels(peer.name, plane, index, sport)
+                        self.hops[pid] = tuple(path.hops)
                         self.failover.add_path(PathInfo(pid, peer.name, plane, sport, addr))
                         ids.append(pid)
                         added += 1
@@ -194,6 +202,7 @@ class Agent:
         for pid in self.paths_of_peer.pop(name, []):
             self.engine.remove_path(pid)
             self.labels.pop(pid, None)
+            self.hops.pop(pid, None)
         log("peer_removed", peer=name)
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -210,9 +219,76 @@ class Agent:
         self.add_peers(self.cfg.peers)
         self.api = LocalApi(self.view, port=self.cfg.api_port, collectors=[_FailoverMetrics(self)],
                             extra_routes={"/v1/state": self.failover.path_rows})
+        if self.cfg.coordinator is not None:
+            self.link = CoordinatorLink(self.cfg.coordinator, self.identity, self.report_rows, self._take_drains,
+                                        self._take_plan, log).start()
         log("started", agent_id=self.cfg.agent_id, name=self.cfg.name, api_port=self.api.port,
             paths=len(self.labels), nics=[n.ifname for n in self.cfg.nics], routes=self.routes is not None,
             entropy=self.entropy is not None, dry_run=self.dry_run)
+
+    # ---- the coordinator ---------------------------------------------------------------
+    def identity(self) -> dict:
+        from .. import __version__
+
+        return {"name": self.cfg.name, "agent_id": self.cfg.agent_id, "service": self.cfg.service,
+                "nics": {str(n.plane): n.addr for n in self.cfg.nics}, "api_port": self.cfg.api_port,
+                "version": __version__}
+
+    def report_rows(self) -> list[dict]:
+        """The path table as the coordinator wants it (called from the coordinator thread)."""
+        out = []
+        for r in self.failover.path_rows():
+            info = self.failover.paths.get(r["path"])
+            if info is None:
+                continue
+            out.append({"id": r["path"], "peer": r["peer"], "plane": r["plane"], "sport": r["sport"],
+                        "hops": list(self.hops.get(r["path"], ())), "peer_addr": info.peer_addr,
+                        "state": r["state"], "reason": r["reason"]})
+        return out
+
+    def _take_drains(self, drains: list[dict]) -> None:
+        self.pending_drains = drains
+
+    def _take_plan(self, plan: dict) -> None:
+        if self.cfg.coordinator is not None and self.cfg.coordinator.follow_plan:
+            self.pending_plan = plan
+
+    def apply_drains(self, drains: list[dict]) -> None:
+        self.drain_addrs = drains
+        addrs = [a for d in drains for a in d.get("addrs", ())]
+        drained = [pid for pid, info in list(self.failover.paths.items())
+                   if addrs and crosses(self.hops.get(pid, ()), info.peer_addr, addrs)]
+        self.failover.set_drained(drained)
+        log("drains_applied", links=[d.get("link") for d in drains], paths=len(drained))
+
+    def apply_plan(self, plan: dict) -> None:
+        """Probe exactly the peers the plan names (discovery for new ones runs here, in this loop)."""
+        try:
+            want = {p["name"]: Peer(p["name"], int(p["agent_id"]), p["service"],
+                                    {int(k): v for k, v in p["nics"].items()})
+                    for p in plan.get("peers", []) if p["name"] != self.cfg.name}
+        except (KeyError, TypeError, ValueError) as exc:
+            log("plan_rejected", error=repr(exc), note="keeping the current peers")
+            return
+        have = {p.name: p for p in self.cfg.peers}
+        # peers whose routes this agent manages stay probed whatever the plan says: without
+        # probes their routes could not be moved back
+        managed = set(self.routes.peers) if self.routes is not None else set()
+        want.update({n: p for n, p in have.items() if n in managed and n not in want})
+        gone = [n for n in have if n not in want]
+        new = [p for n, p in want.items() if have.get(n) != p]
+        if not gone and not new:
+            return
+        for n in gone:
+            self.remove_peer(n)
+        for p in new:
+            if p.name in have:
+                self.remove_peer(p.name)
+        self.cfg = AgentConfig(**{**self.cfg.__dict__, "peers": tuple(want.values())})
+        self.add_peers(new)
+        if self.drain_addrs:
+            self.apply_drains(self.drain_addrs)
+        log("plan_applied", version=plan.get("version"), peers=len(want), added=[p.name for p in new], removed=gone)
 
     def reload(self, new: AgentConfig, key: bytes) -> None:
         fixed = [f for f in FIXED_ON_RELOAD if getattr(new, f) != getattr(self.cfg, f)]
@@ -243,6 +319,12 @@ class Agent:
                     self.reload(*load(config_path))
                 except ConfigError as exc:
                     log("reload_rejected", error=str(exc), note="running on with the previous config")
+            if self.pending_plan is not None:
+                plan, self.pending_plan = self.pending_plan, None
+                self.apply_plan(plan)
+            if self.pending_drains is not None:
+                drains, self.pending_drains = self.pending_drains, None
+                self.apply_drains(drains)
             # sleep until the C loop reports a miss or a late reply, or the next batch is due
             self.engine.wait(next_batch - time.monotonic())
             now = time.monotonic()
@@ -261,6 +343,8 @@ class Agent:
 
     def stop(self) -> None:
         """Clean stop: the data path goes back to the baseline before the probes stop."""
+        if self.link is not None:
+            self.link.stop()
         if self.routes is not None:
             try:
                 self.routes.restore_baseline()

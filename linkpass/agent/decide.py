@@ -59,6 +59,13 @@ def silence_confirmed(silent_since_ns: int, others_last_answered_ns: Iterable[in
     return any(t >= silent_since_ns + margin_ns for t in others_last_answered_ns)
 
 
+def crosses(hops: Iterable[str | None], peer_addr: str, link_addrs: Iterable[str]) -> bool:
+    """Whether a path crosses a link, given that link's interface addresses: a hop names the
+    router interface a probe came in on, and the destination's own NIC ends its last link."""
+    addrs = set(link_addrs)
+    return peer_addr in addrs or any(h in addrs for h in hops if h is not None)
+
+
 def entropy_entry(paths: Iterable[tuple[PathInfo, State]]) -> Entry:
     """The entropy-table entry of one (peer, plane): the source ports of its usable paths, in
     path order; if none is usable, all of them with ENTRY_FAIL_STATIC."""

@@ -72,6 +72,18 @@ class Failover:
         self.planes: dict[str, tuple[int, ...]] = {}
         self.counters: Counter = Counter()
         self.last_transition: dict[int, Transition] = {}
+        self.drained: frozenset[int] = frozenset()  # paths an operator's drain steers away from
+
+    def set_drained(self, path_ids) -> None:
+        """Paths crossing a drained link: unusable for the data path (still probed and judged,
+        so `linkpass paths` shows the link's health while drained). Re-decides their peers."""
+        new = frozenset(path_ids)
+        for pid in new ^ self.drained:
+            info = self.paths.get(pid)
+            if info is not None:
+                self._pending.add(info.peer)
+        self.drained = new
+        self.apply()
 
     # ---- paths ---------------------------------------------------------------------------
     def add_path(self, info: PathInfo) -> None:
@@ -255,6 +267,8 @@ class Failover:
                     answered[pid], (t for q, t in answered.items() if q != pid), self.silence_margin_ns):
                 unconfirmed.append(pid)
                 st = State.UP
+            if pid in self.drained:
+                st = State.DOWN
             eff[pid] = st
         return eff, unconfirmed
 
@@ -265,6 +279,7 @@ class Failover:
             d = self.detector[pid]
             last = self.last_transition.get(pid)
             rows.append({"path": pid, "peer": info.peer, "plane": info.plane, "sport": info.sport,
-                         "state": d.state.value, "usable": d.state.usable, "rto_ns": d.rto_ns,
+                         "state": d.state.value, "usable": d.state.usable and pid not in self.drained,
+                         "drained": pid in self.drained, "rto_ns": d.rto_ns,
                          "reason": last.reason.value if last else None})
         return rows

@@ -1,0 +1,89 @@
+"""Every `ray.*` call of LinkPass lives here: the coordinator as a detached, named Ray actor.
+
+One bootstrap path: `ensure(settings)` returns the running actor if there is one (in namespace
+"linkpass", name "coordinator") and creates it otherwise. `max_restarts=-1`: if its process dies,
+Ray starts a new one with the same settings; it reopens the same SQLite database and listens on
+the same address, so agents and the CLI carry on after a few failed requests. Agents are ordinary
+daemons and never talk to Ray: they use the actor's HTTP endpoint.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+
+NAMESPACE = "linkpass"
+ACTOR_NAME = "coordinator"
+
+
+@ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+class CoordinatorActor:
+    def __init__(self, settings: dict):
+        from .runner import start  # noqa: PLC0415 (imported in the actor's process)
+
+        self.server = start(settings)
+
+    def endpoint(self) -> str:
+        return self.server.url
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def connect(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Join the Ray cluster at `address`, or start a local one (the embedded default)."""
+    if ray.is_initialized():
+        return
+    kwargs = {"namespace": NAMESPACE, "log_to_driver": False, "configure_logging": False}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+
+
+def ensure(settings: dict, timeout_s: float = 60.0):
+    """The coordinator actor (get-if-exists, else create) and its endpoint URL once it answers."""
+    handle = CoordinatorActor.options(name=ACTOR_NAME, namespace=NAMESPACE, lifetime="detached",
+                                      get_if_exists=True).remote(settings)
+    return handle, endpoint(handle, timeout_s)
+
+
+def endpoint(handle, timeout_s: float = 60.0) -> str:
+    return ray.get(handle.endpoint.remote(), timeout=timeout_s)
+
+
+def actor_pid(handle, timeout_s: float = 60.0) -> int:
+    return ray.get(handle.pid.remote(), timeout=timeout_s)
+
+
+def existing():
+    """The running coordinator actor, or None."""
+    try:
+        return ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def stop(handle) -> None:
+    """Kill the actor for good (no restart)."""
+    ray.kill(handle, no_restart=True)
+
+
+def wait_restarted(handle, old_pid: int, timeout_s: float = 60.0) -> int:
+    """After the actor's process died: wait until a new process answers; returns its pid."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pid = ray.get(handle.pid.remote(), timeout=5)
+            if pid != old_pid:
+                return pid
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the coordinator actor did not come back within {timeout_s:.0f} s")
+
+
+def shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,536 @@
+"""The coordinator as a plain class: what the fleet's agents report, what it means, what to do.
+
+    agents ── register / report (path verdicts: changes at once, summaries periodically) ──►
+    Coordinator ── path table ─► Localizer (which link, which direction) ─► findings, events
+                ── drains (operator) ─► every agent: the router addresses to steer away from
+                ── probe plan (which peers each agent probes) ─► agents, revised on join/leave
+
+No Ray and no sockets here (`ray_actor.py` hosts it, `http.py` serves it); time comes in as
+arguments, so tests drive it directly. Calls are serialised by the host (one lock): the class
+itself is not thread-safe. Everything that must survive a restart goes through `Store`.
+
+Path verdicts map to localization evidence: a path is *bad* when down, damped (flapping) or
+degraded, *good* when up; suspect and recovering paths are no evidence either way. The reason
+names the direction when the detector knows it (gray loss and latency are judged per direction).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..core.fleet import FleetError, FleetModel, directed, split_directed
+from ..core.localize import Localizer, Observation
+from ..core.plan import plan_probes
+from .store import Store
+
+BAD_STATES = frozenset({"down", "damped", "degraded"})
+GOOD_STATES = frozenset({"up"})
+STATES = ("up", "suspect", "down", "recovering", "degraded", "damped")
+_DIRECTION_OF_REASON = {"gray_loss_fwd": "forward", "latency_fwd": "forward",
+                        "gray_loss_rev": "reverse", "latency_rev": "reverse"}
+
+
+class CoordinatorError(ValueError):
+    """A caller's request cannot be done; the message says why and what would work."""
+
+    status = 400
+
+
+class NotFound(CoordinatorError):
+    status = 404
+
+
+class Refused(CoordinatorError):
+    """A safety guard said no (blast radius, last path)."""
+
+    status = 409
+
+
+@dataclass
+class CoordinatorConfig:
+    max_drain_share: float = 0.05  # of one tier's links in one plane; at least one is always allowed
+    agent_timeout_s: float = 10.0  # an agent silent this long is reported lost
+    full_mesh_max: int = 16  # probe plans: full mesh up to this many hosts
+
+
+@dataclass
+class PathRecord:
+    key: str
+    reporter: str
+    peer: str
+    plane: int
+    sport: int
+    hops: tuple
+    peer_addr: str
+    state: str
+    reason: str | None
+    updated: float
+    links: tuple[str, ...] = ()  # forward directed links (empty: unknown to the fabric model)
+
+    def info(self) -> dict:
+        return {"peer": self.peer, "plane": self.plane, "sport": self.sport, "hops": list(self.hops),
+                "peer_addr": self.peer_addr}
+
+
+@dataclass
+class AgentRecord:
+    name: str
+    agent_id: int
+    info: dict
+    first_seen: float
+    last_seen: float
+    lost: bool = False
+    reports: int = 0
+
+
+@dataclass
+class _Changes:
+    events: list = field(default_factory=list)
+    paths: list = field(default_factory=list)
+    states: list = field(default_factory=list)
+
+
+class Coordinator:
+    def __init__(self, store: Store, model: FleetModel | None = None, config: CoordinatorConfig | None = None,
+                 now: float | None = None):
+        self.store = store
+        self.config = config or CoordinatorConfig()
+        self.model = model
+        self.localizer = Localizer(model) if model is not None else None
+        self.paths: dict[str, PathRecord] = {}
+        self.by_reporter: dict[str, set[str]] = defaultdict(set)
+        self.agents: dict[str, AgentRecord] = {}
+        self.findings: dict[str, dict] = {}  # directed link -> finding dict
+        self.counters: dict[str, int] = defaultdict(int)
+        self.started = time.time() if now is None else now
+        self._dirty = False
+        self._recover()
+
+    # ---- restart -----------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Rebuild the in-memory view from the store (a restarted actor loses nothing)."""
+        for name, a in self.store.agents().items():
+            info = {k: v for k, v in a.items() if k not in ("agent_id", "first_seen", "last_seen")}
+            self.agents[name] = AgentRecord(name, a["agent_id"], info, a["first_seen"], a["last_seen"])
+        for row in self.store.paths():
+            rec = PathRecord(row["key"], row["reporter"], row["peer"], row["plane"], row["sport"], tuple(row["hops"]),
+                             row["peer_addr"], row["state"], row["reason"], row["updated"])
+            self._index(rec)
+        self.drains = self.store.drains()
+        self.drain_version = int(self.store.get_meta("drain_version") or 0)
+        self.plan_version = int(self.store.get_meta("plan_version") or 0)
+        self._plan_hosts: tuple[str, ...] = ()
+        self._plan = None
+        self._dirty = True
+        if self.agents or self.paths:
+            self.counters["recovered_paths"] = len(self.paths)
+            self.store.event("coordinator", "coordinator", "start", recovered_agents=len(self.agents),
+                             recovered_paths=len(self.paths), drains=sorted(self.drains))
+
+    def _index(self, rec: PathRecord) -> None:
+        if self.model is not None:
+            try:
+                rec.links = self.model.links_of_path(rec.reporter, rec.plane, rec.hops, rec.peer_addr)
+            except FleetError:
+                rec.links = ()
+                self.counters["paths_unmapped"] += 1
+        self.paths[rec.key] = rec
+        self.by_reporter[rec.reporter].add(rec.key)
+        self._observe(rec)
+
+    def _observe(self, rec: PathRecord) -> None:
+        if self.localizer is None or not rec.links:
+            return
+        if rec.state not in BAD_STATES and rec.state not in GOOD_STATES:
+            self.localizer.forget(rec.key)
+            return
+        try:
+            reverse = self.model.reverse_definite(rec.reporter, rec.plane, rec.peer)
+        except FleetError:
+            reverse = ()
+        self.localizer.update(Observation(rec.reporter, rec.key, rec.links, reverse, rec.state in BAD_STATES,
+                                          _DIRECTION_OF_REASON.get(rec.reason or "")))
+        self._dirty = True
+
+    # ---- agents ------------------------------------------------------------------------
+    def register(self, body: dict, now: float) -> dict:
+        """An agent (re)starts or the coordinator came back: its identity and its whole path table."""
+        name = _field(body, "name", str)
+        agent_id = _field(body, "agent_id", int)
+        info = {"service": _field(body, "service", str), "nics": {int(k): v for k, v in _field(body, "nics", dict).items()},
+                "version": str(body.get("version", "")), "api_port": body.get("api_port")}
+        known = self.agents.get(name)
+        if known is None or known.lost:
+            self.store.event("agent", name, name, what="registered" if known is None else "returned",
+                             agent_id=agent_id, paths=len(body.get("paths", [])))
+        first = known.first_seen if known else now
+        self.agents[name] = AgentRecord(name, agent_id, info, first, now)
+        self.store.upsert_agent(name, agent_id, info, now)
+        changes = _Changes()
+        keep = set()
+        for p in _field(body, "paths", list):
+            keep.add(self._put_path(name, p, now, changes))
+        for key in self.by_reporter.get(name, set()) - keep:
+            self._drop_path(key)
+        self.store.drop_paths(name, keep)
+        self._flush(changes)
+        return self._answer(name, body)
+
+    def report(self, body: dict, now: float) -> dict:
+        """Path verdicts from one agent: `changes` (state moves since the last report) and, now
+        and then, `paths` (the full table: a summary that heals anything a lost report missed)."""
+        name = _field(body, "name", str)
+        agent = self.agents.get(name)
+        if agent is None:
+            raise NotFound(f"agent {name!r} has not registered; it registers by itself on start "
+                           "(restart it if this persists)")
+        if agent.lost:
+            agent.lost = False
+            self.store.event("agent", name, name, what="returned")
+        agent.last_seen = now
+        agent.reports += 1
+        changes = _Changes()
+        if "paths" in body:
+            keep = {self._put_path(name, p, now, changes) for p in _field(body, "paths", list)}
+            for key in self.by_reporter.get(name, set()) - keep:
+                self._drop_path(key)
+        for c in _field(body, "changes", list, default=[]):
+            self._change(name, c, now, changes)
+        self._flush(changes)
+        return self._answer(name, body)
+
+    def _put_path(self, reporter: str, p: dict, now: float, changes: _Changes) -> str:
+        pid = _field(p, "id", int, where="paths[].")
+        key = f"{reporter}/{pid}"
+        old = self.paths.get(key)
+        state = _state(p)
+        hops = tuple(p.get("hops") or ())
+        if old is not None and old.hops == hops and old.peer == p.get("peer") and old.plane == p.get("plane"):
+            if old.state != state or old.reason != p.get("reason"):
+                self._set_state(old, state, p.get("reason"), now, changes)
+            return key
+        rec = PathRecord(key, reporter, _field(p, "peer", str, where="paths[]."), _field(p, "plane", int, where="paths[]."),
+                         int(p.get("sport", 0)), hops, str(p.get("peer_addr", "")), state, p.get("reason"), now)
+        if old is not None:
+            self._drop_path(key)
+        self._index(rec)
+        changes.paths.append((key, reporter, rec.info(), state, rec.reason, now))
+        if state in BAD_STATES:
+            changes.events.append((now, "detection", reporter, key, {"peer": rec.peer, "plane": rec.plane,
+                                                                     "state": state, "reason": rec.reason}))
+        return key
+
+    def _change(self, reporter: str, c: dict, now: float, changes: _Changes) -> None:
+        key = f"{reporter}/{_field(c, 'id', int, where='changes[].')}"
+        rec = self.paths.get(key)
+        if rec is None:
+            self.counters["changes_unknown_path"] += 1  # the next summary brings the path
+            return
+        self._set_state(rec, _state(c), c.get("reason"), now, changes)
+
+    def _set_state(self, rec: PathRecord, state: str, reason: str | None, now: float, changes: _Changes) -> None:
+        was_bad = rec.state in BAD_STATES
+        rec.state, rec.reason, rec.updated = state, reason, now
+        self.counters["path_changes"] += 1
+        changes.states.append((state, reason, now, rec.key))
+        self._observe(rec)
+        is_bad = state in BAD_STATES
+        if is_bad != was_bad:
+            changes.events.append((now, "detection" if is_bad else "recovery", rec.reporter, rec.key,
+                                   {"peer": rec.peer, "plane": rec.plane, "state": state, "reason": reason}))
+
+    def _drop_path(self, key: str) -> None:
+        rec = self.paths.pop(key, None)
+        if rec is None:
+            return
+        self.by_reporter[rec.reporter].discard(key)
+        if self.localizer is not None:
+            self.localizer.forget(key)
+            self._dirty = True
+
+    def _flush(self, changes: _Changes) -> None:
+        self.store.put_paths(changes.paths)
+        self.store.put_states(changes.states)
+        self.store.add_events(changes.events)
+
+    def _answer(self, name: str, body: dict) -> dict:
+        """What the agent needs back: drains and its probe plan, when its copies are stale."""
+        out: dict = {"drain_version": self.drain_version, "plan_version": self.plan_version}
+        if body.get("drain_version") != self.drain_version:
+            out["drains"] = self.drain_addresses()
+        plan = self.plan_for(name)
+        if plan is not None and body.get("plan_version") != plan["version"]:
+            out["plan"] = plan
+        out["plan_version"] = plan["version"] if plan else None
+        return out
+
+    # ---- periodic ----------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Liveness and localization; the host calls it every ~100 ms."""
+        seen = {}
+        for a in self.agents.values():
+            if not a.lost and now - a.last_seen > self.config.agent_timeout_s:
+                a.lost = True
+                self.store.event("agent", "coordinator", a.name, what="lost",
+                                 silent_s=round(now - a.last_seen, 1),
+                                 note="no report from this agent: it keeps failing over locally if it runs")
+            seen[a.name] = a.last_seen
+        self.store.touch_agents(seen)
+        if self._dirty:
+            self.relocalize(now)
+
+    def relocalize(self, now: float) -> list[dict]:
+        """Recompute findings; log the ones that appeared and the ones that cleared."""
+        self._dirty = False
+        if self.localizer is None:
+            return []
+        found = {}
+        for f in self.localizer.findings():
+            d = f.as_dict()
+            name, _ = split_directed(f.directed)
+            lk = self.model.links[name]
+            d["a"], d["b"] = lk.a, lk.b
+            host_end = lk.a
+            if host_end in self.agents and self.agents[host_end].lost:
+                d["note"] = f"agent {host_end} is not reporting: the host may be down rather than the link"
+            found[f.directed] = d
+        events = []
+        for dl, d in found.items():
+            if dl not in self.findings:
+                events.append((now, "localization", "coordinator", dl, d))
+        for dl, d in self.findings.items():
+            if dl not in found:
+                events.append((now, "cleared", "coordinator", dl, {"was": d}))
+        self.findings = found
+        self.store.add_events(events)
+        return list(found.values())
+
+    # ---- probe plans -------------------------------------------------------------------
+    def _current_plan(self):
+        hosts = tuple(sorted(n for n, a in self.agents.items() if not a.lost))
+        if hosts != self._plan_hosts:
+            self._plan_hosts = hosts
+            if self.model is not None:
+                known = [h for h in hosts if h in self.model.hosts]
+                self._plan = plan_probes(self.model, known, full_mesh_max=self.config.full_mesh_max)
+            else:
+                self._plan = None
+            self.plan_version += 1
+            self.store.set_meta("plan_version", str(self.plan_version))
+        return self._plan
+
+    def plan_for(self, host: str) -> dict | None:
+        """Which peers `host` should probe, with what the agent needs to reach them."""
+        if host not in self.agents:
+            return None
+        plan = self._current_plan()
+        if plan is not None and host in self.model.hosts:
+            names = plan.peers_of(host)
+        else:  # no fabric model: everyone probes everyone it can reach
+            names = sorted(n for n in self._plan_hosts if n != host)
+        peers = []
+        for n in names:
+            a = self.agents.get(n)
+            if a is not None:
+                peers.append({"name": n, "agent_id": a.agent_id, "service": a.info["service"],
+                              "nics": {str(k): v for k, v in a.info["nics"].items()}})
+        return {"version": self.plan_version, "peers": peers}
+
+    # ---- drains ------------------------------------------------------------------------
+    def drain_addresses(self) -> list[dict]:
+        """Per drained link, the addresses that identify crossing it: a path crosses a link when
+        one of its hops, or its destination, is an interface address of that link."""
+        out = []
+        for name in sorted(self.drains):
+            lk = self.model.links.get(name) if self.model else None
+            addrs = [a for a in ((lk.a_addr, lk.b_addr) if lk else ()) if a]
+            out.append({"link": name, "addrs": addrs})
+        return out
+
+    def _link(self, name: str) -> str:
+        if self.model is None:
+            raise CoordinatorError("no fabric model is loaded, so links have no names here; start the coordinator "
+                                   "with --testbed PREFIX or --fabric FILE")
+        if name in self.model.links:
+            return name
+        parts = name.split("-")
+        if len(parts) == 2 and f"{parts[1]}-{parts[0]}" in self.model.links:
+            return f"{parts[1]}-{parts[0]}"
+        raise NotFound(f"no link named {name!r} in the fabric (names look like "
+                       f"{', '.join(list(self.model.links)[:2])}; `linkpass links` lists them)")
+
+    def what_if(self, drained: set[str]) -> dict:
+        """Which paths would move and which (host, peer) pairs would lose their last path if
+        exactly `drained` were drained (paths already down count as unusable too)."""
+        dl = {directed(n, d) for n in drained for d in ("up", "down")}
+        moved = defaultdict(list)
+        usable = defaultdict(int)
+        total = defaultdict(int)
+        for rec in self.paths.values():
+            pair = (rec.reporter, rec.peer)
+            total[pair] += 1
+            crosses = any(x in dl for x in rec.links)
+            if crosses:
+                moved[rec.reporter].append({"path": rec.key, "peer": rec.peer, "plane": rec.plane, "sport": rec.sport})
+            elif rec.state not in BAD_STATES:
+                usable[pair] += 1
+        stranded = sorted(f"{h} -> {p}" for (h, p) in total if usable[(h, p)] == 0)
+        return {"hosts": sorted(moved), "paths": {h: v for h, v in sorted(moved.items())},
+                "paths_moved": sum(len(v) for v in moved.values()), "stranded": stranded}
+
+    def drain(self, link: str, reason: str, by: str, now: float, dry_run: bool = False, force: bool = False) -> dict:
+        name = self._link(link)
+        if not reason or not reason.strip():
+            raise CoordinatorError("a drain needs --reason (it goes into the history on-call reads later)")
+        if name in self.drains:
+            return {"link": name, "changed": False, "drain": self.drains[name], "dry_run": dry_run}
+        lk = self.model.links[name]
+        same = [n for n, x in self.model.links.items() if x.kind == lk.kind and x.plane == lk.plane]
+        limit = max(1, math.floor(self.config.max_drain_share * len(same)))
+        drained_here = [n for n in self.drains if n in set(same)]
+        impact = self.what_if(set(self.drains) | {name})
+        problem = None
+        if len(drained_here) + 1 > limit:
+            problem = (f"blast-radius guard: {len(drained_here)} of {len(same)} {lk.kind} links in plane {lk.plane} "
+                       f"are drained already ({', '.join(sorted(drained_here))}); at most {limit} "
+                       f"({self.config.max_drain_share:.0%}) may be. Undrain one first, or raise max_drain_share")
+        elif impact["stranded"] and not force:
+            problem = (f"draining {name} would leave {len(impact['stranded'])} host pairs without a usable path "
+                       f"({', '.join(impact['stranded'][:5])}); agents never remove a last path, so these would keep "
+                       "using it anyway. Fix or undrain the other links first (or --force to record it regardless)")
+        result = {"link": name, "kind": lk.kind, "plane": lk.plane, "dry_run": dry_run, "impact": impact,
+                  "limit": limit, "drained_in_tier": sorted(drained_here)}
+        if problem:
+            self.store.event("refused", by, name, action="drain", reason=reason, why=problem, dry_run=dry_run)
+            if not dry_run:
+                raise Refused(problem)
+            result["refused"] = problem
+            return result
+        if dry_run:
+            return result
+        self.drains[name] = {"reason": reason, "by": by, "since": now}
+        self.store.set_drain(name, reason, by, now)
+        self._bump_drains()
+        self.store.event("drain", by, name, reason=reason, hosts=impact["hosts"], paths_moved=impact["paths_moved"])
+        result["changed"] = True
+        return result
+
+    def undrain(self, link: str, by: str, now: float, dry_run: bool = False) -> dict:
+        name = self._link(link)
+        if name not in self.drains:
+            return {"link": name, "changed": False, "dry_run": dry_run}
+        impact = self.what_if(set(self.drains) - {name})
+        back = self.what_if({name})
+        result = {"link": name, "dry_run": dry_run, "impact": {"hosts": back["hosts"], "paths_moved": back["paths_moved"],
+                                                                "stranded": impact["stranded"]}}
+        if dry_run:
+            return result
+        was = self.drains.pop(name)
+        self.store.clear_drain(name)
+        self._bump_drains()
+        self.store.event("undrain", by, name, drained_by=was["by"], drained_for_s=round(now - was["since"], 1))
+        result["changed"] = True
+        return result
+
+    def _bump_drains(self) -> None:
+        self.drain_version += 1
+        self.store.set_meta("drain_version", str(self.drain_version))
+
+    # ---- views (the CLI and dashboards) -------------------------------------------------
+    def status(self, now: float) -> dict:
+        states = defaultdict(int)
+        for rec in self.paths.values():
+            states[rec.state] += 1
+        lost = sorted(n for n, a in self.agents.items() if a.lost)
+        bad = sum(states.get(s, 0) for s in BAD_STATES)
+        health = "critical" if self.findings or lost else "warning" if bad or states.get("suspect") else "ok"
+        return {"health": health, "agents": len(self.agents), "agents_lost": lost,
+                "paths": len(self.paths), "paths_by_state": dict(sorted(states.items())),
+                "findings": sorted(self.findings.values(), key=lambda d: -d["confidence"]),
+                "drains": [{"link": k, **v} for k, v in sorted(self.drains.items())],
+                "fabric": None if self.model is None else {"hosts": len(self.model.hosts), "planes": self.model.planes,
+                                                           "links": len(self.model.links)},
+                "plan_version": self.plan_version, "drain_version": self.drain_version,
+                "uptime_s": round(now - self.started, 1)}
+
+    def links(self, only_problems: bool = False) -> list[dict]:
+        if self.model is None:
+            raise CoordinatorError("no fabric model is loaded; start the coordinator with --testbed PREFIX or "
+                                   "--fabric FILE to see links")
+        good = defaultdict(int)
+        bad = defaultdict(int)
+        for rec in self.paths.values():
+            for dl in rec.links:
+                if rec.state in BAD_STATES:
+                    bad[dl] += 1
+                elif rec.state in GOOD_STATES:
+                    good[dl] += 1
+        rows = []
+        for name, lk in self.model.links.items():
+            faults = [self.findings[directed(name, d)] for d in ("up", "down") if directed(name, d) in self.findings]
+            drain = self.drains.get(name)
+            up, down = directed(name, "up"), directed(name, "down")
+            health = ("faulty" if faults else "drained" if drain else
+                      "unwatched" if not (good[up] + bad[up]) or not (good[down] + bad[down]) else "ok")
+            if only_problems and health == "ok":
+                continue
+            rows.append({"link": name, "tier": lk.kind, "plane": lk.plane, "a": lk.a, "b": lk.b, "health": health,
+                         "faults": [{"direction": f["direction"], "confidence": f["confidence"],
+                                     **({"note": f["note"]} if "note" in f else {})} for f in faults],
+                         "drain": drain, "paths_up": {"good": good[up], "bad": bad[up]},
+                         "paths_down": {"good": good[down], "bad": bad[down]}})
+        return rows
+
+    def path_rows(self, host: str | None = None, peer: str | None = None) -> list[dict]:
+        if host is not None and host not in self.agents:
+            raise NotFound(f"no agent named {host!r} has registered (`linkpass status` lists the fleet)")
+        rows = []
+        for key in sorted(self.paths, key=_key_order):
+            rec = self.paths[key]
+            if (host and rec.reporter != host) or (peer and rec.peer != peer):
+                continue
+            rows.append({"key": key, "host": rec.reporter, "peer": rec.peer, "plane": rec.plane, "sport": rec.sport,
+                         "state": rec.state, "reason": rec.reason, "updated": rec.updated,
+                         "links": [_pretty(self.model, dl) for dl in rec.links] if self.model else []})
+        return rows
+
+    def agent_rows(self, now: float) -> list[dict]:
+        return [{"name": a.name, "agent_id": a.agent_id, "lost": a.lost, "last_seen_s": round(now - a.last_seen, 1),
+                 "paths": len(self.by_reporter.get(a.name, ())), "version": a.info.get("version"),
+                 "service": a.info.get("service")} for a in sorted(self.agents.values(), key=lambda a: a.name)]
+
+
+def _pretty(model: FleetModel, dl: str) -> str:
+    name, d = split_directed(dl)
+    lk = model.links[name]
+    return f"{lk.a}>{lk.b}" if d == "up" else f"{lk.b}>{lk.a}"
+
+
+def _key_order(key: str):
+    host, _, pid = key.rpartition("/")
+    return host, int(pid) if pid.isdigit() else 0
+
+
+_MISSING = object()
+
+
+def _field(body: dict, name: str, kind: type, where: str = "", default=_MISSING):
+    if not isinstance(body, dict):
+        raise CoordinatorError(f"{where or 'body'}: expected a JSON object")
+    if name not in body:
+        if default is not _MISSING:
+            return default
+        raise CoordinatorError(f"{where}{name}: required field is missing")
+    v = body[name]
+    if kind is int and isinstance(v, bool) or not isinstance(v, kind):
+        raise CoordinatorError(f"{where}{name}: expected {kind.__name__}, got {type(v).__name__}")
+    return v
+
+
+def _state(p: dict) -> str:
+    s = p.get("state")
+    if s not in STATES:
+        raise CoordinatorError(f"state: {s!r} is not a path state; one of {', '.join(STATES)}")
+    return s

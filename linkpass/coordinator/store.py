@@ -1,0 +1,182 @@
+"""The coordinator's memory in SQLite: events, drains, agent inventory, last path verdicts.
+
+Everything the coordinator knows that agents cannot simply tell it again lives here, so a
+restarted coordinator (a new Ray actor process, or a new host) picks up where the last one
+stopped. Path verdicts are stored too: a restarted coordinator shows the fleet at once instead of
+waiting for every agent's next summary.
+
+WAL mode with synchronous=NORMAL: a committed transaction survives the process being killed (the
+failure this store is for); only a power loss can drop the last few. One connection, used under
+the caller's lock (the coordinator serialises calls).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from typing import Any, Iterable
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,            -- unix seconds
+    kind TEXT NOT NULL,          -- detection | recovery | localization | cleared | drain | undrain | refused | agent
+    actor TEXT NOT NULL,         -- who: agent name, caller name, or "coordinator"
+    subject TEXT NOT NULL,       -- what: a link, a path key, a host
+    detail TEXT NOT NULL         -- JSON: why and the rest
+);
+CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+CREATE TABLE IF NOT EXISTS drains (
+    link TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    by TEXT NOT NULL,
+    since REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agents (
+    name TEXT PRIMARY KEY,
+    agent_id INTEGER NOT NULL,
+    info TEXT NOT NULL,          -- JSON: service, nics, version, api port
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS paths (
+    key TEXT PRIMARY KEY,        -- reporter/path id
+    reporter TEXT NOT NULL,
+    info TEXT NOT NULL,          -- JSON: peer, plane, sport, hops, peer_addr
+    state TEXT NOT NULL,
+    reason TEXT,
+    updated REAL NOT NULL
+);
+"""
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class Store:
+    def __init__(self, path: str):
+        self.path = path
+        if path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path}: cannot open the coordinator database ({exc}); move it aside to start "
+                             "afresh (history is lost) or restore a backup") from None
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            self.db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise StoreError(f"{path}: schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- events ------------------------------------------------------------------------
+    def add_events(self, events: Iterable[tuple[float, str, str, str, dict]]) -> None:
+        rows = [(ts, kind, actor, subject, json.dumps(detail, sort_keys=True)) for ts, kind, actor, subject, detail in events]
+        if rows:
+            with self._tx():
+                self.db.executemany("INSERT INTO events (ts, kind, actor, subject, detail) VALUES (?,?,?,?,?)", rows)
+
+    def event(self, kind: str, actor: str, subject: str, **detail) -> None:
+        self.add_events([(time.time(), kind, actor, subject, detail)])
+
+    def events(self, since: float = 0.0, after_id: int = 0, limit: int = 1000, kinds: Iterable[str] | None = None) -> list[dict]:
+        q = "SELECT id, ts, kind, actor, subject, detail FROM events WHERE ts >= ? AND id > ?"
+        args: list[Any] = [since, after_id]
+        kinds = list(kinds or ())
+        if kinds:
+            q += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args += kinds
+        # the newest `limit`, returned oldest first
+        q = f"SELECT * FROM ({q} ORDER BY id DESC LIMIT ?) ORDER BY id"
+        args.append(limit)
+        return [{"id": i, "ts": ts, "kind": k, "actor": a, "subject": s, "detail": json.loads(d)}
+                for i, ts, k, a, s, d in self.db.execute(q, args)]
+
+    # ---- drains ------------------------------------------------------------------------
+    def set_drain(self, link: str, reason: str, by: str, since: float) -> None:
+        with self._tx():
+            self.db.execute("INSERT OR REPLACE INTO drains VALUES (?,?,?,?)", (link, reason, by, since))
+
+    def clear_drain(self, link: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM drains WHERE link=?", (link,))
+
+    def drains(self) -> dict[str, dict]:
+        return {lk: {"reason": r, "by": b, "since": s} for lk, r, b, s in self.db.execute("SELECT * FROM drains")}
+
+    # ---- agents ------------------------------------------------------------------------
+    def upsert_agent(self, name: str, agent_id: int, info: dict, now: float) -> None:
+        with self._tx():
+            self.db.execute("INSERT INTO agents VALUES (?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
+                            "agent_id=excluded.agent_id, info=excluded.info, last_seen=excluded.last_seen",
+                            (name, agent_id, json.dumps(info, sort_keys=True), now, now))
+
+    def touch_agents(self, seen: dict[str, float]) -> None:
+        if seen:
+            with self._tx():
+                self.db.executemany("UPDATE agents SET last_seen=? WHERE name=?", [(t, n) for n, t in seen.items()])
+
+    def agents(self) -> dict[str, dict]:
+        return {n: {"agent_id": i, **json.loads(info), "first_seen": f, "last_seen": ls}
+                for n, i, info, f, ls in self.db.execute("SELECT * FROM agents")}
+
+    # ---- paths -------------------------------------------------------------------------
+    def put_paths(self, rows: Iterable[tuple[str, str, dict, str, str | None, float]]) -> None:
+        rows = [(k, r, json.dumps(i, sort_keys=True), s, rsn, t) for k, r, i, s, rsn, t in rows]
+        if rows:
+            with self._tx():
+                self.db.executemany("INSERT OR REPLACE INTO paths VALUES (?,?,?,?,?,?)", rows)
+
+    def put_states(self, rows: Iterable[tuple[str, str | None, float, str]]) -> None:
+        """(state, reason, updated, key) for paths already stored."""
+        rows = list(rows)
+        if rows:
+            with self._tx():
+                self.db.executemany("UPDATE paths SET state=?, reason=?, updated=? WHERE key=?", rows)
+
+    def drop_paths(self, reporter: str, keep: Iterable[str] = ()) -> None:
+        keep = set(keep)
+        with self._tx():
+            for (k,) in self.db.execute("SELECT key FROM paths WHERE reporter=?", (reporter,)).fetchall():
+                if k not in keep:
+                    self.db.execute("DELETE FROM paths WHERE key=?", (k,))
+
+    def paths(self) -> list[dict]:
+        return [{"key": k, "reporter": r, **json.loads(i), "state": s, "reason": rsn, "updated": t}
+                for k, r, i, s, rsn, t in self.db.execute("SELECT * FROM paths")]
+
+    # ---- meta --------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx():
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
+
+    def _tx(self):
+        return _Tx(self.db)
+
+
+class _Tx:
+    """BEGIN ... COMMIT, or ROLLBACK on an exception (autocommit connection)."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN")
+
+    def __exit__(self, exc_type, *_):
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

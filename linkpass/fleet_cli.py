@@ -1,0 +1,395 @@
+"""The on-call commands that ask the coordinator: status, links, paths HOST, events, drain, undrain,
+and `linkpass coordinator` itself.
+
+Every command: `-o table|wide|json|yaml`, `--coordinator URL` ($LINKPASS_COORDINATOR, default
+http://127.0.0.1:9470), `--token-file` ($LINKPASS_TOKEN; on the coordinator's host the local
+read-only token is used by default; drains need an operator token). Exit codes: 0 ok,
+1 warning, 2 critical or refused, 3 unknown (coordinator unreachable, bad usage).
+Renderers are pure functions of the JSON documents (and `now`), checked against golden files.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import sys
+import time
+
+from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
+
+_HEALTH_EXIT = {"ok": EXIT_OK, "warning": EXIT_WARNING, "critical": EXIT_CRITICAL}
+_STATE_COLOUR = {"up": "green", "suspect": "yellow", "recovering": "yellow", "degraded": "yellow",
+                 "ok": "green", "warning": "yellow", "drained": "yellow", "unwatched": "yellow"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    co = sub.add_parser("coordinator", help="run the coordinator (a Ray actor) that sees the whole fleet",
+                        description="Start the coordinator as a detached, named Ray actor. Without --address it "
+                                    "starts a local Ray instance and stays in the foreground until Ctrl-C; with "
+                                    "--address it joins that Ray cluster, makes sure the actor runs, and returns.")
+    co.add_argument("--address", help="Ray cluster to join (e.g. ray://head:10001 or auto); default: a local Ray")
+    co.add_argument("--listen", default=None, help="HOST:PORT of the endpoint (default 127.0.0.1:9470; "
+                                                   "0.0.0.0:9470 with --testbed, so namespaced agents reach it)")
+    co.add_argument("--state-dir", default=None, help="SQLite database and tokens (default /var/lib/linkpass/coordinator)")
+    src = co.add_mutually_exclusive_group()
+    src.add_argument("--testbed", metavar="PREFIX", help="use this running testbed's fabric as the fleet model")
+    src.add_argument("--fabric", metavar="FILE", help="fleet model JSON (links, hosts, addresses)")
+    co.add_argument("--max-drain-share", type=float, default=0.05,
+                    help="blast-radius guard: share of one tier's links in one plane that may be drained (default 0.05)")
+    co.add_argument("--stop", action="store_true", help="stop the running coordinator actor (with --address)")
+    co.add_argument("--max-seconds", type=float, default=None, help="stop by itself after this long (foreground)")
+    co.set_defaults(func=run_coordinator)
+
+    def common(p, watch: bool = True):
+        p.add_argument("-o", "--output", choices=FORMATS, default="table")
+        p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint (default $LINKPASS_COORDINATOR "
+                                                            "or http://127.0.0.1:9470)")
+        p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
+        if watch:
+            p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                           help="redraw every SECONDS (default 2) until Ctrl-C")
+
+    st = sub.add_parser("status", help="fleet health at a glance (from the coordinator)",
+                        description="Agents, paths by state, localized faults, drains. Exit 0 healthy, 1 degraded, "
+                                    "2 a localized fault or a lost agent, 3 coordinator unreachable.")
+    common(st)
+    st.set_defaults(func=lambda a: _watch(a, _status))
+
+    lk = sub.add_parser("links", help="per fabric link: health, localized faults (with direction), drains",
+                        description="Exit 2 if a link is localized as faulty, 1 if one is drained or not watched "
+                                    "by any probe in some direction.")
+    common(lk)
+    lk.add_argument("--problems", action="store_true", help="only links that are not ok")
+    lk.set_defaults(func=lambda a: _watch(a, _links))
+
+    ev = sub.add_parser("events", help="history: detections, localizations, drains, refusals (who, why, when)")
+    common(ev, watch=False)
+    ev.add_argument("--since", default="1h", help="how far back: 30s, 15m, 2h, 7d, or an ISO time (default 1h)")
+    ev.add_argument("--kind", default="", help="only these kinds, comma-separated (detection, recovery, "
+                                               "localization, cleared, drain, undrain, refused, agent, coordinator)")
+    ev.add_argument("--limit", type=int, default=200)
+    ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events until Ctrl-C")
+    ev.set_defaults(func=_events)
+
+    for verb in ("drain", "undrain"):
+        d = sub.add_parser(verb, help=("steer every agent away from a link (operators only; guarded)" if verb == "drain"
+                                       else "let agents use a drained link again (operators only)"),
+                           description="Exit 0 done, 1 --dry-run found it would be refused, 2 refused (guard, role "
+                                       "or token), 3 coordinator unreachable.")
+        d.add_argument("link", help="link name, e.g. p0l0-p0s1 or h3-p1l1 (`linkpass links` lists them)")
+        if verb == "drain":
+            d.add_argument("--reason", required=True, help="why (recorded with your name; on-call reads it later)")
+            d.add_argument("--force", action="store_true",
+                           help="record the drain even if some host pair would be left without a usable path")
+        d.add_argument("--dry-run", action="store_true", help="show which hosts and paths would move; change nothing")
+        common(d, watch=False)
+        d.set_defaults(func=_drain, verb=verb)
+
+
+def add_coordinator_paths_args(p: argparse.ArgumentParser) -> None:
+    """`linkpass paths HOST [PEER]` asks the coordinator (the local form is `linkpass paths [--peer]`)."""
+    p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint, for `paths HOST`")
+    p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
+    p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS", help="redraw every SECONDS")
+
+
+# ---- plumbing ---------------------------------------------------------------------------
+def _client(args):
+    from .coordinator.client import Client, cli_token, cli_url
+
+    token_file = getattr(args, "token_file", None)
+    if token_file and not os.path.exists(token_file):
+        raise _Usage(f"--token-file {token_file}: no such file")
+    return Client(cli_url(getattr(args, "coordinator", None)), cli_token(token_file))
+
+
+class _Usage(Exception):
+    pass
+
+
+def _call(args, fn):
+    """Run fn(client) -> exit code, turning the usual failures into one clear line each."""
+    from .coordinator.client import Refusal, Unreachable
+
+    try:
+        client = _client(args)
+    except (_Usage, ValueError) as exc:
+        print(f"linkpass: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    try:
+        return fn(client)
+    except Unreachable as exc:
+        print(f"linkpass: {exc}. Is it running (`linkpass coordinator`)? Set --coordinator or $LINKPASS_COORDINATOR "
+              "to its address.", file=sys.stderr)
+        return EXIT_UNKNOWN
+    except Refusal as exc:
+        print(f"linkpass: {paint('refused:', 'red', sys.stderr)} {exc} (HTTP {exc.status})", file=sys.stderr)
+        return EXIT_CRITICAL if exc.status in (401, 403, 409) else EXIT_UNKNOWN
+    finally:
+        client.close()
+
+
+def _watch(args, fn) -> int:
+    if not getattr(args, "watch", None):
+        return _call(args, lambda c: fn(args, c, time.time()))
+    code = EXIT_UNKNOWN
+    try:
+        while True:
+            if sys.stdout.isatty():
+                print("\033[2J\033[H", end="")
+            code = _call(args, lambda c: fn(args, c, time.time()))
+            print(paint(f"every {args.watch:g} s, Ctrl-C to stop - {time.strftime('%H:%M:%S')}", "dim"))
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return code
+
+
+def _age(now: float, ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    s = max(0.0, now - ts)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h" if s < 172800 else f"{s / 86400:.0f}d"
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _paint_state(s: str) -> str:
+    return paint(s, _STATE_COLOUR.get(s, "red"))
+
+
+# ---- status -----------------------------------------------------------------------------
+def render_status(doc: dict, now: float, wide: bool = False) -> str:
+    lines = [f"fleet {_paint_state(doc['health'])}: {doc['agents']} agents ({len(doc['agents_lost'])} lost), "
+             f"{doc['paths']} paths, {len(doc['findings'])} localized faults, {len(doc['drains'])} drained links"]
+    if doc.get("fabric"):
+        f = doc["fabric"]
+        lines.append(f"fabric: {f['hosts']} hosts, {f['planes']} planes, {f['links']} links")
+    else:
+        lines.append("fabric: no model loaded (start the coordinator with --testbed or --fabric to localize faults)")
+    lines.append("paths: " + (", ".join(f"{n} {s}" for s, n in doc["paths_by_state"].items()) or "none reported"))
+    if doc["agents_lost"]:
+        lines.append(paint("lost agents: " + ", ".join(doc["agents_lost"]), "red") +
+                     " (no report for a while; they keep failing over locally if they run)")
+    if doc["findings"]:
+        lines.append("")
+        lines.append(table(["faulty link", "direction", "confidence", "bad paths", "reporters"] + (["note"] if wide else []),
+                           [[f["link"], _arrow(f), f"{f['confidence']:.2f}", f["bad_paths"], f["reporters"]]
+                            + ([f.get("note", "")] if wide else []) for f in doc["findings"]]))
+    if doc["drains"]:
+        lines.append("")
+        lines.append(table(["drained link", "by", "for", "reason"],
+                           [[d["link"], d["by"], _age(now, d["since"]), d["reason"]] for d in doc["drains"]]))
+    return "\n".join(lines)
+
+
+def _arrow(f: dict) -> str:
+    a, b = f.get("a"), f.get("b")
+    if a and b:
+        return f"{a}>{b}" if f["direction"] == "up" else f"{b}>{a}"
+    return f["direction"]
+
+
+def _status(args, client, now: float) -> int:
+    doc = client.get("/v1/status")
+    emit(doc, args.output, lambda d: render_status(d, now, args.output == "wide"))
+    return _HEALTH_EXIT.get(doc["health"], EXIT_UNKNOWN)
+
+
+# ---- links ------------------------------------------------------------------------------
+def render_links(rows: list[dict], now: float, wide: bool = False) -> str:
+    headers = ["link", "tier", "plane", "health", "fault", "drained"] + (["paths up good/bad", "paths down good/bad",
+                                                                           "reason"] if wide else [])
+    out = []
+    for r in rows:
+        fault = ", ".join(f"{(r['a'] + '>' + r['b']) if f['direction'] == 'up' else (r['b'] + '>' + r['a'])} "
+                          f"({f['confidence']:.2f})" for f in r["faults"]) or "-"
+        drain = r["drain"]
+        cells = [r["link"], r["tier"], r["plane"], _paint_state(r["health"]), fault,
+                 f"{drain['by']}, {_age(now, drain['since'])}" if drain else "-"]
+        if wide:
+            cells += [f"{r['paths_up']['good']}/{r['paths_up']['bad']}", f"{r['paths_down']['good']}/{r['paths_down']['bad']}",
+                      drain["reason"] if drain else "-"]
+        out.append(cells)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["health"]] = counts.get(r["health"], 0) + 1
+    return table(headers, out) + "\n" + f"{len(rows)} links: " + ", ".join(f"{n} {h}" for h, n in sorted(counts.items()))
+
+
+def links_exit(rows: list[dict]) -> int:
+    hs = {r["health"] for r in rows}
+    return EXIT_CRITICAL if "faulty" in hs else EXIT_WARNING if hs & {"drained", "unwatched"} else EXIT_OK
+
+
+def _links(args, client, now: float) -> int:
+    rows = client.get("/v1/links", problems="1" if args.problems else None)
+    emit(rows, args.output, lambda d: render_links(d, now, args.output == "wide"))
+    return links_exit(rows)
+
+
+# ---- paths HOST [PEER] ------------------------------------------------------------------
+def render_paths(rows: list[dict], now: float, wide: bool = False) -> str:
+    headers = ["host", "peer", "plane", "sport", "state", "reason", "updated"] + (["links"] if wide else [])
+    out = [[r["host"], r["peer"], r["plane"], r["sport"], _paint_state(r["state"]), r["reason"] or "-",
+            _age(now, r["updated"]) + " ago"] + ([" ".join(r["links"]) or "-"] if wide else []) for r in rows]
+    bad = sum(r["state"] in ("down", "damped", "degraded") for r in rows)
+    return table(headers, out) + "\n" + f"{len(rows)} paths, {bad} down, damped or degraded"
+
+
+def paths_from_coordinator(args) -> int:
+    def one(client, now):
+        rows = client.get("/v1/paths", host=args.host, peer=args.peer)
+        emit(rows, args.output, lambda d: render_paths(d, now, args.output == "wide"))
+        states = {r["state"] for r in rows}
+        return (EXIT_CRITICAL if states & {"down", "damped"} else
+                EXIT_WARNING if states & {"degraded", "suspect", "recovering"} else EXIT_OK)
+    return _watch(args, lambda a, c, now: one(c, now))
+
+
+# ---- events -----------------------------------------------------------------------------
+def parse_since(text: str, now: float) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+        return now - float(text[:-1]) * units[text[-1]]
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise _Usage(f"--since {text!r}: use 30s, 15m, 2h, 7d or an ISO time like 2026-11-30T14:00") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.timestamp()
+
+
+def _summary(e: dict) -> str:
+    d = e["detail"]
+    k = e["kind"]
+    if k in ("detection", "recovery"):
+        return f"{d.get('state')} {d.get('reason') or ''} (peer {d.get('peer')}, plane {d.get('plane')})".replace("  ", " ")
+    if k == "localization":
+        return f"faulty {d.get('direction')}, confidence {d.get('confidence', 0):.2f}, {d.get('bad_paths')} bad paths " \
+               f"from {d.get('reporters')} reporters" + (f"; {d['note']}" if d.get("note") else "")
+    if k == "drain":
+        return f"drained: {d.get('reason')} ({d.get('paths_moved')} paths on {len(d.get('hosts', []))} hosts move)"
+    if k == "undrain":
+        return f"undrained after {d.get('drained_for_s')} s (drained by {d.get('drained_by')})"
+    if k == "refused":
+        return f"{d.get('action')} refused: {d.get('why')}"
+    return ", ".join(f"{a}={b}" for a, b in sorted(d.items()))
+
+
+def render_events(rows: list[dict], wide: bool = False) -> str:
+    headers = ["time (UTC)", "kind", "who", "what", "detail"]
+    return table(headers, [[_when(e["ts"]), paint(e["kind"], "red" if e["kind"] in ("localization", "refused")
+                                                   else "dim" if e["kind"] == "recovery" else "bold"),
+                            e["actor"], e["subject"], _summary(e) if not wide else json.dumps(e["detail"], sort_keys=True)]
+                           for e in rows])
+
+
+def _events(args) -> int:
+    try:
+        since = parse_since(args.since, time.time())
+    except _Usage as exc:
+        print(f"linkpass: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+
+    def run(client):
+        rows = client.get("/v1/events", since=since, limit=args.limit, kind=args.kind or None)
+        if not args.follow:
+            emit(rows, args.output, lambda d: render_events(d, args.output == "wide"))
+            return EXIT_OK
+        last = rows[-1]["id"] if rows else 0
+        _print_stream(rows, args.output, header=True)
+        try:
+            while True:
+                time.sleep(1.0)
+                new = client.get("/v1/events", after=last, limit=1000, kind=args.kind or None)
+                if new:
+                    last = new[-1]["id"]
+                    _print_stream(new, args.output, header=False)
+        except KeyboardInterrupt:
+            return EXIT_OK
+    return _call(args, run)
+
+
+def _print_stream(rows, fmt, header: bool) -> None:
+    if fmt in ("json", "yaml"):
+        for e in rows:  # one JSON document per line: `| jq` friendly
+            print(json.dumps(e, default=str))
+        return
+    text = render_events(rows, fmt == "wide")
+    lines = text.splitlines()
+    print("\n".join(lines if header else lines[1:]))
+
+
+# ---- drain / undrain --------------------------------------------------------------------
+def render_drain(doc: dict, verb: str) -> str:
+    imp = doc.get("impact", {})
+    head = (f"{'would ' if doc.get('dry_run') else ''}{verb} {doc['link']}" if doc.get("changed", doc.get("dry_run"))
+            else f"{doc['link']}: nothing to do (already {'drained' if verb == 'drain' else 'in use'})")
+    lines = [head]
+    if doc.get("refused"):
+        lines = [paint(f"would be REFUSED: {doc['refused']}", "red")]
+    if imp:
+        lines.append(f"hosts whose paths move: {', '.join(imp.get('hosts', [])) or 'none'} "
+                     f"({imp.get('paths_moved', 0)} paths)")
+        stranded = imp.get("stranded", [])
+        lines.append(paint(f"host pairs left without a usable path: {', '.join(stranded)}", "red") if stranded
+                     else "every host pair keeps a usable path")
+    return "\n".join(lines)
+
+
+def _drain(args) -> int:
+    body = {"link": args.link, "dry_run": args.dry_run}
+    if args.verb == "drain":
+        body.update(reason=args.reason, force=args.force)
+
+    def run(client):
+        doc = client.post(f"/v1/{args.verb}", body)
+        emit(doc, args.output, lambda d: render_drain(d, args.verb))
+        return EXIT_WARNING if doc.get("refused") else EXIT_OK
+    return _call(args, run)
+
+
+# ---- the coordinator process -------------------------------------------------------------
+def run_coordinator(args) -> int:
+    from .coordinator import ray_actor
+    from .coordinator.runner import DEFAULT_STATE_DIR
+
+    settings = {"state_dir": args.state_dir or DEFAULT_STATE_DIR, "testbed": args.testbed, "fabric": args.fabric,
+                "listen": args.listen or ("0.0.0.0:9470" if args.testbed else "127.0.0.1:9470"),
+                "max_drain_share": args.max_drain_share}
+    print(f"starting {'a local Ray instance' if not args.address else 'on Ray at ' + args.address} ...", flush=True)
+    ray_actor.connect(args.address)
+    try:
+        if args.stop:
+            handle = ray_actor.existing()
+            if handle is None:
+                print("no coordinator actor is running")
+                return EXIT_WARNING
+            ray_actor.stop(handle)
+            print("coordinator stopped")
+            return EXIT_OK
+        handle, url = ray_actor.ensure(settings)
+        print(f"coordinator up: {url} (Ray actor {ray_actor.NAMESPACE}/{ray_actor.ACTOR_NAME}, pid "
+              f"{ray_actor.actor_pid(handle)})")
+        print(f"tokens: {settings['state_dir']}/{{reader,agent,operator}}.token; database: "
+              f"{settings['state_dir']}/coordinator.db")
+        if args.address:
+            return EXIT_OK  # detached: it lives on in the cluster
+        end = None if args.max_seconds is None else time.monotonic() + args.max_seconds
+        print("running; Ctrl-C stops it", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            while end is None or time.monotonic() < end:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        ray_actor.stop(handle)
+        return EXIT_OK
+    finally:
+        if not args.address:
+            ray_actor.shutdown()

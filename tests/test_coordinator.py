@@ -1,0 +1,244 @@
+"""The coordinator as a plain class (no Ray, no sockets): reports in, localization, drains with
+the blast-radius guard and what-if, persistence across a restart (a real SQLite file)."""
+from __future__ import annotations
+
+import pytest
+
+from linkpass.core.fleet import from_testbed
+from linkpass.coordinator.service import Coordinator, CoordinatorConfig, CoordinatorError, NotFound, Refused
+from linkpass.coordinator.store import Store
+from linkpass.testbed.topology import make_fabric, preset
+
+FAB = make_fabric(preset("default"), "lpc", "198.19.250.0/24")  # 4 hosts, 2 planes, 2 leaves and 2 spines each
+MODEL = from_testbed(FAB)
+
+
+def bare(addr: str) -> str:
+    return addr.split("/")[0]
+
+
+def hops(src: int, dst: int, plane: int, spine: int) -> tuple[list[str], str]:
+    """The routers a probe src -> dst crosses through `spine`, as discovery reports them: each
+    hop is the address of the interface the probe came in on; and the peer's NIC address."""
+    up = FAB.uplink(src, plane)
+    src_leaf, dst_leaf = FAB.leaf_of(src, plane), FAB.leaf_of(dst, plane)
+    out = [bare(up.b_addr)]
+    if src_leaf != dst_leaf:
+        out.append(bare(FAB.links[f"{src_leaf}-p{plane}s{spine}"].b_addr))
+        out.append(bare(FAB.links[f"{dst_leaf}-p{plane}s{spine}"].a_addr))
+    return out, FAB.nic_addr(dst, plane)
+
+
+def table_of(src: int) -> list[dict]:
+    rows, pid = [], 1
+    for dst in range(4):
+        if dst == src:
+            continue
+        for plane in range(2):
+            for spine in range(2):
+                h, addr = hops(src, dst, plane, spine)
+                rows.append({"id": pid, "peer": f"h{dst}", "plane": plane, "sport": 49152 + pid, "hops": h,
+                             "peer_addr": addr, "state": "up", "reason": None})
+                pid += 1
+    return rows
+
+
+def identity(i: int) -> dict:
+    return {"name": f"h{i}", "agent_id": i + 1, "service": FAB.service_addr(i),
+            "nics": {str(p): FAB.nic_addr(i, p) for p in range(2)}, "version": "test"}
+
+
+@pytest.fixture
+def coord(tmp_path):
+    store = Store(str(tmp_path / "c.db"))
+    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=0.05), now=1000.0)
+    for i in range(4):
+        c.register({**identity(i), "paths": table_of(i)}, 1000.0)
+    yield c
+    store.close()
+
+
+def fail_paths(c: Coordinator, now: float, crossing: set[str], reason="hard_failure", state="down") -> int:
+    """Every agent reports its paths that cross any of these directed links as failed."""
+    n = 0
+    for i in range(4):
+        changes = [{"id": int(k.split("/")[1]), "state": state, "reason": reason}
+                   for k, rec in c.paths.items() if rec.reporter == f"h{i}" and set(rec.links) & crossing]
+        n += len(changes)
+        c.report({"name": f"h{i}", "changes": changes}, now)
+    return n
+
+
+def test_registration_maps_every_path_onto_fabric_links(coord):
+    assert len(coord.paths) == 4 * 3 * 2 * 2
+    rec = next(r for r in coord.paths.values() if r.reporter == "h0" and r.peer == "h3" and r.plane == 0)
+    assert rec.links[0] == "h0-p0l0:up" and rec.links[-1] == "h3-p0l1:down" and len(rec.links) == 4
+    assert coord.counters["paths_unmapped"] == 0
+    st = coord.status(1001.0)
+    assert st["health"] == "ok" and st["agents"] == 4 and st["paths_by_state"] == {"up": 48}
+
+
+def test_a_cut_spine_link_is_localized_with_both_directions(coord):
+    link = "p0l0-p0s1"
+    n = fail_paths(coord, 1001.0, {f"{link}:up", f"{link}:down"})
+    assert n > 0
+    found = coord.relocalize(1001.0)
+    assert {f["directed"] for f in found} == {f"{link}:up", f"{link}:down"}
+    assert coord.status(1001.0)["health"] == "critical"
+    rows = {r["link"]: r for r in coord.links()}
+    assert rows[link]["health"] == "faulty" and rows["p0l0-p0s0"]["health"] == "ok"
+    kinds = [e["kind"] for e in coord.store.events()]
+    assert kinds.count("localization") == 2 and "detection" in kinds
+    # recovery clears the finding and records it
+    for i in range(4):
+        coord.report({"name": f"h{i}", "changes": [{"id": int(k.split("/")[1]), "state": "up", "reason": "recovered"}
+                                                    for k, r in coord.paths.items() if r.reporter == f"h{i}"]}, 1002.0)
+    assert coord.relocalize(1002.0) == []
+    assert [e["kind"] for e in coord.store.events()].count("cleared") == 2
+
+
+def test_one_direction_gray_loss_names_the_direction(coord):
+    target = "p1l1-p1s0:down"  # spine -> leaf 1 in plane 1: forward for probes towards h2, h3
+    fail_paths(coord, 1001.0, {target}, reason="gray_loss_fwd", state="degraded")
+    found = coord.relocalize(1001.0)
+    # with two leaves per plane, leaf 0 -> spine 0 is crossed by exactly the same probes as
+    # spine 0 -> leaf 1: the evidence cannot choose, and the finding must say so
+    assert len(found) == 1
+    named = {found[0]["directed"], *found[0]["alternatives"]}
+    assert named == {target, "p1l0-p1s0:up"}
+    assert found[0]["confidence"] <= 0.5
+
+
+def test_a_lone_lying_agent_produces_no_finding(coord):
+    changes = [{"id": int(k.split("/")[1]), "state": "down", "reason": "hard_failure"}
+               for k, r in coord.paths.items() if r.reporter == "h1"]
+    coord.report({"name": "h1", "changes": changes}, 1001.0)
+    assert coord.relocalize(1001.0) == []
+    assert coord.status(1001.0)["health"] == "warning"
+
+
+def test_restart_recovers_agents_paths_drains_and_history(tmp_path):
+    path = str(tmp_path / "c.db")
+    store = Store(path)
+    c = Coordinator(store, MODEL, now=1000.0)
+    for i in range(4):
+        c.register({**identity(i), "paths": table_of(i)}, 1000.0)
+    c.drain("p0l0-p0s1", "optic flapping, ticket 42", "alice", 1001.0)
+    fail_paths(c, 1002.0, {"p1l0-p1s0:up", "p1l0-p1s0:down"})
+    c.relocalize(1002.0)
+    before = (c.status(1003.0), c.links(), c.path_rows(), c.drain_addresses())
+    store.close()  # the actor process dies; a new one opens the same file
+
+    store2 = Store(path)
+    c2 = Coordinator(store2, MODEL, now=2000.0)
+    c2.relocalize(2000.0)
+    after = (c2.status(1003.0), c2.links(), c2.path_rows(), c2.drain_addresses())
+    for a, b in zip(before, after):
+        if isinstance(a, dict):
+            a, b = {k: v for k, v in a.items() if k != "uptime_s"}, {k: v for k, v in b.items() if k != "uptime_s"}
+        assert a == b
+    assert c2.drain_version == c.drain_version
+    assert any(e["kind"] == "drain" and e["actor"] == "alice" for e in store2.events())
+    store2.close()
+
+
+def test_drain_what_if_moves_exactly_the_crossing_paths(coord):
+    out = coord.drain("h3-p0l1", "replace optic", "alice", 1001.0, dry_run=True)
+    imp = out["impact"]
+    # h3's own plane-0 paths, and every other host's plane-0 paths to h3
+    assert imp["hosts"] == ["h0", "h1", "h2", "h3"]
+    assert imp["paths_moved"] == 3 * 2 + 3 * 2 and imp["stranded"] == []
+    assert coord.drains == {}  # a dry run changes nothing
+    assert not [e for e in coord.store.events() if e["kind"] == "drain"]
+
+
+def test_drain_publishes_link_addresses_and_undrain_withdraws(coord):
+    v0 = coord.drain_version
+    coord.drain("p0l1-p0s0", "maintenance", "alice", 1001.0)
+    assert coord.drain_version == v0 + 1
+    lk = FAB.links["p0l1-p0s0"]
+    assert coord.drain_addresses() == [{"link": "p0l1-p0s0", "addrs": [bare(lk.a_addr), bare(lk.b_addr)]}]
+    answer = coord.report({"name": "h0", "drain_version": v0}, 1001.5)
+    assert answer["drains"][0]["link"] == "p0l1-p0s0"
+    assert "drains" not in coord.report({"name": "h0", "drain_version": coord.drain_version}, 1001.6)
+    assert coord.drain("p0s0-p0l1", "again", "bob", 1002.0)["changed"] is False  # either order names it
+    coord.undrain("p0l1-p0s0", "bob", 1003.0)
+    assert coord.drain_addresses() == [] and coord.drain_version == v0 + 2
+    ev = [e for e in coord.store.events() if e["kind"] == "undrain"][0]
+    assert ev["actor"] == "bob" and ev["detail"]["drained_by"] == "alice"
+
+
+def test_blast_radius_guard_refuses_and_logs(coord):
+    coord.drain("p0l0-p0s0", "first", "alice", 1001.0)
+    with pytest.raises(Refused, match="blast-radius guard: 1 of 4 leaf-spine links in plane 0"):
+        coord.drain("p0l1-p0s1", "second", "alice", 1002.0)
+    assert "p0l1-p0s1" not in coord.drains
+    refused = [e for e in coord.store.events() if e["kind"] == "refused"]
+    assert refused and refused[0]["actor"] == "alice" and "blast-radius" in refused[0]["detail"]["why"]
+    # a dry run says it would be refused instead of raising
+    assert "blast-radius" in coord.drain("p0l1-p0s1", "second", "alice", 1002.0, dry_run=True)["refused"]
+    # another plane or tier has its own budget
+    assert coord.drain("p1l1-p1s1", "other plane", "alice", 1003.0)["changed"]
+
+
+def test_drain_refuses_to_strand_a_host_pair(tmp_path):
+    store = Store(str(tmp_path / "c.db"))
+    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=1.0), now=0.0)
+    for i in range(4):
+        c.register({**identity(i), "paths": table_of(i)}, 0.0)
+    c.drain("h0-p0l0", "a", "alice", 1.0)
+    with pytest.raises(Refused, match="h0 -> h1"):
+        c.drain("h0-p1l0", "b", "alice", 2.0)
+    assert c.drain("h0-p1l0", "b", "alice", 2.0, force=True)["changed"]
+    store.close()
+
+
+def test_bad_requests_name_the_field(coord):
+    with pytest.raises(CoordinatorError, match="name: required"):
+        coord.report({}, 1.0)
+    with pytest.raises(NotFound, match="has not registered"):
+        coord.report({"name": "h9"}, 1.0)
+    with pytest.raises(CoordinatorError, match="state: 'sideways'"):
+        coord.report({"name": "h0", "changes": [{"id": 1, "state": "sideways"}]}, 1.0)
+    with pytest.raises(NotFound, match="no link named 'p9l9-p9s9'"):
+        coord.drain("p9l9-p9s9", "x", "alice", 1.0)
+    with pytest.raises(CoordinatorError, match="needs --reason"):
+        coord.drain("p0l0-p0s0", " ", "alice", 1.0)
+    # unknown path ids in changes are counted, not fatal (the next summary brings them)
+    coord.report({"name": "h0", "changes": [{"id": 999, "state": "down"}]}, 1.0)
+    assert coord.counters["changes_unknown_path"] == 1
+
+
+def test_lost_agent_is_reported_and_returns(coord):
+    for i in range(3):
+        coord.report({"name": f"h{i}"}, 1015.0)
+    coord.tick(1015.0)
+    assert coord.status(1015.0)["agents_lost"] == ["h3"]
+    coord.report({"name": "h3"}, 1016.0)
+    assert coord.status(1016.0)["agents_lost"] == []
+    whats = [e["detail"]["what"] for e in coord.store.events() if e["kind"] == "agent" and e["subject"] == "h3"]
+    assert whats[-2:] == ["lost", "returned"]
+
+
+def test_plan_names_every_peer_in_a_small_fleet_and_follows_leavers(coord):
+    plan = coord.plan_for("h0")
+    assert [p["name"] for p in plan["peers"]] == ["h1", "h2", "h3"]
+    assert plan["peers"][0]["nics"] == {"0": FAB.nic_addr(1, 0), "1": FAB.nic_addr(1, 1)}
+    v = plan["version"]
+    for i in range(3):
+        coord.report({"name": f"h{i}"}, 1015.0)
+    coord.tick(1015.0)  # h3 lost: the plan is revised without it
+    plan = coord.plan_for("h0")
+    assert plan["version"] > v and [p["name"] for p in plan["peers"]] == ["h1", "h2"]
+
+
+def test_without_a_fabric_model_reports_still_work(tmp_path):
+    store = Store(str(tmp_path / "c.db"))
+    c = Coordinator(store, None)
+    c.register({**identity(0), "paths": table_of(0)}, 0.0)
+    c.register({**identity(1), "paths": []}, 0.0)
+    assert c.status(1.0)["paths"] == 12 and c.relocalize(1.0) == []
+    assert [p["name"] for p in c.plan_for("h0")["peers"]] == ["h1"]
+    with pytest.raises(CoordinatorError, match="no fabric model"):
+        c.links()
+    store.close()
