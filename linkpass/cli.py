@@ -34,7 +34,7 @@ def _raise_interrupt(_sig, _frame):
 
 def build_parser() -> argparse.ArgumentParser:
     from .testbed import cli as testbed_cli
-    from . import demo, paths_cli
+    from . import demo, doctor, fleet_cli, paths_cli, probe_cli
 
     ap = argparse.ArgumentParser(prog="linkpass", description=__doc__.strip() if __doc__ else None)
     ap.add_argument("--version", action="version", version=f"linkpass {__version__}")
@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     ag.set_defaults(func=lambda a: __import__("linkpass.agent.daemon", fromlist=["main"]).main(
         a.config, a.max_seconds, a.dry_run), needs_root=True)
     paths_cli.register(sub)
+    fleet_cli.register(sub)
+    probe_cli.register(sub)
+    doctor.register(sub)
     demo.register(sub)
     return ap
 

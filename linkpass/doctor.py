@@ -1,0 +1,735 @@
+"""`linkpass doctor`: is this host (or this network namespace) ready for the LinkPass agent?
+
+Every check is a row: ok / warn / fail / skip, a one-line detail, and a fix an on-call engineer
+can type. Two layers:
+
+- `gather()` reads the system into a `Facts` record (sysctls, capabilities, `ip -j` output, the
+  RDMA sysfs tree, adjtimex, the agent's local API). With `--netns NAME` everything network
+  related is read inside that namespace: /proc/sys/net from a thread that entered it
+  (linkpass.netns), `ip -n NAME`, and the agent API over a socket made there.
+- `run_checks(facts)` is pure: it turns facts into rows. Unit tests feed it fake facts.
+
+What each check reads:
+
+    sysctl.multipath_hash   net.ipv4.fib_multipath_hash_policy (+ fib_multipath_hash_fields if 3)
+    sysctl.rp_filter        net.ipv4.conf.{all,<fabric NIC>}.rp_filter (all/default without --config)
+    sysctl.icmp_errors      net.ipv4.icmp_errors_use_inbound_ifaddr, net.ipv4.ip_forward
+    sysctl.port_range       net.ipv4.ip_local_port_range, net.ipv4.ip_local_reserved_ports
+    cap.*                   CapEff in /proc/self/status (this process's effective capabilities)
+    config                  the --config file (parsed like the agent does), its fleet key file
+    nic.<ifname>            `ip -j link/addr show`, `ip -j neigh show`, `ip -j route get <gateway>`
+    rdma                    /sys/class/infiniband/*/ports/*/state and gid_attrs/ndevs/0
+    route.<peer>            `ip -j route show match <peer service address>` (longest prefix wins)
+    clock                   adjtimex(2) with modes=0 (return state, STA_UNSYNC, esterror)
+    agent                   GET http://127.0.0.1:<api port>/v1/state (in the namespace)
+
+Exit code: 2 if any check fails, 1 if any warns, else 0; 3 if the namespace does not exist.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+STATUSES = (OK, WARN, FAIL, SKIP)
+_RANK = {SKIP: 0, OK: 1, WARN: 2, FAIL: 3}
+
+AGENT_PORT_BASE = 49152  # the agent's discovery / probe source ports start here (agent/daemon.py)
+DEFAULT_API_PORT = 9471
+CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_NICE = 12, 13, 23
+STA_UNSYNC = 0x0040
+TIME_ERROR = 5
+RDMA_DIR = "/sys/class/infiniband"
+RTPROT_LINKPASS = "176"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail | skip
+    detail: str
+    fix: str = ""
+    reads: str = ""  # what it looked at (wide / json)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NicCfg:
+    """What doctor needs of a configured NIC (from the agent config)."""
+
+    plane: int
+    ifname: str
+    addr: str
+    gateway: str | None = None
+
+
+@dataclass(frozen=True)
+class PeerCfg:
+    name: str
+    service: str
+
+
+@dataclass
+class Facts:
+    """Everything read from the system; None where it was not read (or could not be)."""
+
+    netns: str | None = None
+    sysctl: dict[str, str | None] = field(default_factory=dict)  # dotted key -> value (None: absent)
+    cap_eff: int | None = None
+    uid: int = 0
+    config_path: str | None = None
+    config_error: str | None = None
+    key_error: str | None = None  # the fleet key file could not be read
+    nics: tuple[NicCfg, ...] = ()
+    peers: tuple[PeerCfg, ...] = ()
+    discovery_ports: int = 32
+    api_port: int = DEFAULT_API_PORT
+    links: dict[str, dict] | None = None  # ifname -> {"operstate", "flags", "addrs": [a/len]}
+    links_error: str | None = None
+    neigh: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # ifname -> {addr: states}
+    gw_route: dict[str, dict | None] = field(default_factory=dict)  # gateway -> `ip route get` (None: none)
+    peer_routes: dict[str, list[dict]] = field(default_factory=dict)  # peer service -> `ip route show match`
+    routes_error: str | None = None
+    rdma: list[dict] | None = None  # [{"name", "ports": {n: state}, "netdevs": [..]}]; None: no sysfs class
+    clock: dict | None = None  # {"state", "status", "esterror_us", "maxerror_us"}
+    clock_error: str | None = None
+    agent_rows: list[dict] | None = None
+    agent_error: str | None = None
+
+
+# ---- the pure checks ----------------------------------------------------------------------
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(str(v).split()[0], 0)  # decimal as /proc prints it; 0x.. tolerated
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _sysctl_cmd(key: str, value: str, ns: str | None) -> str:
+    pre = f"ip netns exec {ns} " if ns else ""
+    return f"{pre}sysctl -w {key}={value}" if " " not in value else f'{pre}sysctl -w {key}="{value}"'
+
+
+def check_multipath_hash(f: Facts) -> Check:
+    key = "net.ipv4.fib_multipath_hash_policy"
+    v = f.sysctl.get(key)
+    reads = key
+    policy = _int(v)
+    fix = _sysctl_cmd(key, "1", f.netns) + "  (persist it in /etc/sysctl.d/)"
+    if policy is None:
+        return Check("sysctl.multipath_hash", SKIP, f"{key} not readable ({v!r})", "", reads)
+    if policy == 1:
+        return Check("sysctl.multipath_hash", OK, f"{key} = 1: ECMP hashes on ports, so source ports pick paths",
+                     "", reads)
+    if policy == 3:
+        fields = _int(f.sysctl.get("net.ipv4.fib_multipath_hash_fields"))
+        reads += ", net.ipv4.fib_multipath_hash_fields"
+        if fields is not None and fields & 0x10 and fields & 0x20:
+            return Check("sysctl.multipath_hash", OK, f"{key} = 3 with hash fields {fields:#x} (ports included)",
+                         "", reads)
+        return Check("sysctl.multipath_hash", FAIL,
+                     f"{key} = 3 but fib_multipath_hash_fields {fields if fields is None else hex(fields)} lacks "
+                     "the ports: every source port takes the same path", fix, reads)
+    return Check("sysctl.multipath_hash", FAIL,
+                 f"{key} = {policy}: ECMP ignores ports, so every flow to a peer takes the same path and "
+                 "port steering cannot move traffic", fix, reads)
+
+
+def check_rp_filter(f: Facts) -> Check:
+    name = "sysctl.rp_filter"
+    all_v = _int(f.sysctl.get("net.ipv4.conf.all.rp_filter"))
+    if f.nics:
+        reads = "net.ipv4.conf.{all," + ",".join(n.ifname for n in f.nics) + "}.rp_filter"
+        strict, seen = [], []
+        for n in f.nics:
+            own = _int(f.sysctl.get(f"net.ipv4.conf.{n.ifname}.rp_filter"))
+            if own is None and all_v is None:
+                continue
+            eff = max(own or 0, all_v or 0)  # the kernel uses the larger of all and the interface's
+            seen.append(f"{n.ifname}={eff}")
+            if eff == 1:
+                strict.append(n.ifname)
+        if not seen:
+            return Check(name, SKIP, "rp_filter not readable", "", reads)
+        if strict:
+            keys = " ".join(f"net.ipv4.conf.{i}.rp_filter=2" for i in strict)
+            extra = " and net.ipv4.conf.all.rp_filter=2" if all_v == 1 else ""
+            return Check(name, FAIL, f"strict reverse-path filter on {', '.join(strict)}: replies that come back "
+                         "over another plane after a failover are dropped",
+                         f"sysctl -w {keys}{extra}  (2 = loose; 0 = off)", reads)
+        return Check(name, OK, f"not strict on fabric NICs ({', '.join(seen)}; 0 off, 2 loose)", "", reads)
+    reads = "net.ipv4.conf.{all,default}.rp_filter"
+    dflt = _int(f.sysctl.get("net.ipv4.conf.default.rp_filter"))
+    if all_v is None and dflt is None:
+        return Check(name, SKIP, "rp_filter not readable", "", reads)
+    if 1 in (all_v, dflt):
+        return Check(name, WARN, f"strict reverse-path filter (all={all_v}, default={dflt}): replies over another "
+                     "plane are dropped on any NIC that inherits it (pass --config to check the fabric NICs)",
+                     "sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.default.rp_filter=2", reads)
+    return Check(name, OK, f"not strict (all={all_v}, default={dflt})", "", reads)
+
+
+def check_icmp_errors(f: Facts) -> Check:
+    key = "net.ipv4.icmp_errors_use_inbound_ifaddr"
+    reads = f"{key}, net.ipv4.ip_forward"
+    v, fwd = _int(f.sysctl.get(key)), _int(f.sysctl.get("net.ipv4.ip_forward"))
+    if v is None:
+        return Check("sysctl.icmp_errors", SKIP, f"{key} not readable", "", reads)
+    if v == 1:
+        return Check("sysctl.icmp_errors", OK, f"{key} = 1: ICMP errors name the interface they came in on", "",
+                     reads)
+    if not fwd:
+        return Check("sysctl.icmp_errors", OK, f"{key} = 0, harmless here: this host does not forward "
+                     "(ip_forward = 0), so it sends no time-exceeded that a trace would read", "", reads)
+    return Check("sysctl.icmp_errors", WARN, f"{key} = 0 on a forwarding host: its ICMP errors carry its "
+                 "primary address, so path traces through it cannot name the link",
+                 _sysctl_cmd(key, "1", f.netns), reads)
+
+
+def _ranges(text: str | None) -> list[tuple[int, int]]:
+    out = []
+    for part in (text or "").replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            out.append((int(lo), int(hi or lo)))
+        except ValueError:
+            continue
+    return out
+
+
+def check_port_range(f: Facts) -> Check:
+    key = "net.ipv4.ip_local_port_range"
+    reads = f"{key}, net.ipv4.ip_local_reserved_ports"
+    raw = f.sysctl.get(key)
+    try:
+        lo, hi = (int(x) for x in str(raw).split())
+    except (TypeError, ValueError):
+        return Check("sysctl.port_range", SKIP, f"{key} not readable ({raw!r})", "", reads)
+    a_lo, a_hi = AGENT_PORT_BASE, AGENT_PORT_BASE + max(1, f.discovery_ports) - 1
+    if hi < a_lo or lo > a_hi:
+        return Check("sysctl.port_range", OK, f"ephemeral ports {lo}-{hi} stay clear of the agent's {a_lo}-{a_hi}",
+                     "", reads)
+    reserved = _ranges(f.sysctl.get("net.ipv4.ip_local_reserved_ports"))
+    if all(any(r_lo <= p <= r_hi for r_lo, r_hi in reserved) for p in range(max(lo, a_lo), min(hi, a_hi) + 1)):
+        return Check("sysctl.port_range", OK, f"ephemeral ports {lo}-{hi} overlap the agent's {a_lo}-{a_hi}, "
+                     "but those are reserved (ip_local_reserved_ports)", "", reads)
+    return Check("sysctl.port_range", WARN,
+                 f"ephemeral ports {lo}-{hi} overlap the agent's probe ports {a_lo}-{a_hi}: a connection may take "
+                 "one and the agent cannot probe that path",
+                 _sysctl_cmd("net.ipv4.ip_local_reserved_ports", f"{a_lo}-{a_hi}", f.netns)
+                 + f"  (or set {key} to end below {a_lo})", reads)
+
+
+_CAPS = ((CAP_NET_ADMIN, "net_admin", FAIL, "the agent cannot change routes (failover) or bind sockets to NICs"),
+         (CAP_NET_RAW, "net_raw", FAIL, "the agent cannot bind probe sockets to a NIC (SO_BINDTODEVICE)"),
+         (CAP_SYS_NICE, "sys_nice", WARN, "the probe thread cannot run SCHED_FIFO: on a busy host replies come "
+          "late and paths look slow (or set probe.rt_priority: 0)"))
+
+
+def check_caps(f: Facts) -> list[Check]:
+    out = []
+    for bit, name, bad, why in _CAPS:
+        cname = f"cap.{name}"
+        if f.cap_eff is None:
+            out.append(Check(cname, SKIP, "CapEff not readable in /proc/self/status", "", "/proc/self/status"))
+        elif f.cap_eff >> bit & 1:
+            out.append(Check(cname, OK, f"CAP_{name.upper()} held (uid {f.uid})", "", "/proc/self/status CapEff"))
+        else:
+            out.append(Check(cname, bad, f"CAP_{name.upper()} missing for this process (uid {f.uid}): {why}",
+                             f"run the agent as root or grant it: AmbientCapabilities=CAP_{name.upper()} "
+                             "in its systemd unit (doctor checks its own process: run it like the agent)",
+                             "/proc/self/status CapEff"))
+    return out
+
+
+def check_config(f: Facts) -> Check:
+    if not f.config_path:
+        return Check("config", SKIP, "no --config given: NIC and route checks skipped",
+                     "pass the agent's config: linkpass doctor --config /etc/linkpass/agent.yaml", "")
+    if f.config_error:
+        return Check("config", FAIL, f"cannot use it: {f.config_error}", "fix the field named above; "
+                     "linkpass/agent/config.py documents every field", f.config_path)
+    if f.key_error:
+        return Check("config", FAIL, f"parsed, but the fleet key: {f.key_error}",
+                     "the agent will not start without it; copy the fleet's key file there (chmod 600)", f.config_path)
+    return Check("config", OK, f"{len(f.nics)} NICs, {len(f.peers)} peers, API port {f.api_port}", "", f.config_path)
+
+
+_NEIGH_BAD = {"FAILED", "INCOMPLETE"}
+
+
+def check_nics(f: Facts) -> list[Check]:
+    if not f.nics:
+        return []
+    if f.links is None:
+        return [Check(f"nic.{n.ifname}", SKIP, f"cannot list links: {f.links_error}", "", "ip -j addr show")
+                for n in f.nics]
+    out = []
+    for n in f.nics:
+        cname, reads = f"nic.{n.ifname}", "ip -j addr show; ip -j neigh show; ip -j route get"
+        link = f.links.get(n.ifname)
+        pre = f"ip -n {f.netns} " if f.netns else "ip "
+        if link is None:
+            out.append(Check(cname, FAIL, f"plane {n.plane}: {n.ifname} does not exist",
+                             f"check the NIC name ({pre}link) and nics[].ifname in the config", reads))
+            continue
+        flags = set(link.get("flags") or [])
+        if "UP" not in flags:
+            out.append(Check(cname, FAIL, f"plane {n.plane}: {n.ifname} is administratively down",
+                             f"{pre}link set {n.ifname} up", reads))
+            continue
+        if "LOWER_UP" not in flags or link.get("operstate") in ("DOWN", "LOWERLAYERDOWN"):
+            out.append(Check(cname, FAIL, f"plane {n.plane}: {n.ifname} has no carrier (operstate "
+                             f"{link.get('operstate')}): cable, optic or switch port", "check the link on the switch "
+                             f"side; `{pre}-s link show {n.ifname}` for errors", reads))
+            continue
+        addrs = [a.split("/")[0] for a in link.get("addrs", [])]
+        if n.addr not in addrs:
+            out.append(Check(cname, FAIL, f"plane {n.plane}: {n.ifname} lacks {n.addr} (has "
+                             f"{', '.join(link.get('addrs', [])) or 'no IPv4 address'})",
+                             f"{pre}addr add {n.addr}/31 dev {n.ifname}  (use the plane's prefix length)", reads))
+            continue
+        base = f"plane {n.plane}: {n.ifname} up, {n.addr}"
+        if not n.gateway:
+            out.append(Check(cname, OK, base + ", no gateway configured (needed only with routes.enabled)", "", reads))
+            continue
+        states = f.neigh.get(n.ifname, {}).get(n.gateway)
+        if states and not _NEIGH_BAD & set(states):
+            out.append(Check(cname, OK, f"{base}, gateway {n.gateway} is a neighbour ({'/'.join(states)})", "", reads))
+            continue
+        if states:
+            out.append(Check(cname, FAIL, f"{base}, but gateway {n.gateway} does not answer ARP "
+                             f"({'/'.join(states)})", f"check the leaf's port; `{pre}neigh show dev {n.ifname}`",
+                             reads))
+            continue
+        rt = f.gw_route.get(n.gateway)
+        if rt and rt.get("dev") == n.ifname:
+            out.append(Check(cname, OK, f"{base}, gateway {n.gateway} routed on-link via {n.ifname} "
+                             "(no neighbour entry yet)", "", reads))
+            continue
+        via = f" (routed via {rt.get('dev')})" if rt else ""
+        out.append(Check(cname, FAIL, f"{base}, but gateway {n.gateway} is neither a neighbour nor reachable via "
+                         f"{n.ifname}{via}", f"check nics[].gateway against `{pre}route show dev {n.ifname}`", reads))
+    return out
+
+
+def check_rdma(f: Facts) -> Check:
+    reads = f"{RDMA_DIR}/*/ports/*/state"
+    if not f.rdma:
+        return Check("rdma", WARN, "no RDMA devices: routes and entropy still work, RDMA QPs cannot be steered",
+                     "if this host should have RDMA NICs: load the driver (e.g. modprobe mlx5_ib) and install "
+                     "rdma-core; `ibv_devices` lists them", reads)
+    parts, active = [], 0
+    for dev in f.rdma:
+        ports = dev.get("ports") or {}
+        act = [p for p, s in ports.items() if "ACTIVE" in str(s)]
+        active += len(act)
+        nd = ",".join(dev.get("netdevs") or [])
+        parts.append(f"{dev['name']}{'(' + nd + ')' if nd else ''} {len(act)}/{len(ports)} ports active")
+    if not active:
+        return Check("rdma", WARN, f"RDMA devices but no active port: {'; '.join(parts)}",
+                     "check cabling/subnet manager; `rdma link` shows port states", reads)
+    return Check("rdma", OK, "; ".join(parts), "", reads)
+
+
+def _nexthops(route: dict) -> list[dict]:
+    if route.get("nexthops"):
+        return list(route["nexthops"])
+    return [{"gateway": route.get("gateway"), "dev": route.get("dev"), "flags": route.get("flags") or []}]
+
+
+def _prefix_len(route: dict) -> int:
+    dst = route.get("dst", "")
+    if dst == "default":
+        return 0
+    return int(dst.split("/")[1]) if "/" in dst else 32
+
+
+def check_routes(f: Facts) -> list[Check]:
+    if not f.peers:
+        return []
+    if f.routes_error:
+        return [Check(f"route.{p.name}", SKIP, f"cannot read routes: {f.routes_error}", "", "ip -j route show match")
+                for p in f.peers]
+    plane_of = {n.ifname: n.plane for n in f.nics}
+    all_planes = sorted(plane_of.values())
+    pre = f"ip -n {f.netns} " if f.netns else "ip "
+    out = []
+    for p in f.peers:
+        cname, reads = f"route.{p.name}", f"ip -j route show match {p.service}"
+        routes = [r for r in f.peer_routes.get(p.service, []) if r.get("type", "unicast") == "unicast"]
+        bad_types = [r.get("type") for r in f.peer_routes.get(p.service, []) if r.get("type", "unicast") != "unicast"]
+        if not routes:
+            what = f" ({', '.join(bad_types)} route)" if bad_types else ""
+            out.append(Check(cname, FAIL, f"no route to {p.name} ({p.service}){what}: traffic to it fails",
+                             f"add the baseline route over every plane, e.g. {pre}route replace {p.service} "
+                             "nexthop via <gw p0> dev <nic p0> nexthop via <gw p1> dev <nic p1>", reads))
+            continue
+        best = max(routes, key=_prefix_len)
+        hops = _nexthops(best)
+        who = " (set by the agent)" if str(best.get("protocol")) in (RTPROT_LINKPASS, "linkpass") else ""
+        used = sorted({plane_of[h["dev"]] for h in hops if h.get("dev") in plane_of
+                       and not {"dead", "linkdown"} & set(h.get("flags") or [])})
+        dead = [h["dev"] for h in hops if {"dead", "linkdown"} & set(h.get("flags") or [])]
+        other = sorted({h.get("dev") for h in hops if h.get("dev") not in plane_of})
+        desc = f"{best.get('dst')} via " + ", ".join(
+            f"{h.get('dev')}" + (f" {h['gateway']}" if h.get("gateway") else "") for h in hops) + who
+        if not used:
+            out.append(Check(cname, FAIL, f"{p.name} ({p.service}): {desc}: no fabric plane carries it"
+                             + (f" (leaves via {', '.join(map(str, other))})" if other else ""),
+                             f"add the baseline route over the fabric NICs ({pre}route show match {p.service})",
+                             reads))
+            continue
+        planes = ",".join(map(str, used))
+        if used != all_planes or dead:
+            miss = sorted(set(all_planes) - set(used))
+            why = (f"nexthop {', '.join(dead)} dead/linkdown" if dead else
+                   "failed over by the agent" if who else "missing from the route")
+            out.append(Check(cname, WARN, f"{p.name} ({p.service}): only plane(s) {planes} of "
+                             f"{','.join(map(str, all_planes))}; plane(s) {','.join(map(str, miss))} {why}: {desc}",
+                             "if no plane is failing (`linkpass paths`), restore the baseline route over all planes",
+                             reads))
+            continue
+        out.append(Check(cname, OK, f"{p.name} ({p.service}) over plane(s) {planes}: {desc}", "", reads))
+    return out
+
+
+def _dur_us(us: int) -> str:
+    if us >= 1_000_000:
+        return f"{us / 1e6:g} s"
+    if us >= 1000:
+        return f"{us / 1e3:g} ms"
+    return f"{us} µs"
+
+
+def check_clock(f: Facts) -> Check:
+    reads = "adjtimex(2)"
+    if f.clock is None:
+        return Check("clock", SKIP, f"adjtimex failed: {f.clock_error}", "", reads)
+    c = f.clock
+    synced = c["state"] != TIME_ERROR and not c["status"] & STA_UNSYNC
+    err = f"estimated error {_dur_us(c['esterror_us'])}, max {_dur_us(c['maxerror_us'])}"
+    if synced:
+        return Check("clock", OK, f"synchronized ({err})", "", reads)
+    return Check("clock", WARN, f"not synchronized (kernel says STA_UNSYNC; {err}): one-way delays and event "
+                 "times across hosts cannot be compared", "start NTP/PTP: `chronyc tracking` or "
+                 "`timedatectl timesync-status`; for PTP check ptp4l/phc2sys", reads)
+
+
+_DOWN_STATES = {"down", "damped"}
+_BAD_STATES = {"down", "damped", "degraded", "recovering"}
+
+
+def check_agent(f: Facts) -> Check:
+    where = f"127.0.0.1:{f.api_port}" + (f" in {f.netns}" if f.netns else "")
+    reads = f"GET http://127.0.0.1:{f.api_port}/v1/state"
+    if f.agent_rows is None:
+        return Check("agent", WARN, f"no agent answers on {where} ({f.agent_error})",
+                     "start it: linkpass agent --config FILE (in this namespace); if it runs, check api.port",
+                     reads)
+    rows = f.agent_rows
+    down = [r for r in rows if r.get("state") in _DOWN_STATES]
+    other = [r for r in rows if r.get("state") in _BAD_STATES - _DOWN_STATES]
+    if not rows:
+        return Check("agent", WARN, f"answers on {where} but probes no path (no peers, or discovery found none)",
+                     "check peers in its config and its log (event discovery)", reads)
+    detail = f"answers on {where}: {len(rows)} paths, {len(down)} down" + (
+        f", {len(other)} degraded/recovering" if other else "")
+    if down:
+        names = sorted({f"{r.get('peer')}/p{r.get('plane')}" for r in down})
+        detail += f" ({', '.join(names[:6])}{' …' if len(names) > 6 else ''})"
+    if len(down) == len(rows):
+        return Check("agent", FAIL, detail, "every path is down: look at the NICs and the leaf; `linkpass paths`",
+                     reads)
+    if down or other:
+        return Check("agent", WARN, detail, "`linkpass paths` shows loss and state per path", reads)
+    return Check("agent", OK, detail, "", reads)
+
+
+def run_checks(f: Facts) -> list[Check]:
+    """Every check, in the order they print. Pure."""
+    out = [check_multipath_hash(f), check_rp_filter(f), check_icmp_errors(f), check_port_range(f)]
+    out += check_caps(f)
+    out.append(check_config(f))
+    out += check_nics(f)
+    out.append(check_rdma(f))
+    out += check_routes(f)
+    out.append(check_clock(f))
+    out.append(check_agent(f))
+    return out
+
+
+def exit_code(checks: list[Check]) -> int:
+    statuses = {c.status for c in checks}
+    return EXIT_CRITICAL if FAIL in statuses else EXIT_WARNING if WARN in statuses else EXIT_OK
+
+
+def report(checks: list[Check], host: str, netns: str | None, config: str | None) -> dict:
+    counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
+    verdict = ("not ready" if counts[FAIL] else "ready, with warnings" if counts[WARN] else "ready")
+    return {"host": host, "netns": netns, "config": config, "verdict": verdict, "counts": counts,
+            "checks": [c.to_dict() for c in checks]}
+
+
+_COLOUR = {OK: "green", WARN: "yellow", FAIL: "red", SKIP: "dim"}
+
+
+def render(doc: dict, wide: bool = False) -> str:
+    where = doc["host"] + (f" (netns {doc['netns']})" if doc.get("netns") else "")
+    lines = [f"linkpass doctor: {where}" + (f", config {doc['config']}" if doc.get("config") else "")]
+    headers = ["check", "status", "detail"] + (["reads", "fix"] if wide else [])
+    rows = []
+    for c in doc["checks"]:
+        row = [c["name"], paint(c["status"], _COLOUR[c["status"]]), c["detail"]]
+        if wide:
+            row += [c["reads"] or "-", c["fix"] or "-"]
+        rows.append(row)
+    lines.append(table(headers, rows))
+    fixes = [c for c in doc["checks"] if c["status"] in (WARN, FAIL) and c["fix"]]
+    if fixes and not wide:
+        lines.append("")
+        lines.append("to fix:")
+        lines += [f"  {c['name']}: {c['fix']}" for c in fixes]
+    n = doc["counts"]
+    verdict = doc["verdict"]
+    colour = "red" if n[FAIL] else "yellow" if n[WARN] else "green"
+    lines.append("")
+    lines.append(f"{paint(verdict, colour)}: {n[OK]} ok, {n[WARN]} warn, {n[FAIL]} fail, {n[SKIP]} skipped")
+    return "\n".join(lines)
+
+
+# ---- reading the system -------------------------------------------------------------------
+
+class _Timex(ctypes.Structure):
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
+                ("constant", ctypes.c_long), ("precision", ctypes.c_long), ("tolerance", ctypes.c_long),
+                ("time_sec", ctypes.c_long), ("time_usec", ctypes.c_long), ("tick", ctypes.c_long),
+                ("ppsfreq", ctypes.c_long), ("jitter", ctypes.c_long), ("shift", ctypes.c_int),
+                ("stabil", ctypes.c_long), ("jitcnt", ctypes.c_long), ("calcnt", ctypes.c_long),
+                ("errcnt", ctypes.c_long), ("stbcnt", ctypes.c_long), ("tai", ctypes.c_int),
+                ("_pad", ctypes.c_int * 11)]
+
+
+def read_clock() -> dict:
+    """adjtimex(2) with modes = 0: reads, changes nothing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    tx = _Timex()
+    state = libc.adjtimex(ctypes.byref(tx))
+    if state < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return {"state": state, "status": tx.status, "esterror_us": tx.esterror, "maxerror_us": tx.maxerror}
+
+
+def read_cap_eff(path: str = "/proc/self/status") -> int | None:
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        return None
+    return None
+
+
+def read_rdma(root: str = RDMA_DIR) -> list[dict] | None:
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return None
+    out = []
+    for name in names:
+        ports, netdevs = {}, []
+        pdir = os.path.join(root, name, "ports")
+        try:
+            pnums = sorted(os.listdir(pdir), key=lambda s: int(s) if s.isdigit() else 0)
+        except OSError:
+            pnums = []
+        for pn in pnums:
+            try:
+                with open(os.path.join(pdir, pn, "state")) as fh:
+                    ports[pn] = fh.read().strip()
+            except OSError:
+                ports[pn] = "?"
+            try:
+                with open(os.path.join(pdir, pn, "gid_attrs", "ndevs", "0")) as fh:
+                    nd = fh.read().strip()
+                if nd and nd not in netdevs:
+                    netdevs.append(nd)
+            except OSError:
+                pass
+        out.append({"name": name, "ports": ports, "netdevs": netdevs})
+    return out
+
+
+def _ip_json(netns: str | None, *args: str) -> Any:
+    argv = ["ip"] + (["-n", netns] if netns else []) + ["-j", *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+    if proc.returncode != 0:
+        raise OSError(f"`{' '.join(argv)}`: {proc.stderr.strip() or proc.returncode}")
+    return json.loads(proc.stdout or "[]")
+
+
+def _read_sysctls(netns: str | None, keys: list[str]) -> dict[str, str | None]:
+    def read() -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for k in keys:
+            try:
+                with open("/proc/sys/" + k.replace(".", "/")) as fh:
+                    out[k] = " ".join(fh.read().split())
+            except OSError:
+                out[k] = None
+        return out
+
+    if netns is None:
+        return read()
+    from . import netns as ns_io
+
+    return ns_io.run_in_netns(netns, read)
+
+
+def _http_get_json(netns: str | None, port: int, path: str, timeout: float = 2.0) -> Any:
+    import http.client
+
+    if netns:
+        from . import netns as ns_io
+
+        sock = ns_io.socket_in_netns(netns, socket.AF_INET, socket.SOCK_STREAM)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(("127.0.0.1", port))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn.sock = sock
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise OSError(f"HTTP {resp.status} from {path}")
+        return json.loads(body)
+    finally:
+        sock.close()
+
+
+def gather(netns: str | None = None, config_path: str | None = None, api_port: int | None = None,
+           ip_json: Callable[..., Any] = _ip_json) -> Facts:
+    """Read everything the checks need. Never raises for what the system says; errors become facts."""
+    f = Facts(netns=netns, config_path=config_path, uid=os.geteuid())
+    cfg = None
+    if config_path:
+        from .agent.config import ConfigError, load_text, read_fleet_key
+
+        try:
+            with open(config_path) as fh:
+                cfg = load_text(fh.read(), config_path)
+        except OSError as exc:
+            f.config_error = f"cannot read {config_path} ({exc.strerror})"
+        except ConfigError as exc:
+            f.config_error = str(exc)
+        if cfg is not None:
+            f.nics = tuple(NicCfg(n.plane, n.ifname, n.addr, n.gateway) for n in cfg.nics)
+            f.peers = tuple(PeerCfg(p.name, p.service) for p in cfg.peers)
+            f.discovery_ports = cfg.discovery_ports
+            f.api_port = cfg.api_port
+            try:
+                with open(cfg.fleet_key_file, "rb") as fh:
+                    read_fleet_key(fh.read(), cfg.fleet_key_file)
+            except OSError as exc:
+                f.key_error = f"cannot read {cfg.fleet_key_file} ({exc.strerror})"
+            except ConfigError as exc:
+                f.key_error = str(exc)
+    if api_port is not None:
+        f.api_port = api_port
+    keys = ["net.ipv4.fib_multipath_hash_policy", "net.ipv4.fib_multipath_hash_fields",
+            "net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter",
+            "net.ipv4.icmp_errors_use_inbound_ifaddr", "net.ipv4.ip_forward",
+            "net.ipv4.ip_local_port_range", "net.ipv4.ip_local_reserved_ports"]
+    keys += [f"net.ipv4.conf.{n.ifname}.rp_filter" for n in f.nics]
+    f.sysctl = _read_sysctls(netns, keys)
+    f.cap_eff = read_cap_eff()
+    if f.nics:
+        try:
+            f.links = {}
+            for link in ip_json(netns, "addr", "show"):
+                f.links[link["ifname"]] = {
+                    "operstate": link.get("operstate"), "flags": link.get("flags", []),
+                    "addrs": [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                              if a.get("family") == "inet"]}
+            for n in ip_json(netns, "neigh", "show"):
+                if n.get("dev"):
+                    f.neigh.setdefault(n["dev"], {})[n.get("dst")] = list(n.get("state") or [])
+            for nic in f.nics:
+                if nic.gateway:
+                    try:
+                        got = ip_json(netns, "route", "get", nic.gateway)
+                        f.gw_route[nic.gateway] = got[0] if got else None
+                    except OSError:
+                        f.gw_route[nic.gateway] = None
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            f.links, f.links_error = None, str(exc)
+    if f.peers:
+        try:
+            for p in f.peers:
+                f.peer_routes[p.service] = list(ip_json(netns, "route", "show", "match", p.service))
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            f.routes_error = str(exc)
+    f.rdma = read_rdma()
+    try:
+        f.clock = read_clock()
+    except OSError as exc:
+        f.clock_error = str(exc)
+    try:
+        rows = _http_get_json(netns, f.api_port, "/v1/state")
+        f.agent_rows = rows if isinstance(rows, list) else []
+    except (OSError, ValueError) as exc:
+        f.agent_error = str(getattr(exc, "strerror", None) or exc)
+    return f
+
+
+# ---- the command --------------------------------------------------------------------------
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="is this host ready for the LinkPass agent: kernel, NICs, routes, clock, agent",
+                       description="Check this host (or --netns NAME) for the LinkPass agent: sysctls, capabilities, "
+                                   "configured NICs and gateways, RDMA devices, routes to peers, clock sync and the "
+                                   "local agent. Exit 0 all ok, 1 some warning, 2 some failure, 3 bad --netns.")
+    p.add_argument("--config", metavar="FILE", help="the agent's YAML config: enables the NIC and route checks")
+    p.add_argument("--netns", metavar="NAME", help="run every check inside this network namespace (e.g. lp-h0)")
+    p.add_argument("--api-port", type=int, default=None, help=f"agent API port (default: the config's, else "
+                                                             f"{DEFAULT_API_PORT})")
+    p.add_argument("-o", "--output", choices=FORMATS, default="table")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.netns:
+        from . import netns as ns_io
+
+        if not os.path.exists(ns_io.netns_path(args.netns)):
+            print(f"linkpass: error: no network namespace {args.netns!r} (`ip netns list` shows them)",
+                  file=sys.stderr)
+            return EXIT_UNKNOWN
+        if os.geteuid() != 0:
+            print("linkpass: error: --netns needs root (entering a namespace needs CAP_SYS_ADMIN)", file=sys.stderr)
+            return EXIT_UNKNOWN
+    facts = gather(args.netns, args.config, args.api_port)
+    checks = run_checks(facts)
+    doc = report(checks, socket.gethostname(), args.netns, args.config)
+    emit(doc, args.output, lambda d: render(d, wide=args.output == "wide"))
+    return exit_code(checks)

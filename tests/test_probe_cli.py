@@ -1,0 +1,243 @@
+"""`linkpass probe` / `linkpass trace`: documents and rendering from fake path tables (golden
+files), usage errors, and real runs on the shared testbed (root), including a cut link.
+
+Golden files live in tests/golden/{probe,trace}_*.txt; regenerate them after an intended change with
+
+    LINKPASS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_probe_cli.py -k golden
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from linkpass import probe_cli as PC
+from linkpass.core import paths as P
+from linkpass.testbed import topology
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+def check_golden(name: str, text: str) -> None:
+    """Compare with tests/golden/<name>; LINKPASS_UPDATE_GOLDEN=1 rewrites it instead."""
+    path = os.path.join(GOLDEN, name)
+    if os.environ.get("LINKPASS_UPDATE_GOLDEN") == "1":
+        os.makedirs(GOLDEN, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return
+    assert os.path.exists(path), f"{path} is missing: run with LINKPASS_UPDATE_GOLDEN=1 once to write it"
+    with open(path) as f:
+        want = f.read()
+    assert text == want, f"output differs from {path} (LINKPASS_UPDATE_GOLDEN=1 rewrites it if intended)"
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser()
+    PC.register(ap.add_subparsers(dest="command"))
+    return ap
+
+
+def ip(addr: str) -> str:
+    return addr.split("/")[0]
+
+
+def fake_fabric():
+    return topology.make_fabric(topology.preset("default"), "t", "198.19.200.0/24")
+
+
+def fake_table(fab, ports, broken_plane: int | None = None):
+    """h0 -> h3 traces: port parity picks the spine; on `broken_plane` the spine-1 path dies after the leaf."""
+    traces = []
+    for p in range(fab.spec.planes):
+        for sport in ports:
+            s = sport % 2
+            hops = (ip(fab.uplink(0, p).b_addr), ip(fab.links[f"p{p}l0-p{p}s{s}"].b_addr),
+                    ip(fab.links[f"p{p}l1-p{p}s{s}"].a_addr))
+            if p == broken_plane and s == 1:
+                traces.append(P.Trace(f"p{p}", fab.nic_addr(0, p), fab.nic_addr(3, p), sport, hops[:1], P.END_LOST))
+            else:
+                traces.append(P.Trace(f"p{p}", fab.nic_addr(0, p), fab.nic_addr(3, p), sport, hops, P.END_REACHED, 4))
+    return P.build_table(traces, k=len(ports), host="h0")
+
+
+def fake_rtts(table):
+    out, n = {}, 0
+    for (_peer, local), e in sorted(table.entries.items()):
+        for path in e.paths.values():
+            if path.reached:
+                n += 1
+                out[(int(local[1:]), path.id)] = [0.010 * n, 0.012 * n, 0.011 * n]
+    return out
+
+
+PORTS = tuple(range(31000, 31008))
+
+
+# ---- pure ------------------------------------------------------------------------------------
+
+def test_probe_doc_names_routers_and_links():
+    fab = fake_fabric()
+    table = fake_table(fab, PORTS)
+    doc = PC.probe_doc(fab, 0, 3, table, [0, 1], PORTS, 4791, fake_rtts(table))
+    assert doc["summary"] == {"planes": 2, "planes_reached": 2, "paths": 4, "paths_reached": 4}
+    assert PC.exit_code(doc) == 0
+    p0 = doc["planes"][0]
+    routes = sorted(x["route"] for x in p0["paths"])
+    assert routes == ["p0l0 > p0s0 > p0l1 > h3", "p0l0 > p0s1 > p0l1 > h3"]
+    by_route = {x["route"]: x for x in p0["paths"]}
+    via_s1 = by_route["p0l0 > p0s1 > p0l1 > h3"]
+    assert via_s1["ports"] == [31001, 31003, 31005, 31007]
+    assert via_s1["links"] == ["h0-p0l0", "p0l0-p0s1", "p0l1-p0s1", "h3-p0l1"]
+    assert [h["node"] for h in via_s1["hops"]] == ["p0l0", "p0s1", "p0l1"]
+
+
+def test_probe_doc_with_a_dead_path_warns_and_a_dead_fabric_is_critical():
+    fab = fake_fabric()
+    table = fake_table(fab, PORTS, broken_plane=0)
+    doc = PC.probe_doc(fab, 0, 3, table, [0, 1], PORTS, 4791, fake_rtts(table))
+    assert doc["summary"]["paths_reached"] == 3 and doc["summary"]["planes_reached"] == 2
+    assert PC.exit_code(doc) == 1
+    assert PC.exit_code({"summary": {"planes": 2, "planes_reached": 1, "paths": 2, "paths_reached": 1}}) == 1
+    assert PC.exit_code({"summary": {"planes": 2, "planes_reached": 0, "paths": 2, "paths_reached": 0}}) == 2
+
+
+def test_trace_doc_follows_one_port():
+    fab = fake_fabric()
+    table = fake_table(fab, (31003,))
+    doc = PC.trace_doc(fab, 0, 3, table, [0, 1], 31003, 4791, fake_rtts(table))
+    assert [r["route"] for r in doc["planes"]] == ["p0l0 > p0s1 > p0l1 > h3", "p1l0 > p1s1 > p1l1 > h3"]
+    assert doc["planes"][0]["flow"] == {"proto": "udp", "src": "198.18.64.1", "sport": 31003,
+                                        "dst": "198.18.64.7", "dport": 4791}
+    missing = PC.trace_doc(fab, 0, 3, P.build_table([], host="h0"), [0], 31003, 4791, {})
+    assert missing["planes"][0]["end"] == "not probed" and PC.exit_code(missing) == 2
+
+
+@pytest.mark.parametrize("fmt", ["table", "wide"])
+def test_probe_rendering_matches_golden(fmt, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    fab = fake_fabric()
+    table = fake_table(fab, PORTS, broken_plane=0)
+    doc = PC.probe_doc(fab, 0, 3, table, [0, 1], PORTS, 4791, fake_rtts(table))
+    check_golden(f"probe_{fmt}.txt", PC.render_probe(doc, wide=fmt == "wide") + "\n")
+
+
+@pytest.mark.parametrize("fmt", ["table", "wide"])
+def test_trace_rendering_matches_golden(fmt, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    fab = fake_fabric()
+    table = fake_table(fab, (31001,), broken_plane=1)
+    doc = PC.trace_doc(fab, 0, 3, table, [0, 1], 31001, 4791, fake_rtts(table))
+    check_golden(f"trace_{fmt}.txt", PC.render_trace(doc, wide=fmt == "wide") + "\n")
+
+
+def test_choosing_the_testbed():
+    assert PC.pick_prefix(None, ["lp"]) == "lp"
+    assert PC.pick_prefix("b", ["a", "b"]) == "b"
+    with pytest.raises(PC.UsageError, match="no testbed is running"):
+        PC.pick_prefix(None, [])
+    with pytest.raises(PC.UsageError, match=r"2 testbeds are running \(a, b\); choose one with --testbed"):
+        PC.pick_prefix(None, ["a", "b"])
+    with pytest.raises(PC.UsageError, match="no testbed with prefix 'c' is up"):
+        PC.pick_prefix("c", ["a", "b"])
+    fab = fake_fabric()
+    assert PC.host_index(fab, "h3") == 3
+    for bad in ("h4", "x1", "h", "p0l0"):
+        with pytest.raises(PC.UsageError, match="has hosts h0..h3"):
+            PC.host_index(fab, bad)
+
+
+def test_no_testbed_is_exit_3(monkeypatch, tmp_path, capsys):
+    from linkpass.testbed import state
+
+    monkeypatch.setattr(state, "STATE_DIR", str(tmp_path))  # an empty state directory: nothing runs
+    for argv in (["probe", "h0", "h3"], ["trace", "h0", "h3", "--sport", "31000"]):
+        args = parser().parse_args(argv)
+        assert args.needs_root
+        assert args.func(args) == 3
+        assert "no testbed is running" in capsys.readouterr().err
+
+
+# ---- the real testbed (root) ----------------------------------------------------------------
+
+def run_json(argv: list[str], capsys) -> tuple[int, dict]:
+    args = parser().parse_args(argv + ["-o", "json"])
+    code = args.func(args)
+    out = capsys.readouterr()
+    return code, json.loads(out.out) if out.out.strip() else {"stderr": out.err}
+
+
+@pytest.mark.root
+def test_probe_finds_two_planes_times_two_spines(fabric, capsys):
+    code, doc = run_json(["probe", "h0", "h3", "--testbed", fabric.prefix], capsys)
+    assert code == 0, doc
+    assert doc["summary"] == {"planes": 2, "planes_reached": 2, "paths": 4, "paths_reached": 4}
+    for pl in doc["planes"]:
+        p = pl["plane"]
+        routes = sorted(x["route"] for x in pl["paths"])
+        assert routes == [f"p{p}l0 > p{p}s{s} > p{p}l1 > h3" for s in (0, 1)]
+        assert sum(x["seen"] for x in pl["paths"]) == PC.PROBE_PORTS == pl["swept"]
+        assert all(min(x["ports"]) >= PC.PROBE_BASE_PORT for x in pl["paths"])
+        assert all(x["rtt_ms"] is not None and x["rtt_ms"] < 50 for x in pl["paths"])
+        assert all(x["links"][0] == f"h0-p{p}l0" and x["links"][-1] == f"h3-p{p}l1" for x in pl["paths"])
+
+
+@pytest.mark.root
+def test_trace_the_same_sport_twice_takes_the_same_path(fabric, capsys):
+    argv = ["trace", "h0", "h3", "--sport", "31005", "--testbed", fabric.prefix]
+    code1, first = run_json(argv, capsys)
+    code2, second = run_json(argv, capsys)
+    assert code1 == code2 == 0
+    assert [r["path_id"] for r in first["planes"]] == [r["path_id"] for r in second["planes"]]
+    assert all(r["reached"] and len(r["hops"]) == 3 for r in first["planes"])
+    # and the probe sweep agrees: port 31005 is listed under that very path
+    _, probe = run_json(["probe", "h0", "h3", "--testbed", fabric.prefix], capsys)
+    for r, pl in zip(first["planes"], probe["planes"]):
+        assert 31005 in {port for x in pl["paths"] if x["id"] == r["path_id"] for port in x["ports"]}
+    code, one = run_json(argv + ["--plane", "1"], capsys)
+    assert code == 0 and [r["plane"] for r in one["planes"]] == [1]
+
+
+@pytest.mark.root
+def test_a_cut_link_shows_as_an_unreached_path_and_exit_1(clean_faults, capsys):
+    from linkpass.testbed import faults
+
+    fab = clean_faults
+    faults.apply(fab.prefix, faults.FaultSpec("down", "p0l0-p0s1"))  # cleared by the fixture, pass or fail
+    code, doc = run_json(["probe", "h0", "h3", "--testbed", fab.prefix], capsys)
+    assert code == 1, doc
+    p0, p1 = doc["planes"]
+    assert all(x["reached"] for x in p1["paths"]) and len(p1["paths"]) == 2
+    dead = [x for x in p0["paths"] if not x["reached"]]
+    # the path into the cut dies right after the leaf: the last answer came in over h0's uplink
+    assert any(x["route"] == "p0l0 > ✗" and x["links"] == ["h0-p0l0"] for x in dead), p0
+    args = parser().parse_args(["probe", "h0", "h3", "--testbed", fab.prefix])
+    assert args.func(args) == 1
+    text = capsys.readouterr().out
+    assert "✗ plane 0" in text and "lost after p0l0 (came in over h0-p0l0)" in text
+
+
+@pytest.mark.root
+def test_a_port_in_use_is_exit_3(fabric, capsys):
+    from linkpass import netns as ns_io
+
+    sock = ns_io.socket_in_netns(fabric.netns("h0"))
+    try:
+        sock.bind((fabric.nic_addr(0, 0), 31999))
+        args = parser().parse_args(["trace", "h0", "h3", "--sport", "31999", "--testbed", fabric.prefix])
+        assert args.func(args) == 3
+    finally:
+        sock.close()
+    assert "in use" in capsys.readouterr().err
+
+
+def test_a_silent_dst_behind_its_leaf_gets_a_hint(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    fab = fake_fabric()
+    hops = (ip(fab.uplink(0, 0).b_addr), ip(fab.links["p0l0-p0s0"].b_addr), ip(fab.links["p0l1-p0s0"].a_addr))
+    table = P.build_table([P.Trace("p0", fab.nic_addr(0, 0), fab.nic_addr(3, 0), 31000, hops, P.END_LOST)], host="h0")
+    doc = PC.trace_doc(fab, 0, 3, table, [0], 31000, 4791, {})
+    assert doc["planes"][0]["dst_silent"] and PC.exit_code(doc) == 2
+    assert "an agent listening there swallows them" in PC.render_trace(doc)
