@@ -1,0 +1,330 @@
+"""Fault localization: which directed links explain the paths the agents call bad.
+
+Pure: no sockets, no files, no clock reads. Network tomography in the manner of NetBouncer and
+007: every agent reports, per probed path, a verdict (good or bad, and when it can tell, whether
+the probe or its reply was lost); the links a path crosses are known from the fleet model; the
+coordinator looks for the fewest links that explain the bad paths without contradicting the good.
+
+Model
+-----
+An `Observation` is one path's latest verdict: the directed links the probes cross (`forward`)
+and the ones their replies cross (`reverse`). A bad observation becomes one or two *claims*,
+each a set of candidate links of which at least one must be faulty:
+
+    direction "forward"   one claim: a forward link          (the reverse links are not blamed)
+    direction "reverse"   one claim: a reverse link          (the forward links worked: credit)
+    direction "both"      two claims: a forward link AND a reverse link (how a cut looks)
+    direction None        one claim: any link either way     (the agent cannot tell)
+
+Evidence is weighed per reporter, so that one agent's many paths over a link count once: on
+each link a reporter *votes* good if it has more good than bad evidence there, bad if the
+reverse. A link is *exonerated* when at least 2 reporters vote it good and they are at least as
+many as those voting it bad, plus `exonerate_margin` (default 0: a tie acquits, so two liars
+cannot convict a link that works for two others).
+
+Suspects: a claim all of whose candidate links are exonerated contradicts what everyone else
+sees. A reporter with at least `suspect_claims` such claims, making up at least `suspect_share`
+of its claims, is a *suspect* (noisy, lying, or its own clock or NIC confused): its claims are
+set aside and its votes, good and bad, stop counting. Repeated until no new suspect appears,
+since discounting one suspect's votes can expose another that it shielded.
+
+Greedy explanation: repeatedly take the non-exonerated link that explains the most claims not
+yet explained (ties: fewer good observations on it, then more distinct reporters, then name),
+provided those claims come from at least `min_reporters` distinct reporters, number at least
+`min_claims`, and outnumber the good observations across the link: one lying or noisy agent
+alone never produces a finding. Links that explain exactly the same claims with the same good
+evidence cannot be told apart: the finding names one and lists the others as `alternatives`,
+its confidence shared among them. A host's uplink is
+corroborated by others even so: its up direction also carries the replies to the probes other
+hosts send it, its down direction their probes. Independent concurrent faults each explain
+their own claims, so each is found.
+
+The `Localizer` is incremental: `update()` adjusts per-link counters, so `findings()` touches
+only the bad observations and the links on them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from linkpass.core.fleet import HOST_LEAF, FleetError, FleetModel, split_directed
+
+DIRECTIONS = ("forward", "reverse", "both", None)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One path's verdict from `reporter`; `key` is unique per path fleet-wide ("h3/17").
+
+    `reverse` is the directed links the replies are known to cross. Pass the full reply path
+    when known; when it is not, pass None and the localizer uses the links EVERY reply must
+    cross (`FleetModel.reverse_definite`, derived from `forward`'s first and last link), so a
+    reply lost on a spine link it cannot name stays unexplained rather than misattributed.
+    `direction` says which way the loss was, for bad observations only (see module doc)."""
+
+    reporter: str
+    key: str
+    forward: tuple[str, ...]
+    reverse: tuple[str, ...] | None
+    bad: bool
+    direction: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    link: str  # physical link name
+    direction: str  # "up" | "down"
+    directed: str  # "link:direction"
+    confidence: float  # 0..1
+    bad_paths: int  # bad observations this link explains
+    good_paths: int  # observations whose traffic crossed it fine (suspects' not counted)
+    reporters: tuple[str, ...]  # distinct reporters of the bad paths it explains
+    alternatives: tuple[str, ...] = ()  # directed links the evidence cannot tell from this one
+
+    def as_dict(self) -> dict:
+        return {"link": self.link, "direction": self.direction, "directed": self.directed,
+                "confidence": self.confidence, "bad_paths": self.bad_paths, "good_paths": self.good_paths,
+                "reporters": list(self.reporters), "alternatives": list(self.alternatives)}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """What one observation contributed to the counters, to take it back exactly."""
+
+    obs: Observation
+    credited: tuple[str, ...]  # links it gives good evidence to
+    claims: tuple[tuple[str, ...], ...]  # candidate sets, one per claim (bad observations)
+    blamed: tuple[str, ...]  # union of the claims' candidates
+
+
+class Localizer:
+    def __init__(self, model: FleetModel, *, min_reporters: int = 2, min_claims: int = 2,
+                 exonerate_margin: int = 0, suspect_claims: int = 2, suspect_share: float = 0.25):
+        self.model = model
+        self.suspect_claims = suspect_claims
+        self.suspect_share = suspect_share
+        self.min_reporters = min_reporters
+        self.min_claims = min_claims
+        self.exonerate_margin = exonerate_margin
+        self._entries: dict[str, _Entry] = {}
+        self._bad_keys: set[str] = set()
+        self._by_reporter: dict[str, set[str]] = {}
+        self._good_count: dict[str, int] = {}  # directed link -> good observations crossing it
+        self._good_by: dict[str, dict[str, int]] = {}  # directed link -> reporter -> good evidence
+        self._bad_by: dict[str, dict[str, int]] = {}  # directed link -> reporter -> bad observations
+
+    # ---- ingest ------------------------------------------------------------------------------
+    def update(self, obs: Observation) -> None:
+        """Record `obs`, replacing any earlier observation with the same key."""
+        if obs.direction not in DIRECTIONS:
+            raise ValueError(f"observation {obs.key}: direction {obs.direction!r} is unknown; "
+                             "one of 'forward', 'reverse', 'both' or None")
+        if obs.key in self._entries:
+            self.forget(obs.key)
+        entry = self._entry(obs)
+        self._entries[obs.key] = entry
+        self._by_reporter.setdefault(obs.reporter, set()).add(obs.key)
+        r = obs.reporter
+        for d in entry.credited:
+            self._good_count[d] = self._good_count.get(d, 0) + 1
+            by = self._good_by.get(d)
+            if by is None:
+                by = self._good_by[d] = {}
+            by[r] = by.get(r, 0) + 1
+        if obs.bad:
+            self._bad_keys.add(obs.key)
+            for d in entry.blamed:
+                by = self._bad_by.get(d)
+                if by is None:
+                    by = self._bad_by[d] = {}
+                by[r] = by.get(r, 0) + 1
+
+    def forget(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return
+        r = entry.obs.reporter
+        keys = self._by_reporter[r]
+        keys.discard(key)
+        if not keys:
+            del self._by_reporter[r]
+        for d in entry.credited:
+            _decrement(self._good_count, d)
+            _decrement(self._good_by[d], r)
+            if not self._good_by[d]:
+                del self._good_by[d]
+        if entry.obs.bad:
+            self._bad_keys.discard(key)
+            for d in entry.blamed:
+                _decrement(self._bad_by[d], r)
+                if not self._bad_by[d]:
+                    del self._bad_by[d]
+
+    def forget_reporter(self, reporter: str) -> None:
+        for key in list(self._by_reporter.get(reporter, ())):
+            self.forget(key)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _entry(self, obs: Observation) -> _Entry:
+        forward = tuple(obs.forward)
+        reverse = tuple(obs.reverse) if obs.reverse is not None else self._reverse_definite(obs)
+        if not obs.bad:
+            return _Entry(obs, forward + reverse, (), ())
+        if obs.direction == "forward":
+            claims = (forward,)
+        elif obs.direction == "reverse":
+            claims = (reverse,)
+        elif obs.direction == "both":
+            claims = (forward, reverse)
+        else:
+            claims = (tuple(dict.fromkeys(forward + reverse)),)
+        claims = tuple(c for c in claims if c)
+        blamed = tuple(dict.fromkeys(d for c in claims for d in c))
+        # a lost reply means the probe got through: its links worked
+        credited = forward if obs.direction == "reverse" else ()
+        return _Entry(obs, credited, claims, blamed)
+
+    def _reverse_definite(self, obs: Observation) -> tuple[str, ...]:
+        if not obs.forward:
+            return ()
+        try:
+            last = self.model.link(split_directed(obs.forward[-1])[0])
+            if last.kind != HOST_LEAF:
+                return ()  # not a path to a host: nothing is known about replies
+            return self.model.reverse_definite(obs.reporter, last.plane, last.a)
+        except FleetError:
+            return ()
+
+    # ---- explain -----------------------------------------------------------------------------
+    def exonerated(self, d: str, ignore: frozenset[str] | set[str] = frozenset()) -> bool:
+        """At least 2 reporters vote `d` good, and at least as many (plus the margin) as vote it
+        bad; the votes of the reporters in `ignore` (suspects) do not count."""
+        good_by = self._good_by.get(d)
+        if not good_by:
+            return False
+        bad_by = self._bad_by.get(d, {})
+        good_votes = sum(1 for r, n in good_by.items() if n > bad_by.get(r, 0) and r not in ignore)
+        bad_votes = sum(1 for r, n in bad_by.items() if n > good_by.get(r, 0) and r not in ignore)
+        return good_votes >= 2 and good_votes >= bad_votes + self.exonerate_margin
+
+    def suspects(self) -> set[str]:
+        """Reporters whose bad claims the others' good evidence contradicts (see findings())."""
+        return self._explain()[0]
+
+    def findings(self) -> list[Finding]:
+        """Links that explain the bad observations, most confident first."""
+        return self._explain()[1]
+
+    def _explain(self) -> tuple[set[str], list[Finding]]:
+        claim_reporter: list[str] = []
+        claim_key: list[str] = []
+        claim_cands: list[tuple[str, ...]] = []
+        claims_of: dict[str, list[int]] = {}
+        for key in self._bad_keys:
+            entry = self._entries[key]
+            for cands in entry.claims:
+                i = len(claim_reporter)
+                claim_reporter.append(entry.obs.reporter)
+                claim_key.append(key)
+                claim_cands.append(cands)
+                for d in cands:
+                    claims_of.setdefault(d, []).append(i)
+        claims_by: dict[str, int] = {}
+        for r in claim_reporter:
+            claims_by[r] = claims_by.get(r, 0) + 1
+        # A claim all of whose links work for others is contradicted; a reporter making several
+        # such claims is noisy or lying: its claims are set aside and its votes stop counting
+        # (its bad votes no longer shield links, which can expose more suspects, so repeat).
+        suspects: set[str] = set()
+        while True:
+            live_links = {d: idx for d, idx in claims_of.items() if not self.exonerated(d, suspects)}
+            alive = [False] * len(claim_reporter)
+            for idx in live_links.values():
+                for i in idx:
+                    alive[i] = True
+            contradicted: dict[str, int] = {}
+            for i, r in enumerate(claim_reporter):
+                if not alive[i]:
+                    contradicted[r] = contradicted.get(r, 0) + 1
+            more = {r for r, n in contradicted.items() if r not in suspects
+                    and n >= self.suspect_claims and n >= self.suspect_share * claims_by[r]}
+            if not more:
+                break
+            suspects |= more
+        explained = [claim_reporter[i] in suspects for i in range(len(claim_reporter))]
+        out: list[Finding] = []
+        while True:
+            best = None
+            for d, idx in live_links.items():
+                live = [i for i in idx if not explained[i]]
+                if len(live) < self.min_claims:
+                    continue
+                good = self._good_paths(d, suspects)
+                if len(live) <= good:  # more paths work across it than fail: not the culprit
+                    continue
+                reporters = {claim_reporter[i] for i in live}
+                if len(reporters) < self.min_reporters:
+                    continue
+                rank = (-len(live), good, -len(reporters), d)
+                if best is None or rank < best[0]:
+                    best = (rank, d, live, reporters)
+            if best is None:
+                break
+            _, d, live, reporters = best
+            alternatives = self._twins(d, live, live_links, explained, claim_cands, suspects)
+            for i in live:
+                explained[i] = True
+            del live_links[d]
+            out.append(self._finding(d, live, reporters, claim_key, alternatives, suspects))
+        out.sort(key=lambda f: (-f.confidence, f.directed))
+        return suspects, out
+
+    def _good_paths(self, d: str, suspects: set[str]) -> int:
+        """Good observations across `d`, not counting the suspects' (their word counts for nothing)."""
+        good = self._good_count.get(d, 0)
+        if suspects and good:
+            by = self._good_by[d]
+            good -= sum(by.get(r, 0) for r in suspects)
+        return good
+
+    def _twins(self, d: str, live: list[int], live_links: dict[str, list[int]], explained: list[bool],
+               claim_cands: list[tuple[str, ...]], suspects: set[str]) -> tuple[str, ...]:
+        """Other links that explain exactly the same claims, with the same good evidence: the
+        probes cannot tell them apart (e.g. leaf 0 -> spine and spine -> leaf 1 with two leaves)."""
+        target = set(live)
+        good = self._good_paths(d, suspects)
+        twins = []
+        for other in claim_cands[live[0]]:  # a twin is a candidate of every claim, so of this one
+            if other == d or other not in live_links or self._good_paths(other, suspects) != good:
+                continue
+            if {i for i in live_links[other] if not explained[i]} == target:
+                twins.append(other)
+        return tuple(sorted(twins))
+
+    def _finding(self, d: str, live: list[int], reporters: set[str], claim_key: list[str],
+                 alternatives: tuple[str, ...], suspects: set[str]) -> Finding:
+        bad = len({claim_key[i] for i in live})
+        good = self._good_paths(d, suspects)
+        # purity: how cleanly the link's traffic fails; support: how independent the witnesses;
+        # shared evenly with links the evidence cannot tell from this one
+        confidence = bad / (bad + good) * (1.0 - 0.5 ** len(reporters)) / (1 + len(alternatives))
+        name, direction = split_directed(d)
+        return Finding(name, direction, d, round(confidence, 4), bad, good, tuple(sorted(reporters)), alternatives)
+
+
+def _decrement(counts: dict[str, int], k: str) -> None:
+    n = counts[k] - 1
+    if n:
+        counts[k] = n
+    else:
+        del counts[k]
+
+
+def localize(model: FleetModel, observations: Iterable[Observation], **options) -> list[Finding]:
+    """One-shot: findings for `observations` (later ones with a repeated key win)."""
+    loc = Localizer(model, **options)
+    for obs in observations:
+        loc.update(obs)
+    return loc.findings()

@@ -1,0 +1,179 @@
+"""Fault localization (pure): faults on a generated fleet, verdicts from its probe plan."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from linkpass.core.fleet import rail_optimized
+from linkpass.core.localize import Finding, Localizer, Observation, localize
+from linkpass.core.plan import plan_probes
+
+MODEL = rail_optimized(64, 2, 8, 4)  # 8 leaves x 4 spines per plane, sparse plan (64 > 16 hosts)
+PLAN = plan_probes(MODEL)
+
+
+def observations(truth, *, known_reverse=True, liars=(), noisy=(), seed=0):
+    """One observation per planned path, bad where it crosses a link of `truth` (directed),
+    with the direction it breaks. Liars call every path bad; noisy agents call half their
+    paths bad at random and their truly bad ones good half the time."""
+    rng = random.Random(seed)
+    out = []
+    for host, paths in PLAN.paths.items():
+        for n, p in enumerate(paths):
+            fwd = MODEL.node_path(host, p.peer, p.plane, p.spine)
+            rev = MODEL.node_path(p.peer, host, p.plane, p.spine)
+            f, r = any(d in truth for d in fwd), any(d in truth for d in rev)
+            bad, direction = f or r, ("both" if f and r else "forward" if f else "reverse" if r else None)
+            if host in liars:
+                bad, direction = True, "both"
+            elif host in noisy:
+                if bad and rng.random() < 0.5:
+                    bad, direction = False, None
+                elif not bad and rng.random() < 0.5:
+                    bad, direction = True, rng.choice(("forward", "reverse", "both", None))
+            out.append(Observation(host, f"{host}/{n}", fwd, rev if known_reverse else None, bad, direction))
+    return out
+
+
+def found(obs, **options):
+    return {f.directed for f in localize(MODEL, obs, **options)}
+
+
+def test_healthy_fleet_has_no_findings():
+    assert found(observations(set())) == set()
+
+
+def test_cut_host_uplink_is_both_directions():
+    assert found(observations({"h3-p0l0:up", "h3-p0l0:down"})) == {"h3-p0l0:up", "h3-p0l0:down"}
+
+
+def test_one_direction_of_a_host_uplink():
+    # the up direction carries h3's probes and the replies to whoever probes h3
+    assert found(observations({"h3-p1l0:up"})) == {"h3-p1l0:up"}
+    assert found(observations({"h40-p0l5:down"})) == {"h40-p0l5:down"}
+
+
+def test_leaf_spine_link_one_direction_only():
+    assert found(observations({"p0l2-p0s1:down"})) == {"p0l2-p0s1:down"}
+    assert found(observations({"p1l7-p1s3:up"})) == {"p1l7-p1s3:up"}
+
+
+def test_two_concurrent_faults_are_both_found():
+    truth = {"h10-p0l1:up", "p1l4-p1s2:up", "p1l4-p1s2:down"}
+    assert found(observations(truth)) == truth
+    # two faults on the same leaf and plane, overlapping paths
+    truth = {"p0l3-p0s0:up", "h26-p0l3:down"}
+    assert found(observations(truth)) == truth
+
+
+def test_a_lying_agent_alone_produces_no_finding():
+    loc = Localizer(MODEL)
+    for o in observations(set(), liars={"h9"}):
+        loc.update(o)
+    assert loc.findings() == []
+    assert "h9" in loc.suspects()
+
+
+def test_two_liars_on_different_leaves_produce_no_finding():
+    assert found(observations(set(), liars={"h9", "h50"})) == set()
+
+
+def test_a_liar_does_not_hide_or_distort_a_real_fault():
+    truth = {"p0l6-p0s2:up", "p0l6-p0s2:down"}
+    assert found(observations(truth, liars={"h1"})) == truth
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noisy_agent_plus_real_fault_finds_only_the_real_fault(seed):
+    truth = {"h20-p1l2:down"}
+    assert found(observations(truth, noisy={"h44"}, seed=seed)) == truth
+
+
+def test_one_reporter_alone_is_not_believed_unless_allowed():
+    # only h3 reports, every path bad: nothing contradicts it, but nobody corroborates it either
+    alone = [o for o in observations(set(), liars={"h3"}) if o.reporter == "h3"]
+    assert found(alone) == set()
+    assert found(alone, min_reporters=1) != set()  # the guard is what kept it out
+
+
+def test_unknown_reply_paths_use_the_links_every_reply_crosses():
+    # reverse=None: the localizer uses reverse_definite (peer's uplink up, reporter's uplink down)
+    truth = {"h3-p0l0:up"}  # h3's probes (forward) and replies to h3's probers (definite link)
+    assert found(observations(truth, known_reverse=False)) == truth
+    truth = {"h3-p0l0:up", "h3-p0l0:down"}
+    assert found(observations(truth, known_reverse=False)) == truth
+    # a spine link's up direction: seen forward by the leaf's own hosts; the replies crossing
+    # it cannot be pinned on it, but nothing else is blamed either
+    assert found(observations({"p0l2-p0s1:up"}, known_reverse=False)) == {"p0l2-p0s1:up"}
+
+
+def test_update_replaces_by_key_and_forget_undoes():
+    truth = {"h3-p0l0:up", "h3-p0l0:down"}
+    healthy = observations(set())
+    loc = Localizer(MODEL)
+    for o in healthy:
+        loc.update(o)
+    baseline = (dict(loc._good_count), {d: dict(v) for d, v in loc._good_by.items()})
+    for o in observations(truth):
+        loc.update(o)
+    assert len(loc) == len(healthy)
+    assert {f.directed for f in loc.findings()} == truth
+    for o in healthy:  # the fault heals: the same keys, good again
+        loc.update(o)
+    assert loc.findings() == []
+    assert (dict(loc._good_count), {d: dict(v) for d, v in loc._good_by.items()}) == baseline
+    assert loc._bad_by == {}
+    for o in observations(truth):
+        loc.update(o)
+    bad_reporters = {o.reporter for o in observations(truth) if o.bad}
+    for r in bad_reporters:
+        loc.forget_reporter(r)
+    assert loc.findings() == []
+    loc.forget("no-such-key")
+    for o in healthy:
+        loc.forget(o.key)
+    assert len(loc) == 0 and loc._good_count == {} and loc._good_by == {} and loc._bad_by == {}
+
+
+def test_findings_carry_their_evidence():
+    findings = localize(MODEL, observations({"p1l7-p1s3:up"}))
+    assert len(findings) == 1
+    f = findings[0]
+    assert isinstance(f, Finding)
+    assert (f.link, f.direction, f.directed) == ("p1l7-p1s3", "up", "p1l7-p1s3:up")
+    assert f.bad_paths >= 2 and len(f.reporters) >= 2 and f.good_paths == 0
+    assert 0.5 < f.confidence <= 1.0
+    d = json.loads(json.dumps(f.as_dict()))
+    assert d["directed"] == "p1l7-p1s3:up" and d["reporters"] == list(f.reporters)
+
+
+def test_findings_sorted_by_confidence():
+    fs = localize(MODEL, observations({"h10-p0l1:up", "p1l4-p1s2:up", "p1l4-p1s2:down"}))
+    assert [f.confidence for f in fs] == sorted((f.confidence for f in fs), reverse=True)
+
+
+def test_bad_direction_is_rejected():
+    with pytest.raises(ValueError, match="direction"):
+        Localizer(MODEL).update(Observation("h0", "h0/0", ("h0-p0l0:up",), (), True, "sideways"))
+
+
+def test_links_the_evidence_cannot_tell_apart_are_named_as_alternatives():
+    # two leaves: leaf 0 -> spine 0 and spine 0 -> leaf 1 carry exactly the same probes and replies
+    model = rail_optimized(8, 1, 4, 2)
+    plan = plan_probes(model)  # full mesh
+    obs = []
+    for host, paths in plan.paths.items():
+        for n, p in enumerate(paths):
+            fwd = model.node_path(host, p.peer, p.plane, p.spine)
+            rev = model.node_path(p.peer, host, p.plane, p.spine)
+            f, r = "p0l1-p0s0:down" in fwd, "p0l1-p0s0:down" in rev
+            obs.append(Observation(host, f"{host}/{n}", fwd, rev, f or r, "forward" if f else "reverse" if r else None))
+    findings = localize(model, obs)
+    assert len(findings) == 1
+    f = findings[0]
+    assert {f.directed, *f.alternatives} == {"p0l1-p0s0:down", "p0l0-p0s0:up"}
+    assert f.confidence <= 0.5 and f.as_dict()["alternatives"] == list(f.alternatives)
+    # the healthy spine's links are not alternatives: other probes exonerate them
+    assert localize(MODEL, observations({"p1l7-p1s3:up"}))[0].alternatives == ()

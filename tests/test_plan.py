@@ -1,0 +1,114 @@
+"""Probe plans (pure): full mesh when small, O(N) sparse plans with every link watched twice."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from linkpass.core.fleet import FleetError, rail_optimized
+from linkpass.core.plan import PlannedPath, coverage, plan_probes, planned_links
+
+
+def coverable(model, hosts):
+    """Directed links a probe between `hosts` can cross: their uplinks, and the leaf-spine links
+    of leaves with a present host when a plane has at least two such leaves."""
+    out = set()
+    for plane in range(model.planes):
+        leaves = {model.leaf_of(h, plane) for h in hosts}
+        for h in hosts:
+            name = model.uplink(h, plane).name
+            out |= {name + ":up", name + ":down"}
+        if len(leaves) > 1:
+            for lk in model.links.values():
+                if lk.kind == "leaf-spine" and lk.a in leaves:
+                    out |= {lk.name + ":up", lk.name + ":down"}
+    return out
+
+
+def min_coverage(model, plan, hosts=None):
+    cov = coverage(model, plan)
+    return min(cov.get(d, 0) for d in coverable(model, hosts or model.hosts))
+
+
+def test_small_fleet_gets_a_full_mesh():
+    m = rail_optimized(8, 2, 4, 2)
+    plan = plan_probes(m)
+    assert plan.full_mesh
+    # per plane: 3 rack mates (no spine) + 4 hosts on the other leaf x 2 spines
+    assert all(len(ps) == 2 * (3 + 4 * 2) for ps in plan.paths.values())
+    assert PlannedPath("h1", 0, None) in plan.paths["h0"] and PlannedPath("h5", 1, 1) in plan.paths["h0"]
+    assert plan.peers_of("h0") == ["h1", "h2", "h3", "h4", "h5", "h6", "h7"]
+    cov = coverage(m, plan)
+    assert min(cov.values()) == 8 and set(cov) == coverable(m, m.hosts)
+
+
+@pytest.mark.parametrize("shape", [(64, 2, 8, 4), (37, 3, 5, 3), (100, 2, 32, 32), (20, 2, 3, 7),
+                                   (17, 1, 16, 2), (33, 2, 33, 3), (18, 1, 9, 1), (255, 1, 16, 16)])
+def test_sparse_plan_covers_every_directed_link_twice(shape):
+    m = rail_optimized(*shape)
+    plan = plan_probes(m)
+    assert not plan.full_mesh
+    assert min_coverage(m, plan) >= 2
+
+
+def test_sparse_plan_is_constant_per_host_and_plane_on_regular_shapes():
+    m = rail_optimized(64, 2, 8, 4)
+    plan = plan_probes(m)
+    assert all(len(ps) == 3 * 2 for ps in plan.paths.values())
+    assert plan.total_paths == 64 * 2 * 3
+    for host, ps in plan.paths.items():
+        assert all(p.peer != host for p in ps)
+        assert len(set(ps)) == len(ps)
+
+
+def test_total_paths_grow_linearly():
+    small = plan_probes(rail_optimized(128, 2, 8, 4)).total_paths
+    large = plan_probes(rail_optimized(256, 2, 8, 4)).total_paths
+    assert 1.9 <= large / small <= 2.1
+
+
+def test_plan_is_deterministic_and_seed_varies_it():
+    m = rail_optimized(64, 2, 8, 4)
+    assert plan_probes(m).paths == plan_probes(m).paths
+    assert plan_probes(m, seed=1).paths != plan_probes(m).paths
+    assert min_coverage(m, plan_probes(m, seed=5)) >= 2
+
+
+def test_hosts_joining_and_leaving_is_a_replan():
+    m = rail_optimized(64, 2, 8, 4)
+    present = [h for h in m.hosts if h not in {"h3", "h17", "h40", "h41", "h42", "h43", "h44", "h45", "h46", "h47"}]
+    plan = plan_probes(m, hosts=present)  # leaf 5 is empty now
+    assert set(plan.paths) == set(present)
+    assert all(p.peer in present for ps in plan.paths.values() for p in ps)
+    assert min_coverage(m, plan, present) >= 2
+    assert not any(d.startswith("p0l5-") for d in coverage(m, plan))
+    with pytest.raises(FleetError, match="h999"):
+        plan_probes(m, hosts=["h1", "h999"])
+    tiny = plan_probes(m, hosts=["h0", "h1"])  # two rack mates: a full mesh without spines
+    assert tiny.paths == {"h0": [PlannedPath("h1", 0, None), PlannedPath("h1", 1, None)],
+                          "h1": [PlannedPath("h0", 0, None), PlannedPath("h0", 1, None)]}
+
+
+def test_planned_links_without_a_spine_are_the_definite_ones():
+    m = rail_optimized(8, 1, 4, 2)
+    assert planned_links(m, "h0", PlannedPath("h5", 0, None)) == (("h0-p0l0:up", "h5-p0l1:down"),
+                                                                  ("h5-p0l1:up", "h0-p0l0:down"))
+    assert planned_links(m, "h0", PlannedPath("h5", 0, 1))[1] == m.node_path("h5", "h0", 0, 1)
+
+
+def test_plan_to_dict_is_json():
+    plan = plan_probes(rail_optimized(20, 2, 4, 2))
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["total_paths"] == plan.total_paths and len(d["paths"]) == 20
+
+
+def test_16k_gpu_plan_is_fast_and_covers_everything():
+    m = rail_optimized(2048, 8, 32, 32)
+    t = time.perf_counter()
+    plan = plan_probes(m)
+    elapsed = time.perf_counter() - t
+    assert elapsed < 3.0, f"planning the 16k fleet took {elapsed:.2f} s"
+    assert plan.total_paths == 2048 * 8 * 3
+    cov = coverage(m, plan)
+    assert len(cov) == 2 * len(m.links) and min(cov.values()) >= 2
