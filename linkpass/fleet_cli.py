@@ -164,7 +164,7 @@ def _paint_state(s: str) -> str:
 # ---- status -----------------------------------------------------------------------------
 def render_status(doc: dict, now: float, wide: bool = False) -> str:
     lines = [f"fleet {_paint_state(doc['health'])}: {doc['agents']} agents ({len(doc['agents_lost'])} lost), "
-             f"{doc['paths']} paths, {len(doc['findings'])} localized faults, {len(doc['drains'])} drained links"]
+             f"{doc['paths']} paths, localized faults: {len(doc['findings'])}, drained links: {len(doc['drains'])}"]
     if doc.get("fabric"):
         f = doc["fabric"]
         lines.append(f"fabric: {f['hosts']} hosts, {f['planes']} planes, {f['links']} links")
@@ -177,7 +177,7 @@ def render_status(doc: dict, now: float, wide: bool = False) -> str:
     if doc["findings"]:
         lines.append("")
         lines.append(table(["faulty link", "direction", "confidence", "bad paths", "reporters"] + (["note"] if wide else []),
-                           [[f["link"], _arrow(f), f"{f['confidence']:.2f}", f["bad_paths"], f["reporters"]]
+                           [[f["link"], _arrow(f), f"{f['confidence']:.2f}", f["bad_paths"], _reporters(f, wide)]
                             + ([f.get("note", "")] if wide else []) for f in doc["findings"]]))
     if doc["drains"]:
         lines.append("")
@@ -186,11 +186,20 @@ def render_status(doc: dict, now: float, wide: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _reporters(f: dict, wide: bool) -> str:
+    r = f["reporters"]
+    return ",".join(r) if wide else str(len(r))
+
+
 def _arrow(f: dict) -> str:
     a, b = f.get("a"), f.get("b")
-    if a and b:
-        return f"{a}>{b}" if f["direction"] == "up" else f"{b}>{a}"
-    return f["direction"]
+    if not (a and b):
+        return f["direction"]
+    d = f["direction"]
+    text = f"{a}>{b}" if d == "up" else f"{b}>{a}" if d == "down" else f"{a}<>{b} (either way)"
+    if f.get("alternatives"):  # the evidence cannot tell these apart
+        text += " or " + " or ".join(f.get("alternatives"))
+    return text
 
 
 def _status(args, client, now: float) -> int:
@@ -205,8 +214,8 @@ def render_links(rows: list[dict], now: float, wide: bool = False) -> str:
                                                                            "reason"] if wide else [])
     out = []
     for r in rows:
-        fault = ", ".join(f"{(r['a'] + '>' + r['b']) if f['direction'] == 'up' else (r['b'] + '>' + r['a'])} "
-                          f"({f['confidence']:.2f})" for f in r["faults"]) or "-"
+        fault = ", ".join(f"{_arrow({**f, 'a': r['a'], 'b': r['b']})} ({f['confidence']:.2f})"
+                          for f in r["faults"]) or "-"
         drain = r["drain"]
         cells = [r["link"], r["tier"], r["plane"], _paint_state(r["health"]), fault,
                  f"{drain['by']}, {_age(now, drain['since'])}" if drain else "-"]
@@ -270,8 +279,8 @@ def _summary(e: dict) -> str:
     if k in ("detection", "recovery"):
         return f"{d.get('state')} {d.get('reason') or ''} (peer {d.get('peer')}, plane {d.get('plane')})".replace("  ", " ")
     if k == "localization":
-        return f"faulty {d.get('direction')}, confidence {d.get('confidence', 0):.2f}, {d.get('bad_paths')} bad paths " \
-               f"from {d.get('reporters')} reporters" + (f"; {d['note']}" if d.get("note") else "")
+        return f"faulty {_arrow(d)}, confidence {d.get('confidence', 0):.2f}, {d.get('bad_paths')} bad paths " \
+               f"from {len(d.get('reporters', ()))} reporters" + (f"; {d['note']}" if d.get("note") else "")
     if k == "drain":
         return f"drained: {d.get('reason')} ({d.get('paths_moved')} paths on {len(d.get('hosts', []))} hosts move)"
     if k == "undrain":

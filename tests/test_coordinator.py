@@ -35,7 +35,8 @@ def table_of(src: int) -> list[dict]:
         if dst == src:
             continue
         for plane in range(2):
-            for spine in range(2):
+            same_leaf = FAB.leaf_of(src, plane) == FAB.leaf_of(dst, plane)
+            for spine in range(1 if same_leaf else 2):  # a same-leaf peer has one path per plane
                 h, addr = hops(src, dst, plane, spine)
                 rows.append({"id": pid, "peer": f"h{dst}", "plane": plane, "sport": 49152 + pid, "hops": h,
                              "peer_addr": addr, "state": "up", "reason": None})
@@ -70,12 +71,12 @@ def fail_paths(c: Coordinator, now: float, crossing: set[str], reason="hard_fail
 
 
 def test_registration_maps_every_path_onto_fabric_links(coord):
-    assert len(coord.paths) == 4 * 3 * 2 * 2
+    assert len(coord.paths) == 4 * (2 + 8)  # per host: 1 same-leaf peer x 2 planes, 2 others x 2 planes x 2 spines
     rec = next(r for r in coord.paths.values() if r.reporter == "h0" and r.peer == "h3" and r.plane == 0)
     assert rec.links[0] == "h0-p0l0:up" and rec.links[-1] == "h3-p0l1:down" and len(rec.links) == 4
     assert coord.counters["paths_unmapped"] == 0
     st = coord.status(1001.0)
-    assert st["health"] == "ok" and st["agents"] == 4 and st["paths_by_state"] == {"up": 48}
+    assert st["health"] == "ok" and st["agents"] == 4 and st["paths_by_state"] == {"up": 40}
 
 
 def test_a_cut_spine_link_is_localized_with_both_directions(coord):
@@ -147,7 +148,7 @@ def test_drain_what_if_moves_exactly_the_crossing_paths(coord):
     imp = out["impact"]
     # h3's own plane-0 paths, and every other host's plane-0 paths to h3
     assert imp["hosts"] == ["h0", "h1", "h2", "h3"]
-    assert imp["paths_moved"] == 3 * 2 + 3 * 2 and imp["stranded"] == []
+    assert imp["paths_moved"] == 5 + 5 and imp["stranded"] == []
     assert coord.drains == {}  # a dry run changes nothing
     assert not [e for e in coord.store.events() if e["kind"] == "drain"]
 
@@ -237,7 +238,7 @@ def test_without_a_fabric_model_reports_still_work(tmp_path):
     c = Coordinator(store, None)
     c.register({**identity(0), "paths": table_of(0)}, 0.0)
     c.register({**identity(1), "paths": []}, 0.0)
-    assert c.status(1.0)["paths"] == 12 and c.relocalize(1.0) == []
+    assert c.status(1.0)["paths"] == 10 and c.relocalize(1.0) == []
     assert [p["name"] for p in c.plan_for("h0")["peers"]] == ["h1"]
     with pytest.raises(CoordinatorError, match="no fabric model"):
         c.links()

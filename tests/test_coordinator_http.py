@@ -100,11 +100,11 @@ def test_cli_against_the_endpoint(server):
     srv, tokens = server
     out = cli(srv, tokens["reader"], "status")
     assert out.returncode == 0, out.stderr
-    assert "fleet ok: 4 agents (0 lost), 48 paths" in out.stdout
+    assert "fleet ok: 4 agents (0 lost), 40 paths" in out.stdout
     out = cli(srv, tokens["reader"], "drain", "p0l0-p0s0", "--reason", "x")
     assert out.returncode == 2 and "needs role 'operator'" in out.stderr
     out = cli(srv, tokens["operator"], "drain", "h3-p0l1", "--reason", "optic", "--dry-run")
-    assert out.returncode == 0 and "would drain h3-p0l1" in out.stdout and "(12 paths)" in out.stdout
+    assert out.returncode == 0 and "would drain h3-p0l1" in out.stdout and "(10 paths)" in out.stdout
     out = cli(srv, tokens["operator"], "drain", "h3-p0l1", "--reason", "optic", "-o", "json")
     assert out.returncode == 0 and json.loads(out.stdout)["changed"] is True
     out = cli(srv, tokens["reader"], "links", "--problems")

@@ -146,11 +146,9 @@ class Coordinator:
         if rec.state not in BAD_STATES and rec.state not in GOOD_STATES:
             self.localizer.forget(rec.key)
             return
-        try:
-            reverse = self.model.reverse_definite(rec.reporter, rec.plane, rec.peer)
-        except FleetError:
-            reverse = ()
-        self.localizer.update(Observation(rec.reporter, rec.key, rec.links, reverse, rec.state in BAD_STATES,
+        # reply paths are ECMP-hashed by the peer and not traced: reverse=None lets the localizer use
+        # only the links every reply must cross
+        self.localizer.update(Observation(rec.reporter, rec.key, rec.links, None, rec.state in BAD_STATES,
                                           _DIRECTION_OF_REASON.get(rec.reason or "")))
         self._dirty = True
 
@@ -289,7 +287,14 @@ class Coordinator:
         found = {}
         for f in self.localizer.findings():
             d = f.as_dict()
-            name, _ = split_directed(f.directed)
+            name, direction = split_directed(f.directed)
+            mirror = directed(name, "down" if direction == "up" else "up")
+            if mirror in f.alternatives:
+                # hard failures rarely say which way packets died: the link is named, its
+                # direction is not, and its confidence is the sum over both
+                d["alternatives"] = [x for x in d["alternatives"] if x != mirror]
+                d["direction"] = "either"
+                d["confidence"] = min(1.0, round(f.confidence * 2, 4))
             lk = self.model.links[name]
             d["a"], d["b"] = lk.a, lk.b
             host_end = lk.a
@@ -391,6 +396,9 @@ class Coordinator:
         limit = max(1, math.floor(self.config.max_drain_share * len(same)))
         drained_here = [n for n in self.drains if n in set(same)]
         impact = self.what_if(set(self.drains) | {name})
+        # only pairs this drain strands count: pairs whose paths are all down already are not its doing
+        already = set(self.what_if(set(self.drains))["stranded"])
+        impact["stranded"] = [p for p in impact["stranded"] if p not in already]
         problem = None
         if len(drained_here) + 1 > limit:
             problem = (f"blast-radius guard: {len(drained_here)} of {len(same)} {lk.kind} links in plane {lk.plane} "
@@ -478,6 +486,7 @@ class Coordinator:
                 continue
             rows.append({"link": name, "tier": lk.kind, "plane": lk.plane, "a": lk.a, "b": lk.b, "health": health,
                          "faults": [{"direction": f["direction"], "confidence": f["confidence"],
+                                     "alternatives": f.get("alternatives", []),
                                      **({"note": f["note"]} if "note" in f else {})} for f in faults],
                          "drain": drain, "paths_up": {"good": good[up], "bad": bad[up]},
                          "paths_down": {"good": good[down], "bad": bad[down]}})

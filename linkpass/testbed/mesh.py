@@ -84,7 +84,7 @@ def peer_routes(fab: Fabric, host: int):
 
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = 9471,
                         interval_ms: float = 1.0, routes: bool = False, entropy: bool = False,
-                        detect: dict | None = None, hosts=None) -> dict[int, str]:
+                        detect: dict | None = None, hosts=None, coordinator: dict | None = None) -> dict[int, str]:
     """One `linkpass agent` config per host in `hosts` (default: all), whose peers are the other
     hosts in it, every plane; plus the fleet key file. Route journals and entropy tables go into
     `directory` too (one per host)."""
@@ -115,6 +115,8 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
         }
         if detect:
             doc["detect"] = dict(detect)
+        if coordinator:
+            doc["coordinator"] = dict(coordinator)
         path = os.path.join(directory, f"agent-h{i}.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)

@@ -1,0 +1,89 @@
+"""The coordinator as a real detached Ray actor: one bootstrap path (get-if-exists), and a killed
+actor process comes back on the same endpoint with everything it knew (SQLite)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from linkpass.coordinator import ray_actor
+from linkpass.coordinator.client import Client, Unreachable
+from tests.test_coordinator import MODEL, identity, table_of
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def actor(tmp_path_factory):
+    d = tmp_path_factory.mktemp("coord")
+    (d / "fabric.json").write_text(json.dumps(MODEL.to_dict()))
+    settings = {"state_dir": str(d / "state"), "listen": f"127.0.0.1:{free_port()}", "fabric": str(d / "fabric.json")}
+    ray_actor.connect(num_cpus=2)
+    try:
+        handle, url = ray_actor.ensure(settings)
+        yield handle, url, settings
+    finally:
+        h = ray_actor.existing()
+        if h is not None:
+            ray_actor.stop(h)
+        ray_actor.shutdown()
+
+
+def token(settings, role):
+    with open(os.path.join(settings["state_dir"], f"{role}.token")) as f:
+        return f.read().strip()
+
+
+def wait_answering(client: Client, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.get("/v1/status")
+        except Unreachable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_ensure_returns_the_running_actor(actor):
+    handle, url, settings = actor
+    again, url2 = ray_actor.ensure({**settings, "listen": "127.0.0.1:1"})  # settings of a second call are ignored
+    assert url2 == url
+    assert ray_actor.actor_pid(again) == ray_actor.actor_pid(handle)
+
+
+def test_killed_actor_restarts_and_loses_nothing(actor):
+    handle, url, settings = actor
+    agent = Client(url, token(settings, "agent"))
+    op = Client(url, token(settings, "operator"))
+    for i in range(4):
+        agent.post("/v1/register", {**identity(i), "paths": table_of(i)})
+    op.post("/v1/drain", {"link": "p1l1-p1s1", "reason": "before the crash"})
+    down = [{"id": k, "state": "down", "reason": "hard_failure"} for k in (1, 2)]
+    agent.post("/v1/report", {"name": "h0", "changes": down})
+    before = wait_answering(op)
+    events_before = op.get("/v1/events", since=0)
+
+    old = ray_actor.actor_pid(handle)
+    os.kill(old, signal.SIGKILL)
+    new = ray_actor.wait_restarted(handle, old, timeout_s=90)
+    assert new != old
+    after = wait_answering(op)
+    for k in ("agents", "paths", "paths_by_state", "drains", "drain_version", "fabric"):
+        assert after[k] == before[k], k
+    events_after = op.get("/v1/events", since=0)
+    assert events_after[:len(events_before)] == events_before
+    assert events_after[-1]["kind"] == "coordinator" and events_after[-1]["detail"]["recovered_paths"] == 40
+    # agents carry on against the new process
+    answer = agent.post("/v1/report", {"name": "h0", "drain_version": None})
+    assert answer["drains"] == [{"link": "p1l1-p1s1", "addrs": answer["drains"][0]["addrs"]}]
+    agent.close()
+    op.close()
