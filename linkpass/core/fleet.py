@@ -21,6 +21,8 @@ Spines of a plane are indexed in the order their links first appear (spine index
 """
 from __future__ import annotations
 
+import ipaddress
+
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -229,6 +231,19 @@ class FleetModel:
                                  f"on plane {plane} crosses {expected[i]} there")
         return tuple(expected)
 
+    def hops_of(self, src_host: str, dst_host: str, plane: int, spine: int | None) -> tuple[list[str], str]:
+        """What discovery would report for this path: the address of the interface each router
+        takes the probe in on, and the destination's NIC address (the inverse of links_of_path)."""
+        out = []
+        for d in self.node_path(src_host, dst_host, plane, spine):
+            name, direction = split_directed(d)
+            lk = self.links[name]
+            addr = lk.b_addr if direction == UP else lk.a_addr
+            if addr is None:
+                raise FleetError(f"link {name} has no addresses (generate the model with addressed=True)")
+            out.append(addr)
+        return out[:-1], out[-1]
+
     def _hop(self, addr: str) -> str:
         name, node = self.owner(addr)
         lk = self.links[name]
@@ -253,23 +268,43 @@ class FleetModel:
             raise FleetError(f"not a fleet model document: {exc}") from None
 
 
-def rail_optimized(hosts: int, rails: int, hosts_per_leaf: int, spines_per_plane: int) -> FleetModel:
+_ADDRESS_BLOCK = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544 benchmarking range
+
+
+def rail_optimized(hosts: int, rails: int, hosts_per_leaf: int, spines_per_plane: int,
+                   addressed: bool = False) -> FleetModel:
     """A generated 2-tier rail-optimized fabric: NIC r of every host on plane r, host i under
-    leaf i // hosts_per_leaf of every plane, every leaf linked to every spine of its plane."""
+    leaf i // hosts_per_leaf of every plane, every leaf linked to every spine of its plane.
+
+    `addressed`: give every link a /31 from 198.18.0.0/15 (lower end on the a side), so the
+    model can map discovery hops like a real fabric's (`hops_of` makes them); 16 384 GPUs use
+    half the block."""
     if min(hosts, rails, hosts_per_leaf, spines_per_plane) < 1:
         raise FleetError("hosts, rails, hosts_per_leaf and spines_per_plane must all be >= 1")
     leaves = -(-hosts // hosts_per_leaf)
+    if addressed and 2 * rails * (hosts + leaves * spines_per_plane) > _ADDRESS_BLOCK.num_addresses:
+        raise FleetError(f"addressed: {rails * (hosts + leaves * spines_per_plane)} links need more /31s than "
+                         f"{_ADDRESS_BLOCK} holds; generate it without addresses")
+    base = int(_ADDRESS_BLOCK.network_address)
     names = [f"h{i}" for i in range(hosts)]
     links = []
+
+    def link(name, kind, plane, a, b):
+        if not addressed:
+            return FleetLink(name, kind, plane, a, b)
+        k = 2 * len(links)
+        return FleetLink(name, kind, plane, a, b, str(ipaddress.IPv4Address(base + k)),
+                         str(ipaddress.IPv4Address(base + k + 1)))
+
     for p in range(rails):
         for i, h in enumerate(names):
             leaf = f"p{p}l{i // hosts_per_leaf}"
-            links.append(FleetLink(f"{h}-{leaf}", HOST_LEAF, p, h, leaf))
+            links.append(link(f"{h}-{leaf}", HOST_LEAF, p, h, leaf))
         for leaf_i in range(leaves):
             leaf = f"p{p}l{leaf_i}"
             for s in range(spines_per_plane):
                 spine = f"p{p}s{s}"
-                links.append(FleetLink(f"{leaf}-{spine}", LEAF_SPINE, p, leaf, spine))
+                links.append(link(f"{leaf}-{spine}", LEAF_SPINE, p, leaf, spine))
     return FleetModel(names, rails, links)
 
 

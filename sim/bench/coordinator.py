@@ -18,7 +18,9 @@ Rows: localize-16k-single (latency ms of findings(); precision, recall pct over 
 links, a cut being two), localize-16k-double (two concurrent faults: latency, precision,
 recall), localize-16k-update (latency us per update() call, the trial's bad and restoring
 ones; the initial ingest of the healthy fleet is in `initial_ingest_us`).
-Targets: findings() <= 100 ms, precision and recall >= 99 %.
+ingest (rate, path reports per second through the real endpoint: the coordinator as a Ray actor,
+HTTP/JSON, token auth, SQLite; a rate's bad tail is its low end, so "p99" is the 1 % quantile).
+Targets: findings() <= 100 ms, precision and recall >= 99 %, ingest >= 20 000 reports/s.
 """
 from __future__ import annotations
 
@@ -188,11 +190,106 @@ def case_localize_update(fleet: Fleet, args, shared: dict) -> list[dict]:
                 initial_ingest_us=round(fleet.initial_ingest_us, 3))]
 
 
+INGEST_CLIENTS = 4
+INGEST_WINDOW_S = 2.0
+_CYCLE = ("suspect", "down", "recovering", "up")  # what a path goes through; half the moves are evidence
+
+
+def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
+    """Path reports through the real endpoint: the coordinator as a Ray actor (its own process)
+    with the addressed 16k model; every planned path registered with its hops (mapped onto
+    links); then INGEST_CLIENTS threads post one agent's changes per request (all its paths move
+    one state along _CYCLE) over keep-alive connections, for INGEST_WINDOW_S per trial."""
+    import json
+    import tempfile
+    import threading
+
+    from linkpass.coordinator import ray_actor
+    from linkpass.coordinator.client import Client
+    from linkpass.core.fleet import rail_optimized
+
+    model = rail_optimized(*SHAPE, addressed=True)
+    tables: dict[str, list[dict]] = {}
+    for host, paths in fleet.plan.paths.items():
+        rows = tables.setdefault(host, [])
+        for n, p in enumerate(paths):
+            hops, dst = model.hops_of(host, p.peer, p.plane, p.spine)
+            rows.append({"id": n + 1, "peer": p.peer, "plane": p.plane, "sport": 49152 + n, "hops": hops,
+                         "peer_addr": dst, "state": "up", "reason": None})
+    work = tempfile.mkdtemp(prefix="linkpass-bench-coord-")
+    with open(os.path.join(work, "fabric.json"), "w") as f:
+        json.dump(model.to_dict(), f)
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    settings = {"state_dir": os.path.join(work, "state"), "listen": f"127.0.0.1:{port}",
+                "fabric": os.path.join(work, "fabric.json"), "agent_timeout_s": 3600}
+    progress("starting Ray and the coordinator actor")
+    ray_actor.connect(num_cpus=2)
+    rows_out: list[dict] = []
+    try:
+        handle, url = ray_actor.ensure(settings)
+        token = open(os.path.join(settings["state_dir"], "agent.token")).read().strip()
+        hosts = sorted(tables)
+        t0 = time.perf_counter()
+        c = Client(url, token, timeout_s=120)
+        for i, h in enumerate(hosts):
+            c.post("/v1/register", {"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {},
+                                    "paths": tables[h]})
+        reg_s = time.perf_counter() - t0
+        n_paths = sum(len(v) for v in tables.values())
+        status = c.get("/v1/status")
+        c.close()
+        progress(f"registered {len(hosts)} agents, {n_paths} paths in {reg_s:.1f} s "
+                 f"({n_paths / reg_s:.0f} paths/s); coordinator sees {status['paths']}")
+        step = [0] * len(hosts)
+        rates = []
+        for trial in range(args.ingest_trials):
+            stop = time.perf_counter() + INGEST_WINDOW_S
+            done = [0] * INGEST_CLIENTS
+
+            def client_loop(k: int) -> None:
+                cl = Client(url, token, timeout_s=60)
+                j = k
+                while time.perf_counter() < stop:
+                    h = hosts[j % len(hosts)]
+                    idx = j % len(hosts)
+                    state = _CYCLE[step[idx] % len(_CYCLE)]
+                    step[idx] += 1
+                    changes = [{"id": r["id"], "state": state, "reason": "hard_failure" if state == "down" else None}
+                               for r in tables[h]]
+                    cl.post("/v1/report", {"name": h, "changes": changes, "drain_version": 0, "plan_version": 1})
+                    done[k] += len(changes)
+                    j += INGEST_CLIENTS
+                cl.close()
+
+            t = time.perf_counter()
+            threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(INGEST_CLIENTS)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            rate = sum(done) / (time.perf_counter() - t)
+            rates.append(round(rate, 1))
+            progress(f"ingest trial {trial + 1}/{args.ingest_trials}: {rate:.0f} path reports/s")
+        rows_out.append(row("ingest", "rate", "per_s", rates, q=0.01, target_min=20000, clients=INGEST_CLIENTS,
+                            batch=len(next(iter(tables.values()))), registration_paths_per_s=round(n_paths / reg_s, 1)))
+    finally:
+        h = ray_actor.existing()
+        if h is not None:
+            ray_actor.stop(h)
+        ray_actor.shutdown()
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    return rows_out
+
+
 CASES = [
     case_localize_single,
     case_localize_double,
     case_localize_update,
-    # ---- INGEST: the lead adds `case_ingest` here (not implemented) --------------------------
+    case_ingest,
 ]
 
 
@@ -204,6 +301,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     args.trials = args.trials or (20 if args.quick else 1000)
+    args.ingest_trials = 3 if args.quick else 20
     print(f"coordinator localization, rail_optimized{SHAPE}, {args.trials} trials per case")
     fleet = Fleet()
     rows: list[dict] = []
