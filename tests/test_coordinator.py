@@ -222,14 +222,15 @@ def test_lost_agent_is_reported_and_returns(coord):
 
 
 def test_plan_names_every_peer_in_a_small_fleet_and_follows_leavers(coord):
-    plan = coord.plan_for("h0")
+    coord.tick(1001.0)  # joins since the last revision are planned
+    plan = coord.plan_for("h0", 1001.0)
     assert [p["name"] for p in plan["peers"]] == ["h1", "h2", "h3"]
     assert plan["peers"][0]["nics"] == {"0": FAB.nic_addr(1, 0), "1": FAB.nic_addr(1, 1)}
     v = plan["version"]
     for i in range(3):
         coord.report({"name": f"h{i}"}, 1015.0)
     coord.tick(1015.0)  # h3 lost: the plan is revised without it
-    plan = coord.plan_for("h0")
+    plan = coord.plan_for("h0", 1015.0)
     assert plan["version"] > v and [p["name"] for p in plan["peers"]] == ["h1", "h2"]
 
 
@@ -239,7 +240,8 @@ def test_without_a_fabric_model_reports_still_work(tmp_path):
     c.register({**identity(0), "paths": table_of(0)}, 0.0)
     c.register({**identity(1), "paths": []}, 0.0)
     assert c.status(1.0)["paths"] == 10 and c.relocalize(1.0) == []
-    assert [p["name"] for p in c.plan_for("h0")["peers"]] == ["h1"]
+    c.tick(2.0)
+    assert [p["name"] for p in c.plan_for("h0", 2.0)["peers"]] == ["h1"]
     with pytest.raises(CoordinatorError, match="no fabric model"):
         c.links()
     store.close()

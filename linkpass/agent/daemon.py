@@ -137,6 +137,7 @@ class Agent:
         self.pending_drains: list[dict] | None = None
         self.pending_plan: dict | None = None
         self.drain_addrs: list[dict] = []
+        self.config_peers = {p.name: p for p in cfg.peers}
 
     @staticmethod
     def _route_actuator(cfg: AgentConfig, dry_run: bool) -> RouteActuator | None:
@@ -271,10 +272,10 @@ class Agent:
             log("plan_rejected", error=repr(exc), note="keeping the current peers")
             return
         have = {p.name: p for p in self.cfg.peers}
-        # peers whose routes this agent manages stay probed whatever the plan says: without
-        # probes their routes could not be moved back
-        managed = set(self.routes.peers) if self.routes is not None else set()
-        want.update({n: p for n, p in have.items() if n in managed and n not in want})
+        # the peers of the config file stay probed whatever the plan says (their routes, if
+        # managed, could not be moved back without probes; and a plan made while the fleet is
+        # still joining may not name them yet): a plan adds peers and removes only its own
+        want.update({n: p for n, p in self.config_peers.items() if n not in want})
         gone = [n for n in have if n not in want]
         new = [p for n, p in want.items() if have.get(n) != p]
         if not gone and not new:

@@ -48,6 +48,10 @@ class Client:
     def post(self, path: str, body: dict):
         return self._call("POST", path, json.dumps(body).encode())
 
+    def post_raw(self, path: str, payload: bytes):
+        """POST an already encoded JSON body."""
+        return self._call("POST", path, payload)
+
     def _call(self, method: str, path: str, payload: bytes | None):
         headers = {"Content-Type": "application/json"}
         if self.token:

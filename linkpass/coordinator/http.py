@@ -48,6 +48,9 @@ class CoordinatorServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: agents and the benchmark reuse connections
+            # headers and body leave in separate writes: with Nagle and the client's delayed ACK
+            # each answer waited ~40 ms (measured: ~70 requests/s per connection)
+            disable_nagle_algorithm = True
 
             def do_GET(self):  # noqa: N802 (http.server's name)
                 server._handle(self, "GET")
@@ -172,9 +175,10 @@ class CoordinatorServer:
                 if path == "/v1/agents":
                     return 200, c.agent_rows(now)
                 if path == "/v1/plan":
-                    plan = c.plan_for(q.get("host", ""))
+                    plan = c.plan_for(q.get("host", ""), now)
                     if plan is None:
-                        raise _HttpError(404, f"no agent named {q.get('host')!r} has registered")
+                        raise _HttpError(404, f"no agent named {q.get('host')!r} is in the current plan "
+                                              "(not registered, or joined less than a second ago)")
                     return 200, plan
             if path == "/v1/events":
                 kinds = [k for k in q.get("kind", "").split(",") if k]

@@ -22,6 +22,12 @@ class CoordinatorActor:
     def __init__(self, settings: dict):
         from .runner import start  # noqa: PLC0415 (imported in the actor's process)
 
+        # Ray starts workers at nice 15 (batch work); the coordinator answers agents and on-call
+        # and must not starve behind a busy host's batch jobs. Lowering needs CAP_SYS_NICE.
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError:
+            pass
         self.server = start(settings)
 
     def endpoint(self) -> str:

@@ -10,7 +10,8 @@ arguments, so tests drive it directly. Calls are serialised by the host (one loc
 itself is not thread-safe. Everything that must survive a restart goes through `Store`.
 
 Path verdicts map to localization evidence: a path is *bad* when down, damped (flapping) or
-degraded, *good* when up; suspect and recovering paths are no evidence either way. The reason
+degraded, *good* when up; suspect and recovering are passing states that leave the path's last
+evidence standing (a finding clears when its paths are up again, as the agents see it). The reason
 names the direction when the detector knows it (gray loss and latency are judged per direction).
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ from ..core.localize import Localizer, Observation
 from ..core.plan import plan_probes
 from .store import Store
 
+PLAN_REVISE_S = 1.0
+TOUCH_S = 10.0
 BAD_STATES = frozenset({"down", "damped", "degraded"})
 GOOD_STATES = frozenset({"up"})
 STATES = ("up", "suspect", "down", "recovering", "degraded", "damped")
@@ -68,6 +71,7 @@ class PathRecord:
     reason: str | None
     updated: float
     links: tuple[str, ...] = ()  # forward directed links (empty: unknown to the fabric model)
+    fed: tuple | None = None  # (bad, direction) the localizer last got for this path
 
     def info(self) -> dict:
         return {"peer": self.peer, "plane": self.plane, "sport": self.sport, "hops": list(self.hops),
@@ -123,6 +127,11 @@ class Coordinator:
         self.plan_version = int(self.store.get_meta("plan_version") or 0)
         self._plan_hosts: tuple[str, ...] = ()
         self._plan = None
+        self._plan_at: float | None = None
+        self._members_changed = True  # an agent joined, was lost or returned since the last plan
+        self._touched_at = 0.0
+        self._plan_every_s = PLAN_REVISE_S
+        self._localize_at = 0.0  # next time relocalize may run (bounded duty cycle, see tick)
         self._dirty = True
         if self.agents or self.paths:
             self.counters["recovered_paths"] = len(self.paths)
@@ -140,17 +149,22 @@ class Coordinator:
         self.by_reporter[rec.reporter].add(rec.key)
         self._observe(rec)
 
-    def _observe(self, rec: PathRecord) -> None:
+    def _observe(self, rec: PathRecord, was_bad: bool = False) -> None:
         if self.localizer is None or not rec.links:
             return
         if rec.state not in BAD_STATES and rec.state not in GOOD_STATES:
-            self.localizer.forget(rec.key)
+            # suspect (a probe late) and recovering (in hold-down) are passing states: the path's
+            # last evidence stands until it settles (and they are the commonest reports)
             return
+        evidence = (rec.state in BAD_STATES, _DIRECTION_OF_REASON.get(rec.reason or ""))
+        if rec.fed == evidence:
+            return  # e.g. up -> suspect -> up: nothing the localizer does not know
+        rec.fed = evidence
+        if was_bad or rec.state in BAD_STATES:
+            self._dirty = True  # findings depend on bad evidence; good alone changes none
         # reply paths are ECMP-hashed by the peer and not traced: reverse=None lets the localizer use
         # only the links every reply must cross
-        self.localizer.update(Observation(rec.reporter, rec.key, rec.links, None, rec.state in BAD_STATES,
-                                          _DIRECTION_OF_REASON.get(rec.reason or "")))
-        self._dirty = True
+        self.localizer.update(Observation(rec.reporter, rec.key, rec.links, None, *evidence))
 
     # ---- agents ------------------------------------------------------------------------
     def register(self, body: dict, now: float) -> dict:
@@ -163,6 +177,8 @@ class Coordinator:
         if known is None or known.lost:
             self.store.event("agent", name, name, what="registered" if known is None else "returned",
                              agent_id=agent_id, paths=len(body.get("paths", [])))
+        if known is None or known.lost:
+            self._members_changed = True
         first = known.first_seen if known else now
         self.agents[name] = AgentRecord(name, agent_id, info, first, now)
         self.store.upsert_agent(name, agent_id, info, now)
@@ -174,7 +190,7 @@ class Coordinator:
             self._drop_path(key)
         self.store.drop_paths(name, keep)
         self._flush(changes)
-        return self._answer(name, body)
+        return self._answer(name, body, now)
 
     def report(self, body: dict, now: float) -> dict:
         """Path verdicts from one agent: `changes` (state moves since the last report) and, now
@@ -186,6 +202,7 @@ class Coordinator:
                            "(restart it if this persists)")
         if agent.lost:
             agent.lost = False
+            self._members_changed = True
             self.store.event("agent", name, name, what="returned")
         agent.last_seen = now
         agent.reports += 1
@@ -197,7 +214,7 @@ class Coordinator:
         for c in _field(body, "changes", list, default=[]):
             self._change(name, c, now, changes)
         self._flush(changes)
-        return self._answer(name, body)
+        return self._answer(name, body, now)
 
     def _put_path(self, reporter: str, p: dict, now: float, changes: _Changes) -> str:
         pid = _field(p, "id", int, where="paths[].")
@@ -233,7 +250,7 @@ class Coordinator:
         rec.state, rec.reason, rec.updated = state, reason, now
         self.counters["path_changes"] += 1
         changes.states.append((state, reason, now, rec.key))
-        self._observe(rec)
+        self._observe(rec, was_bad)
         is_bad = state in BAD_STATES
         if is_bad != was_bad:
             changes.events.append((now, "detection" if is_bad else "recovery", rec.reporter, rec.key,
@@ -246,38 +263,44 @@ class Coordinator:
         self.by_reporter[rec.reporter].discard(key)
         if self.localizer is not None:
             self.localizer.forget(key)
-            self._dirty = True
+            self._dirty = self._dirty or rec.state in BAD_STATES
 
     def _flush(self, changes: _Changes) -> None:
         self.store.put_paths(changes.paths)
         self.store.put_states(changes.states)
         self.store.add_events(changes.events)
 
-    def _answer(self, name: str, body: dict) -> dict:
+    def _answer(self, name: str, body: dict, now: float) -> dict:
         """What the agent needs back: drains and its probe plan, when its copies are stale."""
         out: dict = {"drain_version": self.drain_version, "plan_version": self.plan_version}
         if body.get("drain_version") != self.drain_version:
             out["drains"] = self.drain_addresses()
-        plan = self.plan_for(name)
-        if plan is not None and body.get("plan_version") != plan["version"]:
-            out["plan"] = plan
-        out["plan_version"] = plan["version"] if plan else None
+        self._current_plan(now)
+        planned = name in self._plan_hosts
+        if planned and body.get("plan_version") != self.plan_version:
+            out["plan"] = self.plan_for(name, now)
+        out["plan_version"] = self.plan_version if planned else None
         return out
 
     # ---- periodic ----------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Liveness and localization; the host calls it every ~100 ms."""
-        seen = {}
         for a in self.agents.values():
             if not a.lost and now - a.last_seen > self.config.agent_timeout_s:
                 a.lost = True
+                self._members_changed = True
                 self.store.event("agent", "coordinator", a.name, what="lost",
                                  silent_s=round(now - a.last_seen, 1),
                                  note="no report from this agent: it keeps failing over locally if it runs")
-            seen[a.name] = a.last_seen
-        self.store.touch_agents(seen)
-        if self._dirty:
+        if now - self._touched_at >= TOUCH_S:  # last-seen times reach the disk coarsely
+            self._touched_at = now
+            self.store.touch_agents({a.name: a.last_seen for a in self.agents.values()})
+        self._current_plan(now)  # joins and leaves since the last revision
+        if self._dirty and now >= self._localize_at:
+            t = time.perf_counter()
             self.relocalize(now)
+            # under a storm of bad reports findings() grows; keep it under ~20 % of the lock
+            self._localize_at = now + 4 * (time.perf_counter() - t)
 
     def relocalize(self, now: float) -> list[dict]:
         """Recompute findings; log the ones that appeared and the ones that cleared."""
@@ -313,24 +336,36 @@ class Coordinator:
         return list(found.values())
 
     # ---- probe plans -------------------------------------------------------------------
-    def _current_plan(self):
+    def _current_plan(self, now: float):
+        """The plan for the agents present now; recomputed when hosts joined or left, but at most
+        every PLAN_REVISE_S (hosts start in waves: one plan per joiner would be quadratic)."""
+        if not self._members_changed or (self._plan_at is not None and now - self._plan_at < self._plan_every_s):
+            return self._plan
+        self._members_changed = False
         hosts = tuple(sorted(n for n, a in self.agents.items() if not a.lost))
         if hosts != self._plan_hosts:
             self._plan_hosts = hosts
+            self._plan_at = now
             if self.model is not None:
                 known = [h for h in hosts if h in self.model.hosts]
+                t = time.perf_counter()
                 self._plan = plan_probes(self.model, known, full_mesh_max=self.config.full_mesh_max)
+                # a 16k-GPU plan takes ~0.7 s here: revise no more than a tenth of the time
+                self._plan_every_s = max(PLAN_REVISE_S, 10 * (time.perf_counter() - t))
             else:
                 self._plan = None
             self.plan_version += 1
             self.store.set_meta("plan_version", str(self.plan_version))
         return self._plan
 
-    def plan_for(self, host: str) -> dict | None:
-        """Which peers `host` should probe, with what the agent needs to reach them."""
+    def plan_for(self, host: str, now: float) -> dict | None:
+        """Which peers `host` should probe, with what the agent needs to reach them; None if
+        the host is not in the current plan yet (it gets one with a later answer)."""
         if host not in self.agents:
             return None
-        plan = self._current_plan()
+        plan = self._current_plan(now)
+        if host not in self._plan_hosts:
+            return None
         if plan is not None and host in self.model.hosts:
             names = plan.peers_of(host)
         else:  # no fabric model: everyone probes everyone it can reach

@@ -44,6 +44,8 @@ only the bad observations and the links on them.
 """
 from __future__ import annotations
 
+import heapq
+
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -254,25 +256,40 @@ class Localizer:
                 break
             suspects |= more
         explained = [claim_reporter[i] in suspects for i in range(len(claim_reporter))]
+
+        def rank_of(d: str):
+            """(rank, live claims, reporters) of a candidate now, or None if it cannot be chosen."""
+            live = [i for i in live_links[d] if not explained[i]]
+            if len(live) < self.min_claims:
+                return None
+            good = self._good_paths(d, suspects)
+            if len(live) <= good:  # more paths work across it than fail: not the culprit
+                return None
+            reporters = {claim_reporter[i] for i in live}
+            if len(reporters) < self.min_reporters:
+                return None
+            return (-len(live), good, -len(reporters), d), live, reporters
+
+        # Lazy greedy (same choices as rescanning every candidate each round): explaining claims
+        # only ever worsens a candidate's rank, so a stored rank is a bound; the best candidate
+        # is the top of the heap once its recomputed rank still equals its stored one.
+        heap = []
+        for d in live_links:
+            r = rank_of(d)
+            if r is not None:
+                heap.append(r[0])
+        heapq.heapify(heap)
         out: list[Finding] = []
-        while True:
-            best = None
-            for d, idx in live_links.items():
-                live = [i for i in idx if not explained[i]]
-                if len(live) < self.min_claims:
-                    continue
-                good = self._good_paths(d, suspects)
-                if len(live) <= good:  # more paths work across it than fail: not the culprit
-                    continue
-                reporters = {claim_reporter[i] for i in live}
-                if len(reporters) < self.min_reporters:
-                    continue
-                rank = (-len(live), good, -len(reporters), d)
-                if best is None or rank < best[0]:
-                    best = (rank, d, live, reporters)
-            if best is None:
-                break
-            _, d, live, reporters = best
+        while heap:
+            stored = heapq.heappop(heap)
+            d = stored[3]
+            r = rank_of(d)
+            if r is None:
+                continue
+            if r[0] != stored:
+                heapq.heappush(heap, r[0])
+                continue
+            _, live, reporters = r
             alternatives = self._twins(d, live, live_links, explained, claim_cands, suspects)
             for i in live:
                 explained[i] = True
