@@ -391,7 +391,10 @@ def run_coordinator(args) -> int:
             return EXIT_OK  # detached: it lives on in the cluster
         end = None if args.max_seconds is None else time.monotonic() + args.max_seconds
         print("running; Ctrl-C stops it", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        def on_term(_sig, _frame):  # ray.init replaced the CLI's handler: a stop is a Ctrl-C
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, on_term)
         try:
             while end is None or time.monotonic() < end:
                 time.sleep(0.5)

@@ -90,11 +90,14 @@ def test_a_cut_spine_link_is_localized_with_both_directions(coord):
     assert rows[link]["health"] == "faulty" and rows["p0l0-p0s0"]["health"] == "ok"
     kinds = [e["kind"] for e in coord.store.events()]
     assert kinds.count("localization") == 2 and "detection" in kinds
-    # recovery clears the finding and records it
-    for i in range(4):
-        coord.report({"name": f"h{i}", "changes": [{"id": int(k.split("/")[1]), "state": "up", "reason": "recovered"}
-                                                    for k, r in coord.paths.items() if r.reporter == f"h{i}"]}, 1002.0)
-    assert coord.relocalize(1002.0) == []
+    # recovering (hold-down) keeps the finding; up clears it, and that is recorded
+    for state, still in (("recovering", 2), ("up", 0)):
+        for i in range(4):
+            coord.report({"name": f"h{i}", "changes": [{"id": int(k.split("/")[1]), "state": state, "reason": None}
+                                                        for k, r in coord.paths.items() if r.reporter == f"h{i}"]},
+                         1002.0)
+        coord.tick(1002.0)
+        assert len(coord.findings) == still, state
     assert [e["kind"] for e in coord.store.events()].count("cleared") == 2
 
 

@@ -10,10 +10,12 @@ saturate this 2-core machine. Timing is the benchmarks' business; this checks be
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 import pytest
 
+from linkpass.agent.routes import RTPROT_LINKPASS
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client
 from linkpass.testbed import faults
@@ -48,14 +50,18 @@ def fleet(fabric, tmp_path_factory):
         tokens = {r: (d / "state" / f"{r}.token").read_text().strip() for r in ("reader", "operator")}
         yield fabric, agents, settings, url, tokens
     finally:
-        if agents is not None:
-            codes = agents.stop()
-            assert all(c == 0 for c in codes.values()), codes
+        codes = agents.stop() if agents is not None else {}
         faults.clear(fabric.prefix)
+        # a clean stop leaves the baseline routes (every plane) installed; the shared fabric's
+        # other tests expect hosts without LinkPass routes
+        for h in HOSTS:
+            subprocess.run(["ip", "-n", fabric.netns(f"h{h}"), "route", "flush", "proto", str(RTPROT_LINKPASS)],
+                           check=False)
         h = ray_actor.existing()
         if h is not None:
             ray_actor.stop(h)
         ray_actor.shutdown()
+        assert all(c == 0 for c in codes.values()), codes
 
 
 def client(fleet, role="reader") -> Client:

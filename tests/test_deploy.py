@@ -15,15 +15,22 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_systemd_unit_verifies(tmp_path):
-    unit = open(os.path.join(ROOT, "deploy/systemd/linkpass-agent.service")).read()
+@pytest.mark.parametrize("name,command", [("linkpass-agent", "agent --config"),
+                                          ("linkpass-coordinator", "coordinator --fabric")])
+def test_systemd_unit_verifies(tmp_path, name, command):
+    unit = open(os.path.join(ROOT, f"deploy/systemd/{name}.service")).read()
     linkpass = os.path.join(os.path.dirname(sys.executable), "linkpass")
-    assert "/opt/linkpass/.venv/bin/linkpass agent --config" in unit
-    path = tmp_path / "linkpass-agent.service"
+    assert f"/opt/linkpass/.venv/bin/linkpass {command}" in unit
+    path = tmp_path / f"{name}.service"
     path.write_text(unit.replace("/opt/linkpass/.venv/bin/linkpass", linkpass))
     out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
-    problems = [line for line in (out.stdout + out.stderr).splitlines() if "linkpass-agent.service" in line]
+    problems = [line for line in (out.stdout + out.stderr).splitlines() if f"{name}.service" in line]
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
+    # every flag the unit passes exists in the CLI
+    args = unit.split("/opt/linkpass/.venv/bin/linkpass ")[1].splitlines()[0].split()
+    flags = [a for a in args if a.startswith("--")]
+    help_text = subprocess.run([linkpass, args[0], "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert all(f in help_text for f in flags), (flags, help_text)
 
 
 def test_daemonset_asks_for_what_the_agent_needs():

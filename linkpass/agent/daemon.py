@@ -39,9 +39,16 @@ BATCH_S = 0.01  # how often on-time replies are taken (RTT, delay, good-probe co
 HEARTBEAT_S = 0.1  # entropy-table heartbeat (readers treat a silent writer as gone)
 
 
+_LOG_LOCK = threading.Lock()
+
+
 def log(event: str, **fields) -> None:
-    fields = {"ts": round(time.time(), 6), "event": event, **fields}
-    print(json.dumps(fields, default=str), file=sys.stderr, flush=True)
+    """One JSON line per event on stderr. The coordinator thread logs too: one locked write per
+    line, or two threads' lines interleave (seen: a `started` line glued to another, unparsable)."""
+    line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str) + "\n"
+    with _LOG_LOCK:
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 def load(path: str) -> tuple[AgentConfig, bytes]:

@@ -149,7 +149,7 @@ class Coordinator:
         self.by_reporter[rec.reporter].add(rec.key)
         self._observe(rec)
 
-    def _observe(self, rec: PathRecord, was_bad: bool = False) -> None:
+    def _observe(self, rec: PathRecord) -> None:
         if self.localizer is None or not rec.links:
             return
         if rec.state not in BAD_STATES and rec.state not in GOOD_STATES:
@@ -159,9 +159,9 @@ class Coordinator:
         evidence = (rec.state in BAD_STATES, _DIRECTION_OF_REASON.get(rec.reason or ""))
         if rec.fed == evidence:
             return  # e.g. up -> suspect -> up: nothing the localizer does not know
-        rec.fed = evidence
-        if was_bad or rec.state in BAD_STATES:
+        if evidence[0] or (rec.fed is not None and rec.fed[0]):
             self._dirty = True  # findings depend on bad evidence; good alone changes none
+        rec.fed = evidence
         # reply paths are ECMP-hashed by the peer and not traced: reverse=None lets the localizer use
         # only the links every reply must cross
         self.localizer.update(Observation(rec.reporter, rec.key, rec.links, None, *evidence))
@@ -250,7 +250,7 @@ class Coordinator:
         rec.state, rec.reason, rec.updated = state, reason, now
         self.counters["path_changes"] += 1
         changes.states.append((state, reason, now, rec.key))
-        self._observe(rec, was_bad)
+        self._observe(rec)
         is_bad = state in BAD_STATES
         if is_bad != was_bad:
             changes.events.append((now, "detection" if is_bad else "recovery", rec.reporter, rec.key,

@@ -20,6 +20,8 @@ recall), localize-16k-update (latency us per update() call, the trial's bad and 
 ones; the initial ingest of the healthy fleet is in `initial_ingest_us`).
 ingest (rate, path reports per second through the real endpoint: the coordinator as a Ray actor,
 HTTP/JSON, token auth, SQLite; a rate's bad tail is its low end, so "p99" is the 1 % quantile).
+failover-coordinator-away (fault_to_reroute ms at h0 with the coordinator gone, against the same
+agents with a live coordinator actor in the same run; root, testbed; --no-failover skips it).
 Targets: findings() <= 100 ms, precision and recall >= 99 %, ingest >= 20 000 reports/s.
 """
 from __future__ import annotations
@@ -305,11 +307,72 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     return rows_out
 
 
+def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dict]:
+    """Agents fail over alone: fault -> route at h0 with the coordinator gone (agents configured
+    for one that does not answer) against the same agents reporting to a live coordinator actor,
+    in the same run, on the testbed (root). Trials alternate the two planes' uplinks of h0."""
+    if not args.failover:
+        return []
+    import socket
+    import tempfile
+
+    from failover import A, B, FLAP_HALF_LIFE_MS, linkpass_hard  # sim/bench/failover.py
+    from linkpass.coordinator import ray_actor
+    from linkpass.testbed import build, faults, topology
+    from linkpass.testbed.agents import Agents
+
+    if os.geteuid() != 0:
+        progress("failover case skipped: needs root (namespaces)")
+        return []
+    trials = 3 if args.quick else 10
+    prefix = f"cb{os.getpid() % 10000}"
+    work = tempfile.mkdtemp(prefix="linkpass-bench-away-")
+    fab = build.up(topology.preset("default"), prefix)
+    out = {}
+    try:
+        with socket.socket() as sk:
+            sk.bind(("0.0.0.0", 0))
+            port = sk.getsockname()[1]
+        settings = {"state_dir": os.path.join(work, "state"), "listen": f"0.0.0.0:{port}", "testbed": prefix}
+        for mode in ("up", "away"):
+            if mode == "up":
+                ray_actor.connect(num_cpus=2)
+                ray_actor.ensure(settings)
+            link = {"url": f"http://{fab.mgmt_root_addr}:{port}", "token_file": os.path.join(work, "state", "agent.token")}
+            agents = Agents(fab, os.path.join(work, mode), [A, B], detect={"flap_half_life_ms": FLAP_HALF_LIFE_MS},
+                            coordinator=link).start()
+            try:
+                progress(f"coordinator {mode}: agents warming up (10 s)")
+                time.sleep(10)
+                if mode == "away":
+                    assert agents.events(A, "coordinator_unreachable"), "agents did not notice the coordinator gone"
+                _, out[mode] = linkpass_hard(prefix, agents, [f"h{A}-p0l0", f"h{A}-p1l0"], trials, 6.0)
+            finally:
+                agents.stop()
+                faults.clear(prefix)
+                if mode == "up":
+                    h = ray_actor.existing()
+                    if h is not None:
+                        ray_actor.stop(h)
+                    ray_actor.shutdown()
+    finally:
+        build.down(prefix)
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    away, up = out.get("away", []), out.get("up", [])
+    r = row("failover-coordinator-away", "fault_to_reroute", "ms", away,
+            peer="same agents, coordinator up", peer_median=round(statistics.median(up), 3) if up else None,
+            peer_p99=None, ratio=round(statistics.median(up) / statistics.median(away), 3) if up and away else None,
+            trials_rerouted=f"{len(away)}/{trials}")
+    return [r]
+
+
 CASES = [
     case_localize_single,
     case_localize_double,
     case_localize_update,
     case_ingest,
+    case_failover_coordinator_away,
 ]
 
 
@@ -319,6 +382,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=None, help="trials per case (default 1000, quick 20)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--no-failover", dest="failover", action="store_false",
+                    help="skip the testbed case (fault -> route with the coordinator gone; needs root)")
     args = ap.parse_args()
     args.trials = args.trials or (20 if args.quick else 1000)
     args.ingest_trials = 3 if args.quick else 20
