@@ -6,16 +6,10 @@ finally block, also when the test fails; a session-end hook reaps anything left 
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 
 IS_ROOT = os.geteuid() == 0
-
-# pyroute2 opens namespace sockets from a forked child and then SIGTERMs it. Once Ray is up in
-# this process, its SIGTERM handler is inherited by such children, which then unwind into pytest
-# and run the rest of the session as a second copy. Children must just die.
-os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 RUN_TAG = f"{os.getpid() % 10000:04d}"
 
 

@@ -87,3 +87,4 @@ def test_killed_actor_restarts_and_loses_nothing(actor):
     assert answer["drains"] == [{"link": "p1l1-p1s1", "addrs": answer["drains"][0]["addrs"]}]
     agent.close()
     op.close()
+

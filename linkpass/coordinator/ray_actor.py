@@ -9,6 +9,7 @@ daemons and never talk to Ray: they use the actor's HTTP endpoint.
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import ray
@@ -37,10 +38,19 @@ class CoordinatorActor:
         return os.getpid()
 
 
+_FORK_GUARD = []
+
+
 def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join the Ray cluster at `address`, or start a local one (the embedded default)."""
     if ray.is_initialized():
         return
+    if not _FORK_GUARD:
+        # Ray's SIGTERM handler is inherited by forked children; pyroute2 forks a helper per
+        # namespace socket and SIGTERMs it, and with that handler the child unwound into this
+        # process's code and ran on as a second copy (seen in pytest and the benchmark)
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+        _FORK_GUARD.append(True)
     kwargs = {"namespace": NAMESPACE, "log_to_driver": False, "configure_logging": False}
     if address:
         ray.init(address=address, **kwargs)
