@@ -204,10 +204,16 @@ def test_bad_requests_name_the_field(coord):
         coord.report({"name": "h9"}, 1.0)
     with pytest.raises(CoordinatorError, match="state: 'sideways'"):
         coord.report({"name": "h0", "changes": [{"id": 1, "state": "sideways"}]}, 1.0)
+    with pytest.raises(CoordinatorError, match="nics: expected plane number"):
+        coord.register({**identity(0), "nics": {"zero": "198.18.64.1"}, "paths": []}, 1.0)
     with pytest.raises(NotFound, match="no link named 'p9l9-p9s9'"):
         coord.drain("p9l9-p9s9", "x", "alice", 1.0)
     with pytest.raises(CoordinatorError, match="needs --reason"):
         coord.drain("p0l0-p0s0", " ", "alice", 1.0)
+    for hops in (5, [1, 2], {"a": 1}):
+        with pytest.raises(CoordinatorError, match="hops: expected a list of router addresses"):
+            coord.report({"name": "h0", "paths": [{"id": 99, "peer": "h1", "plane": 0, "hops": hops, "state": "up"}]},
+                         1.0)
     # unknown path ids in changes are counted, not fatal (the next summary brings them)
     coord.report({"name": "h0", "changes": [{"id": 999, "state": "down"}]}, 1.0)
     assert coord.counters["changes_unknown_path"] == 1
@@ -248,3 +254,33 @@ def test_without_a_fabric_model_reports_still_work(tmp_path):
     with pytest.raises(CoordinatorError, match="no fabric model"):
         c.links()
     store.close()
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-5, 70000) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+                     max_leaves=12)
+# mostly well-formed paths with one field at a time going wrong, so deep checks are reached too
+_path = st.fixed_dictionaries({"id": st.integers(1, 40), "peer": st.just("h1"), "plane": st.integers(0, 1),
+                               "state": st.sampled_from(["up", "down"])},
+                              optional={"hops": _json | st.lists(st.sampled_from(["198.18.64.0", "1.2.3.4"]) | _json),
+                                        "peer_addr": _json, "sport": _json, "reason": _json}) | \
+    st.fixed_dictionaries({}, optional={"id": _json, "peer": _json, "plane": _json, "state": _json, "hops": _json})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.fixed_dictionaries({"name": st.just("h0") | _json},
+                                  optional={"changes": st.lists(_path, max_size=3) | _json,
+                                            "paths": st.lists(_path, max_size=3) | _json,
+                                            "agent_id": _json, "service": _json, "nics": _json}))
+def test_garbage_reports_are_refused_cleanly(coord, body):
+    """Whatever an agent (or an attacker with an agent token) sends: an answer or a
+    CoordinatorError naming the problem, never another exception, and the coordinator goes on."""
+    for call in (coord.report, coord.register):
+        try:
+            call(body, 1001.0)
+        except CoordinatorError:
+            pass
+    coord.tick(1001.0)
+    assert coord.status(1001.0)["agents"] >= 4

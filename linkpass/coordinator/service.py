@@ -171,7 +171,10 @@ class Coordinator:
         """An agent (re)starts or the coordinator came back: its identity and its whole path table."""
         name = _field(body, "name", str)
         agent_id = _field(body, "agent_id", int)
-        info = {"service": _field(body, "service", str), "nics": {int(k): v for k, v in _field(body, "nics", dict).items()},
+        nics = _field(body, "nics", dict)
+        if not all(str(k).isdigit() and isinstance(v, str) for k, v in nics.items()):
+            raise CoordinatorError(f"nics: expected plane number -> address, got {nics!r}")
+        info = {"service": _field(body, "service", str), "nics": {int(k): v for k, v in nics.items()},
                 "version": str(body.get("version", "")), "api_port": body.get("api_port")}
         known = self.agents.get(name)
         if known is None or known.lost:
@@ -221,7 +224,12 @@ class Coordinator:
         key = f"{reporter}/{pid}"
         old = self.paths.get(key)
         state = _state(p)
-        hops = tuple(p.get("hops") or ())
+        hops = p.get("hops") or []
+        if not isinstance(hops, list) or not all(h is None or isinstance(h, str) for h in hops):
+            raise CoordinatorError(f"paths[].hops: expected a list of router addresses (or null), got {hops!r}")
+        hops = tuple(hops)
+        if not isinstance(p.get("peer_addr", ""), str) or not isinstance(p.get("sport", 0), int):
+            raise CoordinatorError("paths[].peer_addr must be an address string and paths[].sport an integer")
         if old is not None and old.hops == hops and old.peer == p.get("peer") and old.plane == p.get("plane"):
             if old.state != state or old.reason != p.get("reason"):
                 self._set_state(old, state, p.get("reason"), now, changes)
