@@ -106,6 +106,10 @@ class Facts:
     clock_error: str | None = None
     agent_rows: list[dict] | None = None
     agent_error: str | None = None
+    coordinator_url: str | None = None  # from the config's coordinator section (None: not configured)
+    coordinator_whoami: dict | None = None  # {"name", "role"} the coordinator says our token is
+    coordinator_error: str | None = None
+    coordinator_refused: bool = False  # it answered, and refused the token
 
 
 # ---- the pure checks ----------------------------------------------------------------------
@@ -460,6 +464,28 @@ def check_agent(f: Facts) -> Check:
     return Check("agent", OK, detail, "", reads)
 
 
+def check_coordinator(f: Facts) -> Check:
+    reads = "GET <coordinator>/v1/whoami with the config's token_file"
+    if f.coordinator_url is None:
+        return Check("coordinator", SKIP, "no coordinator in the config: the agent detects and fails over alone",
+                     "for fleet-wide localization and drains add coordinator: {url, token_file} (docs/coordinator.md)",
+                     reads)
+    if f.coordinator_refused:
+        return Check("coordinator", FAIL, f"{f.coordinator_url} refuses this agent's token ({f.coordinator_error})",
+                     "put an agent token in token_file (the coordinator writes one to <state-dir>/agent.token)", reads)
+    if f.coordinator_whoami is None:
+        return Check("coordinator", WARN, f"{f.coordinator_url} does not answer ({f.coordinator_error})",
+                     "the agent fails over alone meanwhile; check the URL, the route to it and that it runs "
+                     "(`linkpass status` on its host)", reads)
+    who = f.coordinator_whoami
+    if who.get("role") != "agent":
+        return Check("coordinator", FAIL, f"{f.coordinator_url} knows the token as {who.get('name')!r} with role "
+                     f"{who.get('role')!r}; agents need role 'agent'", "use the agent token, not a reader or "
+                     "operator one", reads)
+    return Check("coordinator", OK, f"{f.coordinator_url} accepts this agent's token ({who.get('name')}, role agent)",
+                 "", reads)
+
+
 def run_checks(f: Facts) -> list[Check]:
     """Every check, in the order they print. Pure."""
     out = [check_multipath_hash(f), check_rp_filter(f), check_icmp_errors(f), check_port_range(f)]
@@ -470,6 +496,7 @@ def run_checks(f: Facts) -> list[Check]:
     out += check_routes(f)
     out.append(check_clock(f))
     out.append(check_agent(f))
+    out.append(check_coordinator(f))
     return out
 
 
@@ -627,6 +654,49 @@ def _http_get_json(netns: str | None, port: int, path: str, timeout: float = 2.0
         sock.close()
 
 
+def _ask_coordinator(f: Facts, netns: str | None, link) -> None:
+    """whoami at the coordinator, from inside `netns` (where the agent's requests come from)."""
+    from urllib.parse import urlparse
+
+    from .coordinator.auth import AuthError, read_token
+
+    try:
+        token = read_token(link.token_file)
+    except (OSError, AuthError) as exc:
+        f.coordinator_refused, f.coordinator_error = True, f"token_file: {getattr(exc, 'strerror', None) or exc}"
+        return
+    u = urlparse(link.url)
+    host, port = u.hostname, u.port or 80
+    sock = None
+    try:
+        if netns:
+            from . import netns as ns_io
+
+            sock = ns_io.socket_in_netns(netns, socket.AF_INET, socket.SOCK_STREAM)
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(2.0)
+        sock.connect((host, port))
+        import http.client
+
+        conn = http.client.HTTPConnection(host, port, timeout=2.0)
+        conn.sock = sock
+        conn.request("GET", "/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status in (401, 403):
+            f.coordinator_refused, f.coordinator_error = True, f"HTTP {resp.status}"
+        elif resp.status != 200:
+            f.coordinator_error = f"HTTP {resp.status}"
+        else:
+            f.coordinator_whoami = json.loads(body)
+    except (OSError, ValueError) as exc:
+        f.coordinator_error = str(getattr(exc, "strerror", None) or exc)
+    finally:
+        if sock is not None:
+            sock.close()
+
+
 def gather(netns: str | None = None, config_path: str | None = None, api_port: int | None = None,
            ip_json: Callable[..., Any] = _ip_json) -> Facts:
     """Read everything the checks need. Never raises for what the system says; errors become facts."""
@@ -647,6 +717,8 @@ def gather(netns: str | None = None, config_path: str | None = None, api_port: i
             f.peers = tuple(PeerCfg(p.name, p.service) for p in cfg.peers)
             f.discovery_ports = cfg.discovery_ports
             f.api_port = cfg.api_port
+            if cfg.coordinator is not None:
+                f.coordinator_url = cfg.coordinator.url
             try:
                 with open(cfg.fleet_key_file, "rb") as fh:
                     read_fleet_key(fh.read(), cfg.fleet_key_file)
@@ -694,6 +766,8 @@ def gather(netns: str | None = None, config_path: str | None = None, api_port: i
         f.clock = read_clock()
     except OSError as exc:
         f.clock_error = str(exc)
+    if cfg is not None and cfg.coordinator is not None:
+        _ask_coordinator(f, netns, cfg.coordinator)
     try:
         rows = _http_get_json(netns, f.api_port, "/v1/state")
         f.agent_rows = rows if isinstance(rows, list) else []

@@ -117,3 +117,20 @@ def test_cli_against_the_endpoint(server):
     assert out.returncode == 0 and "undrain h3-p0l1" in out.stdout
     out = cli(srv, tokens["reader"], "status", "--coordinator", "http://127.0.0.1:9")
     assert out.returncode == 3 and "does not answer" in out.stderr
+
+
+def test_doctor_asks_the_real_coordinator_about_its_token(server, tmp_path):
+    from linkpass import doctor as D
+    from linkpass.agent.config import CoordinatorLinkConfig
+
+    srv, tokens = server
+    state = tmp_path / "state"
+    bogus = tmp_path / "bogus.token"
+    bogus.write_text("not-a-token\n")
+    cases = [(srv.url, state / "agent.token", D.OK), (srv.url, state / "reader.token", D.FAIL),
+             (srv.url, bogus, D.FAIL), ("http://127.0.0.1:9", state / "agent.token", D.WARN)]
+    for url, token_file, want in cases:
+        f = D.Facts(coordinator_url=url)
+        D._ask_coordinator(f, None, CoordinatorLinkConfig(url, str(token_file)))
+        check = D.check_coordinator(f)
+        assert check.status == want, (url, token_file, check)

@@ -7,6 +7,8 @@ Golden files live in tests/golden/doctor_*.txt; regenerate them after an intende
 """
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 import json
 import os
@@ -62,6 +64,7 @@ def healthy() -> D.Facts:
               {"name": "mlx5_1", "ports": {"1": "4: ACTIVE"}, "netdevs": ["p1"]}],
         clock={"state": 0, "status": 0x2001, "esterror_us": 12, "maxerror_us": 40},
         agent_rows=[{"peer": "h1", "plane": 0, "state": "up"}, {"peer": "h1", "plane": 1, "state": "up"}],
+        coordinator_url="http://198.19.0.1:9470", coordinator_whoami={"name": "fleet-agents", "role": "agent"},
     )
 
 
@@ -78,7 +81,7 @@ def test_a_healthy_host_passes_every_check():
     names = [c.name for c in checks]
     assert names == ["sysctl.multipath_hash", "sysctl.rp_filter", "sysctl.icmp_errors", "sysctl.port_range",
                      "cap.net_admin", "cap.net_raw", "cap.sys_nice", "config", "nic.p0", "nic.p1", "rdma",
-                     "route.h1", "route.h2", "clock", "agent"]
+                     "route.h1", "route.h2", "clock", "agent", "coordinator"]
     assert D.exit_code(checks) == 0
     c = by_name(checks)
     assert "plane(s) 0,1" in c["route.h1"].detail  # the /20 wins over the default route
@@ -306,3 +309,14 @@ def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
     assert "plane(s) 0,1" in c["route.h3"]["detail"]
     assert c["agent"]["status"] == "warn" and "2 paths, 1 down (h1/p1)" in c["agent"]["detail"]
     assert code == (2 if any(x["status"] == "fail" for x in doc["checks"]) else 1)
+
+
+@pytest.mark.parametrize("change,status,words", [
+    ({"coordinator_url": None, "coordinator_whoami": None}, D.SKIP, "fails over alone"),
+    ({"coordinator_whoami": None, "coordinator_error": "Connection refused"}, D.WARN, "does not answer"),
+    ({"coordinator_whoami": None, "coordinator_refused": True, "coordinator_error": "HTTP 401"}, D.FAIL, "refuses"),
+    ({"coordinator_whoami": {"name": "oncall", "role": "operator"}}, D.FAIL, "role 'operator'"),
+])
+def test_coordinator_check(change, status, words):
+    c = D.check_coordinator(dataclasses.replace(healthy(), **change))
+    assert c.status == status and words in c.detail, c

@@ -1,6 +1,7 @@
 """The coordinator's endpoint: HTTP/JSON for agents, the CLI and dashboards.
 
     GET  /v1/healthz                      no token: liveness for probes and load balancers
+    GET  /v1/whoami                       the caller's name and role (any valid token)
     GET  /v1/status | /v1/links[?problems=1] | /v1/paths[?host=&peer=] | /v1/agents
          /v1/events[?since=&after=&limit=&kind=] | /v1/plan?host=        role reader, agent or operator
     POST /v1/register | /v1/report                                      role agent
@@ -163,6 +164,9 @@ class CoordinatorServer:
             return 200, {"ok": True}
         if method == "GET" and path == "/metrics":
             return 200, generate_latest(self.registry)
+        if method == "GET" and path == "/v1/whoami":  # for `linkpass doctor`: is my token known, with what role
+            caller = self._caller(h, "read", path)
+            return 200, {"name": caller.name, "role": caller.role}
         if method == "GET":
             self._caller(h, "read", path)
             with self.lock:
