@@ -11,7 +11,6 @@ import dataclasses
 
 import argparse
 import json
-import os
 import threading
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,23 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from linkpass import doctor as D
-
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
-
-
-def check_golden(name: str, text: str) -> None:
-    """Compare with tests/golden/<name>; LINKPASS_UPDATE_GOLDEN=1 rewrites it instead."""
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("LINKPASS_UPDATE_GOLDEN") == "1":
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-        return
-    assert os.path.exists(path), f"{path} is missing: run with LINKPASS_UPDATE_GOLDEN=1 once to write it"
-    with open(path) as f:
-        want = f.read()
-    assert text == want, f"output differs from {path} (LINKPASS_UPDATE_GOLDEN=1 rewrites it if intended)"
-
+from tests.golden_files import check_golden
 
 NICS = (D.NicCfg(0, "p0", "198.18.64.1", "198.18.64.0"), D.NicCfg(1, "p1", "198.18.72.1", "198.18.72.0"))
 PEERS = (D.PeerCfg("h1", "198.18.0.2"), D.PeerCfg("h2", "198.18.0.3"))

@@ -13,7 +13,7 @@ from linkpass import fleet_cli
 from linkpass.coordinator.service import Coordinator, CoordinatorConfig
 from linkpass.coordinator.store import Store
 from tests.test_coordinator import MODEL, fail_paths, identity, table_of
-from tests.test_doctor import check_golden
+from tests.golden_files import check_golden
 
 NOW = 1_796_000_000.0
 

@@ -9,30 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import pytest
 
 from linkpass import probe_cli as PC
 from linkpass.core import paths as P
 from linkpass.testbed import topology
-
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
-
-
-def check_golden(name: str, text: str) -> None:
-    """Compare with tests/golden/<name>; LINKPASS_UPDATE_GOLDEN=1 rewrites it instead."""
-    path = os.path.join(GOLDEN, name)
-    if os.environ.get("LINKPASS_UPDATE_GOLDEN") == "1":
-        os.makedirs(GOLDEN, exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-        return
-    assert os.path.exists(path), f"{path} is missing: run with LINKPASS_UPDATE_GOLDEN=1 once to write it"
-    with open(path) as f:
-        want = f.read()
-    assert text == want, f"output differs from {path} (LINKPASS_UPDATE_GOLDEN=1 rewrites it if intended)"
-
+from tests.golden_files import check_golden
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()

@@ -363,7 +363,8 @@ class Agent:
         if self.api:
             self.api.close()
         self.engine.close()
-        log("stopped", stats=self.engine_stats(), decisions=dict(self.failover.counters))
+        log("stopped", stats=self.engine_stats(), decisions=dict(self.failover.counters),
+            coordinator=self.link.stats if self.link is not None else None)
 
     def engine_stats(self) -> dict:
         return {"counters": self.engine.stats, "drops": self.engine.drops}

@@ -141,21 +141,21 @@ class CoordinatorServer:
         who = h.client_address[0]
         if caller is None:
             self.errors["unauthenticated"] += 1
-            if action == "drain":
-                with self.lock:
-                    self.coordinator.store.event("refused", f"unauthenticated@{who}", path, action=path.rsplit("/", 1)[-1],
-                                                 why="no valid token")
+            self._log_refusal(action, path, f"unauthenticated@{who}", why="no valid token")
             raise _HttpError(401, "no valid token: pass one with `Authorization: Bearer <token>` (the CLI reads "
                                   "$LINKPASS_TOKEN or --token-file)")
         if not caller.may(action):
             self.errors["forbidden"] += 1
-            if action == "drain":
-                with self.lock:
-                    self.coordinator.store.event("refused", caller.name, path, action=path.rsplit("/", 1)[-1],
-                                                 why=f"role {caller.role} may not {action}", remote=who)
+            self._log_refusal(action, path, caller.name, why=f"role {caller.role} may not {action}", remote=who)
             need = {"drain": "operator", "report": "agent"}.get(action, "reader")
             raise _HttpError(403, f"{caller.name} has role {caller.role!r}; this needs role {need!r}")
         return caller
+
+    def _log_refusal(self, action: str, path: str, actor: str, **detail) -> None:
+        """Refused drains go into the history (who tried, from where, why); refused reads do not."""
+        if action == "drain":
+            with self.lock:
+                self.coordinator.store.event("refused", actor, path, action=path.rsplit("/", 1)[-1], **detail)
 
     def _route(self, method: str, path: str, q: dict, body: dict, h):
         c = self.coordinator

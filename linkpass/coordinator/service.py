@@ -21,6 +21,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ..core.detector import DIRECTION_OF_REASON, Direction
 from ..core.fleet import FleetError, FleetModel, directed, split_directed
 from ..core.localize import Localizer, Observation
 from ..core.plan import plan_probes
@@ -31,8 +32,8 @@ TOUCH_S = 10.0
 BAD_STATES = frozenset({"down", "damped", "degraded"})
 GOOD_STATES = frozenset({"up"})
 STATES = ("up", "suspect", "down", "recovering", "degraded", "damped")
-_DIRECTION_OF_REASON = {"gray_loss_fwd": "forward", "latency_fwd": "forward",
-                        "gray_loss_rev": "reverse", "latency_rev": "reverse"}
+# reason (as agents report it) -> the localizer's direction
+_DIRECTION_OF_REASON = {r.value: "forward" if d is Direction.FWD else "reverse" for r, d in DIRECTION_OF_REASON.items()}
 
 
 class CoordinatorError(ValueError):
@@ -86,7 +87,6 @@ class AgentRecord:
     first_seen: float
     last_seen: float
     lost: bool = False
-    reports: int = 0
 
 
 @dataclass
@@ -208,7 +208,6 @@ class Coordinator:
             self._members_changed = True
             self.store.event("agent", name, name, what="returned")
         agent.last_seen = now
-        agent.reports += 1
         changes = _Changes()
         if "paths" in body:
             keep = {self._put_path(name, p, now, changes) for p in _field(body, "paths", list)}

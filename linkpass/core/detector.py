@@ -158,6 +158,8 @@ class Direction(enum.Enum):
 
 _GRAY_REASON = {Direction.FWD: Reason.GRAY_LOSS_FWD, Direction.REV: Reason.GRAY_LOSS_REV}
 _LATENCY_REASON = {Direction.FWD: Reason.LATENCY_FWD, Direction.REV: Reason.LATENCY_REV}
+# the reasons that name the direction they were judged in (the others cannot tell)
+DIRECTION_OF_REASON = {r: d for table in (_GRAY_REASON, _LATENCY_REASON) for d, r in table.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,15 @@ Targets: findings() <= 100 ms, precision and recall >= 99 %, ingest >= 20 000 re
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import shutil
+import socket
 import statistics
 import sys
+import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -40,12 +45,23 @@ from linkpass_sim import report  # noqa: E402
 from linkpass.core.fleet import rail_optimized  # noqa: E402
 from linkpass.core.localize import Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
+from linkpass.coordinator import ray_actor  # noqa: E402
+from linkpass.coordinator.client import Client  # noqa: E402
+from linkpass.testbed import build, faults, topology  # noqa: E402
+from linkpass.testbed.agents import Agents  # noqa: E402
+from failover import A, B, FLAP_HALF_LIFE_MS, linkpass_hard  # noqa: E402  (sim/bench/failover.py)
 
 SHAPE = (2048, 8, 32, 32)  # hosts, rails, hosts per leaf, spines per plane: 16 384 GPUs
 NOISY_SHARE = 0.01
 NOISE_BAD = 0.30
 NOISE_FLIP = 0.5
 NOISE_DIRECTIONS = ("forward", "reverse", "both", None)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sk:
+        sk.bind((host, 0))
+        return sk.getsockname()[1]
 
 
 def progress(msg: str) -> None:
@@ -202,14 +218,6 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     links); then INGEST_CLIENTS threads post one agent's report per request (all its paths) over
     keep-alive connections, for INGEST_WINDOW_S per trial: rows `ingest` (steady mix) and
     `ingest-storm` (every path going down and up: detection events and localization running)."""
-    import json
-    import tempfile
-    import threading
-
-    from linkpass.coordinator import ray_actor
-    from linkpass.coordinator.client import Client
-    from linkpass.core.fleet import rail_optimized
-
     model = rail_optimized(*SHAPE, addressed=True)
     tables: dict[str, list[dict]] = {}
     for host, paths in fleet.plan.paths.items():
@@ -221,10 +229,7 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     work = tempfile.mkdtemp(prefix="linkpass-bench-coord-")
     with open(os.path.join(work, "fabric.json"), "w") as f:
         json.dump(model.to_dict(), f)
-    import socket
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = free_port("127.0.0.1")
     settings = {"state_dir": os.path.join(work, "state"), "listen": f"127.0.0.1:{port}",
                 "fabric": os.path.join(work, "fabric.json"), "agent_timeout_s": 3600}
     progress("starting Ray and the coordinator actor")
@@ -302,7 +307,6 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
         if h is not None:
             ray_actor.stop(h)
         ray_actor.shutdown()
-        import shutil
         shutil.rmtree(work, ignore_errors=True)
     return rows_out
 
@@ -313,14 +317,6 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
     in the same run, on the testbed (root). Trials alternate the two planes' uplinks of h0."""
     if not args.failover:
         return []
-    import socket
-    import tempfile
-
-    from failover import A, B, FLAP_HALF_LIFE_MS, linkpass_hard  # sim/bench/failover.py
-    from linkpass.coordinator import ray_actor
-    from linkpass.testbed import build, faults, topology
-    from linkpass.testbed.agents import Agents
-
     if os.geteuid() != 0:
         progress("failover case skipped: needs root (namespaces)")
         return []
@@ -330,9 +326,7 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
     fab = build.up(topology.preset("default"), prefix)
     out = {}
     try:
-        with socket.socket() as sk:
-            sk.bind(("0.0.0.0", 0))
-            port = sk.getsockname()[1]
+        port = free_port("0.0.0.0")
         settings = {"state_dir": os.path.join(work, "state"), "listen": f"0.0.0.0:{port}", "testbed": prefix}
         for mode in ("up", "away"):
             if mode == "up":
@@ -357,7 +351,6 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
                     ray_actor.shutdown()
     finally:
         build.down(prefix)
-        import shutil
         shutil.rmtree(work, ignore_errors=True)
     away, up = out.get("away", []), out.get("up", [])
     r = row("failover-coordinator-away", "fault_to_reroute", "ms", away,
