@@ -84,7 +84,8 @@ def peer_routes(fab: Fabric, host: int):
 
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = 9471,
                         interval_ms: float = 1.0, routes: bool = False, entropy: bool = False,
-                        detect: dict | None = None, hosts=None, coordinator: dict | None = None) -> dict[int, str]:
+                        detect: dict | None = None, hosts=None, coordinator: dict | None = None,
+                        probe: dict | None = None) -> dict[int, str]:
     """One `linkpass agent` config per host in `hosts` (default: all), whose peers are the other
     hosts in it, every plane; plus the fleet key file. Route journals and entropy tables go into
     `directory` too (one per host)."""
@@ -109,7 +110,7 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
                       "gateway": str(host_link_addrs(p, i)[0])} for p in planes],
             "peers": [{"name": f"h{j}", "agent_id": j + 1, "service": fab.service_addr(j),
                        "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in chosen if j != i],
-            "probe": {"interval_ms": interval_ms}, "api": {"port": api_port},
+            "probe": {"interval_ms": interval_ms, **(probe or {})}, "api": {"port": api_port},
             "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-h{i}.journal")},
             "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-h{i}")},
         }

@@ -1,0 +1,387 @@
+"""`linkpass demo`: a real all-reduce keeps running while the fabric's links fail.
+
+One command, on the embedded default: build the default testbed (4 hosts × 2 planes), start the
+coordinator (a Ray actor on a local Ray) and an agent on every host, run a torch.distributed
+gloo job (one rank per host, bound to the hosts' service addresses, every result bit-checked),
+and break the fabric under it one fault at a time: an uplink cut, a leaf–spine link down, gray
+loss on a spine link, a flapping link, a one-direction loss, an MTU black hole. Each fault is
+aimed at the link of its tier that carries the most of the job's flows. It prints the timeline
+(fault → detected → localized → rerouted → back to speed), draws the per-step all-reduce time
+with the faults marked (PNG and a terminal sparkline) and a summary (`-o json` for scripts).
+`--compare` then runs the same script with LinkPass off — no agents, no LinkPass routes, no
+coordinator — on the same fabric, in the same run.
+
+Everything it starts is stopped and everything it builds is removed on the way out, also on
+Ctrl-C, SIGTERM or a crash; a run killed with SIGKILL is cleaned up by the next one.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+
+from ..output import EXIT_CRITICAL, EXIT_OK, paint, table
+from . import timeline
+from .script import SCRIPT, Scripted, select
+
+HOSTS = [0, 1, 2, 3]
+DEFAULT_PREFIX = "lpdemo"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the main job: a real gloo all-reduce keeps running while links fail",
+                       description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare", action="store_true", help="then run the same faults with LinkPass off")
+    p.add_argument("--faults", metavar="KINDS", help=f"comma-separated subset of: {', '.join(s.kind for s in SCRIPT)}")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                   help="json: the summary on stdout, progress on stderr")
+    p.add_argument("--out", metavar="DIR", help="output folder (default out/demo-<time>): plot, summary, logs")
+    p.add_argument("--size-mb", type=float, default=4.0, help="all-reduce bucket, MB of float32 (default 4)")
+    p.add_argument("--compute-ms", type=float, default=10.0, help="simulated compute per step (default 10)")
+    p.add_argument("--job-timeout-s", type=float, default=30.0,
+                   help="collective timeout; a failed collective restarts the job (default 30, like NCCL)")
+    p.add_argument("--interval-ms", type=float, default=5.0,
+                   help="agents' probe interval (default 5: four agents at 1 ms saturate a 2-core machine)")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"name prefix of the demo testbed (default {DEFAULT_PREFIX})")
+    p.add_argument("--keep", action="store_true", help="leave the testbed up at the end")
+    p.set_defaults(func=run, needs_root=True)
+
+
+class Demo:
+    """One demo run: its fabric, its output folder, and the things it started (for cleanup)."""
+
+    def __init__(self, args, stack: ExitStack):
+        self.args, self.stack = args, stack
+        self.json_out = args.output == "json"
+        self.out = args.out or os.path.join("out", "demo-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        os.makedirs(self.out, exist_ok=True)
+        self.script = select(args.faults)
+        self.fab = None
+        self.agents = None
+        self.coordinator_url = None
+        self.reader_token = None
+        self.t0 = time.monotonic()
+        self.runs: list[tuple] = []  # (panel name, steps, faults, restart times) for the plot
+
+    # ---- output --------------------------------------------------------------------------
+    @property
+    def stream(self):
+        return sys.stderr if self.json_out else sys.stdout
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.stream, flush=True)
+
+    def step(self, text: str) -> None:
+        self.say(paint(f"[{time.monotonic() - self.t0:5.1f} s] {text}", "bold", self.stream))
+
+    def progress(self, text: str) -> None:
+        self.say(f"  {paint('…', 'dim', self.stream)} {text}")
+
+    # ---- set-up --------------------------------------------------------------------------
+    def build(self) -> None:
+        from ..testbed import build, faults, traffic
+        from ..testbed.topology import preset
+
+        build.clean(self.args.prefix)  # a run killed with SIGKILL may have left objects behind
+        self.step("building the default testbed: 4 hosts × 2 planes, 2 leaves + 2 spines per plane")
+        self.fab = build.up(preset("default"), self.args.prefix, self.progress)
+        if not self.args.keep:
+            self.stack.callback(build.down, self.args.prefix)
+        self.stack.callback(faults.clear, self.args.prefix)
+        rows = traffic.reachability(self.fab)
+        bad = [r for r in rows if not r["ok"]]
+        if bad:
+            raise RuntimeError(f"the fresh testbed does not deliver: {len(bad)} of {len(rows)} paths fail, e.g. "
+                               f"{bad[0]['src']} → {bad[0]['dst']} plane {bad[0]['plane']}")
+        self.progress(f"every host reaches every host over every plane ({len(rows)} paths)")
+
+    def start_coordinator(self) -> None:
+        from ..coordinator import ray_actor
+
+        self.step("starting the coordinator: a Ray actor on a local Ray")
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            port = s.getsockname()[1]
+        state = os.path.abspath(os.path.join(self.out, "coordinator"))
+        settings = {"state_dir": state, "listen": f"0.0.0.0:{port}", "testbed": self.args.prefix}
+        sigterm = signal.getsignal(signal.SIGTERM)
+        ray_actor.connect(num_cpus=1)
+        signal.signal(signal.SIGTERM, sigterm)  # Ray installs its own; ours unwinds through the cleanup
+        self.stack.callback(ray_actor.shutdown)
+        handle, _ = ray_actor.ensure(settings)
+        self.stack.callback(self._stop_coordinator)
+        self.coordinator_url = f"http://{self.fab.mgmt_root_addr}:{port}"
+        self.reader_token = open(os.path.join(state, "reader.token")).read().strip()
+        self.progress(f"coordinator answers at {self.coordinator_url} (state in {state})")
+        self._actor = handle
+
+    def _stop_coordinator(self) -> None:
+        from ..coordinator import ray_actor
+
+        if getattr(self, "_actor", None) is not None:
+            ray_actor.stop(self._actor)
+            self._actor = None
+        ray_actor.shutdown()
+
+    def start_agents(self) -> None:
+        from ..testbed.agents import Agents
+
+        self.step(f"starting an agent on each of the 4 hosts (probes every {self.args.interval_ms:g} ms "
+                  "on every path to every peer)")
+        link = {"url": self.coordinator_url, "token_file": os.path.join(self.out, "coordinator", "agent.token"),
+                "report_ms": 50, "summary_s": 5}
+        # damping memory of 1 s (default 10 s): the flapping link is reusable a few seconds after
+        # it stops, so the next fault meets a healthy fabric; size probes every 10th probe so an
+        # MTU black hole is seen in ~150 ms at this probe rate
+        self.agents = Agents(self.fab, os.path.join(self.out, "agents"), HOSTS, interval_ms=self.args.interval_ms,
+                             coordinator=link, detect={"flap_half_life_ms": 1000},
+                             probe={"size_probe_every": 10})
+        self.stack.callback(self.stop_agents)
+        self.agents.start()
+        if not self.agents.wait_healthy(timeout_s=60):
+            raise RuntimeError("the agents did not see every path healthy within 60 s; "
+                               f"their logs are in {self.out}/agents")
+        paths = sum(len(self.agents.path_states(h)) for h in HOSTS)
+        self.progress(f"{paths} paths probed, all up; routes to every peer over both planes")
+
+    def stop_agents(self) -> None:
+        from ..agent.routes import RTPROT_LINKPASS
+
+        if self.agents is not None:
+            self.agents.stop()
+            self.agents = None
+        # a clean stop leaves the baseline (every plane) behind; without LinkPass the testbed's
+        # own routes are the whole story
+        for h in HOSTS:
+            subprocess.run(["ip", "-n", self.fab.netns(f"h{h}"), "route", "flush", "proto", str(RTPROT_LINKPASS)],
+                           check=False, capture_output=True)
+
+    # ---- the job and the faults ----------------------------------------------------------
+    def start_job(self, name: str):
+        from .ranks import TrainingJob
+
+        job = TrainingJob(self.fab, os.path.join(self.out, f"job-{name}"), HOSTS, self.args.size_mb,
+                          self.args.compute_ms, self.args.job_timeout_s)
+        self.stack.callback(job.stop, 10.0)
+        self.step(f"starting the training job: torch.distributed gloo, {len(HOSTS)} ranks, "
+                  f"{self.args.size_mb:g} MB all-reduce per step + {self.args.compute_ms:g} ms compute")
+        job.start()
+        self.progress(f"running: {len(job.steps())} steps done, every result bit-exact so far"
+                      if not job.wrong_results() else paint(f"{job.wrong_results()} wrong results", "red"))
+        return job
+
+    def wait_steady(self, job, linkpass: bool) -> None:
+        """Until the fabric has recovered from the last fault and the job has run a full
+        baseline window since: with LinkPass, every path back up (damping included)."""
+        if linkpass and not self.agents.wait_healthy(timeout_s=60):
+            self.progress(paint("agents still see unhealthy paths after 60 s; going on", "yellow"))
+        since = time.time_ns()
+        job.wait_until(lambda: any(s["start_ns"] > since for s in job.steps()), self.args.job_timeout_s * 2 + 30,
+                       "the job to resume")
+        resumed = next(s["start_ns"] for s in job.steps() if s["start_ns"] > since)
+        job.wait_until(lambda: job.steps()[-1]["end_ns"] - resumed >= timeline.BASELINE_S * 1e9, 60,
+                       "a baseline of steps")
+
+    def inject(self, job, index: int, sc: Scripted) -> timeline.Fault:
+        from ..testbed import faults
+        from .aim import busiest, job_flows
+
+        flows = job_flows(self.fab, HOSTS, exclude_ports={job.store_port})
+        link, frm, n = busiest(self.fab, flows, sc.tier, sc.directed)
+        where = f"{link}" + (f" from {frm}" if frm else "")
+        rec = faults.apply(self.args.prefix, faults.FaultSpec(sc.fault, link, frm if sc.directed else None,
+                                                              dict(sc.params)))
+        injected = rec["effective_mono_ns"] + time.time_ns() - time.monotonic_ns()
+        self.progress(f"{index}: {sc.label} on {where} ({n} of the job's {len(flows)} flows cross it), "
+                      f"held {sc.hold_s:g} s")
+        job.wait_until(lambda: time.time_ns() - injected >= sc.hold_s * 1e9, sc.hold_s + 60, "the fault's hold")
+        faults.clear(self.args.prefix, link)
+        return timeline.Fault(index=index, kind=sc.kind, label=sc.label, link=link, direction=frm,
+                              severity=sc.severity, flows=n, injected_ns=injected, cleared_ns=time.time_ns())
+
+    def run_script(self, job, linkpass: bool) -> list[timeline.Fault]:
+        done = []
+        for i, sc in enumerate(self.script, 1):
+            self.wait_steady(job, linkpass)
+            done.append(self.inject(job, i, sc))
+        self.wait_steady(job, linkpass)
+        return done
+
+    # ---- what happened -------------------------------------------------------------------
+    def agent_events(self) -> list[dict]:
+        if self.agents is None:
+            return []
+        return [e for h in HOSTS for e in self.agents.events(h) if e.get("event") in ("path_state", "route_change")]
+
+    def coordinator_events(self) -> list[dict]:
+        from ..coordinator.client import Client
+
+        if self.coordinator_url is None:
+            return []
+        c = Client(self.coordinator_url, self.reader_token)
+        try:
+            return c.get("/v1/events", kind="localization", limit=1000)
+        finally:
+            c.close()
+
+    def finish_run(self, name: str, job, faults: list[timeline.Fault], linkpass: bool) -> timeline.RunSummary:
+        job.stop()
+        summary = timeline.summarise("linkpass" if linkpass else "off", job.steps(), job.wrong_results(),
+                                     job.restarts, faults, self.agent_events() if linkpass else [],
+                                     self.coordinator_events() if linkpass else [], self.fab.spec.planes)
+        self.runs.append((name, job.steps(), faults, job.restart_at_ns))
+        return summary
+
+
+def _fmt_ms(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.0f} ms" if v >= 10 else f"{v:.1f} ms"
+
+
+def _fmt_s(v: float | None) -> str:
+    return "never" if v is None else f"{v:.2f} s"
+
+
+def render_run(run: timeline.RunSummary, title: str, sparkline: tuple[str, str] | None) -> str:
+    rows = []
+    for f in run.faults:
+        where = f.link + (f" from {f.direction}" if f.direction else "")
+        named = "—" if f.localized_ms is None else \
+            f"{_fmt_ms(f.localized_ms)} ({f.localized_as.split(':')[0]}{'' if f.localized_as.startswith(f.link) else ' twin'})"
+        verdict = paint("✓", "green") if f.met else paint("✗", "red")
+        rows.append([f.index, f.label, where, f.flows, _fmt_ms(f.detect_ms), named, _fmt_ms(f.reroute_ms),
+                     _fmt_ms(f.stall_ms), _fmt_s(f.recovered_s), f"≤ {f.target_stall_ms:.0f} ms, ≤ 1 s", verdict])
+    out = [paint(title, "bold"),
+           table(["#", "FAULT", "LINK", "FLOWS", "DETECTED", "LOCALIZED", "REROUTED", "STALL", "BACK TO 95 %",
+                  "TARGET", ""], rows),
+           f"  steps {run.steps} · wrong results {run.wrong_results} · restarts {run.restarts} · "
+           f"all-reduce p50 {_fmt_ms(run.step_ms_p50)}, p99 {_fmt_ms(run.step_ms_p99)}"]
+    if sparkline and sparkline[0]:
+        out += ["  slowest all-reduce over time (log scale), faults numbered below:",
+                "  " + sparkline[0], "  " + sparkline[1]]
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    from .plot import write_png
+    from .ranks import JobFailed
+
+    try:
+        select(args.faults)
+    except ValueError as exc:
+        print(f"linkpass demo: {exc}", file=sys.stderr)
+        return 2
+    summary: dict = {}
+    ok = False
+    with ExitStack() as stack:
+        demo = Demo(args, stack)
+        try:
+            demo.say(paint("LinkPass demo — a real all-reduce keeps running while the fabric's links fail", "bold"))
+            demo.build()
+            demo.start_coordinator()
+            demo.start_agents()
+            job = demo.start_job("linkpass")
+            demo.step(f"breaking the fabric under the job, one fault at a time ({len(demo.script)} faults)")
+            faults = demo.run_script(job, linkpass=True)
+            on = demo.finish_run("LinkPass on", job, faults, linkpass=True)
+            off = None
+            without = None
+            if args.compare:
+                demo.step("--compare: LinkPass off (agents stopped, their routes removed, coordinator stopped)")
+                demo.stop_agents()
+                demo._stop_coordinator()
+                without = _check_linkpass_absent(demo.fab, HOSTS)
+                demo.progress(f"LinkPass routes on the hosts: {without['linkpass_routes']}, "
+                              f"agents running: {without['agents_running']}")
+                job = demo.start_job("off")
+                demo.step(f"the same {len(demo.script)} faults without LinkPass")
+                faults_off = demo.run_script(job, linkpass=False)
+                after = _check_linkpass_absent(demo.fab, HOSTS)
+                without = {k: max(without[k], after[k]) for k in without}
+                off = demo.finish_run("LinkPass off", job, faults_off, linkpass=False)
+            plot = write_png(os.path.join(demo.out, "timeline.png"),
+                             demo.runs,
+                             "all-reduce time per step while links fail (torch gloo, 4 ranks)")
+            ok = timeline.targets_met(on)
+            elapsed = time.monotonic() - demo.t0
+            summary = {
+                "ok": ok, "duration_s": round(elapsed, 1), "output_dir": os.path.abspath(demo.out),
+                "plot": os.path.abspath(plot),
+                "job": {"ranks": len(HOSTS), "backend": "gloo", "size_mb": args.size_mb,
+                        "compute_ms": args.compute_ms, "timeout_s": args.job_timeout_s},
+                "agents": {"interval_ms": args.interval_ms},
+                "targets": {"restarts": 0, "wrong_results": 0, "stall_ms": timeline.TARGET_STALL_MS,
+                            "recovered_s": timeline.TARGET_RECOVERED_S, "duration_s": 180},
+                **{k: v for k, v in on.as_dict().items() if k != "mode"},
+                "compare": None if off is None else {**off.as_dict(), **without},
+            }
+            with open(os.path.join(demo.out, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
+            if args.output == "json":
+                print(json.dumps(summary, indent=2))
+            else:
+                _print_report(demo, on, off, plot, ok, elapsed)
+        except (JobFailed, RuntimeError) as exc:
+            demo.say(paint(f"demo failed: {exc}", "red", demo.stream))
+            demo.say(f"logs: {os.path.abspath(demo.out)}")
+            ok = False
+        except KeyboardInterrupt:
+            demo.say(paint("\ninterrupted: cleaning up", "yellow", demo.stream))
+            raise
+        finally:
+            if args.keep and demo.fab is not None:
+                demo.say(f"testbed left up (prefix {args.prefix}); remove it with "
+                         f"`linkpass testbed down --prefix {args.prefix}`")
+            demo.step("cleaning up: job, agents, coordinator, faults, testbed")
+    return EXIT_OK if ok else EXIT_CRITICAL
+
+
+def _check_linkpass_absent(fab, hosts: list[int]) -> dict:
+    """What of LinkPass is on the demo's hosts right now: routes of its protocol, agent processes
+    in their namespaces."""
+    from ..agent.routes import RTPROT_LINKPASS
+
+    routes = agents = 0
+    for h in hosts:
+        ns = fab.netns(f"h{h}")
+        routes += len(subprocess.run(["ip", "-n", ns, "route", "show", "proto", str(RTPROT_LINKPASS)],
+                                     capture_output=True, text=True, check=False).stdout.splitlines())
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                  check=False).stdout.split():
+            try:
+                argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            agents += b"linkpass.cli" in argv and b"agent" in argv
+    return {"linkpass_routes": routes, "agents_running": agents}
+
+
+def _print_report(demo: Demo, on, off, plot: str, ok: bool, elapsed: float) -> None:
+    from .plot import sparkline
+
+    runs = {name: (steps, fl) for name, steps, fl, _ in demo.runs}
+    demo.say()
+    demo.say(render_run(on, "With LinkPass — ms after each fault took effect; stall = longest all-reduce "
+                            "beyond the pre-fault median", sparkline(*runs["LinkPass on"])))
+    if off is not None:
+        demo.say()
+        demo.say(render_run(off, "Without LinkPass (--compare): the same faults, the testbed's own ECMP routes",
+                            sparkline(*runs["LinkPass off"])))
+        worst = max((f.stall_ms or 0 for f in off.faults), default=0)
+        demo.say(f"  without LinkPass the job sits out every fault until the script heals the link (worst stall "
+                 f"{worst / 1000:.1f} s); a real cut lasts until someone replaces the optic, and NCCL gives up "
+                 f"after ~30 s: the job restarts from its checkpoint")
+    demo.say()
+    demo.say(f"plot: {plot}")
+    demo.say(f"summary: {os.path.join(demo.out, 'summary.json')} (the same as `-o json`)")
+    verdict = (paint("demo passed", "green") if ok else paint("demo missed a target", "red"))
+    demo.say(f"{verdict}: {on.steps} steps, {on.wrong_results} wrong results, {on.restarts} restarts; "
+             f"{elapsed:.0f} s in all")

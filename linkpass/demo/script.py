@@ -1,0 +1,49 @@
+"""The demo's fault script: what breaks, where, how long, and how bad counts as "hard" or "gray".
+
+Each entry names a tier, not a link: the demo aims it at the link of that tier that carries the
+most of the training job's TCP flows when the fault is due (see aim.py), so every fault hits the
+job. Faults run one at a time; between them the fabric recovers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Scripted:
+    kind: str  # the name used in --faults and in the JSON summary
+    label: str
+    tier: str  # "host-leaf" | "leaf-spine"
+    fault: str  # testbed fault kind: down | flap | loss | mtu
+    params: dict = field(default_factory=dict)
+    directed: bool = False  # one direction only (aimed at the busier one)
+    severity: str = "hard"  # "hard" (the link passes nothing) | "gray" (it passes some)
+    hold_s: float = 2.0  # how long the fault stays before the script clears it
+
+
+SCRIPT = (
+    Scripted("uplink-cut", "host uplink cut", "host-leaf", "down"),
+    Scripted("link-down", "leaf–spine link down", "leaf-spine", "down"),
+    Scripted("gray-loss", "20 % gray loss on a spine link", "leaf-spine", "loss", {"pct": 20}, severity="gray",
+             hold_s=3.0),
+    Scripted("flap", "flapping link (down/up every 100 ms)", "host-leaf", "flap", {"period": "200ms", "duration": "10s"},
+             hold_s=1.5),
+    Scripted("one-way-loss", "30 % loss, one direction only", "leaf-spine", "loss", {"pct": 30}, directed=True,
+             severity="gray", hold_s=3.0),
+    Scripted("mtu-blackhole", "MTU black hole (packets > 1200 B dropped)", "leaf-spine", "mtu", {"bytes": 1200},
+             severity="gray", hold_s=3.0),
+)
+KINDS = tuple(s.kind for s in SCRIPT)
+SHORT = ("uplink-cut", "gray-loss")  # what the end-to-end test runs
+
+
+def select(kinds: str | None) -> tuple[Scripted, ...]:
+    """The scripted faults named in a comma-separated list, in script order; all when None."""
+    if not kinds:
+        return SCRIPT
+    asked = [k.strip() for k in kinds.split(",") if k.strip()]
+    unknown = [k for k in asked if k not in KINDS]
+    if unknown or not asked:
+        raise ValueError(f"--faults: unknown fault kind {', '.join(unknown) or '(empty)'}; "
+                         f"choose from {', '.join(KINDS)}")
+    return tuple(s for s in SCRIPT if s.kind in asked)

@@ -1,0 +1,178 @@
+"""What the demo measured, from its logs: per fault detected → localized → rerouted → stall →
+back to speed, and the run's summary. Pure: it reads records, it runs nothing.
+
+Inputs, all on the wall clock (CLOCK_REALTIME is shared by every namespace of the testbed):
+- steps: rank 0's step log, {"step", "start_ns", "end_ns", "ok"} (the all-reduce only, so a
+  stall is the collective's, not the simulated compute's);
+- faults: one `Fault` per scripted fault, with when it took effect and when it was cleared;
+- agent events: the agents' JSON log lines (`path_state`, `route_change`, with `ts` in seconds);
+- coordinator events: `/v1/events` rows (`localization` with `subject` "link:direction", `ts`).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+BAD_STATES = ("down", "degraded", "damped")
+BASELINE_S = 3.0  # the pre-fault rate and step time come from this much of the run before each fault
+SETTLE_S = 0.5  # a stall may end this long after the fault was cleared (TCP's retransmit backoff)
+RATE_WINDOW = 10  # steps per throughput window
+RECOVERED_FRACTION = 0.95
+TARGET_STALL_MS = {"hard": 100.0, "gray": 500.0}
+TARGET_RECOVERED_S = 1.0
+
+
+@dataclass
+class Fault:
+    """One scripted fault as it was run."""
+
+    index: int
+    kind: str  # uplink-cut | link-down | gray-loss | flap | one-way-loss | mtu-blackhole
+    label: str
+    link: str
+    direction: str | None  # from-node of a one-direction fault
+    severity: str  # "hard" | "gray"
+    flows: int  # the job's TCP flows crossing the link (in that direction) when it was injected
+    injected_ns: int
+    cleared_ns: int
+
+
+@dataclass
+class FaultResult:
+    index: int
+    kind: str
+    label: str
+    link: str
+    direction: str | None
+    severity: str
+    flows: int
+    detect_ms: float | None  # first agent verdict against a path
+    localized_ms: float | None  # first coordinator finding naming this link (or it as an alternative)
+    localized_as: str | None  # the directed link the coordinator named
+    reroute_ms: float | None  # first route change that takes a plane away
+    stall_ms: float | None  # longest all-reduce in the fault's window minus the pre-fault median
+    longest_step_ms: float | None
+    recovered_s: float | None  # until a window of steps runs at ≥ 95 % of the pre-fault rate
+    target_stall_ms: float
+    met: bool
+
+
+@dataclass
+class RunSummary:
+    mode: str  # "linkpass" | "off"
+    steps: int
+    wrong_results: int
+    restarts: int
+    step_ms_p50: float | None
+    step_ms_p99: float | None
+    faults: list[FaultResult] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ms(t_ns: float, t0_ns: int) -> float:
+    return round((t_ns - t0_ns) / 1e6, 2)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def allreduce_ms(step: dict) -> float:
+    return (step["end_ns"] - step["start_ns"]) / 1e6
+
+
+def first_verdict(fault: Fault, agent_events: list[dict]) -> float | None:
+    """ms from injection to the first agent judging a path bad, while the fault was on."""
+    times = [e["ts"] * 1e9 for e in agent_events
+             if e.get("event") == "path_state" and e.get("new") in BAD_STATES
+             and fault.injected_ns <= e["ts"] * 1e9 <= fault.cleared_ns]
+    return _ms(min(times), fault.injected_ns) if times else None
+
+
+def first_reroute(fault: Fault, agent_events: list[dict], planes: int) -> float | None:
+    """ms from injection to the first route change that took a plane away from a peer."""
+    times = [e["ts"] * 1e9 for e in agent_events
+             if e.get("event") == "route_change" and len(e.get("planes") or ()) < planes
+             and not e.get("dry_run") and fault.injected_ns <= e["ts"] * 1e9 <= fault.cleared_ns]
+    return _ms(min(times), fault.injected_ns) if times else None
+
+
+def first_localization(fault: Fault, coordinator_events: list[dict]) -> tuple[float | None, str | None]:
+    """ms from injection to the coordinator's first finding that names the faulty link, either as
+    its answer or as an alternative it cannot tell apart (two leaves per plane make twins)."""
+    for e in sorted(coordinator_events, key=lambda e: e["ts"]):
+        t = e["ts"] * 1e9
+        if e.get("kind") != "localization" or not fault.injected_ns <= t <= fault.cleared_ns + SETTLE_S * 1e9:
+            continue
+        named = [e["subject"], *((e.get("detail") or {}).get("alternatives") or [])]
+        if any(n.split(":")[0] == fault.link for n in named):
+            return _ms(t, fault.injected_ns), e["subject"]
+    return None, None
+
+
+def baseline(steps: list[dict], before_ns: int) -> list[dict]:
+    return [s for s in steps if before_ns - BASELINE_S * 1e9 <= s["end_ns"] < before_ns]
+
+
+def stall(fault: Fault, steps: list[dict]) -> tuple[float | None, float | None]:
+    """(stall ms, longest all-reduce ms) over the steps overlapping the fault's window."""
+    base = [allreduce_ms(s) for s in baseline(steps, fault.injected_ns)]
+    hit = [allreduce_ms(s) for s in steps
+           if s["end_ns"] > fault.injected_ns and s["start_ns"] < fault.cleared_ns + SETTLE_S * 1e9]
+    if not base or not hit:
+        return None, None
+    longest = max(hit)
+    return round(max(0.0, longest - statistics.median(base)), 1), round(longest, 1)
+
+
+def recovered(fault: Fault, steps: list[dict]) -> float | None:
+    """Seconds from injection until throughput is back: the first window of RATE_WINDOW steps
+    starting after the fault whose step rate is ≥ 95 % of the pre-fault rate. None if never."""
+    base = baseline(steps, fault.injected_ns)
+    if len(base) < 2:
+        return None
+    pre_rate = (len(base) - 1) / ((base[-1]["end_ns"] - base[0]["end_ns"]) / 1e9)
+    ends = [s["end_ns"] for s in steps]
+    for k in range(1, len(ends) - RATE_WINDOW + 1):
+        window_start = ends[k - 1]
+        if ends[k] <= fault.injected_ns:
+            continue
+        rate = RATE_WINDOW / ((ends[k + RATE_WINDOW - 1] - window_start) / 1e9)
+        if rate >= RECOVERED_FRACTION * pre_rate:
+            return round(max(0.0, (window_start - fault.injected_ns) / 1e9), 3)
+    return None
+
+
+def analyse_fault(fault: Fault, steps: list[dict], agent_events: list[dict], coordinator_events: list[dict],
+                  planes: int) -> FaultResult:
+    stall_ms, longest = stall(fault, steps)
+    localized_ms, named = first_localization(fault, coordinator_events)
+    back = recovered(fault, steps)
+    target = TARGET_STALL_MS[fault.severity]
+    return FaultResult(
+        index=fault.index, kind=fault.kind, label=fault.label, link=fault.link, direction=fault.direction,
+        severity=fault.severity, flows=fault.flows,
+        detect_ms=first_verdict(fault, agent_events), localized_ms=localized_ms, localized_as=named,
+        reroute_ms=first_reroute(fault, agent_events, planes), stall_ms=stall_ms, longest_step_ms=longest,
+        recovered_s=back, target_stall_ms=target,
+        met=stall_ms is not None and stall_ms <= target and back is not None and back <= TARGET_RECOVERED_S)
+
+
+def summarise(mode: str, steps: list[dict], wrong_results: int, restarts: int, faults: list[Fault],
+              agent_events: list[dict], coordinator_events: list[dict], planes: int) -> RunSummary:
+    durations = [allreduce_ms(s) for s in steps]
+    p50 = _percentile(durations, 0.5)
+    p99 = _percentile(durations, 0.99)
+    return RunSummary(mode=mode, steps=len(steps), wrong_results=wrong_results, restarts=restarts,
+                      step_ms_p50=None if p50 is None else round(p50, 1),
+                      step_ms_p99=None if p99 is None else round(p99, 1),
+                      faults=[analyse_fault(f, steps, agent_events, coordinator_events, planes) for f in faults])
+
+
+def targets_met(run: RunSummary) -> bool:
+    return run.restarts == 0 and run.wrong_results == 0 and all(f.met for f in run.faults)
