@@ -58,7 +58,7 @@ def test_bfd_hook_moves_the_route_off_a_cut_plane_and_back(clean_faults):
         hook = BfdRouteHook(bfd, 0)
         hook.start()
         assert hook.installed == {"h3": (0, 1)}, bfd.changes(0)
-        assert hook_routes(fab).count("nexthop") == 2 and "rto_min 10ms" in hook_routes(fab)
+        assert hook_routes(fab).count("nexthop") == 2 and "rto_min lock 10ms" in hook_routes(fab)
         rec = faults.apply(fab.prefix, FaultSpec("down", "h0-p0l0"))
         time.sleep(0.3)
         why = (hook.records(), bfd.changes(0))  # for a failure message

@@ -20,7 +20,7 @@ RT_TABLE_MAIN = 254
 RT_SCOPE_UNIVERSE = 0
 RTN_UNICAST = 1
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PREFSRC, RTA_METRICS, RTA_MULTIPATH, RTA_TABLE = 1, 4, 5, 7, 8, 9, 15
-RTAX_RTO_MIN = 13  # value in milliseconds, as `ip route ... rto_min 10ms` sends it
+RTAX_LOCK, RTAX_RTO_MIN = 1, 13  # rto_min in milliseconds, as `ip route ... rto_min 10ms` sends it
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _RTMSG = struct.Struct("=BBBBBBBBI")
@@ -46,7 +46,10 @@ def route_replace_message(seq: int, dst: str, prefsrc: str, hops: list[tuple[str
     body = _RTMSG.pack(socket.AF_INET, 32, 0, 0, RT_TABLE_MAIN, protocol, RT_SCOPE_UNIVERSE, RTN_UNICAST, 0)
     body += _attr(RTA_DST, socket.inet_aton(dst))
     body += _attr(RTA_PREFSRC, socket.inet_aton(prefsrc))
-    body += _attr(RTA_METRICS, _attr(RTAX_RTO_MIN, struct.pack("=I", rto_min_ms)))
+    # TCP honours a route's rto_min only when the metric is locked (tcp_rto_min(): dst_metric_locked);
+    # iproute2 always locks it. Unlocked, connections kept the 200 ms default (seen: ss showed rto:204)
+    body += _attr(RTA_METRICS, _attr(RTAX_LOCK, struct.pack("=I", 1 << RTAX_RTO_MIN))
+                  + _attr(RTAX_RTO_MIN, struct.pack("=I", rto_min_ms)))
     if len(hops) == 1:
         gateway, ifindex = hops[0]
         body += _attr(RTA_GATEWAY, socket.inet_aton(gateway)) + _attr(RTA_OIF, struct.pack("=I", ifindex))

@@ -145,11 +145,34 @@ class Demo:
                              probe={"size_probe_every": 10})
         self.stack.callback(self.stop_agents)
         self.agents.start()
-        if not self.agents.wait_healthy(timeout_s=60):
-            raise RuntimeError("the agents did not see every path healthy within 60 s; "
-                               f"their logs are in {self.out}/agents")
-        paths = sum(len(self.agents.path_states(h)) for h in HOSTS)
-        self.progress(f"{paths} paths probed, all up; routes to every peer over both planes")
+        expected = sum(1 if self.fab.leaf_of(a, p) == self.fab.leaf_of(b, p) else self.fab.spec.spines_per_plane
+                       for a in HOSTS for b in HOSTS if a != b for p in range(self.fab.spec.planes))
+        status = self.wait_coordinator(lambda st: st["paths"] == expected and
+                                       st["paths_by_state"].get("up") == expected and not st["findings"], 60)
+        if status is None:
+            raise RuntimeError(f"the coordinator did not hear of {expected} healthy paths within 60 s; "
+                               f"the agents' logs are in {self.out}/agents")
+        self.progress(f"{expected} paths (every ECMP path to every peer, both planes) probed and up, "
+                      "as the coordinator sees them")
+
+    def wait_coordinator(self, pred, timeout_s: float) -> dict | None:
+        """The coordinator's status once pred(status) holds, or None at the timeout."""
+        from ..coordinator.client import Client, Refusal, Unreachable
+
+        c = Client(self.coordinator_url, self.reader_token)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    st = c.get("/v1/status")
+                    if pred(st):
+                        return st
+                except (Refusal, Unreachable):
+                    pass
+                time.sleep(0.2)
+            return None
+        finally:
+            c.close()
 
     def stop_agents(self) -> None:
         from ..agent.routes import RTPROT_LINKPASS
@@ -198,7 +221,11 @@ class Demo:
         where = f"{link}" + (f" from {frm}" if frm else "")
         rec = faults.apply(self.args.prefix, faults.FaultSpec(sc.fault, link, frm if sc.directed else None,
                                                               dict(sc.params)))
-        injected = rec["effective_mono_ns"] + time.time_ns() - time.monotonic_ns()
+        effective = rec["effective_mono_ns"]
+        if sc.fault == "flap":  # the flapper is a process of its own: its first DOWN is the fault
+            job.wait_until(lambda: faults.flap_transitions(self.args.prefix, rec["id"]), 30, "the flapper's first DOWN")
+            effective = faults.flap_transitions(self.args.prefix, rec["id"])[0][0]
+        injected = effective + time.time_ns() - time.monotonic_ns()
         self.progress(f"{index}: {sc.label} on {where} ({n} of the job's {len(flows)} flows cross it), "
                       f"held {sc.hold_s:g} s")
         job.wait_until(lambda: time.time_ns() - injected >= sc.hold_s * 1e9, sc.hold_s + 60, "the fault's hold")

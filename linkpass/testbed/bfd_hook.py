@@ -171,7 +171,8 @@ class BfdRouteHook:
             return
         hops = [{"gateway": self.hops[p][0], "oif": index[self.hops[p][1]]} for p in planes]
         kw = {"dst": self.peers[peer], "dst_len": 32, "proto": RTPROT_BFD_HOOK, "prefsrc": self.own_service,
-              "metrics": {"RTAX_RTO_MIN": self.rto_min_ms}}
+              # locked, like LinkPass's routes: TCP ignores an unlocked rto_min
+              "metrics": {"RTAX_LOCK": 1 << 13, "RTAX_RTO_MIN": self.rto_min_ms}}
         if len(hops) == 1:
             kw.update(hops[0])
         else:

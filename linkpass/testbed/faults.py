@@ -324,6 +324,16 @@ def _start_flapper(prefix: str, rec: dict) -> int:
     return proc.pid
 
 
+def flap_transitions(prefix: str, fault_id: int) -> list[tuple[int, str]]:
+    """A flap fault's transitions so far: (CLOCK_MONOTONIC ns when it took effect, "down"/"up")."""
+    try:
+        with open(state.flap_log_path(prefix, fault_id)) as f:
+            lines = [ln.split() for ln in f if ln.endswith("\n")]
+    except FileNotFoundError:
+        return []
+    return [(int(p[0]), p[1]) for p in lines if len(p) >= 2 and p[0].isdigit()]
+
+
 def _stop_flapper(pid: int | None) -> None:
     if not pid:
         return
