@@ -25,6 +25,7 @@ class Flow:
     sport: int
     dport: int
     links: tuple[tuple[str, str], ...]
+    bytes_acked: int = 0  # sent and acknowledged so far: the ring all-reduce loads some flows only
 
 
 def _route_dev(netns: str, dst: str, src: str, sport: int, dport: int, iif: str | None = None) -> str:
@@ -52,23 +53,37 @@ def flow_links(fab: Fabric, src: int, dst: int, sport: int, dport: int) -> tuple
     return (up.name, f"h{src}"), (spine_link.name, leaf), (back.name, spine), (down.name, far_leaf)
 
 
-def job_flows(fab: Fabric, hosts: list[int], exclude_ports: set[int] = frozenset()) -> list[Flow]:
-    """Every established TCP flow between two hosts' service addresses (the job's connections),
-    from `ss` in each host's namespace; connections on `exclude_ports` (the rendezvous store) are left out."""
+_SOCKET = re.compile(r"^\S*\s*\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)")
+
+
+def job_flows(fab: Fabric, hosts: list[int], exclude_ports: set[int] = frozenset(),
+              min_bytes: int = 1 << 20) -> list[Flow]:
+    """The established TCP flows between two hosts' service addresses (the job's connections)
+    that have carried at least `min_bytes`, from `ss -ti` in each host's namespace. A ring
+    all-reduce sends data one way round the ring: the other directions carry only ACKs and a
+    fault there would hit nothing. Connections on `exclude_ports` (the rendezvous store) are left out."""
     by_addr = {fab.service_addr(h): h for h in hosts}
     flows = []
     for h in hosts:
-        out = subprocess.run(["ip", "netns", "exec", fab.netns(f"h{h}"), "ss", "-tnH", "state", "established"],
+        out = subprocess.run(["ip", "netns", "exec", fab.netns(f"h{h}"), "ss", "-tinH", "state", "established"],
                              capture_output=True, text=True, check=True, timeout=5).stdout
+        sock = None
         for line in out.splitlines():
-            parts = line.split()
-            if len(parts) < 4:
+            m = _SOCKET.match(line)
+            if m:  # a socket line; its counters follow on the next line
+                sock = m.groups()
                 continue
-            (la, lp), (pa, pp) = (parts[-2].rsplit(":", 1), parts[-1].rsplit(":", 1))
-            if la != fab.service_addr(h) or pa not in by_addr or {int(lp), int(pp)} & set(exclude_ports):
+            if sock is None:
+                continue
+            la, lp, pa, pp = sock
+            sock = None
+            acked = re.search(r"\bbytes_acked:(\d+)", line)
+            sent = int(acked.group(1)) if acked else 0
+            if la != fab.service_addr(h) or pa not in by_addr or {int(lp), int(pp)} & set(exclude_ports) \
+                    or sent < min_bytes:
                 continue
             dst = by_addr[pa]
-            flows.append(Flow(h, dst, int(lp), int(pp), flow_links(fab, h, dst, int(lp), int(pp))))
+            flows.append(Flow(h, dst, int(lp), int(pp), flow_links(fab, h, dst, int(lp), int(pp)), sent))
     return flows
 
 

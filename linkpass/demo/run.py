@@ -226,7 +226,7 @@ class Demo:
             job.wait_until(lambda: faults.flap_transitions(self.args.prefix, rec["id"]), 30, "the flapper's first DOWN")
             effective = faults.flap_transitions(self.args.prefix, rec["id"])[0][0]
         injected = effective + time.time_ns() - time.monotonic_ns()
-        self.progress(f"{index}: {sc.label} on {where} ({n} of the job's {len(flows)} flows cross it), "
+        self.progress(f"{index}: {sc.label} on {where} ({n} of the job's {len(flows)} data flows cross it), "
                       f"held {sc.hold_s:g} s")
         job.wait_until(lambda: time.time_ns() - injected >= sc.hold_s * 1e9, sc.hold_s + 60, "the fault's hold")
         faults.clear(self.args.prefix, link)

@@ -328,7 +328,11 @@ def check_prefix(prefix: str) -> str:
 
 ROUTER_SYSCTLS = (
     ("net/ipv4/ip_forward", "1"),
-    ("net/ipv4/fib_multipath_hash_policy", "1"),  # L4 hash: the UDP source port picks the spine
+    # hash the 5-tuple only, like a switch: with policy 1 a forwarded packet that arrives with the
+    # sender's socket hash (veth keeps skb->hash) is hashed by that instead, so a TCP flow's spine
+    # was random per socket and moved on every RTO (the kernel re-rolls sk_txhash) — no switch does that
+    ("net/ipv4/fib_multipath_hash_policy", "3"),
+    ("net/ipv4/fib_multipath_hash_fields", "0x0037"),  # src ip, dst ip, proto, src port, dst port
     ("net/ipv4/icmp_ratelimit", "0"),  # path discovery relies on TTL-exceeded replies
     ("net/ipv4/icmp_msgs_per_sec", "1000000"),  # ... at sweep rates (global ICMP limit)
     ("net/ipv4/icmp_msgs_burst", "100000"),
