@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cu
 .PHONY: demo test test-unit bench deps clean
 
 demo: deps
-	$(VENV)/bin/linkpass demo
+	$(VENV)/bin/linkpass demo --compare
 
 test: deps
 	$(PY) -m pytest -q

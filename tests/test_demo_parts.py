@@ -213,3 +213,14 @@ def test_the_check_catches_a_wrong_element():
     bad[PERIOD // 2] += 1
     assert not torch.equal(bad, expected_sum(7, 3))
     assert not torch.equal(good, expected_sum(8, 3))  # a stale step's result is caught too
+
+
+def test_noise_stalls_measure_fault_free_windows_only():
+    steps = steady_steps(600)  # 18 s
+    steps = stalled(steps, T0 + 2000 * MS, 30)  # noise: a 30 ms hiccup far from the fault
+    f = fault(8000, hold_ms=1000)
+    steps = stalled(steps, f.injected_ns + 5 * MS, 500)  # the fault's own stall must not count
+    noise = timeline.noise_stalls(steps, [f], window_s=2.5, margin_s=1.0)
+    assert noise and max(noise) == 30.0 and min(noise) == 0.0
+    run = timeline.summarise("linkpass", steps, 0, 0, [f], [], [], 2)
+    assert run.noise_stall_ms["median"] == 0.0 and run.faults[0].stall_ms == 500.0

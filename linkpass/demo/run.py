@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="collective timeout; a failed collective restarts the job (default 30, like NCCL)")
     p.add_argument("--interval-ms", type=float, default=5.0,
                    help="agents' probe interval (default 5: four agents at 1 ms saturate a 2-core machine)")
+    p.add_argument("--rto-min-ms", type=int, default=10,
+                   help="rto_min on the agents' routes: how soon TCP retransmits onto the new path (default 10)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"name prefix of the demo testbed (default {DEFAULT_PREFIX})")
     p.add_argument("--keep", action="store_true", help="leave the testbed up at the end")
     p.set_defaults(func=run, needs_root=True)
@@ -142,7 +144,7 @@ class Demo:
         # MTU black hole is seen in ~150 ms at this probe rate
         self.agents = Agents(self.fab, os.path.join(self.out, "agents"), HOSTS, interval_ms=self.args.interval_ms,
                              coordinator=link, detect={"flap_half_life_ms": 1000},
-                             probe={"size_probe_every": 10})
+                             probe={"size_probe_every": 10}, route_options={"rto_min_ms": self.args.rto_min_ms})
         self.stack.callback(self.stop_agents)
         self.agents.start()
         expected = sum(1 if self.fab.leaf_of(a, p) == self.fab.leaf_of(b, p) else self.fab.spec.spines_per_plane
@@ -291,6 +293,10 @@ def render_run(run: timeline.RunSummary, title: str, sparkline: tuple[str, str] 
                   "TARGET", ""], rows),
            f"  steps {run.steps} · wrong results {run.wrong_results} · restarts {run.restarts} · "
            f"all-reduce p50 {_fmt_ms(run.step_ms_p50)}, p99 {_fmt_ms(run.step_ms_p99)}"]
+    if run.noise_stall_ms:
+        n = run.noise_stall_ms
+        out.append(f"  scheduling noise: fault-free 2.5 s windows read as a STALL of {_fmt_ms(n['median'])} median, "
+                   f"{_fmt_ms(n['p90'])} p90 ({n['windows']} windows) on this machine")
     if sparkline and sparkline[0]:
         out += ["  slowest all-reduce over time (log scale), faults numbered below:",
                 "  " + sparkline[0], "  " + sparkline[1]]

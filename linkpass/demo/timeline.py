@@ -68,6 +68,9 @@ class RunSummary:
     step_ms_p50: float | None
     step_ms_p99: float | None
     faults: list[FaultResult] = field(default_factory=list)
+    # the STALL measure over fault-free windows as long as a fault's: what scheduling noise alone
+    # reads as a stall on this machine ({"windows", "median", "p90"} in ms)
+    noise_stall_ms: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -165,15 +168,39 @@ def analyse_fault(fault: Fault, steps: list[dict], agent_events: list[dict], coo
         met=stall_ms is not None and stall_ms <= target and back is not None and back <= TARGET_RECOVERED_S)
 
 
+def noise_stalls(steps: list[dict], faults: list[Fault], window_s: float = 2.5, margin_s: float = 1.0) -> list[float]:
+    """The STALL measure (longest all-reduce in a window minus the median) over windows of
+    `window_s` that stay `margin_s` clear of every fault: a stall this machine shows with no fault."""
+    spans = [(f.injected_ns - margin_s * 1e9, f.cleared_ns + (SETTLE_S + margin_s) * 1e9) for f in faults]
+    quiet = [s for s in steps if not any(a <= s["end_ns"] <= b for a, b in spans)]
+    if len(quiet) < 2:
+        return []
+    median = statistics.median(allreduce_ms(s) for s in quiet)
+    out, i = [], 0
+    while i < len(quiet):
+        start = quiet[i]["end_ns"]
+        j = i
+        while j < len(quiet) and quiet[j]["end_ns"] < start + window_s * 1e9:
+            j += 1
+        window, end = quiet[i:j], start + window_s * 1e9
+        if j < len(quiet) and not any(a < end and b > start for a, b in spans):  # whole, and fault-free
+            out.append(round(max(allreduce_ms(s) for s in window) - median, 1))
+        i = j
+    return out
+
+
 def summarise(mode: str, steps: list[dict], wrong_results: int, restarts: int, faults: list[Fault],
               agent_events: list[dict], coordinator_events: list[dict], planes: int) -> RunSummary:
     durations = [allreduce_ms(s) for s in steps]
     p50 = _percentile(durations, 0.5)
     p99 = _percentile(durations, 0.99)
+    noise = noise_stalls(steps, faults)
     return RunSummary(mode=mode, steps=len(steps), wrong_results=wrong_results, restarts=restarts,
                       step_ms_p50=None if p50 is None else round(p50, 1),
                       step_ms_p99=None if p99 is None else round(p99, 1),
-                      faults=[analyse_fault(f, steps, agent_events, coordinator_events, planes) for f in faults])
+                      faults=[analyse_fault(f, steps, agent_events, coordinator_events, planes) for f in faults],
+                      noise_stall_ms={"windows": len(noise), "median": _percentile(noise, 0.5),
+                                      "p90": _percentile(noise, 0.9)} if noise else None)
 
 
 def targets_met(run: RunSummary) -> bool:

@@ -34,13 +34,15 @@ class Agents:
     extra_args: tuple[str, ...] = ()
     coordinator: dict | None = None  # the agents' `coordinator:` config section
     probe: dict | None = None  # more of the agents' `probe:` config section
+    route_options: dict | None = None  # more of the agents' `routes:` config section
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
 
     def start(self, wait_s: float = 30.0) -> "Agents":
         """Start every agent and wait until each has logged `started`."""
         configs = write_agent_configs(self.fab, self.directory, self.key, interval_ms=self.interval_ms,
                                       routes=self.routes, entropy=self.entropy, detect=self.detect, hosts=self.hosts,
-                                      coordinator=self.coordinator, probe=self.probe)
+                                      coordinator=self.coordinator, probe=self.probe,
+                                      route_options=self.route_options)
         for h in self.hosts:
             log = open(self.log_path(h), "w")
             self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(f"h{h}"), *LINKPASS, "agent",

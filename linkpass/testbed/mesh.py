@@ -85,7 +85,7 @@ def peer_routes(fab: Fabric, host: int):
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = 9471,
                         interval_ms: float = 1.0, routes: bool = False, entropy: bool = False,
                         detect: dict | None = None, hosts=None, coordinator: dict | None = None,
-                        probe: dict | None = None) -> dict[int, str]:
+                        probe: dict | None = None, route_options: dict | None = None) -> dict[int, str]:
     """One `linkpass agent` config per host in `hosts` (default: all), whose peers are the other
     hosts in it, every plane; plus the fleet key file. Route journals and entropy tables go into
     `directory` too (one per host)."""
@@ -111,7 +111,8 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
             "peers": [{"name": f"h{j}", "agent_id": j + 1, "service": fab.service_addr(j),
                        "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in chosen if j != i],
             "probe": {"interval_ms": interval_ms, **(probe or {})}, "api": {"port": api_port},
-            "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-h{i}.journal")},
+            "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-h{i}.journal"),
+                       **(route_options or {})},
             "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-h{i}")},
         }
         if detect:

@@ -35,7 +35,8 @@ OFF = "linkpass-off (testbed ECMP routes, no failover)"
 
 
 def stats(values: list[float], q: float = 0.99) -> tuple[float | None, float | None]:
-    return (round(statistics.median(values), 2) if values else None), report.tail(values, q)
+    p99 = report.tail(values, q)
+    return (round(statistics.median(values), 2) if values else None), (None if p99 is None else round(p99, 2))
 
 
 def row(case: str, metric: str, unit: str, ours: list[float], peer: list[float] | None = None) -> dict:
@@ -63,13 +64,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--faults", metavar="KINDS", help="subset of the demo's fault kinds")
     ap.add_argument("--prefix", default="lpbd")
+    ap.add_argument("--rto-min-ms", type=int, default=10)
+    ap.add_argument("--no-compare", action="store_true", help="skip the LinkPass-off rounds")
     args = ap.parse_args()
     if not report.require_root():
         return 2
     rounds = 2 if args.quick else args.rounds
     out = tempfile.mkdtemp(prefix="linkpass-bench-demo-")
     dargs = argparse.Namespace(prefix=args.prefix, keep=False, out=out, output="table", faults=args.faults,
-                               size_mb=4.0, compute_ms=10.0, job_timeout_s=30.0, interval_ms=5.0, compare=True)
+                               size_mb=4.0, compute_ms=10.0, job_timeout_s=30.0, interval_ms=5.0, compare=True,
+                               rto_min_ms=args.rto_min_ms)
     kinds = [s.kind for s in select(args.faults)]
     with ExitStack() as stack:
         demo = Demo(dargs, stack)
@@ -82,14 +86,16 @@ def main() -> int:
         on = timeline.summarise("linkpass", job.steps(), job.wrong_results(), job.restarts, on_faults,
                                 demo.agent_events(), demo.coordinator_events(), demo.fab.spec.planes)
         on_steps = job.steps()
-        demo.stop_agents()
-        demo._stop_coordinator()
-        job = demo.start_job("off")
-        off_faults = rounds_of(demo, job, rounds, False, "LinkPass off")
-        job.stop()
-        off = timeline.summarise("off", job.steps(), job.wrong_results(), job.restarts, off_faults, [], [],
-                                 demo.fab.spec.planes)
-        off_steps = job.steps()
+        off, off_steps = timeline.RunSummary("off", 0, 0, 0, None, None), []
+        if not args.no_compare:
+            demo.stop_agents()
+            demo._stop_coordinator()
+            job = demo.start_job("off")
+            off_faults = rounds_of(demo, job, rounds, False, "LinkPass off")
+            job.stop()
+            off = timeline.summarise("off", job.steps(), job.wrong_results(), job.restarts, off_faults, [], [],
+                                     demo.fab.spec.planes)
+            off_steps = job.steps()
 
     def per_kind(run: timeline.RunSummary, kind: str, field: str) -> list[float]:
         return [getattr(f, field) for f in run.faults if f.kind == kind and getattr(f, field) is not None]
@@ -101,9 +107,11 @@ def main() -> int:
 
     rows = []
     for kind in kinds:
-        rows.append(row(kind, "stall", "ms", per_kind(on, kind, "stall_ms"), per_kind(off, kind, "stall_ms")))
+        peer = None if args.no_compare else off
+        rows.append(row(kind, "stall", "ms", per_kind(on, kind, "stall_ms"),
+                        peer and per_kind(peer, kind, "stall_ms")))
         rows.append(row(kind, "back_to_95pct", "s", per_kind(on, kind, "recovered_s"),
-                        per_kind(off, kind, "recovered_s")))
+                        peer and per_kind(peer, kind, "recovered_s")))
         rows.append(row(kind, "fault_to_reroute", "ms", per_kind(on, kind, "reroute_ms")))
         rows.append(row(kind, "fault_to_localized", "ms", per_kind(on, kind, "localized_ms")))
         mine = [f for f in on.faults if f.kind == kind]
@@ -111,7 +119,7 @@ def main() -> int:
                      "median": sum(1 for f in mine if not f.met), "p99": None})
     q_on, q_off = quiet(on_steps, on), quiet(off_steps, off)
     # ratio < 1 here: the job is slower with LinkPass, whose agents and coordinator share its 2 cores
-    rows.append({**row("no-fault", "allreduce", "ms", q_on, q_off),
+    rows.append({**row("no-fault", "allreduce", "ms", q_on, None if args.no_compare else q_off),
                  "note": "away from faults; LinkPass's agents, coordinator and Ray share the job's 2 cores here"})
     doc = report.document("demo", rows, rounds=rounds, wrong_results={"on": on.wrong_results, "off": off.wrong_results},
                           restarts={"on": on.restarts, "off": off.restarts},
