@@ -148,3 +148,24 @@ def test_ctrl_c_mid_run_leaves_nothing_behind_and_the_demo_reruns(tmp_path):
     while set(_processes("raylet")) - rays_before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not set(_processes("raylet")) - rays_before, "the demo's local Ray is still running"
+
+
+def test_a_rank_that_dies_restarts_the_job_from_the_next_step(fabric, tmp_path):
+    """What the demo counts as a restart is real: kill one rank and the job comes back on a new
+    rendezvous, continuing from the step after the last one completed, bit-exact."""
+    from linkpass.demo.ranks import TrainingJob
+
+    job = TrainingJob(fabric, str(tmp_path), [0, 1, 2, 3], size_mb=0.5, compute_ms=5, timeout_s=10)
+    try:
+        job.start(ready_steps=10)
+        before = job.steps()[-1]["step"]
+        job.procs[2].kill()
+        job.wait_until(lambda: job.restarts == 1 and job.steps()[-1]["step"] > before + 10, 90,
+                       "the job to restart and make progress")
+    finally:
+        job.stop()
+    steps = [s["step"] for s in job.steps()]
+    assert job.restarts == 1 and job.wrong_results() == 0
+    # the restart resumes after the last completed step: no step twice, none skipped
+    assert steps == sorted(set(steps)) and steps == list(range(steps[0], steps[-1] + 1)), steps
+    assert not _processes("linkpass.demo.job", str(tmp_path))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ class Flow:
     sport: int
     dport: int
     links: tuple[tuple[str, str], ...]
-    bytes_acked: int = 0  # sent and acknowledged so far: the ring all-reduce loads some flows only
+    bytes_acked: int = 0  # acknowledged while sampled: the ring all-reduce loads some flows only
 
 
 def _route_dev(netns: str, dst: str, src: str, sport: int, dport: int, iif: str | None = None) -> str:
@@ -56,19 +57,15 @@ def flow_links(fab: Fabric, src: int, dst: int, sport: int, dport: int) -> tuple
 _SOCKET = re.compile(r"^\S*\s*\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)")
 
 
-def job_flows(fab: Fabric, hosts: list[int], exclude_ports: set[int] = frozenset(),
-              min_bytes: int = 1 << 20) -> list[Flow]:
-    """The established TCP flows between two hosts' service addresses (the job's connections)
-    that have carried at least `min_bytes`, from `ss -ti` in each host's namespace. A ring
-    all-reduce sends data one way round the ring: the other directions carry only ACKs and a
-    fault there would hit nothing. Connections on `exclude_ports` (the rendezvous store) are left out."""
-    by_addr = {fab.service_addr(h): h for h in hosts}
-    flows = []
+def _tcp_bytes_acked(fab: Fabric, hosts: list[int]) -> dict[tuple[int, int, str, int], int]:
+    """bytes_acked of every established TCP socket on the hosts' service addresses, from `ss -ti`
+    in each host's namespace: (host, local port, peer address, peer port) -> bytes."""
+    out: dict[tuple[int, int, str, int], int] = {}
     for h in hosts:
-        out = subprocess.run(["ip", "netns", "exec", fab.netns(f"h{h}"), "ss", "-tinH", "state", "established"],
-                             capture_output=True, text=True, check=True, timeout=5).stdout
+        text = subprocess.run(["ip", "netns", "exec", fab.netns(f"h{h}"), "ss", "-tinH", "state", "established"],
+                              capture_output=True, text=True, check=True, timeout=5).stdout
         sock = None
-        for line in out.splitlines():
+        for line in text.splitlines():
             m = _SOCKET.match(line)
             if m:  # a socket line; its counters follow on the next line
                 sock = m.groups()
@@ -78,12 +75,28 @@ def job_flows(fab: Fabric, hosts: list[int], exclude_ports: set[int] = frozenset
             la, lp, pa, pp = sock
             sock = None
             acked = re.search(r"\bbytes_acked:(\d+)", line)
-            sent = int(acked.group(1)) if acked else 0
-            if la != fab.service_addr(h) or pa not in by_addr or {int(lp), int(pp)} & set(exclude_ports) \
-                    or sent < min_bytes:
-                continue
-            dst = by_addr[pa]
-            flows.append(Flow(h, dst, int(lp), int(pp), flow_links(fab, h, dst, int(lp), int(pp)), sent))
+            if la == fab.service_addr(h):
+                out[(h, int(lp), pa, int(pp))] = int(acked.group(1)) if acked else 0
+    return out
+
+
+def job_flows(fab: Fabric, hosts: list[int], exclude_ports: set[int] = frozenset(), sample_s: float = 0.3,
+              min_bytes: int = 1 << 20) -> list[Flow]:
+    """The job's TCP flows between two hosts' service addresses that carry data now: at least
+    `min_bytes` acknowledged over `sample_s`. A ring all-reduce sends data one way round the
+    ring; the other directions carry ACKs, and a fault there would hit nothing. Connections on
+    `exclude_ports` (the rendezvous store) are left out."""
+    by_addr = {fab.service_addr(h): h for h in hosts}
+    before = _tcp_bytes_acked(fab, hosts)
+    time.sleep(sample_s)
+    after = _tcp_bytes_acked(fab, hosts)
+    flows = []
+    for (h, lp, pa, pp), acked in sorted(after.items()):
+        sent = acked - before.get((h, lp, pa, pp), acked)
+        if pa not in by_addr or {lp, pp} & set(exclude_ports) or sent < min_bytes:
+            continue
+        dst = by_addr[pa]
+        flows.append(Flow(h, dst, lp, pp, flow_links(fab, h, dst, lp, pp), sent))
     return flows
 
 

@@ -45,10 +45,14 @@ def write_png(path: str, runs: list[tuple[str, list[dict], list[Fault], list[int
             ax.set_title(f"{name}: no steps")
             continue
         t0 = steps[0]["start_ns"]
+        starts = [(s["start_ns"] - t0) / 1e9 for s in steps]
         xs = [(s["end_ns"] - t0) / 1e9 for s in steps]
         ys = [allreduce_ms(s) for s in steps]
         bad = [(x, y) for x, y, s in zip(xs, ys, steps) if not s["ok"]]
-        ax.plot(xs, ys, lw=0.8, color="#1f77b4", label="all-reduce per step")
+        # each step as a bar from its start to its end at the height of its duration: a stall
+        # reads as a long bar over the time it took, not as a ramp from the previous step
+        ax.hlines(ys, starts, xs, lw=2, color="#1f77b4", label="all-reduce, one bar per step")
+        ax.scatter(xs, ys, s=2, color="#1f77b4")
         if bad:
             ax.scatter(*zip(*bad), color="red", zorder=3, label="wrong result")
         for f in faults:

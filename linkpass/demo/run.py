@@ -231,9 +231,11 @@ class Demo:
         self.progress(f"{index}: {sc.label} on {where} ({n} of the job's {len(flows)} data flows cross it), "
                       f"held {sc.hold_s:g} s")
         job.wait_until(lambda: time.time_ns() - injected >= sc.hold_s * 1e9, sc.hold_s + 60, "the fault's hold")
-        faults.clear(self.args.prefix, link)
+        gone = faults.clear(self.args.prefix, link)
+        cleared = max((g.get("cleared_mono_ns") or 0 for g in gone), default=0) or time.monotonic_ns()
         return timeline.Fault(index=index, kind=sc.kind, label=sc.label, link=link, direction=frm,
-                              severity=sc.severity, flows=n, injected_ns=injected, cleared_ns=time.time_ns())
+                              severity=sc.severity, flows=n, injected_ns=injected,
+                              cleared_ns=cleared + time.time_ns() - time.monotonic_ns())
 
     def run_script(self, job, linkpass: bool) -> list[timeline.Fault]:
         done = []
