@@ -69,8 +69,10 @@ def test_demo_keeps_the_job_running_and_compares_without_linkpass(tmp_path):
             proc.wait()
         watcher.join(timeout=10)
     log = "".join(seen["stderr"])[-4000:]
-    assert proc.returncode == 0, log + stdout[-3000:]
+    # 0: every target met; 1: the job was unharmed but a timing target was missed; 2: harmed
+    assert proc.returncode in (0, 1), log + stdout[-3000:]
     doc = json.loads(stdout)
+    assert doc["ok"] == (proc.returncode == 0)
 
     # the targets, from the summary: no restart, no wrong result, exactly
     assert doc["steps"] > 200 and doc["wrong_results"] == 0 and doc["restarts"] == 0, log

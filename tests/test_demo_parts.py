@@ -113,10 +113,16 @@ def test_detect_reroute_and_localize_come_from_the_first_matching_events():
 
 def test_summary_counts_and_the_verdict():
     steps = steady_steps(200)
-    run = timeline.summarise("linkpass", steps, 0, 0, [fault(4000)], [], [], 2)
+    seen = [{"event": "path_state", "new": "down", "ts": (T0 + 4010 * MS) / 1e9},
+            {"event": "route_change", "planes": [1], "ts": (T0 + 4011 * MS) / 1e9}]
+    run = timeline.summarise("linkpass", steps, 0, 0, [fault(4000)], seen, [], 2)
     assert run.steps == 200 and run.step_ms_p50 == 20.0 and timeline.targets_met(run)
+    assert timeline.job_unharmed(run)
     assert not timeline.targets_met(timeline.summarise("linkpass", steps, 1, 0, [], [], [], 2))  # a wrong result
     assert not timeline.targets_met(timeline.summarise("linkpass", steps, 0, 1, [], [], [], 2))  # a restart
+    # a fault nobody saw or routed around harms the job, whatever its timings
+    unseen = timeline.summarise("linkpass", steps, 0, 0, [fault(4000)], [], [], 2)
+    assert not timeline.job_unharmed(unseen) and not timeline.targets_met(unseen)
     doc = json.loads(json.dumps(run.as_dict()))
     assert {"kind", "detect_ms", "reroute_ms", "stall_ms", "recovered_s"} <= set(doc["faults"][0])
 

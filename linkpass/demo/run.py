@@ -27,7 +27,7 @@ import sys
 import time
 from contextlib import ExitStack
 
-from ..output import EXIT_CRITICAL, EXIT_OK, paint, table
+from ..output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, paint, table
 from . import timeline
 from .script import SCRIPT, Scripted, select
 
@@ -315,7 +315,7 @@ def run(args) -> int:
         print(f"linkpass demo: {exc}", file=sys.stderr)
         return 2
     summary: dict = {}
-    ok = False
+    code = EXIT_CRITICAL
     with ExitStack() as stack:
         demo = Demo(args, stack)
         try:
@@ -346,6 +346,7 @@ def run(args) -> int:
                              demo.runs,
                              "all-reduce time per step while links fail (torch gloo, 4 ranks)")
             ok = timeline.targets_met(on)
+            code = EXIT_OK if ok else EXIT_WARNING if timeline.job_unharmed(on) else EXIT_CRITICAL
             elapsed = time.monotonic() - demo.t0
             summary = {
                 "ok": ok, "duration_s": round(elapsed, 1), "output_dir": os.path.abspath(demo.out),
@@ -363,11 +364,10 @@ def run(args) -> int:
             if args.output == "json":
                 print(json.dumps(summary, indent=2))
             else:
-                _print_report(demo, on, off, plot, ok, elapsed)
+                _print_report(demo, on, off, plot, code, elapsed)
         except (JobFailed, RuntimeError) as exc:
             demo.say(paint(f"demo failed: {exc}", "red", demo.stream))
             demo.say(f"logs: {os.path.abspath(demo.out)}")
-            ok = False
         except KeyboardInterrupt:
             demo.say(paint("\ninterrupted: cleaning up", "yellow", demo.stream))
             raise
@@ -376,7 +376,7 @@ def run(args) -> int:
                 demo.say(f"testbed left up (prefix {args.prefix}); remove it with "
                          f"`linkpass testbed down --prefix {args.prefix}`")
             demo.step("cleaning up: job, agents, coordinator, faults, testbed")
-    return EXIT_OK if ok else EXIT_CRITICAL
+    return code
 
 
 def _check_linkpass_absent(fab, hosts: list[int]) -> dict:
@@ -399,7 +399,7 @@ def _check_linkpass_absent(fab, hosts: list[int]) -> dict:
     return {"linkpass_routes": routes, "agents_running": agents}
 
 
-def _print_report(demo: Demo, on, off, plot: str, ok: bool, elapsed: float) -> None:
+def _print_report(demo: Demo, on, off, plot: str, code: int, elapsed: float) -> None:
     from .plot import sparkline
 
     runs = {name: (steps, fl) for name, steps, fl, _ in demo.runs}
@@ -417,6 +417,10 @@ def _print_report(demo: Demo, on, off, plot: str, ok: bool, elapsed: float) -> N
     demo.say()
     demo.say(f"plot: {plot}")
     demo.say(f"summary: {os.path.join(demo.out, 'summary.json')} (the same as `-o json`)")
-    verdict = (paint("demo passed", "green") if ok else paint("demo missed a target", "red"))
+    missed = sum(1 for f in on.faults if not f.met)
+    verdict = {EXIT_OK: paint("demo passed: every target met", "green"),
+               EXIT_WARNING: paint(f"the job was unharmed, but {missed} of {len(on.faults)} faults missed a timing "
+                                   "target (exit 1; see docs/demo.md on this machine's noise)", "yellow"),
+               }.get(code, paint("demo FAILED: the job restarted, got a wrong result, or a fault went unseen", "red"))
     demo.say(f"{verdict}: {on.steps} steps, {on.wrong_results} wrong results, {on.restarts} restarts; "
              f"{elapsed:.0f} s in all")

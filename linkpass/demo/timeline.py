@@ -204,4 +204,11 @@ def summarise(mode: str, steps: list[dict], wrong_results: int, restarts: int, f
 
 
 def targets_met(run: RunSummary) -> bool:
-    return run.restarts == 0 and run.wrong_results == 0 and all(f.met for f in run.faults)
+    return job_unharmed(run) and all(f.met for f in run.faults)
+
+
+def job_unharmed(run: RunSummary) -> bool:
+    """No restart, no wrong result, and every fault seen and routed around: what must hold
+    whatever the machine's noise does to the timings."""
+    return run.restarts == 0 and run.wrong_results == 0 and \
+        all(f.detect_ms is not None and f.reroute_ms is not None for f in run.faults)
