@@ -78,7 +78,7 @@ def test_demo_keeps_the_job_running_and_compares_without_linkpass(tmp_path):
     assert doc["steps"] > 200 and doc["wrong_results"] == 0 and doc["restarts"] == 0, log
     assert [f["kind"] for f in doc["faults"]] == list(SHORT)
     for f in doc["faults"]:
-        assert f["flows"] > 0, f  # the fault hit the job's traffic
+        assert f["load_mbps"] > 10, f  # the fault hit the job's traffic
         assert f["detect_ms"] is not None and f["reroute_ms"] is not None and f["localized_ms"] is not None, f
         # the timing targets (stall ≤ 100 ms hard / 500 ms gray, back to 95 % within 1 s) are
         # measured over many trials by sim/bench/demo.py; one run on this shared 2-core machine

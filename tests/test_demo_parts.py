@@ -11,7 +11,9 @@ import sys
 import pytest
 
 from linkpass.demo import timeline
-from linkpass.demo.aim import Flow, busiest, link_load
+from collections import Counter
+
+from linkpass.demo.aim import busiest
 from linkpass.demo.plot import sparkline, write_png
 from linkpass.demo.script import KINDS, SCRIPT, select
 from linkpass.demo.timeline import Fault
@@ -46,7 +48,7 @@ def stalled(steps: list[dict], at_ns: int, extra_ms: float) -> list[dict]:
 
 def fault(at_ms: float, hold_ms: float = 2000, severity: str = "hard", link: str = "h1-p0l0") -> Fault:
     return Fault(index=1, kind="uplink-cut", label="host uplink cut", link=link, direction=None, severity=severity,
-                 flows=2, injected_ns=T0 + int(at_ms * MS), cleared_ns=T0 + int((at_ms + hold_ms) * MS))
+                 load_mbps=200.0, injected_ns=T0 + int(at_ms * MS), cleared_ns=T0 + int((at_ms + hold_ms) * MS))
 
 
 # ---- the timeline: hand-computed cases ---------------------------------------------------
@@ -137,18 +139,14 @@ def test_the_script_has_the_six_faults_the_issue_asks_for_in_order():
         select("cut")
 
 
-def test_aim_picks_the_link_of_the_tier_with_the_most_flows_and_the_busier_direction():
+def test_aim_picks_the_link_of_the_tier_with_the_most_bytes_and_the_busier_direction():
     fab = make_fabric(preset("default"), "lpa", "198.19.250.0/24")
-    flows = [
-        Flow(0, 2, 1, 2, (("h0-p0l0", "h0"), ("p0l0-p0s1", "p0l0"), ("p0l1-p0s1", "p0s1"), ("h2-p0l1", "p0l1"))),
-        Flow(1, 3, 3, 4, (("h1-p0l0", "h1"), ("p0l0-p0s1", "p0l0"), ("p0l1-p0s1", "p0s1"), ("h3-p0l1", "p0l1"))),
-        Flow(3, 1, 5, 6, (("h3-p0l1", "h3"), ("p0l1-p0s1", "p0l1"), ("p0l0-p0s1", "p0s1"), ("h1-p0l0", "p0l0"))),
-    ]
-    assert link_load(flows)[("p0l0-p0s1", "p0l0")] == 2
-    assert busiest(fab, flows, "leaf-spine", directed=False) == ("p0l0-p0s1", None, 3)
-    assert busiest(fab, flows, "leaf-spine", directed=True) == ("p0l0-p0s1", "p0l0", 2)
-    # h1-p0l0 and h3-p0l1 carry two flows each: the first name wins
-    assert busiest(fab, flows, "host-leaf", directed=False) == ("h1-p0l0", None, 2)
+    load = Counter({("p0l0-p0s1", "p0l0"): 200e6, ("p0l0-p0s1", "p0s1"): 150e6, ("p1l1-p1s0", "p1s0"): 300e6,
+                    ("h1-p0l0", "h1"): 100e6, ("h3-p0l1", "p0l1"): 100e6})
+    assert busiest(fab, load, "leaf-spine", directed=False) == ("p0l0-p0s1", None, 350e6)
+    assert busiest(fab, load, "leaf-spine", directed=True) == ("p1l1-p1s0", "p1s0", 300e6)
+    # h1-p0l0 and h3-p0l1 carry as much: the first name wins
+    assert busiest(fab, load, "host-leaf", directed=False) == ("h1-p0l0", None, 100e6)
 
 
 # ---- pictures -----------------------------------------------------------------------------

@@ -5,7 +5,7 @@ coordinator (a Ray actor on a local Ray) and an agent on every host, run a torch
 gloo job (one rank per host, bound to the hosts' service addresses, every result bit-checked),
 and break the fabric under it one fault at a time: an uplink cut, a leaf–spine link down, gray
 loss on a spine link, a flapping link, a one-direction loss, an MTU black hole. Each fault is
-aimed at the link of its tier that carries the most of the job's flows. It prints the timeline
+aimed at the link of its tier that carries the most of the job's traffic. It prints the timeline
 (fault → detected → localized → rerouted → back to speed), draws the per-step all-reduce time
 with the faults marked (PNG and a terminal sparkline) and a summary (`-o json` for scripts).
 `--compare` then runs the same script with LinkPass off — no agents, no LinkPass routes, no
@@ -216,10 +216,9 @@ class Demo:
 
     def inject(self, job, index: int, sc: Scripted) -> timeline.Fault:
         from ..testbed import faults
-        from .aim import busiest, job_flows
+        from .aim import busiest, measure_load
 
-        flows = job_flows(self.fab, HOSTS, exclude_ports={job.store_port})
-        link, frm, n = busiest(self.fab, flows, sc.tier, sc.directed)
+        link, frm, rate = busiest(self.fab, measure_load(self.fab), sc.tier, sc.directed)
         where = f"{link}" + (f" from {frm}" if frm else "")
         rec = faults.apply(self.args.prefix, faults.FaultSpec(sc.fault, link, frm if sc.directed else None,
                                                               dict(sc.params)))
@@ -228,13 +227,13 @@ class Demo:
             job.wait_until(lambda: faults.flap_transitions(self.args.prefix, rec["id"]), 30, "the flapper's first DOWN")
             effective = faults.flap_transitions(self.args.prefix, rec["id"])[0][0]
         injected = effective + time.time_ns() - time.monotonic_ns()
-        self.progress(f"{index}: {sc.label} on {where} ({n} of the job's {len(flows)} data flows cross it), "
+        self.progress(f"{index}: {sc.label} on {where} (carrying {rate / 1e6:.0f} MB/s of the job's traffic), "
                       f"held {sc.hold_s:g} s")
         job.wait_until(lambda: time.time_ns() - injected >= sc.hold_s * 1e9, sc.hold_s + 60, "the fault's hold")
         gone = faults.clear(self.args.prefix, link)
         cleared = max((g.get("cleared_mono_ns") or 0 for g in gone), default=0) or time.monotonic_ns()
         return timeline.Fault(index=index, kind=sc.kind, label=sc.label, link=link, direction=frm,
-                              severity=sc.severity, flows=n, injected_ns=injected,
+                              severity=sc.severity, load_mbps=round(rate / 1e6, 1), injected_ns=injected,
                               cleared_ns=cleared + time.time_ns() - time.monotonic_ns())
 
     def run_script(self, job, linkpass: bool) -> list[timeline.Fault]:
@@ -288,10 +287,10 @@ def render_run(run: timeline.RunSummary, title: str, sparkline: tuple[str, str] 
         named = "—" if f.localized_ms is None else \
             f"{_fmt_ms(f.localized_ms)} ({f.localized_as.split(':')[0]}{'' if f.localized_as.startswith(f.link) else ' twin'})"
         verdict = paint("✓", "green") if f.met else paint("✗", "red")
-        rows.append([f.index, f.label, where, f.flows, _fmt_ms(f.detect_ms), named, _fmt_ms(f.reroute_ms),
+        rows.append([f.index, f.label, where, f"{f.load_mbps:.0f}", _fmt_ms(f.detect_ms), named, _fmt_ms(f.reroute_ms),
                      _fmt_ms(f.stall_ms), _fmt_s(f.recovered_s), f"≤ {f.target_stall_ms:.0f} ms, ≤ 1 s", verdict])
     out = [paint(title, "bold"),
-           table(["#", "FAULT", "LINK", "FLOWS", "DETECTED", "LOCALIZED", "REROUTED", "STALL", "BACK TO 95 %",
+           table(["#", "FAULT", "LINK", "MB/S", "DETECTED", "LOCALIZED", "REROUTED", "STALL", "BACK TO 95 %",
                   "TARGET", ""], rows),
            f"  steps {run.steps} · wrong results {run.wrong_results} · restarts {run.restarts} · "
            f"all-reduce p50 {_fmt_ms(run.step_ms_p50)}, p99 {_fmt_ms(run.step_ms_p99)}"]

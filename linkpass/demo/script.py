@@ -1,7 +1,7 @@
 """The demo's fault script: what breaks, where, how long, and how bad counts as "hard" or "gray".
 
 Each entry names a tier, not a link: the demo aims it at the link of that tier that carries the
-most of the training job's TCP flows when the fault is due (see aim.py), so every fault hits the
+most of the training job's traffic when the fault is due (see aim.py), so every fault hits the
 job. Faults run one at a time; between them the fabric recovers.
 """
 from __future__ import annotations

@@ -32,7 +32,7 @@ class Fault:
     link: str
     direction: str | None  # from-node of a one-direction fault
     severity: str  # "hard" | "gray"
-    flows: int  # the job's data-carrying TCP flows crossing the link (that way) when it was injected
+    load_mbps: float  # the job's traffic through the link (that way) just before the fault, MB/s
     injected_ns: int
     cleared_ns: int
 
@@ -45,7 +45,7 @@ class FaultResult:
     link: str
     direction: str | None
     severity: str
-    flows: int
+    load_mbps: float
     injected_ns: int  # wall clock, so anyone can line the step logs up again
     cleared_ns: int
     detect_ms: float | None  # first agent verdict against a path
@@ -161,7 +161,7 @@ def analyse_fault(fault: Fault, steps: list[dict], agent_events: list[dict], coo
     target = TARGET_STALL_MS[fault.severity]
     return FaultResult(
         index=fault.index, kind=fault.kind, label=fault.label, link=fault.link, direction=fault.direction,
-        severity=fault.severity, flows=fault.flows, injected_ns=fault.injected_ns, cleared_ns=fault.cleared_ns,
+        severity=fault.severity, load_mbps=fault.load_mbps, injected_ns=fault.injected_ns, cleared_ns=fault.cleared_ns,
         detect_ms=first_verdict(fault, agent_events), localized_ms=localized_ms, localized_as=named,
         reroute_ms=first_reroute(fault, agent_events, planes), stall_ms=stall_ms, longest_step_ms=longest,
         recovered_s=back, target_stall_ms=target,

@@ -4,7 +4,7 @@ The demo's setup (default testbed, coordinator as a Ray actor, an agent per host
 5 ms, a 4-rank torch gloo job with 4 MB all-reduces, bit-checked), but the fault script runs
 `--rounds` times with LinkPass, then as many times with LinkPass off (agents and coordinator
 stopped, their routes removed: the testbed's own ECMP routes, like a fabric without failover).
-Every fault is aimed at the busiest link of its tier for the job's data flows.
+Every fault is aimed at the link of its tier carrying the most of the job's traffic.
 
 Rows per fault kind: the job's stall (longest all-reduce beyond the pre-fault median) with the
 LinkPass-off run as the peer, time back to 95 % throughput, and for LinkPass the fault → route
