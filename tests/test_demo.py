@@ -1,7 +1,8 @@
 """`linkpass demo` end to end, as `make demo` runs it but with the short fault script and
-`--compare`: the job keeps running through the faults within the targets (asserted from the
-JSON summary), the comparison run really runs without LinkPass (checked from outside while it
-runs), and nothing is left behind."""
+`--compare`: the job keeps running through the faults (no restart, no wrong result, timings
+within twice the targets, from the JSON summary), the comparison run really runs without
+LinkPass (checked from outside while it runs), nothing is left behind, also after Ctrl-C; and a
+rank that dies really restarts the job."""
 from __future__ import annotations
 
 import json

@@ -118,6 +118,9 @@ def main() -> int:
         rows.append({"case": kind, "metric": "targets_missed", "unit": "count", "n": len(mine),
                      "median": sum(1 for f in mine if not f.met), "p99": None})
     q_on, q_off = quiet(on_steps, on), quiet(off_steps, off)
+    # what the STALL measure reads over fault-free windows as long as a fault's: the noise floor
+    rows.append({**row("no-fault", "stall_in_2.5s_window", "ms", timeline.noise_stalls(on_steps, on.faults),
+                       None if args.no_compare else timeline.noise_stalls(off_steps, off.faults)), "ratio": None})
     # ratio < 1 here: the job is slower with LinkPass, whose agents and coordinator share its 2 cores
     rows.append({**row("no-fault", "allreduce", "ms", q_on, None if args.no_compare else q_off),
                  "note": "away from faults; LinkPass's agents, coordinator and Ray share the job's 2 cores here"})
