@@ -214,6 +214,11 @@ def test_bad_requests_name_the_field(coord):
         with pytest.raises(CoordinatorError, match="hops: expected a list of router addresses"):
             coord.report({"name": "h0", "paths": [{"id": 99, "peer": "h1", "plane": 0, "hops": hops, "state": "up"}]},
                          1.0)
+    # a non-text reason was an HTTP 500 (found by the property test below: sqlite cannot bind a list)
+    for body in ({"name": "h0", "paths": [{"id": 99, "peer": "h1", "plane": 0, "state": "up", "reason": [1]}]},
+                 {"name": "h0", "changes": [{"id": 1, "state": "down", "reason": {"a": 1}}]}):
+        with pytest.raises(CoordinatorError, match="reason: expected a string or null"):
+            coord.report(body, 1.0)
     # unknown path ids in changes are counted, not fatal (the next summary brings them)
     coord.report({"name": "h0", "changes": [{"id": 999, "state": "down"}]}, 1.0)
     assert coord.counters["changes_unknown_path"] == 1

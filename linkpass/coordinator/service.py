@@ -222,7 +222,7 @@ class Coordinator:
         pid = _field(p, "id", int, where="paths[].")
         key = f"{reporter}/{pid}"
         old = self.paths.get(key)
-        state = _state(p)
+        state, reason = _state(p), _reason(p)
         hops = p.get("hops") or []
         if not isinstance(hops, list) or not all(h is None or isinstance(h, str) for h in hops):
             raise CoordinatorError(f"paths[].hops: expected a list of router addresses (or null), got {hops!r}")
@@ -230,11 +230,11 @@ class Coordinator:
         if not isinstance(p.get("peer_addr", ""), str) or not isinstance(p.get("sport", 0), int):
             raise CoordinatorError("paths[].peer_addr must be an address string and paths[].sport an integer")
         if old is not None and old.hops == hops and old.peer == p.get("peer") and old.plane == p.get("plane"):
-            if old.state != state or old.reason != p.get("reason"):
-                self._set_state(old, state, p.get("reason"), now, changes)
+            if old.state != state or old.reason != reason:
+                self._set_state(old, state, reason, now, changes)
             return key
         rec = PathRecord(key, reporter, _field(p, "peer", str, where="paths[]."), _field(p, "plane", int, where="paths[]."),
-                         int(p.get("sport", 0)), hops, str(p.get("peer_addr", "")), state, p.get("reason"), now)
+                         int(p.get("sport", 0)), hops, str(p.get("peer_addr", "")), state, reason, now)
         if old is not None:
             self._drop_path(key)
         self._index(rec)
@@ -250,7 +250,7 @@ class Coordinator:
         if rec is None:
             self.counters["changes_unknown_path"] += 1  # the next summary brings the path
             return
-        self._set_state(rec, _state(c), c.get("reason"), now, changes)
+        self._set_state(rec, _state(c), _reason(c), now, changes)
 
     def _set_state(self, rec: PathRecord, state: str, reason: str | None, now: float, changes: _Changes) -> None:
         was_bad = rec.state in BAD_STATES
@@ -578,6 +578,14 @@ def _field(body: dict, name: str, kind: type, where: str = "", default=_MISSING)
     if kind is int and isinstance(v, bool) or not isinstance(v, kind):
         raise CoordinatorError(f"{where}{name}: expected {kind.__name__}, got {type(v).__name__}")
     return v
+
+
+def _reason(p: dict) -> str | None:
+    r = p.get("reason")
+    if r is not None and not isinstance(r, str):
+        # it is stored and shown as text; a list here was an HTTP 500 (sqlite cannot bind it)
+        raise CoordinatorError(f"reason: expected a string or null, got {type(r).__name__}")
+    return r
 
 
 def _state(p: dict) -> str:

@@ -118,13 +118,13 @@ class Demo:
         signal.signal(signal.SIGTERM, sigterm)  # Ray installs its own; ours unwinds through the cleanup
         self.stack.callback(ray_actor.shutdown)
         handle, _ = ray_actor.ensure(settings)
-        self.stack.callback(self._stop_coordinator)
+        self.stack.callback(self.stop_coordinator)
         self.coordinator_url = f"http://{self.fab.mgmt_root_addr}:{port}"
         self.reader_token = open(os.path.join(state, "reader.token")).read().strip()
         self.progress(f"coordinator answers at {self.coordinator_url} (state in {state})")
         self._actor = handle
 
-    def _stop_coordinator(self) -> None:
+    def stop_coordinator(self) -> None:
         from ..coordinator import ray_actor
 
         if getattr(self, "_actor", None) is not None:
@@ -313,7 +313,6 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"linkpass demo: {exc}", file=sys.stderr)
         return 2
-    summary: dict = {}
     code = EXIT_CRITICAL
     with ExitStack() as stack:
         demo = Demo(args, stack)
@@ -331,7 +330,7 @@ def run(args) -> int:
             if args.compare:
                 demo.step("--compare: LinkPass off (agents stopped, their routes removed, coordinator stopped)")
                 demo.stop_agents()
-                demo._stop_coordinator()
+                demo.stop_coordinator()
                 without = _check_linkpass_absent(demo.fab, HOSTS)
                 demo.progress(f"LinkPass routes on the hosts: {without['linkpass_routes']}, "
                               f"agents running: {without['agents_running']}")

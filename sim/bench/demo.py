@@ -89,7 +89,7 @@ def main() -> int:
         off, off_steps = timeline.RunSummary("off", 0, 0, 0, None, None), []
         if not args.no_compare:
             demo.stop_agents()
-            demo._stop_coordinator()
+            demo.stop_coordinator()
             job = demo.start_job("off")
             off_faults = rounds_of(demo, job, rounds, False, "LinkPass off")
             job.stop()
