@@ -116,7 +116,11 @@ def main() -> int:
         rows.append(row(kind, "fault_to_localized", "ms", per_kind(on, kind, "localized_ms")))
         mine = [f for f in on.faults if f.kind == kind]
         rows.append({"case": kind, "metric": "targets_missed", "unit": "count", "n": len(mine),
-                     "median": sum(1 for f in mine if not f.met), "p99": None})
+                     "median": sum(1 for f in mine if not f.met), "p99": None,
+                     # which measure missed: the stall, or the time back to 95 % (or never back)
+                     "stall_over": sum(1 for f in mine if f.stall_ms is None or f.stall_ms > f.target_stall_ms),
+                     "recovery_over": sum(1 for f in mine if f.recovered_s is None
+                                          or f.recovered_s > timeline.TARGET_RECOVERED_S)})
     q_on, q_off = quiet(on_steps, on), quiet(off_steps, off)
     # what the STALL measure reads over fault-free windows as long as a fault's: the noise floor
     rows.append({**row("no-fault", "stall_in_2.5s_window", "ms", timeline.noise_stalls(on_steps, on.faults),
