@@ -10,12 +10,10 @@ saturate this 2-core machine. Timing is the benchmarks' business; this checks be
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 
 import pytest
 
-from linkpass.agent.routes import RTPROT_LINKPASS
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client
 from linkpass.testbed import faults
@@ -46,17 +44,15 @@ def fleet(fabric, tmp_path_factory):
         link = {"url": f"http://{fabric.mgmt_root_addr}:{port}", "token_file": str(d / "state" / "agent.token"),
                 "report_ms": 100, "summary_s": 5}
         agents = Agents(fabric, str(d / "agents"), HOSTS, interval_ms=10.0, coordinator=link,
-                        detect={"flap_half_life_ms": 2000}).start()
+                        detect={"flap_half_life_ms": 2000})
+        agents.start()
         tokens = {r: (d / "state" / f"{r}.token").read_text().strip() for r in ("reader", "operator")}
         yield fabric, agents, settings, url, tokens
     finally:
         codes = agents.stop() if agents is not None else {}
         faults.clear(fabric.prefix)
-        # a clean stop leaves the baseline routes (every plane) installed; the shared fabric's
-        # other tests expect hosts without LinkPass routes
-        for h in HOSTS:
-            subprocess.run(["ip", "-n", fabric.netns(f"h{h}"), "route", "flush", "proto", str(RTPROT_LINKPASS)],
-                           check=False)
+        if agents is not None:
+            agents.remove_routes()  # the shared fabric's other tests expect hosts without LinkPass routes
         h = ray_actor.existing()
         if h is not None:
             ray_actor.stop(h)

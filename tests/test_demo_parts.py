@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -189,9 +190,7 @@ def test_job_ranks_all_reduce_bit_exact_and_stop_together(tmp_path):
                               stderr=subprocess.DEVNULL) for r in (0, 1)]
     try:
         logs = [tmp_path / f"r{r}.jsonl" for r in (0, 1)]
-        deadline = 60
-        import time
-        t_end = time.monotonic() + deadline
+        t_end = time.monotonic() + 60
         while time.monotonic() < t_end and (not logs[1].exists() or logs[1].read_text().count('"step"') < 10):
             time.sleep(0.1)
         stop.write_text("")

@@ -177,16 +177,12 @@ class Demo:
             c.close()
 
     def stop_agents(self) -> None:
-        from ..agent.routes import RTPROT_LINKPASS
-
+        """Stop the agents and remove their routes: without LinkPass the testbed's own routes are
+        the whole story."""
         if self.agents is not None:
             self.agents.stop()
+            self.agents.remove_routes()
             self.agents = None
-        # a clean stop leaves the baseline (every plane) behind; without LinkPass the testbed's
-        # own routes are the whole story
-        for h in HOSTS:
-            subprocess.run(["ip", "-n", self.fab.netns(f"h{h}"), "route", "flush", "proto", str(RTPROT_LINKPASS)],
-                           check=False, capture_output=True)
 
     # ---- the job and the faults ----------------------------------------------------------
     def start_job(self, name: str):

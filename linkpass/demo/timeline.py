@@ -33,21 +33,14 @@ class Fault:
     direction: str | None  # from-node of a one-direction fault
     severity: str  # "hard" | "gray"
     load_mbps: float  # the job's traffic through the link (that way) just before the fault, MB/s
-    injected_ns: int
+    injected_ns: int  # wall clock, so anyone can line the step logs up again
     cleared_ns: int
 
 
 @dataclass
-class FaultResult:
-    index: int
-    kind: str
-    label: str
-    link: str
-    direction: str | None
-    severity: str
-    load_mbps: float
-    injected_ns: int  # wall clock, so anyone can line the step logs up again
-    cleared_ns: int
+class FaultResult(Fault):
+    """A fault as it was run, and what the job and LinkPass did about it."""
+
     detect_ms: float | None  # first agent verdict against a path
     localized_ms: float | None  # first coordinator finding naming this link (or it as an alternative)
     localized_as: str | None  # the directed link the coordinator named
@@ -159,20 +152,38 @@ def analyse_fault(fault: Fault, steps: list[dict], agent_events: list[dict], coo
     localized_ms, named = first_localization(fault, coordinator_events)
     back = recovered(fault, steps)
     target = TARGET_STALL_MS[fault.severity]
-    return FaultResult(
-        index=fault.index, kind=fault.kind, label=fault.label, link=fault.link, direction=fault.direction,
-        severity=fault.severity, load_mbps=fault.load_mbps, injected_ns=fault.injected_ns, cleared_ns=fault.cleared_ns,
-        detect_ms=first_verdict(fault, agent_events), localized_ms=localized_ms, localized_as=named,
+    result = FaultResult(
+        **asdict(fault), detect_ms=first_verdict(fault, agent_events), localized_ms=localized_ms, localized_as=named,
         reroute_ms=first_reroute(fault, agent_events, planes), stall_ms=stall_ms, longest_step_ms=longest,
-        recovered_s=back, target_stall_ms=target,
-        met=stall_ms is not None and stall_ms <= target and back is not None and back <= TARGET_RECOVERED_S)
+        recovered_s=back, target_stall_ms=target, met=False)
+    result.met = stall_within_target(result) and recovered_within_target(result)
+    return result
+
+
+def stall_within_target(f: FaultResult) -> bool:
+    return f.stall_ms is not None and f.stall_ms <= f.target_stall_ms
+
+
+def recovered_within_target(f: FaultResult) -> bool:
+    return f.recovered_s is not None and f.recovered_s <= TARGET_RECOVERED_S
+
+
+def _fault_spans(faults: list[Fault], margin_s: float) -> list[tuple[float, float]]:
+    """Each fault's window (until SETTLE_S after it cleared), widened by `margin_s` both ways."""
+    return [(f.injected_ns - margin_s * 1e9, f.cleared_ns + (SETTLE_S + margin_s) * 1e9) for f in faults]
+
+
+def quiet_steps(steps: list[dict], faults: list[Fault], margin_s: float = 1.0) -> list[dict]:
+    """The steps that ended `margin_s` clear of every fault's window."""
+    spans = _fault_spans(faults, margin_s)
+    return [s for s in steps if not any(a <= s["end_ns"] <= b for a, b in spans)]
 
 
 def noise_stalls(steps: list[dict], faults: list[Fault], window_s: float = 2.5, margin_s: float = 1.0) -> list[float]:
     """The STALL measure (longest all-reduce in a window minus the median) over windows of
     `window_s` that stay `margin_s` clear of every fault: a stall this machine shows with no fault."""
-    spans = [(f.injected_ns - margin_s * 1e9, f.cleared_ns + (SETTLE_S + margin_s) * 1e9) for f in faults]
-    quiet = [s for s in steps if not any(a <= s["end_ns"] <= b for a, b in spans)]
+    spans = _fault_spans(faults, margin_s)
+    quiet = quiet_steps(steps, faults, margin_s)
     if len(quiet) < 2:
         return []
     median = statistics.median(allreduce_ms(s) for s in quiet)

@@ -119,6 +119,15 @@ class Agents:
         self.procs.clear()
         return codes
 
+    def remove_routes(self) -> None:
+        """Remove the routes the agents own. A clean stop leaves the baseline (every plane to every
+        peer) installed, as on a real host; a testbed shared with runs without LinkPass wants none."""
+        from ..agent.routes import RTPROT_LINKPASS
+
+        for h in self.hosts:
+            subprocess.run(["ip", "-n", self.fab.netns(f"h{h}"), "route", "flush", "proto", str(RTPROT_LINKPASS)],
+                           check=False, capture_output=True)
+
     def __enter__(self) -> "Agents":
         return self.start()
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from contextlib import ExitStack
@@ -26,27 +25,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from linkpass_sim import report  # noqa: E402
+from linkpass_sim.report import row  # noqa: E402
 from linkpass.demo import timeline  # noqa: E402
 from linkpass.demo.run import Demo  # noqa: E402
 from linkpass.demo.script import select  # noqa: E402
 from linkpass.output import table  # noqa: E402
 
 OFF = "linkpass-off (testbed ECMP routes, no failover)"
-
-
-def stats(values: list[float], q: float = 0.99) -> tuple[float | None, float | None]:
-    p99 = report.tail(values, q)
-    return (round(statistics.median(values), 2) if values else None), (None if p99 is None else round(p99, 2))
-
-
-def row(case: str, metric: str, unit: str, ours: list[float], peer: list[float] | None = None) -> dict:
-    med, p99 = stats(ours)
-    out = {"case": case, "metric": metric, "unit": unit, "n": len(ours), "median": med, "p99": p99}
-    if peer is not None:
-        pm, pp = stats(peer)
-        out.update(peer=OFF, peer_median=pm, peer_p99=pp,
-                   ratio=round(pm / med, 1) if med and pm is not None else None)
-    return out
 
 
 def rounds_of(demo: Demo, job, rounds: int, linkpass: bool, label: str) -> list[timeline.Fault]:
@@ -102,31 +87,29 @@ def main() -> int:
 
     def quiet(steps: list[dict], run: timeline.RunSummary) -> list[float]:
         """All-reduce times away from any fault (more than 1 s from one)."""
-        spans = [(f.injected_ns - 1e9, f.cleared_ns + 1e9) for f in run.faults]
-        return [timeline.allreduce_ms(s) for s in steps if not any(a <= s["end_ns"] <= b for a, b in spans)]
+        return [timeline.allreduce_ms(s) for s in timeline.quiet_steps(steps, run.faults)]
 
     rows = []
     for kind in kinds:
-        peer = None if args.no_compare else off
-        rows.append(row(kind, "stall", "ms", per_kind(on, kind, "stall_ms"),
-                        peer and per_kind(peer, kind, "stall_ms")))
-        rows.append(row(kind, "back_to_95pct", "s", per_kind(on, kind, "recovered_s"),
-                        peer and per_kind(peer, kind, "recovered_s")))
+        peer = None if args.no_compare else OFF
+        rows.append(row(kind, "stall", "ms", per_kind(on, kind, "stall_ms"), peer, per_kind(off, kind, "stall_ms")))
+        rows.append(row(kind, "back_to_95pct", "s", per_kind(on, kind, "recovered_s"), peer,
+                        per_kind(off, kind, "recovered_s")))
         rows.append(row(kind, "fault_to_reroute", "ms", per_kind(on, kind, "reroute_ms")))
         rows.append(row(kind, "fault_to_localized", "ms", per_kind(on, kind, "localized_ms")))
         mine = [f for f in on.faults if f.kind == kind]
         rows.append({"case": kind, "metric": "targets_missed", "unit": "count", "n": len(mine),
                      "median": sum(1 for f in mine if not f.met), "p99": None,
                      # which measure missed: the stall, or the time back to 95 % (or never back)
-                     "stall_over": sum(1 for f in mine if f.stall_ms is None or f.stall_ms > f.target_stall_ms),
-                     "recovery_over": sum(1 for f in mine if f.recovered_s is None
-                                          or f.recovered_s > timeline.TARGET_RECOVERED_S)})
+                     "stall_over": sum(1 for f in mine if not timeline.stall_within_target(f)),
+                     "recovery_over": sum(1 for f in mine if not timeline.recovered_within_target(f))})
     q_on, q_off = quiet(on_steps, on), quiet(off_steps, off)
     # what the STALL measure reads over fault-free windows as long as a fault's: the noise floor
-    rows.append({**row("no-fault", "stall_in_2.5s_window", "ms", timeline.noise_stalls(on_steps, on.faults),
-                       None if args.no_compare else timeline.noise_stalls(off_steps, off.faults)), "ratio": None})
+    peer = None if args.no_compare else OFF
+    rows.append(row("no-fault", "stall_in_2.5s_window", "ms", timeline.noise_stalls(on_steps, on.faults), peer,
+                    timeline.noise_stalls(off_steps, off.faults)))
     # ratio < 1 here: the job is slower with LinkPass, whose agents and coordinator share its 2 cores
-    rows.append({**row("no-fault", "allreduce", "ms", q_on, None if args.no_compare else q_off),
+    rows.append({**row("no-fault", "allreduce", "ms", q_on, peer, q_off),
                  "note": "away from faults; LinkPass's agents, coordinator and Ray share the job's 2 cores here"})
     doc = report.document("demo", rows, rounds=rounds, wrong_results={"on": on.wrong_results, "off": off.wrong_results},
                           restarts={"on": on.restarts, "off": off.restarts},

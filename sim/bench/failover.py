@@ -22,7 +22,6 @@ import argparse
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
+from linkpass_sim.report import row  # noqa: E402
 from linkpass.agent.routes import RTPROT_LINKPASS  # noqa: E402
 from linkpass.testbed import build, faults, frr, tcpflow, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
@@ -46,20 +46,6 @@ MONO_TO_WALL = time.time_ns() - time.monotonic_ns()
 
 def ms(ns: float) -> float:
     return round(ns / 1e6, 3)
-
-
-def row(case, metric, unit, values, peer=None, peer_values=None, better="lower", **extra):
-    r = {"case": case, "metric": metric, "unit": unit, "n": len(values),
-         "median": round(statistics.median(values), 3) if values else None,
-         "p99": report.tail(values) if values else None}
-    if peer is not None:
-        r.update(peer=peer, peer_n=len(peer_values or []),
-                 peer_median=round(statistics.median(peer_values), 3) if peer_values else None,
-                 peer_p99=report.tail(peer_values) if peer_values else None)
-        if r["median"] and r["peer_median"]:
-            r["ratio"] = round(r["peer_median"] / r["median"] if better == "lower" else r["median"] / r["peer_median"], 2)
-    r.update(extra)
-    return r
 
 
 def progress(msg: str) -> None:

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import platform
+import statistics
 import sys
 
 MIN_TRIALS_FOR_P99 = 20
@@ -18,6 +19,23 @@ def tail(values: list[float], q: float = 0.99) -> float | None:
         return None
     s = sorted(values)
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def row(case: str, metric: str, unit: str, values: list[float], peer: str | None = None,
+        peer_values: list[float] | None = None, better: str = "lower", q: float = 0.99, **extra) -> dict:
+    """One benchmark row: median and tail of `values` and, when a peer was measured in the same
+    run, its figures and the ratio (how many times better: peer/ours when lower is better)."""
+    r = {"case": case, "metric": metric, "unit": unit, "n": len(values),
+         "median": round(statistics.median(values), 3) if values else None,
+         "p99": tail(values, q) if values else None}
+    if peer is not None:
+        r.update(peer=peer, peer_n=len(peer_values or []),
+                 peer_median=round(statistics.median(peer_values), 3) if peer_values else None,
+                 peer_p99=tail(peer_values, q) if peer_values else None)
+        if r["median"] and r["peer_median"]:
+            r["ratio"] = round(r["peer_median"] / r["median"] if better == "lower" else r["median"] / r["peer_median"], 2)
+    r.update(extra)
+    return r
 
 
 def require_root() -> bool:
