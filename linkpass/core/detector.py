@@ -737,6 +737,9 @@ class PathDetector:
         self.faults.clear()
 
 
+_TICKED_STATES = (State.DAMPED, State.RECOVERING)
+
+
 # ---- many paths -------------------------------------------------------------------------------
 
 class Detector:
@@ -785,7 +788,10 @@ class Detector:
     def tick(self, now_ns: int) -> list[Transition]:
         out: list[Transition] = []
         for p in self.paths.values():
-            out += p.tick(now_ns)
+            # only deadlines (non-judging callers), reuse and hold-down are due in tick: skip the
+            # rest (the agent ticks every path on every wake-up, 1000s of times a second)
+            if p._deadlines or p.state in _TICKED_STATES:
+                out += p.tick(now_ns)
         return out
 
     def next_deadline_ns(self) -> int | None:
