@@ -36,6 +36,15 @@ STATES = ("up", "suspect", "down", "recovering", "degraded", "damped")
 _DIRECTION_OF_REASON = {r.value: "forward" if d is Direction.FWD else "reverse" for r, d in DIRECTION_OF_REASON.items()}
 
 
+def path_evidence(state: str, reason: str | None) -> tuple[bool, str | None] | None:
+    """What a path's reported state and reason tell the localizer: (bad, direction), or None
+    for the passing states (suspect: a probe late; recovering: in hold-down), which leave the
+    path's last evidence standing until it settles (and are the commonest reports)."""
+    if state not in BAD_STATES and state not in GOOD_STATES:
+        return None
+    return state in BAD_STATES, _DIRECTION_OF_REASON.get(reason or "")
+
+
 class CoordinatorError(ValueError):
     """A caller's request cannot be done; the message says why and what would work."""
 
@@ -152,12 +161,8 @@ class Coordinator:
     def _observe(self, rec: PathRecord) -> None:
         if self.localizer is None or not rec.links:
             return
-        if rec.state not in BAD_STATES and rec.state not in GOOD_STATES:
-            # suspect (a probe late) and recovering (in hold-down) are passing states: the path's
-            # last evidence stands until it settles (and they are the commonest reports)
-            return
-        evidence = (rec.state in BAD_STATES, _DIRECTION_OF_REASON.get(rec.reason or ""))
-        if rec.fed == evidence:
+        evidence = path_evidence(rec.state, rec.reason)
+        if evidence is None or rec.fed == evidence:
             return  # e.g. up -> suspect -> up: nothing the localizer does not know
         if evidence[0] or (rec.fed is not None and rec.fed[0]):
             self._dirty = True  # findings depend on bad evidence; good alone changes none
