@@ -39,14 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stopping and time.monotonic() < end:
             is_up = not is_up
-            t = set_link_state(fab, lk, up=is_up)
+            t = set_link_state(fab, lk, up=is_up)[0]
             print(f"{t} {'up' if is_up else 'down'} {lk.name}", flush=True)
             deadline = time.monotonic() + half
             while not stopping and time.monotonic() < deadline:
                 time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
     finally:
         if not is_up:
-            t = set_link_state(fab, lk, up=True)
+            t = set_link_state(fab, lk, up=True)[0]
             print(f"{t} up {lk.name} (stopped)", flush=True)
     return 0
 
