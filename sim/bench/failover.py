@@ -22,6 +22,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from linkpass.testbed.faults import FaultSpec  # noqa: E402
 
 A, B = 0, 2  # the two hosts with agents (leaf 0 and leaf 1)
 FLAP_HALF_LIFE_MS = 1000
+windows: dict[str, list[float]] = {}  # kernel-call durations of the faults applied (stamp bounds)
 PEER_BFD = "frr-bfdd-10msx3"
 MONO_TO_WALL = time.time_ns() - time.monotonic_ns()
 
@@ -61,6 +63,7 @@ def first(events, pred):
 def linkpass_hard(prefix, agents, links, trials, spacing_s):
     """Down one link per trial (alternating planes); fault -> DOWN verdict and -> route rewritten at A."""
     detect, reroute = [], []
+    windows.setdefault("hard", [])
     for i in range(trials):
         if not agents.wait_healthy(timeout_s=60):  # each trial starts from a healthy fabric
             progress("paths not all up after 60 s; measuring anyway")
@@ -68,6 +71,7 @@ def linkpass_hard(prefix, agents, links, trials, spacing_s):
         plane = int(re.search(r"p(\d+)l", link).group(1))
         rec = faults.apply(prefix, FaultSpec("down", link))
         t0 = rec["effective_mono_ns"]
+        windows["hard"].append(ms(rec["effective_window_ns"][1] - rec["effective_window_ns"][0]))
         ev = agents.wait_for(A, "route_change", lambda e: e["mono_ns"] >= t0 and e["peer"] == f"h{B}"
                              and plane not in e["planes"], 2.0)
         down = first(agents.events(A, "path_state"),
@@ -89,6 +93,7 @@ def linkpass_gray(prefix, agents, spec, reasons, window_s):
     agents.wait_healthy(timeout_s=60)
     rec = faults.apply(prefix, spec)
     t0 = rec["effective_mono_ns"]
+    windows.setdefault("nft", []).append(ms(rec["effective_window_ns"][1] - rec["effective_window_ns"][0]))
     ev = agents.wait_for(A, "path_state", lambda e: e["mono_ns"] >= t0 and e["new"] == "degraded"
                          and e["reason"] in reasons, window_s)
     wrong = [e for e in agents.events(A, "path_state") if e["mono_ns"] >= t0 and e["new"] == "degraded"
@@ -212,6 +217,30 @@ def flush_routes(fab, proto):
         subprocess.run(["ip", "-n", fab.netns(f"h{h}"), "route", "flush", "proto", str(proto)], check=False)
 
 
+class _DetectDone(Exception):
+    """--detect-only: the detection cases are measured; skip the rest (cleanup still runs)."""
+
+
+def _write_detect_only(args, lp, gray, trials) -> int:
+    # the fault is stamped inside the kernel call that makes it (faults.LINK_DOWN_SHARE,
+    # NFT_COMMIT_SHARE); the call's duration bounds how far off that stamp can be
+    hard_w = statistics.median(windows["hard"]) if windows.get("hard") else None
+    nft_w = statistics.median(windows["nft"]) if windows.get("nft") else None
+    rows = []
+    for case in ("host-uplink-down", "leaf-spine-down"):
+        rows.append(row(case, "detect", "ms", lp[case][0], trials=trials, stamp_call_ms_median=hard_w))
+        rows.append(row(case, "fault_to_reroute", "ms", lp[case][1], trials=trials, rerouted=len(lp[case][1])))
+    for case, results in gray.items():
+        times = [t for t, _, _ in results if t is not None]
+        rows.append(row(case, "detect", "ms", times, trials=len(results), detected=len(times),
+                        reasons=sorted({r for _, r, _ in results if r}), stamp_call_ms_median=nft_w))
+    for r in rows:
+        print(f"{r['case']:22} {r['metric']:8} {r['n']:>3} {str(r['median']):>10} {str(r['p99']):>8}")
+    report.write(report.document("failover", rows, mode="detect-only", agents=[f"h{A}", f"h{B}"],
+                                 probe_interval_ms=1.0, flap_half_life_ms=FLAP_HALF_LIFE_MS), args.json)
+    return 0
+
+
 # ---- main --------------------------------------------------------------------------------------
 
 def main() -> int:
@@ -219,6 +248,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="few trials, short soak (smoke test)")
     ap.add_argument("--trials", type=int, default=None, help="hard-fault trials per case and side (default 20)")
     ap.add_argument("--soak-s", type=float, default=None, help="healthy-saturated duration (default 600 s)")
+    ap.add_argument("--gray-trials", type=int, default=None, help="trials per gray case (default 5)")
+    ap.add_argument("--detect-only", action="store_true",
+                    help="only LinkPass's detection cases (the simulator's calibration reference)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--keep-logs", action="store_true", help="keep the agents' logs (path printed at the end)")
     args = ap.parse_args()
@@ -254,13 +286,15 @@ def main() -> int:
                           ("one-direction-loss", FaultSpec("loss", uplinks[0], f"h{A}", {"pct": 10.0}),
                            ("gray_loss_fwd",), 2),
                           ("mtu-blackhole", FaultSpec("mtu", uplinks[0], params={"bytes": 1400}), ("mtu_blackhole",), 5)]
-            gray_trials = 2 if args.quick else 5
+            gray_trials = args.gray_trials or (2 if args.quick else 5)
             for case, spec, reasons, window in gray_cases:
                 gray[case] = []
                 for k in range(gray_trials):
                     gray[case].append(linkpass_gray(prefix, agents, spec, reasons, window))
                     progress(f"{case} trial {k + 1}/{gray_trials}: {gray[case][-1]}")
                     time.sleep(spacing)
+            if args.detect_only:
+                raise _DetectDone
             # TCP across a plane failure (from a healthy fabric: both planes in the route)
             agents.wait_healthy(timeout_s=60)
             time.sleep(1)
@@ -304,6 +338,8 @@ def main() -> int:
                 bfd.stop()
                 faults.clear(prefix)
         ours, theirs = route_ops(fab, 200 if args.quick else 2000)
+    except _DetectDone:
+        pass
     finally:
         faults.clear(prefix)
         build.down(prefix)
@@ -312,6 +348,8 @@ def main() -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    if args.detect_only:
+        return _write_detect_only(args, lp, gray, trials)
     for case in ("host-uplink-down", "leaf-spine-down"):
         detect, reroute = lp[case]
         b_reroute, b_missed = bfd_rows.get(case, ([], None))
