@@ -32,7 +32,7 @@ $(STAMP): $(BUILD_INPUTS)
 	@bash deploy/install-os-deps.sh
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing Python packages into $(VENV) (first time: ~2 min, torch's CPU build is ~1 GB)"
-	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,demo]'
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,demo,sim]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # remove leftovers of crashed testbeds (every prefix), then the venv

@@ -1,0 +1,340 @@
+"""A host agent on virtual time: the real decision code, fed by a simulated fabric and data path.
+
+What is real here and what is simulated:
+
+    simulated (this module)                         real (imported, not copied)
+    ─────────────────────────────────────────       ───────────────────────────────────────────
+    the fabric: per directed link, faults that      linkpass.agent.failover.Failover
+      drop probes (down, flap, loss, MTU)             ├─ linkpass.core.detector (every state change)
+    the probe data path: one probe per path per     ├─ linkpass.agent.decide (planes, ports)
+      interval, round trips, and the C core's         └─ linkpass.core.telemetry.LossCounters
+      judging (ANSWERED batches, MISS at the              (loss per direction from rx_count)
+      deadline, LATE), as _probecore.c does it
+    the agent loop's wake-ups: every 10 ms for on-time replies, at once on a miss (daemon.run)
+
+`VirtualAgent.run_until` advances one agent; its `Failover` sees exactly the event tuples the
+C core would hand the daemon, so its transitions, plane choices and entropy entries are the ones
+the agent would make. Probe outcomes are drawn with numpy per step; Python work per step is one
+ANSWERED tuple per path unless a probe was lost.
+
+Two liberties with the daemon's timing, both to save simulation steps and neither able to change
+a decision: a miss wakes the loop only for the paths to the peers concerned (the others' on-time
+replies wait for the next 10 ms batch; a peer's plane and port choice reads only its own paths),
+and a miss on a path already DOWN or DAMPED (which the detector only counts) waits for the next
+batch instead of waking the loop.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from linkpass.agent.decide import PathInfo
+from linkpass.agent.failover import Failover
+from linkpass.core.detector import Detector, DetectorConfig, State, Transition
+from linkpass.core.telemetry import LossCounters
+from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS
+
+NEVER = np.iinfo(np.int64).max // 4
+MS = 1_000_000
+BATCH_NS = 10 * MS  # linkpass.agent.daemon.BATCH_S: on-time replies are taken this often
+REFLECT_NS = 2_000  # reflector turnaround
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A fault's action on some directed links from `start_ns` to `end_ns`.
+
+    kind: "down" (every packet lost), "flap" (down for `flap_ns`, up for `flap_ns`, repeating,
+    starting down), "loss" (each packet lost with probability `loss`), "mtu" (full-size probes
+    lost)."""
+
+    links: frozenset
+    kind: str
+    start_ns: int
+    end_ns: int
+    loss: float = 0.0
+    flap_ns: int = 0
+
+    def dropping(self, t: np.ndarray) -> np.ndarray:
+        """Whether the effect is dropping everything (down or a flap's down phase) at times `t`."""
+        on = (t >= self.start_ns) & (t < self.end_ns)
+        if self.kind == "flap":
+            on &= ((t - self.start_ns) // self.flap_ns) % 2 == 0
+        elif self.kind != "down":
+            on &= False
+        return on
+
+    def drops(self, t: np.ndarray, size: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        on = (t >= self.start_ns) & (t < self.end_ns)
+        if self.kind == "down":
+            return on
+        if self.kind == "flap":
+            return on & (((t - self.start_ns) // self.flap_ns) % 2 == 0)
+        if self.kind == "loss":
+            return on & (rng.random(len(t)) < self.loss)
+        if self.kind == "mtu":
+            return on & size
+        raise ValueError(f"Effect.kind {self.kind!r} is unknown; one of down, flap, loss, mtu")
+
+
+@dataclass(frozen=True)
+class Rtt:
+    """Round-trip model of a healthy path: base plus exponential jitter, split evenly per way."""
+
+    base_ns: int = 8_000
+    jitter_ns: int = 2_000
+
+
+@dataclass
+class VirtualPath:
+    """One probed path: what it crosses, when it probes, which faults act on it."""
+
+    info: PathInfo
+    forward: tuple[str, ...]  # directed links of the probes
+    reverse: tuple[str, ...]  # directed links of the replies
+    interval_ns: int
+    phase_ns: int  # when the path's first probe is sent
+    size_every: int
+    rtt: Rtt
+    size_offset: int = 0  # which probe of every `size_every` is full-size (agents start anywhere)
+    fwd_effects: list = field(default_factory=list)
+    rev_effects: list = field(default_factory=list)
+    loss: LossCounters = field(default_factory=LossCounters)
+
+
+_DARK = (State.DOWN, State.DAMPED)
+_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx")  # path index, probe, sent, reply (NEVER: none), deadline
+
+
+class VirtualAgent:
+    """One host's agent: `Failover` over `VirtualPath`s, the C core's judging done here on
+    arrays of every path's outstanding probes."""
+
+    def __init__(self, name: str, config: DetectorConfig, rng: np.random.Generator, interval_ns: int = MS,
+                 batch_phase_ns: int = 0):
+        self.name = name
+        self.rng = rng
+        self.interval_ns = interval_ns
+        self.paths: list[VirtualPath] = []  # path index j has path id j + 1
+        self.entropy_log: list[tuple[int, str, int, tuple[int, ...], int]] = []
+        self.plane_log: list[tuple[int, str, tuple[int, ...]]] = []  # (time, peer, planes) on change
+        self._planes: dict[str, tuple[int, ...]] = {}
+        self.transitions: list[Transition] = []
+        self.now_ns = 0
+        self._next_batch = batch_phase_ns
+        self._step_now = 0
+        self.failover = Failover(Detector(config), lambda pid: self.paths[pid - 1].loss, self._log,
+                                 entropy=self, interval_ns=interval_ns, set_rto=self._set_rto)
+        self.steps = 0
+        self._initial_rto = config.initial_timeout_ns
+        self._ready = False
+        self._pend = {c: np.zeros(0, np.int64) for c in _COLS}
+        self._late: list[tuple[int, int, int, int, int]] = []  # (arrival, j, seq, t1, rx) of missed probes
+
+    # ---- what Failover calls ------------------------------------------------------------
+    def _log(self, event: str, **fields) -> None:
+        pass  # the agent's log lines; the simulation reads transitions and decisions instead
+
+    def _set_rto(self, pid: int, rto_ns: int) -> None:
+        self._rto[pid - 1] = rto_ns
+
+    def update(self, peer, plane, ports, path_ids=(), port_flags=(), flags=0) -> None:
+        """The entropy table's writer (EntropyWriter.update): record what the transports would use."""
+        self.entropy_log.append((self._step_now, peer, plane, tuple(path_ids), flags))
+
+    def remove(self, peer, plane) -> int:
+        return 0
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def add_path(self, path: VirtualPath) -> None:
+        if self._ready:
+            raise RuntimeError("add_path: paths are added before the agent first runs")
+        if path.info.path_id != len(self.paths) + 1:
+            raise ValueError(f"path ids are 1, 2, ... in order; got {path.info.path_id} after {len(self.paths)}")
+        self.paths.append(path)
+        self.failover.add_path(path.info)
+
+    def _prepare(self) -> None:
+        ps = self.paths
+        n = len(ps)
+        self._next_seq = np.zeros(n, np.int64)
+        self._rx_total = np.zeros(n, np.int64)
+        self._phase = np.array([p.phase_ns for p in ps], np.int64)
+        self._interval = np.array([p.interval_ns for p in ps], np.int64)
+        self._size_every = np.array([max(p.size_every, 0) for p in ps], np.int64)
+        self._size_offset = np.array([p.size_offset for p in ps], np.int64)
+        self._half_base = np.array([p.rtt.base_ns // 2 for p in ps], np.int64)
+        self._half_jitter = np.array([p.rtt.jitter_ns / 2 for p in ps])
+        self._rto = np.full(n, self._initial_rto, np.int64)
+        effects: dict[int, tuple[Effect, np.ndarray, np.ndarray]] = {}
+        for j, p in enumerate(ps):
+            for e, col in [(e, 1) for e in p.fwd_effects] + [(e, 2) for e in p.rev_effects]:
+                entry = effects.setdefault(id(e), (e, np.zeros(n, bool), np.zeros(n, bool)))
+                entry[col][j] = True
+        self._effects = list(effects.values())
+        peer_index: dict[str, int] = {}
+        self._peer_of = np.array([peer_index.setdefault(p.info.peer, len(peer_index)) for p in ps], np.int64)
+        self._ready = True
+
+    # ---- the simulated data path ------------------------------------------------------------
+    def _send(self, until_ns: int) -> None:
+        """Draw every path's probes sent before `until_ns`."""
+        last = np.maximum(-(-(until_ns - self._phase) // self._interval), self._next_seq)
+        counts = last - self._next_seq
+        total = int(counts.sum())
+        if not total:
+            return
+        j = np.repeat(np.arange(len(counts)), counts)
+        starts = np.cumsum(counts) - counts
+        seq = self._next_seq[j] + (np.arange(total) - starts[j])
+        t1 = self._phase[j] + seq * self._interval[j]
+        every = self._size_every[j]
+        size = (every > 0) & ((seq + self._size_offset[j]) % np.maximum(every, 1) == 0)
+        owd_f = self._half_base[j] + (self.rng.exponential(1.0, total) * self._half_jitter[j]).astype(np.int64)
+        owd_r = self._half_base[j] + (self.rng.exponential(1.0, total) * self._half_jitter[j]).astype(np.int64)
+        t3 = t1 + owd_f + REFLECT_NS
+        fwd_lost = np.zeros(total, bool)
+        rev_lost = np.zeros(total, bool)
+        for e, fwd, rev in self._effects:
+            for lost, mask, t in ((fwd_lost, fwd, t1), (rev_lost, rev, t3)):
+                sel = mask[j]
+                if sel.any():
+                    lost[sel] |= e.drops(t[sel], size[sel], self.rng)
+        arrived = (~fwd_lost).astype(np.int64)
+        cs = np.cumsum(arrived)
+        before = np.where(starts > 0, cs[np.maximum(starts - 1, 0)], 0)
+        rx = self._rx_total[j] + cs - before[j]
+        self._rx_total += np.bincount(j, weights=arrived, minlength=len(counts)).astype(np.int64)
+        self._next_seq = last
+        block = {"j": j, "seq": seq, "t1": t1, "arr": np.where(fwd_lost | rev_lost, NEVER, t3 + owd_r),
+                 "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": rx}
+        self._pend = {c: np.concatenate([self._pend[c], block[c]]) for c in _COLS}
+
+    def _next_notify(self, until_ns: int) -> int:
+        """The first time before `until_ns` the C core would wake the loop: a miss or a late reply."""
+        self._send(until_ns)
+        first = until_ns
+        arr, dl = self._pend["arr"], self._pend["dl"]
+        missed = arr > dl
+        if missed.any():
+            # a miss on a path already DOWN or DAMPED decides nothing (the detector only counts
+            # it): it waits for the next batch instead of waking the loop, so a dead path does
+            # not cost the simulation a step per probe (the daemon would wake; see module doc)
+            dark = np.array([self.failover.detector[j + 1].state in _DARK for j in range(len(self.paths))])
+            missed &= ~dark[self._pend["j"]]
+        if missed.any():
+            first = min(first, int(dl[missed].min()))
+        if self._late:
+            first = min(first, self._late[0][0])
+        return first
+
+    def _judge(self, now: int, all_paths: bool) -> list[tuple]:
+        """The C core's events up to `now`, in order (see _probecore.c). Not `all_paths`: a miss
+        woke the loop, and only the paths to the peers concerned are taken (the daemon takes every
+        path; the others' on-time replies wait for the next batch here, which changes nothing the
+        decisions for those peers see, and saves the simulation most of its work)."""
+        P = self._pend
+        arr, dl = P["arr"], P["dl"]
+        on_time = arr <= dl
+        decided = np.where(on_time, arr, dl) <= now
+        if not all_paths and len(self.paths) > 1:
+            woke = set(self._peer_of[P["j"][decided & ~on_time]].tolist())
+            woke |= {int(self._peer_of[x[1]]) for x in self._late if x[0] <= now}
+            decided &= np.isin(self._peer_of[P["j"]], list(woke))
+        events: list[tuple] = []
+        if decided.any():
+            D = {c: P[c][decided] for c in _COLS}
+            ok = on_time[decided]
+            self._pend = {c: P[c][~decided] for c in _COLS}
+            missing = set(D["j"][~ok].tolist())
+            fast = ~np.isin(D["j"], list(missing)) if missing else np.ones(len(ok), bool)
+            if fast.any():
+                events += self._answered_groups({c: D[c][fast] for c in _COLS})
+            for jj in sorted(missing):
+                rows = np.flatnonzero(D["j"] == jj)
+                when = np.where(ok[rows], D["arr"][rows], D["dl"][rows])
+                run: list[int] = []
+                for i in rows[np.argsort(when, kind="stable")]:
+                    if ok[i]:
+                        run.append(i)
+                        continue
+                    if run:
+                        events += self._answered_groups({c: D[c][run] for c in _COLS})
+                        run = []
+                    seq, t1, a, d, size, rx = (int(D[c][i]) for c in ("seq", "t1", "arr", "dl", "size", "rx"))
+                    events.append((EV_MISS, jj + 1, seq, 0, 0, size, 0, t1, 0, 0, d))
+                    if a < NEVER:
+                        heapq.heappush(self._late, (a, jj, seq, t1, rx))
+                if run:
+                    events += self._answered_groups({c: D[c][run] for c in _COLS})
+        while self._late and self._late[0][0] <= now:
+            a, jj, seq, t1, rx = heapq.heappop(self._late)
+            half = (a - t1 - REFLECT_NS) // 2
+            events.append((EV_LATE, jj + 1, seq, 1, rx, 0, 0, t1, t1 + half, t1 + half + REFLECT_NS, a))
+        for e in events:  # engine.poll feeds telemetry before the daemon sees the events
+            if e[0] != EV_MISS:
+                self.paths[e[1] - 1].loss.on_reply(e[2], e[4], replies=e[3] if e[0] == EV_ANSWERED else 1)
+        return events
+
+    @staticmethod
+    def _answered_groups(R: dict) -> list[tuple]:
+        """One ANSWERED per path of the on-time rows `R`: count, newest exchange, worst RTT."""
+        order = np.lexsort((R["seq"], R["j"]))
+        j = R["j"][order]
+        bounds = np.flatnonzero(np.diff(j)) + 1
+        starts = np.concatenate([[0], bounds])
+        ends = np.concatenate([bounds, [len(j)]]) - 1
+        rtt = (R["arr"] - R["t1"])[order]
+        worst = np.maximum.reduceat(rtt, starts)
+        size = np.maximum.reduceat(R["size"][order], starts)
+        out = []
+        for k, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+            i = order[e]
+            seq, t1, arr, rx = int(R["seq"][i]), int(R["t1"][i]), int(R["arr"][i]), int(R["rx"][i])
+            half = (arr - t1 - REFLECT_NS) // 2
+            out.append((EV_ANSWERED, int(j[s]) + 1, seq, e - s + 1, rx, int(size[k]), int(worst[k]),
+                        t1, t1 + half, t1 + half + REFLECT_NS, arr))
+        return out
+
+    # ---- the agent loop -------------------------------------------------------------------------
+    def step_at(self, now: int, all_paths: bool = True) -> list[Transition]:
+        if not self._ready:
+            self._prepare()
+        events = self._judge(now, all_paths)
+        events.sort(key=lambda e: e[10])  # the C loop learns them in time order
+        self._step_now = now
+        out = self.failover.step(events, now)
+        self.steps += 1
+        self.now_ns = now
+        if out:
+            self.transitions += out
+        for peer, planes in self.failover.planes.items():
+            if self._planes.get(peer) != planes:
+                self._planes[peer] = planes
+                self.plane_log.append((now, peer, planes))
+        return out
+
+    def run_until(self, end_ns: int, batch_ns: int = BATCH_NS, stop=None) -> None:
+        """Advance to `end_ns`: wake every `batch_ns` and at every miss or late reply (daemon.run).
+        `stop()` true after a step ends the run early."""
+        if not self._ready:
+            self._prepare()
+        while self.now_ns < end_ns:
+            if self._next_batch <= self.now_ns:
+                self._next_batch = self.now_ns + batch_ns
+            target = min(end_ns, self._next_batch)
+            t = self._next_notify(target)
+            batch = t >= target
+            if batch:
+                t = target
+                if t >= self._next_batch:
+                    self._next_batch = t + batch_ns
+            self.step_at(t, all_paths=batch)
+            if stop is not None and stop():
+                return
+
+    # ---- questions the simulation asks afterwards ---------------------------------------------
+    def state(self, pid: int) -> State:
+        return self.failover.detector[pid].state
