@@ -85,6 +85,23 @@ def test_runs_are_reproducible_with_a_seed(small):
     assert sum(a["failures"].values()) > 0
 
 
+def test_runs_are_reproducible_across_processes():
+    # str hashes differ between processes: nothing may depend on set order
+    def once(hashseed):
+        env = {**os.environ, "PYTHONHASHSEED": str(hashseed)}
+        out = subprocess.run([sys.executable, "-m", "linkpass_sim.fleet", "--gpus", "512", "--days", "4",
+                              "--scenario", "stress", "--seed", "4", "-o", "json"],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        assert out.returncode == 0, out.stderr
+        s = json.loads(out.stdout)
+        s.pop("sim_wall_s"), s.pop("setup_s")
+        s["coordinator_load"].pop("findings_ms_median"), s["coordinator_load"].pop("findings_ms_max")
+        return s
+
+    a = once(1)
+    assert a["per_kind"] and a == once(2)
+
+
 # ---- the job model, by hand --------------------------------------------------------------------
 
 def test_job_model_reproduces_a_hand_computed_case():

@@ -111,7 +111,7 @@ class Fleet:
         for i, h in enumerate(hosts):  # the job: a ring over hosts on every rail, both neighbours
             if n < 2:
                 break
-            for peer in {hosts[(i + 1) % n], hosts[(i - 1) % n]} - {h}:
+            for peer in sorted({hosts[(i + 1) % n], hosts[(i - 1) % n]} - {h}):  # stable keys across processes
                 for plane in range(shape.rails):
                     for k in range(k_paths):
                         add(h, peer, plane, (i + plane + k * spines // k_paths) % spines, True)
