@@ -58,15 +58,8 @@ def _plots(directory: str, r, s: dict, sens: list[dict]) -> list[str]:
         ys = [0.0] + [lost / 3600 * gpus for _, lost in job.timeline]
         ys.append(ys[-1])
         ax.step(xs, ys, where="post", label=f"{label}: goodput {100 * job.goodput:.2f} %", color=colour)
-    ax.set_xlabel("day")
-    ax.set_ylabel("GPU-hours lost (cumulative)")
-    ax.set_title(f"{gpus} GPUs, scenario {r.scenario}, seed {r.seed}")
-    ax.legend(loc="upper left", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.append(os.path.join(directory, "lost-gpu-hours.png"))
-    fig.savefig(out[-1], dpi=110)
-    plt.close(fig)
+    _style(ax, f"{gpus} GPUs, scenario {r.scenario}, seed {r.seed}", "day", "GPU-hours lost (cumulative)")
+    out.append(_save(plt, fig, directory, "lost-gpu-hours.png"))
     # 2. detection, localization and stall per failure kind
     kinds = sorted({o.kind for o in r.outcomes})
     if kinds:
@@ -76,35 +69,43 @@ def _plots(directory: str, r, s: dict, sens: list[dict]) -> list[str]:
                 ("fault → link named by the coordinator (ms)",
                  lambda os_: [o.localized_ms for o in os_ if o.localized_ms is not None]),
                 ("the job's stall (ms)", lambda os_: [o.stall_ms for o in os_]))):
+            everything = []
             for k in kinds:
                 v = sorted(values_of([o for o in r.outcomes if o.kind == k]))
+                everything += v
                 if v:
                     ax.step(v, [(i + 1) / len(v) for i in range(len(v))], where="post", label=f"{k} (n={len(v)})")
-            ax.set_xscale("log")
-            ax.set_title(title, fontsize=9)
-            ax.set_ylabel("share of cases")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        out.append(os.path.join(directory, "detection.png"))
-        fig.savefig(out[-1], dpi=110)
-        plt.close(fig)
+            # a log axis only where the kinds span decades (ms for cuts, seconds for gray loss)
+            wide = bool(everything) and min(everything) > 0 and max(everything) > 20 * min(everything)
+            _style(ax, title, None, "share of cases", log_x=wide)
+        out.append(_save(plt, fig, directory, "detection.png"))
     # 3. goodput against the checkpoint interval
     fig, ax = plt.subplots(figsize=(6, 3.8))
     xs = [p["checkpoint_min"] for p in sens]
     ax.plot(xs, [p["without_pct"] for p in sens], "o-", color="tab:red", label="without LinkPass")
     ax.plot(xs, [p["with_pct"] for p in sens], "o-", color="tab:green", label="with LinkPass")
-    ax.set_xscale("log")
-    ax.set_xlabel("checkpoint interval (min)")
-    ax.set_ylabel("goodput (%)")
-    ax.set_title("same failures, other checkpoint intervals", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.append(os.path.join(directory, "goodput-vs-checkpoint.png"))
-    fig.savefig(out[-1], dpi=110)
-    plt.close(fig)
+    _style(ax, "same failures, other checkpoint intervals", "checkpoint interval (min)", "goodput (%)", log_x=True)
+    out.append(_save(plt, fig, directory, "goodput-vs-checkpoint.png"))
     return out
+
+
+def _style(ax, title: str, xlabel: str | None, ylabel: str, log_x: bool = False) -> None:
+    if log_x:
+        ax.set_xscale("log")
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=7)
+
+
+def _save(plt, fig, directory: str, name: str) -> str:
+    fig.tight_layout()
+    path = os.path.join(directory, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def markdown(r, s: dict, sens: list[dict], images: list[str]) -> str:
