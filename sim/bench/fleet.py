@@ -74,11 +74,11 @@ def main() -> int:
                     failures=r.failures, note="assumed flap and gray-loss rates on top of clockwork; not a target"))
 
     # -- goodput over 30 days, the fabric built once
-    shape_fleet = fleet.Fleet(Shape.for_gpus(GPUS))
+    fleet_16k = fleet.Fleet(Shape.for_gpus(GPUS))
     for scenario, case in (("llama3", f"gpus-{GPUS}-{long_days}d"), ("clockwork", f"gpus-{GPUS}-{long_days}d-clockwork")):
         with_, without, restarts_with, restarts_without = [], [], [], []
         for seed in range(1, seeds + 1):
-            r = fleet.run(GPUS, long_days, scenario, seed, fleet=shape_fleet)
+            r = fleet.run(GPUS, long_days, scenario, seed, fleet=fleet_16k)
             outcomes += r.outcomes
             with_.append(round(100 * r.with_linkpass.goodput, 3))
             without.append(round(100 * r.without.goodput, 3))
@@ -112,7 +112,7 @@ def main() -> int:
         rows.append(row(f"localize-{kind}", "localize", "ms", loc, failures=len(os_),
                         localized_pct=round(100 * len(loc) / len(os_), 1),
                         false_findings=sum(o.false_findings for o in os_)))
-    p = fleet.probe_overhead(shape_fleet)
+    p = fleet.probe_overhead(fleet_16k)
     rows.append(row("probe-overhead", "tx_packets", "per_s", [p["tx_pps_per_nic_median"]], **p))
 
     print(f"\n{'case':34} {'metric':10} {'n':>5} {'median':>10} {'p99':>10} {'peer median':>12} {'ratio':>6}")

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from linkpass.agent.config import AgentConfig
 from linkpass.agent.decide import PathInfo
 from linkpass.core.detector import DetectorConfig
-from linkpass.core.fleet import rail_optimized
+from linkpass.core.fleet import DOWN, UP, directed, rail_optimized
+from linkpass.testbed.topology import preset
 
-from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath
+from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
 TOLERANCE_PCT = 20.0
 TESTBED_JSON = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks", "2026-11-30", "failover-detect.json")
@@ -32,12 +34,15 @@ TESTBED_RTT = Rtt(8_000, 20_000)
 # more than one cycle of the sensitive loss test (~1 150 probes): its phase is random, as on the
 # testbed's long-running agents
 WARM_NS = 3_000 * MS
+FLAP_HALF_LIFE_NS = 1_000 * MS  # sim/bench/failover.py's agents (FLAP_HALF_LIFE_MS)
+_SPEC = preset("default")  # the testbed the benchmark runs on, as a fleet model
+MODEL = rail_optimized(_SPEC.hosts, _SPEC.planes, _SPEC.hosts // _SPEC.leaves_per_plane, _SPEC.spines_per_plane)
 
 
 @dataclass(frozen=True)
 class Case:
     name: str  # the failover benchmark's case
-    links: tuple[str, ...]  # directed links it faults (alternating over `variants` planes)
+    links: tuple[str, ...]  # directed links it faults; {p} is the plane (hard faults alternate it)
     kind: str  # Effect kind
     loss: float = 0.0
     reasons: tuple[str, ...] = ()  # () = the first DOWN; else the first DEGRADED with one of these
@@ -45,7 +50,7 @@ class Case:
 
 
 def _both(link: str) -> tuple[str, ...]:
-    return (f"{link}:up", f"{link}:down")
+    return (directed(link, UP), directed(link, DOWN))
 
 
 CASES = (
@@ -53,28 +58,29 @@ CASES = (
     Case("leaf-spine-down", _both("p{p}l0-p{p}s0"), "down", window_s=0.2),
     Case("gray-loss-10", _both("h0-p0l0"), "loss", 0.10, ("gray_loss_fwd", "gray_loss_rev"), 2.0),
     Case("gray-loss-1", _both("h0-p0l0"), "loss", 0.01, ("gray_loss_fwd", "gray_loss_rev"), 10.0),
-    Case("one-direction-loss", ("h0-p0l0:up",), "loss", 0.10, ("gray_loss_fwd",), 2.0),
+    Case("one-direction-loss", (directed("h0-p0l0", UP),), "loss", 0.10, ("gray_loss_fwd",), 2.0),
     Case("mtu-blackhole", _both("h0-p0l0"), "mtu", 0.0, ("mtu_blackhole",), 5.0),
 )
 
 
 def trial(case: Case, rng: np.random.Generator, plane: int = 0) -> float | None:
     """One fault on a freshly warmed agent: ms from the fault to the verdict, or None."""
-    model = rail_optimized(4, 2, 2, 2)
-    cfg = DetectorConfig(flap_half_life_ns=1_000 * MS)  # the benchmark's agents
-    agent = VirtualAgent(A, cfg, rng, batch_phase_ns=int(rng.integers(0, 10 * MS)))
+    cfg = DetectorConfig(flap_half_life_ns=FLAP_HALF_LIFE_NS)
+    interval = round(AgentConfig.interval_ms * MS)
+    every = AgentConfig.size_probe_every
+    agent = VirtualAgent(A, cfg, rng, interval, batch_phase_ns=int(rng.integers(0, 10 * MS)))
     warm = WARM_NS
     t0 = warm + int(rng.integers(0, MS))
     links = frozenset(d.format(p=plane) for d in case.links)
     effect = Effect(links, case.kind, t0, t0 + int(case.window_s * 1e9), loss=case.loss)
     pid = 0
-    for p in range(2):
-        for spine in range(2):
+    for p in range(MODEL.planes):
+        for spine in range(len(MODEL.spines(p))):
             pid += 1
-            fwd, rev = model.node_path(A, B, p, spine), model.node_path(B, A, p, spine)
-            vp = VirtualPath(PathInfo(pid, B, p, 49152 + pid, f"{B}#{p}"), fwd, rev, MS,
-                             int(rng.integers(0, warm // 2)), 100, TESTBED_RTT,
-                             size_offset=int(rng.integers(0, 100)))
+            fwd, rev = MODEL.node_path(A, B, p, spine), MODEL.node_path(B, A, p, spine)
+            vp = VirtualPath(PathInfo(pid, B, p, 49152 + pid, peer_addr(B, p)), fwd, rev, interval,
+                             int(rng.integers(0, warm // 2)), every, TESTBED_RTT,
+                             size_offset=int(rng.integers(0, every)))
             vp.fwd_effects = [effect] if links.intersection(fwd) else []
             vp.rev_effects = [effect] if links.intersection(rev) else []
             agent.add_path(vp)

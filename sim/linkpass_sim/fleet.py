@@ -31,32 +31,37 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
+from linkpass.agent.coordinator_link import HEARTBEAT_S
 from linkpass.agent.decide import PathInfo
+from linkpass.coordinator.http import TICK_S
 from linkpass.coordinator.service import path_evidence
+from linkpass.core import wire
 from linkpass.core.detector import DetectorConfig
-from linkpass.core.fleet import HOST_LEAF, FleetModel, rail_optimized, split_directed
+from linkpass.core.fleet import DOWN, HOST_LEAF, UP, FleetModel, directed, rail_optimized, split_directed
 from linkpass.core.localize import Localizer, Observation
 from linkpass.core.plan import plan_probes
+from linkpass.core.telemetry import percentile
 
 from . import failures as fm
 from . import jobmodel
 from .failures import Failure, Shape
-from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath
+from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
 NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    interval_ns: int = MS  # 1 kHz probing, the agent's default
+    interval_ns: int = round(AgentConfig.interval_ms * MS)  # the agent's default: 1 kHz
     job_paths_per_peer: int = 4  # ECMP paths (spines) the job's QPs to one peer spread over, all probed
-    size_every: int = 100  # the agent's probe.size_probe_every
+    size_every: int = AgentConfig.size_probe_every
     rtt: Rtt = Rtt(8_000, 2_000)  # three switches and two NICs at 400 Gb/s
     # paths start probing at random within the first half of this before the fault: more than a
     # cycle of the sensitive loss test (~1.2 s) later, its phase is random (calibration.py)
     warm_ns: int = 3_000_000_000
-    report_ns: int = 200 * MS  # agents' coordinator.report_ms default
-    tick_ns: int = 100 * MS  # the coordinator's localization tick
+    report_ns: int = CoordinatorLinkConfig.report_ms * MS  # agents report changes this often
+    tick_ns: int = round(TICK_S * 1e9)  # the coordinator localizes this often
     hard_window_ns: int = 1 * NS  # longest a hard fault is followed (detection takes ms)
     gray_window_ns: int = 3 * NS  # gray faults: the sensitive SPRT needs ~1.5 s at 1 % loss
     resume_ms: float = 35.0  # after the move, the transport resends (demo, TCP: stall - reroute)
@@ -129,7 +134,7 @@ class Fleet:
         if f.kind in ("cable", "nic", "flap"):
             host, plane = f.target
             name = m.uplink(host, plane).name
-            both = frozenset({f"{name}:up", f"{name}:down"})
+            both = frozenset({directed(name, UP), directed(name, DOWN)})
             if f.kind == "flap":
                 return [Effect(both, "flap", t0_ns, end, flap_ns=int(f.flap_half_ms * MS))]
             return [Effect(both, "down", t0_ns, end)]
@@ -138,10 +143,10 @@ class Fleet:
             plane = int(leaf[1:leaf.index("l")])
             names = [m.uplink(h, plane).name for h in m.hosts_of_leaf(leaf)]
             names += [m.leaf_spine(leaf, s).name for s in range(len(m.spines(plane)))]
-            return [Effect(frozenset(f"{n}:{d}" for n in names for d in ("up", "down")), "down", t0_ns, end)]
+            return [Effect(frozenset(directed(n, d) for n in names for d in (UP, DOWN)), "down", t0_ns, end)]
         if f.kind == "gray":
             link, direction = f.target
-            return [Effect(frozenset({f"{link}:{direction}"}), "loss", t0_ns, end, loss=f.loss)]
+            return [Effect(frozenset({directed(link, direction)}), "loss", t0_ns, end, loss=f.loss)]
         raise ValueError(f"failure kind {f.kind!r} acts on no link")
 
 
@@ -154,8 +159,7 @@ class Outcome:
     paths: int = 0  # paths crossing the faulted links
     agents: int = 0
     detect_ms: list = field(default_factory=list)  # per crossing path that turned unusable
-    localized_ms: float | None = None
-    localized: bool = False
+    localized_ms: float | None = None  # None: no finding named a faulted link
     false_findings: int = 0
     stall_ms: float = 0.0  # the job's flows stalled (union over its flows) + the transport's resume
     exposed_ms: float = 0.0  # gray: the job's flows crossed the lossy link this long
@@ -165,6 +169,10 @@ class Outcome:
     reports: int = 0  # path state changes the agents sent the coordinator
     findings_ms: list = field(default_factory=list)  # wall time of each Localizer.findings() call
     wall_s: float = 0.0
+
+    @property
+    def localized(self) -> bool:
+        return self.localized_ms is not None
 
 
 def _window_end(f: Failure, t0: int, cfg: SimConfig) -> int:
@@ -194,7 +202,7 @@ def simulate(fleet: Fleet, f: Failure, rng: np.random.Generator) -> Outcome:
     grid = np.arange(t0, end, 100_000, dtype=np.int64)  # 0.1 ms: the stall's resolution
     stalled = np.zeros(len(grid), bool)
     exposed = np.zeros(len(grid), bool)
-    timeline: list[tuple[int, str, str, str]] = []  # (time, key, state, reason) of every transition
+    timeline: list[tuple[int, int, str, str]] = []  # (time, path index, state, reason) of every transition
     for reporter in sorted(by_reporter):
         agent, local = _agent(fleet, reporter, sorted(by_reporter[reporter]), effects, rng)
         watched = [pid for pid, i in local.items() if i in crossing_set]
@@ -208,7 +216,7 @@ def simulate(fleet: Fleet, f: Failure, rng: np.random.Generator) -> Outcome:
         agent.run_until(t0 - 20 * MS, batch_ns=100 * MS)
         agent.run_until(end, stop=settled)
         for t in agent.transitions:
-            timeline.append((t.at_ns, fleet.paths[local[t.path]].key, t.new.value, t.reason.value))
+            timeline.append((t.at_ns, local[t.path], t.new.value, t.reason.value))
         first_bad: dict[int, int] = {}
         for t in agent.transitions:
             if t.at_ns >= t0 and not t.new.usable and t.path in watched and t.path not in first_bad:
@@ -239,7 +247,7 @@ def _agent(fleet: Fleet, reporter: str, peers: list[str], effects: list[Effect],
             sp = fleet.paths[i]
             pid = len(local) + 1
             local[pid] = i
-            info = PathInfo(pid, peer, sp.plane, 49152 + pid, f"{peer}#{sp.plane}")
+            info = PathInfo(pid, peer, sp.plane, 49152 + pid, peer_addr(peer, sp.plane))
             vp = VirtualPath(info, sp.forward, sp.reverse, cfg.interval_ns,
                              int(rng.integers(0, cfg.warm_ns // 2)), cfg.size_every, cfg.rtt,
                              size_offset=int(rng.integers(0, cfg.size_every)))
@@ -258,7 +266,7 @@ def _dead(sp: SimPath, effects: list[Effect], grid: np.ndarray) -> tuple[np.ndar
         if e.links & links:
             dead |= e.dropping(grid)
             if e.kind == "loss":
-                lossy |= (grid >= e.start_ns) & (grid < e.end_ns)
+                lossy |= e.active(grid)
     return dead, lossy
 
 
@@ -290,7 +298,7 @@ def _in_use(agent: VirtualAgent, peer: str, plane: int, ids: list[int], grid: np
     """Per path: whether the job's traffic to `peer` uses it, over the grid (from the agent's
     plane choices and entropy entries, as the data path would apply them)."""
     changes: list[tuple[int, int, object]] = []  # (time, order, ("planes", tuple) | ("ports", set))
-    addr = f"{peer}#{plane}"
+    addr = peer_addr(peer, plane)
     for n, (t, p, planes) in enumerate(agent.plane_log):
         if p == peer:
             changes.append((t, n, ("planes", planes)))
@@ -336,36 +344,35 @@ def _localize(fleet: Fleet, out: Outcome, timeline, t0: int, end: int, bad_links
     when a finding first names a faulted link, and what else it named at the end."""
     cfg = fleet.config
     loc = fleet.localizer
-    by_key = {sp.key: sp for sp in fleet.paths}
-    reporters = sorted({by_key[k].reporter for _, k, _, _ in timeline})
+    reporters = sorted({fleet.paths[i].reporter for _, i, _, _ in timeline})
     phase = {r: int(rng.integers(0, cfg.report_ns)) for r in reporters}
-    updates: list[tuple[int, str, tuple]] = []  # (arrival at the coordinator, key, evidence)
-    last: dict[str, tuple] = {}
-    for t, key, state, reason in sorted(timeline):
-        r = by_key[key].reporter
+    updates: list[tuple[int, int, tuple]] = []  # (arrival at the coordinator, path index, evidence)
+    last: dict[int, tuple] = {}
+    for t, i, state, reason in sorted(timeline):
+        r = fleet.paths[i].reporter
         at = t + (phase[r] - t) % cfg.report_ns + MS  # next report, ~1 ms on the wire
         ev = path_evidence(state, reason)
         out.reports += 1
         if ev is not None:
-            updates.append((at, key, ev))
+            updates.append((at, i, ev))
     updates.sort()
     tick = t0 + int(rng.integers(0, cfg.tick_ns))
     horizon = end + cfg.report_ns + 2 * cfg.tick_ns
-    touched: set[str] = set()
+    touched: set[int] = set()
     bad_names = {split_directed(d)[0] for d in bad_links}
     k = 0
     findings = []
     while tick <= horizon:
         dirty = False
         while k < len(updates) and updates[k][0] <= tick:
-            _, key, (bad, direction) = updates[k]
+            _, i, (bad, direction) = updates[k]
             k += 1
-            if last.get(key) == (bad, direction):
+            if last.get(i) == (bad, direction):
                 continue
-            last[key] = (bad, direction)
-            sp = by_key[key]
-            loc.update(Observation(sp.reporter, key, sp.forward, None, bad, direction))
-            touched.add(key)
+            last[i] = (bad, direction)
+            sp = fleet.paths[i]
+            loc.update(Observation(sp.reporter, sp.key, sp.forward, None, bad, direction))
+            touched.add(i)
             dirty = True
         if dirty:
             t = time.perf_counter()
@@ -374,15 +381,14 @@ def _localize(fleet: Fleet, out: Outcome, timeline, t0: int, end: int, bad_links
             if out.localized_ms is None and any(
                     split_directed(d)[0] in bad_names for fd in findings for d in (fd.directed, *fd.alternatives)):
                 out.localized_ms = (tick - t0) / MS
-                out.localized = True
         if k >= len(updates) and tick >= end:
             break
         tick += cfg.tick_ns
     out.false_findings = sum(1 for fd in findings
                              if not any(split_directed(d)[0] in bad_names for d in (fd.directed, *fd.alternatives)))
-    for key in touched:  # the fault is repaired before the next one: back to the healthy fleet
-        sp = by_key[key]
-        loc.update(Observation(sp.reporter, key, sp.forward, None, False))
+    for i in touched:  # the fault is repaired before the next one: back to the healthy fleet
+        sp = fleet.paths[i]
+        loc.update(Observation(sp.reporter, sp.key, sp.forward, None, False))
 
 
 # ---- a whole run --------------------------------------------------------------------------------
@@ -432,8 +438,11 @@ def hits_for(f: Failure, o: Outcome | None, params: jobmodel.JobParams, cfg: Sim
     return with_, without
 
 
-def probe_overhead(fleet: Fleet, probe_bytes: int = 90, mtu: int = 1500, link_gbps: float = 400.0) -> dict:
-    """Probe packets per second per NIC (sent + reflected, each way) and their share of the link."""
+def probe_overhead(fleet: Fleet, link_gbps: float = 400.0) -> dict:
+    """Probe packets per second per NIC (sent + reflected, each way) and their share of the link:
+    IP sizes as the agent sends them (an unpadded probe; every `size_every`-th one full MTU)."""
+    probe_bytes = 28 + wire.MIN_PAYLOAD
+    mtu = AgentConfig.mtu
     cfg = fleet.config
     per_nic_out: dict[tuple[str, int], int] = {}
     per_nic_in: dict[tuple[str, int], int] = {}
@@ -464,7 +473,7 @@ def run(gpus: int = 16_384, days: float = 1.0, scenario: str = "llama3", seed: i
     fails = fm.draw(scenario, shape, days, rng)
     outcomes, hits_with, hits_without = [], [], []
     network = [f for f in fails if f.network]
-    for n, f in enumerate(fails):
+    for f in fails:
         o = None
         if f.network:
             o = simulate(fleet, f, rng)
@@ -488,9 +497,8 @@ def summary(r: RunResult) -> dict:
     def dist(values):
         if not values:
             return {"n": 0, "median": None, "p99": None}
-        v = sorted(values)
-        return {"n": len(v), "median": round(statistics.median(v), 3),
-                "p99": round(v[min(len(v) - 1, int(round(0.99 * (len(v) - 1))))], 3)}
+        return {"n": len(values), "median": round(statistics.median(values), 3),
+                "p99": round(percentile(sorted(values), 0.99), 3)}
 
     kinds = sorted({o.kind for o in r.outcomes})
     per_kind = {}
@@ -521,9 +529,9 @@ def summary(r: RunResult) -> dict:
 def coordinator_load(r: RunResult) -> dict:
     """What the coordinator takes: agents' heartbeats and summaries, and the change reports the
     simulated failures caused."""
-    hosts = r.gpus // 8
+    hosts = Shape.for_gpus(r.gpus).hosts
     paths = r.probe["paths"]
-    summary_s, heartbeat_s = 10.0, 1.0  # the agent's coordinator.summary_s default; its heartbeat
+    summary_s, heartbeat_s = CoordinatorLinkConfig.summary_s, HEARTBEAT_S
     calls = [ms for o in r.outcomes for ms in o.findings_ms]
     return {"agents": hosts, "reports_per_s_steady": round(hosts / heartbeat_s + hosts / summary_s, 1),
             "path_rows_per_s_steady": round(paths / summary_s, 1),

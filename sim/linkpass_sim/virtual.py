@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from linkpass.agent.daemon import BATCH_S
 from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
 from linkpass.core.detector import Detector, DetectorConfig, State, Transition
@@ -38,7 +39,7 @@ from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS
 
 NEVER = np.iinfo(np.int64).max // 4
 MS = 1_000_000
-BATCH_NS = 10 * MS  # linkpass.agent.daemon.BATCH_S: on-time replies are taken this often
+BATCH_NS = round(BATCH_S * 1e9)  # the daemon takes on-time replies this often
 REFLECT_NS = 2_000  # reflector turnaround
 
 
@@ -57,26 +58,31 @@ class Effect:
     loss: float = 0.0
     flap_ns: int = 0
 
+    def active(self, t: np.ndarray) -> np.ndarray:
+        return (t >= self.start_ns) & (t < self.end_ns)
+
     def dropping(self, t: np.ndarray) -> np.ndarray:
         """Whether the effect is dropping everything (down or a flap's down phase) at times `t`."""
-        on = (t >= self.start_ns) & (t < self.end_ns)
+        if self.kind == "down":
+            return self.active(t)
         if self.kind == "flap":
-            on &= ((t - self.start_ns) // self.flap_ns) % 2 == 0
-        elif self.kind != "down":
-            on &= False
-        return on
+            return self.active(t) & (((t - self.start_ns) // self.flap_ns) % 2 == 0)
+        return np.zeros(len(t), bool)
 
     def drops(self, t: np.ndarray, size: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        on = (t >= self.start_ns) & (t < self.end_ns)
-        if self.kind == "down":
-            return on
-        if self.kind == "flap":
-            return on & (((t - self.start_ns) // self.flap_ns) % 2 == 0)
+        """Which of the packets sent at `t` (full-size where `size`) it drops."""
+        if self.kind in ("down", "flap"):
+            return self.dropping(t)
         if self.kind == "loss":
-            return on & (rng.random(len(t)) < self.loss)
+            return self.active(t) & (rng.random(len(t)) < self.loss)
         if self.kind == "mtu":
-            return on & size
+            return self.active(t) & size
         raise ValueError(f"Effect.kind {self.kind!r} is unknown; one of down, flap, loss, mtu")
+
+
+def peer_addr(peer: str, plane: int) -> str:
+    """What stands for a peer's NIC address on `plane` in a PathInfo (entropy entries are keyed by it)."""
+    return f"{peer}#{plane}"
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,6 @@ class VirtualAgent:
         self._step_now = 0
         self.failover = Failover(Detector(config), lambda pid: self.paths[pid - 1].loss, self._log,
                                  entropy=self, interval_ns=interval_ns, set_rto=self._set_rto)
-        self.steps = 0
         self._initial_rto = config.initial_timeout_ns
         self._ready = False
         self._pend = {c: np.zeros(0, np.int64) for c in _COLS}
@@ -306,7 +311,6 @@ class VirtualAgent:
         events.sort(key=lambda e: e[10])  # the C loop learns them in time order
         self._step_now = now
         out = self.failover.step(events, now)
-        self.steps += 1
         self.now_ns = now
         if out:
             self.transitions += out
