@@ -6,7 +6,7 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 # the stamp names a checksum of everything the install builds from, so a change to the C core rebuilds it
-BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/_probecore.c
+BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/probe/_probecore.c
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)
 
 .PHONY: demo test test-unit bench deps clean

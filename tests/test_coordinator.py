@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from linkpass.core.fleet import from_testbed
-from linkpass.coordinator.service import Coordinator, CoordinatorConfig, CoordinatorError, NotFound, Refused
+from linkpass.core.fabric import from_testbed
+from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig, CoordinatorError, NotFound, Refused
 from linkpass.coordinator.store import Store
 from linkpass.testbed.topology import make_fabric, preset
 

@@ -120,7 +120,8 @@ def test_cli_against_the_endpoint(server):
 
 
 def test_doctor_asks_the_real_coordinator_about_its_token(server, tmp_path):
-    from linkpass import doctor as D
+    from linkpass.doctor import checks as D
+    from linkpass.doctor.gather import _ask_coordinator
     from linkpass.agent.config import CoordinatorLinkConfig
 
     srv, tokens = server
@@ -131,6 +132,6 @@ def test_doctor_asks_the_real_coordinator_about_its_token(server, tmp_path):
              (srv.url, bogus, D.FAIL), ("http://127.0.0.1:9", state / "agent.token", D.WARN)]
     for url, token_file, want in cases:
         f = D.Facts(coordinator_url=url)
-        D._ask_coordinator(f, None, CoordinatorLinkConfig(url, str(token_file)))
+        _ask_coordinator(f, None, CoordinatorLinkConfig(url, str(token_file)))
         check = D.check_coordinator(f)
         assert check.status == want, (url, token_file, check)

@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 
 from linkpass.agent.decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
 from linkpass.core.detector import State
-from linkpass.entropy import ENTRY_FAIL_STATIC, PORT_VERIFIED
+from linkpass.core.entropy_table import ENTRY_FAIL_STATIC, PORT_VERIFIED
 
 UP, DOWN, SUSPECT, DEGRADED, RECOVERING, DAMPED = (State.UP, State.DOWN, State.SUSPECT, State.DEGRADED,
                                                    State.RECOVERING, State.DAMPED)

@@ -45,7 +45,7 @@ def test_daemonset_asks_for_what_the_agent_needs():
     mounts = {m["mountPath"] for m in agent["volumeMounts"]}
     assert {"/run/linkpass", "/dev/shm", "/etc/linkpass"} <= mounts
     # the command's flags exist in the CLI
-    from linkpass.cli import build_parser
+    from linkpass.cli.main import build_parser
 
     args = build_parser().parse_args(agent["command"][1:3] + ["x.yaml"])
     assert args.config == "x.yaml"

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from linkpass import netns as ns_io
+from linkpass.kernel import netns as ns_io
 from linkpass.core import paths as P
 from linkpass.probe import discovery as D
 from linkpass.testbed import faults, traffic

@@ -17,7 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from linkpass import doctor as D
+from linkpass.cli import doctor as DC
+from linkpass.doctor import checks as D
+from linkpass.doctor import gather as G
 from tests.golden_files import check_golden
 
 NICS = (D.NicCfg(0, "p0", "198.18.64.1", "198.18.64.0"), D.NicCfg(1, "p1", "198.18.72.1", "198.18.72.0"))
@@ -65,7 +67,7 @@ def test_a_healthy_host_passes_every_check():
     assert names == ["sysctl.multipath_hash", "sysctl.rp_filter", "sysctl.icmp_errors", "sysctl.port_range",
                      "cap.net_admin", "cap.net_raw", "cap.sys_nice", "config", "nic.p0", "nic.p1", "rdma",
                      "route.h1", "route.h2", "clock", "agent", "coordinator"]
-    assert D.exit_code(checks) == 0
+    assert DC.exit_code(checks) == 0
     c = by_name(checks)
     assert "plane(s) 0,1" in c["route.h1"].detail  # the /20 wins over the default route
     assert "REACHABLE" in c["nic.p0"].detail
@@ -86,7 +88,7 @@ def test_failing_checks_say_what_is_wrong_and_how_to_fix_it():
     assert c["nic.p0"].status == D.OK
     assert c["route.h2"].status == D.FAIL and "eth0" in c["route.h2"].detail
     assert c["cap.net_admin"].status == D.FAIL and "AmbientCapabilities=CAP_NET_ADMIN" in c["cap.net_admin"].fix
-    assert D.exit_code(list(c.values())) == 2
+    assert DC.exit_code(list(c.values())) == 2
 
 
 def test_warnings_make_exit_1():
@@ -101,7 +103,7 @@ def test_warnings_make_exit_1():
     assert c["rdma"].detail == "no RDMA devices: routes and entropy still work, RDMA QPs cannot be steered"
     assert c["clock"].status == D.WARN and "16 s" in c["clock"].detail
     assert {x.status for x in checks} == {D.OK, D.WARN}
-    assert D.exit_code(checks) == 1
+    assert DC.exit_code(checks) == 1
 
 
 def test_reserved_ports_make_an_overlapping_range_ok():
@@ -200,19 +202,19 @@ def test_without_config_the_config_checks_skip_and_count_for_nothing():
     checks = D.run_checks(f)
     assert by_name(checks)["config"].status == D.SKIP
     assert not any(c.name.startswith(("nic.", "route.")) for c in checks)
-    assert D.exit_code(checks) == 0
+    assert DC.exit_code(checks) == 0
 
 
 def test_clock_and_cap_readers_on_this_machine():
-    clock = D.read_clock()  # adjtimex with modes=0 reads only
+    clock = G.read_clock()  # adjtimex with modes=0 reads only
     assert clock["state"] in range(6) and clock["esterror_us"] >= 0
-    assert D.read_cap_eff() is not None
+    assert G.read_cap_eff() is not None
 
 
 def test_gather_reports_a_bad_config_as_a_failed_check(tmp_path):
     cfg = tmp_path / "agent.yaml"
     cfg.write_text("agent_id: 1\nname: h0\n")
-    f = D.gather(None, str(cfg), api_port=1, ip_json=lambda *a: [])
+    f = G.gather(None, str(cfg), api_port=1, ip_json=lambda *a: [])
     c = by_name(D.run_checks(f))
     assert c["config"].status == D.FAIL and "fleet_key_file: required field is missing" in c["config"].detail
     assert c["agent"].status == D.WARN  # nothing listens on port 1
@@ -237,14 +239,14 @@ def mixed_report() -> dict:
 def test_rendering_matches_golden(fmt, monkeypatch, capsys):
     monkeypatch.setenv("NO_COLOR", "1")
     doc = mixed_report()
-    D.emit(doc, fmt, lambda d: D.render(d, wide=fmt == "wide"))
+    DC.emit(doc, fmt, lambda d: DC.render(d, wide=fmt == "wide"))
     check_golden(f"doctor_{fmt}.txt", capsys.readouterr().out)
 
 
 def test_command_line(monkeypatch, capsys):
     """register() wires the options; a missing namespace is a usage error (exit 3)."""
     ap = argparse.ArgumentParser()
-    D.register(ap.add_subparsers(dest="command"))
+    DC.register(ap.add_subparsers(dest="command"))
     args = ap.parse_args(["doctor", "--netns", "no-such-namespace-xyz", "-o", "json"])
     assert args.func(args) == 3
     assert "no network namespace 'no-such-namespace-xyz'" in capsys.readouterr().err
@@ -254,7 +256,7 @@ def test_command_line(monkeypatch, capsys):
 
 @pytest.mark.root
 def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
-    from linkpass import netns as ns_io
+    from linkpass.kernel import netns as ns_io
     from linkpass.testbed import mesh
 
     ns = fabric.netns("h0")
@@ -278,7 +280,7 @@ def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
     try:
         configs = mesh.write_agent_configs(fabric, str(tmp_path), bytes(range(32)), api_port=server.server_address[1])
         ap = argparse.ArgumentParser()
-        D.register(ap.add_subparsers(dest="command"))
+        DC.register(ap.add_subparsers(dest="command"))
         args = ap.parse_args(["doctor", "--netns", ns, "--config", configs[0], "-o", "json"])
         code = args.func(args)
     finally:

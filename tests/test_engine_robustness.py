@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from linkpass import netns as ns_io
+from linkpass.kernel import netns as ns_io
 from linkpass.core import wire as W
 from linkpass.core.clock import Exchange, PairEstimator, PurePairFilter, SyntheticClock
 from linkpass.probe.engine import CoreProbeEngine, PathSpec, ProbeEngine

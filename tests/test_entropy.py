@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from linkpass import entropy as E
+from linkpass.agent import entropy_writer as W
+from linkpass.core import entropy_table as T
+from linkpass_rdma import entropy as R
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "rdma" / "entropy_reader.c"
@@ -60,13 +62,13 @@ def parse(stdout: str) -> list[dict]:
             snaps.append({k: int(v, 0) for k, v in kv.items()} | {"entries": []})
         else:
             ints = lambda s, base=10: tuple(int(x, base) for x in s.split(",") if x)  # noqa: E731
-            snaps[-1]["entries"].append(E.Entry(
+            snaps[-1]["entries"].append(T.Entry(
                 str(ipaddress.ip_address(kv["peer"])), int(kv["plane"]), ints(kv["ports"]), ints(kv["path_ids"], 16),
                 ints(kv["port_flags"]), int(kv["flags"], 0), int(kv["generation"])))
     return snaps
 
 
-def same(a: E.Entry, b: E.Entry) -> bool:
+def same(a: T.Entry, b: T.Entry) -> bool:
     """Equal as stored (an entry given without path ids / flags is stored with zeros)."""
     n = len(a.ports)
     return ((a.peer, a.plane, a.ports, a.flags) == (b.peer, b.plane, b.ports, b.flags)
@@ -74,8 +76,8 @@ def same(a: E.Entry, b: E.Entry) -> bool:
             and (a.port_flags or (0,) * n) == (b.port_flags or (0,) * n))
 
 
-def assert_tables_equal(written: list[E.Entry], snap_c: dict, snap_py: E.Snapshot) -> None:
-    want = E.normalize(written)
+def assert_tables_equal(written: list[T.Entry], snap_c: dict, snap_py: T.Snapshot) -> None:
+    want = T.normalize(written)
     assert snap_c["count"] == snap_py.header.count == len(want)
     assert len(snap_c["entries"]) == len(snap_py.entries) == len(want)
     for w, c, p in zip(want, snap_c["entries"], snap_py.entries):
@@ -89,15 +91,15 @@ def assert_tables_equal(written: list[E.Entry], snap_c: dict, snap_py: E.Snapsho
 
 
 def test_layout_offsets_match_the_document():
-    assert E.table_size(1) == 128 + 192 and E.table_size(E.MAX_CAPACITY) == 128 + 65536 * 192
-    h = E.encode_header(4, writer_pid=0x01020304, seq=0x1111, generation=0x2222, count=3)
+    assert T.table_size(1) == 128 + 192 and T.table_size(T.MAX_CAPACITY) == 128 + 65536 * 192
+    h = T.encode_header(4, writer_pid=0x01020304, seq=0x1111, generation=0x2222, count=3)
     assert len(h) == 128 and h[:8] == b"LPENTRPY"
     assert struct.unpack_from("<HHHHII", h, 8) == (1, 128, 192, 16, 4, 0)
     assert struct.unpack_from("<Q", h, 24)[0] == 128 + 4 * 192
     assert struct.unpack_from("<I", h, 32)[0] == 0x01020304
     assert struct.unpack_from("<QQI", h, 64) == (0x1111, 0x2222, 3)
-    e = E.Entry("10.1.2.3", 7, (4791, 65535), (0xAABBCCDD, 1), (1, 3), E.ENTRY_FAIL_STATIC)
-    b = E.encode_entry(E.normalize([e])[0], 9)
+    e = T.Entry("10.1.2.3", 7, (4791, 65535), (0xAABBCCDD, 1), (1, 3), T.ENTRY_FAIL_STATIC)
+    b = T.encode_entry(T.normalize([e])[0], 9)
     assert len(b) == 192
     assert b[0] == 4 and b[1] == 2 and struct.unpack_from("<HI", b, 2) == (7, 1)
     assert b[8:24] == bytes([10, 1, 2, 3]) + bytes(12)  # address in network order
@@ -105,52 +107,34 @@ def test_layout_offsets_match_the_document():
     assert struct.unpack_from("<HH", b, 32) == (4791, 65535) and b[36:64] == bytes(28)
     assert struct.unpack_from("<II", b, 64) == (0xAABBCCDD, 1) and b[72:128] == bytes(56)
     assert b[128:130] == bytes([1, 3]) and b[130:] == bytes(62)
-    assert E.decode_entry(b) == E.Entry("10.1.2.3", 7, (4791, 65535), (0xAABBCCDD, 1), (1, 3), 1, 9)
-    assert E.decode_entry(bytes(192)) is None
-    v6 = E.normalize([E.Entry("2001:db8::7", 65535, tuple(range(1, 17)))])[0]
-    assert E.decode_entry(E.encode_entry(v6, 1)) == E.Entry("2001:db8::7", 65535, tuple(range(1, 17)),
+    assert T.decode_entry(b) == T.Entry("10.1.2.3", 7, (4791, 65535), (0xAABBCCDD, 1), (1, 3), 1, 9)
+    assert T.decode_entry(bytes(192)) is None
+    v6 = T.normalize([T.Entry("2001:db8::7", 65535, tuple(range(1, 17)))])[0]
+    assert T.decode_entry(T.encode_entry(v6, 1)) == T.Entry("2001:db8::7", 65535, tuple(range(1, 17)),
                                                            (0,) * 16, (0,) * 16, 0, 1)
 
 
 @pytest.mark.parametrize("entry, field", [
-    (E.Entry("10.0.0.300", 0, (1,)), "entries[0].peer"),
-    (E.Entry("10.0.0.1", 70000, (1,)), "entries[0].plane"),
-    (E.Entry("10.0.0.1", 0, tuple(range(1, 18))), "entries[0].ports: 17 ports"),
-    (E.Entry("10.0.0.1", 0, (1, 0)), "entries[0].ports[1]"),
-    (E.Entry("10.0.0.1", 0, (1, 1)), "entries[0].ports: duplicate"),
-    (E.Entry("10.0.0.1", 0, (1, 2), (5,)), "entries[0].path_ids"),
-    (E.Entry("10.0.0.1", 0, (1,), (2**32,)), "entries[0].path_ids[0]"),
-    (E.Entry("10.0.0.1", 0, (1,), (), (8,)), "entries[0].port_flags[0]"),
-    (E.Entry("10.0.0.1", 0, (1,), flags=4), "entries[0].flags"),
+    (T.Entry("10.0.0.300", 0, (1,)), "entries[0].peer"),
+    (T.Entry("10.0.0.1", 70000, (1,)), "entries[0].plane"),
+    (T.Entry("10.0.0.1", 0, tuple(range(1, 18))), "entries[0].ports: 17 ports"),
+    (T.Entry("10.0.0.1", 0, (1, 0)), "entries[0].ports[1]"),
+    (T.Entry("10.0.0.1", 0, (1, 1)), "entries[0].ports: duplicate"),
+    (T.Entry("10.0.0.1", 0, (1, 2), (5,)), "entries[0].path_ids"),
+    (T.Entry("10.0.0.1", 0, (1,), (2**32,)), "entries[0].path_ids[0]"),
+    (T.Entry("10.0.0.1", 0, (1,), (), (8,)), "entries[0].port_flags[0]"),
+    (T.Entry("10.0.0.1", 0, (1,), flags=4), "entries[0].flags"),
 ])
 def test_invalid_entries_are_refused_naming_the_field(entry, field):
-    with pytest.raises(E.EntryError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        E.normalize([entry])
+    with pytest.raises(T.EntryError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        T.normalize([entry])
 
 
 def test_duplicates_and_capacity_are_refused():
-    with pytest.raises(E.EntryError, match=r"entries\[1\]: duplicate key"):
-        E.normalize([E.Entry("10.0.0.1", 0, (1,)), E.Entry("10.0.0.1", 0, (2,))])
-    with pytest.raises(E.EntryError, match="capacity"):
-        E.normalize([E.Entry(f"10.0.0.{i}", 0, (1,)) for i in range(1, 4)], capacity=2)
-
-
-def test_entries_from_path_table_prefers_healthy_paths_and_fails_static():
-    from linkpass.core import paths as P
-
-    tr = []
-    for sport, hops in [(1000, ("a",)), (1001, ("b",)), (1002, ("a",)), (1003, ("b",))]:
-        tr.append(P.Trace("p0", "10.0.0.1", "10.0.1.1", sport, hops, P.END_REACHED, 2))
-    table = P.build_table(tr)
-    pa, pb = [p.id for p in table.paths("10.0.1.1", "p0")]
-    (e,) = E.entries_from_paths(table, {"p0": 3}, healthy=lambda peer, local, pid: True)
-    assert e.plane == 3 and e.flags == 0 and set(e.ports) == {1000, 1001, 1002, 1003}
-    assert {e.ports[0], e.ports[1]} in ({1000, 1001}, {1001, 1000})  # first ports cover both paths
-    (e,) = E.entries_from_paths(table, {"p0": 3}, healthy=lambda peer, local, pid: pid == pb)
-    assert sorted(e.ports) == [1001, 1003] and set(e.path_ids) == {int(pb, 16)}
-    (e,) = E.entries_from_paths(table, {"p0": 3}, healthy=lambda peer, local, pid: False)
-    assert e.flags == E.ENTRY_FAIL_STATIC and len(e.ports) == 4
-    assert pa != pb
+    with pytest.raises(T.EntryError, match=r"entries\[1\]: duplicate key"):
+        T.normalize([T.Entry("10.0.0.1", 0, (1,)), T.Entry("10.0.0.1", 0, (2,))])
+    with pytest.raises(T.EntryError, match="capacity"):
+        T.normalize([T.Entry(f"10.0.0.{i}", 0, (1,)) for i in range(1, 4)], capacity=2)
 
 
 # ---- Python writer, C and Python readers ---------------------------------------------------------
@@ -158,19 +142,19 @@ def test_entries_from_path_table_prefers_healthy_paths_and_fails_static():
 
 TABLES = [
     [],
-    [E.Entry("10.0.0.1", 0, (49152,))],
-    [E.Entry("10.0.0.2", 1, tuple(range(50000, 50016)), tuple(range(0xF0000000, 0xF0000010)), (1, 3) * 8),
-     E.Entry("10.0.0.1", 0, ()),  # empty entry: peer known, no healthy port
-     E.Entry("192.168.7.9", 65535, (1, 65535), (0xFFFFFFFF, 0), (2, 0), E.ENTRY_FAIL_STATIC),
-     E.Entry("fd00::1:2", 2, (4791, 4792, 4793)),
-     E.Entry("::ffff:10.0.0.5", 0, (7,))],
-    [E.Entry(f"10.{i // 256}.{i % 256}.1", i % 8, tuple(range(1000 + i, 1000 + i + 1 + i % 16))) for i in range(64)],
+    [T.Entry("10.0.0.1", 0, (49152,))],
+    [T.Entry("10.0.0.2", 1, tuple(range(50000, 50016)), tuple(range(0xF0000000, 0xF0000010)), (1, 3) * 8),
+     T.Entry("10.0.0.1", 0, ()),  # empty entry: peer known, no healthy port
+     T.Entry("192.168.7.9", 65535, (1, 65535), (0xFFFFFFFF, 0), (2, 0), T.ENTRY_FAIL_STATIC),
+     T.Entry("fd00::1:2", 2, (4791, 4792, 4793)),
+     T.Entry("::ffff:10.0.0.5", 0, (7,))],
+    [T.Entry(f"10.{i // 256}.{i % 256}.1", i % 8, tuple(range(1000 + i, 1000 + i + 1 + i % 16))) for i in range(64)],
 ]
 
 
 def test_c_reader_reads_exactly_what_python_wrote(tmp_path, reader):
     path = tmp_path / "table"
-    with E.EntropyWriter(str(path), capacity=64) as w:
+    with W.EntropyWriter(str(path), capacity=64) as w:
         gen = 0
         for table in TABLES:
             gen2 = w.publish(table)
@@ -179,51 +163,51 @@ def test_c_reader_reads_exactly_what_python_wrote(tmp_path, reader):
             r = run_c(reader, path)
             assert r.returncode == OK, r.stderr
             (snap,) = parse(r.stdout)
-            assert_tables_equal(table, snap, E.read_table(str(path)))
+            assert_tables_equal(table, snap, R.read_table(str(path)))
             assert snap["writer_pid"] == os.getpid() and snap["capacity"] == 64
         # single-entry updates and removals, on top of the last table
-        current = {e.key: e for e in E.normalize(TABLES[-1])}
+        current = {e.key: e for e in T.normalize(TABLES[-1])}
         for peer, plane, ports in [("10.0.0.1", 0, (9, 8, 7)), ("10.0.5.1", 5, ()), ("fe80::1", 1, (1,))]:
             if len(current) >= 64:
                 w.remove("10.0.63.1", 7)
-                current.pop(E.Entry("10.0.63.1", 7, ()).key)
+                current.pop(T.Entry("10.0.63.1", 7, ()).key)
             w.update(peer, plane, ports)
-            current[E.Entry(peer, plane, ()).key] = E.Entry(peer, plane, tuple(ports))
+            current[T.Entry(peer, plane, ()).key] = T.Entry(peer, plane, tuple(ports))
             r = run_c(reader, path)
             (snap,) = parse(r.stdout)
-            assert_tables_equal(list(current.values()), snap, E.read_table(str(path)))
+            assert_tables_equal(list(current.values()), snap, R.read_table(str(path)))
             changed = [e for e in snap["entries"] if e.generation == snap["generation"]]
             assert [(e.peer, e.plane) for e in changed] == [(peer, plane)]  # untouched entries keep theirs
 
 
 def test_python_cli_prints_what_the_c_reader_prints(tmp_path, reader, capsys):
     path = tmp_path / "table"
-    with E.EntropyWriter(str(path), capacity=8) as w:
+    with W.EntropyWriter(str(path), capacity=8) as w:
         w.publish(TABLES[2])
         c = run_c(reader, path)
-        assert E.main(["-p", str(path)]) == OK
+        assert R.main(["-p", str(path)]) == OK
         assert capsys.readouterr().out == c.stdout  # byte for byte, IPv4-mapped IPv6 included
-        assert E.main(["-p", str(path), "lookup", "fd00::1:2", "2", "4"]) == OK
+        assert R.main(["-p", str(path), "lookup", "fd00::1:2", "2", "4"]) == OK
         assert capsys.readouterr().out == run_c(reader, path, "lookup", "fd00::1:2", "2", "4").stdout == "4792\n"
-        assert E.main(["-p", str(path), "lookup", "fd00::1:2", "3"]) == NOTFOUND
-    assert E.main(["-p", str(tmp_path / "nothing")]) == MISSING
+        assert R.main(["-p", str(path), "lookup", "fd00::1:2", "3"]) == NOTFOUND
+    assert R.main(["-p", str(tmp_path / "nothing")]) == MISSING
     path.write_bytes(b"LPENTRPY" + bytes(200))
-    assert E.main(["-p", str(path)]) == BAD == run_c(reader, path).returncode
+    assert R.main(["-p", str(path)]) == BAD == run_c(reader, path).returncode
 
 
 def test_lookup_picks_port_by_key_and_says_when_there_is_none(tmp_path, reader):
     path = tmp_path / "table"
-    with E.EntropyWriter(str(path), capacity=8) as w:
-        w.publish([E.Entry("10.0.0.1", 1, (100, 200, 300)), E.Entry("2001:db8::1", 0, (5,)),
-                   E.Entry("10.0.0.2", 0, ())])
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        w.publish([T.Entry("10.0.0.1", 1, (100, 200, 300)), T.Entry("2001:db8::1", 0, (5,)),
+                   T.Entry("10.0.0.2", 0, ())])
         for key in range(7):
             r = run_c(reader, path, "lookup", "10.0.0.1", "1", str(key))
             assert (r.returncode, r.stdout) == (OK, f"{(100, 200, 300)[key % 3]}\n")
-            assert E.lookup(str(path), "10.0.0.1", 1, key) == (100, 200, 300)[key % 3]
+            assert R.lookup(str(path), "10.0.0.1", 1, key) == (100, 200, 300)[key % 3]
         assert run_c(reader, path, "lookup", "2001:db8:0::1", "0").stdout == "5\n"
         assert run_c(reader, path, "lookup", "10.0.0.1", "0").returncode == NOTFOUND
         assert run_c(reader, path, "lookup", "10.0.0.2", "0").returncode == NOTFOUND
-        assert E.lookup(str(path), "10.0.0.2", 0) is None
+        assert R.lookup(str(path), "10.0.0.2", 0) is None
         assert run_c(reader, path, "lookup", "nonsense", "0").returncode == 2
 
 
@@ -246,28 +230,29 @@ def _damage(path: Path, offset: int, data: bytes) -> None:
 ])
 def test_bad_files_get_the_bad_exit_code(tmp_path, reader, damage, message):
     path = tmp_path / "table"
-    with E.EntropyWriter(str(path), capacity=8) as w:
+    with W.EntropyWriter(str(path), capacity=8) as w:
         w.publish(TABLES[1])
     damage(path)
     r = run_c(reader, path)
     assert r.returncode == BAD and r.stdout == "", r.stderr
-    with pytest.raises(E.TableBad, match=message):
-        E.read_table(str(path))
+    with pytest.raises(T.TableBad, match=message):
+        R.read_table(str(path))
 
 
 def test_missing_file(tmp_path, reader):
     assert run_c(reader, tmp_path / "nothing").returncode == MISSING
-    with pytest.raises(E.TableMissing):
-        E.read_table(str(tmp_path / "nothing"))
+    with pytest.raises(T.TableMissing):
+        R.read_table(str(tmp_path / "nothing"))
 
 
 KILLED_MID_UPDATE = textwrap.dedent("""
     import os, signal, sys
-    from linkpass import entropy as E
-    w = E.EntropyWriter(sys.argv[1], capacity=8)
-    w.publish([E.Entry("10.0.0.1", 0, (1000, 1001))])
+    from linkpass.agent import entropy_writer as W
+    from linkpass.core import entropy_table as T
+    w = W.EntropyWriter(sys.argv[1], capacity=8)
+    w.publish([T.Entry("10.0.0.1", 0, (1000, 1001))])
     w._begin()                                 # seq odd: inside a write section ...
-    w._mm[E.HEADER_SIZE + 32:E.HEADER_SIZE + 34] = b"\\xff\\xff"  # ... half way through an entry
+    w._mm[T.HEADER_SIZE + 32:T.HEADER_SIZE + 34] = b"\\xff\\xff"  # ... half way through an entry
     os.kill(os.getpid(), signal.SIGKILL)       # ... and gone
 """)
 
@@ -276,20 +261,20 @@ def test_writer_killed_mid_update_is_stale_for_both_readers_until_a_new_writer_t
     path = tmp_path / "table"
     p = subprocess.run([sys.executable, "-c", KILLED_MID_UPDATE, str(path)], cwd=ROOT, timeout=30)
     assert p.returncode == -signal.SIGKILL
-    seq = struct.unpack_from("<Q", path.read_bytes(), E.OFF_SEQ)[0]
+    seq = struct.unpack_from("<Q", path.read_bytes(), T.OFF_SEQ)[0]
     assert seq % 2 == 1
     t0 = time.monotonic()
     r = run_c(reader, path)
     assert r.returncode == STALE and "died mid-update" in r.stderr, r.stderr
     r = run_c(reader, path, "lookup", "10.0.0.1", "0")
     assert r.returncode == STALE and r.stdout == ""
-    with pytest.raises(E.TableStale, match="gone"):
-        E.read_table(str(path))
+    with pytest.raises(T.TableStale, match="gone"):
+        R.read_table(str(path))
     assert time.monotonic() - t0 < 2  # found by the dead pid, not by waiting out the timeout
     # a new writer (the restarted agent) takes the file over in place and closes the section
-    with E.EntropyWriter(str(path), capacity=8) as w:
+    with W.EntropyWriter(str(path), capacity=8) as w:
         assert r.returncode == STALE
-        w.publish([E.Entry("10.0.0.1", 0, (2000,))])
+        w.publish([T.Entry("10.0.0.1", 0, (2000,))])
         r = run_c(reader, path)
         assert r.returncode == OK
         (snap,) = parse(r.stdout)
@@ -298,19 +283,19 @@ def test_writer_killed_mid_update_is_stale_for_both_readers_until_a_new_writer_t
 
 def test_odd_seq_with_live_writer_is_busy_then_stale_after_the_timeout(tmp_path, reader):
     path = tmp_path / "table"
-    with E.EntropyWriter(str(path), capacity=8) as w:
+    with W.EntropyWriter(str(path), capacity=8) as w:
         w.publish(TABLES[1])
         w._begin()  # this (live) process is "inside" a write section
         r = run_c(reader, path, "-r", "2000", "-s", "60000")
         assert r.returncode == BUSY, r.stderr
-        with pytest.raises(E.TableBusy):
-            E.read_table(str(path), retries=2000, stale_ns=60 * 10**9)
+        with pytest.raises(T.TableBusy):
+            R.read_table(str(path), retries=2000, stale_ns=60 * 10**9)
         time.sleep(0.02)
         r = run_c(reader, path, "-r", "2000", "-s", "10")  # open for > 10 ms: stuck writer
         assert r.returncode == STALE, r.stderr
-        with pytest.raises(E.TableStale, match="odd for"):
-            E.read_table(str(path), retries=2000, stale_ns=10 * 10**6)
-        w._end(w._u64(E.OFF_SEQ))
+        with pytest.raises(T.TableStale, match="odd for"):
+            R.read_table(str(path), retries=2000, stale_ns=10 * 10**6)
+        w._end(w._u64(T.OFF_SEQ))
         assert run_c(reader, path).returncode == OK
 
 
@@ -319,33 +304,33 @@ def test_in_another_pid_namespace_the_writer_pid_is_not_trusted(tmp_path, reader
     path = tmp_path / "table"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    with E.EntropyWriter(str(path), capacity=8) as w:
+    with W.EntropyWriter(str(path), capacity=8) as w:
         w.publish(TABLES[1])
         w._begin()
-        w._u32(E.OFF_WRITER_PID, int(dead))  # a pid that is gone here ...
-        w._u64(E.OFF_WRITER_PIDNS, 1)  # ... but in some other namespace, where it may be alive
+        w._u32(T.OFF_WRITER_PID, int(dead))  # a pid that is gone here ...
+        w._u64(T.OFF_WRITER_PIDNS, 1)  # ... but in some other namespace, where it may be alive
         r = run_c(reader, path, "-r", "2000", "-s", "60000")
         assert r.returncode == BUSY, r.stderr
-        with pytest.raises(E.TableBusy):
-            E.read_table(str(path), retries=2000, stale_ns=60 * 10**9)
-        w._u64(E.OFF_WRITER_PIDNS, os.stat("/proc/self/ns/pid").st_ino)  # same namespace: the pid counts
+        with pytest.raises(T.TableBusy):
+            R.read_table(str(path), retries=2000, stale_ns=60 * 10**9)
+        w._u64(T.OFF_WRITER_PIDNS, os.stat("/proc/self/ns/pid").st_ino)  # same namespace: the pid counts
         assert run_c(reader, path, "-r", "2000", "-s", "60000").returncode == STALE
-        with pytest.raises(E.TableStale, match="gone"):
-            E.read_table(str(path), retries=2000, stale_ns=60 * 10**9)
-        w._end(w._u64(E.OFF_SEQ))
+        with pytest.raises(T.TableStale, match="gone"):
+            R.read_table(str(path), retries=2000, stale_ns=60 * 10**9)
+        w._end(w._u64(T.OFF_SEQ))
 
 
 def test_heartbeat_age_and_a_second_writer(tmp_path, reader):
     path = tmp_path / "table"
-    with E.EntropyWriter(str(path), capacity=8) as w:
+    with W.EntropyWriter(str(path), capacity=8) as w:
         w.publish(TABLES[1])
         for cap in (8, 32):  # neither taking over nor replacing the file while a writer has it
-            with pytest.raises(E.EntropyError, match="another writer"):
-                E.EntropyWriter(str(path), capacity=cap)
-        assert path.stat().st_size == E.table_size(8)
-        seq = struct.unpack_from("<Q", path.read_bytes(), E.OFF_SEQ)[0]
+            with pytest.raises(T.EntropyError, match="another writer"):
+                W.EntropyWriter(str(path), capacity=cap)
+        assert path.stat().st_size == T.table_size(8)
+        seq = struct.unpack_from("<Q", path.read_bytes(), T.OFF_SEQ)[0]
         assert w.publish(TABLES[1]) == w.generation == 1  # no change: no write section, same generation
-        assert struct.unpack_from("<Q", path.read_bytes(), E.OFF_SEQ)[0] == seq
+        assert struct.unpack_from("<Q", path.read_bytes(), T.OFF_SEQ)[0] == seq
         time.sleep(0.03)
         assert run_c(reader, path, "-a", "10").returncode == STALE
         w.heartbeat()
@@ -358,30 +343,30 @@ def test_heartbeat_age_and_a_second_writer(tmp_path, reader):
 def test_writer_does_not_overwrite_a_file_that_is_not_a_table(tmp_path):
     path = tmp_path / "table"
     path.write_bytes(b"precious data, not a table")
-    with pytest.raises(E.EntropyError, match="not an entropy table"):
-        E.EntropyWriter(str(path), capacity=8)
+    with pytest.raises(T.EntropyError, match="not an entropy table"):
+        W.EntropyWriter(str(path), capacity=8)
     assert path.read_bytes() == b"precious data, not a table"
     path.write_bytes(b"")  # empty (or a table of another version/capacity, or truncated): replaced
-    with E.EntropyWriter(str(path), capacity=8) as w:
+    with W.EntropyWriter(str(path), capacity=8) as w:
         w.publish(TABLES[1])
-    assert [e.ports for e in E.read_table(str(path)).entries] == [(49152,)]
+    assert [e.ports for e in R.read_table(str(path)).entries] == [(49152,)]
 
 
 def test_reopen_with_other_capacity_replaces_the_file_and_retires_the_old(tmp_path, reader):
     path = tmp_path / "table"
-    with E.EntropyWriter(str(path), capacity=4) as w:
+    with W.EntropyWriter(str(path), capacity=4) as w:
         w.publish(TABLES[1])
-    held = E.EntropyReader(str(path))  # a long-lived reader keeps the old file mapped
+    held = R.EntropyReader(str(path))  # a long-lived reader keeps the old file mapped
     ino = path.stat().st_ino
-    with E.EntropyWriter(str(path), capacity=16, keep=True) as w:
+    with W.EntropyWriter(str(path), capacity=16, keep=True) as w:
         w.publish(TABLES[2])
-        assert path.stat().st_ino != ino and path.stat().st_size == E.table_size(16)
+        assert path.stat().st_ino != ino and path.stat().st_size == T.table_size(16)
         assert sorted(os.listdir(tmp_path)) == ["table"]  # no temp file left
         snap = held.read()  # sees RETIRED on the old mapping and re-opens the path
         assert snap.header.capacity == 16 and len(snap.entries) == len(TABLES[2])
     held.close()
-    with E.EntropyWriter(str(path), capacity=16, keep=True) as w:  # same capacity: taken over, kept
-        assert len(w.entries()) == len(TABLES[2]) and path.stat().st_size == E.table_size(16)
+    with W.EntropyWriter(str(path), capacity=16, keep=True) as w:  # same capacity: taken over, kept
+        assert len(w.entries()) == len(TABLES[2]) and path.stat().st_size == T.table_size(16)
 
 
 # ---- concurrency: a writer that never stops, readers that never see a torn table -----------------
@@ -389,15 +374,16 @@ def test_reopen_with_other_capacity_replaces_the_file_and_retires_the_old(tmp_pa
 
 WRITER = textwrap.dedent("""
     import sys, time
-    from linkpass import entropy as E
+    from linkpass.agent import entropy_writer as W
+    from linkpass.core import entropy_table as T
     path, seconds = sys.argv[1], float(sys.argv[2])
 
     def entry(i, g):
         n = 1 + (g + i) % 16
-        return E.Entry(f"10.9.{i}.1", i % 4, tuple(1 + (g * 31 + i * 17 + k) % 65000 for k in range(n)),
+        return T.Entry(f"10.9.{i}.1", i % 4, tuple(1 + (g * 31 + i * 17 + k) % 65000 for k in range(n)),
                        (g,) * n, tuple((g + k) % 4 for k in range(n)))
 
-    w = E.EntropyWriter(path, capacity=16)
+    w = W.EntropyWriter(path, capacity=16)
     print("ready", flush=True)
     end = time.monotonic() + seconds
     g = 0
@@ -414,7 +400,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def check_consistent(snap_gen: int, count: int, entries: list[E.Entry]) -> None:
+def check_consistent(snap_gen: int, count: int, entries: list[T.Entry]) -> None:
     """Every entry encodes the generation that wrote it; a publish wrote all of them."""
     assert len(entries) == count
     if snap_gen == 0:  # the writer has opened the table but not published yet
@@ -461,7 +447,7 @@ def test_readers_never_see_a_torn_table_while_the_writer_runs(tmp_path, reader):
     w = start_writer(path, seconds)
     try:
         c_snaps, py_snaps, gens = 0, 0, set()
-        py = E.EntropyReader(str(path))
+        py = R.EntropyReader(str(path))
         end = time.monotonic() + seconds - 0.3
         delays = ["0", "2000"]  # -d: the C reader dawdles 2 us per entry, so copies overlap writes
         while time.monotonic() < end:

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from linkpass import entropy
+from linkpass.core import entropy_table
+from linkpass_rdma import entropy
 from linkpass.agent.routes import RTPROT_LINKPASS
 from linkpass.testbed import faults, traffic
 from linkpass.testbed.agents import Agents
@@ -137,7 +138,7 @@ def test_hard_failure_of_an_uplink_moves_routes_at_both_ends_and_the_entropy_tab
         table = entropy.read_table(f"{agents.directory}/entropy-h{A}")
         e0 = table.get(fabric.nic_addr(B, 0), 0)
         e1 = table.get(fabric.nic_addr(B, 1), 1)
-        assert e0 is not None and e0.flags & entropy.ENTRY_FAIL_STATIC, e0
+        assert e0 is not None and e0.flags & entropy_table.ENTRY_FAIL_STATIC, e0
         assert e1 is not None and e1.ports and not e1.flags, e1
     finally:
         faults.clear(fabric.prefix)

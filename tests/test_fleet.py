@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from linkpass.core import fleet as F
+from linkpass.core import fabric as F
 from linkpass.testbed.topology import make_fabric, preset
 
 

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from linkpass import fleet_cli
-from linkpass.coordinator.service import Coordinator, CoordinatorConfig
+from linkpass.cli import coordinator as fleet_cli
+from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.coordinator.store import Store
 from tests.test_coordinator import MODEL, fail_paths, identity, table_of
 from tests.golden_files import check_golden

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from linkpass.agent import decide, failover
-from linkpass.coordinator import service
+from linkpass.coordinator import coordinator as service
 from linkpass.core import detector, localize, plan
 from linkpass_sim import calibration, failures, fleet, jobmodel, virtual
 from linkpass_sim.failures import Failure, Shape

@@ -11,7 +11,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from linkpass.probe.service import LocalApi, PathLabels, TelemetryView
+from linkpass.agent.api import LocalApi, PathLabels, TelemetryView
 from linkpass.testbed import faults
 from linkpass.testbed.faults import FaultSpec
 from linkpass.testbed.mesh import Mesh

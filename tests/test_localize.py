@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from linkpass.core.fleet import rail_optimized
+from linkpass.core.fabric import rail_optimized
 from linkpass.core.localize import Finding, Localizer, Observation, localize
 from linkpass.core.plan import plan_probes
 

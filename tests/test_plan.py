@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from linkpass.core.fleet import FleetError, rail_optimized
+from linkpass.core.fabric import FleetError, rail_optimized
 from linkpass.core.plan import PlannedPath, coverage, plan_probes, planned_links
 
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from linkpass import probe_cli as PC
+from linkpass.testbed import pathcheck as PC
 from linkpass.core import paths as P
 from linkpass.testbed import topology
 from tests.golden_files import check_golden
@@ -204,7 +204,7 @@ def test_a_cut_link_shows_as_an_unreached_path_and_exit_1(clean_faults, capsys):
 
 @pytest.mark.root
 def test_a_port_in_use_is_exit_3(fabric, capsys):
-    from linkpass import netns as ns_io
+    from linkpass.kernel import netns as ns_io
 
     sock = ns_io.socket_in_netns(fabric.netns("h0"))
     try:

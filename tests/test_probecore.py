@@ -6,7 +6,7 @@ import hashlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from linkpass import _probecore
+from linkpass.probe import _probecore
 from linkpass.core import wire as W
 
 KEY = bytes(range(32))

@@ -84,7 +84,7 @@ def test_tcp_connections_over_our_routes_retransmit_after_rto_min(actuator):
     import socket
     import struct
 
-    from linkpass import netns as ns_io
+    from linkpass.kernel import netns as ns_io
 
     fab, act = actuator
     act.reconcile()

@@ -4,7 +4,7 @@ It discovers the ECMP paths to every configured peer, probes them with the C pro
 native thread that sends, reflects and timestamps without waiting for Python), judges every
 path with the detector, and rewrites the data path: the routes to peers' service addresses
 (whole planes; `routes.py`) and the healthy source ports per (peer, plane) in the entropy table
-(single paths; `linkpass/entropy.py`). `failover.py` is the loop between the two.
+(single paths; `entropy_writer.py`). `failover.py` is the loop between the two.
 
 Lifecycle: SIGTERM/SIGINT stop it cleanly: routes back to the baseline (every plane), entropy
 table withdrawn, sockets closed, API down. SIGHUP re-reads the config and applies what can change
@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..core.detector import Detector, DetectorConfig, State
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import EV_MISS, CoreProbeEngine, PathSpec
-from ..probe.service import LocalApi, PathLabels, TelemetryView
+from .api import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, Peer, load_text, read_fleet_key
 from .coordinator_link import CoordinatorLink
 from .decide import PathInfo, crosses
@@ -129,7 +129,7 @@ class Agent:
         self.routes = self._route_actuator(cfg, dry_run)
         self.entropy = None
         if cfg.entropy_enabled and not dry_run:
-            from ..entropy import EntropyWriter
+            from .entropy_writer import EntropyWriter
             self.entropy = EntropyWriter(cfg.entropy_path)
         self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
                                  log, routes=self.routes, entropy=self.entropy,

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..core.detector import State
-from ..entropy import ENTRY_FAIL_STATIC, MAX_PORTS, PORT_VERIFIED, Entry
+from ..core.entropy_table import ENTRY_FAIL_STATIC, MAX_PORTS, PORT_VERIFIED, Entry
 
 
 @dataclass(frozen=True)

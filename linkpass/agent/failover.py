@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ..core.clock import Exchange, PairEstimator
 from ..core.detector import Detector, State, Transition
 from ..core.telemetry import LossCounters
-from ..entropy import Entry
+from ..core.entropy_table import Entry
 from ..probe.engine import EV_ANSWERED, EV_MISS
 from .decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
 

@@ -70,7 +70,7 @@ class RouteSocket:
     def __init__(self, netns: str | None = None) -> None:
         args = (socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         if netns:  # a netlink socket talks to the namespace it was created in
-            from ..netns import socket_in_netns
+            from ..kernel.netns import socket_in_netns
             self.sock = socket_in_netns(netns, *args)
         else:
             self.sock = socket.socket(*args)

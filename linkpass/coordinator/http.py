@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .auth import Tokens
-from .service import Coordinator, CoordinatorError
+from .coordinator import Coordinator, CoordinatorError
 
 TICK_S = 0.1
 MAX_BODY = 16 << 20

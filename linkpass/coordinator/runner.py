@@ -5,7 +5,7 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     state_dir        SQLite database and tokens (default /var/lib/linkpass/coordinator)
     listen           "HOST:PORT" (default 127.0.0.1:9470)
     testbed          prefix of a running testbed: its fabric is the model
-    fabric           path of a fabric model JSON (linkpass.core.fleet.FleetModel.to_dict)
+    fabric           path of a fabric model JSON (linkpass.core.fabric.FleetModel.to_dict)
     max_drain_share  blast-radius guard: share of one tier's links in one plane (default 0.05)
     agent_timeout_s  an agent silent this long is reported lost (default 10)
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import os
 
-from ..core.fleet import FleetModel, from_testbed
+from ..core.fabric import FleetModel, from_testbed
 from .auth import Tokens, ensure_tokens
 from .http import CoordinatorServer
-from .service import Coordinator, CoordinatorConfig, CoordinatorError
+from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import Store
 
 DEFAULT_STATE_DIR = "/var/lib/linkpass/coordinator"

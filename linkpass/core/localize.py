@@ -49,7 +49,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Iterable
 
-from linkpass.core.fleet import HOST_LEAF, FleetError, FleetModel, split_directed
+from linkpass.core.fabric import HOST_LEAF, FleetError, FleetModel, split_directed
 
 DIRECTIONS = ("forward", "reverse", "both", None)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from linkpass.core.fleet import FleetError, FleetModel
+from linkpass.core.fabric import FleetError, FleetModel
 
 
 @dataclass(frozen=True)

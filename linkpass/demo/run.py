@@ -27,7 +27,7 @@ import sys
 import time
 from contextlib import ExitStack
 
-from ..output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, paint, table
+from ..cli.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, paint, table
 from . import timeline
 from .script import SCRIPT, Scripted, select
 

@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
-from .. import netns as ns_io
+from ..kernel import netns as ns_io
 from ..core import paths as P
 from ..core.paths import PathTable
 

@@ -37,7 +37,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .. import netns as ns_io
+from ..kernel import netns as ns_io
 from ..core import wire
 from ..core.telemetry import PathTelemetry
 
@@ -296,7 +296,7 @@ class ProbeEngine:
 
 
 class CoreProbeEngine:
-    """The same engine with its per-packet loop in C (linkpass._probecore).
+    """The same engine with its per-packet loop in C (linkpass.probe._probecore).
 
     `run()` hands the loop to C in slices (GIL released) and, between slices, turns the
     completed exchanges into per-path telemetry and `on_exchange` calls. The clock is a linear
@@ -312,7 +312,7 @@ class CoreProbeEngine:
                  clock_segment: Callable[[int], tuple[int, int, int]] | None = None, seed: int = 1,
                  jitter: float = 0.1, slice_s: float = 0.05,
                  on_exchange: Callable[[ExchangeRecord], None] | None = None):
-        from .. import _probecore
+        from . import _probecore
 
         _check_engine_args(agent_id, jitter)
         self.agent_id = agent_id

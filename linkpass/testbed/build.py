@@ -17,7 +17,7 @@ from typing import Callable
 
 from pyroute2 import IPRoute, netns as pr_netns
 
-from .. import netns as ns_io
+from ..kernel import netns as ns_io
 from . import state
 from .topology import Fabric, Route, Spec, TopologyError, mac_of, make_fabric, mgmt_subnet_for_slot
 

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from ..output import EXIT_CRITICAL, EXIT_OK, FORMATS, emit, paint, table
+from ..cli.output import EXIT_CRITICAL, EXIT_OK, FORMATS, emit, paint, table
 from . import build, faults, traffic
 from .topology import Fabric, load_spec_text, preset, check_prefix, PRESETS
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
-from .. import netns as ns_io
+from ..kernel import netns as ns_io
 from . import state
 from .build import TestbedError, ensure_neighbors, ensure_routes, load_fabric
 from .topology import Fabric, Link

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .. import netns as ns_io
+from ..kernel import netns as ns_io
 from .topology import Fabric
 
 TCP_PORT = 45000

@@ -1,6 +1,6 @@
 """Real UDP traffic across the testbed, from one process: reachability, counted flows, ECMP paths.
 
-Sockets are opened inside the host namespaces (see linkpass.netns) and driven from the
+Sockets are opened inside the host namespaces (see linkpass.kernel.netns) and driven from the
 calling thread, so a check needs no helper processes. Receivers record the kernel RX
 timestamp (SO_TIMESTAMPNS) and the ingress interface (IP_PKTINFO) of every packet.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
 
-from .. import netns as ns_io
+from ..kernel import netns as ns_io
 from .topology import Fabric
 
 ROCE_PORT = 4791  # flows use the RoCEv2 port so they hash like RDMA traffic

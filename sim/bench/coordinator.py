@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
-from linkpass.core.fleet import rail_optimized  # noqa: E402
+from linkpass.core.fabric import rail_optimized  # noqa: E402
 from linkpass.core.localize import Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402

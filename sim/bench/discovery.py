@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
-from linkpass import netns as ns_io  # noqa: E402
+from linkpass.kernel import netns as ns_io  # noqa: E402
 from linkpass.core import paths as P  # noqa: E402
 from linkpass.probe import discovery as D  # noqa: E402
 from linkpass.testbed import build, topology  # noqa: E402

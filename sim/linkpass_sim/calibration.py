@@ -19,7 +19,7 @@ import numpy as np
 from linkpass.agent.config import AgentConfig
 from linkpass.agent.decide import PathInfo
 from linkpass.core.detector import DetectorConfig
-from linkpass.core.fleet import DOWN, UP, directed, rail_optimized
+from linkpass.core.fabric import DOWN, UP, directed, rail_optimized
 from linkpass.testbed.topology import preset
 
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr

@@ -35,10 +35,10 @@ from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
 from linkpass.agent.coordinator_link import HEARTBEAT_S
 from linkpass.agent.decide import PathInfo
 from linkpass.coordinator.http import TICK_S
-from linkpass.coordinator.service import path_evidence
+from linkpass.coordinator.coordinator import path_evidence
 from linkpass.core import wire
 from linkpass.core.detector import DetectorConfig
-from linkpass.core.fleet import DOWN, HOST_LEAF, UP, FleetModel, directed, rail_optimized, split_directed
+from linkpass.core.fabric import DOWN, HOST_LEAF, UP, FleetModel, directed, rail_optimized, split_directed
 from linkpass.core.localize import Localizer, Observation
 from linkpass.core.plan import plan_probes
 from linkpass.core.telemetry import percentile

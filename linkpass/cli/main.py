@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from . import __version__
+from .. import __version__
 from .output import EXIT_CRITICAL, EXIT_UNKNOWN, paint
 
 
@@ -33,32 +33,28 @@ def _raise_interrupt(_sig, _frame):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .testbed import cli as testbed_cli
-    from . import demo, doctor, fleet_cli, paths_cli, probe_cli
+    # the testbed's own commands register here; nothing else outside tests, the demo and the
+    # benchmarks imports the testbed
+    from ..testbed import cli as testbed_cli, pathcheck
+    from .. import demo
+    from . import agent as agent_cli, coordinator as coordinator_cli, doctor, paths
 
     ap = argparse.ArgumentParser(prog="linkpass", description=__doc__.strip() if __doc__ else None)
     ap.add_argument("--version", action="version", version=f"linkpass {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     testbed_cli.register(sub)
-    ag = sub.add_parser("agent", help="the per-host daemon: probe mesh, detection, failover of routes and ports",
-                        description="Run the LinkPass agent on this host (in this network namespace).")
-    ag.add_argument("--config", required=True, metavar="FILE", help="YAML config; see linkpass/agent/config.py")
-    ag.add_argument("--max-seconds", type=float, default=None, help="stop by itself after this long")
-    ag.add_argument("--dry-run", action="store_true",
-                    help="detect and log every decision (route_change events with dry_run=true); touch nothing")
-    ag.set_defaults(func=lambda a: __import__("linkpass.agent.daemon", fromlist=["main"]).main(
-        a.config, a.max_seconds, a.dry_run), needs_root=True)
-    paths_cli.register(sub)
-    fleet_cli.register(sub)
-    probe_cli.register(sub)
+    agent_cli.register(sub)
+    paths.register(sub)
+    coordinator_cli.register(sub)
+    pathcheck.register(sub)
     doctor.register(sub)
     demo.register(sub)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .testbed.build import TestbedError
-    from .testbed.topology import TopologyError
+    from ..testbed.build import TestbedError
+    from ..testbed.topology import TopologyError
 
     # SIGTERM unwinds like Ctrl-C, so every command's cleanup (finally blocks) runs
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -79,5 +75,3 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("interrupted", 130)
 
 
-if __name__ == "__main__":
-    sys.exit(main())

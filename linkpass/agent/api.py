@@ -25,7 +25,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from .. import netns as ns_io
+from ..kernel import netns as ns_io
 from ..core.telemetry import RTT_BUCKETS_NS, LossSnapshot
 
 DEFAULT_PORT = 9471

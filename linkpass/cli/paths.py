@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
-from .probe.service import DEFAULT_PORT
+from ..agent.api import DEFAULT_PORT
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--peer", dest="peer_opt", help="only paths to this peer (local agent)")
     p.add_argument("--port", type=int, default=None, help=f"local agent's API port (default {DEFAULT_PORT})")
     p.add_argument("-o", "--output", choices=FORMATS, default="table")
-    from .fleet_cli import add_coordinator_paths_args
+    from .coordinator import add_coordinator_paths_args
 
     add_coordinator_paths_args(p)
     p.set_defaults(func=dispatch)
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def dispatch(args) -> int:
     if args.host and not (args.local or args.port is not None):
-        from .fleet_cli import paths_from_coordinator
+        from .coordinator import paths_from_coordinator
 
         return paths_from_coordinator(args)
     args.peer = args.peer_opt or args.host

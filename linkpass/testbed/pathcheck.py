@@ -36,7 +36,7 @@ import struct
 import sys
 import time
 
-from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
+from ..cli.output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
 
 PROBE_BASE_PORT = 31000
 PROBE_PORTS = 32
@@ -68,8 +68,8 @@ def pick_prefix(prefix: str | None, running: list[str]) -> str:
 
 
 def load_testbed(prefix: str | None):
-    from .testbed import build, state
-    from . import netns as ns_io
+    from . import build, state
+    from ..kernel import netns as ns_io
 
     chosen = pick_prefix(prefix, state.all_prefixes())
     try:
@@ -142,8 +142,8 @@ def hops_text(hops: list[dict]) -> str:
 def measure_rtt(netns: str | None, local: str, src: str, sport: int, dst: str, dport: int,
                 count: int = RTT_SAMPLES, timeout_s: float = RTT_TIMEOUT_S) -> list[float]:
     """RTTs (ms) of `count` datagrams of one 5-tuple to DST, timed to its ICMP port unreachable."""
-    from . import netns as ns_io
-    from .probe.discovery import IP_RECVERR, MSG_ERRQUEUE, SO_BINDTODEVICE
+    from ..kernel import netns as ns_io
+    from ..probe.discovery import IP_RECVERR, MSG_ERRQUEUE, SO_BINDTODEVICE
 
     make = lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # noqa: E731
     s = ns_io.run_in_netns(netns, make) if netns else make()
@@ -351,7 +351,7 @@ def _setup(args):
 
 
 def _discover(fab, src: int, dst: int, planes: list[int], ports: tuple[int, ...], dport: int):
-    from .probe.discovery import DiscoveryConfig, discover, fabric_targets
+    from ..probe.discovery import DiscoveryConfig, discover, fabric_targets
 
     cfg = DiscoveryConfig(ports=ports, k=len(ports), dport=dport)
     return discover(fab.netns(f"h{src}"), fabric_targets(fab, src, planes, [dst]), cfg, host=f"h{src}")

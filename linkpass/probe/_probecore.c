@@ -1,5 +1,5 @@
 /*
- * linkpass._probecore: the per-packet data path of the probe engine, in C.
+ * linkpass.probe._probecore: the per-packet data path of the probe engine, in C.
  *
  * Why C: the Python engine (linkpass/probe/engine.py) does ~7 500 exchanges/s on a core; an
  * agent on a host with 8 NICs x 16 paths at 1 kHz needs 128 000/s. This core does the hot loop
@@ -1151,7 +1151,7 @@ static PyMethodDef Core_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject CoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "linkpass._probecore.Core",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "linkpass.probe._probecore.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -1161,7 +1161,7 @@ static PyTypeObject CoreType = {
     .tp_doc = "The probe engine's data path for one agent (see module docstring).",
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "linkpass._probecore",
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "linkpass.probe._probecore",
                                     "Compiled per-packet data path of the LinkPass probe engine.", -1, NULL};
 
 PyMODINIT_FUNC PyInit__probecore(void) {

@@ -97,7 +97,7 @@ def add_coordinator_paths_args(p: argparse.ArgumentParser) -> None:
 
 # ---- plumbing ---------------------------------------------------------------------------
 def _client(args):
-    from .coordinator.client import Client, cli_token, cli_url
+    from ..coordinator.client import Client, cli_token, cli_url
 
     token_file = getattr(args, "token_file", None)
     if token_file and not os.path.exists(token_file):
@@ -111,7 +111,7 @@ class _Usage(Exception):
 
 def _call(args, fn):
     """Run fn(client) -> exit code, turning the usual failures into one clear line each."""
-    from .coordinator.client import Refusal, Unreachable
+    from ..coordinator.client import Refusal, Unreachable
 
     try:
         client = _client(args)
@@ -365,8 +365,8 @@ def _drain(args) -> int:
 
 # ---- the coordinator process -------------------------------------------------------------
 def run_coordinator(args) -> int:
-    from .coordinator import ray_actor
-    from .coordinator.runner import DEFAULT_STATE_DIR
+    from ..coordinator import ray_actor
+    from ..coordinator.runner import DEFAULT_STATE_DIR
 
     settings = {"state_dir": args.state_dir or DEFAULT_STATE_DIR, "testbed": args.testbed, "fabric": args.fabric,
                 "listen": args.listen or ("0.0.0.0:9470" if args.testbed else "127.0.0.1:9470"),

@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..core.detector import DIRECTION_OF_REASON, Direction
-from ..core.fleet import FleetError, FleetModel, directed, split_directed
+from ..core.fabric import FleetError, FleetModel, directed, split_directed
 from ..core.localize import Localizer, Observation
 from ..core.plan import plan_probes
 from .store import Store

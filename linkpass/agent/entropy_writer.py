@@ -1,0 +1,303 @@
+"""The entropy table's single writer (layout: linkpass.core.entropy_table; docs/entropy-table.md).
+
+On memory ordering (what Python does and does not guarantee). Python has no fences and no
+atomics. The writer relies on three facts, and refuses to run where they do not hold:
+  1. Counters (seq, generation, heartbeat, ...) are stored through a memoryview cast to 'Q'. CPython
+     packs such an item with a fixed-size 8-byte memcpy, which the compiler emits as one 8-byte
+     store; the fields are 8-byte aligned in a page-aligned mapping, so the store is single-copy
+     atomic on x86-64. (A plain `mm[a:b] = bytes` of 8 bytes would go through a general memcpy,
+     which promises nothing about store width.)
+  2. x86-64 is TSO: stores become visible to other cores in program order, and loads are not
+     reordered with other loads. The interpreter executes our statements in order and each one
+     finishes its stores before the next begins, so "seq odd ; data ; seq even" reaches a reader
+     in that order, and a reader's "seq ; copy ; seq" loads happen in that order. The one x86
+     exception, non-temporal stores (glibc memcpy uses them for very large copies), is closed by
+     the sfence glibc issues at the end of such a copy, and our slot writes are 192 bytes anyway.
+  3. Nothing here is guaranteed by the Python language: it is CPython on x86-64 (checked at
+     writer open: on other architectures, e.g. aarch64, stores can be reordered and a writer
+     needs real barriers -- write it in C with __atomic builtins like the reader).
+The C reader does use acquire loads and an acquire fence, which is what a reader needs on any
+architecture.
+"""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import platform
+import struct
+import time
+from typing import Callable, Iterable
+
+from ..core.entropy_table import (DEFAULT_CAPACITY, DEFAULT_PATH, ENTRY_SIZE, HEADER_SIZE, MAGIC, OFF_COUNT,
+                                  OFF_GENERATION, OFF_HEARTBEAT, OFF_SEQ, OFF_TABLE_FLAGS, OFF_UPDATE_MONO,
+                                  OFF_UPDATE_REALTIME, OFF_WRITE_BEGIN, OFF_WRITER_PID, OFF_WRITER_PIDNS,
+                                  TABLE_RETIRED, check_entry, decode_header, decode_snapshot, encode_entry,
+                                  encode_header, EntropyError, Entry, EntryError, normalize, Snapshot, table_size,
+                                  TableBad, TableBusy)
+from ..kernel.proc import pid_namespace
+
+def _tso() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+class EntropyWriter:
+    """The single writer of one table. Not thread-safe: one writer, one thread.
+
+    Opening takes over a compatible existing file in place (readers that keep it mapped keep
+    working; a section left open by a killed writer is closed by the first publish), or else
+    creates a new file atomically (temp file in the same directory + rename) and marks the old
+    one RETIRED. The table starts empty unless `keep=True` (then the existing entries are kept
+    if the file was consistent).
+    """
+
+    def __init__(self, path: str = DEFAULT_PATH, capacity: int = DEFAULT_CAPACITY, *, keep: bool = False,
+                 mono_ns: Callable[[], int] = time.monotonic_ns, realtime_ns: Callable[[], int] = time.time_ns):
+        if not _tso():
+            raise EntropyError(f"the Python writer relies on x86-64 store ordering; this is {platform.machine()} "
+                               "(see the module docstring)")
+        self.path = path
+        self.capacity = capacity
+        self.size = table_size(capacity)
+        self._mono, self._real = mono_ns, realtime_ns
+        self._entries: dict[tuple, Entry] = {}  # key -> entry as stored (with its generation)
+        self._enc: dict[tuple, bytes] = {}  # key -> its 192-byte slot
+        self._slots: list[bytes] = []  # what each slot 0..count-1 holds now
+        self._mm: mmap.mmap | None = None
+        self._fd = -1
+        self._open(keep)
+
+    # -- lifecycle
+    def _open(self, keep: bool) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except FileNotFoundError:
+            self._replace()
+            return
+        try:
+            self._lock(fd)  # also when the file is then replaced: never rename over a live writer
+            head = os.pread(fd, HEADER_SIZE, 0)
+            if len(head) >= len(MAGIC) and head[:len(MAGIC)] != MAGIC:
+                raise EntropyError(f"{self.path}: holds something that is not an entropy table; "
+                                   "not overwriting it (remove it or choose another path)")
+            try:
+                ok = decode_header(head, os.fstat(fd).st_size).capacity == self.capacity
+            except TableBad:
+                ok = False  # another version / capacity, or truncated: replace it
+            if not ok:
+                self._replace()
+                os.close(fd)
+                return
+            self._mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        old = None
+        if keep:
+            try:
+                old = _consistent(self._mm)
+            except EntropyError:
+                old = None  # a killed writer's torn table: start empty
+        self._u64(OFF_WRITER_PIDNS, pid_namespace())
+        self._u32(OFF_WRITER_PID, os.getpid())
+        self._u64(OFF_HEARTBEAT, self._mono())
+        # the first section rewrites every slot: whatever a dead writer left half-written goes
+        self._publish_map({e.key: e for e in old.entries} if old else {}, full=True)
+
+    def _lock(self, fd: int) -> None:
+        """One writer per table: an exclusive flock held while the writer is open."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = struct.unpack("<I", os.pread(fd, 4, OFF_WRITER_PID))[0]
+            raise EntropyError(f"{self.path}: another writer (pid {pid}) has the table open") from None
+
+    def _replace(self) -> None:
+        """Build a fresh file next to the path and rename it over (readers never see it half-made)."""
+        d = os.path.dirname(os.path.abspath(self.path))
+        tmp = os.path.join(d, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
+        now_m, now_r = self._mono(), self._real()
+        try:
+            os.unlink(tmp)  # left by a crashed process that had our pid: ours to remove
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, self.size)
+            os.pwrite(fd, encode_header(self.capacity, writer_pid=os.getpid(), writer_pidns=pid_namespace(),
+                                        now_mono_ns=now_m, now_realtime_ns=now_r), 0)
+            self._lock(fd)
+            mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        try:
+            old_fd = os.open(self.path, os.O_RDWR)
+        except OSError:
+            old_fd = -1
+        try:
+            os.rename(tmp, self.path)
+        except BaseException:
+            if old_fd >= 0:
+                os.close(old_fd)
+            mm.close()
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        if old_fd >= 0:
+            self._retire(old_fd)  # after the rename: a reader that re-opens finds the new file
+            os.close(old_fd)
+        self._fd, self._mm, self._slots = fd, mm, []
+
+    @staticmethod
+    def _retire(fd: int) -> None:
+        """Tell readers that keep the old file mapped to re-open the path (best effort)."""
+        try:
+            if os.fstat(fd).st_size >= HEADER_SIZE and os.pread(fd, 8, 0) == MAGIC:
+                with mmap.mmap(fd, HEADER_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+                    mv = memoryview(mm)
+                    cell = mv[OFF_TABLE_FLAGS:OFF_TABLE_FLAGS + 4].cast("I")
+                    cell[0] = cell[0] | TABLE_RETIRED
+                    cell.release()
+                    mv.release()
+        except OSError:
+            pass
+
+    def close(self, unlink: bool = False) -> None:
+        """Detach: writer_pid 0 = no writer (the last table stays readable: fail static). `unlink`
+        removes the file instead."""
+        if self._mm is None:
+            return
+        self._u32(OFF_WRITER_PID, 0)
+        self._mm.close()
+        self._mm = None
+        os.close(self._fd)  # releases the flock
+        if unlink:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "EntropyWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- atomic cells (see the module docstring, fact 1)
+    def _u64(self, off: int, value: int | None = None) -> int:
+        mv = memoryview(self._mm)[off:off + 8].cast("Q")
+        try:
+            if value is not None:
+                mv[0] = value
+            return mv[0]
+        finally:
+            mv.release()
+
+    def _u32(self, off: int, value: int) -> None:
+        mv = memoryview(self._mm)[off:off + 4].cast("I")
+        mv[0] = value
+        mv.release()
+
+    # -- the seqlock write section
+    def _begin(self) -> int:
+        seq = self._u64(OFF_SEQ)
+        # write_begin first: a reader that sees seq odd must not see an old begin time (false stale)
+        self._u64(OFF_WRITE_BEGIN, self._mono())
+        if seq % 2 == 0:
+            seq += 1
+            self._u64(OFF_SEQ, seq)  # odd: readers retry from here on
+        # (seq already odd: a killed writer's section; we finish it)
+        return seq
+
+    def _end(self, seq: int) -> None:
+        self._u64(OFF_SEQ, seq + 1)  # even: every store above is visible before this one (TSO)
+
+    # -- public API
+    def publish(self, entries: Iterable[Entry]) -> int:
+        """Replace the whole table; returns the new generation."""
+        norm = normalize(entries, self.capacity)
+        return self._publish_map({e.key: e for e in norm})
+
+    def update(self, peer: str, plane: int, ports: Iterable[int], path_ids: Iterable[int] = (),
+               port_flags: Iterable[int] = (), flags: int = 0) -> int:
+        """Set one (peer, plane) entry (inserted if new); returns the new generation."""
+        e = check_entry(Entry(peer, plane, tuple(ports), tuple(path_ids), tuple(port_flags), flags), "entry")
+        m = dict(self._entries)
+        if e.key not in m and len(m) >= self.capacity:
+            raise EntryError(f"entry: table full ({self.capacity} entries, capacity)")
+        m[e.key] = e
+        return self._publish_map(m)
+
+    def remove(self, peer: str, plane: int) -> int:
+        """Drop one entry (no-op if absent); returns the generation."""
+        key = check_entry(Entry(peer, plane, ()), "entry").key
+        if key not in self._entries:
+            return self.generation
+        m = dict(self._entries)
+        del m[key]
+        return self._publish_map(m)
+
+    def heartbeat(self) -> None:
+        """Say the writer is alive (call every ~100 ms when nothing changes). Outside the seqlock."""
+        self._u64(OFF_HEARTBEAT, self._mono())
+
+    @property
+    def generation(self) -> int:
+        return self._u64(OFF_GENERATION)
+
+    def entries(self) -> list[Entry]:
+        return [self._entries[k] for k in sorted(self._entries)]
+
+    def _publish_map(self, m: dict[tuple, Entry], full: bool = False) -> int:
+        if self._mm is None:
+            raise EntropyError("writer is closed")
+        gen = self._u64(OFF_GENERATION) + 1
+        # an entry keeps its generation (and its encoding) if it did not change, so readers can tell
+        # what moved and an update costs one encode, not one per entry
+        new_entries: dict[tuple, Entry] = {}
+        new_enc: dict[tuple, bytes] = {}
+        for k, e in m.items():
+            old = self._entries.get(k)
+            if old is not None and (old is e or (old.ports, old.path_ids, old.port_flags, old.flags) == (
+                    e.ports, e.path_ids, e.port_flags, e.flags)):
+                new_entries[k], new_enc[k] = old, self._enc[k]
+            else:
+                ne = Entry(e.peer, e.plane, e.ports, e.path_ids, e.port_flags, e.flags, gen)
+                new_entries[k], new_enc[k] = ne, encode_entry(ne, gen)
+        slots = [new_enc[k] for k in sorted(new_entries)]
+        n_old = len(self._slots)
+        if not full and slots == self._slots:
+            self.heartbeat()  # nothing changed: no section, no new generation
+            return gen - 1
+        empty = bytes(ENTRY_SIZE)
+        # everything is encoded and the changed slots chosen before the section opens, so the odd
+        # window is only the memory copies
+        writes = [(HEADER_SIZE + i * ENTRY_SIZE, s) for i, s in enumerate(slots)
+                  if full or i >= n_old or self._slots[i] != s]
+        writes += [(HEADER_SIZE + i * ENTRY_SIZE, empty) for i in range(len(slots), self.capacity if full else n_old)]
+        mm = self._mm
+        seq = self._begin()
+        for off, s in writes:
+            mm[off:off + ENTRY_SIZE] = s
+        self._u64(OFF_GENERATION, gen)
+        self._u32(OFF_COUNT, len(slots))
+        now = self._mono()
+        self._u64(OFF_UPDATE_REALTIME, self._real())
+        self._u64(OFF_UPDATE_MONO, now)
+        self._end(seq)
+        self._u64(OFF_HEARTBEAT, now)
+        self._slots = slots
+        self._entries, self._enc = new_entries, new_enc
+        return gen
+
+
+def _consistent(mm) -> Snapshot:
+    """The table as a writer holding the lock finds it; TableBusy if a killed writer left a section open."""
+    head = bytes(mm[:HEADER_SIZE])
+    hdr = decode_header(head, len(mm))
+    if hdr.seq & 1:
+        raise TableBusy(f"seq {hdr.seq} odd: writer pid {hdr.writer_pid} died mid-update")
+    return decode_snapshot(head, bytes(mm[HEADER_SIZE:HEADER_SIZE + min(hdr.count, hdr.capacity) * ENTRY_SIZE]))

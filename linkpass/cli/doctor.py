@@ -1,0 +1,75 @@
+"""`linkpass doctor`: is this host (or this network namespace) ready for the LinkPass agent?
+The checks and what each reads: linkpass/doctor/."""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+from ..doctor.checks import DEFAULT_API_PORT, FAIL, OK, SKIP, WARN, Check, report, run_checks
+from ..doctor.gather import gather
+from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
+
+
+def exit_code(checks: list[Check]) -> int:
+    statuses = {c.status for c in checks}
+    return EXIT_CRITICAL if FAIL in statuses else EXIT_WARNING if WARN in statuses else EXIT_OK
+
+
+_COLOUR = {OK: "green", WARN: "yellow", FAIL: "red", SKIP: "dim"}
+
+
+def render(doc: dict, wide: bool = False) -> str:
+    where = doc["host"] + (f" (netns {doc['netns']})" if doc.get("netns") else "")
+    lines = [f"linkpass doctor: {where}" + (f", config {doc['config']}" if doc.get("config") else "")]
+    headers = ["check", "status", "detail"] + (["reads", "fix"] if wide else [])
+    rows = []
+    for c in doc["checks"]:
+        row = [c["name"], paint(c["status"], _COLOUR[c["status"]]), c["detail"]]
+        if wide:
+            row += [c["reads"] or "-", c["fix"] or "-"]
+        rows.append(row)
+    lines.append(table(headers, rows))
+    fixes = [c for c in doc["checks"] if c["status"] in (WARN, FAIL) and c["fix"]]
+    if fixes and not wide:
+        lines.append("")
+        lines.append("to fix:")
+        lines += [f"  {c['name']}: {c['fix']}" for c in fixes]
+    n = doc["counts"]
+    verdict = doc["verdict"]
+    colour = "red" if n[FAIL] else "yellow" if n[WARN] else "green"
+    lines.append("")
+    lines.append(f"{paint(verdict, colour)}: {n[OK]} ok, {n[WARN]} warn, {n[FAIL]} fail, {n[SKIP]} skipped")
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="is this host ready for the LinkPass agent: kernel, NICs, routes, clock, agent",
+                       description="Check this host (or --netns NAME) for the LinkPass agent: sysctls, capabilities, "
+                                   "configured NICs and gateways, RDMA devices, routes to peers, clock sync and the "
+                                   "local agent. Exit 0 all ok, 1 some warning, 2 some failure, 3 bad --netns.")
+    p.add_argument("--config", metavar="FILE", help="the agent's YAML config: enables the NIC and route checks")
+    p.add_argument("--netns", metavar="NAME", help="run every check inside this network namespace (e.g. lp-h0)")
+    p.add_argument("--api-port", type=int, default=None, help=f"agent API port (default: the config's, else "
+                                                             f"{DEFAULT_API_PORT})")
+    p.add_argument("-o", "--output", choices=FORMATS, default="table")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.netns:
+        from ..kernel import netns as ns_io
+
+        if not os.path.exists(ns_io.netns_path(args.netns)):
+            print(f"linkpass: error: no network namespace {args.netns!r} (`ip netns list` shows them)",
+                  file=sys.stderr)
+            return EXIT_UNKNOWN
+        if os.geteuid() != 0:
+            print("linkpass: error: --netns needs root (entering a namespace needs CAP_SYS_ADMIN)", file=sys.stderr)
+            return EXIT_UNKNOWN
+    facts = gather(args.netns, args.config, args.api_port)
+    checks = run_checks(facts)
+    doc = report(checks, socket.gethostname(), args.netns, args.config)
+    emit(doc, args.output, lambda d: render(d, wide=args.output == "wide"))
+    return exit_code(checks)

@@ -1,0 +1,1 @@
+"""Thin adapters to the kernel: network namespaces, process namespaces."""
