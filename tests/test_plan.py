@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from linkpass.core.fabric import FleetError, rail_optimized
+from linkpass.core.fabric import FabricError, rail_optimized
 from linkpass.core.plan import PlannedPath, coverage, plan_probes, planned_links
 
 
@@ -83,7 +83,7 @@ def test_hosts_joining_and_leaving_is_a_replan():
     assert all(p.peer in present for ps in plan.paths.values() for p in ps)
     assert min_coverage(m, plan, present) >= 2
     assert not any(d.startswith("p0l5-") for d in coverage(m, plan))
-    with pytest.raises(FleetError, match="h999"):
+    with pytest.raises(FabricError, match="h999"):
         plan_probes(m, hosts=["h1", "h999"])
     tiny = plan_probes(m, hosts=["h0", "h1"])  # two rack mates: a full mesh without spines
     assert tiny.paths == {"h0": [PlannedPath("h1", 0, None), PlannedPath("h1", 1, None)],

@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from ..kernel import netns as ns_io
+from ..core.constants import AGENT_API_PORT
 from ..core.telemetry import RTT_BUCKETS_NS, LossSnapshot
 
-DEFAULT_PORT = 9471
 IN_FLIGHT_S = 0.2  # a path silent for less than this is late, not lossy; a detector is far faster
 
 
@@ -165,7 +165,7 @@ class _Collector:
 class LocalApi:
     """HTTP on 127.0.0.1:`port` inside `netns` (or here); a ticker snapshots loss counters."""
 
-    def __init__(self, view: TelemetryView, netns: str | None = None, port: int = DEFAULT_PORT,
+    def __init__(self, view: TelemetryView, netns: str | None = None, port: int = AGENT_API_PORT,
                  host: str = "127.0.0.1", collectors=(), extra_routes: dict | None = None):
         self.view = view
         self.registry = CollectorRegistry(auto_describe=False)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from ..core.constants import AGENT_API_PORT, ENTROPY_PATH
 from ..core.detector import DetectorConfig
 
 
@@ -89,13 +90,13 @@ class AgentConfig:
     size_probe_every: int = 100
     mtu: int = 1500
     rt_priority: int = 10  # SCHED_FIFO priority of the probe thread; 0 = normal scheduling
-    api_port: int = 9471
+    api_port: int = AGENT_API_PORT
     routes_enabled: bool = False
     rto_min_ms: int = 10
     routes_journal: str = "/run/linkpass/routes.journal"
     max_route_changes_per_s: float = 1000.0
     entropy_enabled: bool = False
-    entropy_path: str = "/dev/shm/linkpass-entropy"
+    entropy_path: str = ENTROPY_PATH
     detect: dict = field(default_factory=dict)  # DetectorConfig overrides, in its own units (ns)
     coordinator: "CoordinatorLinkConfig | None" = None
     extra: dict = field(default_factory=dict)
@@ -241,8 +242,8 @@ def parse(raw: object) -> AgentConfig:
         detect=detect,
         max_route_changes_per_s=_num(routes.get("max_changes_per_s", 1000), "routes.max_changes_per_s", 1, 100_000),
         entropy_enabled=_bool(entropy.get("enabled", False), "entropy.enabled"),
-        entropy_path=_str(entropy.get("path", "/dev/shm/linkpass-entropy"), "entropy.path"),
-        api_port=_int(api.get("port", 9471), "api.port", 0, 65535),
+        entropy_path=_str(entropy.get("path", ENTROPY_PATH), "entropy.path"),
+        api_port=_int(api.get("port", AGENT_API_PORT), "api.port", 0, 65535),
         routes_enabled=enabled, rto_min_ms=_int(routes.get("rto_min_ms", 10), "routes.rto_min_ms", 1, 1000),
         routes_journal=_str(routes.get("journal", "/run/linkpass/routes.journal"), "routes.journal"))
 

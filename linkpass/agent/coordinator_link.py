@@ -20,9 +20,9 @@ from typing import Callable
 
 from ..coordinator.auth import read_token
 from ..coordinator.client import Client, Refusal, Unreachable
+from ..core.constants import REPORT_HEARTBEAT_S
 from .config import CoordinatorLinkConfig
 
-HEARTBEAT_S = 1.0
 
 
 class CoordinatorLink:
@@ -71,7 +71,7 @@ class CoordinatorLink:
                         last_summary = now
                     elif changes:
                         body["changes"] = [{"id": r["id"], "state": r["state"], "reason": r["reason"]} for r in changes]
-                    elif now - last_sent < HEARTBEAT_S:
+                    elif now - last_sent < REPORT_HEARTBEAT_S:
                         self._stop.wait(self.cfg.report_ms / 1000)
                         continue
                     self._answer(self.client.post("/v1/report", body))

@@ -24,6 +24,7 @@ import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..core.constants import BATCH_S, ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig, State
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import EV_MISS, CoreProbeEngine, PathSpec
@@ -34,9 +35,6 @@ from .decide import PathInfo, crosses
 from .failover import Failover
 from .routes import PeerRoutes, RouteActuator
 
-DISCOVERY_BASE_PORT = 49152
-BATCH_S = 0.01  # how often on-time replies are taken (RTT, delay, good-probe counts; hold-down timers)
-HEARTBEAT_S = 0.1  # entropy-table heartbeat (readers treat a silent writer as gone)
 
 
 _LOG_LOCK = threading.Lock()
@@ -168,7 +166,7 @@ class Agent:
 
     # ---- paths ---------------------------------------------------------------------------
     def _discovery_config(self) -> DiscoveryConfig:
-        ports = tuple(range(DISCOVERY_BASE_PORT, DISCOVERY_BASE_PORT + self.cfg.discovery_ports))
+        ports = tuple(range(PROBE_PORT_BASE, PROBE_PORT_BASE + self.cfg.discovery_ports))
         return DiscoveryConfig(ports=ports, k=self.cfg.ports_per_path)
 
     def add_peers(self, peers) -> int:
@@ -347,7 +345,7 @@ class Agent:
             self.failover.step(events, evidence)
             if self.entropy is not None and now >= next_beat:
                 self.entropy.heartbeat()
-                next_beat = now + HEARTBEAT_S
+                next_beat = now + ENTROPY_HEARTBEAT_S
 
     def stop(self) -> None:
         """Clean stop: the data path goes back to the baseline before the probes stop."""

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
 
+from ..core.constants import RTPROT_LINKPASS
 from .netlink import RouteSocket
 
 
-RTPROT_LINKPASS = 176  # unassigned in iproute2's rt_protos; `ip route show proto 176`
 DEFAULT_RTO_MIN_MS = 10
 
 

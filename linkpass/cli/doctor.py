@@ -7,7 +7,8 @@ import os
 import socket
 import sys
 
-from ..doctor.checks import DEFAULT_API_PORT, FAIL, OK, SKIP, WARN, Check, report, run_checks
+from ..core.constants import AGENT_API_PORT
+from ..doctor.checks import FAIL, OK, SKIP, WARN, Check, report, run_checks
 from ..doctor.gather import gather
 from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
 
@@ -52,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="FILE", help="the agent's YAML config: enables the NIC and route checks")
     p.add_argument("--netns", metavar="NAME", help="run every check inside this network namespace (e.g. lp-h0)")
     p.add_argument("--api-port", type=int, default=None, help=f"agent API port (default: the config's, else "
-                                                             f"{DEFAULT_API_PORT})")
+                                                             f"{AGENT_API_PORT})")
     p.add_argument("-o", "--output", choices=FORMATS, default="table")
     p.set_defaults(func=run)
 

@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
-from ..agent.api import DEFAULT_PORT
+from ..core.constants import AGENT_API_PORT
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("peer", nargs="?", help="only paths to this peer")
     p.add_argument("--local", action="store_true", help="the local agent, whatever the arguments")
     p.add_argument("--peer", dest="peer_opt", help="only paths to this peer (local agent)")
-    p.add_argument("--port", type=int, default=None, help=f"local agent's API port (default {DEFAULT_PORT})")
+    p.add_argument("--port", type=int, default=None, help=f"local agent's API port (default {AGENT_API_PORT})")
     p.add_argument("-o", "--output", choices=FORMATS, default="table")
     from .coordinator import add_coordinator_paths_args
 
@@ -36,7 +36,7 @@ def dispatch(args) -> int:
 
         return paths_from_coordinator(args)
     args.peer = args.peer_opt or args.host
-    args.port = DEFAULT_PORT if args.port is None else args.port
+    args.port = AGENT_API_PORT if args.port is None else args.port
     return run(args)
 
 

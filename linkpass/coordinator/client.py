@@ -12,7 +12,8 @@ import os
 from urllib.parse import urlencode, urlparse
 
 from .auth import read_token
-from .runner import DEFAULT_STATE_DIR, DEFAULT_URL
+from ..core.constants import COORDINATOR_URL
+from .runner import DEFAULT_STATE_DIR
 
 
 class Unreachable(ConnectionError):
@@ -80,7 +81,7 @@ class Client:
 
 
 def cli_url(explicit: str | None = None) -> str:
-    return explicit or os.environ.get("LINKPASS_COORDINATOR") or DEFAULT_URL
+    return explicit or os.environ.get("LINKPASS_COORDINATOR") or COORDINATOR_URL
 
 
 def cli_token(explicit_file: str | None = None) -> str | None:

@@ -22,7 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..core.detector import DIRECTION_OF_REASON, Direction
-from ..core.fabric import FleetError, FleetModel, directed, split_directed
+from ..core.fabric import FabricError, FabricModel, directed, split_directed
 from ..core.localize import Localizer, Observation
 from ..core.plan import plan_probes
 from .store import Store
@@ -106,7 +106,7 @@ class _Changes:
 
 
 class Coordinator:
-    def __init__(self, store: Store, model: FleetModel | None = None, config: CoordinatorConfig | None = None,
+    def __init__(self, store: Store, model: FabricModel | None = None, config: CoordinatorConfig | None = None,
                  now: float | None = None):
         self.store = store
         self.config = config or CoordinatorConfig()
@@ -151,7 +151,7 @@ class Coordinator:
         if self.model is not None:
             try:
                 rec.links = self.model.links_of_path(rec.reporter, rec.plane, rec.hops, rec.peer_addr)
-            except FleetError:
+            except FabricError:
                 rec.links = ()
                 self.counters["paths_unmapped"] += 1
         self.paths[rec.key] = rec
@@ -558,7 +558,7 @@ class Coordinator:
                  "service": a.info.get("service")} for a in sorted(self.agents.values(), key=lambda a: a.name)]
 
 
-def _pretty(model: FleetModel, dl: str) -> str:
+def _pretty(model: FabricModel, dl: str) -> str:
     name, d = split_directed(dl)
     lk = model.links[name]
     return f"{lk.a}>{lk.b}" if d == "up" else f"{lk.b}>{lk.a}"

@@ -11,7 +11,7 @@
 Bearer tokens (`auth.py`). Refused callers get 401/403 with a message saying which role would
 do; refused drains are recorded as events with who and from where. Malformed bodies get 400 and
 are counted; nothing a caller sends can stop the server. One lock serialises calls into the
-`Coordinator`; a tick thread runs liveness and localization every TICK_S and never dies (an
+`Coordinator`; a tick thread runs liveness and localization every COORDINATOR_TICK_S and never dies (an
 exception is counted and logged, the next tick runs).
 """
 from __future__ import annotations
@@ -27,15 +27,15 @@ from urllib.parse import parse_qs, urlparse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
 from .auth import Tokens
 from .coordinator import Coordinator, CoordinatorError
 
-TICK_S = 0.1
 MAX_BODY = 16 << 20
 
 
 class CoordinatorServer:
-    def __init__(self, coordinator: Coordinator, tokens: Tokens, host: str = "127.0.0.1", port: int = 9470,
+    def __init__(self, coordinator: Coordinator, tokens: Tokens, host: str = "127.0.0.1", port: int = COORDINATOR_PORT,
                  log=None):
         self.coordinator = coordinator
         self.tokens = tokens
@@ -82,7 +82,7 @@ class CoordinatorServer:
         self.httpd.server_close()
 
     def _tick_loop(self) -> None:
-        while not self._stop.wait(TICK_S):
+        while not self._stop.wait(COORDINATOR_TICK_S):
             try:
                 with self.lock:
                     self.coordinator.tick(time.time())

@@ -5,7 +5,7 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     state_dir        SQLite database and tokens (default /var/lib/linkpass/coordinator)
     listen           "HOST:PORT" (default 127.0.0.1:9470)
     testbed          prefix of a running testbed: its fabric is the model
-    fabric           path of a fabric model JSON (linkpass.core.fabric.FleetModel.to_dict)
+    fabric           path of a fabric model JSON (linkpass.core.fabric.FabricModel.to_dict)
     max_drain_share  blast-radius guard: share of one tier's links in one plane (default 0.05)
     agent_timeout_s  an agent silent this long is reported lost (default 10)
 """
@@ -14,18 +14,17 @@ from __future__ import annotations
 import json
 import os
 
-from ..core.fabric import FleetModel, from_testbed
+from ..core.fabric import FabricModel, from_testbed
+from ..core.constants import COORDINATOR_LISTEN
 from .auth import Tokens, ensure_tokens
 from .http import CoordinatorServer
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import Store
 
 DEFAULT_STATE_DIR = "/var/lib/linkpass/coordinator"
-DEFAULT_LISTEN = "127.0.0.1:9470"
-DEFAULT_URL = "http://127.0.0.1:9470"
 
 
-def load_model(settings: dict) -> FleetModel | None:
+def load_model(settings: dict) -> FabricModel | None:
     if settings.get("testbed"):
         from ..testbed.build import load_fabric  # noqa: PLC0415 (only testbed users need it)
 
@@ -33,7 +32,7 @@ def load_model(settings: dict) -> FleetModel | None:
     if settings.get("fabric"):
         try:
             with open(settings["fabric"]) as f:
-                return FleetModel.from_dict(json.load(f))
+                return FabricModel.from_dict(json.load(f))
         except (OSError, ValueError) as exc:
             raise CoordinatorError(f"fabric: cannot load {settings['fabric']} ({exc})") from None
     return None
@@ -48,7 +47,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def start(settings: dict) -> CoordinatorServer:
     state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
-    host, port = parse_listen(settings.get("listen") or DEFAULT_LISTEN)
+    host, port = parse_listen(settings.get("listen") or COORDINATOR_LISTEN)
     tokens_path = settings.get("tokens") or ensure_tokens(state_dir)
     with open(tokens_path) as f:
         tokens = Tokens.parse(f.read(), tokens_path)

@@ -17,7 +17,9 @@ import struct
 from dataclasses import dataclass
 from typing import Iterable
 
-DEFAULT_PATH = "/dev/shm/linkpass-entropy"
+from .constants import ENTROPY_PATH
+
+DEFAULT_PATH = ENTROPY_PATH
 
 MAGIC = b"LPENTRPY"
 VERSION = 1

@@ -33,7 +33,7 @@ UP = "up"
 DOWN = "down"
 
 
-class FleetError(ValueError):
+class FabricError(ValueError):
     """The model or a question put to it is inconsistent; the message says what and where."""
 
 
@@ -53,7 +53,7 @@ class FleetLink:
 def directed(name: str, direction: str) -> str:
     """`"h0-p0l0:up"` from ("h0-p0l0", "up")."""
     if direction not in (UP, DOWN):
-        raise FleetError(f"direction {direction!r} is unknown; use 'up' or 'down'")
+        raise FabricError(f"direction {direction!r} is unknown; use 'up' or 'down'")
     return f"{name}:{direction}"
 
 
@@ -61,7 +61,7 @@ def split_directed(s: str) -> tuple[str, str]:
     """("h0-p0l0", "up") from `"h0-p0l0:up"`."""
     name, sep, direction = s.rpartition(":")
     if not sep or direction not in (UP, DOWN) or not name:
-        raise FleetError(f"{s!r} is not a directed link; expected 'LINK:up' or 'LINK:down'")
+        raise FabricError(f"{s!r} is not a directed link; expected 'LINK:up' or 'LINK:down'")
     return name, direction
 
 
@@ -69,7 +69,7 @@ def _bare(addr: str | None) -> str | None:
     return addr.split("/")[0] if addr else None
 
 
-class FleetModel:
+class FabricModel:
     """Hosts, planes and links, with the indexes path questions need."""
 
     def __init__(self, hosts: Sequence[str], planes: int, links: Iterable[FleetLink]):
@@ -84,18 +84,18 @@ class FleetModel:
         self._addr: dict[str, tuple[str, str]] | None = None  # built on first use
         host_set = set(self.hosts)
         if len(host_set) != len(self.hosts):
-            raise FleetError("host names repeat")
+            raise FabricError("host names repeat")
         for lk in links:
             if lk.name in self.links:
-                raise FleetError(f"link {lk.name} appears twice")
+                raise FabricError(f"link {lk.name} appears twice")
             if not 0 <= lk.plane < planes:
-                raise FleetError(f"link {lk.name}: plane {lk.plane} outside 0..{planes - 1}")
+                raise FabricError(f"link {lk.name}: plane {lk.plane} outside 0..{planes - 1}")
             self.links[lk.name] = lk
             if lk.kind == HOST_LEAF:
                 if lk.a not in host_set:
-                    raise FleetError(f"link {lk.name}: {lk.a} is not a host of this fleet")
+                    raise FabricError(f"link {lk.name}: {lk.a} is not a host of this fleet")
                 if (lk.a, lk.plane) in self._uplink:
-                    raise FleetError(f"host {lk.a} has two uplinks on plane {lk.plane}: "
+                    raise FabricError(f"host {lk.a} has two uplinks on plane {lk.plane}: "
                                      f"{self._uplink[(lk.a, lk.plane)]} and {lk.name}")
                 self._uplink[(lk.a, lk.plane)] = lk.name
                 self._hosts_of_leaf.setdefault(lk.b, []).append(lk.a)
@@ -106,14 +106,14 @@ class FleetModel:
                     self._spines[lk.plane].append(lk.b)
                 self._leaf_spine[(lk.a, index)] = lk.name
             else:
-                raise FleetError(f"link {lk.name}: kind {lk.kind!r} is unknown; one of {', '.join(TIERS)}")
+                raise FabricError(f"link {lk.name}: kind {lk.kind!r} is unknown; one of {', '.join(TIERS)}")
 
     # ---- lookups ---------------------------------------------------------------------------
     def link(self, name: str) -> FleetLink:
         try:
             return self.links[name]
         except KeyError:
-            raise FleetError(f"no link named {name!r} in this fleet") from None
+            raise FabricError(f"no link named {name!r} in this fleet") from None
 
     def tier(self, link_name: str) -> str:
         return self.link(link_name).kind
@@ -122,7 +122,7 @@ class FleetModel:
         try:
             return self.links[self._uplink[(host, plane)]]
         except KeyError:
-            raise FleetError(f"host {host!r} has no uplink on plane {plane}") from None
+            raise FabricError(f"host {host!r} has no uplink on plane {plane}") from None
 
     def leaf_of(self, host: str, plane: int) -> str:
         return self.uplink(host, plane).b
@@ -138,7 +138,7 @@ class FleetModel:
         try:
             return self.links[self._leaf_spine[(leaf, spine)]]
         except KeyError:
-            raise FleetError(f"leaf {leaf} has no link to spine index {spine}") from None
+            raise FabricError(f"leaf {leaf} has no link to spine index {spine}") from None
 
     def owner(self, addr: str) -> tuple[str, str]:
         """(link name, node owning the address) for an interface address."""
@@ -149,13 +149,13 @@ class FleetModel:
                     if addr_ is None:
                         continue
                     if addr_ in index:
-                        raise FleetError(f"address {addr_} is on both {index[addr_][0]} and {lk.name}")
+                        raise FabricError(f"address {addr_} is on both {index[addr_][0]} and {lk.name}")
                     index[addr_] = (lk.name, node)
             self._addr = index
         try:
             return self._addr[_bare(addr)]
         except KeyError:
-            raise FleetError(f"address {addr} is on no link of this fleet (addresses unknown to the model?)") from None
+            raise FabricError(f"address {addr} is on no link of this fleet (addresses unknown to the model?)") from None
 
     def links_by_tier(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {t: [] for t in TIERS}
@@ -174,7 +174,7 @@ class FleetModel:
         if up.b == down.b:
             return (up.name + ":up", down.name + ":down")
         if spine is None:
-            raise FleetError(f"{src_host} and {dst_host} are on different leaves of plane {plane}: "
+            raise FabricError(f"{src_host} and {dst_host} are on different leaves of plane {plane}: "
                              "a path between them needs a spine index")
         return (up.name + ":up", self.leaf_spine(up.b, spine).name + ":up",
                 self.leaf_spine(down.b, spine).name + ":down", down.name + ":down")
@@ -193,14 +193,14 @@ class FleetModel:
         `hops` are the answering interface addresses per TTL, destination excluded, None for a
         TTL nobody answered; `dst_addr` is the destination's NIC address on `plane`. A gap is
         filled when the topology leaves one choice (a leaf, or a spine named by the other side
-        of the path); otherwise FleetError."""
+        of the path); otherwise FabricError."""
         up = self.uplink(src_host, plane)
         dst_link_name, dst_host = self.owner(dst_addr)
         down = self.links[dst_link_name]
         if down.kind != HOST_LEAF or dst_host != down.a:
-            raise FleetError(f"destination address {dst_addr} is not a host NIC (it is on {down.name}, owned by {dst_host})")
+            raise FabricError(f"destination address {dst_addr} is not a host NIC (it is on {down.name}, owned by {dst_host})")
         if down.plane != plane:
-            raise FleetError(f"destination address {dst_addr} is on plane {down.plane}, not {plane}")
+            raise FabricError(f"destination address {dst_addr} is on plane {down.plane}, not {plane}")
         seen = [None if h is None else self._hop(h) for h in hops]
         if up.b == down.b:
             expected = [up.name + ":up", down.name + ":down"]
@@ -210,24 +210,24 @@ class FleetModel:
                 if i < len(seen) and seen[i] is not None:
                     lk = self.links[split_directed(seen[i])[0]]
                     if lk.kind != LEAF_SPINE or lk.a != position or split_directed(seen[i])[1] != side:
-                        raise FleetError(f"hop {i + 1} ({hops[i]}) is {seen[i]}, which is not on a path "
+                        raise FabricError(f"hop {i + 1} ({hops[i]}) is {seen[i]}, which is not on a path "
                                          f"{src_host} -> {dst_host} on plane {plane}")
                     s = self._spine_index[lk.b]
                     if spine is not None and s != spine:
-                        raise FleetError(f"hops 2 and 3 name different spines ({hops[1]}, {hops[2]})")
+                        raise FabricError(f"hops 2 and 3 name different spines ({hops[1]}, {hops[2]})")
                     spine = s
             if spine is None:
                 if len(self._spines[plane]) != 1:
-                    raise FleetError(f"hops {list(hops)} from {src_host} to {dst_host} on plane {plane}: "
+                    raise FabricError(f"hops {list(hops)} from {src_host} to {dst_host} on plane {plane}: "
                                      "no spine answered and the plane has several; the path is ambiguous")
                 spine = 0
             expected = list(self.node_path(src_host, dst_host, plane, spine))
         if len(hops) != len(expected) - 1:
-            raise FleetError(f"{len(hops)} hops from {src_host} to {dst_host} on plane {plane}; "
+            raise FabricError(f"{len(hops)} hops from {src_host} to {dst_host} on plane {plane}; "
                              f"this fabric's path has {len(expected) - 1} routers")
         for i, got in enumerate(seen):
             if got is not None and got != expected[i]:
-                raise FleetError(f"hop {i + 1} ({hops[i]}) is {got}; the path {src_host} -> {dst_host} "
+                raise FabricError(f"hop {i + 1} ({hops[i]}) is {got}; the path {src_host} -> {dst_host} "
                                  f"on plane {plane} crosses {expected[i]} there")
         return tuple(expected)
 
@@ -240,7 +240,7 @@ class FleetModel:
             lk = self.links[name]
             addr = lk.b_addr if direction == UP else lk.a_addr
             if addr is None:
-                raise FleetError(f"link {name} has no addresses (generate the model with addressed=True)")
+                raise FabricError(f"link {name} has no addresses (generate the model with addressed=True)")
             out.append(addr)
         return out[:-1], out[-1]
 
@@ -259,20 +259,20 @@ class FleetModel:
                           for lk in self.links.values()]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "FleetModel":
+    def from_dict(cls, d: dict) -> "FabricModel":
         fields = d.get("link_fields", list(cls.LINK_FIELDS))
         try:
             links = [FleetLink(**dict(zip(fields, row))) for row in d["links"]]
             return cls(d["hosts"], int(d["planes"]), links)
         except (KeyError, TypeError) as exc:
-            raise FleetError(f"not a fleet model document: {exc}") from None
+            raise FabricError(f"not a fleet model document: {exc}") from None
 
 
 _ADDRESS_BLOCK = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544 benchmarking range
 
 
 def rail_optimized(hosts: int, rails: int, hosts_per_leaf: int, spines_per_plane: int,
-                   addressed: bool = False) -> FleetModel:
+                   addressed: bool = False) -> FabricModel:
     """A generated 2-tier rail-optimized fabric: NIC r of every host on plane r, host i under
     leaf i // hosts_per_leaf of every plane, every leaf linked to every spine of its plane.
 
@@ -280,10 +280,10 @@ def rail_optimized(hosts: int, rails: int, hosts_per_leaf: int, spines_per_plane
     model can map discovery hops like a real fabric's (`hops_of` makes them); 16 384 GPUs use
     half the block."""
     if min(hosts, rails, hosts_per_leaf, spines_per_plane) < 1:
-        raise FleetError("hosts, rails, hosts_per_leaf and spines_per_plane must all be >= 1")
+        raise FabricError("hosts, rails, hosts_per_leaf and spines_per_plane must all be >= 1")
     leaves = -(-hosts // hosts_per_leaf)
     if addressed and 2 * rails * (hosts + leaves * spines_per_plane) > _ADDRESS_BLOCK.num_addresses:
-        raise FleetError(f"addressed: {rails * (hosts + leaves * spines_per_plane)} links need more /31s than "
+        raise FabricError(f"addressed: {rails * (hosts + leaves * spines_per_plane)} links need more /31s than "
                          f"{_ADDRESS_BLOCK} holds; generate it without addresses")
     base = int(_ADDRESS_BLOCK.network_address)
     names = [f"h{i}" for i in range(hosts)]
@@ -305,11 +305,11 @@ def rail_optimized(hosts: int, rails: int, hosts_per_leaf: int, spines_per_plane
             for s in range(spines_per_plane):
                 spine = f"p{p}s{s}"
                 links.append(link(f"{leaf}-{spine}", LEAF_SPINE, p, leaf, spine))
-    return FleetModel(names, rails, links)
+    return FabricModel(names, rails, links)
 
 
-def from_testbed(fab) -> FleetModel:
+def from_testbed(fab) -> FabricModel:
     """The model of a `linkpass.testbed.topology.Fabric`, with its interface addresses."""
     links = [FleetLink(lk.name, lk.kind, lk.plane, lk.a, lk.b, _bare(lk.a_addr), _bare(lk.b_addr))
              for lk in fab.links.values()]
-    return FleetModel(fab.hosts, fab.spec.planes, links)
+    return FabricModel(fab.hosts, fab.spec.planes, links)

@@ -49,7 +49,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Iterable
 
-from linkpass.core.fabric import HOST_LEAF, FleetError, FleetModel, split_directed
+from linkpass.core.fabric import HOST_LEAF, FabricError, FabricModel, split_directed
 
 DIRECTIONS = ("forward", "reverse", "both", None)
 
@@ -60,7 +60,7 @@ class Observation:
 
     `reverse` is the directed links the replies are known to cross. Pass the full reply path
     when known; when it is not, pass None and the localizer uses the links EVERY reply must
-    cross (`FleetModel.reverse_definite`, derived from `forward`'s first and last link), so a
+    cross (`FabricModel.reverse_definite`, derived from `forward`'s first and last link), so a
     reply lost on a spine link it cannot name stays unexplained rather than misattributed.
     `direction` says which way the loss was, for bad observations only (see module doc)."""
 
@@ -100,7 +100,7 @@ class _Entry:
 
 
 class Localizer:
-    def __init__(self, model: FleetModel, *, min_reporters: int = 2, min_claims: int = 2,
+    def __init__(self, model: FabricModel, *, min_reporters: int = 2, min_claims: int = 2,
                  exonerate_margin: int = 0, suspect_claims: int = 2, suspect_share: float = 0.25):
         self.model = model
         self.suspect_claims = suspect_claims
@@ -196,7 +196,7 @@ class Localizer:
             if last.kind != HOST_LEAF:
                 return ()  # not a path to a host: nothing is known about replies
             return self.model.reverse_definite(obs.reporter, last.plane, last.a)
-        except FleetError:
+        except FabricError:
             return ()
 
     # ---- explain -----------------------------------------------------------------------------
@@ -339,7 +339,7 @@ def _decrement(counts: dict[str, int], k: str) -> None:
         del counts[k]
 
 
-def localize(model: FleetModel, observations: Iterable[Observation], **options) -> list[Finding]:
+def localize(model: FabricModel, observations: Iterable[Observation], **options) -> list[Finding]:
     """One-shot: findings for `observations` (later ones with a repeated key win)."""
     loc = Localizer(model, **options)
     for obs in observations:

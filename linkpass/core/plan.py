@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from linkpass.core.fabric import FleetError, FleetModel
+from linkpass.core.fabric import FabricError, FabricModel
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class ProbePlan:
                 "paths": {h: [[p.peer, p.plane, p.spine] for p in ps] for h, ps in self.paths.items()}}
 
 
-def planned_links(model: FleetModel, host: str, path: PlannedPath) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def planned_links(model: FabricModel, host: str, path: PlannedPath) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(forward, reverse) directed links of a planned path; with no spine between two leaves,
     only the links every path must cross."""
     if path.spine is None and model.leaf_of(host, path.plane) != model.leaf_of(path.peer, path.plane):
@@ -62,7 +62,7 @@ def planned_links(model: FleetModel, host: str, path: PlannedPath) -> tuple[tupl
             model.node_path(path.peer, host, path.plane, path.spine))
 
 
-def coverage(model: FleetModel, plan: ProbePlan) -> dict[str, int]:
+def coverage(model: FabricModel, plan: ProbePlan) -> dict[str, int]:
     """Distinct reporters per directed link (links no path crosses are absent)."""
     reporters: dict[str, set[str]] = {}
     for host, paths in plan.paths.items():
@@ -76,7 +76,7 @@ def coverage(model: FleetModel, plan: ProbePlan) -> dict[str, int]:
     return {d: len(s) for d, s in reporters.items()}
 
 
-def plan_probes(model: FleetModel, hosts: Iterable[str] | None = None, full_mesh_max: int = 16,
+def plan_probes(model: FabricModel, hosts: Iterable[str] | None = None, full_mesh_max: int = 16,
                 seed: int = 0, paths_per_plane: int = 3) -> ProbePlan:
     """The probe plan for `hosts` (default: every host of the model); see the module doc."""
     if hosts is None:
@@ -85,7 +85,7 @@ def plan_probes(model: FleetModel, hosts: Iterable[str] | None = None, full_mesh
         wanted = set(hosts)
         unknown = sorted(wanted - set(model.hosts))
         if unknown:
-            raise FleetError(f"hosts not in the fleet model: {', '.join(unknown[:5])}")
+            raise FabricError(f"hosts not in the fleet model: {', '.join(unknown[:5])}")
         present = [h for h in model.hosts if h in wanted]  # model order: deterministic
     plan = ProbePlan({h: [] for h in present}, full_mesh=len(present) <= full_mesh_max)
     for plane in range(model.planes):
@@ -97,15 +97,15 @@ def plan_probes(model: FleetModel, hosts: Iterable[str] | None = None, full_mesh
     return plan
 
 
-def _has_uplink(model: FleetModel, host: str, plane: int) -> bool:
+def _has_uplink(model: FabricModel, host: str, plane: int) -> bool:
     try:
         model.uplink(host, plane)
         return True
-    except FleetError:
+    except FabricError:
         return False
 
 
-def _full_mesh(model: FleetModel, plane: int, hosts: list[str], plan: ProbePlan) -> None:
+def _full_mesh(model: FabricModel, plane: int, hosts: list[str], plan: ProbePlan) -> None:
     spines = range(len(model.spines(plane)))
     leaf = {h: model.leaf_of(h, plane) for h in hosts}
     for h in hosts:

@@ -29,7 +29,8 @@ import struct
 import zlib
 from dataclasses import dataclass, replace
 
-ROCE_PORT = 4791
+from .constants import ROCE_PORT
+
 VERSION = 1
 MAGIC = b"LP"
 LINKPASS_QPN = 0x4C5001  # "LP" + 1: the destination QP that marks a LinkPass probe

@@ -376,7 +376,7 @@ def run(args) -> int:
 def _check_linkpass_absent(fab, hosts: list[int]) -> dict:
     """What of LinkPass is on the demo's hosts right now: routes of its protocol, agent processes
     in their namespaces."""
-    from ..agent.routes import RTPROT_LINKPASS
+    from ..core.constants import RTPROT_LINKPASS
 
     routes = agents = 0
     for h in hosts:

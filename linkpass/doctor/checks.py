@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..core.constants import AGENT_API_PORT, PROBE_PORT_BASE, RTPROT_LINKPASS
+
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
 _RANK = {SKIP: 0, OK: 1, WARN: 2, FAIL: 3}
 
-AGENT_PORT_BASE = 49152  # the agent's discovery / probe source ports start here (agent/daemon.py)
-DEFAULT_API_PORT = 9471
 CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_NICE = 12, 13, 23
 STA_UNSYNC = 0x0040
 TIME_ERROR = 5
 RDMA_DIR = "/sys/class/infiniband"
-RTPROT_LINKPASS = "176"
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class Facts:
     nics: tuple[NicCfg, ...] = ()
     peers: tuple[PeerCfg, ...] = ()
     discovery_ports: int = 32
-    api_port: int = DEFAULT_API_PORT
+    api_port: int = AGENT_API_PORT
     links: dict[str, dict] | None = None  # ifname -> {"operstate", "flags", "addrs": [a/len]}
     links_error: str | None = None
     neigh: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # ifname -> {addr: states}
@@ -188,7 +187,7 @@ def check_port_range(f: Facts) -> Check:
         lo, hi = (int(x) for x in str(raw).split())
     except (TypeError, ValueError):
         return Check("sysctl.port_range", SKIP, f"{key} not readable ({raw!r})", "", reads)
-    a_lo, a_hi = AGENT_PORT_BASE, AGENT_PORT_BASE + max(1, f.discovery_ports) - 1
+    a_lo, a_hi = PROBE_PORT_BASE, PROBE_PORT_BASE + max(1, f.discovery_ports) - 1
     if hi < a_lo or lo > a_hi:
         return Check("sysctl.port_range", OK, f"ephemeral ports {lo}-{hi} stay clear of the agent's {a_lo}-{a_hi}",
                      "", reads)
@@ -350,7 +349,7 @@ def check_routes(f: Facts) -> list[Check]:
             continue
         best = max(routes, key=_prefix_len)
         hops = _nexthops(best)
-        who = " (set by the agent)" if str(best.get("protocol")) in (RTPROT_LINKPASS, "linkpass") else ""
+        who = " (set by the agent)" if str(best.get("protocol")) in (str(RTPROT_LINKPASS), "linkpass") else ""
         used = sorted({plane_of[h["dev"]] for h in hops if h.get("dev") in plane_of
                        and not {"dead", "linkdown"} & set(h.get("flags") or [])})
         dead = [h["dev"] for h in hops if {"dead", "linkdown"} & set(h.get("flags") or [])]

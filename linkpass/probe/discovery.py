@@ -45,9 +45,9 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from ..kernel import netns as ns_io
 from ..core import paths as P
+from ..core.constants import DISCOVERY_PORTS, PROBE_PORT_BASE, ROCE_PORT
 from ..core.paths import PathTable
 
-ROCE_PORT = 4791
 IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
 MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
 SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
@@ -63,7 +63,7 @@ MAX_DRAIN = 512  # bound on reads per socket per wake-up
 _PENDING_ERRNOS = {errno.EHOSTUNREACH, errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTDOWN,
                    errno.EPROTO, errno.ENOPROTOOPT}
 
-DEFAULT_PORTS = tuple(range(49152, 49152 + 32))  # RoCEv2-style sports (mlx5: 0xC000 | 14 bits)
+DEFAULT_PORTS = tuple(range(PROBE_PORT_BASE, PROBE_PORT_BASE + DISCOVERY_PORTS))
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class Agents:
     def remove_routes(self) -> None:
         """Remove the routes the agents own. A clean stop leaves the baseline (every plane to every
         peer) installed, as on a real host; a testbed shared with runs without LinkPass wants none."""
-        from ..agent.routes import RTPROT_LINKPASS
+        from ..core.constants import RTPROT_LINKPASS
 
         for h in self.hosts:
             subprocess.run(["ip", "-n", self.fab.netns(f"h{h}"), "route", "flush", "proto", str(RTPROT_LINKPASS)],

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..probe.engine import CoreProbeEngine, ExchangeRecord, PathSpec
+from ..core.constants import AGENT_API_PORT
 from .topology import Fabric
 
 
@@ -82,7 +83,7 @@ def peer_routes(fab: Fabric, host: int):
     return {f"h{j}": PeerRoutes(f"h{j}", fab.service_addr(j), hops) for j in range(fab.spec.hosts) if j != host}
 
 
-def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = 9471,
+def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = AGENT_API_PORT,
                         interval_ms: float = 1.0, routes: bool = False, entropy: bool = False,
                         detect: dict | None = None, hosts=None, coordinator: dict | None = None,
                         probe: dict | None = None, route_options: dict | None = None) -> dict[int, str]:

@@ -36,11 +36,12 @@ import struct
 import sys
 import time
 
+from ..core.constants import ROCE_PORT
 from ..cli.output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
 
 PROBE_BASE_PORT = 31000
 PROBE_PORTS = 32
-DEFAULT_DPORT = 4791
+DEFAULT_DPORT = ROCE_PORT
 RTT_SAMPLES = 3
 RTT_TIMEOUT_S = 0.3
 _EE = struct.Struct("=IBBBBII")

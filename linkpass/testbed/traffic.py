@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pyroute2 import IPRoute
 
 from ..kernel import netns as ns_io
+from ..core.constants import ROCE_PORT  # flows hash like RDMA traffic
 from .topology import Fabric
 
-ROCE_PORT = 4791  # flows use the RoCEv2 port so they hash like RDMA traffic
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
-from linkpass.agent.routes import RTPROT_LINKPASS  # noqa: E402
+from linkpass.core.constants import RTPROT_LINKPASS  # noqa: E402
 from linkpass.testbed import build, faults, frr, tcpflow, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.bfd_hook import BfdRouteHook  # noqa: E402

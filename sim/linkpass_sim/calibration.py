@@ -18,6 +18,7 @@ import numpy as np
 
 from linkpass.agent.config import AgentConfig
 from linkpass.agent.decide import PathInfo
+from linkpass.core.constants import PROBE_PORT_BASE
 from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, UP, directed, rail_optimized
 from linkpass.testbed.topology import preset
@@ -78,7 +79,7 @@ def trial(case: Case, rng: np.random.Generator, plane: int = 0) -> float | None:
         for spine in range(len(MODEL.spines(p))):
             pid += 1
             fwd, rev = MODEL.node_path(A, B, p, spine), MODEL.node_path(B, A, p, spine)
-            vp = VirtualPath(PathInfo(pid, B, p, 49152 + pid, peer_addr(B, p)), fwd, rev, interval,
+            vp = VirtualPath(PathInfo(pid, B, p, PROBE_PORT_BASE + pid, peer_addr(B, p)), fwd, rev, interval,
                              int(rng.integers(0, warm // 2)), every, TESTBED_RTT,
                              size_offset=int(rng.integers(0, every)))
             vp.fwd_effects = [effect] if links.intersection(fwd) else []

@@ -32,13 +32,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
-from linkpass.agent.coordinator_link import HEARTBEAT_S
 from linkpass.agent.decide import PathInfo
-from linkpass.coordinator.http import TICK_S
 from linkpass.coordinator.coordinator import path_evidence
 from linkpass.core import wire
+from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
-from linkpass.core.fabric import DOWN, HOST_LEAF, UP, FleetModel, directed, rail_optimized, split_directed
+from linkpass.core.fabric import DOWN, HOST_LEAF, UP, FabricModel, directed, rail_optimized, split_directed
 from linkpass.core.localize import Localizer, Observation
 from linkpass.core.plan import plan_probes
 from linkpass.core.telemetry import percentile
@@ -61,7 +60,7 @@ class SimConfig:
     # cycle of the sensitive loss test (~1.2 s) later, its phase is random (calibration.py)
     warm_ns: int = 3_000_000_000
     report_ns: int = CoordinatorLinkConfig.report_ms * MS  # agents report changes this often
-    tick_ns: int = round(TICK_S * 1e9)  # the coordinator localizes this often
+    tick_ns: int = round(COORDINATOR_TICK_S * 1e9)  # the coordinator localizes this often
     hard_window_ns: int = 1 * NS  # longest a hard fault is followed (detection takes ms)
     gray_window_ns: int = 3 * NS  # gray faults: the sensitive SPRT needs ~1.5 s at 1 % loss
     resume_ms: float = 35.0  # after the move, the transport resends (demo, TCP: stall - reroute)
@@ -87,7 +86,7 @@ class Fleet:
     def __init__(self, shape: Shape, config: SimConfig | None = None, seed: int = 0):
         self.shape = shape
         self.config = config or SimConfig()
-        self.model: FleetModel = rail_optimized(shape.hosts, shape.rails, shape.hosts_per_leaf, shape.spines_per_plane)
+        self.model: FabricModel = rail_optimized(shape.hosts, shape.rails, shape.hosts_per_leaf, shape.spines_per_plane)
         self.plan = plan_probes(self.model, seed=seed)
         self.paths: list[SimPath] = []
         self.by_link: dict[str, list[int]] = {}
@@ -247,7 +246,7 @@ def _agent(fleet: Fleet, reporter: str, peers: list[str], effects: list[Effect],
             sp = fleet.paths[i]
             pid = len(local) + 1
             local[pid] = i
-            info = PathInfo(pid, peer, sp.plane, 49152 + pid, peer_addr(peer, sp.plane))
+            info = PathInfo(pid, peer, sp.plane, PROBE_PORT_BASE + pid, peer_addr(peer, sp.plane))
             vp = VirtualPath(info, sp.forward, sp.reverse, cfg.interval_ns,
                              int(rng.integers(0, cfg.warm_ns // 2)), cfg.size_every, cfg.rtt,
                              size_offset=int(rng.integers(0, cfg.size_every)))
@@ -531,7 +530,7 @@ def coordinator_load(r: RunResult) -> dict:
     simulated failures caused."""
     hosts = Shape.for_gpus(r.gpus).hosts
     paths = r.probe["paths"]
-    summary_s, heartbeat_s = CoordinatorLinkConfig.summary_s, HEARTBEAT_S
+    summary_s, heartbeat_s = CoordinatorLinkConfig.summary_s, REPORT_HEARTBEAT_S
     calls = [ms for o in r.outcomes for ms in o.findings_ms]
     return {"agents": hosts, "reports_per_s_steady": round(hosts / heartbeat_s + hosts / summary_s, 1),
             "path_rows_per_s_steady": round(paths / summary_s, 1),

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from linkpass.agent.daemon import BATCH_S
 from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
+from linkpass.core.constants import BATCH_S
 from linkpass.core.detector import Detector, DetectorConfig, State, Transition
 from linkpass.core.telemetry import LossCounters
 from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS

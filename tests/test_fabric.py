@@ -20,9 +20,9 @@ def test_directed_names_round_trip_and_reject_junk():
     assert F.directed("h0-p0l0", "up") == "h0-p0l0:up"
     assert F.split_directed("p0l0-p0s1:down") == ("p0l0-p0s1", "down")
     for bad in ("h0-p0l0", "h0-p0l0:sideways", ":up"):
-        with pytest.raises(F.FleetError):
+        with pytest.raises(F.FabricError):
             F.split_directed(bad)
-    with pytest.raises(F.FleetError):
+    with pytest.raises(F.FabricError):
         F.directed("h0-p0l0", "left")
 
 
@@ -51,12 +51,12 @@ def test_node_path_and_reverse_definite():
     assert m.node_path("h1", "h6", 0, 1) == ("h1-p0l0:up", "p0l0-p0s1:up", "p0l1-p0s1:down", "h6-p0l1:down")
     assert m.node_path("h1", "h2", 1, None) == ("h1-p1l0:up", "h2-p1l0:down")
     assert m.node_path("h1", "h2", 1, 1) == ("h1-p1l0:up", "h2-p1l0:down")  # no spine between rack mates
-    with pytest.raises(F.FleetError, match="needs a spine"):
+    with pytest.raises(F.FabricError, match="needs a spine"):
         m.node_path("h1", "h6", 0, None)
     # replies h6 -> h1: whatever spine, they leave through h6's uplink and arrive through h1's
     assert m.reverse_definite("h1", 0, "h6") == ("h6-p0l1:up", "h1-p0l0:down")
     assert m.reverse_definite("h1", 0, "h2") == m.node_path("h2", "h1", 0, None)
-    with pytest.raises(F.FleetError, match="no uplink"):
+    with pytest.raises(F.FabricError, match="no uplink"):
         m.uplink("h99", 0)
 
 
@@ -80,7 +80,7 @@ def test_links_of_path_fills_unambiguous_gaps(testbed_model):
     assert m.links_of_path("h0", 0, [None, "198.18.128.3", None], "198.18.64.5") == want  # spine said which
     assert m.links_of_path("h0", 0, [None, None, "198.18.128.6"], "198.18.64.5") == want  # far leaf said which
     assert m.links_of_path("h0", 0, [None], "198.18.64.3") == ("h0-p0l0:up", "h1-p0l0:down")
-    with pytest.raises(F.FleetError, match="ambiguous"):
+    with pytest.raises(F.FabricError, match="ambiguous"):
         m.links_of_path("h0", 0, ["198.18.64.0", None, None], "198.18.64.5")  # two spines, neither answered
 
 
@@ -92,40 +92,40 @@ def test_links_of_path_gap_with_one_spine_is_filled():
 
 def test_links_of_path_rejects_inconsistent_hops(testbed_model):
     m = testbed_model
-    with pytest.raises(F.FleetError, match="hop 1"):  # h1's leaf-side address, not h0's
+    with pytest.raises(F.FabricError, match="hop 1"):  # h1's leaf-side address, not h0's
         m.links_of_path("h0", 0, ["198.18.64.2"], "198.18.64.3")
-    with pytest.raises(F.FleetError, match="different spines"):
+    with pytest.raises(F.FabricError, match="different spines"):
         m.links_of_path("h0", 0, ["198.18.64.0", "198.18.128.1", "198.18.128.6"], "198.18.64.5")
-    with pytest.raises(F.FleetError, match="routers"):
+    with pytest.raises(F.FabricError, match="routers"):
         m.links_of_path("h0", 0, ["198.18.64.0", "198.18.128.3"], "198.18.64.5")
-    with pytest.raises(F.FleetError, match="no link"):
+    with pytest.raises(F.FabricError, match="no link"):
         m.links_of_path("h0", 0, ["10.9.9.9"], "198.18.64.3")
-    with pytest.raises(F.FleetError, match="plane 1"):
+    with pytest.raises(F.FabricError, match="plane 1"):
         m.links_of_path("h0", 0, ["198.18.64.0"], "198.18.72.3")
-    with pytest.raises(F.FleetError, match="not a host NIC"):
+    with pytest.raises(F.FabricError, match="not a host NIC"):
         m.links_of_path("h0", 0, ["198.18.64.0"], "198.18.64.2")
 
 
 def test_round_trip_through_json(testbed_model):
     for m in (testbed_model, F.rail_optimized(12, 3, 5, 2)):
-        back = F.FleetModel.from_dict(json.loads(json.dumps(m.to_dict())))
+        back = F.FabricModel.from_dict(json.loads(json.dumps(m.to_dict())))
         assert back.links == m.links and back.hosts == m.hosts and back.planes == m.planes
         assert back.spines(1) == m.spines(1)
-    assert F.FleetModel.from_dict(testbed_model.to_dict()).links_of_path(
+    assert F.FabricModel.from_dict(testbed_model.to_dict()).links_of_path(
         "h0", 0, ["198.18.64.0", "198.18.128.3", None], "198.18.64.5")[2] == "p0l1-p0s1:down"
-    with pytest.raises(F.FleetError):
-        F.FleetModel.from_dict({"hosts": []})
+    with pytest.raises(F.FabricError):
+        F.FabricModel.from_dict({"hosts": []})
 
 
 def test_model_rejects_inconsistent_links():
-    with pytest.raises(F.FleetError, match="two uplinks"):
-        F.FleetModel(["h0"], 1, [F.FleetLink("h0-p0l0", "host-leaf", 0, "h0", "p0l0"),
+    with pytest.raises(F.FabricError, match="two uplinks"):
+        F.FabricModel(["h0"], 1, [F.FleetLink("h0-p0l0", "host-leaf", 0, "h0", "p0l0"),
                                  F.FleetLink("h0-p0l1", "host-leaf", 0, "h0", "p0l1")])
-    with pytest.raises(F.FleetError, match="not a host"):
-        F.FleetModel(["h0"], 1, [F.FleetLink("h7-p0l0", "host-leaf", 0, "h7", "p0l0")])
-    with pytest.raises(F.FleetError, match="kind"):
-        F.FleetModel(["h0"], 1, [F.FleetLink("x", "spine-core", 0, "a", "b")])
-    dup = F.FleetModel(["h0", "h1"], 1, [F.FleetLink("h0-p0l0", "host-leaf", 0, "h0", "p0l0", "10.0.0.1", "10.0.0.0"),
+    with pytest.raises(F.FabricError, match="not a host"):
+        F.FabricModel(["h0"], 1, [F.FleetLink("h7-p0l0", "host-leaf", 0, "h7", "p0l0")])
+    with pytest.raises(F.FabricError, match="kind"):
+        F.FabricModel(["h0"], 1, [F.FleetLink("x", "spine-core", 0, "a", "b")])
+    dup = F.FabricModel(["h0", "h1"], 1, [F.FleetLink("h0-p0l0", "host-leaf", 0, "h0", "p0l0", "10.0.0.1", "10.0.0.0"),
                                          F.FleetLink("h1-p0l0", "host-leaf", 0, "h1", "p0l0", "10.0.0.1", "10.0.0.2")])
-    with pytest.raises(F.FleetError, match="both"):
+    with pytest.raises(F.FabricError, match="both"):
         dup.owner("10.0.0.1")

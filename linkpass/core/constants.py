@@ -1,0 +1,25 @@
+"""Numbers that several layers share: ports, protocol numbers, cadences. Each is defined here once.
+
+Pure: importing this module costs nothing, so the simulator, the CLI and the daemons can all read
+the same value without importing each other.
+"""
+from __future__ import annotations
+
+# ---- ports -------------------------------------------------------------------------------------
+ROCE_PORT = 4791  # RoCEv2's UDP destination port: probes and discovery hash like RDMA traffic
+PROBE_PORT_BASE = 49152  # the agent's probe and discovery source ports start here (mlx5: 0xC000 | 14 bits)
+DISCOVERY_PORTS = 32  # source ports swept per (NIC, peer) by default
+AGENT_API_PORT = 9471  # the agent's local query API and /metrics
+COORDINATOR_PORT = 9470
+COORDINATOR_LISTEN = f"127.0.0.1:{COORDINATOR_PORT}"
+COORDINATOR_URL = f"http://{COORDINATOR_LISTEN}"
+
+# ---- kernel ------------------------------------------------------------------------------------
+RTPROT_LINKPASS = 176  # route protocol of LinkPass-owned routes: unassigned in iproute2's rt_protos
+ENTROPY_PATH = "/dev/shm/linkpass-entropy"  # the entropy table's default file (tmpfs)
+
+# ---- cadences ----------------------------------------------------------------------------------
+BATCH_S = 0.01  # the agent takes on-time replies this often (RTT, delay, good-probe counts; hold-down timers)
+ENTROPY_HEARTBEAT_S = 0.1  # the entropy writer's heartbeat (readers treat a silent writer as gone)
+REPORT_HEARTBEAT_S = 1.0  # an agent with nothing to report still reports this often (the coordinator's liveness)
+COORDINATOR_TICK_S = 0.1  # the coordinator runs liveness and localization this often
