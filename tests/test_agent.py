@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from linkpass.agent.config import ConfigError, load_text, read_fleet_key
-from linkpass.testbed.mesh import write_agent_configs
+from linkpass.testbed.agents import write_agent_configs
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 KEY = bytes(range(32))

@@ -16,6 +16,7 @@ import pytest
 
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client
+from linkpass.core.fabric import from_testbed
 from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
@@ -36,7 +37,7 @@ def fleet(fabric, tmp_path_factory):
     faults.clear(fabric.prefix)
     d = tmp_path_factory.mktemp("fleet")
     port = free_port()
-    settings = {"state_dir": str(d / "state"), "listen": f"0.0.0.0:{port}", "testbed": fabric.prefix}
+    settings = {"state_dir": str(d / "state"), "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(fabric).to_dict()}
     ray_actor.connect(num_cpus=2)
     agents = None
     try:

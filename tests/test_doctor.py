@@ -257,7 +257,7 @@ def test_command_line(monkeypatch, capsys):
 @pytest.mark.root
 def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
     from linkpass.kernel import netns as ns_io
-    from linkpass.testbed import mesh
+    from linkpass.testbed.agents import write_agent_configs
 
     ns = fabric.netns("h0")
     rows = [{"path": 1, "peer": "h1", "plane": 0, "state": "up"}, {"path": 2, "peer": "h1", "plane": 1, "state": "down"}]
@@ -278,7 +278,7 @@ def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        configs = mesh.write_agent_configs(fabric, str(tmp_path), bytes(range(32)), api_port=server.server_address[1])
+        configs = write_agent_configs(fabric, str(tmp_path), bytes(range(32)), api_port=server.server_address[1])
         ap = argparse.ArgumentParser()
         DC.register(ap.add_subparsers(dest="command"))
         args = ap.parse_args(["doctor", "--netns", ns, "--config", configs[0], "-o", "json"])

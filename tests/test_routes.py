@@ -14,7 +14,7 @@ import pytest
 from linkpass.agent.routes import RTPROT_LINKPASS, Plan, PeerRoutes, RouteActuator, desired_route
 from linkpass.testbed import faults, traffic
 from linkpass.testbed.faults import FaultSpec
-from linkpass.testbed.mesh import peer_routes
+from linkpass.testbed.agents import peer_routes
 
 
 def test_desired_route_never_removes_the_last_plane():
@@ -159,7 +159,7 @@ def test_sigkill_mid_change_then_reconcile_leaves_consistent_routes(clean_faults
         import itertools, sys
         sys.path.insert(0, {os.getcwd()!r})
         from linkpass.testbed.build import load_fabric
-        from linkpass.testbed.mesh import peer_routes
+        from linkpass.testbed.agents import peer_routes
         from linkpass.agent.routes import RouteActuator
         fab = load_fabric({fab.prefix!r})
         act = RouteActuator(fab.netns("h0"), fab.service_addr(0), peer_routes(fab, 0), {journal!r},

@@ -364,11 +364,20 @@ def _drain(args) -> int:
 
 
 # ---- the coordinator process -------------------------------------------------------------
+def _testbed_model(prefix: str) -> dict:
+    """`--testbed PREFIX`: that running testbed's fabric, as the coordinator's model."""
+    from ..core.fabric import from_testbed
+    from ..testbed.build import load_fabric  # the one testbed-facing option of a fleet command
+
+    return from_testbed(load_fabric(prefix)).to_dict()
+
+
 def run_coordinator(args) -> int:
     from ..coordinator import ray_actor
     from ..coordinator.runner import DEFAULT_STATE_DIR
 
-    settings = {"state_dir": args.state_dir or DEFAULT_STATE_DIR, "testbed": args.testbed, "fabric": args.fabric,
+    settings = {"state_dir": args.state_dir or DEFAULT_STATE_DIR, "fabric": args.fabric,
+                "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
                 "listen": args.listen or ("0.0.0.0:9470" if args.testbed else "127.0.0.1:9470"),
                 "max_drain_share": args.max_drain_share}
     print(f"starting {'a local Ray instance' if not args.address else 'on Ray at ' + args.address} ...", flush=True)

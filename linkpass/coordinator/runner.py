@@ -4,8 +4,9 @@
 settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     state_dir        SQLite database and tokens (default /var/lib/linkpass/coordinator)
     listen           "HOST:PORT" (default 127.0.0.1:9470)
-    testbed          prefix of a running testbed: its fabric is the model
-    fabric           path of a fabric model JSON (linkpass.core.fabric.FabricModel.to_dict)
+    fabric_model     the fabric model itself, as FabricModel.to_dict() (e.g. of a testbed, which its
+                     callers resolve: the coordinator does not import the testbed)
+    fabric           path of a fabric model JSON (the same document)
     max_drain_share  blast-radius guard: share of one tier's links in one plane (default 0.05)
     agent_timeout_s  an agent silent this long is reported lost (default 10)
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..core.fabric import FabricModel, from_testbed
+from ..core.fabric import FabricError, FabricModel
 from ..core.constants import COORDINATOR_LISTEN
 from .auth import Tokens, ensure_tokens
 from .http import CoordinatorServer
@@ -25,10 +26,11 @@ DEFAULT_STATE_DIR = "/var/lib/linkpass/coordinator"
 
 
 def load_model(settings: dict) -> FabricModel | None:
-    if settings.get("testbed"):
-        from ..testbed.build import load_fabric  # noqa: PLC0415 (only testbed users need it)
-
-        return from_testbed(load_fabric(settings["testbed"]))
+    if settings.get("fabric_model"):
+        try:
+            return FabricModel.from_dict(settings["fabric_model"])
+        except FabricError as exc:
+            raise CoordinatorError(f"fabric_model: {exc}") from None
     if settings.get("fabric"):
         try:
             with open(settings["fabric"]) as f:

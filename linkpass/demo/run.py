@@ -106,13 +106,14 @@ class Demo:
 
     def start_coordinator(self) -> None:
         from ..coordinator import ray_actor
+        from ..core.fabric import from_testbed
 
         self.step("starting the coordinator: a Ray actor on a local Ray")
         with socket.socket() as s:
             s.bind(("0.0.0.0", 0))
             port = s.getsockname()[1]
         state = os.path.abspath(os.path.join(self.out, "coordinator"))
-        settings = {"state_dir": state, "listen": f"0.0.0.0:{port}", "testbed": self.args.prefix}
+        settings = {"state_dir": state, "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(self.fab).to_dict()}
         sigterm = signal.getsignal(signal.SIGTERM)
         ray_actor.connect(num_cpus=1)
         signal.signal(signal.SIGTERM, sigterm)  # Ray installs its own; ours unwinds through the cleanup

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
-from linkpass.core.fabric import rail_optimized  # noqa: E402
+from linkpass.core.fabric import from_testbed, rail_optimized  # noqa: E402
 from linkpass.core.localize import Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
@@ -321,7 +321,7 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
     out = {}
     try:
         port = free_port("0.0.0.0")
-        settings = {"state_dir": os.path.join(work, "state"), "listen": f"0.0.0.0:{port}", "testbed": prefix}
+        settings = {"state_dir": os.path.join(work, "state"), "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(fab).to_dict()}
         for mode in ("up", "away"):
             if mode == "up":
                 ray_actor.connect(num_cpus=2)

@@ -185,7 +185,7 @@ def bfd_under(fab, prefix, bfd, spec, window_s):
 def route_ops(fab, n):
     """Route changes per second: LinkPass's actuator (own netlink message) vs pyroute2's replace."""
     from linkpass.agent.routes import RouteActuator
-    from linkpass.testbed.mesh import peer_routes
+    from linkpass.testbed.agents import peer_routes
 
     with tempfile.TemporaryDirectory() as d:
         act = RouteActuator(fab.netns(f"h{A}"), fab.service_addr(A), peer_routes(fab, A), f"{d}/journal",

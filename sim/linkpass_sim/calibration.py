@@ -26,7 +26,8 @@ from linkpass.testbed.topology import preset
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
 TOLERANCE_PCT = 20.0
-TESTBED_JSON = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks", "2026-11-30", "failover-detect.json")
+# the testbed's detection figures (sim/bench/failover.py --detect-only, 20 trials per case), shipped with the package
+TESTBED_JSON = os.path.join(os.path.dirname(__file__), "data", "failover-detect.json")
 A, B = "h0", "h2"
 # measured on the testbed's h0 -> h2 paths (60 s, agents idle): p50 8-9 µs, p99 70-127 µs, no
 # probe lost in 480 000; below the timeout floor (250 µs) the RTT hardly matters
