@@ -18,8 +18,9 @@ invariant CRC covers as arguments.
   fleet key. The BTH and ICRC are outside the tag because switches may legally set FECN/BECN.
 - **Replays.** `ReplayWindow` keeps a sliding bitmap of sequence numbers per (peer, path).
 
-Decoding never raises on bad input from the network; it returns a `WireError` reason that the
-caller counts (`DROP_REASONS`), so garbage costs a counter, not the agent.
+Decoding raises `WireError` for anything it does not accept, and only that: its `reason` is one
+of `DROP_REASONS`, which the caller counts before dropping the packet, so garbage costs a
+counter, not the agent.
 """
 from __future__ import annotations
 
@@ -80,10 +81,6 @@ class Probe:
 
     def reply(self, t2: int, t3: int, rx_count: int) -> "Probe":
         return replace(self, kind=KIND_REPLY, t2=t2, t3=t3, rx_count=rx_count)
-
-
-def udp_payload_len(pad: int) -> int:
-    return MIN_PAYLOAD + pad
 
 
 def pad_for_ip_size(ip_size: int) -> int:

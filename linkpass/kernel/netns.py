@@ -123,10 +123,6 @@ def write_sysctls(name: str, settings: tuple[tuple[str, str], ...] | list[tuple[
     run_in_netns(name, apply)
 
 
-def read_sysctl(name: str, key: str) -> str:
-    return run_in_netns(name, lambda: open(f"/proc/sys/{key}").read().strip())
-
-
 def exec_in_netns(name: str, argv: list[str], input: str | None = None, timeout: float = 10.0,
                   check: bool = True) -> subprocess.CompletedProcess:
     """Run a program inside namespace `name` (via `ip netns exec`)."""

@@ -9,7 +9,7 @@ Case path-discovery, metric time (s): the whole fabric (4 hosts x 2 planes, 2 le
 per plane, 32 source ports per (NIC, peer)) until every trace has ended. Both sides open their
 sockets the same way (one namespace entry per host), so the difference is how they probe. The
 peer's traces must give the same path table as ours (checked every run).
-Target (issue 3): every distinct spine path of every (NIC, peer) in <= 1 s.
+Target: every distinct spine path of every (NIC, peer) in <= 1 s.
 """
 from __future__ import annotations
 

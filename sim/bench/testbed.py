@@ -6,7 +6,7 @@ built the usual way, one `ip`/`sysctl` process per object, measured in the same 
 
 Cases hosts-4, hosts-16, hosts-32 (× 2 planes, 2 leaves + 2 spines per plane); metrics up_s,
 down_s. Each peer build is checked for reachability once, so both sides build a working fabric.
-Target (issue 2): 32 hosts up in <= 15 s on this 2-core machine.
+Target: 32 hosts up in <= 15 s on this 2-core machine.
 """
 from __future__ import annotations
 
