@@ -3,14 +3,10 @@
 `TelemetryView` turns an engine's per-path telemetry (plus clock-sync offsets, when known) into
 plain rows. `LocalApi` serves them over HTTP on 127.0.0.1 inside the host's namespace:
 
-    GET /metrics      Prometheus exposition (collector reads the stats at scrape time)
+    GET /metrics      Prometheus exposition (linkpass/agent/metrics.py)
     GET /v1/paths     JSON rows, one per probed path (what `linkpass paths -o json` prints)
     GET /v1/counters  engine counters and drops by reason
     GET /healthz      "ok"
-
-Metric names follow `linkpass_<subsystem>_<name>_<unit>`; labels are bounded: peer, plane and
-path (the discovered path's index towards that peer), and drop reason — never a port or a
-sequence number.
 """
 from __future__ import annotations
 
@@ -23,11 +19,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from ..kernel import netns as ns_io
 from ..core.constants import AGENT_API_PORT
-from ..core.telemetry import RTT_BUCKETS_NS, LossSnapshot
+from ..core.telemetry import LossSnapshot
+from .metrics import TelemetryCollector
 
 IN_FLIGHT_S = 0.2  # a path silent for less than this is late, not lossy; a detector is far faster
 
@@ -110,58 +106,6 @@ class TelemetryView:
         return {"stats": dict(self.engine.stats), "drops": dict(self.engine.drops)}
 
 
-class _Collector:
-    def __init__(self, view: TelemetryView):
-        self.view = view
-
-    def collect(self):
-        labels = ["peer", "plane", "path"]
-        sent = CounterMetricFamily("linkpass_probe_requests", "Probe requests sent", labels=labels)
-        replies = CounterMetricFamily("linkpass_probe_replies", "Authenticated replies received", labels=labels)
-        lost = CounterMetricFamily("linkpass_probe_lost", "Probes lost, by direction of the loss",
-                                   labels=labels + ["direction"])
-        loss_ratio = GaugeMetricFamily("linkpass_path_loss_ratio",
-                                       "Loss over the sliding window: forward, reverse, or any (incl. unanswered)",
-                                       labels=labels + ["direction"])
-        owd = GaugeMetricFamily("linkpass_path_one_way_delay_seconds",
-                                "One-way delay percentiles over the sliding window (needs clock sync)",
-                                labels=labels + ["direction", "quantile"])
-        rtt = HistogramMetricFamily("linkpass_probe_rtt_seconds", "Round-trip time without reflector residence",
-                                    labels=labels)
-        for row in self.view.rows():
-            lv = [row["peer"], str(row["plane"]), str(row["path"])]
-            sent.add_metric(lv, row["sent"])
-            replies.add_metric(lv, row["replies"])
-            lost.add_metric(lv + ["forward"], row["lost_fwd"])
-            lost.add_metric(lv + ["reverse"], row["lost_rev"])
-            w = row["window"]
-            if w["loss_pct"] is not None:
-                loss_ratio.add_metric(lv + ["any"], w["loss_pct"] / 100)
-            if w["loss_fwd_pct"] is not None:
-                loss_ratio.add_metric(lv + ["forward"], w["loss_fwd_pct"] / 100)
-            if w["loss_rev_pct"] is not None:
-                loss_ratio.add_metric(lv + ["reverse"], w["loss_rev_pct"] / 100)
-            for direction, key in (("forward", "owd_fwd_ns"), ("reverse", "owd_rev_ns")):
-                summary = row[key]
-                if summary and summary["p50"] is not None:
-                    owd.add_metric(lv + [direction, "0.5"], summary["p50"] / 1e9)
-                    owd.add_metric(lv + [direction, "0.99"], summary["p99"] / 1e9)
-            path = self.view.engine.paths.get(row["path_id"])
-            if path is None:  # removed since rows() was taken
-                continue
-            tel = path.telemetry
-            acc, buckets = 0, []
-            for bound, count in zip(list(RTT_BUCKETS_NS) + [float("inf")], tel.rtt_counts):
-                acc += count
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound / 1e9), acc))
-            rtt.add_metric(lv, buckets, tel.rtt_sum_ns / 1e9)
-        drops = CounterMetricFamily("linkpass_probe_dropped_packets", "Received or sent packets dropped, by reason",
-                                    labels=["reason"])
-        for reason, n in sorted(self.view.counters()["drops"].items()):
-            drops.add_metric([reason], n)
-        yield from (sent, replies, lost, loss_ratio, owd, rtt, drops)
-
-
 class LocalApi:
     """HTTP on 127.0.0.1:`port` inside `netns` (or here); a ticker snapshots loss counters."""
 
@@ -169,7 +113,7 @@ class LocalApi:
                  host: str = "127.0.0.1", collectors=(), extra_routes: dict | None = None):
         self.view = view
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(view))
+        self.registry.register(TelemetryCollector(view))
         for c in collectors:
             self.registry.register(c)
         extra = {path: (lambda fn=fn: (json.dumps(fn()).encode(), "application/json"))

@@ -22,10 +22,8 @@ import sys
 import threading
 import time
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from ..core.constants import BATCH_S, ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
-from ..core.detector import Detector, DetectorConfig, State
+from ..core.detector import Detector, DetectorConfig
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import EV_MISS, CoreProbeEngine, PathSpec
 from .api import LocalApi, PathLabels, TelemetryView
@@ -33,6 +31,7 @@ from .config import AgentConfig, ConfigError, Peer, load_text, read_fleet_key
 from .coordinator_link import CoordinatorLink
 from .decide import PathInfo, crosses
 from .failover import Failover
+from .metrics import DecisionCollector
 from .routes import PeerRoutes, RouteActuator
 
 
@@ -78,38 +77,6 @@ def distinct_paths(found):
         if not any(key == k or (None in p.hops and set(key) <= set(k)) for k in best):
             best[key] = p
     return list(best.values())
-
-
-class _FailoverMetrics:
-    """Prometheus view of the decisions: path states, transitions, route changes, fail static."""
-
-    def __init__(self, agent: "Agent"):
-        self.agent = agent
-
-    def collect(self):
-        fo = self.agent.failover
-        state = GaugeMetricFamily("linkpass_path_state", "1 for the state each path is in",
-                                  labels=["peer", "plane", "path", "state"])
-        for row in fo.path_rows():
-            for s in State:
-                state.add_metric([row["peer"], str(row["plane"]), str(row["path"]), s.value],
-                                 1.0 if row["state"] == s.value else 0.0)
-        trans = CounterMetricFamily("linkpass_path_transitions", "Path state changes, by new state", labels=["to"])
-        for s in State:
-            trans.add_metric([s.value], fo.counters.get(f"transition_{s.value}", 0))
-        changes = CounterMetricFamily("linkpass_route_changes", "Route rewrites applied (or logged, in dry run)")
-        changes.add_metric([], fo.counters.get("route_changes", 0))
-        deferred = CounterMetricFamily("linkpass_route_changes_deferred", "Route rewrites held back by the rate limit")
-        deferred.add_metric([], fo.counters.get("route_deferred", 0))
-        static = GaugeMetricFamily("linkpass_fail_static_peers",
-                                   "Peers with no usable path: their route is kept as it was (never removed)")
-        static.add_metric([], len(fo.fail_static))
-        entered = CounterMetricFamily("linkpass_fail_static_events", "Times a peer was left without a usable path")
-        entered.add_metric([], fo.counters.get("fail_static", 0))
-        planes = GaugeMetricFamily("linkpass_route_planes", "Planes the route to each peer uses now", labels=["peer"])
-        for peer, pl in sorted(fo.planes.items()):
-            planes.add_metric([peer], len(pl))
-        yield from (state, trans, changes, deferred, static, entered, planes)
 
 
 class Agent:
@@ -223,7 +190,7 @@ class Agent:
             log("rt_priority_refused", priority=self.cfg.rt_priority, error=refused,
                 note="probe thread runs at normal priority: on a busy host, expect late replies")
         self.add_peers(self.cfg.peers)
-        self.api = LocalApi(self.view, port=self.cfg.api_port, collectors=[_FailoverMetrics(self)],
+        self.api = LocalApi(self.view, port=self.cfg.api_port, collectors=[DecisionCollector(lambda: self.failover)],
                             extra_routes={"/v1/state": self.failover.path_rows})
         if self.cfg.coordinator is not None:
             self.link = CoordinatorLink(self.cfg.coordinator, self.identity, self.report_rows, self._take_drains,

@@ -1,0 +1,127 @@
+"""The agent's Prometheus metrics: every name, type, help text and label set is defined once, in
+SPECS; the collectors read plain state at scrape time (never update metric objects per probe).
+
+    TelemetryCollector   per-path probe counters, loss, one-way delay, RTT histogram, drops
+    DecisionCollector    path states, transitions, route changes, fail static
+
+Names follow `linkpass_<subsystem>_<name>_<unit>`; labels are bounded: peer, plane and path (the
+discovered path's index towards that peer), state, direction and drop reason, never a port or a
+sequence number.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ..core.detector import State
+from ..core.telemetry import RTT_BUCKETS_NS
+
+_PATH = ("peer", "plane", "path")
+
+
+class Spec(NamedTuple):
+    kind: type
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+SPECS: dict[str, Spec] = {
+    # telemetry (the probe engine)
+    "linkpass_probe_requests": Spec(CounterMetricFamily, "Probe requests sent", _PATH),
+    "linkpass_probe_replies": Spec(CounterMetricFamily, "Authenticated replies received", _PATH),
+    "linkpass_probe_lost": Spec(CounterMetricFamily, "Probes lost, by direction of the loss", _PATH + ("direction",)),
+    "linkpass_path_loss_ratio": Spec(GaugeMetricFamily,
+                                     "Loss over the sliding window: forward, reverse, or any (incl. unanswered)",
+                                     _PATH + ("direction",)),
+    "linkpass_path_one_way_delay_seconds": Spec(GaugeMetricFamily,
+                                                "One-way delay percentiles over the sliding window (needs clock sync)",
+                                                _PATH + ("direction", "quantile")),
+    "linkpass_probe_rtt_seconds": Spec(HistogramMetricFamily, "Round-trip time without reflector residence", _PATH),
+    "linkpass_probe_dropped_packets": Spec(CounterMetricFamily, "Received or sent packets dropped, by reason",
+                                           ("reason",)),
+    # decisions (the failover loop)
+    "linkpass_path_state": Spec(GaugeMetricFamily, "1 for the state each path is in", _PATH + ("state",)),
+    "linkpass_path_transitions": Spec(CounterMetricFamily, "Path state changes, by new state", ("to",)),
+    "linkpass_route_changes": Spec(CounterMetricFamily, "Route rewrites applied (or logged, in dry run)"),
+    "linkpass_route_changes_deferred": Spec(CounterMetricFamily, "Route rewrites held back by the rate limit"),
+    "linkpass_fail_static_peers": Spec(GaugeMetricFamily,
+                                       "Peers with no usable path: their route is kept as it was (never removed)"),
+    "linkpass_fail_static_events": Spec(CounterMetricFamily, "Times a peer was left without a usable path"),
+    "linkpass_route_planes": Spec(GaugeMetricFamily, "Planes the route to each peer uses now", ("peer",)),
+}
+
+
+def family(name: str):
+    """An empty metric family of `name`, as SPECS defines it."""
+    spec = SPECS[name]
+    return spec.kind(name, spec.help, labels=list(spec.labels))
+
+
+class TelemetryCollector:
+    """Reads a `linkpass.agent.api.TelemetryView` at scrape time."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def collect(self):
+        sent, replies, lost, loss_ratio, owd, rtt, drops = (family(n) for n in (
+            "linkpass_probe_requests", "linkpass_probe_replies", "linkpass_probe_lost", "linkpass_path_loss_ratio",
+            "linkpass_path_one_way_delay_seconds", "linkpass_probe_rtt_seconds", "linkpass_probe_dropped_packets"))
+        for row in self.view.rows():
+            lv = [row["peer"], str(row["plane"]), str(row["path"])]
+            sent.add_metric(lv, row["sent"])
+            replies.add_metric(lv, row["replies"])
+            lost.add_metric(lv + ["forward"], row["lost_fwd"])
+            lost.add_metric(lv + ["reverse"], row["lost_rev"])
+            w = row["window"]
+            if w["loss_pct"] is not None:
+                loss_ratio.add_metric(lv + ["any"], w["loss_pct"] / 100)
+            if w["loss_fwd_pct"] is not None:
+                loss_ratio.add_metric(lv + ["forward"], w["loss_fwd_pct"] / 100)
+            if w["loss_rev_pct"] is not None:
+                loss_ratio.add_metric(lv + ["reverse"], w["loss_rev_pct"] / 100)
+            for direction, key in (("forward", "owd_fwd_ns"), ("reverse", "owd_rev_ns")):
+                summary = row[key]
+                if summary and summary["p50"] is not None:
+                    owd.add_metric(lv + [direction, "0.5"], summary["p50"] / 1e9)
+                    owd.add_metric(lv + [direction, "0.99"], summary["p99"] / 1e9)
+            path = self.view.engine.paths.get(row["path_id"])
+            if path is None:  # removed since rows() was taken
+                continue
+            tel = path.telemetry
+            acc, buckets = 0, []
+            for bound, count in zip(list(RTT_BUCKETS_NS) + [float("inf")], tel.rtt_counts):
+                acc += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound / 1e9), acc))
+            rtt.add_metric(lv, buckets, tel.rtt_sum_ns / 1e9)
+        for reason, n in sorted(self.view.counters()["drops"].items()):
+            drops.add_metric([reason], n)
+        yield from (sent, replies, lost, loss_ratio, owd, rtt, drops)
+
+
+class DecisionCollector:
+    """Reads the agent's `Failover` at scrape time (through `failover()`: a reload replaces it)."""
+
+    def __init__(self, failover: Callable[[], object]):
+        self.failover = failover
+
+    def collect(self):
+        fo = self.failover()
+        state, trans, changes, deferred, static, entered, planes = (family(n) for n in (
+            "linkpass_path_state", "linkpass_path_transitions", "linkpass_route_changes",
+            "linkpass_route_changes_deferred", "linkpass_fail_static_peers", "linkpass_fail_static_events",
+            "linkpass_route_planes"))
+        for row in fo.path_rows():
+            for s in State:
+                state.add_metric([row["peer"], str(row["plane"]), str(row["path"]), s.value],
+                                 1.0 if row["state"] == s.value else 0.0)
+        for s in State:
+            trans.add_metric([s.value], fo.counters.get(f"transition_{s.value}", 0))
+        changes.add_metric([], fo.counters.get("route_changes", 0))
+        deferred.add_metric([], fo.counters.get("route_deferred", 0))
+        static.add_metric([], len(fo.fail_static))
+        entered.add_metric([], fo.counters.get("fail_static", 0))
+        for peer, pl in sorted(fo.planes.items()):
+            planes.add_metric([peer], len(pl))
+        yield from (state, trans, changes, deferred, static, entered, planes)
