@@ -1,12 +1,18 @@
 """One generator of node and link names: the testbed fabric and the coordinator's model agree."""
 from __future__ import annotations
 
+import pathlib
+import re
+
 import pytest
 from hypothesis import given, strategies as st
 
 from linkpass.core import names as N
 from linkpass.core.fabric import FabricError, from_testbed, rail_optimized
 from linkpass.testbed.topology import PRESETS, TopologyError, make_fabric, preset
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
 
 def attachment(fab_or_model, hosts, planes) -> dict[tuple[str, int], str]:
     return {(h, p): fab_or_model.uplink(h, p).b for h in hosts for p in range(planes)}
@@ -76,3 +82,19 @@ def test_generation_order_is_uplinks_then_leaf_spine_links_per_plane():
     got = [lk.name for lk in N.LeafSpine.racks(3, 2, 2, 2).links()]
     assert got == ["h0-p0l0", "h1-p0l0", "h2-p0l1", "p0l0-p0s0", "p0l0-p0s1", "p0l1-p0s0", "p0l1-p0s1",
                    "h0-p1l0", "h1-p1l0", "h2-p1l1", "p1l0-p1s0", "p1l0-p1s1", "p1l1-p1s0", "p1l1-p1s1"]
+
+
+# f-strings that would spell a host, leaf or spine name (or a link between them) by hand
+_SPELLED = re.compile(r"""f["'][^"']*(\bh\{|p\{[^}]*\}[ls]\{)""")
+
+
+def test_only_the_generator_spells_node_and_link_names():
+    offenders = []
+    for base in ("linkpass", "sim", "rdma"):
+        for path in sorted((ROOT / base).rglob("*.py")):
+            if path == ROOT / "linkpass" / "core" / "names.py":
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if _SPELLED.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not offenders, "use linkpass.core.names:\n" + "\n".join(offenders)

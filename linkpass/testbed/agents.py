@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from .mesh import write_agent_configs
+from ..core.names import host_name
 from .topology import Fabric
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
@@ -45,7 +46,7 @@ class Agents:
                                       route_options=self.route_options)
         for h in self.hosts:
             log = open(self.log_path(h), "w")
-            self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(f"h{h}"), *LINKPASS, "agent",
+            self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(host_name(h)), *LINKPASS, "agent",
                                               "--config", configs[h], *self.extra_args],
                                              stdout=subprocess.DEVNULL, stderr=log)
             log.close()
@@ -53,15 +54,15 @@ class Agents:
         for h in self.hosts:
             while not self.events(h, "started"):
                 if self.procs[h].poll() is not None:
-                    raise RuntimeError(f"agent on h{h} exited with {self.procs[h].returncode}: "
+                    raise RuntimeError(f"agent on {host_name(h)} exited with {self.procs[h].returncode}: "
                                        f"{open(self.log_path(h)).read()[-1500:]}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"agent on h{h} did not start within {wait_s} s")
+                    raise RuntimeError(f"agent on {host_name(h)} did not start within {wait_s} s")
                 time.sleep(0.05)
         return self
 
     def log_path(self, host: int) -> str:
-        return os.path.join(self.directory, f"agent-h{host}.log")
+        return os.path.join(self.directory, f"agent-{host_name(host)}.log")
 
     def events(self, host: int, kind: str | None = None) -> list[dict]:
         out = []
@@ -125,7 +126,7 @@ class Agents:
         from ..core.constants import RTPROT_LINKPASS
 
         for h in self.hosts:
-            subprocess.run(["ip", "-n", self.fab.netns(f"h{h}"), "route", "flush", "proto", str(RTPROT_LINKPASS)],
+            subprocess.run(["ip", "-n", self.fab.netns(host_name(h)), "route", "flush", "proto", str(RTPROT_LINKPASS)],
                            check=False, capture_output=True)
 
     def __enter__(self) -> "Agents":

@@ -13,7 +13,8 @@ from typing import Callable
 
 from ..probe.engine import CoreProbeEngine, ExchangeRecord, PathSpec
 from ..core.constants import AGENT_API_PORT
-from .topology import Fabric
+from ..core.names import host_name
+from .topology import Fabric, nic_ifname
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,10 @@ class Mesh:
             cb = None
             if on_exchange:
                 cb = (lambda host: lambda rec: on_exchange(host, rec))(i)
-            eng = CoreProbeEngine(i + 1, key, netns=fab.netns(f"h{i}"), seed=i + 1,
+            eng = CoreProbeEngine(i + 1, key, netns=fab.netns(host_name(i)), seed=i + 1,
                                   clock_segment=(clocks or {}).get(i), on_exchange=cb)
             for p in range(fab.spec.planes):
-                eng.add_nic(f"p{p}", f"p{p}", fab.nic_addr(i, p))
+                eng.add_nic(f"p{p}", nic_ifname(p), fab.nic_addr(i, p))
             mesh.engines[i] = eng
         for n, (src, dst, plane, sport) in enumerate(paths, start=1):
             mesh.paths[n] = MeshPath(n, src, dst, plane, sport)
@@ -59,7 +60,7 @@ class Mesh:
         return mesh
 
     def run(self, seconds: float) -> None:
-        threads = [threading.Thread(target=e.run, args=(seconds,), name=f"agent-h{i}") for i, e in self.engines.items()]
+        threads = [threading.Thread(target=e.run, args=(seconds,), name=f"agent-{host_name(i)}") for i, e in self.engines.items()]
         for t in threads:
             t.start()
         for t in threads:
@@ -79,8 +80,8 @@ def peer_routes(fab: Fabric, host: int):
     from ..agent.routes import PeerRoutes
     from .topology import host_link_addrs
 
-    hops = {p: (str(host_link_addrs(p, host)[0]), f"p{p}") for p in range(fab.spec.planes)}
-    return {f"h{j}": PeerRoutes(f"h{j}", fab.service_addr(j), hops) for j in range(fab.spec.hosts) if j != host}
+    hops = {p: (str(host_link_addrs(p, host)[0]), nic_ifname(p)) for p in range(fab.spec.planes)}
+    return {host_name(j): PeerRoutes(host_name(j), fab.service_addr(j), hops) for j in range(fab.spec.hosts) if j != host}
 
 
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = AGENT_API_PORT,
@@ -106,21 +107,21 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     chosen = list(range(fab.spec.hosts) if hosts is None else hosts)  # agents run here; they are each other's peers
     for i in chosen:
         doc = {
-            "agent_id": i + 1, "name": f"h{i}", "fleet_key_file": key_file, "service": fab.service_addr(i),
-            "nics": [{"plane": p, "ifname": f"p{p}", "addr": fab.nic_addr(i, p),
+            "agent_id": i + 1, "name": host_name(i), "fleet_key_file": key_file, "service": fab.service_addr(i),
+            "nics": [{"plane": p, "ifname": nic_ifname(p), "addr": fab.nic_addr(i, p),
                       "gateway": str(host_link_addrs(p, i)[0])} for p in planes],
-            "peers": [{"name": f"h{j}", "agent_id": j + 1, "service": fab.service_addr(j),
+            "peers": [{"name": host_name(j), "agent_id": j + 1, "service": fab.service_addr(j),
                        "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in chosen if j != i],
             "probe": {"interval_ms": interval_ms, **(probe or {})}, "api": {"port": api_port},
-            "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-h{i}.journal"),
+            "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-{host_name(i)}.journal"),
                        **(route_options or {})},
-            "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-h{i}")},
+            "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-{host_name(i)}")},
         }
         if detect:
             doc["detect"] = dict(detect)
         if coordinator:
             doc["coordinator"] = dict(coordinator)
-        path = os.path.join(directory, f"agent-h{i}.yaml")
+        path = os.path.join(directory, f"agent-{host_name(i)}.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)
         out[i] = path
