@@ -82,7 +82,8 @@ class BfdRouteHook:
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 5.0) -> None:
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name=f"bfd-hook-{host_name(self.host)}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(ready,), name=f"bfd-hook-{host_name(self.host)}",
+                                        daemon=True)
         self._thread.start()
         if not ready.wait(timeout_s) or self.error:
             self.stop()

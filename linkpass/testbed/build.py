@@ -17,9 +17,9 @@ from typing import Callable
 
 from pyroute2 import IPRoute, netns as pr_netns
 
+from ..core.names import HOST, host_index, host_name
 from ..kernel import netns as ns_io
 from . import state
-from ..core.names import HOST, host_index, host_name
 from .topology import Fabric, Route, Spec, TopologyError, mac_of, make_fabric, mgmt_subnet_for_slot
 
 # pyroute2 speaks in route protocol numbers; 4 = "static" marks testbed baseline routes.

@@ -60,7 +60,8 @@ class Mesh:
         return mesh
 
     def run(self, seconds: float) -> None:
-        threads = [threading.Thread(target=e.run, args=(seconds,), name=f"agent-{host_name(i)}") for i, e in self.engines.items()]
+        threads = [threading.Thread(target=e.run, args=(seconds,), name=f"agent-{host_name(i)}")
+                   for i, e in self.engines.items()]
         for t in threads:
             t.start()
         for t in threads:
@@ -81,7 +82,8 @@ def peer_routes(fab: Fabric, host: int):
     from .topology import host_link_addrs
 
     hops = {p: (str(host_link_addrs(p, host)[0]), nic_ifname(p)) for p in range(fab.spec.planes)}
-    return {host_name(j): PeerRoutes(host_name(j), fab.service_addr(j), hops) for j in range(fab.spec.hosts) if j != host}
+    return {host_name(j): PeerRoutes(host_name(j), fab.service_addr(j), hops)
+            for j in range(fab.spec.hosts) if j != host}
 
 
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = AGENT_API_PORT,

@@ -93,7 +93,8 @@ def host_index(fab, name: str) -> int:
     except ValueError:
         i = -1
     if not 0 <= i < hosts:
-        raise UsageError(f"unknown host {name!r}: testbed {fab.prefix} has hosts {host_name(0)}..{host_name(hosts - 1)}")
+        raise UsageError(f"unknown host {name!r}: testbed {fab.prefix} has hosts "
+                         f"{host_name(0)}..{host_name(hosts - 1)}")
     return i
 
 

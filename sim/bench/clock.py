@@ -111,7 +111,8 @@ def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[d
     loader = threading.Thread(target=background_load, args=(fab, stop), daemon=True)
     if loaded:
         into_h3 = fab.uplink(host_name(3), 0)  # congested where its leaf sends to h3
-        faults.apply(fab.prefix, faults.FaultSpec("congest", into_h3.name, into_h3.b, {"rate": "200mbit", "queue": "2ms"}))
+        faults.apply(fab.prefix, faults.FaultSpec("congest", into_h3.name, into_h3.b,
+                                                  {"rate": "200mbit", "queue": "2ms"}))
         loader.start()
     errors, ntp_errors, mesh_errors, drift_errors, early_drift_errors = [], [], [], [], []
     converged_at: dict[tuple[int, int], float] = {}

@@ -335,7 +335,8 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
                 time.sleep(10)
                 if mode == "away":
                     assert agents.events(A, "coordinator_unreachable"), "agents did not notice the coordinator gone"
-                _, out[mode] = linkpass_hard(prefix, agents, [fab.uplink(host_name(A), p).name for p in (0, 1)], trials, 6.0)
+                uplinks = [fab.uplink(host_name(A), p).name for p in (0, 1)]
+                _, out[mode] = linkpass_hard(prefix, agents, uplinks, trials, 6.0)
             finally:
                 agents.stop()
                 faults.clear(prefix)
