@@ -20,7 +20,7 @@ def bare(addr: str) -> str:
 def hops(src: int, dst: int, plane: int, spine: int) -> tuple[list[str], str]:
     """The routers a probe src -> dst crosses through `spine`, as discovery reports them: each
     hop is the address of the interface the probe came in on; and the peer's NIC address."""
-    up = FAB.uplink(src, plane)
+    up = FAB.uplink(f"h{src}", plane)
     src_leaf, dst_leaf = FAB.leaf_of(src, plane), FAB.leaf_of(dst, plane)
     out = [bare(up.b_addr)]
     if src_leaf != dst_leaf:

@@ -20,7 +20,7 @@ def expected_paths(fab, i: int, j: int, plane: int) -> set[tuple[str, ...]]:
     """Hop sequences host i -> host j on `plane`, from the Fabric's links (inbound addresses)."""
     ip = lambda a: a.split("/")[0]  # noqa: E731
     li, lj = fab.leaf_of(i, plane), fab.leaf_of(j, plane)
-    first = ip(fab.uplink(i, plane).b_addr)  # the leaf's end of host i's uplink
+    first = ip(fab.uplink(f"h{i}", plane).b_addr)  # the leaf's end of host i's uplink
     if li == lj:
         return {(first,)}
     out = set()

@@ -37,7 +37,7 @@ def fake_table(fab, ports, broken_plane: int | None = None):
     for p in range(fab.spec.planes):
         for sport in ports:
             s = sport % 2
-            hops = (ip(fab.uplink(0, p).b_addr), ip(fab.links[f"p{p}l0-p{p}s{s}"].b_addr),
+            hops = (ip(fab.uplink("h0", p).b_addr), ip(fab.links[f"p{p}l0-p{p}s{s}"].b_addr),
                     ip(fab.links[f"p{p}l1-p{p}s{s}"].a_addr))
             if p == broken_plane and s == 1:
                 traces.append(P.Trace(f"p{p}", fab.nic_addr(0, p), fab.nic_addr(3, p), sport, hops[:1], P.END_LOST))
@@ -219,7 +219,7 @@ def test_a_port_in_use_is_exit_3(fabric, capsys):
 def test_a_silent_dst_behind_its_leaf_gets_a_hint(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     fab = fake_fabric()
-    hops = (ip(fab.uplink(0, 0).b_addr), ip(fab.links["p0l0-p0s0"].b_addr), ip(fab.links["p0l1-p0s0"].a_addr))
+    hops = (ip(fab.uplink("h0", 0).b_addr), ip(fab.links["p0l0-p0s0"].b_addr), ip(fab.links["p0l1-p0s0"].a_addr))
     table = P.build_table([P.Trace("p0", fab.nic_addr(0, 0), fab.nic_addr(3, 0), 31000, hops, P.END_LOST)], host="h0")
     doc = PC.trace_doc(fab, 0, 3, table, [0], 31000, 4791, {})
     assert doc["planes"][0]["dst_silent"] and PC.exit_code(doc) == 2

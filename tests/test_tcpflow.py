@@ -37,7 +37,7 @@ def test_a_cut_on_the_flows_plane_stalls_it_until_the_link_is_back(clean_faults)
     sport = 40000
     plane = tcpflow.plane_for_flow(fab, 0, 3, sport)
     assert tcpflow.sport_for_plane(fab, 0, 3, plane) == sport  # the first port that hashes there
-    link = fab.uplink(0, plane).name
+    link = fab.uplink("h0", plane).name
     box = {}
 
     def cut(flow):

@@ -31,7 +31,7 @@ def measure_load(fab: Fabric, sample_s: float = 0.3) -> Counter:
 
 
 def busiest(fab: Fabric, load: Counter, kind: str, directed: bool) -> tuple[str, str | None, float]:
-    """The link of `kind` ("host-leaf" / "leaf-spine") carrying the most bytes per second:
+    """The link of `kind` (a tier of core.names: HOST_LEAF or LEAF_SPINE) carrying the most bytes per second:
     (link, from-node or None, bytes/s). With `directed`, the busiest single direction. Ties go
     to the first name."""
     best: tuple[float, str, str | None] | None = None

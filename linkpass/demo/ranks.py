@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from ..core.names import host_name
 from ..testbed.topology import Fabric
 
 STORE_PORT = 29500  # + the restart count: a restarted job's store does not wait out TIME_WAIT
@@ -54,7 +55,7 @@ class TrainingJob:
         for rank, h in enumerate(self.hosts):
             err = open(os.path.join(self.dir, f"rank{rank}.stderr"), "a")
             self.procs[rank] = subprocess.Popen(
-                ["ip", "netns", "exec", self.fab.netns(f"h{h}"), sys.executable, "-m", "linkpass.demo.job",
+                ["ip", "netns", "exec", self.fab.netns(host_name(h)), sys.executable, "-m", "linkpass.demo.job",
                  "--rank", str(rank), "--world", str(len(self.hosts)), "--addr", self.fab.service_addr(h),
                  "--master", master, "--port", str(self.store_port), "--size-mb", str(self.size_mb),
                  "--compute-ms", str(self.compute_ms), "--timeout-s", str(self.timeout_s),

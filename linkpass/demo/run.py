@@ -28,6 +28,7 @@ import time
 from contextlib import ExitStack
 
 from ..cli.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, paint, table
+from ..core.names import host_name
 from . import timeline
 from .script import SCRIPT, Scripted, select
 
@@ -381,7 +382,7 @@ def _check_linkpass_absent(fab, hosts: list[int]) -> dict:
 
     routes = agents = 0
     for h in hosts:
-        ns = fab.netns(f"h{h}")
+        ns = fab.netns(host_name(h))
         routes += len(subprocess.run(["ip", "-n", ns, "route", "show", "proto", str(RTPROT_LINKPASS)],
                                      capture_output=True, text=True, check=False).stdout.splitlines())
         for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..core.names import HOST_LEAF, LEAF_SPINE
+
 
 @dataclass(frozen=True)
 class Scripted:
     kind: str  # the name used in --faults and in the JSON summary
     label: str
-    tier: str  # "host-leaf" | "leaf-spine"
+    tier: str  # HOST_LEAF | LEAF_SPINE
     fault: str  # testbed fault kind: down | flap | loss | mtu
     params: dict = field(default_factory=dict)
     directed: bool = False  # one direction only (aimed at the busier one)
@@ -22,15 +24,15 @@ class Scripted:
 
 
 SCRIPT = (
-    Scripted("uplink-cut", "host uplink cut", "host-leaf", "down"),
-    Scripted("link-down", "leaf–spine link down", "leaf-spine", "down"),
-    Scripted("gray-loss", "20 % gray loss on a spine link", "leaf-spine", "loss", {"pct": 20}, severity="gray",
+    Scripted("uplink-cut", "host uplink cut", HOST_LEAF, "down"),
+    Scripted("link-down", "leaf–spine link down", LEAF_SPINE, "down"),
+    Scripted("gray-loss", "20 % gray loss on a spine link", LEAF_SPINE, "loss", {"pct": 20}, severity="gray",
              hold_s=3.0),
-    Scripted("flap", "flapping link (down/up every 100 ms)", "host-leaf", "flap", {"period": "200ms", "duration": "10s"},
+    Scripted("flap", "flapping link (down/up every 100 ms)", HOST_LEAF, "flap", {"period": "200ms", "duration": "10s"},
              hold_s=1.5),
-    Scripted("one-way-loss", "30 % loss, one direction only", "leaf-spine", "loss", {"pct": 30}, directed=True,
+    Scripted("one-way-loss", "30 % loss, one direction only", LEAF_SPINE, "loss", {"pct": 30}, directed=True,
              severity="gray", hold_s=3.0),
-    Scripted("mtu-blackhole", "MTU black hole (packets > 1200 B dropped)", "leaf-spine", "mtu", {"bytes": 1200},
+    Scripted("mtu-blackhole", "MTU black hole (packets > 1200 B dropped)", LEAF_SPINE, "mtu", {"bytes": 1200},
              severity="gray", hold_s=3.0),
 )
 KINDS = tuple(s.kind for s in SCRIPT)

@@ -46,6 +46,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 from ..kernel import netns as ns_io
 from ..core import paths as P
 from ..core.constants import DISCOVERY_PORTS, PROBE_PORT_BASE, ROCE_PORT
+from ..core.names import host_name
 from ..core.paths import PathTable
 
 IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
@@ -559,7 +560,7 @@ def discover_fabric(fab, config: DiscoveryConfig | None = None,
                     hosts: Iterable[int] | None = None) -> dict[str, P.PathTable]:
     """Discover the paths of every host of a testbed Fabric at once; keyed by host name ('h0', ...)."""
     hosts = range(fab.spec.hosts) if hosts is None else hosts
-    jobs = [Job(f"h{i}", fab.netns(f"h{i}"), tuple(fabric_targets(fab, i))) for i in hosts]
+    jobs = [Job(host_name(i), fab.netns(host_name(i)), tuple(fabric_targets(fab, i))) for i in hosts]
     return discover_many(jobs, config)
 
 

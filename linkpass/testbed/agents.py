@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..core.constants import AGENT_API_PORT
-from .topology import Fabric
+from ..core.names import host_name
+from .topology import Fabric, nic_ifname
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 
@@ -45,7 +46,7 @@ class Agents:
                                       route_options=self.route_options)
         for h in self.hosts:
             log = open(self.log_path(h), "w")
-            self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(f"h{h}"), *LINKPASS, "agent",
+            self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(host_name(h)), *LINKPASS, "agent",
                                               "--config", configs[h], *self.extra_args],
                                              stdout=subprocess.DEVNULL, stderr=log)
             log.close()
@@ -53,15 +54,15 @@ class Agents:
         for h in self.hosts:
             while not self.events(h, "started"):
                 if self.procs[h].poll() is not None:
-                    raise RuntimeError(f"agent on h{h} exited with {self.procs[h].returncode}: "
+                    raise RuntimeError(f"agent on {host_name(h)} exited with {self.procs[h].returncode}: "
                                        f"{open(self.log_path(h)).read()[-1500:]}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"agent on h{h} did not start within {wait_s} s")
+                    raise RuntimeError(f"agent on {host_name(h)} did not start within {wait_s} s")
                 time.sleep(0.05)
         return self
 
     def log_path(self, host: int) -> str:
-        return os.path.join(self.directory, f"agent-h{host}.log")
+        return os.path.join(self.directory, f"agent-{host_name(host)}.log")
 
     def events(self, host: int, kind: str | None = None) -> list[dict]:
         out = []
@@ -125,7 +126,7 @@ class Agents:
         from ..core.constants import RTPROT_LINKPASS
 
         for h in self.hosts:
-            subprocess.run(["ip", "-n", self.fab.netns(f"h{h}"), "route", "flush", "proto", str(RTPROT_LINKPASS)],
+            subprocess.run(["ip", "-n", self.fab.netns(host_name(h)), "route", "flush", "proto", str(RTPROT_LINKPASS)],
                            check=False, capture_output=True)
 
     def __enter__(self) -> "Agents":
@@ -141,8 +142,9 @@ def peer_routes(fab: Fabric, host: int):
     from ..agent.routes import PeerRoutes
     from .topology import host_link_addrs
 
-    hops = {p: (str(host_link_addrs(p, host)[0]), f"p{p}") for p in range(fab.spec.planes)}
-    return {f"h{j}": PeerRoutes(f"h{j}", fab.service_addr(j), hops) for j in range(fab.spec.hosts) if j != host}
+    hops = {p: (str(host_link_addrs(p, host)[0]), nic_ifname(p)) for p in range(fab.spec.planes)}
+    return {host_name(j): PeerRoutes(host_name(j), fab.service_addr(j), hops)
+            for j in range(fab.spec.hosts) if j != host}
 
 
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = AGENT_API_PORT,
@@ -168,21 +170,21 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     chosen = list(range(fab.spec.hosts) if hosts is None else hosts)  # agents run here; they are each other's peers
     for i in chosen:
         doc = {
-            "agent_id": i + 1, "name": f"h{i}", "fleet_key_file": key_file, "service": fab.service_addr(i),
-            "nics": [{"plane": p, "ifname": f"p{p}", "addr": fab.nic_addr(i, p),
+            "agent_id": i + 1, "name": host_name(i), "fleet_key_file": key_file, "service": fab.service_addr(i),
+            "nics": [{"plane": p, "ifname": nic_ifname(p), "addr": fab.nic_addr(i, p),
                       "gateway": str(host_link_addrs(p, i)[0])} for p in planes],
-            "peers": [{"name": f"h{j}", "agent_id": j + 1, "service": fab.service_addr(j),
+            "peers": [{"name": host_name(j), "agent_id": j + 1, "service": fab.service_addr(j),
                        "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in chosen if j != i],
             "probe": {"interval_ms": interval_ms, **(probe or {})}, "api": {"port": api_port},
-            "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-h{i}.journal"),
+            "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-{host_name(i)}.journal"),
                        **(route_options or {})},
-            "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-h{i}")},
+            "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-{host_name(i)}")},
         }
         if detect:
             doc["detect"] = dict(detect)
         if coordinator:
             doc["coordinator"] = dict(coordinator)
-        path = os.path.join(directory, f"agent-h{i}.yaml")
+        path = os.path.join(directory, f"agent-{host_name(i)}.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)
         out[i] = path

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pyroute2 import IPRoute
 
 from .frr import Bfd, FrrError, StateChange, parse_state_change
-from .topology import host_link_addrs
+from ..core.names import host_index, host_name
+from .topology import host_link_addrs, nic_ifname
 
 RTPROT_BFD_HOOK = 177  # LinkPass's actuator uses 176; `ip route show proto 177`
 IN_MODIFY = 0x2
@@ -41,7 +42,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 @dataclass(frozen=True)
 class RouteChange:
     mono_ns: int  # CLOCK_MONOTONIC when the netlink replace returned
-    peer: str  # "h3"
+    peer: str  # a host name
     planes: tuple[int, ...]  # planes of the route after the change
     cause: StateChange | None = None  # the bfdd state change behind it (None: initial install)
     event_mono_ns: int | None = None  # cause's log timestamp, moved to CLOCK_MONOTONIC
@@ -58,19 +59,19 @@ class BfdRouteHook:
 
     def __post_init__(self) -> None:
         fab = self.bfd.fab
-        self.ns = fab.netns(f"h{self.host}")
+        self.ns = fab.netns(host_name(self.host))
         self.own_service = fab.service_addr(self.host)
         planes = range(fab.spec.planes)
-        self.hops = {p: (str(host_link_addrs(p, self.host)[0]), f"p{p}") for p in planes}
+        self.hops = {p: (str(host_link_addrs(p, self.host)[0]), nic_ifname(p)) for p in planes}
         # the peer NIC address in a log line names the session's (peer, plane)
         self.session_of: dict[str, tuple[str, int]] = {}
         for a, b, plane in self.bfd.sessions:
             if self.host in (a, b):
                 other = b if a == self.host else a
-                self.session_of[fab.nic_addr(other, plane)] = (f"h{other}", plane)
+                self.session_of[fab.nic_addr(other, plane)] = (host_name(other), plane)
         if not self.session_of:
-            raise FrrError(f"h{self.host} has no BFD sessions (start the Bfd first)")
-        self.peers = {peer: fab.service_addr(int(peer[1:])) for peer, _ in self.session_of.values()}
+            raise FrrError(f"{host_name(self.host)} has no BFD sessions (start the Bfd first)")
+        self.peers = {peer: fab.service_addr(host_index(peer)) for peer, _ in self.session_of.values()}
         self.installed: dict[str, tuple[int, ...]] = {}
         self._down: set[tuple[str, int]] = set()  # sessions not up; any other plane counts as usable
         self._stop = threading.Event()
@@ -81,11 +82,12 @@ class BfdRouteHook:
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout_s: float = 5.0) -> None:
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name=f"bfd-hook-h{self.host}", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(ready,), name=f"bfd-hook-{host_name(self.host)}",
+                                        daemon=True)
         self._thread.start()
         if not ready.wait(timeout_s) or self.error:
             self.stop()
-            raise FrrError(f"BFD route hook on h{self.host} did not start: {self.error!r}")
+            raise FrrError(f"BFD route hook on {host_name(self.host)} did not start: {self.error!r}")
 
     def stop(self) -> None:
         """Stop watching and remove our routes (also after a failed start)."""

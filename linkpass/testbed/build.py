@@ -17,6 +17,7 @@ from typing import Callable
 
 from pyroute2 import IPRoute, netns as pr_netns
 
+from ..core.names import HOST, host_index, host_name
 from ..kernel import netns as ns_io
 from . import state
 from .topology import Fabric, Route, Spec, TopologyError, mac_of, make_fabric, mgmt_subnet_for_slot
@@ -134,9 +135,8 @@ def _ifindexes(ipr: IPRoute) -> dict[str, int]:
 def _configure_node(fab: Fabric, node: str, ipr: IPRoute) -> None:
     index = _ifindexes(ipr)
     ipr.link("set", index=index["lo"], state="up")
-    if fab.nodes[node].role == "host":
-        i = int(node[1:])
-        ipr.addr("add", index=index["lo"], address=fab.service_addr(i), prefixlen=32)
+    if fab.nodes[node].role == HOST:
+        ipr.addr("add", index=index["lo"], address=fab.service_addr(host_index(node)), prefixlen=32)
     for lk in fab.links_of(node):
         ifname, addr = lk.end(node)
         ip, plen = addr.split("/")
@@ -156,10 +156,10 @@ def _build_mgmt(fab: Fabric, sockets: dict[str, IPRoute]) -> None:
         for i in range(fab.spec.hosts):
             root_if = fab.mgmt_root_if(i)
             root.link("add", ifname=root_if, kind="veth",
-                      peer={"ifname": "mgmt", "net_ns_fd": fab.netns(f"h{i}")})
+                      peer={"ifname": "mgmt", "net_ns_fd": fab.netns(host_name(i))})
             idx = root.link_lookup(ifname=root_if)[0]
             root.link("set", index=idx, master=br, state="up")
-            host = sockets[f"h{i}"]
+            host = sockets[host_name(i)]
             hidx = host.link_lookup(ifname="mgmt")[0]
             host.addr("add", index=hidx, address=fab.mgmt_addr(i), prefixlen=net.prefixlen)
             host.link("set", index=hidx, state="up")

@@ -8,6 +8,7 @@ import time
 
 from ..cli.output import EXIT_CRITICAL, EXIT_OK, FORMATS, emit, paint, table
 from . import build, faults, traffic
+from ..core.names import host_name
 from .topology import Fabric, load_spec_text, preset, check_prefix, PRESETS
 
 DEFAULT_PREFIX = os.environ.get("LINKPASS_PREFIX", "lp")
@@ -173,15 +174,15 @@ def cmd_check(args) -> int:
         lines = [f"reachability of testbed {fab.prefix}: each cell is NIC/service over each plane "
                  f"({'✓' if not bad else '✗'} {d['checked'] - d['failed']}/{d['checked']} ok in {d['seconds']:.2f} s)"]
         index = {(r["src"], r["dst"], r["plane"], r["target"]): r["ok"] for r in rows}
-        hdr = ["from \\ to"] + [f"h{j}" for j in range(H)]
+        hdr = ["from \\ to"] + [host_name(j) for j in range(H)]
         grid = []
         for i in range(H):
-            cells = [f"h{i}"]
+            cells = [host_name(i)]
             for j in range(H):
                 if i == j:
                     cells.append("-")
                     continue
-                marks = "".join("✓" if index[(f"h{i}", f"h{j}", p, t)] else "✗"
+                marks = "".join("✓" if index[(host_name(i), host_name(j), p, t)] else "✗"
                                 for p in range(P) for t in ("nic", "service"))
                 cells.append(paint(marks, "green" if "✗" not in marks else "red"))
             grid.append(cells)

@@ -23,6 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from ..core.names import host_name
 from .topology import Fabric
 
 FRR_BIN = "/usr/lib/frr"
@@ -67,7 +68,7 @@ class Bfd:
     sessions: list[tuple[int, int, int]] = field(default_factory=list)  # as given to start()
 
     def _dirs(self, host: int) -> tuple[str, str]:
-        ns = self.fab.netns(f"h{host}")
+        ns = self.fab.netns(host_name(host))
         return f"/etc/frr/{ns}", f"/var/run/frr/{ns}"
 
     def log_path(self, host: int) -> str:
@@ -96,7 +97,7 @@ class Bfd:
                 f.write("\n".join(lines) + "\n!\n")
             open(f"{etc}/vtysh.conf", "w").close()
             subprocess.run(["chown", "-R", "frr:frr", etc, run], check=False)
-            ns = self.fab.netns(f"h{host}")
+            ns = self.fab.netns(host_name(host))
             for daemon in ("zebra", "bfdd"):
                 out = subprocess.run(["ip", "netns", "exec", ns, f"{FRR_BIN}/{daemon}", "-N", ns, "-d", "-f",
                                       f"{etc}/frr.conf"], capture_output=True, text=True, timeout=30)
@@ -112,7 +113,7 @@ class Bfd:
                        f"{ {h: self.session_states(h) for h in self.hosts} }")
 
     def session_states(self, host: int) -> dict[str, str]:
-        ns = self.fab.netns(f"h{host}")
+        ns = self.fab.netns(host_name(host))
         out = subprocess.run(["vtysh", "-N", ns, "-c", "show bfd peers brief"], capture_output=True, text=True,
                              timeout=10)
         states = {}

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..probe.engine import CoreProbeEngine, ExchangeRecord, PathSpec
-from .topology import Fabric
+from ..core.names import host_name
+from .topology import Fabric, nic_ifname
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,10 @@ class Mesh:
             cb = None
             if on_exchange:
                 cb = (lambda host: lambda rec: on_exchange(host, rec))(i)
-            eng = CoreProbeEngine(i + 1, key, netns=fab.netns(f"h{i}"), seed=i + 1,
+            eng = CoreProbeEngine(i + 1, key, netns=fab.netns(host_name(i)), seed=i + 1,
                                   clock_segment=(clocks or {}).get(i), on_exchange=cb)
             for p in range(fab.spec.planes):
-                eng.add_nic(f"p{p}", f"p{p}", fab.nic_addr(i, p))
+                eng.add_nic(f"p{p}", nic_ifname(p), fab.nic_addr(i, p))
             mesh.engines[i] = eng
         for n, (src, dst, plane, sport) in enumerate(paths, start=1):
             mesh.paths[n] = MeshPath(n, src, dst, plane, sport)
@@ -58,7 +59,8 @@ class Mesh:
         return mesh
 
     def run(self, seconds: float) -> None:
-        threads = [threading.Thread(target=e.run, args=(seconds,), name=f"agent-h{i}") for i, e in self.engines.items()]
+        threads = [threading.Thread(target=e.run, args=(seconds,), name=f"agent-{host_name(i)}")
+                   for i, e in self.engines.items()]
         for t in threads:
             t.start()
         for t in threads:

@@ -36,7 +36,10 @@ import struct
 import sys
 import time
 
+from ..core import names
 from ..core.constants import ROCE_PORT
+from ..core.names import host_name
+from .topology import nic_ifname
 from ..cli.output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
 
 PROBE_BASE_PORT = 31000
@@ -77,7 +80,7 @@ def load_testbed(prefix: str | None):
         fab = build.load_fabric(chosen)
     except (build.TestbedError, build.TopologyError) as exc:
         raise UsageError(str(exc)) from None
-    if not os.path.exists(ns_io.netns_path(fab.netns("h0"))):
+    if not os.path.exists(ns_io.netns_path(fab.netns(host_name(0)))):
         raise UsageError(f"testbed {chosen!r} has a state file but no namespaces (a crashed run?); "
                          f"`linkpass testbed clean --prefix {chosen}` removes it")
     return fab
@@ -85,9 +88,14 @@ def load_testbed(prefix: str | None):
 
 def host_index(fab, name: str) -> int:
     hosts = fab.spec.hosts
-    if not (name.startswith("h") and name[1:].isdigit() and 0 <= int(name[1:]) < hosts):
-        raise UsageError(f"unknown host {name!r}: testbed {fab.prefix} has hosts h0..h{hosts - 1}")
-    return int(name[1:])
+    try:
+        i = names.host_index(name)
+    except ValueError:
+        i = -1
+    if not 0 <= i < hosts:
+        raise UsageError(f"unknown host {name!r}: testbed {fab.prefix} has hosts "
+                         f"{host_name(0)}..{host_name(hosts - 1)}")
+    return i
 
 
 def hop_index(fab) -> dict[str, tuple[str, str]]:
@@ -112,7 +120,7 @@ def links_crossed(fab, hops: list[dict], reached: bool, dst: int, plane: int) ->
     """Link names the flow crossed, in order (DST's uplink last when DST answered)."""
     out = [h["link"] for h in hops if h["link"]]
     if reached:
-        out.append(fab.uplink(dst, plane).name)
+        out.append(fab.uplink(host_name(dst), plane).name)
     return out
 
 
@@ -198,7 +206,7 @@ def probe_doc(fab, src: int, dst: int, table_, planes: list[int], ports: tuple[i
               rtts: dict[tuple[int, str], list[float]]) -> dict:
     """What `probe` prints, from a PathTable of SRC (pure: no sockets)."""
     index = hop_index(fab)
-    dname = f"h{dst}"
+    dname = host_name(dst)
     out_planes = []
     for p in planes:
         daddr = fab.nic_addr(dst, p)
@@ -216,7 +224,7 @@ def probe_doc(fab, src: int, dst: int, table_, planes: list[int], ports: tuple[i
                            "reached": any(x["reached"] for x in paths), "swept": len(entry.ports) if entry else 0,
                            "paths": paths})
     n_paths = sum(len(x["paths"]) for x in out_planes)
-    return {"testbed": fab.prefix, "src": f"h{src}", "dst": dname, "dport": dport,
+    return {"testbed": fab.prefix, "src": host_name(src), "dst": dname, "dport": dport,
             "ports": f"{min(ports)}-{max(ports)}" if len(ports) > 1 else str(ports[0]),
             "planes": out_planes,
             "summary": {"planes": len(out_planes), "planes_reached": sum(x["reached"] for x in out_planes),
@@ -229,7 +237,7 @@ def trace_doc(fab, src: int, dst: int, table_, planes: list[int], sport: int, dp
               rtts: dict[tuple[int, str], list[float]]) -> dict:
     """What `trace` prints: the path of one 5-tuple per plane (pure: no sockets)."""
     index = hop_index(fab)
-    dname = f"h{dst}"
+    dname = host_name(dst)
     rows = []
     for p in planes:
         saddr, daddr = fab.nic_addr(src, p), fab.nic_addr(dst, p)
@@ -247,7 +255,7 @@ def trace_doc(fab, src: int, dst: int, table_, planes: list[int], sport: int, dp
                      "links": links_crossed(fab, hops, path.reached, dst, p),
                      "dst_silent": dst_silent(fab, hops, path.end, dst, p), "rtt_ms": _median(samples),
                      "rtt_samples_ms": [round(x, 3) for x in samples]})
-    return {"testbed": fab.prefix, "src": f"h{src}", "dst": dname, "sport": sport, "dport": dport, "planes": rows,
+    return {"testbed": fab.prefix, "src": host_name(src), "dst": dname, "sport": sport, "dport": dport, "planes": rows,
             "summary": {"planes": len(rows), "planes_reached": sum(r["reached"] for r in rows)},
             "stats": dict(table_.stats)}
 
@@ -355,7 +363,7 @@ def _discover(fab, src: int, dst: int, planes: list[int], ports: tuple[int, ...]
     from ..probe.discovery import DiscoveryConfig, discover, fabric_targets
 
     cfg = DiscoveryConfig(ports=ports, k=len(ports), dport=dport)
-    return discover(fab.netns(f"h{src}"), fabric_targets(fab, src, planes, [dst]), cfg, host=f"h{src}")
+    return discover(fab.netns(host_name(src)), fabric_targets(fab, src, planes, [dst]), cfg, host=host_name(src))
 
 
 def _rtts(fab, src: int, dst: int, table_, planes: list[int], dport: int, sport: int | None = None):
@@ -368,7 +376,7 @@ def _rtts(fab, src: int, dst: int, table_, planes: list[int], dport: int, sport:
             if not path.reached:
                 continue
             port = sport if sport is not None else path.ports[0]
-            out[(p, path.id)] = measure_rtt(fab.netns(f"h{src}"), f"p{p}", fab.nic_addr(src, p), port,
+            out[(p, path.id)] = measure_rtt(fab.netns(host_name(src)), nic_ifname(p), fab.nic_addr(src, p), port,
                                             fab.nic_addr(dst, p), dport)
     return out
 
@@ -389,7 +397,7 @@ def run_probe(args) -> int:
     ports = tuple(range(args.base_port, args.base_port + args.ports))
     tbl = _discover(fab, src, dst, planes, ports, args.dport)
     if tbl.stats.get("socket_errors", 0) >= len(ports) * len(planes):
-        return _usage(f"could not bind any probe socket on h{src} (ports {ports[0]}-{ports[-1]} in use?); "
+        return _usage(f"could not bind any probe socket on {host_name(src)} (ports {ports[0]}-{ports[-1]} in use?); "
                       "try another --base-port")
     doc = probe_doc(fab, src, dst, tbl, planes, ports, args.dport, _rtts(fab, src, dst, tbl, planes, args.dport))
     emit(doc, args.output, lambda d: render_probe(d, wide=args.output == "wide"))
@@ -408,7 +416,7 @@ def run_trace(args) -> int:
                     _rtts(fab, src, dst, tbl, planes, args.dport, sport=args.sport))
     unprobed = [r["plane"] for r in doc["planes"] if r["end"] == "not probed"]
     if unprobed:
-        return _usage(f"could not trace sport {args.sport} from h{src} on plane(s) {unprobed}: the port is in use "
+        return _usage(f"could not trace sport {args.sport} from {host_name(src)} on plane(s) {unprobed}: the port is in use "
                       f"on that NIC (an agent's probe socket? its ports start at 49152); pick another --sport")
     emit(doc, args.output, lambda d: render_trace(d, wide=args.output == "wide"))
     return exit_code(doc)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..kernel import netns as ns_io
+from ..core.names import host_name
 from .topology import Fabric
 
 TCP_PORT = 45000
@@ -50,7 +51,7 @@ class StallResult:
 def plane_for_flow(fab: Fabric, src_host: int, dst_host: int, sport: int, dport: int = TCP_PORT) -> int:
     """The plane the source host's route picks for this TCP 5-tuple (`ip route get`, which hashes
     the flow the way connect() does once the source port is bound)."""
-    out = subprocess.run(["ip", "-n", fab.netns(f"h{src_host}"), "route", "get", fab.service_addr(dst_host),
+    out = subprocess.run(["ip", "-n", fab.netns(host_name(src_host)), "route", "get", fab.service_addr(dst_host),
                           "from", fab.service_addr(src_host), "ipproto", "tcp", "sport", str(sport),
                           "dport", str(dport)], capture_output=True, text=True, check=True, timeout=5).stdout
     m = re.search(r"\bdev p(\d+)\b", out)
@@ -89,13 +90,13 @@ class TcpFlow:
 
     def start(self) -> TcpFlow:
         try:
-            srv = ns_io.socket_in_netns(self.fab.netns(f"h{self.dst}"), type=socket.SOCK_STREAM)
+            srv = ns_io.socket_in_netns(self.fab.netns(host_name(self.dst)), type=socket.SOCK_STREAM)
             self._socks.append(srv)
             srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             srv.bind((self.fab.service_addr(self.dst), self.dport))
             srv.listen(1)
             srv.settimeout(5.0)
-            cli = ns_io.socket_in_netns(self.fab.netns(f"h{self.src}"), type=socket.SOCK_STREAM)
+            cli = ns_io.socket_in_netns(self.fab.netns(host_name(self.src)), type=socket.SOCK_STREAM)
             self._socks.append(cli)
             cli.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -12,14 +12,22 @@ Address plan (all inside 198.18.0.0/15, the RFC 2544 benchmarking range):
                              link (l, s): index l*S+s, leaf side .2idx, spine side .2idx+1 (/31)
     198.19.0.0/16            management networks, one /24 per testbed (root side .1, host i .i+2)
 
-Hosts attach to leaves in contiguous blocks (a rack per leaf): host i -> leaf i*L//H, so a
-leaf's hosts summarise into a few prefixes and spines need few routes.
+Nodes and links, and their names, come from `linkpass.core.names` (the generator the
+coordinator's fabric model uses too), laid out as `LeafSpine.blocks`: hosts attach to leaves in
+contiguous blocks (a rack per leaf), host i -> leaf i*L//H, so a leaf's hosts summarise into a
+few prefixes and spines need few routes. This module adds what only a testbed has: interfaces,
+addresses, MACs, routes, namespace names. A host's NIC is named after its plane ("p0"); a
+switch port after the node at its other end: a leaf's port to h3 is "h3", to spine 1 "s1", a
+spine's port to leaf 0 "l0".
 """
 from __future__ import annotations
 
 import ipaddress
 import re
 from dataclasses import dataclass, field
+
+from ..core.names import (HOST, HOST_LEAF, LEAF_SPINE, LeafSpine, host_name, leaf_name, link_name, plane_of,
+                          spine_name)
 
 SERVICE_BLOCK = ipaddress.IPv4Network("198.18.0.0/20")
 HOST_LINK_BLOCK = ipaddress.IPv4Network("198.18.64.0/18")
@@ -71,7 +79,7 @@ class Link:
     """A point-to-point link; `a` is the lower tier (host or leaf), `b` the upper."""
 
     name: str
-    kind: str  # "host-leaf" | "leaf-spine"
+    kind: str  # HOST_LEAF | LEAF_SPINE
     plane: int
     a: str
     a_if: str
@@ -103,7 +111,7 @@ class Route:
 @dataclass(frozen=True)
 class Node:
     name: str
-    role: str  # "host" | "leaf" | "spine"
+    role: str  # HOST | LEAF | SPINE
     plane: int | None = None
     sysctls: tuple[tuple[str, str], ...] = ()
 
@@ -116,6 +124,7 @@ class Fabric:
     nodes: dict[str, Node] = field(default_factory=dict)
     links: dict[str, Link] = field(default_factory=dict)
     routes: dict[str, list[Route]] = field(default_factory=dict)
+    uplinks: dict[tuple[str, int], str] = field(default_factory=dict, repr=False)  # (host, plane) -> link name
 
     # ---- names -------------------------------------------------------------------------
     def netns(self, node: str) -> str:
@@ -146,21 +155,35 @@ class Fabric:
     # ---- lookups -----------------------------------------------------------------------
     @property
     def hosts(self) -> list[str]:
-        return [n for n, node in self.nodes.items() if node.role == "host"]
+        return [n for n, node in self.nodes.items() if node.role == HOST]
+
+    def uplink(self, host: str, plane: int) -> Link:
+        """The link from host `host` (a name: "h3") to its leaf on `plane`."""
+        try:
+            return self.links[self.uplinks[(host, plane)]]
+        except KeyError:
+            raise TopologyError(f"host {host!r} has no uplink on plane {plane} in this testbed "
+                                f"(hosts {host_name(0)}..{host_name(self.spec.hosts - 1)}, "
+                                f"planes 0..{self.spec.planes - 1})") from None
 
     def leaf_of(self, host: int, plane: int) -> str:
-        return f"p{plane}l{leaf_index(host, self.spec)}"
+        """Leaf name of host number `host` on `plane` (addresses are numbered by host, too)."""
+        return self.uplink(host_name(host), plane).b
 
-    def uplink(self, host: int, plane: int) -> Link:
-        return self.links[f"h{host}-{self.leaf_of(host, plane)}"]
+    def leaf_spine(self, leaf: str, spine: int) -> Link:
+        """The link from `leaf` to spine index `spine` of its plane."""
+        try:
+            return self.links[link_name(leaf, spine_name(plane_of(leaf), spine))]
+        except (KeyError, ValueError):
+            raise TopologyError(f"leaf {leaf!r} has no link to spine index {spine} in this testbed") from None
 
     def link(self, name: str) -> Link:
         """Find a link by name, in either order of its ends ("h0-p0l0" or "p0l0-h0")."""
         if name in self.links:
             return self.links[name]
         parts = name.split("-")
-        if len(parts) == 2 and f"{parts[1]}-{parts[0]}" in self.links:
-            return self.links[f"{parts[1]}-{parts[0]}"]
+        if len(parts) == 2 and link_name(parts[1], parts[0]) in self.links:
+            return self.links[link_name(parts[1], parts[0])]
         examples = ", ".join(list(self.links)[:3])
         raise TopologyError(f"no link named {name!r} in this testbed (e.g. {examples}; `linkpass testbed show` lists all)")
 
@@ -194,11 +217,11 @@ class Fabric:
             "management": {"subnet": self.mgmt_subnet, "bridge": self.mgmt_bridge, "root_addr": self.mgmt_root_addr},
             "host_list": [
                 {
-                    "name": f"h{i}",
-                    "netns": self.netns(f"h{i}"),
+                    "name": host_name(i),
+                    "netns": self.netns(host_name(i)),
                     "service": self.service_addr(i),
                     "mgmt": self.mgmt_addr(i),
-                    "nics": {f"p{p}": self.nic_addr(i, p) for p in range(s.planes)},
+                    "nics": {nic_ifname(p): self.nic_addr(i, p) for p in range(s.planes)},
                     "leaves": [self.leaf_of(i, p) for p in range(s.planes)],
                 }
                 for i in range(s.hosts)
@@ -237,10 +260,6 @@ def fabric_link_addrs(plane: int, index: int) -> tuple[ipaddress.IPv4Address, ip
     """(leaf side, spine side) of leaf-spine link number `index` on `plane`."""
     base = FABRIC_LINK_BLOCK.network_address + plane * 4096 + 2 * index
     return base, base + 1
-
-
-def leaf_index(host: int, spec: Spec) -> int:
-    return host * spec.leaves_per_plane // spec.hosts
 
 
 def mgmt_subnet_for_slot(slot: int) -> str:
@@ -359,70 +378,83 @@ def _summarise(first: ipaddress.IPv4Address, last: ipaddress.IPv4Address) -> lis
     return [str(n) for n in ipaddress.summarize_address_range(first, last)]
 
 
+def layout(spec: Spec) -> LeafSpine:
+    """The generator's shape of a testbed: hosts in contiguous blocks per leaf."""
+    return LeafSpine.blocks(spec.hosts, spec.planes, spec.leaves_per_plane, spec.spines_per_plane)
+
+
+def nic_ifname(plane: int) -> str:
+    """A host's interface on `plane`, named like the plane ("p0")."""
+    return f"p{plane}"
+
+
+def _leaf_port(spine: int) -> str:
+    """A leaf's interface to spine index `spine` of its plane."""
+    return f"s{spine}"
+
+
+def _spine_port(leaf: int) -> str:
+    """A spine's interface to leaf index `leaf` of its plane."""
+    return f"l{leaf}"
+
+
 def make_fabric(spec: Spec, prefix: str, mgmt_subnet: str) -> Fabric:
     """Expand a spec into nodes, links and per-node routes."""
     check_prefix(prefix)
     mgmt_subnet = _parse_mgmt_subnet(mgmt_subnet, "management.subnet")
     fab = Fabric(spec=spec, prefix=prefix, mgmt_subnet=mgmt_subnet)
-    H, P, L, S = spec.hosts, spec.planes, spec.leaves_per_plane, spec.spines_per_plane
+    shape = layout(spec)
+    P, L, S = spec.planes, spec.leaves_per_plane, spec.spines_per_plane
 
-    for i in range(H):
-        fab.nodes[f"h{i}"] = Node(f"h{i}", "host", None, HOST_SYSCTLS)
-    for p in range(P):
-        for l in range(L):
-            fab.nodes[f"p{p}l{l}"] = Node(f"p{p}l{l}", "leaf", p, ROUTER_SYSCTLS)
-        for s in range(S):
-            fab.nodes[f"p{p}s{s}"] = Node(f"p{p}s{s}", "spine", p, ROUTER_SYSCTLS)
-
-    for p in range(P):
-        for i in range(H):
-            leaf = f"p{p}l{leaf_index(i, spec)}"
-            leaf_side, host_side = host_link_addrs(p, i)
-            name = f"h{i}-{leaf}"
-            fab.links[name] = Link(name, "host-leaf", p, f"h{i}", f"p{p}", f"{host_side}/31",
-                                   leaf, f"h{i}", f"{leaf_side}/31")
-        for l in range(L):
-            for s in range(S):
-                leaf_side, spine_side = fabric_link_addrs(p, l * S + s)
-                name = f"p{p}l{l}-p{p}s{s}"
-                fab.links[name] = Link(name, "leaf-spine", p, f"p{p}l{l}", f"s{s}", f"{leaf_side}/31",
-                                       f"p{p}s{s}", f"l{l}", f"{spine_side}/31")
+    for name, role, plane in shape.nodes():
+        fab.nodes[name] = Node(name, role, plane, HOST_SYSCTLS if role == HOST else ROUTER_SYSCTLS)
+    for lk in shape.links():
+        p = lk.plane
+        if lk.kind == HOST_LEAF:  # a: host lk.lower, b: its leaf; the leaf's port is named after the host
+            leaf_side, host_side = host_link_addrs(p, lk.lower)
+            fab.links[lk.name] = Link(lk.name, HOST_LEAF, p, lk.a, nic_ifname(p), f"{host_side}/31",
+                                      lk.b, lk.a, f"{leaf_side}/31")
+            fab.uplinks[(lk.a, p)] = lk.name
+        else:  # a: leaf lk.lower, b: spine lk.upper
+            leaf_side, spine_side = fabric_link_addrs(p, lk.lower * S + lk.upper)
+            fab.links[lk.name] = Link(lk.name, LEAF_SPINE, p, lk.a, _leaf_port(lk.upper), f"{leaf_side}/31",
+                                      lk.b, _spine_port(lk.lower), f"{spine_side}/31")
 
     # hosts: each plane's NIC block via that plane; service addresses ECMP over all planes,
     # sourced from the host's own service address so replies come back to it.
-    for i in range(H):
+    for i, host in enumerate(shape.host_names()):
         routes = []
         for p in range(P):
             leaf_side, _ = host_link_addrs(p, i)
-            routes.append(Route(str(plane_host_block(p)), ((str(leaf_side), f"p{p}"),)))
-        hops = tuple((str(host_link_addrs(p, i)[0]), f"p{p}") for p in range(P))
+            routes.append(Route(str(plane_host_block(p)), ((str(leaf_side), nic_ifname(p)),)))
+        hops = tuple((str(host_link_addrs(p, i)[0]), nic_ifname(p)) for p in range(P))
         routes.append(Route(str(SERVICE_BLOCK), hops, src=service_addr(i)))
-        fab.routes[f"h{i}"] = routes
+        fab.routes[host] = routes
 
-    hosts_of_leaf = {l: [i for i in range(H) if leaf_index(i, spec) == l] for l in range(L)}
+    hosts_of_leaf = {l: shape.hosts_of_leaf(l) for l in range(L)}
     for p in range(P):
         for l in range(L):
             routes = []
             for i in hosts_of_leaf[l]:
                 _, host_side = host_link_addrs(p, i)
-                routes.append(Route(f"{service_addr(i)}/32", ((str(host_side), f"h{i}"),)))
+                routes.append(Route(f"{service_addr(i)}/32", ((str(host_side), host_name(i)),)))
             if L > 1:
-                ups = tuple((str(fabric_link_addrs(p, l * S + s)[1]), f"s{s}") for s in range(S))
+                ups = tuple((str(fabric_link_addrs(p, l * S + s)[1]), _leaf_port(s)) for s in range(S))
                 routes.append(Route(str(plane_host_block(p)), ups))
                 routes.append(Route(str(SERVICE_BLOCK), ups))
-            fab.routes[f"p{p}l{l}"] = routes
+            fab.routes[leaf_name(p, l)] = routes
         for s in range(S):
             routes = []
             for l in range(L):
                 members = hosts_of_leaf[l]
                 if not members:
                     continue
-                via = ((str(fabric_link_addrs(p, l * S + s)[0]), f"l{l}"),)
+                via = ((str(fabric_link_addrs(p, l * S + s)[0]), _spine_port(l)),)
                 first, last = members[0], members[-1]
                 for net in _summarise(host_link_addrs(p, first)[0], host_link_addrs(p, last)[1]):
                     routes.append(Route(net, via))
                 for net in _summarise(ipaddress.IPv4Address(service_addr(first)),
                                       ipaddress.IPv4Address(service_addr(last))):
                     routes.append(Route(net, via))
-            fab.routes[f"p{p}s{s}"] = routes
+            fab.routes[spine_name(p, s)] = routes
     return fab

@@ -16,7 +16,8 @@ from pyroute2 import IPRoute
 
 from ..kernel import netns as ns_io
 from ..core.constants import ROCE_PORT  # flows hash like RDMA traffic
-from .topology import Fabric
+from ..core.names import LEAF_SPINE, host_name
+from .topology import Fabric, nic_ifname
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -133,10 +134,10 @@ def send_flow(fab: Fabric, src_host: int, dst_host: int, *, plane: int | None = 
     else:
         raise ValueError(f"target must be 'nic' or 'service', got {target!r}")
     flow_id = next(_flow_ids)
-    dst_ns = fab.netns(f"h{dst_host}")
+    dst_ns = fab.netns(host_name(dst_host))
     names = _ifnames(dst_ns)
     rx = _receiver(dst_ns, dport)
-    tx = _sender(fab.netns(f"h{src_host}"), src, sport, f"p{plane}" if plane is not None else None)
+    tx = _sender(fab.netns(host_name(src_host)), src, sport, nic_ifname(plane) if plane is not None else None)
     out = FlowResult(sent=0, received=0)
     pad = b"\0" * (size - 28 - _HDR.size)
     try:
@@ -190,8 +191,8 @@ def reachability(fab: Fabric, tries: int = 3) -> list[dict]:
                 for target in ("nic", "service"):
                     res = send_flow(fab, i, j, plane=p, target=target, sport=41000 + p, count=tries,
                                     settle_s=0.5)
-                    ok = res.received > 0 and all(name == f"p{p}" for name in res.ingress)
-                    rows.append({"src": f"h{i}", "dst": f"h{j}", "plane": p, "target": target,
+                    ok = res.received > 0 and all(name == nic_ifname(p) for name in res.ingress)
+                    rows.append({"src": host_name(i), "dst": host_name(j), "plane": p, "target": target,
                                  "ok": ok, "received": res.received, "sent": res.sent,
                                  "ingress": sorted(set(res.ingress))})
     return rows
@@ -218,7 +219,7 @@ def spine_for_sport(fab: Fabric, src_host: int, dst_host: int, plane: int, sport
     leaf = fab.leaf_of(src_host, plane)
     if leaf == fab.leaf_of(dst_host, plane):
         return None
-    uplinks = [f"s{s}" for s in range(fab.spec.spines_per_plane)]
+    uplinks = {lk.end(leaf)[0]: lk.b for lk in fab.links_of(leaf) if lk.kind == LEAF_SPINE}  # ifname -> spine
     before = link_counters(fab, leaf)
     res = send_flow(fab, src_host, dst_host, plane=plane, target=target, sport=sport, dport=dport, count=packets)
     after = link_counters(fab, leaf)
@@ -227,4 +228,4 @@ def spine_for_sport(fab: Fabric, src_host: int, dst_host: int, plane: int, sport
     if deltas[best] < packets or res.received < packets // 2:
         raise RuntimeError(f"could not tell the spine of sport {sport}: uplink deltas {deltas}, "
                            f"{res.received}/{packets} delivered")
-    return f"p{plane}s{best[1:]}"
+    return uplinks[best]

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass.core.clock import Exchange, MeshCorrector, PairEstimator, PurePairFilter, SyntheticClock  # noqa: E402
+from linkpass.core.names import host_name  # noqa: E402
 from linkpass.testbed import build, faults, topology, traffic  # noqa: E402
 from linkpass.testbed.mesh import Mesh  # noqa: E402
 
@@ -109,7 +110,9 @@ def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[d
     stop = threading.Event()
     loader = threading.Thread(target=background_load, args=(fab, stop), daemon=True)
     if loaded:
-        faults.apply(fab.prefix, faults.FaultSpec("congest", "h3-p0l1", "p0l1", {"rate": "200mbit", "queue": "2ms"}))
+        into_h3 = fab.uplink(host_name(3), 0)  # congested where its leaf sends to h3
+        faults.apply(fab.prefix, faults.FaultSpec("congest", into_h3.name, into_h3.b,
+                                                  {"rate": "200mbit", "queue": "2ms"}))
         loader.start()
     errors, ntp_errors, mesh_errors, drift_errors, early_drift_errors = [], [], [], [], []
     converged_at: dict[tuple[int, int], float] = {}
@@ -183,8 +186,8 @@ def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[d
                 r[k] = round(r[k], 4)
     notes = {"pairs": len(estimators), "pairs_within_2us": len(converged_at), "pure_pair_rejections": rejected,
              "seconds": seconds, "background_load": loaded,
-             "clock_offsets_ms": {f"h{i}": round(c.offset_at(start) / 1e6, 3) for i, c in clocks.items()},
-             "clock_drifts_ppm": {f"h{i}": round(c.drift_ppm_at(start), 2) for i, c in clocks.items()}}
+             "clock_offsets_ms": {host_name(i): round(c.offset_at(start) / 1e6, 3) for i, c in clocks.items()},
+             "clock_drifts_ppm": {host_name(i): round(c.drift_ppm_at(start), 2) for i, c in clocks.items()}}
     return rows, notes
 
 

@@ -44,6 +44,7 @@ from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
 from linkpass.core.fabric import from_testbed, rail_optimized  # noqa: E402
 from linkpass.core.localize import Localizer, Observation  # noqa: E402
+from linkpass.core.names import host_name  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
 from linkpass.coordinator.client import Client  # noqa: E402
@@ -334,7 +335,8 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
                 time.sleep(10)
                 if mode == "away":
                     assert agents.events(A, "coordinator_unreachable"), "agents did not notice the coordinator gone"
-                _, out[mode] = linkpass_hard(prefix, agents, [f"h{A}-p0l0", f"h{A}-p1l0"], trials, 6.0)
+                uplinks = [fab.uplink(host_name(A), p).name for p in (0, 1)]
+                _, out[mode] = linkpass_hard(prefix, agents, uplinks, trials, 6.0)
             finally:
                 agents.stop()
                 faults.clear(prefix)

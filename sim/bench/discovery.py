@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from linkpass_sim import report  # noqa: E402
 from linkpass.kernel import netns as ns_io  # noqa: E402
 from linkpass.core import paths as P  # noqa: E402
+from linkpass.core.names import host_name  # noqa: E402
 from linkpass.probe import discovery as D  # noqa: E402
 from linkpass.testbed import build, topology  # noqa: E402
 
@@ -90,7 +91,7 @@ def classic_sweep(fab, cfg: D.DiscoveryConfig) -> dict[str, P.PathTable]:
     for i in range(fab.spec.hosts):
         targets = D.fabric_targets(fab, i)
         flows = [(t, sport) for t in targets for sport in cfg.ports]
-        socks = ns_io.run_in_netns(fab.netns(f"h{i}"), lambda n=len(flows): [
+        socks = ns_io.run_in_netns(fab.netns(host_name(i)), lambda n=len(flows): [
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)])
         traces = []
         try:
@@ -105,7 +106,7 @@ def classic_sweep(fab, cfg: D.DiscoveryConfig) -> dict[str, P.PathTable]:
         finally:
             for s in socks:
                 s.close()
-        tables[f"h{i}"] = P.build_table(traces, cfg.k, host=f"h{i}")
+        tables[host_name(i)] = P.build_table(traces, cfg.k, host=host_name(i))
     return tables
 
 

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
 from linkpass.core.constants import RTPROT_LINKPASS  # noqa: E402
+from linkpass.core.names import host_name  # noqa: E402
 from linkpass.testbed import build, faults, frr, tcpflow, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.bfd_hook import BfdRouteHook  # noqa: E402
@@ -72,10 +73,10 @@ def linkpass_hard(prefix, agents, links, trials, spacing_s):
         rec = faults.apply(prefix, FaultSpec("down", link))
         t0 = rec["effective_mono_ns"]
         windows["hard"].append(ms(rec["effective_window_ns"][1] - rec["effective_window_ns"][0]))
-        ev = agents.wait_for(A, "route_change", lambda e: e["mono_ns"] >= t0 and e["peer"] == f"h{B}"
+        ev = agents.wait_for(A, "route_change", lambda e: e["mono_ns"] >= t0 and e["peer"] == host_name(B)
                              and plane not in e["planes"], 2.0)
         down = first(agents.events(A, "path_state"),
-                     lambda e: e["mono_ns"] >= t0 and e["new"] == "down" and e["peer"] == f"h{B}"
+                     lambda e: e["mono_ns"] >= t0 and e["new"] == "down" and e["peer"] == host_name(B)
                      and e["plane"] == plane)
         time.sleep(0.2)
         faults.clear(prefix)
@@ -149,7 +150,7 @@ def bfd_hard(fab, prefix, hook, links, trials):
         deadline = time.monotonic() + 1.0
         change = None
         while time.monotonic() < deadline and change is None:
-            change = first(hook.records()[n0:], lambda c: c.mono_ns >= t0 and c.peer == f"h{B}"
+            change = first(hook.records()[n0:], lambda c: c.mono_ns >= t0 and c.peer == host_name(B)
                            and plane not in c.planes)
             time.sleep(0.005)
         faults.clear(prefix)
@@ -188,10 +189,10 @@ def route_ops(fab, n):
     from linkpass.testbed.agents import peer_routes
 
     with tempfile.TemporaryDirectory() as d:
-        act = RouteActuator(fab.netns(f"h{A}"), fab.service_addr(A), peer_routes(fab, A), f"{d}/journal",
+        act = RouteActuator(fab.netns(host_name(A)), fab.service_addr(A), peer_routes(fab, A), f"{d}/journal",
                             max_changes_per_s=1e9, burst=10**9)
         act.reconcile()
-        peer = f"h{B}"
+        peer = host_name(B)
         t = time.perf_counter()
         for i in range(n):
             act.set_usable(peer, {1} if i % 2 else {0, 1})
@@ -214,7 +215,7 @@ def route_ops(fab, n):
 
 def flush_routes(fab, proto):
     for h in (A, B):
-        subprocess.run(["ip", "-n", fab.netns(f"h{h}"), "route", "flush", "proto", str(proto)], check=False)
+        subprocess.run(["ip", "-n", fab.netns(host_name(h)), "route", "flush", "proto", str(proto)], check=False)
 
 
 class _DetectDone(Exception):
@@ -236,7 +237,7 @@ def _write_detect_only(args, lp, gray, trials) -> int:
                         reasons=sorted({r for _, r, _ in results if r}), stamp_call_ms_median=nft_w))
     for r in rows:
         print(f"{r['case']:22} {r['metric']:8} {r['n']:>3} {str(r['median']):>10} {str(r['p99']):>8}")
-    report.write(report.document("failover", rows, mode="detect-only", agents=[f"h{A}", f"h{B}"],
+    report.write(report.document("failover", rows, mode="detect-only", agents=[host_name(A), host_name(B)],
                                  probe_interval_ms=1.0, flap_half_life_ms=FLAP_HALF_LIFE_MS), args.json)
     return 0
 
@@ -263,8 +264,8 @@ def main() -> int:
     rows: list[dict] = []
     fab = build.up(topology.preset("default"), prefix)
     workdir = tempfile.mkdtemp(prefix="linkpass-failover-")
-    uplinks = [f"h{A}-p0l0", f"h{A}-p1l0"]
-    spine_links = ["p0l0-p0s0", "p1l0-p1s0"]
+    uplinks = [fab.uplink(host_name(A), p).name for p in (0, 1)]
+    spine_links = [fab.leaf_spine(fab.leaf_of(A, p), 0).name for p in (0, 1)]
     try:
         # -- LinkPass
         print("LinkPass agents on h0 and h2, 1 ms probes")
@@ -283,7 +284,7 @@ def main() -> int:
             gray = {}
             gray_cases = [("gray-loss-10", FaultSpec("loss", uplinks[0], params={"pct": 10.0}), ("gray_loss_fwd", "gray_loss_rev"), 2),
                           ("gray-loss-1", FaultSpec("loss", uplinks[0], params={"pct": 1.0}), ("gray_loss_fwd", "gray_loss_rev"), 10),
-                          ("one-direction-loss", FaultSpec("loss", uplinks[0], f"h{A}", {"pct": 10.0}),
+                          ("one-direction-loss", FaultSpec("loss", uplinks[0], host_name(A), {"pct": 10.0}),
                            ("gray_loss_fwd",), 2),
                           ("mtu-blackhole", FaultSpec("mtu", uplinks[0], params={"bytes": 1400}), ("mtu_blackhole",), 5)]
             gray_trials = args.gray_trials or (2 if args.quick else 5)
@@ -376,7 +377,7 @@ def main() -> int:
     for r in rows:
         print(f"{r['case']:22} {r['metric']:18} {r['n']:>3} {str(r['median']):>10} {str(r['p99']):>8} "
               f"{str(r.get('peer_median')):>12} {str(r.get('ratio')):>6}")
-    report.write(report.document("failover", rows, agents=[f"h{A}", f"h{B}"], probe_interval_ms=1.0,
+    report.write(report.document("failover", rows, agents=[host_name(A), host_name(B)], probe_interval_ms=1.0,
                                  flap_half_life_ms=FLAP_HALF_LIFE_MS), args.json)
     return 0
 

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
+from linkpass.core.names import host_name  # noqa: E402
 from linkpass.probe.engine import CoreProbeEngine, PathSpec, ProbeEngine  # noqa: E402
 from linkpass.testbed import build, topology  # noqa: E402
 
@@ -48,8 +49,8 @@ def cpu_self() -> float:
 
 def ours(fab, engine_cls, seconds: float) -> float:
     """Completed exchanges per CPU-second for one trial."""
-    a = engine_cls(1, KEY, netns=fab.netns("h0"), jitter=0.0)
-    b = engine_cls(2, KEY, netns=fab.netns("h1"), jitter=0.0)
+    a = engine_cls(1, KEY, netns=fab.netns(host_name(0)), jitter=0.0)
+    b = engine_cls(2, KEY, netns=fab.netns(host_name(1)), jitter=0.0)
     try:
         a.add_nic("p0", "p0", fab.nic_addr(0, 0))
         b.add_nic("p0", "p0", fab.nic_addr(1, 0))
@@ -71,10 +72,10 @@ def ours(fab, engine_cls, seconds: float) -> float:
 
 def peer(fab, binary: str, seconds: float) -> float:
     size = 96  # an unpadded probe's UDP payload
-    server = subprocess.Popen(["ip", "netns", "exec", fab.netns("h1"), binary, "server", fab.nic_addr(1, 0), "4791",
+    server = subprocess.Popen(["ip", "netns", "exec", fab.netns(host_name(1)), binary, "server", fab.nic_addr(1, 0), "4791",
                                str(seconds + 0.5)], stdout=subprocess.PIPE, text=True)
     time.sleep(0.1)
-    client = subprocess.run(["ip", "netns", "exec", fab.netns("h0"), binary, "client", fab.nic_addr(0, 0),
+    client = subprocess.run(["ip", "netns", "exec", fab.netns(host_name(0)), binary, "client", fab.nic_addr(0, 0),
                              fab.nic_addr(1, 0), "4791", str(seconds), str(size)], capture_output=True, text=True,
                             timeout=seconds + 10)
     out, _ = server.communicate(timeout=seconds + 10)

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
+from linkpass.core.names import HOST, host_index, host_name  # noqa: E402
 from linkpass.testbed import build, topology, traffic  # noqa: E402
 from linkpass.testbed.topology import Fabric, mac_of  # noqa: E402
 
@@ -41,8 +42,8 @@ def ip_commands(fab: Fabric) -> list[list[str]]:
     for node, n in fab.nodes.items():
         ns = fab.netns(node)
         cmds.append(["ip", "-n", ns, "link", "set", "lo", "up"])
-        if n.role == "host":
-            cmds.append(["ip", "-n", ns, "addr", "add", f"{fab.service_addr(int(node[1:]))}/32", "dev", "lo"])
+        if n.role == HOST:
+            cmds.append(["ip", "-n", ns, "addr", "add", f"{fab.service_addr(host_index(node))}/32", "dev", "lo"])
         for lk in fab.links_of(node):
             ifname, addr = lk.end(node)
             cmds.append(["ip", "-n", ns, "link", "set", ifname, "mtu", str(fab.spec.mtu)])
@@ -53,7 +54,7 @@ def ip_commands(fab: Fabric) -> list[list[str]]:
     cmds.append(["ip", "addr", "add", f"{fab.mgmt_root_addr}/{plen}", "dev", fab.mgmt_bridge])
     cmds.append(["ip", "link", "set", fab.mgmt_bridge, "up"])
     for i in range(fab.spec.hosts):
-        ns = fab.netns(f"h{i}")
+        ns = fab.netns(host_name(i))
         cmds.append(["ip", "link", "add", fab.mgmt_root_if(i), "type", "veth", "peer", "name", "mgmt", "netns", ns])
         cmds.append(["ip", "link", "set", fab.mgmt_root_if(i), "master", fab.mgmt_bridge, "up"])
         cmds.append(["ip", "-n", ns, "addr", "add", f"{fab.mgmt_addr(i)}/{plen}", "dev", "mgmt"])

@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -20,15 +21,16 @@ from linkpass.agent.config import AgentConfig
 from linkpass.agent.decide import PathInfo
 from linkpass.core.constants import PROBE_PORT_BASE
 from linkpass.core.detector import DetectorConfig
-from linkpass.core.fabric import DOWN, UP, directed, rail_optimized
-from linkpass.testbed.topology import preset
+from linkpass.core.fabric import DOWN, UP, directed, generated
+from linkpass.core.names import host_name
+from linkpass.testbed.topology import layout, preset
 
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
 TOLERANCE_PCT = 20.0
 # the testbed's detection figures (sim/bench/failover.py --detect-only, 20 trials per case), shipped with the package
 TESTBED_JSON = os.path.join(os.path.dirname(__file__), "data", "failover-detect.json")
-A, B = "h0", "h2"
+A, B = host_name(0), host_name(2)
 # measured on the testbed's h0 -> h2 paths (60 s, agents idle): p50 8-9 µs, p99 70-127 µs, no
 # probe lost in 480 000; below the timeout floor (250 µs) the RTT hardly matters
 TESTBED_RTT = Rtt(8_000, 20_000)
@@ -37,14 +39,13 @@ TESTBED_RTT = Rtt(8_000, 20_000)
 # testbed's long-running agents
 WARM_NS = 3_000 * MS
 FLAP_HALF_LIFE_NS = 1_000 * MS  # sim/bench/failover.py's agents (FLAP_HALF_LIFE_MS)
-_SPEC = preset("default")  # the testbed the benchmark runs on, as a fleet model
-MODEL = rail_optimized(_SPEC.hosts, _SPEC.planes, _SPEC.hosts // _SPEC.leaves_per_plane, _SPEC.spines_per_plane)
+MODEL = generated(layout(preset("default")))  # the testbed the benchmark runs on, as a fleet model
 
 
 @dataclass(frozen=True)
 class Case:
     name: str  # the failover benchmark's case
-    links: tuple[str, ...]  # directed links it faults; {p} is the plane (hard faults alternate it)
+    links: Callable[[int], tuple[str, ...]]  # directed links it faults, given the plane (hard faults alternate it)
     kind: str  # Effect kind
     loss: float = 0.0
     reasons: tuple[str, ...] = ()  # () = the first DOWN; else the first DEGRADED with one of these
@@ -55,13 +56,23 @@ def _both(link: str) -> tuple[str, ...]:
     return (directed(link, UP), directed(link, DOWN))
 
 
-CASES = (
-    Case("host-uplink-down", _both("h0-p{p}l0"), "down", window_s=0.2),
-    Case("leaf-spine-down", _both("p{p}l0-p{p}s0"), "down", window_s=0.2),
-    Case("gray-loss-10", _both("h0-p0l0"), "loss", 0.10, ("gray_loss_fwd", "gray_loss_rev"), 2.0),
-    Case("gray-loss-1", _both("h0-p0l0"), "loss", 0.01, ("gray_loss_fwd", "gray_loss_rev"), 10.0),
-    Case("one-direction-loss", (directed("h0-p0l0", UP),), "loss", 0.10, ("gray_loss_fwd",), 2.0),
-    Case("mtu-blackhole", _both("h0-p0l0"), "mtu", 0.0, ("mtu_blackhole",), 5.0),
+def _uplink(plane: int) -> str:
+    """A's uplink on `plane`."""
+    return MODEL.uplink(A, plane).name
+
+
+def _leaf_spine(plane: int) -> str:
+    """The link from A's leaf to spine 0 on `plane`."""
+    return MODEL.leaf_spine(MODEL.leaf_of(A, plane), 0).name
+
+
+CASES = (  # the gray ones stay on plane 0, as on the testbed
+    Case("host-uplink-down", lambda p: _both(_uplink(p)), "down", window_s=0.2),
+    Case("leaf-spine-down", lambda p: _both(_leaf_spine(p)), "down", window_s=0.2),
+    Case("gray-loss-10", lambda p: _both(_uplink(0)), "loss", 0.10, ("gray_loss_fwd", "gray_loss_rev"), 2.0),
+    Case("gray-loss-1", lambda p: _both(_uplink(0)), "loss", 0.01, ("gray_loss_fwd", "gray_loss_rev"), 10.0),
+    Case("one-direction-loss", lambda p: (directed(_uplink(0), UP),), "loss", 0.10, ("gray_loss_fwd",), 2.0),
+    Case("mtu-blackhole", lambda p: _both(_uplink(0)), "mtu", 0.0, ("mtu_blackhole",), 5.0),
 )
 
 
@@ -73,7 +84,7 @@ def trial(case: Case, rng: np.random.Generator, plane: int = 0) -> float | None:
     agent = VirtualAgent(A, cfg, rng, interval, batch_phase_ns=int(rng.integers(0, 10 * MS)))
     warm = WARM_NS
     t0 = warm + int(rng.integers(0, MS))
-    links = frozenset(d.format(p=plane) for d in case.links)
+    links = frozenset(case.links(plane))
     effect = Effect(links, case.kind, t0, t0 + int(case.window_s * 1e9), loss=case.loss)
     pid = 0
     for p in range(MODEL.planes):

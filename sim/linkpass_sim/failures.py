@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from linkpass.core.names import LeafSpine, host_index, host_name, leaf_name, link_name, spine_name
+
 DAY_S = 86_400.0
 YEAR_S = 365.0 * DAY_S
 
@@ -85,6 +87,10 @@ class Shape:
     def leaves_per_plane(self) -> int:
         return -(-self.hosts // self.hosts_per_leaf)
 
+    def layout(self) -> LeafSpine:
+        """The generator's shape of this fabric (racks of `hosts_per_leaf`), as the model is built."""
+        return LeafSpine.racks(self.hosts, self.rails, self.hosts_per_leaf, self.spines_per_plane)
+
     @classmethod
     def for_gpus(cls, gpus: int, rails: int = 8) -> "Shape":
         """The default fabric for `gpus`: 32 hosts per leaf, as many spines as leaves up to 32."""
@@ -122,7 +128,7 @@ def draw(scenario: str, shape: Shape, days: float, rng: np.random.Generator) -> 
     out += [Failure(float(t), "other") for t in _poisson_times(other * per_s, horizon, rng)]
 
     def host_plane():
-        return (f"h{int(rng.integers(shape.hosts))}", int(rng.integers(shape.rails)))
+        return (host_name(int(rng.integers(shape.hosts))), int(rng.integers(shape.rails)))
 
     if scenario == "llama3":
         links = shape.hosts * shape.rails
@@ -130,7 +136,8 @@ def draw(scenario: str, shape: Shape, days: float, rng: np.random.Generator) -> 
         switch_share = tors * HPN_TOR_MONTHLY / (tors * HPN_TOR_MONTHLY + links * HPN_LINK_MONTHLY)
         for t in _poisson_times(LLAMA3_SWITCH_CABLE * per_s, horizon, rng):
             if rng.random() < switch_share:
-                leaf = f"p{int(rng.integers(shape.rails))}l{int(rng.integers(shape.leaves_per_plane))}"
+                plane = int(rng.integers(shape.rails))
+                leaf = leaf_name(plane, int(rng.integers(shape.leaves_per_plane)))
                 out.append(Failure(float(t), "switch", (leaf,)))
             else:
                 out.append(Failure(float(t), "cable", host_plane()))
@@ -140,17 +147,18 @@ def draw(scenario: str, shape: Shape, days: float, rng: np.random.Generator) -> 
         out += [Failure(float(t), "cable", host_plane())
                 for t in _poisson_times(links / CLOCKWORK_LINK_MTTF_S, horizon, rng)]
     if scenario == "stress":
+        host_leaf = shape.layout().host_leaf
         for t in _poisson_times(ASSUMED_FLAPS_PER_HOUR_16K * scale / 3600, horizon, rng):
             out.append(Failure(float(t), "flap", host_plane(), duration_s=float(rng.uniform(*FLAP_BURST_S)),
                                flap_half_ms=float(rng.uniform(*FLAP_HALF_MS))))
         for t in _poisson_times(ASSUMED_GRAY_PER_HOUR_16K * scale / 3600, horizon, rng):
             host, plane = host_plane()
-            leaf = f"p{plane}l{int(host[1:]) // shape.hosts_per_leaf}"
+            leaf = leaf_name(plane, host_leaf[host_index(host)])
             direction = "up" if rng.random() < 0.5 else "down"
             if rng.random() < 0.5:  # a host's cable or a leaf-spine link, either way
-                link = f"{host}-{leaf}"
+                link = link_name(host, leaf)
             else:
-                link = f"{leaf}-p{plane}s{int(rng.integers(shape.spines_per_plane))}"
+                link = link_name(leaf, spine_name(plane, int(rng.integers(shape.spines_per_plane))))
             out.append(Failure(float(t), "gray", (link, direction), loss=_gray_loss(rng)))
     out.sort(key=lambda f: f.t_s)
     return out

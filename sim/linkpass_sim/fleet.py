@@ -38,6 +38,7 @@ from linkpass.core import wire
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, HOST_LEAF, UP, FabricModel, directed, rail_optimized, split_directed
+from linkpass.core.names import plane_of
 from linkpass.core.localize import Localizer, Observation
 from linkpass.core.plan import plan_probes
 from linkpass.core.telemetry import percentile
@@ -139,7 +140,7 @@ class Fleet:
             return [Effect(both, "down", t0_ns, end)]
         if f.kind == "switch":
             (leaf,) = f.target
-            plane = int(leaf[1:leaf.index("l")])
+            plane = plane_of(leaf)
             names = [m.uplink(h, plane).name for h in m.hosts_of_leaf(leaf)]
             names += [m.leaf_spine(leaf, s).name for s in range(len(m.spines(plane)))]
             return [Effect(frozenset(directed(n, d) for n in names for d in (UP, DOWN)), "down", t0_ns, end)]
