@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from linkpass.core.fabric import DOWN, UP
+
 DAY_S = 86_400.0
 YEAR_S = 365.0 * DAY_S
 
@@ -146,7 +148,7 @@ def draw(scenario: str, shape: Shape, days: float, rng: np.random.Generator) -> 
         for t in _poisson_times(ASSUMED_GRAY_PER_HOUR_16K * scale / 3600, horizon, rng):
             host, plane = host_plane()
             leaf = f"p{plane}l{int(host[1:]) // shape.hosts_per_leaf}"
-            direction = "up" if rng.random() < 0.5 else "down"
+            direction = UP if rng.random() < 0.5 else DOWN
             if rng.random() < 0.5:  # a host's cable or a leaf-spine link, either way
                 link = f"{host}-{leaf}"
             else:
