@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from ..core.states import USABLE, state_of
 from .mesh import write_agent_configs
 from .topology import Fabric
 
@@ -99,7 +100,7 @@ class Agents:
         """Until every path the agents on `hosts` logged is back to up (or suspect)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(s in ("up", "suspect") for h in (hosts or self.hosts) for s in self.path_states(h).values()):
+            if all(state_of(s) in USABLE for h in (hosts or self.hosts) for s in self.path_states(h).values()):
                 return True
             time.sleep(0.2)
         return False
