@@ -250,7 +250,7 @@ def test_plan_names_every_peer_in_a_small_fleet_and_follows_leavers(coord):
 
 def test_without_a_fabric_model_reports_still_work(tmp_path):
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, None)
+    c = Coordinator(store, None, now=0.0)
     c.register({**identity(0), "paths": table_of(0)}, 0.0)
     c.register({**identity(1), "paths": []}, 0.0)
     assert c.status(1.0)["paths"] == 10 and c.relocalize(1.0) == []

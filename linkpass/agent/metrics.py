@@ -14,10 +14,11 @@ from typing import Callable, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from ..core.detector import State
+from ..core.states import Direction, State
 from ..core.telemetry import RTT_BUCKETS_NS
 
 _PATH = ("peer", "plane", "path")
+FWD, REV = Direction.FWD.value, Direction.REV.value  # the direction label values
 
 
 class Spec(NamedTuple):
@@ -72,16 +73,16 @@ class TelemetryCollector:
             lv = [row["peer"], str(row["plane"]), str(row["path"])]
             sent.add_metric(lv, row["sent"])
             replies.add_metric(lv, row["replies"])
-            lost.add_metric(lv + ["forward"], row["lost_fwd"])
-            lost.add_metric(lv + ["reverse"], row["lost_rev"])
+            lost.add_metric(lv + [FWD], row["lost_fwd"])
+            lost.add_metric(lv + [REV], row["lost_rev"])
             w = row["window"]
             if w["loss_pct"] is not None:
                 loss_ratio.add_metric(lv + ["any"], w["loss_pct"] / 100)
             if w["loss_fwd_pct"] is not None:
-                loss_ratio.add_metric(lv + ["forward"], w["loss_fwd_pct"] / 100)
+                loss_ratio.add_metric(lv + [FWD], w["loss_fwd_pct"] / 100)
             if w["loss_rev_pct"] is not None:
-                loss_ratio.add_metric(lv + ["reverse"], w["loss_rev_pct"] / 100)
-            for direction, key in (("forward", "owd_fwd_ns"), ("reverse", "owd_rev_ns")):
+                loss_ratio.add_metric(lv + [REV], w["loss_rev_pct"] / 100)
+            for direction, key in ((FWD, "owd_fwd_ns"), (REV, "owd_rev_ns")):
                 summary = row[key]
                 if summary and summary["p50"] is not None:
                     owd.add_metric(lv + [direction, "0.5"], summary["p50"] / 1e9)

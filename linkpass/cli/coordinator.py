@@ -17,11 +17,20 @@ import signal
 import sys
 import time
 
-from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
+from .output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint,
+                     paint_level, table)
+from ..core.fabric import DOWN, UP
+from ..core.states import BAD, Level, health_of, state_of, worst
 
-_HEALTH_EXIT = {"ok": EXIT_OK, "warning": EXIT_WARNING, "critical": EXIT_CRITICAL}
-_STATE_COLOUR = {"up": "green", "suspect": "yellow", "recovering": "yellow", "degraded": "yellow",
-                 "ok": "green", "warning": "yellow", "drained": "yellow", "unwatched": "yellow"}
+# a link's health (the coordinator's `links` rows) as a level, like a path's state
+_LINK_HEALTH = {"ok": Level.OK, "drained": Level.WARNING, "unwatched": Level.WARNING, "faulty": Level.CRITICAL}
+
+
+def _level(word: str) -> Level | None:
+    try:
+        return Level(word)
+    except ValueError:
+        return None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -157,13 +166,9 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
-def _paint_state(s: str) -> str:
-    return paint(s, _STATE_COLOUR.get(s, "red"))
-
-
 # ---- status -----------------------------------------------------------------------------
 def render_status(doc: dict, now: float, wide: bool = False) -> str:
-    lines = [f"fleet {_paint_state(doc['health'])}: {doc['agents']} agents ({len(doc['agents_lost'])} lost), "
+    lines = [f"fleet {paint_level(doc['health'], _level(doc['health']))}: {doc['agents']} agents ({len(doc['agents_lost'])} lost), "
              f"{doc['paths']} paths, localized faults: {len(doc['findings'])}, drained links: {len(doc['drains'])}"]
     if doc.get("fabric"):
         f = doc["fabric"]
@@ -196,7 +201,7 @@ def _arrow(f: dict) -> str:
     if not (a and b):
         return f["direction"]
     d = f["direction"]
-    text = f"{a}>{b}" if d == "up" else f"{b}>{a}" if d == "down" else f"{a}<>{b} (either way)"
+    text = f"{a}>{b}" if d == UP else f"{b}>{a}" if d == DOWN else f"{a}<>{b} (either way)"
     if f.get("alternatives"):  # the evidence cannot tell these apart
         text += " or " + " or ".join(f.get("alternatives"))
     return text
@@ -205,7 +210,8 @@ def _arrow(f: dict) -> str:
 def _status(args, client, now: float) -> int:
     doc = client.get("/v1/status")
     emit(doc, args.output, lambda d: render_status(d, now, args.output == "wide"))
-    return _HEALTH_EXIT.get(doc["health"], EXIT_UNKNOWN)
+    level = _level(doc["health"])
+    return EXIT_UNKNOWN if level is None else EXIT_OF_LEVEL[level]
 
 
 # ---- links ------------------------------------------------------------------------------
@@ -217,7 +223,7 @@ def render_links(rows: list[dict], now: float, wide: bool = False) -> str:
         fault = ", ".join(f"{_arrow({**f, 'a': r['a'], 'b': r['b']})} ({f['confidence']:.2f})"
                           for f in r["faults"]) or "-"
         drain = r["drain"]
-        cells = [r["link"], r["tier"], r["plane"], _paint_state(r["health"]), fault,
+        cells = [r["link"], r["tier"], r["plane"], paint_level(r["health"], _LINK_HEALTH.get(r["health"])), fault,
                  f"{drain['by']}, {_age(now, drain['since'])}" if drain else "-"]
         if wide:
             cells += [f"{r['paths_up']['good']}/{r['paths_up']['bad']}", f"{r['paths_down']['good']}/{r['paths_down']['bad']}",
@@ -230,8 +236,7 @@ def render_links(rows: list[dict], now: float, wide: bool = False) -> str:
 
 
 def links_exit(rows: list[dict]) -> int:
-    hs = {r["health"] for r in rows}
-    return EXIT_CRITICAL if "faulty" in hs else EXIT_WARNING if hs & {"drained", "unwatched"} else EXIT_OK
+    return EXIT_OF_LEVEL[worst(_LINK_HEALTH.get(r["health"]) for r in rows)]
 
 
 def _links(args, client, now: float) -> int:
@@ -243,19 +248,23 @@ def _links(args, client, now: float) -> int:
 # ---- paths HOST [PEER] ------------------------------------------------------------------
 def render_paths(rows: list[dict], now: float, wide: bool = False) -> str:
     headers = ["host", "peer", "plane", "sport", "state", "reason", "updated"] + (["links"] if wide else [])
-    out = [[r["host"], r["peer"], r["plane"], r["sport"], _paint_state(r["state"]), r["reason"] or "-",
-            _age(now, r["updated"]) + " ago"] + ([" ".join(r["links"]) or "-"] if wide else []) for r in rows]
-    bad = sum(r["state"] in ("down", "damped", "degraded") for r in rows)
+    out = [[r["host"], r["peer"], r["plane"], r["sport"], paint_level(r["state"], health_of(r["state"])),
+            r["reason"] or "-", _age(now, r["updated"]) + " ago"] + ([" ".join(r["links"]) or "-"] if wide else [])
+           for r in rows]
+    bad = sum(state_of(r["state"]) in BAD for r in rows)
     return table(headers, out) + "\n" + f"{len(rows)} paths, {bad} down, damped or degraded"
+
+
+def paths_exit(rows: list[dict]) -> int:
+    """The worst state's health, as `linkpass paths` (local) judges the same states."""
+    return EXIT_OF_LEVEL[worst(health_of(r["state"]) for r in rows)]
 
 
 def paths_from_coordinator(args) -> int:
     def one(client, now):
         rows = client.get("/v1/paths", host=args.host, peer=args.peer)
         emit(rows, args.output, lambda d: render_paths(d, now, args.output == "wide"))
-        states = {r["state"] for r in rows}
-        return (EXIT_CRITICAL if states & {"down", "damped"} else
-                EXIT_WARNING if states & {"degraded", "suspect", "recovering"} else EXIT_OK)
+        return paths_exit(rows)
     return _watch(args, lambda a, c, now: one(c, now))
 
 

@@ -9,10 +9,15 @@ import os
 import sys
 from typing import Any, Iterable, Sequence
 
+from ..core.states import Level
+
 FORMATS = ("table", "wide", "json", "yaml")
 
 # exit codes shared by all commands, for scripts and monitoring
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+# every command's exit code and colour for a health level (`core.states`)
+EXIT_OF_LEVEL = {Level.OK: EXIT_OK, Level.WARNING: EXIT_WARNING, Level.CRITICAL: EXIT_CRITICAL}
+COLOUR_OF_LEVEL = {Level.OK: "green", Level.WARNING: "yellow", Level.CRITICAL: "red"}
 
 _COLORS = {"red": "31", "green": "32", "yellow": "33", "bold": "1", "dim": "2"}
 
@@ -25,6 +30,11 @@ def paint(text: str, color: str, stream=sys.stdout) -> str:
     if not use_color(stream):
         return text
     return f"\033[{_COLORS[color]}m{text}\033[0m"
+
+
+def paint_level(text: str, level: Level | None, stream=sys.stdout) -> str:
+    """`text` in the colour of `level`; red when there is no level (a word this code does not know)."""
+    return paint(text, COLOUR_OF_LEVEL.get(level, "red"), stream)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

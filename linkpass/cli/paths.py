@@ -1,4 +1,7 @@
-"""`linkpass paths`: the probed paths of the agent on this host, from its local query API."""
+"""`linkpass paths`: the probed paths of the agent on this host, from its local query API.
+
+A row's health is its state's (`core.states.HEALTH`, as for `linkpass paths HOST`), made worse by
+what its window shows: nothing answered is critical, more than 1 % lost a warning."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +9,19 @@ import json
 import urllib.error
 import urllib.request
 
-from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
+from .output import EXIT_OF_LEVEL, EXIT_UNKNOWN, FORMATS, emit, paint, paint_level, table
 from ..core.constants import AGENT_API_PORT
+from ..core.states import DARK, HELD_OUT, Level, State, health_of, state_of, worst
+
+LOSSY_PCT = 1.0  # a window losing more than this is a warning, whatever the state says
+
+
+def _any_of(words: list[str]) -> str:
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+
+
+def _states_at(level: Level) -> list[str]:
+    return [s.value for s in State if s.health is level]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(127.0.0.1:PORT/v1/paths); `linkpass paths HOST [PEER]` asks the coordinator "
                                    "for HOST's paths and the links they cross. A single PEER with --port or "
                                    "--local is read as a peer of the local agent. "
-                                   "Exit 0 ok, 1 if a path lost > 1 %% in the window or is degraded / "
-                                   "recovering, 2 if a path is dark, down or damped, 3 if nothing answers.")
+                                   f"Exit 0 ok, 1 if a path lost > {LOSSY_PCT:g} % in the window or is "
+                                   f"{_any_of(_states_at(Level.WARNING))}, 2 if a path is "
+                                   f"{_any_of(['dark', *_states_at(Level.CRITICAL)])}, 3 if nothing answers.")
     p.add_argument("host", nargs="?", help="a host of the fleet (asks the coordinator)")
     p.add_argument("peer", nargs="?", help="only paths to this peer")
     p.add_argument("--local", action="store_true", help="the local agent, whatever the arguments")
@@ -59,33 +74,47 @@ def run(args) -> int:
         return EXIT_UNKNOWN
     if args.peer:
         rows = [r for r in rows if r["peer"] == args.peer]
-    dark = [r for r in rows if (r["window"]["sent"] > 0 and r["window"]["replies"] == 0)
-            or r.get("state") in ("down", "damped")]
-    lossy = [r for r in rows if (r["window"]["loss_pct"] or 0) > 1 or r.get("state") in ("degraded", "recovering")]
+    emit(rows, args.output, lambda rs: render(rs, args.output == "wide"))
+    return paths_exit(rows)
 
-    def render(rs) -> str:
-        wide = args.output == "wide"
-        headers = ["peer", "plane", "path", "state", "loss %", "fwd %", "rev %", "rtt p50 ms", "rtt p99 ms",
-                   "owd fwd p50 ms", "owd rev p50 ms"] + (["reason", "sport", "sent", "replies", "jitter ms"] if wide else [])
-        lines = []
-        for r in rs:
-            w = r["window"]
-            bad = (w["loss_pct"] or 0) > 1
-            state = r.get("state") or "-"
-            colour = {"up": "green", "suspect": "yellow", "degraded": "yellow", "recovering": "yellow"}.get(state, "red")
-            cells = [r["peer"], r["plane"], r["path"], paint(state, colour) if state != "-" else state,
-                     _pct(w["loss_pct"]), _pct(w["loss_fwd_pct"]),
-                     _pct(w["loss_rev_pct"]),
-                     _ms((r["rtt_ns"] or {}).get("p50")), _ms((r["rtt_ns"] or {}).get("p99")),
-                     _ms((r["owd_fwd_ns"] or {}).get("p50")), _ms((r["owd_rev_ns"] or {}).get("p50"))]
-            if wide:
-                cells += [r.get("reason") or "-", r["sport"], r["sent"], r["replies"], _ms(r["jitter_ns"])]
-            if bad:
-                cells[0] = paint(str(cells[0]), "red")
-            lines.append(cells)
-        window = rs[0]["window_s"] if rs else 0
-        summary = f"{len(rs)} paths, window {window:g} s: {len(lossy)} lossy or degraded, {len(dark)} dark or down"
-        return table(headers, lines) + "\n" + summary
 
-    emit(rows, args.output, render)
-    return EXIT_CRITICAL if dark else EXIT_WARNING if lossy else EXIT_OK
+def _window_dark(r: dict) -> bool:
+    return r["window"]["sent"] > 0 and r["window"]["replies"] == 0
+
+
+def _window_lossy(r: dict) -> bool:
+    return (r["window"]["loss_pct"] or 0) > LOSSY_PCT
+
+
+def row_health(r: dict) -> Level:
+    """A row's health: its state's, or worse if the window shows nothing answered or heavy loss."""
+    window = Level.CRITICAL if _window_dark(r) else Level.WARNING if _window_lossy(r) else Level.OK
+    return worst((health_of(r.get("state")), window))
+
+
+def paths_exit(rows: list[dict]) -> int:
+    return EXIT_OF_LEVEL[worst(row_health(r) for r in rows)]
+
+
+def render(rows: list[dict], wide: bool = False) -> str:
+    headers = ["peer", "plane", "path", "state", "loss %", "fwd %", "rev %", "rtt p50 ms", "rtt p99 ms",
+               "owd fwd p50 ms", "owd rev p50 ms"] + (["reason", "sport", "sent", "replies", "jitter ms"] if wide else [])
+    lines = []
+    for r in rows:
+        w = r["window"]
+        state = r.get("state") or "-"
+        cells = [r["peer"], r["plane"], r["path"], paint_level(state, health_of(state)) if state != "-" else state,
+                 _pct(w["loss_pct"]), _pct(w["loss_fwd_pct"]),
+                 _pct(w["loss_rev_pct"]),
+                 _ms((r["rtt_ns"] or {}).get("p50")), _ms((r["rtt_ns"] or {}).get("p99")),
+                 _ms((r["owd_fwd_ns"] or {}).get("p50")), _ms((r["owd_rev_ns"] or {}).get("p50"))]
+        if wide:
+            cells += [r.get("reason") or "-", r["sport"], r["sent"], r["replies"], _ms(r["jitter_ns"])]
+        if _window_lossy(r):
+            cells[0] = paint(str(cells[0]), "red")
+        lines.append(cells)
+    dark = [r for r in rows if _window_dark(r) or state_of(r.get("state")) in DARK]
+    lossy = [r for r in rows if _window_lossy(r) or state_of(r.get("state")) in HELD_OUT]
+    window = rows[0]["window_s"] if rows else 0
+    summary = f"{len(rows)} paths, window {window:g} s: {len(lossy)} lossy or degraded, {len(dark)} dark or down"
+    return table(headers, lines) + "\n" + summary

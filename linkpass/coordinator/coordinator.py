@@ -5,44 +5,50 @@
                 ── drains (operator) ─► every agent: the router addresses to steer away from
                 ── probe plan (which peers each agent probes) ─► agents, revised on join/leave
 
-No Ray and no sockets here (`ray_actor.py` hosts it, `http.py` serves it); time comes in as
-arguments, so tests drive it directly. Calls are serialised by the host (one lock): the class
+No Ray, no sockets and no clock here (`ray_actor.py` hosts it, `http.py` serves it): the time
+comes in as arguments, and the host hands in the clock that measures how long localization and
+planning take (`cost_clock`), so tests drive it directly. Calls are serialised by the host (one lock): the class
 itself is not thread-safe. Everything that must survive a restart goes through `Store`.
 
-Path verdicts map to localization evidence: a path is *bad* when down, damped (flapping) or
-degraded, *good* when up; suspect and recovering are passing states that leave the path's last
-evidence standing (a finding clears when its paths are up again, as the agents see it). The reason
-names the direction when the detector knows it (gray loss and latency are judged per direction).
+Path verdicts map to localization evidence (`core/states.py`: BAD and GOOD): a path is *bad*
+when down, damped (flapping) or degraded, *good* when up; suspect and recovering are passing
+states that leave the path's last evidence standing (a finding clears when its paths are up
+again, as the agents see it). The reason names the path's direction when the detector knows it
+(gray loss and latency are judged per direction).
 """
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..core.detector import DIRECTION_OF_REASON, Direction
-from ..core.fabric import FabricError, FabricModel, directed, split_directed
+from ..core.detector import DIRECTION_OF_REASON
+from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror, split_directed
 from ..core.localize import Localizer, Observation
 from ..core.plan import plan_probes
+from ..core.states import STATE_NAMES, Direction, Level, health_of, is_bad, is_good, worst
 from .store import Store
 
 PLAN_REVISE_S = 1.0
 TOUCH_S = 10.0
-BAD_STATES = frozenset({"down", "damped", "degraded"})
-GOOD_STATES = frozenset({"up"})
-STATES = ("up", "suspect", "down", "recovering", "degraded", "damped")
-# reason (as agents report it) -> the localizer's direction
-_DIRECTION_OF_REASON = {r.value: "forward" if d is Direction.FWD else "reverse" for r, d in DIRECTION_OF_REASON.items()}
+# reason (as agents report it) -> the path direction it was judged in
+_DIRECTION_OF_REASON = {r.value: d for r, d in DIRECTION_OF_REASON.items()}
 
 
-def path_evidence(state: str, reason: str | None) -> tuple[bool, str | None] | None:
+def path_evidence(state: str, reason: str | None) -> tuple[bool, Direction | None] | None:
     """What a path's reported state and reason tell the localizer: (bad, direction), or None
     for the passing states (suspect: a probe late; recovering: in hold-down), which leave the
     path's last evidence standing until it settles (and are the commonest reports)."""
-    if state not in BAD_STATES and state not in GOOD_STATES:
+    bad = is_bad(state)
+    if not bad and not is_good(state):
         return None
-    return state in BAD_STATES, _DIRECTION_OF_REASON.get(reason or "")
+    return bad, _DIRECTION_OF_REASON.get(reason or "")
+
+
+def _no_cost() -> float:
+    """The cost clock when the host gives none: localization and planning count as free."""
+    return 0.0
 
 
 class CoordinatorError(ValueError):
@@ -106,9 +112,13 @@ class _Changes:
 
 
 class Coordinator:
-    def __init__(self, store: Store, model: FabricModel | None = None, config: CoordinatorConfig | None = None,
-                 now: float | None = None):
+    def __init__(self, store: Store, model: FabricModel | None = None, config: CoordinatorConfig | None = None, *,
+                 now: float, cost_clock: Callable[[], float] = _no_cost):
+        """`now`: the time on the clock every later call's `now` is on (the host's wall clock);
+        `cost_clock`: a monotonic clock in seconds (the host passes time.perf_counter) that
+        bounds how much of the time localization and plan revision may take."""
         self.store = store
+        self._cost_clock = cost_clock
         self.config = config or CoordinatorConfig()
         self.model = model
         self.localizer = Localizer(model) if model is not None else None
@@ -117,7 +127,7 @@ class Coordinator:
         self.agents: dict[str, AgentRecord] = {}
         self.findings: dict[str, dict] = {}  # directed link -> finding dict
         self.counters: dict[str, int] = defaultdict(int)
-        self.started = time.time() if now is None else now
+        self.started = now
         self._dirty = False
         self._recover()
 
@@ -244,7 +254,7 @@ class Coordinator:
             self._drop_path(key)
         self._index(rec)
         changes.paths.append((key, reporter, rec.info(), state, rec.reason, now))
-        if state in BAD_STATES:
+        if is_bad(state):
             changes.events.append((now, "detection", reporter, key, {"peer": rec.peer, "plane": rec.plane,
                                                                      "state": state, "reason": rec.reason}))
         return key
@@ -258,14 +268,14 @@ class Coordinator:
         self._set_state(rec, _state(c), _reason(c), now, changes)
 
     def _set_state(self, rec: PathRecord, state: str, reason: str | None, now: float, changes: _Changes) -> None:
-        was_bad = rec.state in BAD_STATES
+        was_bad = is_bad(rec.state)
         rec.state, rec.reason, rec.updated = state, reason, now
         self.counters["path_changes"] += 1
         changes.states.append((state, reason, now, rec.key))
         self._observe(rec)
-        is_bad = state in BAD_STATES
-        if is_bad != was_bad:
-            changes.events.append((now, "detection" if is_bad else "recovery", rec.reporter, rec.key,
+        now_bad = is_bad(state)
+        if now_bad != was_bad:
+            changes.events.append((now, "detection" if now_bad else "recovery", rec.reporter, rec.key,
                                    {"peer": rec.peer, "plane": rec.plane, "state": state, "reason": reason}))
 
     def _drop_path(self, key: str) -> None:
@@ -275,7 +285,7 @@ class Coordinator:
         self.by_reporter[rec.reporter].discard(key)
         if self.localizer is not None:
             self.localizer.forget(key)
-            self._dirty = self._dirty or rec.state in BAD_STATES
+            self._dirty = self._dirty or is_bad(rec.state)
 
     def _flush(self, changes: _Changes) -> None:
         self.store.put_paths(changes.paths)
@@ -309,10 +319,10 @@ class Coordinator:
             self.store.touch_agents({a.name: a.last_seen for a in self.agents.values()})
         self._current_plan(now)  # joins and leaves since the last revision
         if self._dirty and now >= self._localize_at:
-            t = time.perf_counter()
+            t = self._cost_clock()
             self.relocalize(now)
             # under a storm of bad reports findings() grows; keep it under ~20 % of the lock
-            self._localize_at = now + 4 * (time.perf_counter() - t)
+            self._localize_at = now + 4 * (self._cost_clock() - t)
 
     def relocalize(self, now: float) -> list[dict]:
         """Recompute findings; log the ones that appeared and the ones that cleared."""
@@ -322,15 +332,14 @@ class Coordinator:
         found = {}
         for f in self.localizer.findings():
             d = f.as_dict()
-            name, direction = split_directed(f.directed)
-            mirror = directed(name, "down" if direction == "up" else "up")
-            if mirror in f.alternatives:
+            other_way = mirror(f.directed)
+            if other_way in f.alternatives:
                 # hard failures rarely say which way packets died: the link is named, its
                 # direction is not, and its confidence is the sum over both
-                d["alternatives"] = [x for x in d["alternatives"] if x != mirror]
-                d["direction"] = "either"
+                d["alternatives"] = [x for x in d["alternatives"] if x != other_way]
+                d["direction"] = EITHER
                 d["confidence"] = min(1.0, round(f.confidence * 2, 4))
-            lk = self.model.links[name]
+            lk = self.model.links[f.link]
             d["a"], d["b"] = lk.a, lk.b
             host_end = lk.a
             if host_end in self.agents and self.agents[host_end].lost:
@@ -360,10 +369,10 @@ class Coordinator:
             self._plan_at = now
             if self.model is not None:
                 known = [h for h in hosts if h in self.model.hosts]
-                t = time.perf_counter()
+                t = self._cost_clock()
                 self._plan = plan_probes(self.model, known, full_mesh_max=self.config.full_mesh_max)
                 # a 16k-GPU plan takes ~0.7 s here: revise no more than a tenth of the time
-                self._plan_every_s = max(PLAN_REVISE_S, 10 * (time.perf_counter() - t))
+                self._plan_every_s = max(PLAN_REVISE_S, 10 * (self._cost_clock() - t))
             else:
                 self._plan = None
             self.plan_version += 1
@@ -416,7 +425,7 @@ class Coordinator:
     def what_if(self, drained: set[str]) -> dict:
         """Which paths would move and which (host, peer) pairs would lose their last path if
         exactly `drained` were drained (paths already down count as unusable too)."""
-        dl = {directed(n, d) for n in drained for d in ("up", "down")}
+        dl = {directed(n, d) for n in drained for d in LINK_DIRECTIONS}
         moved = defaultdict(list)
         usable = defaultdict(int)
         total = defaultdict(int)
@@ -426,7 +435,7 @@ class Coordinator:
             crosses = any(x in dl for x in rec.links)
             if crosses:
                 moved[rec.reporter].append({"path": rec.key, "peer": rec.peer, "plane": rec.plane, "sport": rec.sport})
-            elif rec.state not in BAD_STATES:
+            elif not is_bad(rec.state):
                 usable[pair] += 1
         stranded = sorted(f"{h} -> {p}" for (h, p) in total if usable[(h, p)] == 0)
         return {"hosts": sorted(moved), "paths": {h: v for h, v in sorted(moved.items())},
@@ -499,9 +508,11 @@ class Coordinator:
         for rec in self.paths.values():
             states[rec.state] += 1
         lost = sorted(n for n, a in self.agents.items() if a.lost)
-        bad = sum(states.get(s, 0) for s in BAD_STATES)
-        health = "critical" if self.findings or lost else "warning" if bad or states.get("suspect") else "ok"
-        return {"health": health, "agents": len(self.agents), "agents_lost": lost,
+        # a fault is critical for the fleet once it is localized (or an agent is lost); before
+        # that, paths that are not ok are a warning, however bad each one is
+        paths = Level.OK if worst(health_of(s) for s in states) is Level.OK else Level.WARNING
+        health = Level.CRITICAL if self.findings or lost else paths
+        return {"health": health.value, "agents": len(self.agents), "agents_lost": lost,
                 "paths": len(self.paths), "paths_by_state": dict(sorted(states.items())),
                 "findings": sorted(self.findings.values(), key=lambda d: -d["confidence"]),
                 "drains": [{"link": k, **v} for k, v in sorted(self.drains.items())],
@@ -518,15 +529,15 @@ class Coordinator:
         bad = defaultdict(int)
         for rec in self.paths.values():
             for dl in rec.links:
-                if rec.state in BAD_STATES:
+                if is_bad(rec.state):
                     bad[dl] += 1
-                elif rec.state in GOOD_STATES:
+                elif is_good(rec.state):
                     good[dl] += 1
         rows = []
         for name, lk in self.model.links.items():
-            faults = [self.findings[directed(name, d)] for d in ("up", "down") if directed(name, d) in self.findings]
+            faults = [self.findings[directed(name, d)] for d in LINK_DIRECTIONS if directed(name, d) in self.findings]
             drain = self.drains.get(name)
-            up, down = directed(name, "up"), directed(name, "down")
+            up, down = directed(name, UP), directed(name, DOWN)
             health = ("faulty" if faults else "drained" if drain else
                       "unwatched" if not (good[up] + bad[up]) or not (good[down] + bad[down]) else "ok")
             if only_problems and health == "ok":
@@ -561,7 +572,7 @@ class Coordinator:
 def _pretty(model: FabricModel, dl: str) -> str:
     name, d = split_directed(dl)
     lk = model.links[name]
-    return f"{lk.a}>{lk.b}" if d == "up" else f"{lk.b}>{lk.a}"
+    return f"{lk.a}>{lk.b}" if d == UP else f"{lk.b}>{lk.a}"
 
 
 def _key_order(key: str):
@@ -595,6 +606,6 @@ def _reason(p: dict) -> str | None:
 
 def _state(p: dict) -> str:
     s = p.get("state")
-    if s not in STATES:
-        raise CoordinatorError(f"state: {s!r} is not a path state; one of {', '.join(STATES)}")
+    if s not in STATE_NAMES:
+        raise CoordinatorError(f"state: {s!r} is not a path state; one of {', '.join(STATE_NAMES)}")
     return s

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from ..core.fabric import FabricError, FabricModel
 from ..core.constants import COORDINATOR_LISTEN
@@ -56,5 +57,6 @@ def start(settings: dict) -> CoordinatorServer:
     config = CoordinatorConfig(max_drain_share=float(settings.get("max_drain_share", 0.05)),
                                agent_timeout_s=float(settings.get("agent_timeout_s", 10.0)))
     store = Store(os.path.join(state_dir, "coordinator.db"))
-    coordinator = Coordinator(store, load_model(settings), config)
+    # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
+    coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
     return CoordinatorServer(coordinator, tokens, host, port)

@@ -101,24 +101,12 @@ from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, fields
 
+from .states import DARK, Direction, State
+
 NS_PER_MS = 1_000_000
 
 
-# ---- states, events, reasons ------------------------------------------------------------------
-
-class State(enum.Enum):
-    UP = "up"
-    SUSPECT = "suspect"  # a probe missed; not yet failed (traffic stays)
-    DOWN = "down"  # hard failure: consecutive misses
-    DEGRADED = "degraded"  # gray: loss, latency or MTU black hole; traffic should leave
-    DAMPED = "damped"  # flap-suppressed: out until the penalty decays
-    RECOVERING = "recovering"  # answering again, under watch for the hold-down
-
-    @property
-    def usable(self) -> bool:
-        """Whether traffic may use the path in this state."""
-        return self in (State.UP, State.SUSPECT)
-
+# ---- events, reasons (the states and what they mean to everyone else: states.py) -------------
 
 class Event(enum.Enum):
     MISS = "miss"  # first miss of a streak
@@ -149,11 +137,6 @@ class Reason(enum.Enum):
     REUSED = "reused"
     RECOVERED = "recovered"
     SPURIOUS_DOWN = "spurious_down"  # late, not lost: the DOWN is undone and the timeout raised
-
-
-class Direction(enum.Enum):
-    FWD = "fwd"  # request path: sender -> reflector
-    REV = "rev"  # reply path: reflector -> sender
 
 
 _GRAY_REASON = {Direction.FWD: Reason.GRAY_LOSS_FWD, Direction.REV: Reason.GRAY_LOSS_REV}
@@ -481,7 +464,7 @@ class PathDetector:
         elif self.state is State.SUSPECT:
             out += self._fire(Event.REPLY, Reason.REPLY_SEEN, now_ns, f"seq {seq} answered")
 
-        if self.state not in (State.DOWN, State.DAMPED):
+        if self.state not in DARK:
             for d, owd in ((Direction.FWD, owd_fwd_ns), (Direction.REV, owd_rev_ns)):
                 if owd is None:
                     continue
@@ -542,7 +525,7 @@ class PathDetector:
             if s >= first_seq:
                 size_sent += 1
                 size_lost += not answered
-        if self.state in (State.DOWN, State.DAMPED) or first_seq <= self._loss_from_seq:
+        if self.state in DARK or first_seq <= self._loss_from_seq:
             return []
         drop_fwd = min(size_lost, lost_fwd)
         drop_rev = min(size_lost - drop_fwd, lost_rev)
@@ -559,7 +542,7 @@ class PathDetector:
             if True in verdicts:
                 which = "fast" if verdicts[0] else "sensitive"
                 out += self._evidence(Event.GRAY, _GRAY_REASON[d], now_ns,
-                                      f"{d.value} loss SPRT ({which}) accepted degraded; batch {x}/{n} lost")
+                                      f"{d.short} loss SPRT ({which}) accepted degraded; batch {x}/{n} lost")
             elif verdicts[1] is False and self.state is State.DEGRADED:
                 self.faults.discard(_GRAY_REASON[d])
             if self.state is State.DEGRADED and _GRAY_REASON[d] in self.faults:
@@ -600,7 +583,7 @@ class PathDetector:
         if entry.size_probe:
             self.counters["size_misses"] += 1
             # only meaningful while small probes get through
-            if self.consecutive_misses == 0 and self.state not in (State.DOWN, State.DAMPED):
+            if self.consecutive_misses == 0 and self.state not in DARK:
                 self.size_misses += 1
                 if self.size_misses >= self.cfg.mtu_misses:
                     self.size_misses = 0

@@ -9,7 +9,9 @@ is an independent fabric; a host has one NIC, hence one uplink, per plane. Hosts
 not numbered, in every question put to the model (`uplink("h3", 1)`).
 
 Faults are often one-directional, so the unit of reasoning is the *directed* link, written
-`"{name}:up"` (a -> b, away from the hosts) or `"{name}:down"` (b -> a).
+`"{name}:up"` (a -> b, away from the hosts) or `"{name}:down"` (b -> a). That is a link's
+direction; a path's (its probes forward, its replies reverse: `states.Direction`) is another
+thing: a probe between hosts crosses links up, then down, and its reply the other way.
 
 Path discovery reports, per TTL, the address of the router interface a probe CAME IN ON. That
 address belongs to one end of one link, so it names the link and the direction it was crossed
@@ -29,8 +31,11 @@ from typing import Iterable, Sequence
 
 from .names import HOST_LEAF, LEAF_SPINE, TIERS, LeafSpine
 
-UP = "up"
-DOWN = "down"
+# a link's direction, by tier: these strings are in directed link names and in JSON documents
+UP = "up"  # a -> b: away from the hosts
+DOWN = "down"  # b -> a: towards the hosts
+LINK_DIRECTIONS = (UP, DOWN)
+EITHER = "either"  # a finding's direction when the evidence names the link but not which way
 
 
 class FabricError(ValueError):
@@ -52,7 +57,7 @@ class FleetLink:
 
 def directed(name: str, direction: str) -> str:
     """`"h0-p0l0:up"` from ("h0-p0l0", "up")."""
-    if direction not in (UP, DOWN):
+    if direction not in LINK_DIRECTIONS:
         raise FabricError(f"direction {direction!r} is unknown; use 'up' or 'down'")
     return f"{name}:{direction}"
 
@@ -60,9 +65,22 @@ def directed(name: str, direction: str) -> str:
 def split_directed(s: str) -> tuple[str, str]:
     """("h0-p0l0", "up") from `"h0-p0l0:up"`."""
     name, sep, direction = s.rpartition(":")
-    if not sep or direction not in (UP, DOWN) or not name:
+    if not sep or direction not in LINK_DIRECTIONS or not name:
         raise FabricError(f"{s!r} is not a directed link; expected 'LINK:up' or 'LINK:down'")
     return name, direction
+
+
+def opposite(direction: str) -> str:
+    """The other way across a link: DOWN for UP, UP for DOWN."""
+    if direction not in LINK_DIRECTIONS:
+        raise FabricError(f"direction {direction!r} is unknown; use 'up' or 'down'")
+    return DOWN if direction == UP else UP
+
+
+def mirror(s: str) -> str:
+    """The same link the other way: `"h0-p0l0:down"` from `"h0-p0l0:up"`."""
+    name, direction = split_directed(s)
+    return f"{name}:{opposite(direction)}"
 
 
 def _bare(addr: str | None) -> str | None:
@@ -172,19 +190,19 @@ class FabricModel:
         up = self.uplink(src_host, plane)
         down = self.uplink(dst_host, plane)
         if up.b == down.b:
-            return (up.name + ":up", down.name + ":down")
+            return (directed(up.name, UP), directed(down.name, DOWN))
         if spine is None:
             raise FabricError(f"{src_host} and {dst_host} are on different leaves of plane {plane}: "
                              "a path between them needs a spine index")
-        return (up.name + ":up", self.leaf_spine(up.b, spine).name + ":up",
-                self.leaf_spine(down.b, spine).name + ":down", down.name + ":down")
+        return (directed(up.name, UP), directed(self.leaf_spine(up.b, spine).name, UP),
+                directed(self.leaf_spine(down.b, spine).name, DOWN), directed(down.name, DOWN))
 
     def reverse_definite(self, src_host: str, plane: int, dst_host: str) -> tuple[str, ...]:
         """Links every reply dst -> src crosses, whatever spine ECMP picks for it."""
         up = self.uplink(dst_host, plane)
         down = self.uplink(src_host, plane)
         # between leaves the spine is ECMP's choice; for a same-leaf pair these two are the path
-        return (up.name + ":up", down.name + ":down")
+        return (directed(up.name, UP), directed(down.name, DOWN))
 
     def links_of_path(self, src_host: str, plane: int, hops: Sequence[str | None],
                       dst_addr: str) -> tuple[str, ...]:
@@ -203,7 +221,7 @@ class FabricModel:
             raise FabricError(f"destination address {dst_addr} is on plane {down.plane}, not {plane}")
         seen = [None if h is None else self._hop(h) for h in hops]
         if up.b == down.b:
-            expected = [up.name + ":up", down.name + ":down"]
+            expected = [directed(up.name, UP), directed(down.name, DOWN)]
         else:
             spine = None
             for i, (position, side) in ((1, (up.b, UP)), (2, (down.b, DOWN))):
@@ -247,7 +265,7 @@ class FabricModel:
     def _hop(self, addr: str) -> str:
         name, node = self.owner(addr)
         lk = self.links[name]
-        return f"{name}:{UP if node == lk.b else DOWN}"
+        return directed(name, UP if node == lk.b else DOWN)
 
     # ---- persistence -----------------------------------------------------------------------
     LINK_FIELDS = ("name", "kind", "plane", "a", "b", "a_addr", "b_addr")

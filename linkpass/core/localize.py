@@ -11,10 +11,13 @@ An `Observation` is one path's latest verdict: the directed links the probes cro
 and the ones their replies cross (`reverse`). A bad observation becomes one or two *claims*,
 each a set of candidate links of which at least one must be faulty:
 
-    direction "forward"   one claim: a forward link          (the reverse links are not blamed)
-    direction "reverse"   one claim: a reverse link          (the forward links worked: credit)
-    direction "both"      two claims: a forward link AND a reverse link (how a cut looks)
-    direction None        one claim: any link either way     (the agent cannot tell)
+    direction FWD     one claim: a forward link          (the reverse links are not blamed)
+    direction REV     one claim: a reverse link          (the forward links worked: credit)
+    direction BOTH    two claims: a forward link AND a reverse link (how a cut looks)
+    direction None    one claim: any link either way     (the agent cannot tell)
+
+(`Direction.FWD`/`REV` are a path's directions, `states.Direction`; they may be passed as their
+values, "forward" and "reverse".)
 
 Evidence is weighed per reporter, so that one agent's many paths over a link count once: on
 each link a reporter *votes* good if it has more good than bad evidence there, bad if the
@@ -50,8 +53,10 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from linkpass.core.fabric import HOST_LEAF, FabricError, FabricModel, split_directed
+from linkpass.core.states import Direction
 
-DIRECTIONS = ("forward", "reverse", "both", None)
+BOTH = "both"  # a bad path lost both ways: its probes and its replies
+DIRECTIONS = (Direction.FWD, Direction.REV, BOTH, None)
 
 
 @dataclass(frozen=True)
@@ -62,20 +67,21 @@ class Observation:
     when known; when it is not, pass None and the localizer uses the links EVERY reply must
     cross (`FabricModel.reverse_definite`, derived from `forward`'s first and last link), so a
     reply lost on a spine link it cannot name stays unexplained rather than misattributed.
-    `direction` says which way the loss was, for bad observations only (see module doc)."""
+    `direction` says which way the loss was, for bad observations only (see module doc):
+    a `Direction` (or its value), BOTH or None."""
 
     reporter: str
     key: str
     forward: tuple[str, ...]
     reverse: tuple[str, ...] | None
     bad: bool
-    direction: str | None = None
+    direction: Direction | str | None = None
 
 
 @dataclass(frozen=True)
 class Finding:
     link: str  # physical link name
-    direction: str  # "up" | "down"
+    direction: str  # the link's: fabric.UP | fabric.DOWN
     directed: str  # "link:direction"
     confidence: float  # 0..1
     bad_paths: int  # bad observations this link explains
@@ -99,6 +105,18 @@ class _Entry:
     blamed: tuple[str, ...]  # union of the claims' candidates
 
 
+@dataclass(slots=True)
+class _Claims:
+    """The bad observations' claims, numbered: claim i is `reporter[i]`'s, about path `key[i]`,
+    and names `candidates[i]`; `of[d]` lists the claims naming directed link d."""
+
+    reporter: list[str]
+    key: list[str]
+    candidates: list[tuple[str, ...]]
+    of: dict[str, list[int]]
+    per_reporter: dict[str, int]  # reporter -> its number of claims
+
+
 class Localizer:
     def __init__(self, model: FabricModel, *, min_reporters: int = 2, min_claims: int = 2,
                  exonerate_margin: int = 0, suspect_claims: int = 2, suspect_share: float = 0.25):
@@ -118,12 +136,10 @@ class Localizer:
     # ---- ingest ------------------------------------------------------------------------------
     def update(self, obs: Observation) -> None:
         """Record `obs`, replacing any earlier observation with the same key."""
-        if obs.direction not in DIRECTIONS:
-            raise ValueError(f"observation {obs.key}: direction {obs.direction!r} is unknown; "
-                             "one of 'forward', 'reverse', 'both' or None")
+        way = _way(obs)
         if obs.key in self._entries:
             self.forget(obs.key)
-        entry = self._entry(obs)
+        entry = self._entry(obs, way)
         self._entries[obs.key] = entry
         self._by_reporter.setdefault(obs.reporter, set()).add(obs.key)
         r = obs.reporter
@@ -169,23 +185,23 @@ class Localizer:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _entry(self, obs: Observation) -> _Entry:
+    def _entry(self, obs: Observation, way: Direction | str | None) -> _Entry:
         forward = tuple(obs.forward)
         reverse = tuple(obs.reverse) if obs.reverse is not None else self._reverse_definite(obs)
         if not obs.bad:
             return _Entry(obs, forward + reverse, (), ())
-        if obs.direction == "forward":
+        if way is Direction.FWD:
             claims = (forward,)
-        elif obs.direction == "reverse":
+        elif way is Direction.REV:
             claims = (reverse,)
-        elif obs.direction == "both":
+        elif way == BOTH:
             claims = (forward, reverse)
         else:
             claims = (tuple(dict.fromkeys(forward + reverse)),)
         claims = tuple(c for c in claims if c)
         blamed = tuple(dict.fromkeys(d for c in claims for d in c))
         # a lost reply means the probe got through: its links worked
-        credited = forward if obs.direction == "reverse" else ()
+        credited = forward if way is Direction.REV else ()
         return _Entry(obs, credited, claims, blamed)
 
     def _reverse_definite(self, obs: Observation) -> tuple[str, ...]:
@@ -220,42 +236,60 @@ class Localizer:
         return self._explain()[1]
 
     def _explain(self) -> tuple[set[str], list[Finding]]:
-        claim_reporter: list[str] = []
-        claim_key: list[str] = []
-        claim_cands: list[tuple[str, ...]] = []
-        claims_of: dict[str, list[int]] = {}
+        claims = self._claims()
+        suspects, live_links = self._suspects(claims)
+        return suspects, self._greedy(claims, suspects, live_links)
+
+    def _claims(self) -> _Claims:
+        """Phase 1: every bad observation's claims, numbered, and the claims naming each link."""
+        reporter: list[str] = []
+        keys: list[str] = []
+        candidates: list[tuple[str, ...]] = []
+        of: dict[str, list[int]] = {}
         for key in self._bad_keys:
             entry = self._entries[key]
             for cands in entry.claims:
-                i = len(claim_reporter)
-                claim_reporter.append(entry.obs.reporter)
-                claim_key.append(key)
-                claim_cands.append(cands)
+                i = len(reporter)
+                reporter.append(entry.obs.reporter)
+                keys.append(key)
+                candidates.append(cands)
                 for d in cands:
-                    claims_of.setdefault(d, []).append(i)
-        claims_by: dict[str, int] = {}
-        for r in claim_reporter:
-            claims_by[r] = claims_by.get(r, 0) + 1
-        # A claim all of whose links work for others is contradicted; a reporter making several
-        # such claims is noisy or lying: its claims are set aside and its votes stop counting
-        # (its bad votes no longer shield links, which can expose more suspects, so repeat).
+                    of.setdefault(d, []).append(i)
+        per_reporter: dict[str, int] = {}
+        for r in reporter:
+            per_reporter[r] = per_reporter.get(r, 0) + 1
+        return _Claims(reporter, keys, candidates, of, per_reporter)
+
+    def _suspects(self, claims: _Claims) -> tuple[set[str], dict[str, list[int]]]:
+        """Phase 2: the suspects, and the links not exonerated once their votes stop counting
+        (each with the claims naming it).
+
+        A claim all of whose links work for others is contradicted; a reporter making several
+        such claims is noisy or lying: its claims are set aside and its votes stop counting
+        (its bad votes no longer shield links, which can expose more suspects, so repeat)."""
         suspects: set[str] = set()
         while True:
-            live_links = {d: idx for d, idx in claims_of.items() if not self.exonerated(d, suspects)}
-            alive = [False] * len(claim_reporter)
+            live_links = {d: idx for d, idx in claims.of.items() if not self.exonerated(d, suspects)}
+            alive = [False] * len(claims.reporter)
             for idx in live_links.values():
                 for i in idx:
                     alive[i] = True
             contradicted: dict[str, int] = {}
-            for i, r in enumerate(claim_reporter):
+            for i, r in enumerate(claims.reporter):
                 if not alive[i]:
                     contradicted[r] = contradicted.get(r, 0) + 1
             more = {r for r, n in contradicted.items() if r not in suspects
-                    and n >= self.suspect_claims and n >= self.suspect_share * claims_by[r]}
+                    and n >= self.suspect_claims and n >= self.suspect_share * claims.per_reporter[r]}
             if not more:
-                break
+                return suspects, live_links
             suspects |= more
-        explained = [claim_reporter[i] in suspects for i in range(len(claim_reporter))]
+
+    def _greedy(self, claims: _Claims, suspects: set[str], live_links: dict[str, list[int]]) -> list[Finding]:
+        """Phase 3: repeatedly the link that explains the most claims not yet explained (see the
+        module doc), most confident first. The suspects' claims count as explained from the
+        start. Consumes `live_links`."""
+        claim_reporter = claims.reporter
+        explained = [r in suspects for r in claim_reporter]
 
         def rank_of(d: str):
             """(rank, live claims, reporters) of a candidate now, or None if it cannot be chosen."""
@@ -290,13 +324,13 @@ class Localizer:
                 heapq.heappush(heap, r[0])
                 continue
             _, live, reporters = r
-            alternatives = self._twins(d, live, live_links, explained, claim_cands, suspects)
+            alternatives = self._twins(d, live, live_links, explained, claims.candidates, suspects)
             for i in live:
                 explained[i] = True
             del live_links[d]
-            out.append(self._finding(d, live, reporters, claim_key, alternatives, suspects))
+            out.append(self._finding(d, live, reporters, claims.key, alternatives, suspects))
         out.sort(key=lambda f: (-f.confidence, f.directed))
-        return suspects, out
+        return out
 
     def _good_paths(self, d: str, suspects: set[str]) -> int:
         """Good observations across `d`, not counting the suspects' (their word counts for nothing)."""
@@ -329,6 +363,20 @@ class Localizer:
         confidence = bad / (bad + good) * (1.0 - 0.5 ** len(reporters)) / (1 + len(alternatives))
         name, direction = split_directed(d)
         return Finding(name, direction, d, round(confidence, 4), bad, good, tuple(sorted(reporters)), alternatives)
+
+
+def _way(obs: Observation) -> Direction | str | None:
+    """`obs.direction` as one of DIRECTIONS (a Direction's value becomes the Direction)."""
+    d = obs.direction
+    if d is None or isinstance(d, Direction):
+        return d
+    if d == BOTH:
+        return BOTH
+    try:
+        return Direction(d)
+    except ValueError:
+        raise ValueError(f"observation {obs.key}: direction {d!r} is unknown; one of "
+                         f"{', '.join(repr(x.value if isinstance(x, Direction) else x) for x in DIRECTIONS)}") from None
 
 
 def _decrement(counts: dict[str, int], k: str) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass, field
 
-BAD_STATES = ("down", "degraded", "damped")
+from ..core.states import is_bad
+
 BASELINE_S = 3.0  # the pre-fault rate and step time come from this much of the run before each fault
 SETTLE_S = 0.5  # a stall may end this long after the fault was cleared (TCP's retransmit backoff)
 RATE_WINDOW = 10  # steps per throughput window
@@ -85,9 +86,9 @@ def allreduce_ms(step: dict) -> float:
 
 
 def first_verdict(fault: Fault, agent_events: list[dict]) -> float | None:
-    """ms from injection to the first agent judging a path bad, while the fault was on."""
+    """ms from injection to the first agent judging a path bad (`states.BAD`), while the fault was on."""
     times = [e["ts"] * 1e9 for e in agent_events
-             if e.get("event") == "path_state" and e.get("new") in BAD_STATES
+             if e.get("event") == "path_state" and is_bad(e.get("new"))
              and fault.injected_ns <= e["ts"] * 1e9 <= fault.cleared_ns]
     return _ms(min(times), fault.injected_ns) if times else None
 

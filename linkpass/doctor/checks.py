@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..core.constants import AGENT_API_PORT, PROBE_PORT_BASE, RTPROT_LINKPASS
+from ..core.states import DARK, HELD_OUT, USABLE, Level, State, health_of, state_of, worst
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
@@ -398,8 +399,10 @@ def check_clock(f: Facts) -> Check:
                  "`timedatectl timesync-status`; for PTP check ptp4l/phc2sys", reads)
 
 
-_DOWN_STATES = {"down", "damped"}
-_BAD_STATES = {"down", "damped", "degraded", "recovering"}
+# how the agent check words the states that are not ok: dark ones as "down", the others by name
+_HELD_OUT_WORDS = "/".join(s.value for s in State if s in HELD_OUT)  # degraded/recovering
+_WATCHED = frozenset(s for s in USABLE if s.health is not Level.OK)  # in use, but a probe was lost
+_WATCHED_WORDS = "/".join(s.value for s in State if s in _WATCHED)  # suspect
 
 
 def check_agent(f: Facts) -> Check:
@@ -410,20 +413,23 @@ def check_agent(f: Facts) -> Check:
                      "start it: linkpass agent --config FILE (in this namespace); if it runs, check api.port",
                      reads)
     rows = f.agent_rows
-    down = [r for r in rows if r.get("state") in _DOWN_STATES]
-    other = [r for r in rows if r.get("state") in _BAD_STATES - _DOWN_STATES]
+    down = [r for r in rows if state_of(r.get("state")) in DARK]
+    held = [r for r in rows if state_of(r.get("state")) in HELD_OUT]
+    watched = [r for r in rows if state_of(r.get("state")) in _WATCHED]
     if not rows:
         return Check("agent", WARN, f"answers on {where} but probes no path (no peers, or discovery found none)",
                      "check peers in its config and its log (event discovery)", reads)
     detail = f"answers on {where}: {len(rows)} paths, {len(down)} down" + (
-        f", {len(other)} degraded/recovering" if other else "")
+        f", {len(held)} {_HELD_OUT_WORDS}" if held else "")
     if down:
         names = sorted({f"{r.get('peer')}/p{r.get('plane')}" for r in down})
         detail += f" ({', '.join(names[:6])}{' …' if len(names) > 6 else ''})"
+    if watched:
+        detail += f", {len(watched)} {_WATCHED_WORDS}"
     if len(down) == len(rows):
         return Check("agent", FAIL, detail, "every path is down: look at the NICs and the leaf; `linkpass paths`",
                      reads)
-    if down or other:
+    if worst(health_of(r.get("state")) for r in rows) is not Level.OK:
         return Check("agent", WARN, detail, "`linkpass paths` shows loss and state per path", reads)
     return Check("agent", OK, detail, "", reads)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..core.constants import AGENT_API_PORT
 from ..core.names import host_name
+from ..core.states import USABLE, state_of
 from .topology import Fabric, nic_ifname
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
@@ -100,7 +101,7 @@ class Agents:
         """Until every path the agents on `hosts` logged is back to up (or suspect)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(s in ("up", "suspect") for h in (hosts or self.hosts) for s in self.path_states(h).values()):
+            if all(state_of(s) in USABLE for h in (hosts or self.hosts) for s in self.path_states(h).values()):
                 return True
             time.sleep(0.2)
         return False

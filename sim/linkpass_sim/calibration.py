@@ -23,6 +23,7 @@ from linkpass.core.constants import PROBE_PORT_BASE
 from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, UP, directed, generated
 from linkpass.core.names import host_name
+from linkpass.core.states import State
 from linkpass.testbed.topology import layout, preset
 
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
@@ -102,9 +103,9 @@ def trial(case: Case, rng: np.random.Generator, plane: int = 0) -> float | None:
         for t in agent.transitions:
             if t.at_ns < t0:
                 continue
-            if not case.reasons and t.new.value == "down" and agent.paths[t.path - 1].info.plane == plane:
+            if not case.reasons and t.new is State.DOWN and agent.paths[t.path - 1].info.plane == plane:
                 return t.at_ns
-            if case.reasons and t.new.value == "degraded" and t.reason.value in case.reasons:
+            if case.reasons and t.new is State.DEGRADED and t.reason.value in case.reasons:
                 return t.at_ns
         return None
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from linkpass.core.fabric import DOWN, UP
 from linkpass.core.names import LeafSpine, host_index, host_name, leaf_name, link_name, spine_name
 
 DAY_S = 86_400.0
@@ -154,7 +155,7 @@ def draw(scenario: str, shape: Shape, days: float, rng: np.random.Generator) -> 
         for t in _poisson_times(ASSUMED_GRAY_PER_HOUR_16K * scale / 3600, horizon, rng):
             host, plane = host_plane()
             leaf = leaf_name(plane, host_leaf[host_index(host)])
-            direction = "up" if rng.random() < 0.5 else "down"
+            direction = UP if rng.random() < 0.5 else DOWN
             if rng.random() < 0.5:  # a host's cable or a leaf-spine link, either way
                 link = link_name(host, leaf)
             else:

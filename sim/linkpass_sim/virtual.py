@@ -34,6 +34,7 @@ from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
 from linkpass.core.constants import BATCH_S
 from linkpass.core.detector import Detector, DetectorConfig, State, Transition
+from linkpass.core.states import DARK
 from linkpass.core.telemetry import LossCounters
 from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS
 
@@ -110,7 +111,6 @@ class VirtualPath:
     loss: LossCounters = field(default_factory=LossCounters)
 
 
-_DARK = (State.DOWN, State.DAMPED)
 _COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx")  # path index, probe, sent, reply (NEVER: none), deadline
 
 
@@ -227,7 +227,7 @@ class VirtualAgent:
             # a miss on a path already DOWN or DAMPED decides nothing (the detector only counts
             # it): it waits for the next batch instead of waking the loop, so a dead path does
             # not cost the simulation a step per probe (the daemon would wake; see module doc)
-            dark = np.array([self.failover.detector[j + 1].state in _DARK for j in range(len(self.paths))])
+            dark = np.array([self.failover.detector[j + 1].state in DARK for j in range(len(self.paths))])
             missed &= ~dark[self._pend["j"]]
         if missed.any():
             first = min(first, int(dl[missed].min()))
