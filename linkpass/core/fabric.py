@@ -299,14 +299,13 @@ def generated(layout: LeafSpine, addressed: bool = False) -> FabricModel:
     if addressed and 2 * n_links > _ADDRESS_BLOCK.num_addresses:
         raise FabricError(f"addressed: {n_links} links need more /31s than "
                          f"{_ADDRESS_BLOCK} holds; generate it without addresses")
-    base = int(_ADDRESS_BLOCK.network_address)
-    links = []
-    for k, lk in enumerate(layout.links()):
-        if addressed:
-            a_addr, b_addr = str(ipaddress.IPv4Address(base + 2 * k)), str(ipaddress.IPv4Address(base + 2 * k + 1))
-        else:
-            a_addr = b_addr = None
-        links.append(FleetLink(lk.name, lk.kind, lk.plane, lk.a, lk.b, a_addr, b_addr))
+    if not addressed:
+        links = [FleetLink(lk.name, lk.kind, lk.plane, lk.a, lk.b) for lk in layout.links()]
+    else:
+        base = int(_ADDRESS_BLOCK.network_address)
+        links = [FleetLink(lk.name, lk.kind, lk.plane, lk.a, lk.b, str(ipaddress.IPv4Address(base + 2 * k)),
+                           str(ipaddress.IPv4Address(base + 2 * k + 1)))
+                 for k, lk in enumerate(layout.links())]
     return FabricModel(layout.host_names(), layout.planes, links)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 # node roles
 HOST = "host"
@@ -76,9 +76,9 @@ def plane_of(switch: str) -> int:
     return int(m.group(1))
 
 
-@dataclass(frozen=True, slots=True)
-class LeafSpineLink:
-    """One generated link, with the indices its ends were generated from (for address plans)."""
+class LeafSpineLink(NamedTuple):
+    """One generated link, with the indices its ends were generated from (for address plans).
+    A tuple: a 16k-GPU fleet generates 32 768 of them."""
 
     name: str
     kind: str  # HOST_LEAF | LEAF_SPINE
