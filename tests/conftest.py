@@ -1,7 +1,10 @@
 """Shared fixtures. Tests marked `root` build real namespaces and are skipped without root.
 
-Every testbed a test makes carries a prefix unique to this pytest run, and is torn down in a
-finally block, also when the test fails; a session-end hook reaps anything left over.
+Shared code lives in tests/helpers.py; no test module imports another test module or this file.
+
+Every testbed a test makes carries a prefix unique to this pytest run (helpers.prefix_for), and
+is torn down in a finally block, also when the test fails; a session-end hook reaps anything
+left over.
 """
 from __future__ import annotations
 
@@ -9,13 +12,9 @@ import os
 
 import pytest
 
+from helpers import prefix_for
+
 IS_ROOT = os.geteuid() == 0
-RUN_TAG = f"{os.getpid() % 10000:04d}"
-
-
-def prefix_for(letter: str) -> str:
-    """A testbed prefix unique to this run: one letter + 4 digits (e.g. 'd0412')."""
-    return f"{letter}{RUN_TAG}"
 
 
 def pytest_collection_modifyitems(config, items):

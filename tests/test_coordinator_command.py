@@ -11,7 +11,8 @@ import time
 import pytest
 
 from linkpass.coordinator.client import Client, Unreachable
-from tests.test_coordinator_ray import free_port
+
+from helpers import free_port
 
 
 def test_linkpass_coordinator_command_runs_and_stops_on_sigterm(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from linkpass.demo.plot import sparkline, write_png
 from linkpass.demo.script import KINDS, SCRIPT, select
 from linkpass.demo.timeline import Fault
 from linkpass.testbed.topology import make_fabric, preset
+
+from helpers import free_port
 
 MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000  # a wall-clock instant, in ns
@@ -172,17 +173,11 @@ def test_png_is_written(tmp_path):
 
 # ---- the training job, on loopback --------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_job_ranks_all_reduce_bit_exact_and_stop_together(tmp_path):
     """Two real gloo ranks on 127.0.0.1: every step checks out, and the stop flag rides in the
     all-reduce, so both ranks end after the same step."""
     pytest.importorskip("torch")
-    port, stop = _free_port(), tmp_path / "stop"
+    port, stop = free_port(), tmp_path / "stop"
     procs = [subprocess.Popen([sys.executable, "-m", "linkpass.demo.job", "--rank", str(r), "--world", "2",
                                "--addr", "127.0.0.1", "--master", "127.0.0.1", "--port", str(port),
                                "--size-mb", "0.5", "--compute-ms", "5", "--timeout-s", "20",

@@ -20,7 +20,8 @@ import pytest
 from linkpass.cli import doctor as DC
 from linkpass.doctor import checks as D
 from linkpass.doctor import gather as G
-from tests.golden_files import check_golden
+
+from helpers import check_golden
 
 NICS = (D.NicCfg(0, "p0", "198.18.64.1", "198.18.64.0"), D.NicCfg(1, "p1", "198.18.72.1", "198.18.72.0"))
 PEERS = (D.PeerCfg("h1", "198.18.0.2"), D.PeerCfg("h2", "198.18.0.3"))

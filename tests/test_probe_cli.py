@@ -15,7 +15,8 @@ import pytest
 from linkpass.testbed import pathcheck as PC
 from linkpass.core import paths as P
 from linkpass.testbed import topology
-from tests.golden_files import check_golden
+
+from helpers import check_golden
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
