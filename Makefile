@@ -18,9 +18,9 @@ demo: deps
 test: deps
 	$(PY) -m pytest -q
 
-# tests that need neither root nor namespaces
+# the unit tier: no root, no service (tests/conftest.py defines the tiers)
 test-unit: deps
-	$(PY) -m pytest -q -m "not root"
+	$(PY) -m pytest -q -m unit
 
 bench: deps
 	@mkdir -p out

@@ -9,6 +9,8 @@ from linkpass.coordinator.store import Store
 
 from helpers import FAB, MODEL, bare, fail_paths, identity, table_of
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def coord(tmp_path):

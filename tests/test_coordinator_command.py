@@ -14,6 +14,8 @@ from linkpass.coordinator.client import Client, Unreachable
 
 from helpers import free_port
 
+pytestmark = pytest.mark.service
+
 
 def test_linkpass_coordinator_command_runs_and_stops_on_sigterm(tmp_path):
     """The embedded default as a user runs it: a local Ray, the actor, the endpoint; SIGTERM stops

@@ -15,6 +15,8 @@ from linkpass.coordinator.client import Client, Refusal
 
 from helpers import MODEL, identity, table_of
 
+pytestmark = pytest.mark.service
+
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 
 

@@ -14,6 +14,7 @@ from linkpass.coordinator.client import Client, Unreachable
 
 from helpers import MODEL, free_port, identity, table_of
 
+pytestmark = pytest.mark.service
 
 
 @pytest.fixture(scope="module")

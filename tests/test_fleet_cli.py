@@ -15,6 +15,8 @@ from linkpass.coordinator.store import Store
 
 from helpers import MODEL, check_golden, fail_paths, identity, table_of
 
+pytestmark = pytest.mark.unit
+
 NOW = 1_796_000_000.0
 
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 
