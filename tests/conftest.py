@@ -14,7 +14,7 @@ none or two, so `-m` selects every test into exactly one tier.
 
     make test-unit                 the unit tier (pytest -m unit)
     pytest -m service              the service tier
-    sudo make test                 every test
+    sudo make test                 the import contracts (lint-imports), then every test
 
 Shared code lives in tests/helpers.py; no test module imports another test module or this file
 (tests/test_layout.py checks).
