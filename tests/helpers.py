@@ -54,10 +54,11 @@ def check_golden(name: str, text: str) -> None:
 
 # ---- ports and polling --------------------------------------------------------------------------
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (bind to "0.0.0.0" to reach it from the testbed)."""
+def free_port() -> int:
+    """A TCP port free on every address right now: on loopback, and on the management address
+    the testbed's namespaces reach."""
     with socket.socket() as s:
-        s.bind((host, 0))
+        s.bind(("0.0.0.0", 0))
         return s.getsockname()[1]
 
 

@@ -29,7 +29,7 @@ HOSTS = [0, 1, 2, 3]
 def fleet(fabric, tmp_path_factory):
     faults.clear(fabric.prefix)
     d = tmp_path_factory.mktemp("fleet")
-    port = free_port("0.0.0.0")  # the agents reach it from their namespaces
+    port = free_port()
     settings = {"state_dir": str(d / "state"), "listen": f"0.0.0.0:{port}", "testbed": fabric.prefix}
     ray_actor.connect(num_cpus=2)
     agents = None
