@@ -1,6 +1,6 @@
 # The two commands a new user needs (as root, on a fresh machine):
 #   make demo   - the main job on the embedded default
-#   make test   - the whole test suite
+#   make test   - the layer contracts, then the whole test suite
 # Both install what they need first, idempotently: OS packages, then a .venv with the project.
 SHELL := /bin/bash
 VENV  := .venv
@@ -9,18 +9,22 @@ PY    := $(VENV)/bin/python
 BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/probe/_probecore.c
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-unit bench deps clean
+.PHONY: demo test test-unit lint-imports bench deps clean
 
 # exit 1 = the job was unharmed but a timing target was missed on this machine: reported, not a failure
 demo: deps
 	$(VENV)/bin/linkpass demo --compare || [ $$? -eq 1 ]
 
-test: deps
+# the layer contracts first (pyproject.toml [tool.importlinter]), then every test of every tier
+test: lint-imports
 	$(PY) -m pytest -q
 
-# tests that need neither root nor namespaces
+# the unit tier: no root, no service (tests/conftest.py defines the tiers)
 test-unit: deps
-	$(PY) -m pytest -q -m "not root"
+	$(PY) -m pytest -q -m unit
+
+lint-imports: deps
+	$(VENV)/bin/lint-imports --no-logo --no-cache
 
 bench: deps
 	@mkdir -p out

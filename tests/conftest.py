@@ -1,7 +1,27 @@
-"""Shared fixtures. Tests marked `root` build real namespaces and are skipped without root.
+"""The suite's tier rules and shared fixtures.
 
-Every testbed a test makes carries a prefix unique to this pytest run, and is torn down in a
-finally block, also when the test fails; a session-end hook reaps anything left over.
+Tiers: every test carries exactly one of three markers, from its module's `pytestmark` or its
+own decorator (a module whose tests differ marks each test); collection fails when a test has
+none or two, so `-m` selects every test into exactly one tier.
+
+- `unit`: needs no root and starts no service. Pure code, files under tmp_path, short-lived
+  subprocesses that exit by themselves (the CLI, gcc, the simulator's command), an in-process
+  SQLite file. The fast tier: `make test-unit`.
+- `root`: needs root and the kernel: network namespaces, routes, nft. A test that also starts a
+  service (agents, Ray, FRR) is `root`: it cannot run without root. Skipped when not root.
+- `service`: starts a real service without needing root: Ray, the coordinator's HTTP server,
+  a `linkpass coordinator` process, gloo ranks and torch.
+
+    make test-unit                 the unit tier (pytest -m unit)
+    pytest -m service              the service tier
+    sudo make test                 the import contracts (lint-imports), then every test
+
+Shared code lives in tests/helpers.py; no test module imports another test module or this file
+(tests/test_layout.py checks).
+
+Every testbed a test makes carries a prefix unique to this pytest run (helpers.prefix_for), and
+is torn down in a finally block, also when the test fails; a session-end hook reaps anything
+left over.
 """
 from __future__ import annotations
 
@@ -9,16 +29,22 @@ import os
 
 import pytest
 
+from helpers import prefix_for
+
 IS_ROOT = os.geteuid() == 0
-RUN_TAG = f"{os.getpid() % 10000:04d}"
+TIERS = ("unit", "root", "service")
 
 
-def prefix_for(letter: str) -> str:
-    """A testbed prefix unique to this run: one letter + 4 digits (e.g. 'd0412')."""
-    return f"{letter}{RUN_TAG}"
-
-
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is checked
 def pytest_collection_modifyitems(config, items):
+    wrong = []
+    for item in items:
+        tiers = [m.name for m in item.iter_markers() if m.name in TIERS]
+        if len(tiers) != 1:
+            wrong.append(f"{item.nodeid}: {', '.join(tiers) if tiers else 'no tier'}")
+    if wrong:
+        raise pytest.UsageError("each test needs exactly one tier marker, unit, root or service "
+                                "(tests/conftest.py says which):\n  " + "\n  ".join(wrong))
     if IS_ROOT:
         return
     skip = pytest.mark.skip(reason="needs root to create network namespaces (run `sudo make test`)")

@@ -27,6 +27,7 @@ peers: [{name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}]
 """
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.pop("agent_id"), "agent_id: required field is missing"),
     (lambda d: d.update(agent_id=0), "agent_id: expected an integer 1..4294967295"),
@@ -50,6 +51,7 @@ def test_config_errors_name_the_field(edit, message):
     assert str(err.value).startswith(f"agent.yaml: {message}"), str(err.value)
 
 
+@pytest.mark.unit
 def test_fleet_key_file_formats():
     assert read_fleet_key(KEY.hex().encode() + b"\n", "k") == KEY
     assert read_fleet_key(KEY, "k") == KEY

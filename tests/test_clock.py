@@ -22,6 +22,8 @@ from linkpass.core.clock import (ClockNotReadyError, Exchange, MeshCorrector, Pa
                                  PurePairFilter, SyntheticClock, classify_pair, lower_support_line,
                                  ntp_midpoint_offset, one_way_delays)
 
+pytestmark = pytest.mark.unit
+
 NS = 1_000_000_000
 T0 = 1_700_000_000 * NS  # epoch-sized true time
 

@@ -11,7 +11,10 @@ import time
 import pytest
 
 from linkpass.coordinator.client import Client, Unreachable
-from tests.test_coordinator_ray import free_port
+
+from helpers import free_port
+
+pytestmark = pytest.mark.service
 
 
 def test_linkpass_coordinator_command_runs_and_stops_on_sigterm(tmp_path):

@@ -9,7 +9,6 @@ saturate this 2-core machine. Timing is the benchmarks' business; this checks be
 """
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -20,16 +19,11 @@ from linkpass.core.fabric import from_testbed
 from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
-from tests.test_failover import routes_of, wait_until
+
+from helpers import free_port, routes_of, wait_until
 
 pytestmark = pytest.mark.root
 HOSTS = [0, 1, 2, 3]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,10 @@ import pytest
 
 from linkpass.coordinator import runner
 from linkpass.coordinator.client import Client, Refusal
-from tests.test_coordinator import MODEL, identity, table_of
+
+from helpers import MODEL, identity, table_of
+
+pytestmark = pytest.mark.service
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 

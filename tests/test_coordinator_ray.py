@@ -5,20 +5,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 
 import pytest
 
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client, Unreachable
-from tests.test_coordinator import MODEL, identity, table_of
 
+from helpers import MODEL, free_port, identity, table_of
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = pytest.mark.service
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,14 @@
 and when a silent path is held against its plane."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, strategies as st
 
 from linkpass.agent.decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
 from linkpass.core.detector import State
 from linkpass.core.entropy_table import ENTRY_FAIL_STATIC, PORT_VERIFIED
+
+pytestmark = pytest.mark.unit
 
 UP, DOWN, SUSPECT, DEGRADED, RECOVERING, DAMPED = (State.UP, State.DOWN, State.SUSPECT, State.DEGRADED,
                                                    State.RECOVERING, State.DAMPED)

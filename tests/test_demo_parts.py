@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from linkpass.demo.plot import sparkline, write_png
 from linkpass.demo.script import KINDS, SCRIPT, select
 from linkpass.demo.timeline import Fault
 from linkpass.testbed.topology import make_fabric, preset
+
+from helpers import free_port
 
 MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000  # a wall-clock instant, in ns
@@ -54,6 +55,7 @@ def fault(at_ms: float, hold_ms: float = 2000, severity: str = "hard", link: str
 
 # ---- the timeline: hand-computed cases ---------------------------------------------------
 
+@pytest.mark.unit
 def test_a_fault_that_costs_nothing_has_no_stall_and_full_speed_at_once():
     steps = steady_steps(300)
     f = fault(4000)
@@ -65,6 +67,7 @@ def test_a_fault_that_costs_nothing_has_no_stall_and_full_speed_at_once():
     assert r.met  # nothing happened, so nothing missed
 
 
+@pytest.mark.unit
 def test_stall_is_the_longest_allreduce_beyond_the_pre_fault_median():
     f = fault(4000)
     steps = stalled(steady_steps(300), f.injected_ns + 5 * MS, 80)
@@ -76,6 +79,7 @@ def test_stall_is_the_longest_allreduce_beyond_the_pre_fault_median():
     assert r.met
 
 
+@pytest.mark.unit
 def test_a_hard_stall_over_100_ms_misses_its_target_a_gray_one_does_not():
     f = fault(4000)
     steps = stalled(steady_steps(300), f.injected_ns + 5 * MS, 150)
@@ -83,6 +87,7 @@ def test_a_hard_stall_over_100_ms_misses_its_target_a_gray_one_does_not():
     assert timeline.analyse_fault(fault(4000, severity="gray"), steps, [], [], planes=2).met
 
 
+@pytest.mark.unit
 def test_throughput_that_stays_low_is_not_recovered():
     steps = steady_steps(130)  # 3.9 s at full speed ...
     slow = steady_steps(100, period_ms=60, start_ns=steps[-1]["end_ns"])  # ... then half speed to the end
@@ -91,6 +96,7 @@ def test_throughput_that_stays_low_is_not_recovered():
     assert r.recovered_s is None and not r.met
 
 
+@pytest.mark.unit
 def test_detect_reroute_and_localize_come_from_the_first_matching_events():
     f = fault(4000)
     s = lambda ms: (T0 + ms * MS) / 1e9  # noqa: E731
@@ -114,6 +120,7 @@ def test_detect_reroute_and_localize_come_from_the_first_matching_events():
     assert (r.localized_ms, r.localized_as) == (80.0, "h0-p0l0:up")
 
 
+@pytest.mark.unit
 def test_summary_counts_and_the_verdict():
     steps = steady_steps(200)
     seen = [{"event": "path_state", "new": "down", "ts": (T0 + 4010 * MS) / 1e9},
@@ -132,6 +139,7 @@ def test_summary_counts_and_the_verdict():
 
 # ---- the script and the aim -------------------------------------------------------------
 
+@pytest.mark.unit
 def test_the_script_has_the_six_faults_the_issue_asks_for_in_order():
     assert KINDS == ("uplink-cut", "link-down", "gray-loss", "flap", "one-way-loss", "mtu-blackhole")
     assert [s.kind for s in select("mtu-blackhole,uplink-cut")] == ["uplink-cut", "mtu-blackhole"]
@@ -140,6 +148,7 @@ def test_the_script_has_the_six_faults_the_issue_asks_for_in_order():
         select("cut")
 
 
+@pytest.mark.unit
 def test_aim_picks_the_link_of_the_tier_with_the_most_bytes_and_the_busier_direction():
     fab = make_fabric(preset("default"), "lpa", "198.19.250.0/24")
     load = Counter({("p0l0-p0s1", "p0l0"): 200e6, ("p0l0-p0s1", "p0s1"): 150e6, ("p1l1-p1s0", "p1s0"): 300e6,
@@ -152,6 +161,7 @@ def test_aim_picks_the_link_of_the_tier_with_the_most_bytes_and_the_busier_direc
 
 # ---- pictures -----------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_sparkline_marks_each_fault_where_it_came():
     steps = stalled(steady_steps(200), T0 + 3000 * MS, 200)
     bars, marks = sparkline(steps, [fault(3000)], width=60)
@@ -161,6 +171,7 @@ def test_sparkline_marks_each_fault_where_it_came():
     assert 0 <= bars.index("█") - marks.index("1") <= 3
 
 
+@pytest.mark.unit
 def test_png_is_written(tmp_path):
     steps = steady_steps(100)
     path = write_png(str(tmp_path / "t.png"), [("on", steps, [fault(1000)], []), ("off", steps, [], [T0 + 2 * 10**9])],
@@ -172,17 +183,12 @@ def test_png_is_written(tmp_path):
 
 # ---- the training job, on loopback --------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.service
 def test_job_ranks_all_reduce_bit_exact_and_stop_together(tmp_path):
     """Two real gloo ranks on 127.0.0.1: every step checks out, and the stop flag rides in the
     all-reduce, so both ranks end after the same step."""
     pytest.importorskip("torch")
-    port, stop = _free_port(), tmp_path / "stop"
+    port, stop = free_port(), tmp_path / "stop"
     procs = [subprocess.Popen([sys.executable, "-m", "linkpass.demo.job", "--rank", str(r), "--world", "2",
                                "--addr", "127.0.0.1", "--master", "127.0.0.1", "--port", str(port),
                                "--size-mb", "0.5", "--compute-ms", "5", "--timeout-s", "20",
@@ -206,6 +212,7 @@ def test_job_ranks_all_reduce_bit_exact_and_stop_together(tmp_path):
     assert recs[0][-1]["event"] == "done" and recs[1][-1]["event"] == "done"
 
 
+@pytest.mark.service
 def test_the_check_catches_a_wrong_element():
     torch = pytest.importorskip("torch")
     from linkpass.demo.job import PERIOD, expected_sum, pattern
@@ -218,6 +225,7 @@ def test_the_check_catches_a_wrong_element():
     assert not torch.equal(good, expected_sum(8, 3))  # a stale step's result is caught too
 
 
+@pytest.mark.unit
 def test_noise_stalls_measure_fault_free_windows_only():
     steps = steady_steps(600)  # 18 s
     steps = stalled(steps, T0 + 2000 * MS, 30)  # noise: a 30 ms hiccup far from the fault

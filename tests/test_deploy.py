@@ -11,6 +11,8 @@ import sys
 import pytest
 import yaml
 
+pytestmark = pytest.mark.unit
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from linkpass.core.detector import (TRANSITIONS, Detector, DetectorConfig, Event, PathDetector, Reason,
                                     State, Transition)
 
+pytestmark = pytest.mark.unit
+
 MS = 1_000_000
 US = 1_000
 S = 1_000_000_000

@@ -20,7 +20,8 @@ import pytest
 from linkpass.cli import doctor as DC
 from linkpass.doctor import checks as D
 from linkpass.doctor import gather as G
-from tests.golden_files import check_golden
+
+from helpers import check_golden
 
 NICS = (D.NicCfg(0, "p0", "198.18.64.1", "198.18.64.0"), D.NicCfg(1, "p1", "198.18.72.1", "198.18.72.0"))
 PEERS = (D.PeerCfg("h1", "198.18.0.2"), D.PeerCfg("h2", "198.18.0.3"))
@@ -59,6 +60,7 @@ def by_name(checks) -> dict[str, D.Check]:
 
 # ---- pure checks ----------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_a_healthy_host_passes_every_check():
     checks = D.run_checks(healthy())
     bad = [c for c in checks if c.status != D.OK]
@@ -73,6 +75,7 @@ def test_a_healthy_host_passes_every_check():
     assert "REACHABLE" in c["nic.p0"].detail
 
 
+@pytest.mark.unit
 def test_failing_checks_say_what_is_wrong_and_how_to_fix_it():
     f = healthy()
     f.sysctl = dict(f.sysctl, **{"net.ipv4.fib_multipath_hash_policy": "0", "net.ipv4.conf.p1.rp_filter": "1"})
@@ -91,6 +94,7 @@ def test_failing_checks_say_what_is_wrong_and_how_to_fix_it():
     assert DC.exit_code(list(c.values())) == 2
 
 
+@pytest.mark.unit
 def test_warnings_make_exit_1():
     f = healthy()
     f.sysctl = dict(f.sysctl, **{"net.ipv4.ip_local_port_range": "32768 60999"})
@@ -106,6 +110,7 @@ def test_warnings_make_exit_1():
     assert DC.exit_code(checks) == 1
 
 
+@pytest.mark.unit
 def test_reserved_ports_make_an_overlapping_range_ok():
     f = healthy()
     f.sysctl = dict(f.sysctl, **{"net.ipv4.ip_local_port_range": "32768 60999",
@@ -117,6 +122,7 @@ def test_reserved_ports_make_an_overlapping_range_ok():
     assert D.check_port_range(f).status == D.OK
 
 
+@pytest.mark.unit
 def test_multipath_hash_policy_3_needs_the_port_fields():
     f = healthy()
     f.sysctl = dict(f.sysctl, **{"net.ipv4.fib_multipath_hash_policy": "3",
@@ -126,6 +132,7 @@ def test_multipath_hash_policy_3_needs_the_port_fields():
     assert D.check_multipath_hash(f).status == D.FAIL
 
 
+@pytest.mark.unit
 def test_icmp_errors_matter_only_when_forwarding():
     f = healthy()
     f.sysctl = dict(f.sysctl, **{"net.ipv4.icmp_errors_use_inbound_ifaddr": "0"})
@@ -134,6 +141,7 @@ def test_icmp_errors_matter_only_when_forwarding():
     assert D.check_icmp_errors(f).status == D.WARN
 
 
+@pytest.mark.unit
 def test_rp_filter_all_strict_without_config_warns():
     f = D.Facts(sysctl={"net.ipv4.conf.all.rp_filter": "1", "net.ipv4.conf.default.rp_filter": "1"})
     assert D.check_rp_filter(f).status == D.WARN
@@ -141,6 +149,7 @@ def test_rp_filter_all_strict_without_config_warns():
     assert D.check_rp_filter(f).status == D.FAIL
 
 
+@pytest.mark.unit
 def test_nic_problems_each_name_their_fix():
     f = healthy()
     f.links = {"p1": {"operstate": "DOWN", "flags": [], "addrs": []}}
@@ -159,6 +168,7 @@ def test_nic_problems_each_name_their_fix():
     assert D.check_nics(f)[1].status == D.OK  # no ARP entry yet, but on-link
 
 
+@pytest.mark.unit
 def test_routes_over_fewer_planes_warn_and_say_which():
     f = healthy()
     dead = {"dst": "198.18.0.0/20", "nexthops": [{"gateway": "198.18.64.0", "dev": "p0", "flags": []},
@@ -175,6 +185,7 @@ def test_routes_over_fewer_planes_warn_and_say_which():
     assert c["route.h2"].status == D.FAIL and "no route" in c["route.h2"].detail
 
 
+@pytest.mark.unit
 def test_capabilities_missing_sys_nice_only_warns():
     f = healthy()
     f.cap_eff = (1 << D.CAP_NET_ADMIN) | (1 << D.CAP_NET_RAW)
@@ -182,6 +193,7 @@ def test_capabilities_missing_sys_nice_only_warns():
     assert [c[n].status for n in ("cap.net_admin", "cap.net_raw", "cap.sys_nice")] == [D.OK, D.OK, D.WARN]
 
 
+@pytest.mark.unit
 def test_agent_states():
     f = healthy()
     f.agent_rows, f.agent_error = None, "Connection refused"
@@ -197,6 +209,7 @@ def test_agent_states():
     assert D.check_agent(f).status == D.WARN
 
 
+@pytest.mark.unit
 def test_without_config_the_config_checks_skip_and_count_for_nothing():
     f = replace(healthy(), config_path=None, nics=(), peers=())
     checks = D.run_checks(f)
@@ -205,12 +218,14 @@ def test_without_config_the_config_checks_skip_and_count_for_nothing():
     assert DC.exit_code(checks) == 0
 
 
+@pytest.mark.unit
 def test_clock_and_cap_readers_on_this_machine():
     clock = G.read_clock()  # adjtimex with modes=0 reads only
     assert clock["state"] in range(6) and clock["esterror_us"] >= 0
     assert G.read_cap_eff() is not None
 
 
+@pytest.mark.unit
 def test_gather_reports_a_bad_config_as_a_failed_check(tmp_path):
     cfg = tmp_path / "agent.yaml"
     cfg.write_text("agent_id: 1\nname: h0\n")
@@ -235,6 +250,7 @@ def mixed_report() -> dict:
     return D.report(checks, "gpu-node-17", "lp-h0", "/etc/linkpass/agent.yaml")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fmt", ["table", "wide", "json"])
 def test_rendering_matches_golden(fmt, monkeypatch, capsys):
     monkeypatch.setenv("NO_COLOR", "1")
@@ -243,6 +259,7 @@ def test_rendering_matches_golden(fmt, monkeypatch, capsys):
     check_golden(f"doctor_{fmt}.txt", capsys.readouterr().out)
 
 
+@pytest.mark.unit
 def test_command_line(monkeypatch, capsys):
     """register() wires the options; a missing namespace is a usage error (exit 3)."""
     ap = argparse.ArgumentParser()
@@ -296,6 +313,7 @@ def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
     assert code == (2 if any(x["status"] == "fail" for x in doc["checks"]) else 1)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change,status,words", [
     ({"coordinator_url": None, "coordinator_whoami": None}, D.SKIP, "fails over alone"),
     ({"coordinator_whoami": None, "coordinator_error": "Connection refused"}, D.WARN, "does not answer"),

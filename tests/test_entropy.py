@@ -22,6 +22,8 @@ from linkpass.agent import entropy_writer as W
 from linkpass.core import entropy_table as T
 from linkpass_rdma import entropy as R
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "rdma" / "entropy_reader.c"
 

@@ -9,6 +9,8 @@ import pytest
 from linkpass.core import fabric as F
 from linkpass.testbed.topology import make_fabric, preset
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def testbed_model():

@@ -16,37 +16,13 @@ import pytest
 
 from linkpass.core import entropy_table
 from linkpass_rdma import entropy
-from linkpass.agent.routes import RTPROT_LINKPASS
 from linkpass.testbed import faults, traffic
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
 
+from helpers import A, B, routes_of, wait_until
+
 pytestmark = pytest.mark.root
-A, B = 0, 2  # different leaves: every link kind lies on some path between them
-
-
-def routes_of(fab, host: int) -> dict[str, tuple[int, ...]]:
-    """LinkPass's routes in a host's namespace: service address -> planes (by device)."""
-    from pyroute2 import IPRoute
-
-    with IPRoute(netns=fab.netns(f"h{host}")) as ipr:
-        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
-        out = {}
-        for r in ipr.get_routes(family=2, proto=RTPROT_LINKPASS):
-            mp = r.get_attr("RTA_MULTIPATH")
-            oifs = [h["oif"] for h in mp] if mp else [r.get_attr("RTA_OIF")]
-            out[r.get_attr("RTA_DST")] = tuple(sorted(int(names[o][1:]) for o in oifs))
-        return out
-
-
-def wait_until(pred, timeout_s: float, what: str, detail=None):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}" + (f": {detail()}" if detail else ""))
 
 
 def _recovered(fabric, agents):

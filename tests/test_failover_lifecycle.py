@@ -12,7 +12,7 @@ from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
 
-from test_failover import A, B, routes_of, wait_until
+from helpers import A, B, routes_of, wait_until
 
 pytestmark = pytest.mark.root
 

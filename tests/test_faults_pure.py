@@ -7,6 +7,8 @@ from linkpass.testbed import faults as F
 from linkpass.testbed import topology as T
 from linkpass.testbed.build import TestbedError
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def fab():

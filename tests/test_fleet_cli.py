@@ -12,8 +12,10 @@ import pytest
 from linkpass.cli import coordinator as fleet_cli
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.coordinator.store import Store
-from tests.test_coordinator import MODEL, fail_paths, identity, table_of
-from tests.golden_files import check_golden
+
+from helpers import MODEL, check_golden, fail_paths, identity, table_of
+
+pytestmark = pytest.mark.unit
 
 NOW = 1_796_000_000.0
 

@@ -10,6 +10,8 @@ from linkpass.core.fabric import rail_optimized
 from linkpass.core.localize import Finding, Localizer, Observation, localize
 from linkpass.core.plan import plan_probes
 
+pytestmark = pytest.mark.unit
+
 MODEL = rail_optimized(64, 2, 8, 4)  # 8 leaves x 4 spines per plane, sparse plan (64 > 16 hosts)
 PLAN = plan_probes(MODEL)
 

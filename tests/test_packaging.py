@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 
 def test_console_script_lists_subcommands():
     out = subprocess.run([sys.executable, "-m", "linkpass.cli", "--help"], capture_output=True, text=True)

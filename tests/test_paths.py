@@ -8,6 +8,8 @@ import pytest
 from linkpass.core import paths as P
 from linkpass.probe import discovery as D
 
+pytestmark = pytest.mark.unit
+
 
 def te(ttl, addr):
     return P.Answer(ttl, P.TIME_EXCEEDED, addr)

@@ -9,6 +9,8 @@ import pytest
 from linkpass.core.fabric import FabricError, rail_optimized
 from linkpass.core.plan import PlannedPath, coverage, plan_probes, planned_links
 
+pytestmark = pytest.mark.unit
+
 
 def coverable(model, hosts):
     """Directed links a probe between `hosts` can cross: their uplinks, and the leaf-spine links

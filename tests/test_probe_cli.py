@@ -15,7 +15,8 @@ import pytest
 from linkpass.testbed import pathcheck as PC
 from linkpass.core import paths as P
 from linkpass.testbed import topology
-from tests.golden_files import check_golden
+
+from helpers import check_golden
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
@@ -61,6 +62,7 @@ PORTS = tuple(range(31000, 31008))
 
 # ---- pure ------------------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_probe_doc_names_routers_and_links():
     fab = fake_fabric()
     table = fake_table(fab, PORTS)
@@ -77,6 +79,7 @@ def test_probe_doc_names_routers_and_links():
     assert [h["node"] for h in via_s1["hops"]] == ["p0l0", "p0s1", "p0l1"]
 
 
+@pytest.mark.unit
 def test_probe_doc_with_a_dead_path_warns_and_a_dead_fabric_is_critical():
     fab = fake_fabric()
     table = fake_table(fab, PORTS, broken_plane=0)
@@ -87,6 +90,7 @@ def test_probe_doc_with_a_dead_path_warns_and_a_dead_fabric_is_critical():
     assert PC.exit_code({"summary": {"planes": 2, "planes_reached": 0, "paths": 2, "paths_reached": 0}}) == 2
 
 
+@pytest.mark.unit
 def test_trace_doc_follows_one_port():
     fab = fake_fabric()
     table = fake_table(fab, (31003,))
@@ -98,6 +102,7 @@ def test_trace_doc_follows_one_port():
     assert missing["planes"][0]["end"] == "not probed" and PC.exit_code(missing) == 2
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fmt", ["table", "wide"])
 def test_probe_rendering_matches_golden(fmt, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
@@ -107,6 +112,7 @@ def test_probe_rendering_matches_golden(fmt, monkeypatch):
     check_golden(f"probe_{fmt}.txt", PC.render_probe(doc, wide=fmt == "wide") + "\n")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fmt", ["table", "wide"])
 def test_trace_rendering_matches_golden(fmt, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
@@ -116,6 +122,7 @@ def test_trace_rendering_matches_golden(fmt, monkeypatch):
     check_golden(f"trace_{fmt}.txt", PC.render_trace(doc, wide=fmt == "wide") + "\n")
 
 
+@pytest.mark.unit
 def test_choosing_the_testbed():
     assert PC.pick_prefix(None, ["lp"]) == "lp"
     assert PC.pick_prefix("b", ["a", "b"]) == "b"
@@ -132,6 +139,7 @@ def test_choosing_the_testbed():
             PC.host_index(fab, bad)
 
 
+@pytest.mark.unit
 def test_no_testbed_is_exit_3(monkeypatch, tmp_path, capsys):
     from linkpass.testbed import state
 
@@ -216,6 +224,7 @@ def test_a_port_in_use_is_exit_3(fabric, capsys):
     assert "in use" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_a_silent_dst_behind_its_leaf_gets_a_hint(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     fab = fake_fabric()

@@ -9,6 +9,8 @@ from hypothesis import given, settings, strategies as st
 from linkpass.probe import _probecore
 from linkpass.core import wire as W
 
+pytestmark = pytest.mark.unit
+
 KEY = bytes(range(32))
 core = _probecore.Core(KEY, 7)
 codec = W.Codec(KEY)

@@ -17,6 +17,7 @@ from linkpass.testbed.faults import FaultSpec
 from linkpass.testbed.agents import peer_routes
 
 
+@pytest.mark.unit
 def test_desired_route_never_removes_the_last_plane():
     peer = PeerRoutes("h1", "198.18.0.2", {0: ("198.18.64.0", "p0"), 1: ("198.18.72.0", "p1")})
     assert desired_route(peer, {1}, (0, 1)) == Plan("h1", (1,))
@@ -25,6 +26,7 @@ def test_desired_route_never_removes_the_last_plane():
     assert desired_route(peer, {5}, (0, 1)).planes == (0, 1)  # an unknown plane is not usable
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("hops", [[("198.18.64.0", 7)], [("198.18.64.0", 7), ("198.18.72.0", 9)]])
 def test_our_route_message_decodes_as_the_route_we_meant(hops):
     """The hand-packed RTM_NEWROUTE, read back by pyroute2's own rtnetlink parser."""
@@ -190,6 +192,7 @@ def test_sigkill_mid_change_then_reconcile_leaves_consistent_routes(clean_faults
     RouteActuator(fab.netns("h0"), fab.service_addr(0), peer_routes(fab, 0), journal).remove_all()
 
 
+@pytest.mark.unit
 def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="rto_min_ms: 0 is out of range"):
         RouteActuator(None, "198.18.0.1", {}, str(tmp_path / "j"), rto_min_ms=0)

@@ -8,6 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from linkpass.core.telemetry import LossCounters, LossSnapshot, PathTelemetry, percentile
 
+pytestmark = pytest.mark.unit
+
 
 def simulate(n, p_fwd, p_rev, seed=1, restart_at=None):
     """A sender/reflector pair over lossy directions; returns the sender's counters and the truth."""

@@ -8,6 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from linkpass.testbed import topology as T
 
+pytestmark = pytest.mark.unit
+
 TESTBED_RANGES = [ipaddress.ip_network("198.18.0.0/15"), ipaddress.ip_network("fd00::/8")]
 
 

@@ -11,6 +11,8 @@ from scapy.packet import Raw
 
 from linkpass.core import wire as W
 
+pytestmark = pytest.mark.unit
+
 KEY = bytes(range(32))
 codec = W.Codec(KEY)
 

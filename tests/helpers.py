@@ -1,0 +1,149 @@
+"""What more than one test module needs, in one place: test modules import from here, never from
+each other (tests/test_layout.py checks).
+
+- prefix_for: testbed prefixes unique to this pytest run (conftest's fixtures use them too);
+- check_golden: golden-file comparison for the CLI's renderings (files in tests/golden/);
+- free_port, wait_until: a free TCP port; polling a condition with a deadline;
+- routes_of, A, B: LinkPass's routes in a testbed host's namespace; the failover tests' two hosts;
+- FAB, MODEL, table_of, identity, fail_paths: the coordinator tests' fabric and what its agents report.
+
+Regenerate golden files after an intended change:
+LINKPASS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/...
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from linkpass.core.fabric import from_testbed
+from linkpass.testbed.topology import make_fabric, preset
+
+if TYPE_CHECKING:
+    from linkpass.coordinator.coordinator import Coordinator
+
+# ---- testbed prefixes ---------------------------------------------------------------------------
+
+RUN_TAG = f"{os.getpid() % 10000:04d}"
+
+
+def prefix_for(letter: str) -> str:
+    """A testbed prefix unique to this run: one letter + 4 digits (e.g. 'd0412')."""
+    return f"{letter}{RUN_TAG}"
+
+
+# ---- golden files -------------------------------------------------------------------------------
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+def check_golden(name: str, text: str) -> None:
+    """Compare with tests/golden/<name>; LINKPASS_UPDATE_GOLDEN=1 rewrites it instead."""
+    path = os.path.join(GOLDEN, name)
+    if os.environ.get("LINKPASS_UPDATE_GOLDEN") == "1":
+        os.makedirs(GOLDEN, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return
+    assert os.path.exists(path), f"{path} is missing: run with LINKPASS_UPDATE_GOLDEN=1 once to write it"
+    with open(path) as f:
+        want = f.read()
+    assert text == want, f"output differs from {path} (LINKPASS_UPDATE_GOLDEN=1 rewrites it if intended)"
+
+
+# ---- ports and polling --------------------------------------------------------------------------
+
+def free_port() -> int:
+    """A TCP port free on every address right now: on loopback, and on the management address
+    the testbed's namespaces reach."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(pred, timeout_s: float, what: str, detail=None):
+    """pred()'s first truthy value, polled every 20 ms; after timeout_s an AssertionError names
+    `what` and, if given, detail()."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}" + (f": {detail()}" if detail else ""))
+
+
+# ---- the testbed's routes -----------------------------------------------------------------------
+
+A, B = 0, 2  # the failover tests' hosts: different leaves, so every link kind lies on some path between them
+
+
+def routes_of(fab, host: int) -> dict[str, tuple[int, ...]]:
+    """LinkPass's routes in a host's namespace: service address -> planes (by device)."""
+    from pyroute2 import IPRoute
+
+    from linkpass.agent.routes import RTPROT_LINKPASS
+
+    with IPRoute(netns=fab.netns(f"h{host}")) as ipr:
+        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+        out = {}
+        for r in ipr.get_routes(family=2, proto=RTPROT_LINKPASS):
+            mp = r.get_attr("RTA_MULTIPATH")
+            oifs = [h["oif"] for h in mp] if mp else [r.get_attr("RTA_OIF")]
+            out[r.get_attr("RTA_DST")] = tuple(sorted(int(names[o][1:]) for o in oifs))
+        return out
+
+
+# ---- the coordinator's fabric and its agents' reports --------------------------------------------
+
+FAB = make_fabric(preset("default"), "lpc", "198.19.250.0/24")  # 4 hosts, 2 planes, 2 leaves and 2 spines each
+MODEL = from_testbed(FAB)
+
+
+def bare(addr: str) -> str:
+    return addr.split("/")[0]
+
+
+def hops(src: int, dst: int, plane: int, spine: int) -> tuple[list[str], str]:
+    """The routers a probe src -> dst crosses through `spine`, as discovery reports them: each
+    hop is the address of the interface the probe came in on; and the peer's NIC address."""
+    up = FAB.uplink(f"h{src}", plane)
+    src_leaf, dst_leaf = FAB.leaf_of(src, plane), FAB.leaf_of(dst, plane)
+    out = [bare(up.b_addr)]
+    if src_leaf != dst_leaf:
+        out.append(bare(FAB.links[f"{src_leaf}-p{plane}s{spine}"].b_addr))
+        out.append(bare(FAB.links[f"{dst_leaf}-p{plane}s{spine}"].a_addr))
+    return out, FAB.nic_addr(dst, plane)
+
+
+def table_of(src: int) -> list[dict]:
+    """Host h<src>'s path table as its agent registers it: every peer, plane and spine, all up."""
+    rows, pid = [], 1
+    for dst in range(4):
+        if dst == src:
+            continue
+        for plane in range(2):
+            same_leaf = FAB.leaf_of(src, plane) == FAB.leaf_of(dst, plane)
+            for spine in range(1 if same_leaf else 2):  # a same-leaf peer has one path per plane
+                h, addr = hops(src, dst, plane, spine)
+                rows.append({"id": pid, "peer": f"h{dst}", "plane": plane, "sport": 49152 + pid, "hops": h,
+                             "peer_addr": addr, "state": "up", "reason": None})
+                pid += 1
+    return rows
+
+
+def identity(i: int) -> dict:
+    return {"name": f"h{i}", "agent_id": i + 1, "service": FAB.service_addr(i),
+            "nics": {str(p): FAB.nic_addr(i, p) for p in range(2)}, "version": "test"}
+
+
+def fail_paths(c: Coordinator, now: float, crossing: set[str], reason="hard_failure", state="down") -> int:
+    """Every agent reports its paths that cross any of these directed links as failed."""
+    n = 0
+    for i in range(4):
+        changes = [{"id": int(k.split("/")[1]), "state": state, "reason": reason}
+                   for k, rec in c.paths.items() if rec.reporter == f"h{i}" and set(rec.links) & crossing]
+        n += len(changes)
+        c.report({"name": f"h{i}", "changes": changes}, now)
+    return n

@@ -1,0 +1,58 @@
+"""Rules about the layout itself: test modules stand alone (shared code lives in helpers.py), and
+the import contracts in pyproject.toml name every part of LinkPass they must keep out."""
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+PURE = {"linkpass", "linkpass.core", "linkpass.agent", "linkpass.agent.config", "linkpass.agent.decide",
+        "linkpass.agent.failover"}  # what the simulator and the agent's pure modules may import
+
+
+def imported_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_no_test_module_imports_another_or_the_conftest():
+    wrong = {}
+    for path in sorted(TESTS.glob("*.py")):
+        bad = sorted(n for n in imported_names(path)
+                     if n.split(".")[0] in ("tests", "conftest") or n.split(".")[0].startswith("test_"))
+        if bad:
+            wrong[path.name] = bad
+    assert not wrong, f"import shared code from helpers.py instead: {wrong}"
+
+
+def linkpass_modules() -> set[str]:
+    out = set()
+    for path in (ROOT / "linkpass").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return out
+
+
+def contract(cid: str) -> dict:
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    return next(c for c in contracts if c.get("id") == cid)
+
+
+@pytest.mark.parametrize("cid", ["agent-pure", "sim"])
+def test_the_pure_contracts_forbid_every_other_part_of_linkpass(cid):
+    forbidden = contract(cid)["forbidden_modules"]
+    covered = lambda m: any(m == f or m.startswith(f + ".") for f in forbidden)  # noqa: E731
+    missing = sorted(m for m in linkpass_modules() - PURE
+                     if not m.startswith("linkpass.core.") and not covered(m))
+    assert not missing, f"add these to the {cid!r} contract's forbidden_modules in pyproject.toml: {missing}"
