@@ -11,6 +11,8 @@ from linkpass.core import names as N
 from linkpass.core.fabric import FabricError, from_testbed, rail_optimized
 from linkpass.testbed.topology import PRESETS, TopologyError, make_fabric, preset
 
+pytestmark = pytest.mark.unit
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

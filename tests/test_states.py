@@ -11,7 +11,8 @@ from linkpass.cli import coordinator as fleet_cli
 from linkpass.cli import output
 from linkpass.cli import paths as local_cli
 from linkpass.coordinator import coordinator as coordinator_module
-from linkpass.coordinator.coordinator import Coordinator, path_evidence
+from linkpass.coordinator.coordinator import Coordinator
+from linkpass.core.localize import path_evidence
 from linkpass.coordinator.store import Store
 from linkpass.core import fabric as F
 from linkpass.core import states as S
@@ -20,8 +21,9 @@ from linkpass.core.localize import BOTH, Localizer, Observation
 from linkpass.core.states import DARK, HEALTH, Direction, Level, State
 from linkpass.demo.timeline import Fault, first_verdict
 from linkpass.doctor import checks as D
-from tests.test_coordinator import MODEL, fail_paths, identity, table_of
-from tests.test_doctor import healthy
+from helpers import MODEL, fail_paths, healthy, identity, table_of
+
+pytestmark = pytest.mark.unit
 
 NOW = 1_796_000_000.0
 

@@ -23,29 +23,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..core.detector import DIRECTION_OF_REASON
 from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror, split_directed
-from ..core.localize import Localizer, Observation
+from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_probes
-from ..core.states import STATE_NAMES, Direction, Level, health_of, is_bad, is_good, worst
+from ..core.states import STATE_NAMES, Level, health_of, is_bad, is_good, worst
 from .store import Store
 
 PLAN_REVISE_S = 1.0
 TOUCH_S = 10.0
 # reason (as agents report it) -> the path direction it was judged in
-_DIRECTION_OF_REASON = {r.value: d for r, d in DIRECTION_OF_REASON.items()}
-
-
-def path_evidence(state: str, reason: str | None) -> tuple[bool, Direction | None] | None:
-    """What a path's reported state and reason tell the localizer: (bad, direction), or None
-    for the passing states (suspect: a probe late; recovering: in hold-down), which leave the
-    path's last evidence standing until it settles (and are the commonest reports)."""
-    bad = is_bad(state)
-    if not bad and not is_good(state):
-        return None
-    return bad, _DIRECTION_OF_REASON.get(reason or "")
-
-
 def _no_cost() -> float:
     """The cost clock when the host gives none: localization and planning count as free."""
     return 0.0

@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from linkpass.core.fabric import HOST_LEAF, FabricError, FabricModel, split_directed
-from linkpass.core.states import Direction
+from linkpass.core.detector import DIRECTION_OF_REASON
+from linkpass.core.states import Direction, is_bad, is_good
 
 BOTH = "both"  # a bad path lost both ways: its probes and its replies
 DIRECTIONS = (Direction.FWD, Direction.REV, BOTH, None)
@@ -393,3 +394,18 @@ def localize(model: FabricModel, observations: Iterable[Observation], **options)
     for obs in observations:
         loc.update(obs)
     return loc.findings()
+
+
+# ---- what a reported path tells the localizer ---------------------------------------------------
+
+_DIRECTION_OF_REASON = {r.value: d for r, d in DIRECTION_OF_REASON.items()}
+
+
+def path_evidence(state: str, reason: str | None) -> tuple[bool, Direction | None] | None:
+    """What a path's reported state and reason tell the localizer: (bad, direction), or None
+    for the passing states (suspect: a probe late; recovering: in hold-down), which leave the
+    path's last evidence standing until it settles (and are the commonest reports)."""
+    bad = is_bad(state)
+    if not bad and not is_good(state):
+        return None
+    return bad, _DIRECTION_OF_REASON.get(reason or "")

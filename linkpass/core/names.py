@@ -89,6 +89,17 @@ class LeafSpineLink(NamedTuple):
     upper: int  # b's index: the leaf (HOST_LEAF) or the spine (LEAF_SPINE)
 
 
+# the testbed's presets as shapes of the generator (LeafSpine.blocks): the testbed builds them, and
+# the fleet simulator calibrates against "default", the one its reference figures were measured on
+PRESET_SHAPES: dict[str, dict[str, int]] = {
+    "default": {"hosts": 4, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
+    "tiny": {"hosts": 2, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 1},
+    "rack16": {"hosts": 16, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
+    "rack32": {"hosts": 32, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
+    "rail8": {"hosts": 8, "planes": 8, "leaves_per_plane": 2, "spines_per_plane": 2},
+}
+
+
 @dataclass(frozen=True)
 class LeafSpine:
     """The shape of a multi-plane 2-tier fabric: which host hangs off which leaf, how many spines."""

@@ -26,8 +26,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
-from ..core.names import (HOST, HOST_LEAF, LEAF_SPINE, LeafSpine, host_name, leaf_name, link_name, plane_of,
-                          spine_name)
+from ..core.names import (HOST, HOST_LEAF, LEAF_SPINE, PRESET_SHAPES, LeafSpine, host_name, leaf_name, link_name,
+                          plane_of, spine_name)
 
 SERVICE_BLOCK = ipaddress.IPv4Network("198.18.0.0/20")
 HOST_LINK_BLOCK = ipaddress.IPv4Network("198.18.64.0/18")
@@ -40,13 +40,7 @@ MAX_LEAF_SPINE_LINKS = 2048  # /20 of /31s
 MAX_HOSTS = 253  # management /24
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")
 
-PRESETS: dict[str, dict] = {
-    "default": {"hosts": 4, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
-    "tiny": {"hosts": 2, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 1},
-    "rack16": {"hosts": 16, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
-    "rack32": {"hosts": 32, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2},
-    "rail8": {"hosts": 8, "planes": 8, "leaves_per_plane": 2, "spines_per_plane": 2},
-}
+PRESETS: dict[str, dict] = PRESET_SHAPES  # the shapes are the generator's; the testbed adds addresses
 
 _SPEC_FIELDS = {
     "name": "a short label for this topology",

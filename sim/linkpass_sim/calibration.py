@@ -22,9 +22,8 @@ from linkpass.agent.decide import PathInfo
 from linkpass.core.constants import PROBE_PORT_BASE
 from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, UP, directed, generated
-from linkpass.core.names import host_name
+from linkpass.core.names import PRESET_SHAPES, LeafSpine, host_name
 from linkpass.core.states import State
-from linkpass.testbed.topology import layout, preset
 
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
@@ -40,7 +39,7 @@ TESTBED_RTT = Rtt(8_000, 20_000)
 # testbed's long-running agents
 WARM_NS = 3_000 * MS
 FLAP_HALF_LIFE_NS = 1_000 * MS  # sim/bench/failover.py's agents (FLAP_HALF_LIFE_MS)
-MODEL = generated(layout(preset("default")))  # the testbed the benchmark runs on, as a fleet model
+MODEL = generated(LeafSpine.blocks(**PRESET_SHAPES["default"]))  # the testbed the benchmark runs on, as a fleet model
 
 
 @dataclass(frozen=True)

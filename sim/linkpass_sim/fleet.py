@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -33,13 +32,12 @@ import numpy as np
 
 from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
 from linkpass.agent.decide import PathInfo
-from linkpass.coordinator.coordinator import path_evidence
 from linkpass.core import wire
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, HOST_LEAF, UP, FabricModel, directed, rail_optimized, split_directed
 from linkpass.core.names import plane_of
-from linkpass.core.localize import Localizer, Observation
+from linkpass.core.localize import Localizer, Observation, path_evidence
 from linkpass.core.plan import plan_probes
 from linkpass.core.telemetry import percentile
 
