@@ -1,6 +1,6 @@
 """The suite's tier rules and shared fixtures.
 
-Tiers: every test carries exactly one of three markers, from its module's `pytestmark` or its
+Tiers: every test carries exactly one of four markers, from its module's `pytestmark` or its
 own decorator (a module whose tests differ marks each test); collection fails when a test has
 none or two, so `-m` selects every test into exactly one tier.
 
@@ -11,9 +11,11 @@ none or two, so `-m` selects every test into exactly one tier.
   service (agents, Ray, FRR) is `root`: it cannot run without root. Skipped when not root.
 - `service`: starts a real service without needing root: Ray, the coordinator's HTTP server,
   a `linkpass coordinator` process, gloo ranks and torch.
+- `sim`: seeded fleet-simulator runs (tests/test_fleet_sim.py): pure and deterministic, but whole
+  simulated days, calibration over hundreds of trials, two processes compared: ~2 CPU-minutes.
 
     make test-unit                 the unit tier (pytest -m unit)
-    pytest -m service              the service tier
+    pytest -m service              the service tier (likewise -m sim, -m root)
     sudo make test                 the import contracts (lint-imports), then every test
 
 Shared code lives in tests/helpers.py; no test module imports another test module or this file
@@ -32,7 +34,7 @@ import pytest
 from helpers import prefix_for
 
 IS_ROOT = os.geteuid() == 0
-TIERS = ("unit", "root", "service")
+TIERS = ("unit", "root", "service", "sim")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is checked
@@ -43,7 +45,7 @@ def pytest_collection_modifyitems(config, items):
         if len(tiers) != 1:
             wrong.append(f"{item.nodeid}: {', '.join(tiers) if tiers else 'no tier'}")
     if wrong:
-        raise pytest.UsageError("each test needs exactly one tier marker, unit, root or service "
+        raise pytest.UsageError("each test needs exactly one tier marker, unit, root, service or sim "
                                 "(tests/conftest.py says which):\n  " + "\n  ".join(wrong))
     if IS_ROOT:
         return

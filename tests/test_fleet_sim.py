@@ -17,7 +17,7 @@ from linkpass.core import detector, localize, plan
 from linkpass_sim import calibration, failures, fleet, jobmodel, virtual
 from linkpass_sim.failures import Failure, Shape
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.sim
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIM = os.path.join(ROOT, "sim", "linkpass_sim")

@@ -43,18 +43,30 @@ def connected(fab: T.Fabric, node: str) -> list[T.Route]:
     return out
 
 
+_PLAN: list = []  # (fabric, owner map, per node its routes with parsed prefixes) of the last fabric walked
+
+
+def route_plan(fab: T.Fabric):
+    """The owner map and every node's table (connected + planned routes), built once per fabric:
+    the walks of one fabric share them instead of re-parsing every prefix at every hop."""
+    if not _PLAN or _PLAN[0] is not fab:
+        tables = {node: [(ipaddress.ip_network(r.dst), r) for r in connected(fab, node) + fab.routes.get(node, [])]
+                  for node in fab.nodes}
+        _PLAN[:] = [fab, owner_of(fab), tables]
+    return _PLAN[1], _PLAN[2]
+
+
 def walk(fab: T.Fabric, src: str, dst: str, first_hop_if: str | None, max_hops: int = 8) -> list[str]:
     """Follow the route plan hop by hop (longest prefix match); returns the nodes visited."""
-    own = owner_of(fab)
+    own, tables = route_plan(fab)
     node, path, out_if = src, [src], first_hop_if
     target = ipaddress.ip_address(dst)
     for _ in range(max_hops):
         if own.get(dst, (None,))[0] == node:
             return path
-        table = connected(fab, node) + fab.routes.get(node, [])
-        matches = [r for r in table if target in ipaddress.ip_network(r.dst)]
+        matches = [(net, r) for net, r in tables[node] if target in net]
         assert matches, f"{node} has no route to {dst}"
-        best = max(matches, key=lambda r: ipaddress.ip_network(r.dst).prefixlen)
+        best = max(matches, key=lambda m: m[0].prefixlen)[1]
         hops = [h for h in best.via if out_if is None or h[1] == out_if]
         assert hops, f"{node}: route {best.dst} has no nexthop on {out_if}"
         gw, ifname = hops[0]
