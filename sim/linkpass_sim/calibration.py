@@ -23,11 +23,12 @@ from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, UP, directed, rail_optimized
 from linkpass.testbed.topology import preset
 
+from . import benchkit
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
 TOLERANCE_PCT = 20.0
 TESTBED_JSON = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks", "2026-11-30", "failover-detect.json")
-A, B = "h0", "h2"
+A, B = f"h{benchkit.A}", f"h{benchkit.B}"  # the hosts the benchmark's agents run on
 # measured on the testbed's h0 -> h2 paths (60 s, agents idle): p50 8-9 µs, p99 70-127 µs, no
 # probe lost in 480 000; below the timeout floor (250 µs) the RTT hardly matters
 TESTBED_RTT = Rtt(8_000, 20_000)
@@ -35,7 +36,7 @@ TESTBED_RTT = Rtt(8_000, 20_000)
 # more than one cycle of the sensitive loss test (~1 150 probes): its phase is random, as on the
 # testbed's long-running agents
 WARM_NS = 3_000 * MS
-FLAP_HALF_LIFE_NS = 1_000 * MS  # sim/bench/failover.py's agents (FLAP_HALF_LIFE_MS)
+FLAP_HALF_LIFE_NS = benchkit.FLAP_HALF_LIFE_MS * MS  # the benchmark's agents
 _SPEC = preset("default")  # the testbed the benchmark runs on, as a fleet model
 MODEL = rail_optimized(_SPEC.hosts, _SPEC.planes, _SPEC.hosts // _SPEC.leaves_per_plane, _SPEC.spines_per_plane)
 
