@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
-from linkpass_sim.benchkit import A, B, FLAP_HALF_LIFE_MS, MONO_TO_WALL, first, linkpass_hard, ms, plane_of  # noqa: E402
+from linkpass_sim.benchkit import (  # noqa: E402
+    A, B, FLAP_HALF_LIFE_MS, MONO_TO_WALL, apply_fault, first, linkpass_hard, ms, plane_of)
 from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.constants import RTPROT_LINKPASS  # noqa: E402
 from linkpass.testbed import build, faults, frr, tcpflow, topology  # noqa: E402
@@ -89,7 +90,7 @@ class Measured:
 def linkpass_gray(prefix, agents, spec, reasons, window_s, windows: list[float]):
     """Apply a gray fault; time to the first DEGRADED with one of `reasons` on a path to B."""
     agents.wait_healthy(timeout_s=60)
-    rec = faults.apply(prefix, spec)
+    rec = apply_fault(prefix, spec)
     t0 = rec["effective_mono_ns"]
     windows.append(ms(rec["effective_window_ns"][1] - rec["effective_window_ns"][0]))
     ev = agents.wait_for(A, "path_state", lambda e: e["mono_ns"] >= t0 and e["new"] == "degraded"
@@ -127,7 +128,7 @@ def flap(prefix, agents) -> tuple[list[float], int]:
     """Down/up every 50 ms for 3 s: LinkPass should move off and stay off (damping). The DOWN
     verdict's time (ms) and how many route changes the 3 s caused."""
     n0 = len(agents.events(A, "route_change"))
-    rec = faults.apply(prefix, FaultSpec("flap", UPLINKS[0], params={"period": "50ms", "duration": "3s"}))
+    rec = apply_fault(prefix, FaultSpec("flap", UPLINKS[0], params={"period": "50ms", "duration": "3s"}))
     t0 = rec["effective_mono_ns"]
     time.sleep(3)
     faults.clear(prefix)
@@ -189,7 +190,7 @@ def bfd_hard(fab, prefix, hook, links, trials):
         n0 = len(hook.records())
         link = links[i % len(links)]
         plane = plane_of(link)
-        rec = faults.apply(prefix, FaultSpec("down", link))
+        rec = apply_fault(prefix, FaultSpec("down", link))
         t0 = rec["effective_mono_ns"]
         deadline = time.monotonic() + 1.0
         change = None
