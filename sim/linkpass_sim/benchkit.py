@@ -35,8 +35,8 @@ def plane_of(link: str) -> int:
 
 def apply_fault(prefix: str, spec):
     """`faults.apply`, after a garbage collection. The fault's time stamp is bounded by the kernel
-    call that makes it; a collection inside that call (tens of ms once the agents' logs have been
-    parsed a few times) stretches the bound and can put the stamp after the agent's verdict."""
+    call that makes it; a collection inside that call (tens of ms on a busy 2-core host) stretches
+    the bound and can put the stamp after the agent's verdict."""
     from linkpass.testbed import faults
 
     gc.collect()
