@@ -40,7 +40,7 @@ Pure: parsing and validation only; reading the files is the daemon's.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 
 from ..core.constants import AGENT_API_PORT, ENTROPY_PATH
 from ..core.detector import DetectorConfig
@@ -66,6 +66,8 @@ class Peer:
     nics: dict[int, str]  # plane -> address
 
 
+# The field defaults of CoordinatorLinkConfig and AgentConfig are the only ones: `parse` takes a
+# key left out of the file from its field (`_Section.get`).
 @dataclass(frozen=True)
 class CoordinatorLinkConfig:
     url: str
@@ -99,7 +101,6 @@ class AgentConfig:
     entropy_path: str = ENTROPY_PATH
     detect: dict = field(default_factory=dict)  # DetectorConfig overrides, in its own units (ns)
     coordinator: "CoordinatorLinkConfig | None" = None
-    extra: dict = field(default_factory=dict)
 
 
 def _need(raw: dict, key: str, where: str):
@@ -133,6 +134,12 @@ def _str(value, where: str) -> str:
     return value
 
 
+def _bool(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
 def _mapping(value, where: str, allowed: set[str]) -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
@@ -142,8 +149,36 @@ def _mapping(value, where: str, allowed: set[str]) -> dict:
     return value
 
 
+class _Section:
+    """One mapping of the file (probe, routes, coordinator, ...) and the dataclass it fills.
+
+    `fields` maps each allowed key to the field it sets; `get(key)` returns the key's value, or
+    that field's default when the key is left out (so every default is written once, on the
+    dataclass, and is checked like a given value), with the path error messages start with."""
+
+    def __init__(self, raw, name: str, cls: type, fields: dict[str, str]):
+        self.raw, self.name, self.cls, self.fields = _mapping(raw, name, set(fields)), name, cls, fields
+
+    def get(self, key: str) -> tuple[object, str]:
+        where = f"{self.name}.{key}"
+        if key in self.raw:
+            return self.raw[key], where
+        default = self.cls.__dataclass_fields__[self.fields[key]].default
+        if default is MISSING:
+            raise ConfigError(f"{where}: required field is missing")
+        return default, where
+
+
 TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe", "detect", "api", "routes", "entropy",
        "coordinator"}
+# section key -> AgentConfig field
+PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "ports_per_path", "discovery_ports", "size_probe_every",
+                        "mtu", "rt_priority")}
+API = {"port": "api_port"}
+ROUTES = {"enabled": "routes_enabled", "rto_min_ms": "rto_min_ms", "journal": "routes_journal",
+          "max_changes_per_s": "max_route_changes_per_s"}
+ENTROPY = {"enabled": "entropy_enabled", "path": "entropy_path"}
+COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan")}  # CoordinatorLinkConfig
 # detect.<field>: (DetectorConfig field, factor to its unit, lo, hi, the agent's default or None for
 # DetectorConfig's). The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
 # noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
@@ -156,23 +191,29 @@ DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "latency_alarm_mads": ("latency_h_mad", 1, 1, 100_000, 200)}
 
 
-def _bool(value, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    return value
-
-
 def parse(raw: object) -> AgentConfig:
+    """The whole file: each section checked in the order the file's docstring lists them."""
     top = _mapping(raw if raw is not None else {}, "", TOP)
-    agent_id = _int(_need(top, "agent_id", ""), "agent_id", 1, 2**32 - 1)
-    name = _str(_need(top, "name", ""), "name")
-    key_file = _str(_need(top, "fleet_key_file", ""), "fleet_key_file")
-    service = _addr(_need(top, "service", ""), "service")
-    nics_raw = _need(top, "nics", "")
-    if not isinstance(nics_raw, list) or not nics_raw:
+    identity = _identity(top)
+    nics = _nics(_need(top, "nics", ""))
+    return AgentConfig(**identity, nics=nics, peers=_peers(top.get("peers") or [], identity["agent_id"]),
+                       **_probe(top.get("probe") or {}), detect=_detect(top.get("detect") or {}),
+                       **_api(top.get("api") or {}), **_routes(top.get("routes") or {}, nics),
+                       **_entropy(top.get("entropy") or {}), coordinator=_coordinator(top.get("coordinator")))
+
+
+def _identity(top: dict) -> dict:
+    return {"agent_id": _int(_need(top, "agent_id", ""), "agent_id", 1, 2**32 - 1),
+            "name": _str(_need(top, "name", ""), "name"),
+            "fleet_key_file": _str(_need(top, "fleet_key_file", ""), "fleet_key_file"),
+            "service": _addr(_need(top, "service", ""), "service")}
+
+
+def _nics(raw) -> tuple[Nic, ...]:
+    if not isinstance(raw, list) or not raw:
         raise ConfigError("nics: expected a non-empty list of {plane, ifname, addr}")
     nics = []
-    for k, n in enumerate(nics_raw):
+    for k, n in enumerate(raw):
         w = f"nics[{k}]"
         n = _mapping(n, w, {"plane", "ifname", "addr", "gateway"})
         nics.append(Nic(_int(_need(n, "plane", w + "."), f"{w}.plane", 0, 63),
@@ -181,9 +222,13 @@ def parse(raw: object) -> AgentConfig:
     planes = [n.plane for n in nics]
     if len(set(planes)) != len(planes):
         raise ConfigError(f"nics: plane listed twice ({planes}); one NIC per plane")
+    return tuple(nics)
+
+
+def _peers(raw, own_id: int) -> tuple[Peer, ...]:
     peers = []
-    seen_ids = {agent_id}
-    for k, p in enumerate(top.get("peers") or []):
+    seen_ids = {own_id}
+    for k, p in enumerate(raw):
         w = f"peers[{k}]"
         p = _mapping(p, w, {"name", "agent_id", "service", "nics"})
         pid = _int(_need(p, "agent_id", w + "."), f"{w}.agent_id", 1, 2**32 - 1)
@@ -195,57 +240,71 @@ def parse(raw: object) -> AgentConfig:
             raise ConfigError(f"{w}.nics: expected a mapping plane -> address, e.g. {{0: 198.18.64.3}}")
         peers.append(Peer(_str(_need(p, "name", w + "."), f"{w}.name"), pid, _addr(_need(p, "service", w + "."), f"{w}.service"),
                           {_int(pl, f"{w}.nics key", 0, 63): _addr(a, f"{w}.nics.{pl}") for pl, a in pnics.items()}))
-    probe = _mapping(top.get("probe") or {}, "probe", {"interval_ms", "idle_interval_ms", "ports_per_path",
-                                                       "discovery_ports", "size_probe_every", "mtu", "rt_priority"})
-    detect_raw = _mapping(top.get("detect") or {}, "detect", set(DETECT))
-    api = _mapping(top.get("api") or {}, "api", {"port"})
-    routes = _mapping(top.get("routes") or {}, "routes", {"enabled", "rto_min_ms", "journal", "max_changes_per_s"})
-    entropy = _mapping(top.get("entropy") or {}, "entropy", {"enabled", "path"})
-    interval = _num(probe.get("interval_ms", 1.0), "probe.interval_ms", 0.1, 60_000)
-    idle = _num(probe.get("idle_interval_ms", 10.0), "probe.idle_interval_ms", interval, 60_000)
-    enabled = _bool(routes.get("enabled", False), "routes.enabled")
-    if enabled:
-        for k, n in enumerate(nics):
-            if n.gateway is None:
-                raise ConfigError(f"nics[{k}].gateway: required when routes.enabled is true (the next hop of "
-                                  f"plane {n.plane}'s routes, e.g. the leaf's address on {n.ifname})")
+    return tuple(peers)
+
+
+def _probe(raw) -> dict:
+    s = _Section(raw, "probe", AgentConfig, PROBE)
+    interval = _num(*s.get("interval_ms"), 0.1, 60_000)
+    return {"interval_ms": interval,
+            "idle_interval_ms": _num(*s.get("idle_interval_ms"), interval, 60_000),
+            "ports_per_path": _int(*s.get("ports_per_path"), 1, 16),
+            "discovery_ports": _int(*s.get("discovery_ports"), 1, 1024),
+            "size_probe_every": _int(*s.get("size_probe_every"), 0, 1_000_000),
+            "mtu": _int(*s.get("mtu"), 124, 9000),
+            "rt_priority": _int(*s.get("rt_priority"), 0, 99)}
+
+
+def _detect(raw) -> dict:
+    """DetectorConfig overrides in its own units; DetectorConfig itself judges their combination."""
+    given = _mapping(raw, "detect", set(DETECT))
     detect = {}
     for key, (field_name, factor, lo, hi, default) in DETECT.items():
-        if key in detect_raw:
-            detect[field_name] = _int(detect_raw[key], f"detect.{key}", lo, hi) * factor
+        if key in given:
+            detect[field_name] = _int(given[key], f"detect.{key}", lo, hi) * factor
         elif default is not None:
             detect[field_name] = default * factor
     try:
         DetectorConfig(**detect)
     except ValueError as exc:
         raise ConfigError(f"detect: {exc}") from None
-    coordinator = None
-    if top.get("coordinator") is not None:
-        c = _mapping(top["coordinator"], "coordinator", {"url", "token_file", "report_ms", "summary_s", "follow_plan"})
-        url = _str(_need(c, "url", "coordinator."), "coordinator.url")
-        if not url.startswith("http://"):
-            raise ConfigError(f"coordinator.url: expected http://HOST:PORT (the coordinator's endpoint), got {url!r}")
-        coordinator = CoordinatorLinkConfig(
-            url, _str(_need(c, "token_file", "coordinator."), "coordinator.token_file"),
-            _int(c.get("report_ms", 200), "coordinator.report_ms", 10, 60_000),
-            _num(c.get("summary_s", 10), "coordinator.summary_s", 1, 3600),
-            _bool(c.get("follow_plan", True), "coordinator.follow_plan"))
-    return AgentConfig(
-        coordinator=coordinator,
-        agent_id=agent_id, name=name, fleet_key_file=key_file, service=service, nics=tuple(nics), peers=tuple(peers),
-        interval_ms=interval, idle_interval_ms=idle,
-        ports_per_path=_int(probe.get("ports_per_path", 1), "probe.ports_per_path", 1, 16),
-        discovery_ports=_int(probe.get("discovery_ports", 32), "probe.discovery_ports", 1, 1024),
-        size_probe_every=_int(probe.get("size_probe_every", 100), "probe.size_probe_every", 0, 1_000_000),
-        mtu=_int(probe.get("mtu", 1500), "probe.mtu", 124, 9000),
-        rt_priority=_int(probe.get("rt_priority", 10), "probe.rt_priority", 0, 99),
-        detect=detect,
-        max_route_changes_per_s=_num(routes.get("max_changes_per_s", 1000), "routes.max_changes_per_s", 1, 100_000),
-        entropy_enabled=_bool(entropy.get("enabled", False), "entropy.enabled"),
-        entropy_path=_str(entropy.get("path", ENTROPY_PATH), "entropy.path"),
-        api_port=_int(api.get("port", AGENT_API_PORT), "api.port", 0, 65535),
-        routes_enabled=enabled, rto_min_ms=_int(routes.get("rto_min_ms", 10), "routes.rto_min_ms", 1, 1000),
-        routes_journal=_str(routes.get("journal", "/run/linkpass/routes.journal"), "routes.journal"))
+    return detect
+
+
+def _api(raw) -> dict:
+    s = _Section(raw, "api", AgentConfig, API)
+    return {"api_port": _int(*s.get("port"), 0, 65535)}
+
+
+def _routes(raw, nics: tuple[Nic, ...]) -> dict:
+    s = _Section(raw, "routes", AgentConfig, ROUTES)
+    enabled = _bool(*s.get("enabled"))
+    if enabled:
+        for k, n in enumerate(nics):
+            if n.gateway is None:
+                raise ConfigError(f"nics[{k}].gateway: required when routes.enabled is true (the next hop of "
+                                  f"plane {n.plane}'s routes, e.g. the leaf's address on {n.ifname})")
+    return {"routes_enabled": enabled,
+            "rto_min_ms": _int(*s.get("rto_min_ms"), 1, 1000),
+            "routes_journal": _str(*s.get("journal")),
+            "max_route_changes_per_s": _num(*s.get("max_changes_per_s"), 1, 100_000)}
+
+
+def _entropy(raw) -> dict:
+    s = _Section(raw, "entropy", AgentConfig, ENTROPY)
+    return {"entropy_enabled": _bool(*s.get("enabled")), "entropy_path": _str(*s.get("path"))}
+
+
+def _coordinator(raw) -> CoordinatorLinkConfig | None:
+    """Optional: without it the agent works alone."""
+    if raw is None:
+        return None
+    s = _Section(raw, "coordinator", CoordinatorLinkConfig, COORDINATOR)
+    url = _str(*s.get("url"))
+    if not url.startswith("http://"):
+        raise ConfigError(f"coordinator.url: expected http://HOST:PORT (the coordinator's endpoint), got {url!r}")
+    return CoordinatorLinkConfig(url, _str(*s.get("token_file")), _int(*s.get("report_ms"), 10, 60_000),
+                                 _num(*s.get("summary_s"), 1, 3600), _bool(*s.get("follow_plan")))
 
 
 def load_text(text: str, where: str) -> AgentConfig:

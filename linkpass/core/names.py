@@ -60,6 +60,14 @@ def link_name(a: str, b: str) -> str:
     return f"{a}-{b}"
 
 
+def link_ends(link: str) -> tuple[str, str]:
+    """("h0", "p0l0") from "h0-p0l0": the inverse of link_name; ValueError if it is not a link name."""
+    a, sep, b = link.partition("-")
+    if not sep or not (_HOST_RE.fullmatch(a) or _SWITCH_RE.fullmatch(a)) or not _SWITCH_RE.fullmatch(b):
+        raise ValueError(f"{link!r} is not a link name (h0-p0l0, p0l0-p0s1, ...)")
+    return a, b
+
+
 def host_index(name: str) -> int:
     """3 from "h3" (and from "h03"); ValueError if `name` is not a host name."""
     m = _HOST_RE.fullmatch(name)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from .checks import RDMA_DIR, Facts, NicCfg, PeerCfg
 
+
 class _Timex(ctypes.Structure):
     _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
                 ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
@@ -99,15 +100,19 @@ def _read_sysctls(netns: str | None, keys: list[str]) -> dict[str, str | None]:
     return ns_io.run_in_netns(netns, read)
 
 
-def _http_get_json(netns: str | None, port: int, path: str, timeout: float = 2.0) -> Any:
-    import http.client
-
+def _tcp_socket(netns: str | None) -> socket.socket:
+    """A TCP socket in `netns` (this process's own namespace when None)."""
     if netns:
         from ..kernel import netns as ns_io
 
-        sock = ns_io.socket_in_netns(netns, socket.AF_INET, socket.SOCK_STREAM)
-    else:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        return ns_io.socket_in_netns(netns, socket.AF_INET, socket.SOCK_STREAM)
+    return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+
+def _http_get_json(netns: str | None, port: int, path: str, timeout: float = 2.0) -> Any:
+    import http.client
+
+    sock = _tcp_socket(netns)
     sock.settimeout(timeout)
     try:
         sock.connect(("127.0.0.1", port))
@@ -138,12 +143,7 @@ def _ask_coordinator(f: Facts, netns: str | None, link) -> None:
     host, port = u.hostname, u.port or 80
     sock = None
     try:
-        if netns:
-            from ..kernel import netns as ns_io
-
-            sock = ns_io.socket_in_netns(netns, socket.AF_INET, socket.SOCK_STREAM)
-        else:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = _tcp_socket(netns)
         sock.settimeout(2.0)
         sock.connect((host, port))
         import http.client
@@ -166,80 +166,106 @@ def _ask_coordinator(f: Facts, netns: str | None, link) -> None:
             sock.close()
 
 
+SYSCTLS = ["net.ipv4.fib_multipath_hash_policy", "net.ipv4.fib_multipath_hash_fields",
+           "net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter",
+           "net.ipv4.icmp_errors_use_inbound_ifaddr", "net.ipv4.ip_forward",
+           "net.ipv4.ip_local_port_range", "net.ipv4.ip_local_reserved_ports"]  # and each NIC's rp_filter
+
+
 def gather(netns: str | None = None, config_path: str | None = None, api_port: int | None = None,
            ip_json: Callable[..., Any] = _ip_json) -> Facts:
     """Read everything the checks need. Never raises for what the system says; errors become facts."""
     f = Facts(netns=netns, config_path=config_path, uid=os.geteuid())
-    cfg = None
-    if config_path:
-        from ..agent.config import ConfigError, load_text, read_fleet_key
-
-        try:
-            with open(config_path) as fh:
-                cfg = load_text(fh.read(), config_path)
-        except OSError as exc:
-            f.config_error = f"cannot read {config_path} ({exc.strerror})"
-        except ConfigError as exc:
-            f.config_error = str(exc)
-        if cfg is not None:
-            f.nics = tuple(NicCfg(n.plane, n.ifname, n.addr, n.gateway) for n in cfg.nics)
-            f.peers = tuple(PeerCfg(p.name, p.service) for p in cfg.peers)
-            f.discovery_ports = cfg.discovery_ports
-            f.api_port = cfg.api_port
-            if cfg.coordinator is not None:
-                f.coordinator_url = cfg.coordinator.url
-            try:
-                with open(cfg.fleet_key_file, "rb") as fh:
-                    read_fleet_key(fh.read(), cfg.fleet_key_file)
-            except OSError as exc:
-                f.key_error = f"cannot read {cfg.fleet_key_file} ({exc.strerror})"
-            except ConfigError as exc:
-                f.key_error = str(exc)
+    cfg = _config_facts(f, config_path) if config_path else None
     if api_port is not None:
         f.api_port = api_port
-    keys = ["net.ipv4.fib_multipath_hash_policy", "net.ipv4.fib_multipath_hash_fields",
-            "net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter",
-            "net.ipv4.icmp_errors_use_inbound_ifaddr", "net.ipv4.ip_forward",
-            "net.ipv4.ip_local_port_range", "net.ipv4.ip_local_reserved_ports"]
-    keys += [f"net.ipv4.conf.{n.ifname}.rp_filter" for n in f.nics]
-    f.sysctl = _read_sysctls(netns, keys)
+    f.sysctl = _read_sysctls(netns, SYSCTLS + [f"net.ipv4.conf.{n.ifname}.rp_filter" for n in f.nics])
     f.cap_eff = read_cap_eff()
     if f.nics:
-        try:
-            f.links = {}
-            for link in ip_json(netns, "addr", "show"):
-                f.links[link["ifname"]] = {
-                    "operstate": link.get("operstate"), "flags": link.get("flags", []),
-                    "addrs": [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
-                              if a.get("family") == "inet"]}
-            for n in ip_json(netns, "neigh", "show"):
-                if n.get("dev"):
-                    f.neigh.setdefault(n["dev"], {})[n.get("dst")] = list(n.get("state") or [])
-            for nic in f.nics:
-                if nic.gateway:
-                    try:
-                        got = ip_json(netns, "route", "get", nic.gateway)
-                        f.gw_route[nic.gateway] = got[0] if got else None
-                    except OSError:
-                        f.gw_route[nic.gateway] = None
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            f.links, f.links_error = None, str(exc)
+        _link_facts(f, netns, ip_json)
     if f.peers:
-        try:
-            for p in f.peers:
-                f.peer_routes[p.service] = list(ip_json(netns, "route", "show", "match", p.service))
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            f.routes_error = str(exc)
+        _route_facts(f, netns, ip_json)
     f.rdma = read_rdma()
+    _clock_facts(f)
+    if cfg is not None and cfg.coordinator is not None:
+        _ask_coordinator(f, netns, cfg.coordinator)
+    _agent_facts(f, netns)
+    return f
+
+
+def _config_facts(f: Facts, config_path: str):
+    """The agent's config (NICs, peers, ports, coordinator) and whether its fleet key reads; the
+    config, or None when it does not parse."""
+    from ..agent.config import ConfigError, load_text, read_fleet_key
+
+    try:
+        with open(config_path) as fh:
+            cfg = load_text(fh.read(), config_path)
+    except OSError as exc:
+        f.config_error = f"cannot read {config_path} ({exc.strerror})"
+        return None
+    except ConfigError as exc:
+        f.config_error = str(exc)
+        return None
+    f.nics = tuple(NicCfg(n.plane, n.ifname, n.addr, n.gateway) for n in cfg.nics)
+    f.peers = tuple(PeerCfg(p.name, p.service) for p in cfg.peers)
+    f.discovery_ports = cfg.discovery_ports
+    f.api_port = cfg.api_port
+    if cfg.coordinator is not None:
+        f.coordinator_url = cfg.coordinator.url
+    try:
+        with open(cfg.fleet_key_file, "rb") as fh:
+            read_fleet_key(fh.read(), cfg.fleet_key_file)
+    except OSError as exc:
+        f.key_error = f"cannot read {cfg.fleet_key_file} ({exc.strerror})"
+    except ConfigError as exc:
+        f.key_error = str(exc)
+    return cfg
+
+
+def _link_facts(f: Facts, netns: str | None, ip_json: Callable[..., Any]) -> None:
+    """Links with their IPv4 addresses, neighbours, and the route to each NIC's gateway."""
+    try:
+        f.links = {}
+        for link in ip_json(netns, "addr", "show"):
+            f.links[link["ifname"]] = {
+                "operstate": link.get("operstate"), "flags": link.get("flags", []),
+                "addrs": [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                          if a.get("family") == "inet"]}
+        for n in ip_json(netns, "neigh", "show"):
+            if n.get("dev"):
+                f.neigh.setdefault(n["dev"], {})[n.get("dst")] = list(n.get("state") or [])
+        for nic in f.nics:
+            if nic.gateway:
+                try:
+                    got = ip_json(netns, "route", "get", nic.gateway)
+                    f.gw_route[nic.gateway] = got[0] if got else None
+                except OSError:
+                    f.gw_route[nic.gateway] = None
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        f.links, f.links_error = None, str(exc)
+
+
+def _route_facts(f: Facts, netns: str | None, ip_json: Callable[..., Any]) -> None:
+    """The routes to each peer's service address."""
+    try:
+        for p in f.peers:
+            f.peer_routes[p.service] = list(ip_json(netns, "route", "show", "match", p.service))
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        f.routes_error = str(exc)
+
+
+def _clock_facts(f: Facts) -> None:
     try:
         f.clock = read_clock()
     except OSError as exc:
         f.clock_error = str(exc)
-    if cfg is not None and cfg.coordinator is not None:
-        _ask_coordinator(f, netns, cfg.coordinator)
+
+
+def _agent_facts(f: Facts, netns: str | None) -> None:
+    """The running agent's path table, from its local API."""
     try:
         rows = _http_get_json(netns, f.api_port, "/v1/state")
         f.agent_rows = rows if isinstance(rows, list) else []
     except (OSError, ValueError) as exc:
         f.agent_error = str(getattr(exc, "strerror", None) or exc)
-    return f

@@ -26,6 +26,7 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -83,30 +84,49 @@ def background_load(fab, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
-def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[dict], dict]:
-    H = fab.spec.hosts
-    start = time.time_ns()
-    clocks = {i: SyntheticClock.random(args.seed * 100 + i, wander_ppm_per_sqrt_s=0.01, start_ns=start - 10**9)
-              for i in range(H)}
-    estimators = {(a, b): PairEstimator() for a in range(H) for b in range(H) if a != b}
-    filters = {k: PurePairFilter(tolerance_ns=int(args.pair_tolerance_us * 1000)) for k in estimators}
-    pending: dict[tuple[int, int], Exchange] = {}
-    sync_paths = [(a, b, 0, 49152 + a * H + b) for a in range(H) for b in range(H) if a != b]
+class Pairs:
+    """Every ordered host pair's pure-pair filter and estimator, and each host's synthetic clock
+    (the truth). `on_exchange` takes the mesh's probe exchanges, pairs them up and feeds the
+    pure ones to the pair's estimator."""
 
-    def on_exchange(host: int, rec) -> None:
+    def __init__(self, hosts: int, seed: int, tolerance_ns: int, start_ns: int):
+        self.clocks = {i: SyntheticClock.random(seed * 100 + i, wander_ppm_per_sqrt_s=0.01, start_ns=start_ns - 10**9)
+                       for i in range(hosts)}
+        self.estimators = {(a, b): PairEstimator() for a in range(hosts) for b in range(hosts) if a != b}
+        self.filters = {k: PurePairFilter(tolerance_ns=tolerance_ns) for k in self.estimators}
+        self.pending: dict[tuple[int, int], tuple[int, Exchange]] = {}  # a pair's first half, by its seq
+
+    def on_exchange(self, host: int, rec) -> None:
         pair = (host, rec.peer_id - 1)
         ex = Exchange(rec.t1, rec.t2, rec.t3, rec.t4)
         if rec.seq % 2 == 0:
-            pending[pair] = (rec.seq, ex)
+            self.pending[pair] = (rec.seq, ex)
             return
-        first = pending.pop(pair, None)
+        first = self.pending.pop(pair, None)
         if first is None or first[0] != rec.seq - 1:
             return  # the pair's other half was lost
-        for pure in filters[pair].accept(first[1], ex):
-            estimators[pair].add(pure)
+        for pure in self.filters[pair].accept(first[1], ex):
+            self.estimators[pair].add(pure)
 
+
+@dataclass
+class Samples:
+    """Errors against the truth, one per converged pair and sampling round."""
+    errors: list[float] = field(default_factory=list)  # pairwise offset, us
+    ntp_errors: list[float] = field(default_factory=list)  # midpoint offset of the same exchanges, us
+    mesh_errors: list[float] = field(default_factory=list)  # mesh-corrected offset, us
+    drift_errors: list[float] = field(default_factory=list)  # ppm, with the full window history
+    early_drift_errors: list[float] = field(default_factory=list)  # ppm, before it
+    converged_at: dict[tuple[int, int], float] = field(default_factory=dict)  # pair -> s to within 2 us
+
+
+def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[dict], dict]:
+    start = time.time_ns()
+    H = fab.spec.hosts
+    pairs = Pairs(H, args.seed, int(args.pair_tolerance_us * 1000), start)
+    sync_paths = [(a, b, 0, 49152 + a * H + b) for a in range(H) for b in range(H) if a != b]
     mesh = Mesh.start(fab, sync_paths, KEY, interval_s=0.01, pair_gap_s=PAIR_GAP_S,
-                      clocks={i: c.segment for i, c in clocks.items()}, on_exchange=on_exchange)
+                      clocks={i: c.segment for i, c in pairs.clocks.items()}, on_exchange=pairs.on_exchange)
     stop = threading.Event()
     loader = threading.Thread(target=background_load, args=(fab, stop), daemon=True)
     if loaded:
@@ -114,81 +134,95 @@ def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[d
         faults.apply(fab.prefix, faults.FaultSpec("congest", into_h3.name, into_h3.b,
                                                   {"rate": "200mbit", "queue": "2ms"}))
         loader.start()
-    errors, ntp_errors, mesh_errors, drift_errors, early_drift_errors = [], [], [], [], []
-    converged_at: dict[tuple[int, int], float] = {}
-    t0 = time.monotonic()
     try:
-        while time.monotonic() - t0 < seconds:
-            mesh.run(0.1)
-            elapsed = time.monotonic() - t0
-            now = time.time_ns()
-            corrector = MeshCorrector(reference=0)
-            for (a, b), est in estimators.items():
-                if est.converged:
-                    corrector.add(a, b, est.offset_at(clocks[a].read(now)), est.drift_ppm)
-            solution = corrector.solve() if all(e.converged for e in estimators.values()) else None
-            for (a, b), est in estimators.items():
-                if not est.converged:
-                    continue
-                ts = clocks[a].read(now)
-                truth = clocks[b].read(now) - ts
-                err = abs(est.offset_at(ts) - truth)
-                if (a, b) not in converged_at and err <= CONVERGED_NS:
-                    converged_at[(a, b)] = elapsed
-                errors.append(err / 1e3)  # every sample once the estimator calls itself converged
-                ntp_errors.append(abs(est.ntp_offset_at(ts) - truth) / 1e3)
-                da, db = clocks[a].drift_ppm_at(now), clocks[b].drift_ppm_at(now)
-                true_drift = ((1 + db * 1e-6) / (1 + da * 1e-6) - 1) * 1e6  # b's rate seen from a's clock
-                (drift_errors if est.window_count >= est.history_windows else early_drift_errors).append(
-                    abs(est.drift_ppm - true_drift))
-                if solution is not None:
-                    mesh_errors.append(abs(solution.offset(a, b) - truth) / 1e3)
-            if int(elapsed) != int(elapsed - 0.1):  # progress once a second
-                print(f"{elapsed:5.1f}/{seconds:.0f} s: {len(converged_at)}/{len(estimators)} pairs within 2 us, "
-                      f"{len(errors)} error samples", file=sys.stderr, flush=True)
+        samples = measure(mesh, pairs, seconds)
     finally:
         stop.set()
         if loaded:
             loader.join()
             faults.clear(fab.prefix)
         mesh.close()
-
-    if not errors:
+    if not samples.errors:
         print(f"{case}: no pair converged", file=sys.stderr)
-        return [], {"pairs": len(estimators), "converged": 0}
-    rejected = sum(f.rejected for f in filters.values())
-    em, pm = statistics.median(errors), statistics.median(ntp_errors)
-    e99, p99_ = report.tail(errors, 0.99), report.tail(ntp_errors, 0.99)
-    m99 = report.tail(mesh_errors, 0.99)
+        return [], {"pairs": len(pairs.estimators), "converged": 0}
+    notes = {"pairs": len(pairs.estimators), "pairs_within_2us": len(samples.converged_at),
+             "pure_pair_rejections": sum(f.rejected for f in pairs.filters.values()),
+             "seconds": seconds, "background_load": loaded,
+             "clock_offsets_ms": {host_name(i): round(c.offset_at(start) / 1e6, 3) for i, c in pairs.clocks.items()},
+             "clock_drifts_ppm": {host_name(i): round(c.drift_ppm_at(start), 2) for i, c in pairs.clocks.items()}}
+    return case_rows(case, samples), notes
+
+
+def measure(mesh, pairs: Pairs, seconds: float) -> Samples:
+    """Run the mesh for `seconds`, comparing every estimate with the truth each 100 ms."""
+    samples = Samples()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        mesh.run(0.1)
+        elapsed = time.monotonic() - t0
+        sample(pairs, samples, elapsed, time.time_ns())
+        if int(elapsed) != int(elapsed - 0.1):  # progress once a second
+            print(f"{elapsed:5.1f}/{seconds:.0f} s: {len(samples.converged_at)}/{len(pairs.estimators)} pairs "
+                  f"within 2 us, {len(samples.errors)} error samples", file=sys.stderr, flush=True)
+    return samples
+
+
+def sample(pairs: Pairs, samples: Samples, elapsed: float, now: int) -> None:
+    """One round: each converged pair's pairwise, midpoint and drift error; the mesh-corrected
+    error once every pair has converged."""
+    corrector = MeshCorrector(reference=0)
+    for (a, b), est in pairs.estimators.items():
+        if est.converged:
+            corrector.add(a, b, est.offset_at(pairs.clocks[a].read(now)), est.drift_ppm)
+    solution = corrector.solve() if all(e.converged for e in pairs.estimators.values()) else None
+    for (a, b), est in pairs.estimators.items():
+        if not est.converged:
+            continue
+        ts = pairs.clocks[a].read(now)
+        truth = pairs.clocks[b].read(now) - ts
+        err = abs(est.offset_at(ts) - truth)
+        if (a, b) not in samples.converged_at and err <= CONVERGED_NS:
+            samples.converged_at[(a, b)] = elapsed
+        samples.errors.append(err / 1e3)  # every sample once the estimator calls itself converged
+        samples.ntp_errors.append(abs(est.ntp_offset_at(ts) - truth) / 1e3)
+        da, db = pairs.clocks[a].drift_ppm_at(now), pairs.clocks[b].drift_ppm_at(now)
+        true_drift = ((1 + db * 1e-6) / (1 + da * 1e-6) - 1) * 1e6  # b's rate seen from a's clock
+        (samples.drift_errors if est.window_count >= est.history_windows else samples.early_drift_errors).append(
+            abs(est.drift_ppm - true_drift))
+        if solution is not None:
+            samples.mesh_errors.append(abs(solution.offset(a, b) - truth) / 1e3)
+
+
+def case_rows(case: str, s: Samples) -> list[dict]:
+    em, pm = statistics.median(s.errors), statistics.median(s.ntp_errors)
+    e99, p99_ = report.tail(s.errors, 0.99), report.tail(s.ntp_errors, 0.99)
+    m99 = report.tail(s.mesh_errors, 0.99)
+    converge = list(s.converged_at.values())
     rows = [
         # what LinkPass reports: pairwise estimates made loop-consistent across the mesh
-        {"case": case, "metric": "offset_error", "unit": "us", "n": len(mesh_errors),
-         "median": round(statistics.median(mesh_errors), 3) if mesh_errors else None, "p99": m99,
+        {"case": case, "metric": "offset_error", "unit": "us", "n": len(s.mesh_errors),
+         "median": round(statistics.median(s.mesh_errors), 3) if s.mesh_errors else None, "p99": m99,
          "peer": "ntp-midpoint", "peer_median": round(pm, 3), "peer_p99": p99_,
          "ratio": round(p99_ / m99, 1) if m99 and p99_ else None},
-        {"case": f"{case}-pairwise", "metric": "offset_error", "unit": "us", "n": len(errors), "median": round(em, 3),
+        {"case": f"{case}-pairwise", "metric": "offset_error", "unit": "us", "n": len(s.errors), "median": round(em, 3),
          "p99": e99, "peer": "ntp-midpoint", "peer_median": round(pm, 3), "peer_p99": p99_,
          "ratio": round(p99_ / e99, 1) if e99 and p99_ else None},
-        {"case": case, "metric": "drift_error", "unit": "ppm", "n": len(drift_errors),
-         "median": round(statistics.median(drift_errors), 4) if drift_errors else None,
-         "p99": report.tail(drift_errors, 0.99)},
-        {"case": f"{case}-before-full-history", "metric": "drift_error", "unit": "ppm", "n": len(early_drift_errors),
-         "median": round(statistics.median(early_drift_errors), 4) if early_drift_errors else None,
-         "p99": report.tail(early_drift_errors, 0.99)},
-        {"case": case, "metric": "converge", "unit": "s", "n": len(converged_at),
-         "median": round(statistics.median(converged_at.values()), 2) if converged_at else None,
-         "p99": report.tail(list(converged_at.values()), 0.99),
-         "max": round(max(converged_at.values()), 2) if converged_at else None},
+        {"case": case, "metric": "drift_error", "unit": "ppm", "n": len(s.drift_errors),
+         "median": round(statistics.median(s.drift_errors), 4) if s.drift_errors else None,
+         "p99": report.tail(s.drift_errors, 0.99)},
+        {"case": f"{case}-before-full-history", "metric": "drift_error", "unit": "ppm", "n": len(s.early_drift_errors),
+         "median": round(statistics.median(s.early_drift_errors), 4) if s.early_drift_errors else None,
+         "p99": report.tail(s.early_drift_errors, 0.99)},
+        {"case": case, "metric": "converge", "unit": "s", "n": len(converge),
+         "median": round(statistics.median(converge), 2) if converge else None,
+         "p99": report.tail(converge, 0.99),
+         "max": round(max(converge), 2) if converge else None},
     ]
     for r in rows:
         for k in ("p99", "peer_p99"):
             if isinstance(r.get(k), float):
                 r[k] = round(r[k], 4)
-    notes = {"pairs": len(estimators), "pairs_within_2us": len(converged_at), "pure_pair_rejections": rejected,
-             "seconds": seconds, "background_load": loaded,
-             "clock_offsets_ms": {host_name(i): round(c.offset_at(start) / 1e6, 3) for i, c in clocks.items()},
-             "clock_drifts_ppm": {host_name(i): round(c.drift_ppm_at(start), 2) for i, c in clocks.items()}}
-    return rows, notes
+    return rows
 
 
 if __name__ == "__main__":

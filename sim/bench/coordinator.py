@@ -41,16 +41,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
-from linkpass_sim.report import row  # noqa: E402
+from linkpass_sim.benchkit import A, B, FLAP_HALF_LIFE_MS  # noqa: E402
+from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.fabric import from_testbed, rail_optimized  # noqa: E402
-from linkpass.core.localize import Localizer, Observation  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
+from linkpass.core.localize import Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
 from linkpass.coordinator.client import Client  # noqa: E402
 from linkpass.testbed import build, faults, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
-from failover import A, B, FLAP_HALF_LIFE_MS, linkpass_hard  # noqa: E402  (sim/bench/failover.py)
+from linkpass.testbed.trials import linkpass_hard  # noqa: E402
 
 SHAPE = (2048, 8, 32, 32)  # hosts, rails, hosts per leaf, spines per plane: 16 384 GPUs
 NOISY_SHARE = 0.01
@@ -63,10 +64,6 @@ def free_port(host: str) -> int:
     with socket.socket() as sk:
         sk.bind((host, 0))
         return sk.getsockname()[1]
-
-
-def progress(msg: str) -> None:
-    print(f"  {time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
 class Fleet:
@@ -214,13 +211,7 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     keep-alive connections, for INGEST_WINDOW_S per trial: rows `ingest` (steady mix) and
     `ingest-storm` (every path going down and up: detection events and localization running)."""
     model = rail_optimized(*SHAPE, addressed=True)
-    tables: dict[str, list[dict]] = {}
-    for host, paths in fleet.plan.paths.items():
-        rows = tables.setdefault(host, [])
-        for n, p in enumerate(paths):
-            hops, dst = model.hops_of(host, p.peer, p.plane, p.spine)
-            rows.append({"id": n + 1, "peer": p.peer, "plane": p.plane, "sport": 49152 + n, "hops": hops,
-                         "peer_addr": dst, "state": "up", "reason": None})
+    tables = path_tables(fleet, model)
     work = tempfile.mkdtemp(prefix="linkpass-bench-coord-")
     with open(os.path.join(work, "fabric.json"), "w") as f:
         json.dump(model.to_dict(), f)
@@ -231,69 +222,12 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     ray_actor.connect(num_cpus=2)
     rows_out: list[dict] = []
     try:
-        handle, url = ray_actor.ensure(settings)
+        _, url = ray_actor.ensure(settings)
         token = open(os.path.join(settings["state_dir"], "agent.token")).read().strip()
         hosts = sorted(tables)
-        t0 = time.perf_counter()
-        c = Client(url, token, timeout_s=120)
-        for i, h in enumerate(hosts):
-            c.post("/v1/register", {"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {},
-                                    "paths": tables[h]})
-        reg_s = time.perf_counter() - t0
-        n_paths = sum(len(v) for v in tables.values())
-        status = c.get("/v1/status")
-        c.close()
-        progress(f"registered {len(hosts)} agents, {n_paths} paths in {reg_s:.1f} s "
-                 f"({n_paths / reg_s:.0f} paths/s); coordinator sees {status['paths']}")
-        # bodies are encoded before the clock runs: the agents are elsewhere in a real fleet, and
-        # their JSON encoding should not compete with the coordinator for this machine's 2 cores
-        plan_version = status["plan_version"]  # what agents hold once their plan arrived
-
-        def body(h: str, state: str, summary: bool = False) -> bytes:
-            doc = {"name": h, "drain_version": 0, "plan_version": plan_version}
-            if summary:
-                doc["paths"] = [dict(r, state=state) for r in tables[h]]
-            else:
-                doc["changes"] = [{"id": r["id"], "state": state, "reason": "hard_failure" if state == "down" else None}
-                                  for r in tables[h]]
-            return json.dumps(doc).encode()
-
-        # steady: what a healthy fleet sends (single late probes: up <-> suspect; every tenth
-        # request a whole-table summary); storm: every path of every reporter down, then up again
-        mixes = {"ingest": [body(h, s, summary=(k == 9)) for h in hosts for k, s in
-                            enumerate(("suspect", "up") * 5)],
-                 "ingest-storm": [body(h, s) for h in hosts for s in ("down", "up")]}
-        per_host = {"ingest": 10, "ingest-storm": 2}
-        for case, plan_bodies in mixes.items():
-            rates = []
-            cursor = [0]
-            lock = threading.Lock()
-            for trial in range(args.ingest_trials):
-                stop = time.perf_counter() + INGEST_WINDOW_S
-                done = [0] * INGEST_CLIENTS
-
-                def client_loop(k: int) -> None:
-                    cl = Client(url, token, timeout_s=60)
-                    while time.perf_counter() < stop:
-                        with lock:
-                            i = cursor[0]
-                            cursor[0] += 1
-                        # host-major order: each host's requests come in their own order
-                        n = per_host[case]
-                        hi, si = i % len(hosts), (i // len(hosts)) % n
-                        cl.post_raw("/v1/report", plan_bodies[hi * n + si])
-                        done[k] += len(tables[hosts[hi]])
-                    cl.close()
-
-                t = time.perf_counter()
-                threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(INGEST_CLIENTS)]
-                for th in threads:
-                    th.start()
-                for th in threads:
-                    th.join()
-                rate = sum(done) / (time.perf_counter() - t)
-                rates.append(round(rate, 1))
-                progress(f"{case} trial {trial + 1}/{args.ingest_trials}: {rate:.0f} path reports/s")
+        reg_s, n_paths, plan_version = register_all(url, token, hosts, tables)
+        for case, (bodies, per_host) in report_mixes(hosts, tables, plan_version).items():
+            rates = ingest_rates(url, token, case, hosts, tables, bodies, per_host, args.ingest_trials)
             rows_out.append(row(case, "rate", "per_s", rates, q=0.01, target_min=20000 if case == "ingest" else None,
                                 clients=INGEST_CLIENTS, batch=len(next(iter(tables.values()))),
                                 registration_paths_per_s=round(n_paths / reg_s, 1)))
@@ -304,6 +238,89 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
         ray_actor.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     return rows_out
+
+
+def path_tables(fleet: Fleet, model) -> dict[str, list[dict]]:
+    """host -> its path table as the agent registers it: every planned path with its hops."""
+    tables: dict[str, list[dict]] = {}
+    for host, paths in fleet.plan.paths.items():
+        rows = tables.setdefault(host, [])
+        for n, p in enumerate(paths):
+            hops, dst = model.hops_of(host, p.peer, p.plane, p.spine)
+            rows.append({"id": n + 1, "peer": p.peer, "plane": p.plane, "sport": 49152 + n, "hops": hops,
+                         "peer_addr": dst, "state": "up", "reason": None})
+    return tables
+
+
+def register_all(url: str, token: str, hosts: list[str], tables: dict[str, list[dict]]) -> tuple[float, int, int]:
+    """Register every agent with its paths: seconds taken, paths registered, and the plan version
+    the coordinator then holds (what agents hold once their plan arrived)."""
+    t0 = time.perf_counter()
+    c = Client(url, token, timeout_s=120)
+    for i, h in enumerate(hosts):
+        c.post("/v1/register", {"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {},
+                                "paths": tables[h]})
+    reg_s = time.perf_counter() - t0
+    n_paths = sum(len(v) for v in tables.values())
+    status = c.get("/v1/status")
+    c.close()
+    progress(f"registered {len(hosts)} agents, {n_paths} paths in {reg_s:.1f} s "
+             f"({n_paths / reg_s:.0f} paths/s); coordinator sees {status['paths']}")
+    return reg_s, n_paths, status["plan_version"]
+
+
+def report_mixes(hosts: list[str], tables: dict[str, list[dict]], plan_version: int) -> dict[str, tuple[list[bytes], int]]:
+    """case -> (request bodies, host-major, and how many per host). Steady: what a healthy fleet
+    sends (single late probes: up <-> suspect; every tenth request a whole-table summary); storm:
+    every path of every reporter down, then up again. Bodies are encoded before the clock runs:
+    the agents are elsewhere in a real fleet, and their JSON encoding should not compete with the
+    coordinator for this machine's 2 cores."""
+    def body(h: str, state: str, summary: bool = False) -> bytes:
+        doc = {"name": h, "drain_version": 0, "plan_version": plan_version}
+        if summary:
+            doc["paths"] = [dict(r, state=state) for r in tables[h]]
+        else:
+            doc["changes"] = [{"id": r["id"], "state": state, "reason": "hard_failure" if state == "down" else None}
+                              for r in tables[h]]
+        return json.dumps(doc).encode()
+
+    return {"ingest": ([body(h, s, summary=(k == 9)) for h in hosts for k, s in enumerate(("suspect", "up") * 5)], 10),
+            "ingest-storm": ([body(h, s) for h in hosts for s in ("down", "up")], 2)}
+
+
+def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict[str, list[dict]],
+                 bodies: list[bytes], per_host: int, trials: int) -> list[float]:
+    """Path reports per second, one figure per trial: INGEST_CLIENTS threads posting for
+    INGEST_WINDOW_S. The bodies are taken round-robin over hosts (a shared cursor across trials),
+    each host's in their own order."""
+    rates = []
+    cursor = [0]
+    lock = threading.Lock()
+    for trial in range(trials):
+        stop = time.perf_counter() + INGEST_WINDOW_S
+        done = [0] * INGEST_CLIENTS
+
+        def client_loop(k: int) -> None:
+            cl = Client(url, token, timeout_s=60)
+            while time.perf_counter() < stop:
+                with lock:
+                    i = cursor[0]
+                    cursor[0] += 1
+                hi, si = i % len(hosts), (i // len(hosts)) % per_host
+                cl.post_raw("/v1/report", bodies[hi * per_host + si])
+                done[k] += len(tables[hosts[hi]])
+            cl.close()
+
+        t = time.perf_counter()
+        threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(INGEST_CLIENTS)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        rate = sum(done) / (time.perf_counter() - t)
+        rates.append(round(rate, 1))
+        progress(f"{case} trial {trial + 1}/{trials}: {rate:.0f} path reports/s")
+    return rates
 
 
 def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dict]:
@@ -336,7 +353,7 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
                 if mode == "away":
                     assert agents.events(A, "coordinator_unreachable"), "agents did not notice the coordinator gone"
                 uplinks = [fab.uplink(host_name(A), p).name for p in (0, 1)]
-                _, out[mode] = linkpass_hard(prefix, agents, uplinks, trials, 6.0)
+                _, out[mode] = linkpass_hard(prefix, agents, A, B, uplinks, trials, 6.0, progress)
             finally:
                 agents.stop()
                 faults.clear(prefix)

@@ -20,81 +20,82 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
-from linkpass_sim.report import row  # noqa: E402
+from linkpass_sim.benchkit import A, B, FLAP_HALF_LIFE_MS  # noqa: E402
+from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.constants import RTPROT_LINKPASS  # noqa: E402
-from linkpass.core.names import host_name  # noqa: E402
+from linkpass.core.names import host_name, leaf_name, link_name, spine_name  # noqa: E402
 from linkpass.testbed import build, faults, frr, tcpflow, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.bfd_hook import BfdRouteHook  # noqa: E402
 from linkpass.testbed.faults import FaultSpec  # noqa: E402
+from linkpass.testbed.trials import (  # noqa: E402
+    MONO_TO_WALL, apply_fault, first, link_plane, linkpass_hard, ms)
 
-A, B = 0, 2  # the two hosts with agents (leaf 0 and leaf 1)
-FLAP_HALF_LIFE_MS = 1000
-windows: dict[str, list[float]] = {}  # kernel-call durations of the faults applied (stamp bounds)
 PEER_BFD = "frr-bfdd-10msx3"
-MONO_TO_WALL = time.time_ns() - time.monotonic_ns()
+# A's uplinks on both planes (A hangs off leaf 0) and leaf 0's link to spine 0 on both planes
+UPLINKS = [link_name(host_name(A), leaf_name(p, 0)) for p in (0, 1)]
+SPINE_LINKS = [link_name(leaf_name(p, 0), spine_name(p, 0)) for p in (0, 1)]
+HARD_CASES = (("host-uplink-down", UPLINKS), ("leaf-spine-down", SPINE_LINKS))
+# case, fault, the reasons that count as detecting it, seconds to wait for the verdict
+GRAY_CASES = [("gray-loss-10", FaultSpec("loss", UPLINKS[0], params={"pct": 10.0}), ("gray_loss_fwd", "gray_loss_rev"), 2),
+              ("gray-loss-1", FaultSpec("loss", UPLINKS[0], params={"pct": 1.0}), ("gray_loss_fwd", "gray_loss_rev"), 10),
+              ("one-direction-loss", FaultSpec("loss", UPLINKS[0], host_name(A), {"pct": 10.0}), ("gray_loss_fwd",), 2),
+              ("mtu-blackhole", FaultSpec("mtu", UPLINKS[0], params={"bytes": 1400}), ("mtu_blackhole",), 5)]
+SPACING_S = 6.0  # between trials: hold-downs (0.5 s) long over, timeouts settled
+BURNERS = 2
 
 
-def ms(ns: float) -> float:
-    return round(ns / 1e6, 3)
+@dataclass
+class Settings:
+    trials: int  # hard-fault trials per case and side
+    gray_trials: int
+    soak_s: float
+    route_ops: int
+    detect_only: bool
+
+    @classmethod
+    def from_args(cls, args) -> "Settings":
+        return cls(trials=args.trials or (4 if args.quick else 20), gray_trials=args.gray_trials or (2 if args.quick else 5),
+                   soak_s=args.soak_s or (20 if args.quick else 600), route_ops=200 if args.quick else 2000,
+                   detect_only=args.detect_only)
 
 
-def progress(msg: str) -> None:
-    print(f"  {time.strftime('%H:%M:%S')} {msg}", flush=True)
+@dataclass
+class Measured:
+    """Everything one run measured; the rows are made from it."""
+    hard: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # case -> (detect, reroute) ms
+    gray: dict[str, list[tuple]] = field(default_factory=dict)  # case -> per trial (detect ms | None, reason, wrong)
+    windows: dict[str, list[float]] = field(default_factory=lambda: {"hard": [], "nft": []})  # fault calls' ms
+    stall_lp: tcpflow.StallResult | None = None
+    stall_none: tcpflow.StallResult | None = None
+    false_positives: dict = field(default_factory=dict)  # host -> counts
+    flap_detect: list[float] = field(default_factory=list)
+    flap_changes: int = 0
+    bfd_hard: dict[str, tuple[list[float], int]] = field(default_factory=dict)  # case -> (reroute ms, missed)
+    bfd_gray: dict[str, int] = field(default_factory=dict)  # case -> session downs
+    route_ops: tuple[float, float] = (0.0, 0.0)  # per second: ours, pyroute2's
 
 
 # ---- LinkPass --------------------------------------------------------------------------------
 
-def first(events, pred):
-    return next((e for e in events if pred(e)), None)
-
-
-def linkpass_hard(prefix, agents, links, trials, spacing_s):
-    """Down one link per trial (alternating planes); fault -> DOWN verdict and -> route rewritten at A."""
-    detect, reroute = [], []
-    windows.setdefault("hard", [])
-    for i in range(trials):
-        if not agents.wait_healthy(timeout_s=60):  # each trial starts from a healthy fabric
-            progress("paths not all up after 60 s; measuring anyway")
-        link = links[i % len(links)]
-        plane = int(re.search(r"p(\d+)l", link).group(1))
-        rec = faults.apply(prefix, FaultSpec("down", link))
-        t0 = rec["effective_mono_ns"]
-        windows["hard"].append(ms(rec["effective_window_ns"][1] - rec["effective_window_ns"][0]))
-        ev = agents.wait_for(A, "route_change", lambda e: e["mono_ns"] >= t0 and e["peer"] == host_name(B)
-                             and plane not in e["planes"], 2.0)
-        down = first(agents.events(A, "path_state"),
-                     lambda e: e["mono_ns"] >= t0 and e["new"] == "down" and e["peer"] == host_name(B)
-                     and e["plane"] == plane)
-        time.sleep(0.2)
-        faults.clear(prefix)
-        if ev is not None and down is not None:
-            reroute.append(ms(ev["mono_ns"] - t0))
-            detect.append(ms(down["at_ns"] - MONO_TO_WALL - t0))
-        progress(f"linkpass {links[i % len(links)]} trial {i + 1}/{trials}: "
-                 f"reroute {reroute[-1] if ev else 'none'} ms")
-        time.sleep(spacing_s)
-    return detect, reroute
-
-
-def linkpass_gray(prefix, agents, spec, reasons, window_s):
+def linkpass_gray(prefix, agents, spec, reasons, window_s, windows: list[float]):
     """Apply a gray fault; time to the first DEGRADED with one of `reasons` on a path to B."""
     agents.wait_healthy(timeout_s=60)
-    rec = faults.apply(prefix, spec)
+    rec = apply_fault(prefix, spec)
     t0 = rec["effective_mono_ns"]
-    windows.setdefault("nft", []).append(ms(rec["effective_window_ns"][1] - rec["effective_window_ns"][0]))
+    windows.append(ms(rec["effective_window_ns"][1] - rec["effective_window_ns"][0]))
     ev = agents.wait_for(A, "path_state", lambda e: e["mono_ns"] >= t0 and e["new"] == "degraded"
                          and e["reason"] in reasons, window_s)
     wrong = [e for e in agents.events(A, "path_state") if e["mono_ns"] >= t0 and e["new"] == "degraded"
@@ -126,6 +127,19 @@ def soak(agents, seconds, burners):
     return out
 
 
+def flap(prefix, agents) -> tuple[list[float], int]:
+    """Down/up every 50 ms for 3 s: LinkPass should move off and stay off (damping). The DOWN
+    verdict's time (ms) and how many route changes the 3 s caused."""
+    n0 = len(agents.events(A, "route_change"))
+    rec = apply_fault(prefix, FaultSpec("flap", UPLINKS[0], params={"period": "50ms", "duration": "3s"}))
+    t0 = rec["effective_mono_ns"]
+    time.sleep(3)
+    faults.clear(prefix)
+    down = first(agents.events(A, "path_state"), lambda e: e["mono_ns"] >= t0 and e["new"] == "down")
+    detect = [ms(down["at_ns"] - MONO_TO_WALL - t0)] if down else []
+    return detect, len(agents.events(A, "route_change")) - n0
+
+
 def tcp_across_cut(fab, prefix, uplink):
     """A TCP flow A -> B hashed onto plane 0; `uplink` (A's, plane 0) down for 2 s mid-flow."""
     flow = tcpflow.TcpFlow(fab, A, B, sport=tcpflow.sport_for_plane(fab, A, B, 0)).start()
@@ -137,6 +151,40 @@ def tcp_across_cut(fab, prefix, uplink):
     return flow.stop()
 
 
+def measure_linkpass(fab, prefix, workdir, st: Settings, m: Measured) -> None:
+    """Agents on A and B: the hard and gray cases; unless detect-only, then TCP across a cut, the
+    healthy soak under CPU burners, and the flap."""
+    print("LinkPass agents on h0 and h2, 1 ms probes")
+    agents = Agents(fab, workdir, [A, B], detect={"flap_half_life_ms": FLAP_HALF_LIFE_MS}).start()
+    try:
+        progress("agents warming up (10 s): RTTs learned, start-up lateness faded")
+        time.sleep(10)
+        for case, links in HARD_CASES:
+            m.hard[case] = linkpass_hard(prefix, agents, A, B, links, st.trials, SPACING_S, progress, m.windows["hard"])
+            progress("letting the flap penalties of these DOWNs fade (20 s)")
+            time.sleep(20)
+        for case, spec, reasons, window in GRAY_CASES:
+            m.gray[case] = []
+            for k in range(st.gray_trials):
+                m.gray[case].append(linkpass_gray(prefix, agents, spec, reasons, window, m.windows["nft"]))
+                progress(f"{case} trial {k + 1}/{st.gray_trials}: {m.gray[case][-1]}")
+                time.sleep(SPACING_S)
+        if st.detect_only:
+            return
+        # TCP across a plane failure (from a healthy fabric: both planes in the route)
+        agents.wait_healthy(timeout_s=60)
+        time.sleep(1)
+        m.stall_lp = tcp_across_cut(fab, prefix, UPLINKS[0])
+        progress(f"tcp with linkpass: longest gap {m.stall_lp.max_gap_ms} ms")
+        time.sleep(SPACING_S)
+        print(f"healthy soak with {BURNERS} CPU burners, {st.soak_s:.0f} s")
+        m.false_positives = soak(agents, st.soak_s, BURNERS)
+        m.flap_detect, m.flap_changes = flap(prefix, agents)
+    finally:
+        agents.stop()
+        faults.clear(prefix)
+
+
 # ---- BFD -------------------------------------------------------------------------------------
 
 def bfd_hard(fab, prefix, hook, links, trials):
@@ -144,8 +192,8 @@ def bfd_hard(fab, prefix, hook, links, trials):
     for i in range(trials):
         n0 = len(hook.records())
         link = links[i % len(links)]
-        plane = int(re.search(r"p(\d+)l", link).group(1))
-        rec = faults.apply(prefix, FaultSpec("down", link))
+        plane = link_plane(link)
+        rec = apply_fault(prefix, FaultSpec("down", link))
         t0 = rec["effective_mono_ns"]
         deadline = time.monotonic() + 1.0
         change = None
@@ -179,6 +227,27 @@ def bfd_under(fab, prefix, bfd, spec, window_s):
     faults.clear(prefix)
     _wait_sessions_up(bfd, 5.0)
     return len([c for c in bfd.changes(A) if c.new == "down"]) - n0
+
+
+def measure_bfd(fab, prefix, st: Settings, m: Measured) -> None:
+    """FRR bfdd (when installed) under the same hard faults, and how it took the gray ones."""
+    if not frr.available():
+        return
+    print("FRR bfdd 10 ms x 3 on h0 and h2, one session per plane, route hook on h0")
+    bfd = frr.Bfd(fab, [A, B])
+    bfd.start([(A, B, 0), (A, B, 1)])
+    hook = BfdRouteHook(bfd, A)
+    hook.start()
+    try:
+        for case, links in HARD_CASES:
+            m.bfd_hard[case] = bfd_hard(fab, prefix, hook, links, st.trials)
+        for case, spec, _, window in GRAY_CASES:
+            m.bfd_gray[case] = bfd_under(fab, prefix, bfd, spec, min(window, 3))
+            progress(f"bfd under {case}: {m.bfd_gray[case]} session downs")
+    finally:
+        hook.stop()
+        bfd.stop()
+        faults.clear(prefix)
 
 
 # ---- route operations --------------------------------------------------------------------------
@@ -218,31 +287,77 @@ def flush_routes(fab, proto):
         subprocess.run(["ip", "-n", fab.netns(host_name(h)), "route", "flush", "proto", str(proto)], check=False)
 
 
-class _DetectDone(Exception):
-    """--detect-only: the detection cases are measured; skip the rest (cleanup still runs)."""
+# ---- the run -----------------------------------------------------------------------------------
+
+def measure(st: Settings, keep_logs: bool) -> Measured:
+    """Build the testbed, measure every case (LinkPass; then, unless detect-only, the same TCP flow
+    without it, BFD and route operations), tear it down."""
+    prefix = f"fb{os.getpid() % 10000}"
+    m = Measured()
+    fab = build.up(topology.preset("default"), prefix)
+    workdir = tempfile.mkdtemp(prefix="linkpass-failover-")
+    try:
+        measure_linkpass(fab, prefix, workdir, st, m)
+        if not st.detect_only:
+            flush_routes(fab, RTPROT_LINKPASS)
+            m.stall_none = tcp_across_cut(fab, prefix, UPLINKS[0])
+            progress(f"tcp without linkpass: longest gap {m.stall_none.max_gap_ms} ms")
+            measure_bfd(fab, prefix, st, m)
+            m.route_ops = route_ops(fab, st.route_ops)
+    finally:
+        faults.clear(prefix)
+        build.down(prefix)
+        if keep_logs:
+            print(f"agent logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return m
 
 
-def _write_detect_only(args, lp, gray, trials) -> int:
+def detect_only_rows(st: Settings, m: Measured) -> list[dict]:
     # the fault is stamped inside the kernel call that makes it (faults.LINK_DOWN_SHARE,
     # NFT_COMMIT_SHARE); the call's duration bounds how far off that stamp can be
-    hard_w = statistics.median(windows["hard"]) if windows.get("hard") else None
-    nft_w = statistics.median(windows["nft"]) if windows.get("nft") else None
+    hard_w = statistics.median(m.windows["hard"]) if m.windows["hard"] else None
+    nft_w = statistics.median(m.windows["nft"]) if m.windows["nft"] else None
     rows = []
-    for case in ("host-uplink-down", "leaf-spine-down"):
-        rows.append(row(case, "detect", "ms", lp[case][0], trials=trials, stamp_call_ms_median=hard_w))
-        rows.append(row(case, "fault_to_reroute", "ms", lp[case][1], trials=trials, rerouted=len(lp[case][1])))
-    for case, results in gray.items():
+    for case, _ in HARD_CASES:
+        detect, reroute = m.hard[case]
+        rows.append(row(case, "detect", "ms", detect, trials=st.trials, stamp_call_ms_median=hard_w))
+        rows.append(row(case, "fault_to_reroute", "ms", reroute, trials=st.trials, rerouted=len(reroute)))
+    for case, results in m.gray.items():
         times = [t for t, _, _ in results if t is not None]
         rows.append(row(case, "detect", "ms", times, trials=len(results), detected=len(times),
                         reasons=sorted({r for _, r, _ in results if r}), stamp_call_ms_median=nft_w))
-    for r in rows:
-        print(f"{r['case']:22} {r['metric']:8} {r['n']:>3} {str(r['median']):>10} {str(r['p99']):>8}")
-    report.write(report.document("failover", rows, mode="detect-only", agents=[host_name(A), host_name(B)],
-                                 probe_interval_ms=1.0, flap_half_life_ms=FLAP_HALF_LIFE_MS), args.json)
-    return 0
+    return rows
 
 
-# ---- main --------------------------------------------------------------------------------------
+def rows_of(st: Settings, m: Measured) -> list[dict]:
+    rows = []
+    for case, _ in HARD_CASES:
+        detect, reroute = m.hard[case]
+        b_reroute, b_missed = m.bfd_hard.get(case, ([], None))
+        rows.append(row(case, "detect", "ms", detect))
+        rows.append(row(case, "fault_to_reroute", "ms", reroute, PEER_BFD, b_reroute,
+                        trials=st.trials, rerouted=len(reroute), peer_rerouted=len(b_reroute),
+                        note=None if case == "host-uplink-down" else
+                        "a multihop BFD session follows one ECMP path: a spine link it does not cross goes unseen"))
+    for case, results in m.gray.items():
+        times = [t for t, _, _ in results if t is not None]
+        rows.append(row(case, "detect", "ms", times, trials=len(results), detected=len(times),
+                        reasons=sorted({r for _, r, _ in results if r}),
+                        wrong_reason_transitions=sum(w for _, _, w in results),
+                        peer=PEER_BFD, peer_session_downs=m.bfd_gray.get(case)))
+    rows.append(row("flap", "detect", "ms", m.flap_detect, route_changes_during_3s_of_flapping=m.flap_changes))
+    rows.append(row("tcp-flow-plane-down", "stall", "ms", [m.stall_lp.max_gap_ms], "no-linkpass",
+                    [m.stall_none.max_gap_ms], lost=m.stall_lp.lost, peer_lost=m.stall_none.lost))
+    fp = m.false_positives
+    rows.append(row("healthy-saturated", "false_positives", "count", [fp[A]["downs"] + fp[B]["downs"]],
+                    seconds=st.soak_s, burners=BURNERS, per_host=fp))
+    ours, theirs = m.route_ops
+    rows.append(row("route-ops", "route_ops", "per_s", [round(ours)], "pyroute2-route-replace", [round(theirs)],
+                    better="higher"))
+    return rows
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -257,128 +372,21 @@ def main() -> int:
     args = ap.parse_args()
     if not report.require_root():
         return 2
-    trials = args.trials or (4 if args.quick else 20)
-    soak_s = args.soak_s or (20 if args.quick else 600)
-    spacing = 6.0  # hold-downs (0.5 s) long over, timeouts settled
-    prefix = f"fb{os.getpid() % 10000}"
-    rows: list[dict] = []
-    fab = build.up(topology.preset("default"), prefix)
-    workdir = tempfile.mkdtemp(prefix="linkpass-failover-")
-    uplinks = [fab.uplink(host_name(A), p).name for p in (0, 1)]
-    spine_links = [fab.leaf_spine(fab.leaf_of(A, p), 0).name for p in (0, 1)]
-    try:
-        # -- LinkPass
-        print("LinkPass agents on h0 and h2, 1 ms probes")
-        # Flap damping with its default 10 s half-life would (rightly) call a link that fails every
-        # few seconds flapping and keep it out; trials are that link. The agents here use a 1 s
-        # half-life so every trial starts undamped; the flap case measures damping itself.
-        agents = Agents(fab, workdir, [A, B], detect={"flap_half_life_ms": FLAP_HALF_LIFE_MS}).start()
-        try:
-            progress("agents warming up (10 s): RTTs learned, start-up lateness faded")
-            time.sleep(10)
-            lp = {}
-            for case, links in (("host-uplink-down", uplinks), ("leaf-spine-down", spine_links)):
-                lp[case] = linkpass_hard(prefix, agents, links, trials, spacing)
-                progress("letting the flap penalties of these DOWNs fade (20 s)")
-                time.sleep(20)
-            gray = {}
-            gray_cases = [("gray-loss-10", FaultSpec("loss", uplinks[0], params={"pct": 10.0}), ("gray_loss_fwd", "gray_loss_rev"), 2),
-                          ("gray-loss-1", FaultSpec("loss", uplinks[0], params={"pct": 1.0}), ("gray_loss_fwd", "gray_loss_rev"), 10),
-                          ("one-direction-loss", FaultSpec("loss", uplinks[0], host_name(A), {"pct": 10.0}),
-                           ("gray_loss_fwd",), 2),
-                          ("mtu-blackhole", FaultSpec("mtu", uplinks[0], params={"bytes": 1400}), ("mtu_blackhole",), 5)]
-            gray_trials = args.gray_trials or (2 if args.quick else 5)
-            for case, spec, reasons, window in gray_cases:
-                gray[case] = []
-                for k in range(gray_trials):
-                    gray[case].append(linkpass_gray(prefix, agents, spec, reasons, window))
-                    progress(f"{case} trial {k + 1}/{gray_trials}: {gray[case][-1]}")
-                    time.sleep(spacing)
-            if args.detect_only:
-                raise _DetectDone
-            # TCP across a plane failure (from a healthy fabric: both planes in the route)
-            agents.wait_healthy(timeout_s=60)
-            time.sleep(1)
-            stall_lp = tcp_across_cut(fab, prefix, uplinks[0])
-            progress(f"tcp with linkpass: longest gap {stall_lp.max_gap_ms} ms")
-            time.sleep(spacing)
-            print(f"healthy soak with 2 CPU burners, {soak_s:.0f} s")
-            fp = soak(agents, soak_s, 2)
-            # flap: down/up every 50 ms for 3 s; LinkPass should move off and stay off (damping)
-            n0 = len(agents.events(A, "route_change"))
-            rec = faults.apply(prefix, FaultSpec("flap", uplinks[0], params={"period": "50ms", "duration": "3s"}))
-            t0 = rec["effective_mono_ns"]
-            time.sleep(3)
-            faults.clear(prefix)
-            flap_down = first(agents.events(A, "path_state"), lambda e: e["mono_ns"] >= t0 and e["new"] == "down")
-            flap_changes = len(agents.events(A, "route_change")) - n0
-        finally:
-            agents.stop()
-            faults.clear(prefix)
-        flush_routes(fab, RTPROT_LINKPASS)
-        # -- without LinkPass: the same TCP flow
-        stall_none = tcp_across_cut(fab, prefix, uplinks[0])
-        progress(f"tcp without linkpass: longest gap {stall_none.max_gap_ms} ms")
-        # -- BFD
-        bfd_rows = {}
-        bfd_gray = {}
-        if frr.available():
-            print("FRR bfdd 10 ms x 3 on h0 and h2, one session per plane, route hook on h0")
-            bfd = frr.Bfd(fab, [A, B])
-            bfd.start([(A, B, 0), (A, B, 1)])
-            hook = BfdRouteHook(bfd, A)
-            hook.start()
-            try:
-                for case, links in (("host-uplink-down", uplinks), ("leaf-spine-down", spine_links)):
-                    bfd_rows[case] = bfd_hard(fab, prefix, hook, links, trials)
-                for case, spec, _, window in gray_cases:
-                    bfd_gray[case] = bfd_under(fab, prefix, bfd, spec, min(window, 3))
-                    progress(f"bfd under {case}: {bfd_gray[case]} session downs")
-            finally:
-                hook.stop()
-                bfd.stop()
-                faults.clear(prefix)
-        ours, theirs = route_ops(fab, 200 if args.quick else 2000)
-    except _DetectDone:
-        pass
-    finally:
-        faults.clear(prefix)
-        build.down(prefix)
-        if args.keep_logs:
-            print(f"agent logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-    if args.detect_only:
-        return _write_detect_only(args, lp, gray, trials)
-    for case in ("host-uplink-down", "leaf-spine-down"):
-        detect, reroute = lp[case]
-        b_reroute, b_missed = bfd_rows.get(case, ([], None))
-        rows.append(row(case, "detect", "ms", detect))
-        rows.append(row(case, "fault_to_reroute", "ms", reroute, PEER_BFD, b_reroute,
-                        trials=trials, rerouted=len(reroute), peer_rerouted=len(b_reroute),
-                        note=None if case == "host-uplink-down" else
-                        "a multihop BFD session follows one ECMP path: a spine link it does not cross goes unseen"))
-    for case, results in gray.items():
-        times = [t for t, _, _ in results if t is not None]
-        rows.append(row(case, "detect", "ms", times, trials=len(results), detected=len(times),
-                        reasons=sorted({r for _, r, _ in results if r}),
-                        wrong_reason_transitions=sum(w for _, _, w in results),
-                        peer=PEER_BFD, peer_session_downs=bfd_gray.get(case)))
-    rows.append(row("flap", "detect", "ms", [ms(flap_down["at_ns"] - MONO_TO_WALL - t0)] if flap_down else [],
-                    route_changes_during_3s_of_flapping=flap_changes))
-    rows.append(row("tcp-flow-plane-down", "stall", "ms", [stall_lp.max_gap_ms], "no-linkpass", [stall_none.max_gap_ms],
-                    lost=stall_lp.lost, peer_lost=stall_none.lost))
-    rows.append(row("healthy-saturated", "false_positives", "count", [fp[A]["downs"] + fp[B]["downs"]],
-                    seconds=soak_s, burners=2, per_host=fp))
-    rows.append(row("route-ops", "route_ops", "per_s", [round(ours)], "pyroute2-route-replace", [round(theirs)],
-                    better="higher"))
+    st = Settings.from_args(args)
+    m = measure(st, args.keep_logs)
+    extra = dict(agents=[host_name(A), host_name(B)], probe_interval_ms=1.0, flap_half_life_ms=FLAP_HALF_LIFE_MS)
+    if st.detect_only:
+        rows = detect_only_rows(st, m)
+        for r in rows:
+            print(f"{r['case']:22} {r['metric']:8} {r['n']:>3} {str(r['median']):>10} {str(r['p99']):>8}")
+        report.write(report.document("failover", rows, mode="detect-only", **extra), args.json)
+        return 0
+    rows = rows_of(st, m)
     print(f"\n{'case':22} {'metric':18} {'n':>3} {'median':>10} {'p99':>8} {'peer median':>12} {'ratio':>6}")
     for r in rows:
         print(f"{r['case']:22} {r['metric']:18} {r['n']:>3} {str(r['median']):>10} {str(r['p99']):>8} "
               f"{str(r.get('peer_median')):>12} {str(r.get('ratio')):>6}")
-    report.write(report.document("failover", rows, agents=[host_name(A), host_name(B)], probe_interval_ms=1.0,
-                                 flap_half_life_ms=FLAP_HALF_LIFE_MS), args.json)
+    report.write(report.document("failover", rows, **extra), args.json)
     return 0
 
 

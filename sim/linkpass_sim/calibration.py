@@ -25,12 +25,13 @@ from linkpass.core.fabric import DOWN, UP, directed, generated
 from linkpass.core.names import PRESET_SHAPES, LeafSpine, host_name
 from linkpass.core.states import State
 
+from . import benchkit
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
 TOLERANCE_PCT = 20.0
 # the testbed's detection figures (sim/bench/failover.py --detect-only, 20 trials per case), shipped with the package
 TESTBED_JSON = os.path.join(os.path.dirname(__file__), "data", "failover-detect.json")
-A, B = host_name(0), host_name(2)
+A, B = host_name(benchkit.A), host_name(benchkit.B)  # the hosts the benchmark's agents run on
 # measured on the testbed's h0 -> h2 paths (60 s, agents idle): p50 8-9 µs, p99 70-127 µs, no
 # probe lost in 480 000; below the timeout floor (250 µs) the RTT hardly matters
 TESTBED_RTT = Rtt(8_000, 20_000)
@@ -38,7 +39,7 @@ TESTBED_RTT = Rtt(8_000, 20_000)
 # more than one cycle of the sensitive loss test (~1 150 probes): its phase is random, as on the
 # testbed's long-running agents
 WARM_NS = 3_000 * MS
-FLAP_HALF_LIFE_NS = 1_000 * MS  # sim/bench/failover.py's agents (FLAP_HALF_LIFE_MS)
+FLAP_HALF_LIFE_NS = benchkit.FLAP_HALF_LIFE_MS * MS  # the benchmark's agents
 MODEL = generated(LeafSpine.blocks(**PRESET_SHAPES["default"]))  # the testbed the benchmark runs on, as a fleet model
 
 

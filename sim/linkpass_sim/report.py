@@ -1,5 +1,6 @@
 """The benchmark report format (the workplace's BENCHMARKS.md), in one place for every
-`sim/bench/*.py`: trial statistics, the JSON document, and the root check they all need."""
+`sim/bench/*.py`: trial statistics, the JSON document, the progress line and the root check
+they all need."""
 from __future__ import annotations
 
 import datetime as dt
@@ -8,6 +9,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 
 MIN_TRIALS_FOR_P99 = 20
 
@@ -36,6 +38,11 @@ def row(case: str, metric: str, unit: str, values: list[float], peer: str | None
             r["ratio"] = round(r["peer_median"] / r["median"] if better == "lower" else r["median"] / r["peer_median"], 2)
     r.update(extra)
     return r
+
+
+def progress(msg: str) -> None:
+    """One timestamped line of a long run's progress."""
+    print(f"  {time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
 def require_root() -> bool:
