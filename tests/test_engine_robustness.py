@@ -175,7 +175,7 @@ def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric)
     deadline; the eventfd wakes a waiter when one is ready."""
     import time
 
-    from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS
+    from linkpass.core.probe_event import EV_ANSWERED, EV_LATE, EV_MISS
 
     a, b = one_path_pair(fabric)
     try:

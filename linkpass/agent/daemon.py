@@ -26,8 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.constants import BATCH_S, ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig, State
+from ..core.probe_event import EV_MISS
 from ..probe.discovery import DiscoveryConfig, Target, discover
-from ..probe.engine import EV_MISS, CoreProbeEngine, PathSpec
+from ..probe.engine import CoreProbeEngine, PathSpec
 from .api import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, Peer, load_text, read_fleet_key
 from .coordinator_link import CoordinatorLink
@@ -338,7 +339,7 @@ class Agent:
             if batch:
                 next_batch = now + BATCH_S
             events, evidence = self.engine.poll(batch)
-            if not batch and any(e[0] == EV_MISS for e in events):
+            if not batch and any(e.kind == EV_MISS for e in events):
                 # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)
                 more, evidence = self.engine.poll(True)
                 events += more

@@ -12,7 +12,8 @@ sets (`set_rto`, pushed when the detector's timeout moves), and reports on-time 
 batches, misses and late replies one by one, in order. A probe counts as missed only once every
 reply that reached a socket before its deadline has been read (the *evidence time*), so a late
 Python loop, or a probe thread the scheduler kept waiting, cannot turn a slow poll into a false
-failure; and Python's cost is per batch, not per probe.
+failure; and Python's cost is per batch, not per probe. Events are `ProbeEvent`s
+(core/probe_event.py), whichever data path made them: the C core, or the simulator's model of it.
 
 One-way delays (for the latency detector) need the peer's clock offset: a `PairEstimator` per
 peer, fed from all of its paths (one sample per path and batch), supplies it once converged
@@ -23,16 +24,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..core.clock import Exchange, PairEstimator
 from ..core.detector import Detector, State, Transition
-from ..core.telemetry import LossCounters
 from ..core.entropy_table import Entry
-from ..probe.engine import EV_ANSWERED, EV_MISS
+from ..core.probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
+from ..core.telemetry import LossCounters
 from .decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
-
 
 
 @dataclass
@@ -119,21 +119,24 @@ class Failover:
         return est.offset_at(t_ns)
 
     # ---- the step ------------------------------------------------------------------------
-    def step(self, events, evidence_ns: int) -> list[Transition]:
-        """Feed one poll's events (engine.poll(), in order); returns the transitions they caused
-        (already acted on)."""
+    def step(self, events: Iterable[ProbeEvent], evidence_ns: int) -> list[Transition]:
+        """Feed one poll's events (engine.poll(), in order, already in telemetry) judged up to
+        `evidence_ns`; returns the transitions they caused (already acted on)."""
         det = self.detector
         answered = self._last_answered
         out: list[Transition] = []
         touched = set()
-        for kind, pid, seq, count, _rx, size, worst_rtt, t1, t2, t3, t4 in events:
+        for ev in events:
+            pid = ev.path_id
             info = self.paths.get(pid)
             if info is None:
                 continue
+            kind, t1, t4 = ev.kind, ev.t1, ev.t4
             if kind == EV_MISS:
                 if pid in answered:
-                    out += det.on_miss(pid, seq, t4, bool(size))
+                    out += det.on_miss(pid, ev.seq, t4, bool(ev.size_probe))  # t4: the deadline
                 continue
+            t2, t3 = ev.t2, ev.t3
             first_answer = pid not in answered
             if t1 > answered.get(pid, 0):
                 answered[pid] = t1
@@ -148,9 +151,10 @@ class Failover:
                 continue
             touched.add(pid)
             if kind == EV_ANSWERED:
-                out += det.on_answered(pid, count, seq, t4, t4 - t1, owd_fwd, owd_rev, bool(size), worst_rtt)
+                out += det.on_answered(pid, ev.count, ev.seq, t4, t4 - t1, owd_fwd, owd_rev, bool(ev.size_probe),
+                                       ev.worst_rtt_ns)
             else:  # EV_LATE
-                out += det.on_reply(pid, seq, t4, t4 - t1, owd_fwd, owd_rev)
+                out += det.on_reply(pid, ev.seq, t4, t4 - t1, owd_fwd, owd_rev)
         # a little slack: the daemon wakes every 10 ms by its own clock and the evidence time it
         # reads trails the wake by up to a probe-thread loop, so an exact comparison let every
         # other batch slip to the next wake (on the testbed: every 13.9 ms on average, p90 20 ms,

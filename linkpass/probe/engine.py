@@ -39,7 +39,8 @@ from typing import Callable
 
 from ..kernel import netns as ns_io
 from ..core import wire
-from ..core.telemetry import PathTelemetry
+from ..core.probe_event import ProbeEvent
+from ..core.telemetry import PathTelemetry, feed_events
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -48,7 +49,6 @@ _IP_UDP = struct.Struct("!BBHHHBBH4s4sHHHH")
 _TS = struct.Struct("qq")
 
 Clock = Callable[[int], int]
-EV_ANSWERED, EV_MISS, EV_LATE = 1, 2, 3  # judging-mode event kinds (_probecore.c)
 
 
 def _identity(t: int) -> int:
@@ -304,8 +304,8 @@ class CoreProbeEngine:
     synthetic clock's random walk is followed piecewise.
     """
 
-    RECORD = struct.Struct("<IIQqqqq")
-    EVENT = struct.Struct("<IIQIIIIqqqq")
+    RECORD = struct.Struct("<IIQqqqq")  # xrec_t: path_id, rx_count, seq, t1..t4
+    EVENT = struct.Struct("<IIQIIIIqqqq")  # ev_t: ProbeEvent's fields, in its order
     MAX_KEPT = 1_000_000
 
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None,
@@ -323,6 +323,7 @@ class CoreProbeEngine:
         self.on_exchange = on_exchange
         self.nics: dict[str, tuple[int, socket.socket, socket.socket]] = {}
         self.paths: dict[int, _Path] = {}
+        self._telemetry: dict[int, PathTelemetry] = {}  # path -> its telemetry, what poll() feeds
         self._collect: list[ExchangeRecord] | None = None
         self.background = False
         assert self.RECORD.size == _probecore.RECORD_SIZE and self.EVENT.size == _probecore.EVENT_SIZE
@@ -339,11 +340,13 @@ class CoreProbeEngine:
         self.core.add_path(spec.path_id, self.nics[spec.nic][0], spec.peer_id, socket.inet_aton(spec.peer_addr),
                            spec.sport, int(spec.interval_s * 1e9), spec.pad,
                            time.monotonic_ns() + int(first_due_s * 1e9), int(spec.pair_gap_s * 1e9))
-        self.paths[spec.path_id] = _Path(spec, PathTelemetry())
+        self.paths[spec.path_id] = path = _Path(spec, PathTelemetry())
+        self._telemetry[spec.path_id] = path.telemetry
 
     def remove_path(self, path_id: int) -> None:
         self.core.remove_path(path_id)
         del self.paths[path_id]
+        del self._telemetry[path_id]
 
     def set_interval(self, path_id: int, interval_s: float) -> None:
         """Probe a path faster (active: traffic on it) or slower (idle); a faster rate starts at once."""
@@ -443,19 +446,15 @@ class CoreProbeEngine:
                              f"{28 + wire.MIN_PAYLOAD + self.MAX_PAD}")
         self.core.set_size_probe(path_id, every, pad)
 
-    def poll(self, all_answered: bool = True) -> tuple[list[tuple], int]:
-        """Judging mode's events since the last call, in order, already fed into telemetry:
-        (kind, path_id, seq, count, rx_count, size_probe, worst_rtt_ns, t1, t2, t3, t4) with kind one of
-        EV_ANSWERED / EV_MISS / EV_LATE (see _probecore.c); and the evidence time: every reply
+    def poll(self, all_answered: bool = True) -> tuple[list[ProbeEvent], int]:
+        """Judging mode's events since the last call, in order, already fed into telemetry
+        (core/probe_event.py says what each kind carries); and the evidence time: every reply
         that reached a socket before it has been judged. `all_answered=False` leaves on-time
         replies accumulating in C (cheap frequent polls that still see every miss at once).
         Times are on this agent's clock."""
         data, evidence = self.core.take_events(all_answered)
-        events = list(self.EVENT.iter_unpack(data))
-        for k, pid, seq, n, rx, _size, _worst, t1, t2, t3, t4 in events:
-            path = self.paths.get(pid)
-            if path is not None and k != EV_MISS:
-                path.telemetry.on_reply(seq, t1, t2, t3, t4, rx, replies=n if k == EV_ANSWERED else 1)
+        events = list(map(ProbeEvent._make, self.EVENT.iter_unpack(data)))
+        feed_events(events, self._telemetry)
         if all_answered:
             for pid, path in self.paths.items():
                 path.telemetry.sent = self.core.path_sent(pid)
