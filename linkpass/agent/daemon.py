@@ -265,7 +265,7 @@ class Agent:
         addrs = [a for d in drains for a in d.get("addrs", ())]
         drained = [pid for pid, info in list(self.failover.paths.items())
                    if addrs and crosses(self.hops.get(pid, ()), info.peer_addr, addrs)]
-        self.failover.set_drained(drained)
+        self.failover.set_drained(drained, time.monotonic_ns())
         log("drains_applied", links=[d.get("link") for d in drains], paths=len(drained))
 
     def apply_plan(self, plan: dict) -> None:
@@ -343,7 +343,7 @@ class Agent:
                 # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)
                 more, evidence = self.engine.poll(True)
                 events += more
-            self.failover.step(events, evidence)
+            self.failover.step(events, evidence, time.monotonic_ns())
             if self.entropy is not None and now >= next_beat:
                 self.entropy.heartbeat()
                 next_beat = now + ENTROPY_HEARTBEAT_S

@@ -310,7 +310,7 @@ class VirtualAgent:
         events = self._judge(now, all_paths)
         events.sort(key=lambda e: e.t4)  # the C loop learns them in time order
         self._step_now = now
-        out = self.failover.step(events, now)
+        out = self.failover.step(events, now, now)
         self.now_ns = now
         if out:
             self.transitions += out
