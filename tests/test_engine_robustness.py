@@ -12,7 +12,9 @@ import pytest
 from linkpass.kernel import netns as ns_io
 from linkpass.core import wire as W
 from linkpass.core.clock import Exchange, PairEstimator, PurePairFilter, SyntheticClock
-from linkpass.probe.engine import CoreProbeEngine, PathSpec, ProbeEngine
+from linkpass.probe.common import PathSpec
+from linkpass.probe.engine import CoreProbeEngine
+from linkpass.probe.reference import ProbeEngine
 from linkpass.testbed.mesh import Mesh
 
 pytestmark = pytest.mark.root

@@ -27,8 +27,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..core.constants import BATCH_S, ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig, State
 from ..core.probe_event import EV_MISS
+from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, Target, discover
-from ..probe.engine import CoreProbeEngine, PathSpec
+from ..probe.engine import CoreProbeEngine
 from .api import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, Peer, load_text, read_fleet_key
 from .coordinator_link import CoordinatorLink

@@ -11,7 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..probe.engine import CoreProbeEngine, ExchangeRecord, PathSpec
+from ..probe.common import ExchangeRecord, PathSpec
+from ..probe.engine import CoreProbeEngine
 from ..core.constants import AGENT_API_PORT
 from .topology import Fabric
 
