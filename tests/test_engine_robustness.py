@@ -12,7 +12,9 @@ import pytest
 from linkpass.kernel import netns as ns_io
 from linkpass.core import wire as W
 from linkpass.core.clock import Exchange, PairEstimator, PurePairFilter, SyntheticClock
-from linkpass.probe.engine import CoreProbeEngine, PathSpec, ProbeEngine
+from linkpass.probe.common import PathSpec
+from linkpass.probe.engine import CoreProbeEngine
+from linkpass.probe.reference import ProbeEngine
 from linkpass.testbed.mesh import Mesh
 
 pytestmark = pytest.mark.root
@@ -175,7 +177,7 @@ def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric)
     deadline; the eventfd wakes a waiter when one is ready."""
     import time
 
-    from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS
+    from linkpass.core.probe_event import EV_ANSWERED, EV_LATE, EV_MISS
 
     a, b = one_path_pair(fabric)
     try:
@@ -205,3 +207,47 @@ def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric)
     finally:
         a.close()
         b.close()
+
+
+def test_the_c_cores_events_and_the_simulators_are_one_type_with_the_same_fields(fabric, monkeypatch):
+    """Failover reads one event type: what the C core's binding hands the daemon and what the
+    simulator builds are both ProbeEvents, and each kind sets the same fields in both."""
+    import time
+
+    import numpy as np
+    from linkpass_sim import calibration
+
+    from linkpass.agent.failover import Failover
+    from linkpass.core.probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
+
+    a, b = one_path_pair(fabric)
+    try:
+        a.track(True)
+        a.set_rto(1, 5_000_000)
+        b.start_background()
+        a.start_background()
+        time.sleep(0.3)
+        c_events, _ = a.poll(True)
+        b.close()  # the reflector is gone: misses from now on
+        time.sleep(0.1)
+        more, _ = a.poll(True)
+        c_events += more
+    finally:
+        a.close()
+        b.close()
+    sim_events = []
+    real_step = Failover.step
+    monkeypatch.setattr(Failover, "step", lambda self, ev, *args: sim_events.extend(ev) or real_step(self, ev, *args))
+    calibration.trial(calibration.CASES[0], np.random.default_rng(1))  # an uplink goes down
+
+    def unset(e):
+        return {f for f in ("count", "rx_count", "worst_rtt_ns", "t2", "t3") if getattr(e, f) == 0}
+
+    for kind in (EV_ANSWERED, EV_MISS):
+        c = [e for e in c_events if e.kind == kind]
+        s = [e for e in sim_events if e.kind == kind]
+        assert c and s, kind
+        assert {type(e) for e in c + s} == {ProbeEvent}
+        assert {frozenset(unset(e)) for e in c} == {frozenset(unset(e)) for e in s}, kind
+        assert all(e.t1 < e.t4 and e.path_id > 0 for e in c + s)
+    assert {e.t4 - e.t1 for e in c_events if e.kind == EV_MISS} == {5_000_000}  # t4 of a MISS: its deadline

@@ -202,6 +202,22 @@ def test_the_simulator_and_the_agent_share_one_decision_code():
     assert fleet.path_evidence is service.path_evidence
 
 
+def test_the_simulator_hands_failover_the_agents_event_type_through_the_agents_feed(monkeypatch):
+    from linkpass.core import probe_event, telemetry
+    from linkpass.probe import engine
+
+    assert virtual.ProbeEvent is probe_event.ProbeEvent and virtual.feed_events is telemetry.feed_events
+    assert engine.ProbeEvent is probe_event.ProbeEvent and engine.feed_events is telemetry.feed_events
+    seen, fed = [], []
+    real_step, real_feed = failover.Failover.step, telemetry.feed_events
+    monkeypatch.setattr(failover.Failover, "step", lambda self, ev, *a: seen.extend(ev) or real_step(self, ev, *a))
+    monkeypatch.setattr(virtual, "feed_events", lambda ev, t: fed.extend(ev) or real_feed(ev, t))
+    calibration.trial(calibration.CASES[0], np.random.default_rng(1))
+    assert seen and {type(e) for e in seen} == {probe_event.ProbeEvent}
+    assert {e.kind for e in seen} >= {probe_event.EV_ANSWERED, probe_event.EV_MISS}
+    assert sorted(fed) == sorted(seen)  # every event Failover saw went through the feed first
+
+
 def test_changing_the_real_detector_changes_the_simulation(small, monkeypatch):
     # If the simulator ran a copy, a change to the agent's detector would not reach it.
     calls = []

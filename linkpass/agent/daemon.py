@@ -24,8 +24,10 @@ import time
 
 from ..core.constants import BATCH_S, ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
+from ..core.probe_event import EV_MISS
+from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, Target, discover
-from ..probe.engine import EV_MISS, CoreProbeEngine, PathSpec
+from ..probe.engine import CoreProbeEngine
 from .api import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, Peer, load_text, read_fleet_key
 from .coordinator_link import CoordinatorLink
@@ -231,7 +233,7 @@ class Agent:
         addrs = [a for d in drains for a in d.get("addrs", ())]
         drained = [pid for pid, info in list(self.failover.paths.items())
                    if addrs and crosses(self.hops.get(pid, ()), info.peer_addr, addrs)]
-        self.failover.set_drained(drained)
+        self.failover.set_drained(drained, time.monotonic_ns())
         log("drains_applied", links=[d.get("link") for d in drains], paths=len(drained))
 
     def apply_plan(self, plan: dict) -> None:
@@ -305,11 +307,11 @@ class Agent:
             if batch:
                 next_batch = now + BATCH_S
             events, evidence = self.engine.poll(batch)
-            if not batch and any(e[0] == EV_MISS for e in events):
+            if not batch and any(e.kind == EV_MISS for e in events):
                 # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)
                 more, evidence = self.engine.poll(True)
                 events += more
-            self.failover.step(events, evidence)
+            self.failover.step(events, evidence, time.monotonic_ns())
             if self.entropy is not None and now >= next_beat:
                 self.entropy.heartbeat()
                 next_beat = now + ENTROPY_HEARTBEAT_S

@@ -12,7 +12,12 @@ sets (`set_rto`, pushed when the detector's timeout moves), and reports on-time 
 batches, misses and late replies one by one, in order. A probe counts as missed only once every
 reply that reached a socket before its deadline has been read (the *evidence time*), so a late
 Python loop, or a probe thread the scheduler kept waiting, cannot turn a slow poll into a false
-failure; and Python's cost is per batch, not per probe.
+failure; and Python's cost is per batch, not per probe. Events are `ProbeEvent`s
+(core/probe_event.py), whichever data path made them: the C core, or the simulator's model of it.
+
+No clock is read here: every entry point takes the time from its caller, the evidence time
+(agent clock) that judges probes and `mono_ns` (CLOCK_MONOTONIC, the clock the testbed's fault
+records use) stamped on log lines; the daemon reads its clocks, the simulator passes its virtual clock.
 
 One-way delays (for the latency detector) need the peer's clock offset: a `PairEstimator` per
 peer, fed from all of its paths (one sample per path and batch), supplies it once converged
@@ -21,18 +26,16 @@ usable the route is kept as it is (fail static), logged once and counted.
 """
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..core.clock import Exchange, PairEstimator
 from ..core.detector import Detector, State, Transition
-from ..core.telemetry import LossCounters
 from ..core.entropy_table import Entry
-from ..probe.engine import EV_ANSWERED, EV_MISS
+from ..core.probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
+from ..core.telemetry import LossCounters
 from .decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
-
 
 
 @dataclass
@@ -74,7 +77,7 @@ class Failover:
         self.last_transition: dict[int, Transition] = {}
         self.drained: frozenset[int] = frozenset()  # paths an operator's drain steers away from
 
-    def set_drained(self, path_ids) -> None:
+    def set_drained(self, path_ids, mono_ns: int) -> None:
         """Paths crossing a drained link: unusable for the data path (still probed and judged,
         so `linkpass paths` shows the link's health while drained). Re-decides their peers."""
         new = frozenset(path_ids)
@@ -83,7 +86,7 @@ class Failover:
             if info is not None:
                 self._pending.add(info.peer)
         self.drained = new
-        self.apply()
+        self.apply(mono_ns)
 
     # ---- paths ---------------------------------------------------------------------------
     def add_path(self, info: PathInfo) -> None:
@@ -119,21 +122,25 @@ class Failover:
         return est.offset_at(t_ns)
 
     # ---- the step ------------------------------------------------------------------------
-    def step(self, events, evidence_ns: int) -> list[Transition]:
-        """Feed one poll's events (engine.poll(), in order); returns the transitions they caused
-        (already acted on)."""
+    def step(self, events: Iterable[ProbeEvent], evidence_ns: int, mono_ns: int) -> list[Transition]:
+        """Feed one poll's events (engine.poll(), in order, already in telemetry) judged up to
+        `evidence_ns`; returns the transitions they caused (already acted on). `mono_ns`: now, for
+        the log lines."""
         det = self.detector
         answered = self._last_answered
         out: list[Transition] = []
         touched = set()
-        for kind, pid, seq, count, _rx, size, worst_rtt, t1, t2, t3, t4 in events:
+        for ev in events:
+            pid = ev.path_id
             info = self.paths.get(pid)
             if info is None:
                 continue
+            kind, t1, t4 = ev.kind, ev.t1, ev.t4
             if kind == EV_MISS:
                 if pid in answered:
-                    out += det.on_miss(pid, seq, t4, bool(size))
+                    out += det.on_miss(pid, ev.seq, t4, bool(ev.size_probe))  # t4: the deadline
                 continue
+            t2, t3 = ev.t2, ev.t3
             first_answer = pid not in answered
             if t1 > answered.get(pid, 0):
                 answered[pid] = t1
@@ -148,13 +155,14 @@ class Failover:
                 continue
             touched.add(pid)
             if kind == EV_ANSWERED:
-                out += det.on_answered(pid, count, seq, t4, t4 - t1, owd_fwd, owd_rev, bool(size), worst_rtt)
+                out += det.on_answered(pid, ev.count, ev.seq, t4, t4 - t1, owd_fwd, owd_rev, bool(ev.size_probe),
+                                       ev.worst_rtt_ns)
             else:  # EV_LATE
-                out += det.on_reply(pid, seq, t4, t4 - t1, owd_fwd, owd_rev)
+                out += det.on_reply(pid, ev.seq, t4, t4 - t1, owd_fwd, owd_rev)
         # a little slack: the daemon wakes every 10 ms by its own clock and the evidence time it
-        # reads trails the wake by up to a probe-thread loop, so an exact comparison let every
-        # other batch slip to the next wake (on the testbed: every 13.9 ms on average, p90 20 ms,
-        # which the fleet simulator's calibration caught as gray loss judged ~30 % late)
+        # reads trails the wake by up to a probe-thread loop, so an exact comparison lets every
+        # other batch slip to the next wake (measured on the testbed: a batch every 13.9 ms on
+        # average, p90 20 ms, and gray loss judged ~30 % late)
         if evidence_ns >= self._next_loss_ns - self.loss_batch_ns // 4:
             self._next_loss_ns = evidence_ns + self.loss_batch_ns
             out += self._loss_batches(evidence_ns)
@@ -162,8 +170,8 @@ class Failover:
             out += det.tick(evidence_ns)  # hold-downs and flap reuse (deadlines are judged in C)
         for pid in touched:
             self._push_rto(pid)
-        logs = [line for t in out if (line := self._on_transition(t)) is not None]
-        self.apply()
+        logs = [line for t in out if (line := self._on_transition(t, mono_ns)) is not None]
+        self.apply(mono_ns)
         for fields in logs:  # after acting: a log line costs tens of µs, the route change should not wait for it
             self.log("path_state", **fields)
         return out
@@ -196,7 +204,7 @@ class Failover:
             self._loss[pid] = _LossMark(lc.hi, lc.lost_fwd, lc.lost_rev)
         return out
 
-    def _on_transition(self, t: Transition) -> dict | None:
+    def _on_transition(self, t: Transition, mono_ns: int) -> dict | None:
         """Count the transition and mark its peer for a decision; returns its log fields, if it
         is worth a log line."""
         info = self.paths.get(t.path)
@@ -209,11 +217,12 @@ class Failover:
         if {t.old, t.new} == {State.UP, State.SUSPECT}:
             return None  # a single late probe: counted, not worth a log line each
         return dict(peer=info.peer, plane=info.plane, sport=info.sport, path=t.path, old=t.old.value,
-                    new=t.new.value, reason=t.reason.value, detail=t.detail, at_ns=t.at_ns, mono_ns=time.monotonic_ns())
+                    new=t.new.value, reason=t.reason.value, detail=t.detail, at_ns=t.at_ns, mono_ns=mono_ns)
 
     # ---- acting on decisions ---------------------------------------------------------------
-    def apply(self) -> None:
-        """Re-decide every peer whose paths changed usability (and retry deferred ones)."""
+    def apply(self, mono_ns: int) -> None:
+        """Re-decide every peer whose paths changed usability (and retry deferred ones). `mono_ns`:
+        now, for the log lines; a route change is stamped with when the actuator made it."""
         for peer in sorted(self._pending):
             planes = self.by_peer.get(peer, {})
             eff, unconfirmed = self._effective_states(planes)
@@ -235,7 +244,7 @@ class Failover:
                 elif r["changed"]:
                     self.counters["route_changes"] += 1
                     self.log("route_change", peer=peer, planes=list(r["planes"]), quality=choice.quality,
-                             dry_run=self.routes.dry_run, mono_ns=time.monotonic_ns())
+                             dry_run=self.routes.dry_run, mono_ns=r.get("mono_ns", mono_ns))
                 self.planes[peer] = tuple(r["planes"])
             else:
                 self.planes[peer] = tuple(sorted(choice.planes))

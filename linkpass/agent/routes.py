@@ -236,6 +236,7 @@ class RouteActuator:
         self.installed[peer] = plan.planes
         self.stats["changes"] += 1
         result["changed"] = True
+        result["mono_ns"] = time.monotonic_ns()  # when the route was replaced (the route_change log's time)
         return result
 
     def restore_baseline(self) -> None:

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from .probe_event import EV_MISS, ProbeEvent
 
 # RTT histogram bucket upper bounds (ns): 5 µs .. 1 s, fixed so Prometheus series stay bounded
 RTT_BUCKETS_NS = (5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000, 2_000_000, 5_000_000,
@@ -63,6 +66,10 @@ class LossCounters:
             self.arrived += step
             self.hi = seq
             self._last_rx = rx_count
+
+    def on_event(self, ev: ProbeEvent) -> None:
+        """The replies a probe event carries (see `feed_events`)."""
+        self.on_reply(ev.seq, ev.rx_count, ev.replies)
 
     @property
     def answered(self) -> int:
@@ -112,6 +119,10 @@ class PathTelemetry:
         self.rtt_sum_ns += s.rtt
         return s
 
+    def on_event(self, ev: ProbeEvent) -> Sample:
+        """The replies a probe event carries (see `feed_events`): one sample, its newest exchange."""
+        return self.on_reply(ev.seq, ev.t1, ev.t2, ev.t3, ev.t4, ev.rx_count, ev.replies)
+
     def latest_t4(self) -> int | None:
         return self.samples[-1].t4 if self.samples else None
 
@@ -128,6 +139,18 @@ class PathTelemetry:
             out["owd_fwd_ns"] = _summary(sorted(s.fwd_raw - offset_ns for s in xs))
             out["owd_rev_ns"] = _summary(sorted(s.rev_raw + offset_ns for s in xs))
         return out
+
+
+def feed_events(events: Iterable[ProbeEvent], telemetry: Mapping[int, PathTelemetry | LossCounters]) -> None:
+    """Feed the replies that judging-mode events carry into their paths' telemetry, in order:
+    what the probe engine does before the decision loop sees the events (and the simulator,
+    whose paths keep only `LossCounters`). ANSWERED stands for `count` on-time replies, LATE
+    for one, MISS for none; a path missing from `telemetry` (removed) is skipped."""
+    for ev in events:
+        if ev.kind != EV_MISS:
+            sink = telemetry.get(ev.path_id)
+            if sink is not None:
+                sink.on_event(ev)
 
 
 def _summary(sorted_values: list[float]) -> dict:

@@ -11,7 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..probe.engine import CoreProbeEngine, ExchangeRecord, PathSpec
+from ..probe.common import ExchangeRecord, PathSpec
+from ..probe.engine import CoreProbeEngine
 from ..core.names import host_name
 from .topology import Fabric, nic_ifname
 

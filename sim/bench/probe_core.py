@@ -34,7 +34,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
-from linkpass.probe.engine import CoreProbeEngine, PathSpec, ProbeEngine  # noqa: E402
+from linkpass.probe.common import PathSpec  # noqa: E402
+from linkpass.probe.engine import CoreProbeEngine  # noqa: E402
+from linkpass.probe.reference import ProbeEngine  # noqa: E402
 from linkpass.testbed import build, topology  # noqa: E402
 
 KEY = bytes(range(32))

@@ -7,15 +7,16 @@ What is real here and what is simulated:
     the fabric: per directed link, faults that      linkpass.agent.failover.Failover
       drop probes (down, flap, loss, MTU)             ├─ linkpass.core.detector (every state change)
     the probe data path: one probe per path per     ├─ linkpass.agent.decide (planes, ports)
-      interval, round trips, and the C core's         └─ linkpass.core.telemetry.LossCounters
-      judging (ANSWERED batches, MISS at the              (loss per direction from rx_count)
-      deadline, LATE), as _probecore.c does it
+      interval, round trips, and the C core's         ├─ linkpass.core.probe_event.ProbeEvent
+      judging (ANSWERED batches, MISS at the          └─ linkpass.core.telemetry: feed_events,
+      deadline, LATE), as _probecore.c does it            LossCounters (loss per direction)
     the agent loop's wake-ups: every 10 ms for on-time replies, at once on a miss (daemon.run)
 
-`VirtualAgent.run_until` advances one agent; its `Failover` sees exactly the event tuples the
-C core would hand the daemon, so its transitions, plane choices and entropy entries are the ones
-the agent would make. Probe outcomes are drawn with numpy per step; Python work per step is one
-ANSWERED tuple per path unless a probe was lost.
+`VirtualAgent.run_until` advances one agent; its `Failover` sees exactly the events the C core
+would hand the daemon (the same `ProbeEvent`s, fed into the paths' loss counters by the engine's
+own feed first), so its transitions, plane choices and entropy entries are the ones the agent
+would make. Probe outcomes are drawn with numpy per step; Python work per step is one ANSWERED
+event per path unless a probe was lost.
 
 Two liberties with the daemon's timing, both to save simulation steps and neither able to change
 a decision: a miss wakes the loop only for the paths to the peers concerned (the others' on-time
@@ -34,9 +35,9 @@ from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
 from linkpass.core.constants import BATCH_S
 from linkpass.core.detector import Detector, DetectorConfig, State, Transition
+from linkpass.core.probe_event import ProbeEvent
 from linkpass.core.states import DARK
-from linkpass.core.telemetry import LossCounters
-from linkpass.probe.engine import EV_ANSWERED, EV_LATE, EV_MISS
+from linkpass.core.telemetry import LossCounters, feed_events
 
 NEVER = np.iinfo(np.int64).max // 4
 MS = 1_000_000
@@ -181,6 +182,7 @@ class VirtualAgent:
         self._effects = list(effects.values())
         peer_index: dict[str, int] = {}
         self._peer_of = np.array([peer_index.setdefault(p.info.peer, len(peer_index)) for p in ps], np.int64)
+        self._loss = {p.info.path_id: p.loss for p in ps}  # what the events feed (feed_events)
         self._ready = True
 
     # ---- the simulated data path ------------------------------------------------------------
@@ -235,7 +237,7 @@ class VirtualAgent:
             first = min(first, self._late[0][0])
         return first
 
-    def _judge(self, now: int, all_paths: bool) -> list[tuple]:
+    def _judge(self, now: int, all_paths: bool) -> list[ProbeEvent]:
         """The C core's events up to `now`, in order (see _probecore.c). Not `all_paths`: a miss
         woke the loop, and only the paths to the peers concerned are taken (the daemon takes every
         path; the others' on-time replies wait for the next batch here, which changes nothing the
@@ -248,7 +250,7 @@ class VirtualAgent:
             woke = set(self._peer_of[P["j"][decided & ~on_time]].tolist())
             woke |= {int(self._peer_of[x[1]]) for x in self._late if x[0] <= now}
             decided &= np.isin(self._peer_of[P["j"]], list(woke))
-        events: list[tuple] = []
+        events: list[ProbeEvent] = []
         if decided.any():
             D = {c: P[c][decided] for c in _COLS}
             ok = on_time[decided]
@@ -269,7 +271,7 @@ class VirtualAgent:
                         events += self._answered_groups({c: D[c][run] for c in _COLS})
                         run = []
                     seq, t1, a, d, size, rx = (int(D[c][i]) for c in ("seq", "t1", "arr", "dl", "size", "rx"))
-                    events.append((EV_MISS, jj + 1, seq, 0, 0, size, 0, t1, 0, 0, d))
+                    events.append(ProbeEvent.miss(jj + 1, seq, size, t1, d))
                     if a < NEVER:
                         heapq.heappush(self._late, (a, jj, seq, t1, rx))
                 if run:
@@ -277,14 +279,12 @@ class VirtualAgent:
         while self._late and self._late[0][0] <= now:
             a, jj, seq, t1, rx = heapq.heappop(self._late)
             half = (a - t1 - REFLECT_NS) // 2
-            events.append((EV_LATE, jj + 1, seq, 1, rx, 0, 0, t1, t1 + half, t1 + half + REFLECT_NS, a))
-        for e in events:  # engine.poll feeds telemetry before the daemon sees the events
-            if e[0] != EV_MISS:
-                self.paths[e[1] - 1].loss.on_reply(e[2], e[4], replies=e[3] if e[0] == EV_ANSWERED else 1)
+            events.append(ProbeEvent.late(jj + 1, seq, rx, t1, t1 + half, t1 + half + REFLECT_NS, a))
+        feed_events(events, self._loss)  # as engine.poll does before the daemon sees the events
         return events
 
     @staticmethod
-    def _answered_groups(R: dict) -> list[tuple]:
+    def _answered_groups(R: dict) -> list[ProbeEvent]:
         """One ANSWERED per path of the on-time rows `R`: count, newest exchange, worst RTT."""
         order = np.lexsort((R["seq"], R["j"]))
         j = R["j"][order]
@@ -299,8 +299,8 @@ class VirtualAgent:
             i = order[e]
             seq, t1, arr, rx = int(R["seq"][i]), int(R["t1"][i]), int(R["arr"][i]), int(R["rx"][i])
             half = (arr - t1 - REFLECT_NS) // 2
-            out.append((EV_ANSWERED, int(j[s]) + 1, seq, e - s + 1, rx, int(size[k]), int(worst[k]),
-                        t1, t1 + half, t1 + half + REFLECT_NS, arr))
+            out.append(ProbeEvent.answered(int(j[s]) + 1, seq, e - s + 1, rx, int(size[k]), int(worst[k]),
+                                           t1, t1 + half, t1 + half + REFLECT_NS, arr))
         return out
 
     # ---- the agent loop -------------------------------------------------------------------------
@@ -308,9 +308,9 @@ class VirtualAgent:
         if not self._ready:
             self._prepare()
         events = self._judge(now, all_paths)
-        events.sort(key=lambda e: e[10])  # the C loop learns them in time order
+        events.sort(key=lambda e: e.t4)  # the C loop learns them in time order
         self._step_now = now
-        out = self.failover.step(events, now)
+        out = self.failover.step(events, now, now)
         self.now_ns = now
         if out:
             self.transitions += out

@@ -1,0 +1,88 @@
+"""What both probe engines share: a NIC's sockets, a probed path's spec, a completed exchange.
+
+Per local NIC an engine owns two sockets, opened inside the host's namespace:
+
+- a UDP socket bound to NIC:4791 that receives both requests from peers and replies to our
+  own probes, with kernel RX timestamps (SO_TIMESTAMPNS);
+- a raw IPv4 socket bound to the NIC (IP_HDRINCL) that sends requests and replies with any
+  source port: the source port is what picks the fabric path. Headers are built as the kernel
+  builds an unconnected DF datagram (IP id 0), which is what the RoCEv2 ICRC covers.
+
+A request goes NIC_a:sport -> NIC_b:4791; the reply goes NIC_b:sport -> NIC_a:4791, so both
+directions are RoCEv2 (destination port 4791) and the reverse path is fixed by the same port.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from ..core import wire
+from ..core.telemetry import PathTelemetry
+from ..kernel import netns as ns_io
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
+
+
+def check_engine_args(agent_id: int, jitter: float) -> None:
+    if not 0 < agent_id < 2**32:
+        raise ValueError(f"agent_id must be 1..{2**32 - 1}, got {agent_id}")
+    if not 0 <= jitter < 1:
+        raise ValueError("jitter must be in [0, 1): a fraction of the interval")
+
+
+def open_nic_sockets(netns: str | None, ifname: str, addr: str) -> tuple[socket.socket, socket.socket]:
+    """(rx, tx) for one NIC, opened inside `netns`: UDP NIC:4791 with kernel RX timestamps, and
+    a raw socket bound to the NIC for sending with any source port."""
+    def make(*args) -> socket.socket:
+        return ns_io.socket_in_netns(netns, *args) if netns else socket.socket(*args)
+
+    rx = make(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = make(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
+        rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        rx.bind((addr, wire.ROCE_PORT))
+        rx.setblocking(False)
+        tx.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, ifname.encode())
+        tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        tx.setblocking(False)
+    except OSError:
+        rx.close()
+        tx.close()
+        raise
+    return rx, tx
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeRecord:
+    """One completed exchange as the engine hands it on (times in the agent's clock, ns)."""
+
+    path_id: int
+    peer_id: int
+    seq: int
+    t1: int
+    t2: int
+    t3: int
+    t4: int
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    path_id: int
+    nic: str  # local NIC name (the engine's key for it)
+    peer_id: int  # agent id of the reflector
+    peer_addr: str  # its NIC address
+    sport: int
+    interval_s: float = 0.001
+    pad: int = 0  # padding for full-size probes
+    pair_gap_s: float = 0.0  # > 0: coded pairs, a second probe this long after each (clock sync); C core only
+
+
+@dataclass
+class ProbedPath:
+    """A path an engine probes: its spec and the telemetry its replies feed."""
+
+    spec: PathSpec
+    telemetry: PathTelemetry
