@@ -1,8 +1,10 @@
 """Rules about the layout itself: test modules stand alone (shared code lives in helpers.py), and
-the import contracts in pyproject.toml name every part of LinkPass they must keep out."""
+the import contracts in pyproject.toml name every part of LinkPass they must keep out, and the C
+sources' copies of shared constants agree with core/constants.py."""
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -56,3 +58,16 @@ def test_the_pure_contracts_forbid_every_other_part_of_linkpass(cid):
     missing = sorted(m for m in linkpass_modules() - PURE
                      if not m.startswith("linkpass.core.") and not covered(m))
     assert not missing, f"add these to the {cid!r} contract's forbidden_modules in pyproject.toml: {missing}"
+
+
+def test_the_c_sources_copies_of_shared_constants_match_core_constants():
+    """C cannot import core/constants.py; its few copies are checked against it instead."""
+    from linkpass.core import constants as K
+
+    copies = {"linkpass/probe/_probecore.c": {"ROCE_PORT": str(K.ROCE_PORT)},
+              "rdma/entropy_reader.c": {"DEFAULT_PATH": f'"{K.ENTROPY_PATH}"'}}
+    for path, defines in copies.items():
+        text = (ROOT / path).read_text()
+        for name, value in defines.items():
+            found = re.search(rf"^#define {name} (.+)$", text, re.M)
+            assert found and found.group(1).strip() == value, f"{path}: #define {name} should be {value}"

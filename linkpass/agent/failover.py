@@ -270,7 +270,7 @@ class Failover:
 
     def _effective_states(self, planes: dict[int, list[int]]) -> tuple[dict[int, State], list[int]]:
         """Path states as the data path should see them: a DOWN path whose silence no other path
-        of the same peer confirms counts as UP for now; returns those paths too."""
+        of the same peer confirms counts as UP until one does; returns those paths too."""
         answered = {pid: self._last_answered.get(pid, 0) for ids in planes.values() for pid in ids}
         eff: dict[int, State] = {}
         unconfirmed = []

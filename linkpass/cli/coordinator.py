@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 
+from ..core.constants import COORDINATOR_LISTEN, COORDINATOR_PORT, COORDINATOR_URL
 from .output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint,
                      paint_level, table)
 from ..core.fabric import DOWN, UP
@@ -39,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "starts a local Ray instance and stays in the foreground until Ctrl-C; with "
                                     "--address it joins that Ray cluster, makes sure the actor runs, and returns.")
     co.add_argument("--address", help="Ray cluster to join (e.g. ray://head:10001 or auto); default: a local Ray")
-    co.add_argument("--listen", default=None, help="HOST:PORT of the endpoint (default 127.0.0.1:9470; "
-                                                   "0.0.0.0:9470 with --testbed, so namespaced agents reach it)")
+    co.add_argument("--listen", default=None, help=f"HOST:PORT of the endpoint (default {COORDINATOR_LISTEN}; "
+                                                   f"0.0.0.0:{COORDINATOR_PORT} with --testbed, so namespaced agents reach it)")
     co.add_argument("--state-dir", default=None, help="SQLite database and tokens (default /var/lib/linkpass/coordinator)")
     src = co.add_mutually_exclusive_group()
     src.add_argument("--testbed", metavar="PREFIX", help="use this running testbed's fabric as the fleet model")
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     def common(p, watch: bool = True):
         p.add_argument("-o", "--output", choices=FORMATS, default="table")
         p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint (default $LINKPASS_COORDINATOR "
-                                                            "or http://127.0.0.1:9470)")
+                                                            f"or {COORDINATOR_URL})")
         p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
         if watch:
             p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
@@ -387,7 +388,7 @@ def run_coordinator(args) -> int:
 
     settings = {"state_dir": args.state_dir or DEFAULT_STATE_DIR, "fabric": args.fabric,
                 "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
-                "listen": args.listen or ("0.0.0.0:9470" if args.testbed else "127.0.0.1:9470"),
+                "listen": args.listen or (f"0.0.0.0:{COORDINATOR_PORT}" if args.testbed else COORDINATOR_LISTEN),
                 "max_drain_share": args.max_drain_share}
     print(f"starting {'a local Ray instance' if not args.address else 'on Ray at ' + args.address} ...", flush=True)
     ray_actor.connect(args.address)

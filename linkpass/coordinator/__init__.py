@@ -1,1 +1,1 @@
-"""The coordinator: fleet view, fault localization, probe plans, drains (see service.py)."""
+"""The coordinator: fleet view, fault localization, probe plans, drains (the logic: coordinator.py)."""

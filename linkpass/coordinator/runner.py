@@ -44,7 +44,7 @@ def load_model(settings: dict) -> FabricModel | None:
 def parse_listen(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise CoordinatorError(f"listen: expected HOST:PORT such as 127.0.0.1:9470, got {text!r}")
+        raise CoordinatorError(f"listen: expected HOST:PORT such as {COORDINATOR_LISTEN}, got {text!r}")
     return host, int(port)
 
 

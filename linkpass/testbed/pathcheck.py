@@ -37,7 +37,7 @@ import sys
 import time
 
 from ..core import names
-from ..core.constants import ROCE_PORT
+from ..core.constants import PROBE_PORT_BASE, ROCE_PORT
 from ..core.names import host_name
 from .topology import nic_ifname
 from ..cli.output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
@@ -417,7 +417,7 @@ def run_trace(args) -> int:
     unprobed = [r["plane"] for r in doc["planes"] if r["end"] == "not probed"]
     if unprobed:
         return _usage(f"could not trace sport {args.sport} from {host_name(src)} on plane(s) {unprobed}: the port is in use "
-                      f"on that NIC (an agent's probe socket? its ports start at 49152); pick another --sport")
+                      f"on that NIC (an agent's probe socket? its ports start at {PROBE_PORT_BASE}); pick another --sport")
     emit(doc, args.output, lambda d: render_trace(d, wide=args.output == "wide"))
     return exit_code(doc)
 
@@ -440,7 +440,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--base-port", type=int, default=PROBE_BASE_PORT,
                    help=f"first source port swept (default {PROBE_BASE_PORT}: clear of ephemeral ports and the "
-                        "agent's 49152+)")
+                        f"agent's {PROBE_PORT_BASE}+)")
     p.add_argument("--ports", type=int, default=PROBE_PORTS, help=f"source ports swept per plane (default {PROBE_PORTS})")
     p.set_defaults(func=run_probe, needs_root=True)
 

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass.core.clock import Exchange, MeshCorrector, PairEstimator, PurePairFilter, SyntheticClock  # noqa: E402
+from linkpass.core.constants import PROBE_PORT_BASE  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
 from linkpass.testbed import build, faults, topology, traffic  # noqa: E402
 from linkpass.testbed.mesh import Mesh  # noqa: E402
@@ -124,7 +125,7 @@ def run_case(fab, args, seconds: float, case: str, loaded: bool) -> tuple[list[d
     start = time.time_ns()
     H = fab.spec.hosts
     pairs = Pairs(H, args.seed, int(args.pair_tolerance_us * 1000), start)
-    sync_paths = [(a, b, 0, 49152 + a * H + b) for a in range(H) for b in range(H) if a != b]
+    sync_paths = [(a, b, 0, PROBE_PORT_BASE + a * H + b) for a in range(H) for b in range(H) if a != b]
     mesh = Mesh.start(fab, sync_paths, KEY, interval_s=0.01, pair_gap_s=PAIR_GAP_S,
                       clocks={i: c.segment for i, c in pairs.clocks.items()}, on_exchange=pairs.on_exchange)
     stop = threading.Event()

@@ -44,6 +44,7 @@ from linkpass_sim import report  # noqa: E402
 from linkpass_sim.benchkit import A, B, FLAP_HALF_LIFE_MS  # noqa: E402
 from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.fabric import from_testbed, rail_optimized  # noqa: E402
+from linkpass.core.constants import PROBE_PORT_BASE  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
 from linkpass.core.localize import Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
@@ -247,7 +248,7 @@ def path_tables(fleet: Fleet, model) -> dict[str, list[dict]]:
         rows = tables.setdefault(host, [])
         for n, p in enumerate(paths):
             hops, dst = model.hops_of(host, p.peer, p.plane, p.spine)
-            rows.append({"id": n + 1, "peer": p.peer, "plane": p.plane, "sport": 49152 + n, "hops": hops,
+            rows.append({"id": n + 1, "peer": p.peer, "plane": p.plane, "sport": PROBE_PORT_BASE + n, "hops": hops,
                          "peer_addr": dst, "state": "up", "reason": None})
     return tables
 

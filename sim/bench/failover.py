@@ -11,7 +11,7 @@ artifact of simulating the fabric, not of the agent. Hard faults alternate betwe
 planes, 6 s apart; the agents' flap-damping half-life is 1 s instead of 10 s so that repeated
 trials on the same link are not (rightly) damped as flapping; the flap case shows damping.
 
-Cases (issue 4): host-uplink-down, leaf-spine-down (metrics detect, fault_to_reroute; peer BFD),
+Cases: host-uplink-down, leaf-spine-down (metrics detect, fault_to_reroute; peer BFD),
 flap, gray-loss-10, gray-loss-1, one-direction-loss, mtu-blackhole (detect; what BFD did under
 the same fault), tcp-flow-plane-down (stall; peer: the same flow without LinkPass),
 healthy-saturated (false_positives under two CPU burners), route_ops (per_s; peer pyroute2).

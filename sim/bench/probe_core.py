@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
+from linkpass.core.constants import ROCE_PORT  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
 from linkpass.probe.common import PathSpec  # noqa: E402
 from linkpass.probe.engine import CoreProbeEngine  # noqa: E402
@@ -74,11 +75,11 @@ def ours(fab, engine_cls, seconds: float) -> float:
 
 def peer(fab, binary: str, seconds: float) -> float:
     size = 96  # an unpadded probe's UDP payload
-    server = subprocess.Popen(["ip", "netns", "exec", fab.netns(host_name(1)), binary, "server", fab.nic_addr(1, 0), "4791",
+    server = subprocess.Popen(["ip", "netns", "exec", fab.netns(host_name(1)), binary, "server", fab.nic_addr(1, 0), str(ROCE_PORT),
                                str(seconds + 0.5)], stdout=subprocess.PIPE, text=True)
     time.sleep(0.1)
     client = subprocess.run(["ip", "netns", "exec", fab.netns(host_name(0)), binary, "client", fab.nic_addr(0, 0),
-                             fab.nic_addr(1, 0), "4791", str(seconds), str(size)], capture_output=True, text=True,
+                             fab.nic_addr(1, 0), str(ROCE_PORT), str(seconds), str(size)], capture_output=True, text=True,
                             timeout=seconds + 10)
     out, _ = server.communicate(timeout=seconds + 10)
     _, trips, _, c_cpu = client.stdout.split()
