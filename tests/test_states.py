@@ -50,12 +50,13 @@ def test_every_state_has_one_health_and_its_classes(state):
 
 
 def test_the_classes_fit_together():
+    usable, held, dark, bad, good = (set(c) for c in (S.USABLE, S.HELD_OUT, DARK, S.BAD, S.GOOD))
     assert set(HEALTH) == set(State) == set(EXPECTED)
-    assert S.USABLE | S.HELD_OUT | DARK == frozenset(State)
-    assert not (S.USABLE & S.HELD_OUT or S.USABLE & DARK or S.HELD_OUT & DARK)
-    assert DARK == {s for s in State if s.health is Level.CRITICAL}  # critical is exactly dark
-    assert S.GOOD == {s for s in State if s.health is Level.OK}
-    assert DARK <= S.BAD and not S.BAD & S.USABLE
+    assert usable | held | dark == set(State)
+    assert len(S.USABLE) + len(S.HELD_OUT) + len(DARK) == len(State)  # no state in two classes
+    assert dark == {s for s in State if s.health is Level.CRITICAL}  # critical is exactly dark
+    assert good == {s for s in State if s.health is Level.OK}
+    assert dark <= bad and not bad & usable
     assert S.STATE_NAMES == tuple(s.value for s in State)
 
 

@@ -136,7 +136,7 @@ class Reason(enum.Enum):
     EVIDENCE_CLEARED = "evidence_cleared"
     REUSED = "reused"
     RECOVERED = "recovered"
-    SPURIOUS_DOWN = "spurious_down"  # late, not lost: the DOWN is undone and the timeout raised
+    SPURIOUS_DOWN = "spurious_down"  # late, not lost: the DOWN is undone (the timeout stays as it was)
 
 
 _GRAY_REASON = {Direction.FWD: Reason.GRAY_LOSS_FWD, Direction.REV: Reason.GRAY_LOSS_REV}

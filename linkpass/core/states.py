@@ -67,11 +67,13 @@ class Level(enum.Enum):
 
 _RANK = {Level.OK: 0, Level.WARNING: 1, Level.CRITICAL: 2}
 
-USABLE = frozenset({State.UP, State.SUSPECT})
-DARK = frozenset({State.DOWN, State.DAMPED})
-HELD_OUT = frozenset(State) - USABLE - DARK  # degraded, recovering
-BAD = frozenset({State.DOWN, State.DAMPED, State.DEGRADED})
-GOOD = frozenset({State.UP})
+# The classes are tuples, not sets: the detector tests them on every batch of every path, and a
+# tuple's `in` compares identities in C where a set would call Enum's __hash__, written in Python.
+USABLE = (State.UP, State.SUSPECT)
+DARK = (State.DOWN, State.DAMPED)
+HELD_OUT = tuple(s for s in State if s not in USABLE and s not in DARK)  # degraded, recovering
+BAD = (State.DOWN, State.DAMPED, State.DEGRADED)
+GOOD = (State.UP,)
 
 HEALTH: dict[State, Level] = {
     State.UP: Level.OK,

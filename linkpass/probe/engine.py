@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..core import wire
-from ..core.probe_event import ProbeEvent
+from ..core.probe_event import ProbeEvent, from_record
 from ..core.telemetry import PathTelemetry, feed_events
 from .common import ExchangeRecord, PathSpec, ProbedPath, check_engine_args, open_nic_sockets
 
@@ -191,7 +191,7 @@ class CoreProbeEngine:
         replies accumulating in C (cheap frequent polls that still see every miss at once).
         Times are on this agent's clock."""
         data, evidence = self.core.take_events(all_answered)
-        events = list(map(ProbeEvent._make, self.EVENT.iter_unpack(data)))
+        events = list(map(from_record, self.EVENT.iter_unpack(data)))
         feed_events(events, self._telemetry)
         if all_answered:
             for pid, path in self.paths.items():

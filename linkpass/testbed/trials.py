@@ -8,6 +8,7 @@ import time
 from typing import Callable
 
 from ..core.names import host_name, link_ends, plane_of
+from ..core.states import State
 from . import faults
 from .faults import FaultSpec
 
@@ -55,7 +56,7 @@ def linkpass_hard(prefix: str, agents, a: int, b: int, links: list[str], trials:
         ev = agents.wait_for(a, "route_change", lambda e: e["mono_ns"] >= t0 and e["peer"] == peer
                              and plane not in e["planes"], 2.0)
         down = first(agents.events(a, "path_state"),
-                     lambda e: e["mono_ns"] >= t0 and e["new"] == "down" and e["peer"] == peer
+                     lambda e: e["mono_ns"] >= t0 and e["new"] == State.DOWN.value and e["peer"] == peer
                      and e["plane"] == plane)
         time.sleep(0.2)
         faults.clear(prefix)

@@ -46,7 +46,9 @@ from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.fabric import from_testbed, rail_optimized  # noqa: E402
 from linkpass.core.constants import PROBE_PORT_BASE  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
-from linkpass.core.localize import Localizer, Observation  # noqa: E402
+from linkpass.core.detector import Reason  # noqa: E402
+from linkpass.core.states import Direction, State  # noqa: E402
+from linkpass.core.localize import BOTH, Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
 from linkpass.coordinator.client import Client  # noqa: E402
@@ -58,7 +60,8 @@ SHAPE = (2048, 8, 32, 32)  # hosts, rails, hosts per leaf, spines per plane: 16 
 NOISY_SHARE = 0.01
 NOISE_BAD = 0.30
 NOISE_FLIP = 0.5
-NOISE_DIRECTIONS = ("forward", "reverse", "both", None)
+FWD, REV = Direction.FWD.value, Direction.REV.value  # the localizer takes a direction or its value
+NOISE_DIRECTIONS = (FWD, REV, BOTH, None)
 
 
 def free_port(host: str) -> int:
@@ -126,7 +129,7 @@ def verdicts(fleet: Fleet, rng: random.Random, truth: set[str]) -> dict[int, str
     """path index -> direction, for the paths reported bad (faults, then noisy agents)."""
     fwd_hit = {i for d in truth for i in fleet.fwd_index.get(d, ())}
     rev_hit = {i for d in truth for i in fleet.rev_index.get(d, ())}
-    bad = {i: ("both" if i in fwd_hit and i in rev_hit else "forward" if i in fwd_hit else "reverse")
+    bad = {i: (BOTH if i in fwd_hit and i in rev_hit else FWD if i in fwd_hit else REV)
            for i in fwd_hit | rev_hit}
     hosts = fleet.model.hosts
     for host in rng.sample(hosts, max(1, round(NOISY_SHARE * len(hosts)))):
@@ -249,7 +252,7 @@ def path_tables(fleet: Fleet, model) -> dict[str, list[dict]]:
         for n, p in enumerate(paths):
             hops, dst = model.hops_of(host, p.peer, p.plane, p.spine)
             rows.append({"id": n + 1, "peer": p.peer, "plane": p.plane, "sport": PROBE_PORT_BASE + n, "hops": hops,
-                         "peer_addr": dst, "state": "up", "reason": None})
+                         "peer_addr": dst, "state": State.UP.value, "reason": None})
     return tables
 
 
@@ -281,12 +284,12 @@ def report_mixes(hosts: list[str], tables: dict[str, list[dict]], plan_version: 
         if summary:
             doc["paths"] = [dict(r, state=state) for r in tables[h]]
         else:
-            doc["changes"] = [{"id": r["id"], "state": state, "reason": "hard_failure" if state == "down" else None}
+            doc["changes"] = [{"id": r["id"], "state": state, "reason": Reason.HARD_FAILURE.value if state == State.DOWN.value else None}
                               for r in tables[h]]
         return json.dumps(doc).encode()
 
-    return {"ingest": ([body(h, s, summary=(k == 9)) for h in hosts for k, s in enumerate(("suspect", "up") * 5)], 10),
-            "ingest-storm": ([body(h, s) for h in hosts for s in ("down", "up")], 2)}
+    return {"ingest": ([body(h, s, summary=(k == 9)) for h in hosts for k, s in enumerate((State.SUSPECT.value, State.UP.value) * 5)], 10),
+            "ingest-storm": ([body(h, s) for h in hosts for s in (State.DOWN.value, State.UP.value)], 2)}
 
 
 def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict[str, list[dict]],

@@ -36,6 +36,7 @@ from linkpass_sim.benchkit import A, B, FLAP_HALF_LIFE_MS  # noqa: E402
 from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.constants import RTPROT_LINKPASS  # noqa: E402
 from linkpass.core.names import host_name, leaf_name, link_name, spine_name  # noqa: E402
+from linkpass.core.states import State  # noqa: E402
 from linkpass.testbed import build, faults, frr, tcpflow, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.bfd_hook import BfdRouteHook  # noqa: E402
@@ -44,6 +45,7 @@ from linkpass.testbed.trials import (  # noqa: E402
     MONO_TO_WALL, apply_fault, first, link_plane, linkpass_hard, ms)
 
 PEER_BFD = "frr-bfdd-10msx3"
+DOWN, DEGRADED = State.DOWN.value, State.DEGRADED.value  # as agents log path states
 # A's uplinks on both planes (A hangs off leaf 0) and leaf 0's link to spine 0 on both planes
 UPLINKS = [link_name(host_name(A), leaf_name(p, 0)) for p in (0, 1)]
 SPINE_LINKS = [link_name(leaf_name(p, 0), spine_name(p, 0)) for p in (0, 1)]
@@ -96,9 +98,9 @@ def linkpass_gray(prefix, agents, spec, reasons, window_s, windows: list[float])
     rec = apply_fault(prefix, spec)
     t0 = rec["effective_mono_ns"]
     windows.append(ms(rec["effective_window_ns"][1] - rec["effective_window_ns"][0]))
-    ev = agents.wait_for(A, "path_state", lambda e: e["mono_ns"] >= t0 and e["new"] == "degraded"
+    ev = agents.wait_for(A, "path_state", lambda e: e["mono_ns"] >= t0 and e["new"] == DEGRADED
                          and e["reason"] in reasons, window_s)
-    wrong = [e for e in agents.events(A, "path_state") if e["mono_ns"] >= t0 and e["new"] == "degraded"
+    wrong = [e for e in agents.events(A, "path_state") if e["mono_ns"] >= t0 and e["new"] == DEGRADED
              and e["reason"] not in reasons]
     faults.clear(prefix)
     return (ms(ev["at_ns"] - MONO_TO_WALL - t0) if ev else None), (ev or {}).get("reason"), len(wrong)
@@ -120,7 +122,7 @@ def soak(agents, seconds, burners):
     for h in (A, B):
         evs = agents.events(h)
         out[h] = {"downs": sum(1 for e in evs if e.get("event") == "path_state" and e["mono_ns"] > t0
-                               and e["new"] == "down"),
+                               and e["new"] == DOWN),
                   "spurious_undone": sum(1 for e in evs if e.get("event") == "path_state" and e["mono_ns"] > t0
                                          and e["reason"] == "spurious_down"),
                   "reroutes": sum(1 for e in evs if e.get("event") == "route_change" and e["mono_ns"] > t0)}
@@ -135,7 +137,7 @@ def flap(prefix, agents) -> tuple[list[float], int]:
     t0 = rec["effective_mono_ns"]
     time.sleep(3)
     faults.clear(prefix)
-    down = first(agents.events(A, "path_state"), lambda e: e["mono_ns"] >= t0 and e["new"] == "down")
+    down = first(agents.events(A, "path_state"), lambda e: e["mono_ns"] >= t0 and e["new"] == DOWN)
     detect = [ms(down["at_ns"] - MONO_TO_WALL - t0)] if down else []
     return detect, len(agents.events(A, "route_change")) - n0
 
