@@ -8,7 +8,7 @@ import os
 import pytest
 
 from linkpass.core import telemetry
-from linkpass.core.probe_event import EV_ANSWERED, EV_LATE, EV_MISS, EventKind, ProbeEvent
+from linkpass.core.probe_event import EV_ANSWERED, EV_LATE, EV_MISS, EventKind, ProbeEvent, from_record
 from linkpass.core.telemetry import LossCounters, PathTelemetry, feed_events
 from linkpass.probe import _probecore
 from linkpass.probe.engine import CoreProbeEngine
@@ -23,7 +23,7 @@ def test_the_c_record_has_the_events_fields_in_their_order():
     assert len(CoreProbeEngine.EVENT.unpack(bytes(CoreProbeEngine.EVENT.size))) == len(ProbeEvent._fields)
     assert ProbeEvent._fields[:2] == ("kind", "path_id") and ProbeEvent._fields[-4:] == ("t1", "t2", "t3", "t4")
     record = CoreProbeEngine.EVENT.pack(EV_MISS, 7, 41, 0, 0, 1, 0, 1_000, 0, 0, 251_000)
-    assert ProbeEvent._make(CoreProbeEngine.EVENT.unpack(record)) == ProbeEvent.miss(7, 41, 1, 1_000, 251_000)
+    assert from_record(CoreProbeEngine.EVENT.unpack(record)) == ProbeEvent.miss(7, 41, 1, 1_000, 251_000)
 
 
 def test_each_kind_sets_only_its_fields():

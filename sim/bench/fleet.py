@@ -34,14 +34,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from linkpass_sim import calibration, fleet  # noqa: E402
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.failures import Shape  # noqa: E402
-from linkpass_sim.report import row  # noqa: E402
+from linkpass_sim.report import progress, row  # noqa: E402
 
 GPUS = 16_384
 DAY_TARGET_S = 60.0
-
-
-def progress(msg: str) -> None:
-    print(f"  {time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
 def main() -> int:
