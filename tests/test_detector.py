@@ -194,6 +194,13 @@ def _scenarios() -> list[Transition]:
         seen += d.on_sent(60_000 + k, t + k * MS)
     seen += d.tick(t + 3 * MS)
     seen += d.on_reply(60_000, t + 3 * MS + 10 * US, 3 * MS + 10 * US)
+    # ... and undone after an older probe's late reply took it to RECOVERING first
+    t += 10 * MS
+    for k in range(3):
+        seen += d.on_sent(61_000 + k, t + k * MS)
+    seen += d.tick(t + 20 * MS)  # the late reply above raised the timeout to a few ms
+    seen += d.on_reply(60_999, t + 20 * MS + 5 * US, 21 * MS)
+    seen += d.on_reply(61_000, t + 20 * MS + 10 * US, 20 * MS + 10 * US)
     return seen
 
 
@@ -533,6 +540,41 @@ def test_late_streak_is_undone_as_spurious_without_penalty():
     assert [(x.new, x.reason) for x in late] == [(State.UP, Reason.SPURIOUS_DOWN)]
     assert d.penalty(t0 + 3 * MS) <= penalty_before + 1e-9  # the flap penalty was taken back
     assert d.state is State.UP and d.good_run == 0  # no hold-down; the next probes count afresh
+
+
+def test_late_streak_is_undone_after_an_older_late_reply_took_the_path_to_recovering():
+    """The first reply after the streak may be an older probe's (one that did not count in the
+    streak, e.g. a full-size one); the streak's own late replies then still undo the DOWN, and
+    its flap penalty, so bursts of lateness cannot add up to DAMPED."""
+    d = PathDetector("p", DetectorConfig(hold_down_ns=500 * MS))
+    t0 = warm(d, random.Random(3))
+    penalty_before = d.penalty(t0)
+    for k in range(3):
+        d.on_miss(10_000 + k, t0 + k * MS + d.rto_ns)
+    assert d.state is State.DOWN
+    older = d.on_reply(9_999, t0 + 3 * MS, 4 * MS)
+    assert [x.new for x in older] == [State.RECOVERING]
+    late = d.on_reply(10_000, t0 + 3 * MS + 20 * US, 3 * MS)
+    assert [(x.old, x.new, x.reason) for x in late] == [(State.RECOVERING, State.UP, Reason.SPURIOUS_DOWN)]
+    assert d.penalty(t0 + 3 * MS) <= penalty_before + 1e-9
+
+
+def test_bursts_of_lateness_never_add_up_to_damped():
+    """Fifty bursts a second apart, each making a streak late (not lost), the first reply after
+    each an older probe's: every DOWN is undone and the path is never DAMPED."""
+    d = PathDetector("p", DetectorConfig(flap_half_life_ns=10_000 * MS))
+    t = warm(d, random.Random(6))
+    states = []
+    for burst in range(50):
+        base = 100_000 + burst * 10
+        for k in range(3):
+            states += [x.new for x in d.on_miss(base + k, t + k * MS + d.rto_ns)]
+        states += [x.new for x in d.on_reply(base - 1, t + 3 * MS, 4 * MS)]
+        for k in range(3):
+            states += [x.new for x in d.on_reply(base + k, t + 3 * MS + (k + 1) * 10 * US, 3 * MS)]
+        t += 1000 * MS
+        d.on_answered(5, base + 5, t, 60 * US)
+    assert State.DOWN in states and State.DAMPED not in states and d.state is State.UP
 
 
 def test_real_outage_is_not_undone_by_a_reply_after_it():

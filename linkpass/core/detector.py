@@ -15,7 +15,8 @@ penalties, resets) and returns the `Transition` as data.
     UP/SUSPECT/RECOVERING ──gray loss | latency | MTU──► DEGRADED ──evidence clears──► RECOVERING
     DEGRADED/RECOVERING ──N misses──► DOWN ──penalty ≥ suppress──► DAMPED ──penalty ≤ reuse──►
         RECOVERING (path answering) | DOWN (path dark)
-    DOWN ──a probe of the streak that declared it is answered after all──► UP (spurious)
+    DOWN | RECOVERING ──a probe of the streak that declared the DOWN is answered after all──► UP
+        (spurious)
 
 Mechanisms, and why these numbers (defaults in `DetectorConfig`, tuned for 1 ms probes):
 
@@ -38,6 +39,10 @@ not raised for it: measured on the testbed, such lateness comes in host-wide bur
 late by 3-30 ms at once), which say nothing about the path, and raising the floor after each made
 later real failures take tens of ms to detect. RFC 6298 smoothing (fed each batch's worst RTT)
 is what adapts the timeout to a path that really is slower. Only DOWNs entered from UP or SUSPECT are undone this way.
+The undo also applies once the path has gone on to RECOVERING: the first reply after the streak
+may be an older probe's (a full-size one, which does not count in the streak), and the streak's
+own late replies follow it; without the undo each such burst would cost a flap penalty, and a
+host starved for minutes would end up DAMPED on every path.
 
 Gray loss, per direction. The telemetry tells forward loss (request never reached the
 reflector) from reverse loss (reply lost) exactly, via the reflector's rx_count; the caller
@@ -184,6 +189,7 @@ TRANSITIONS: dict[tuple[State, Event], tuple[State, str]] = {
     (State.DAMPED, Event.REUSE_LIVE): (State.RECOVERING, "_t_reuse"),
     (State.DAMPED, Event.REUSE_DARK): (State.DOWN, "_t_reuse"),
     (State.DOWN, Event.LATE): (State.UP, "_t_undo"),
+    (State.RECOVERING, Event.LATE): (State.UP, "_t_undo"),  # only right after a spurious DOWN
 }
 
 
@@ -448,7 +454,7 @@ class PathDetector:
             self._size_seqs[seq] = True
             self.size_misses = 0
             self.faults.discard(Reason.MTU_BLACKHOLE)
-        if self.state is State.DOWN and self._down_cause and seq in self._down_cause[0]:
+        if self._down_cause and self.state in (State.DOWN, State.RECOVERING) and seq in self._down_cause[0]:
             # Eifel-style: a probe we counted as lost was only late
             out += self._fire(Event.LATE, Reason.SPURIOUS_DOWN, now_ns,
                               f"seq {seq}, counted missed, answered after {rtt_ns} ns: late, not lost")
@@ -682,8 +688,10 @@ class PathDetector:
         self._reset_evidence(keep_latency=True)
 
     def _t_degrade(self, reason: Reason, now_ns: int) -> None:
-        """-> DEGRADED: remember why; each reason clears on its own."""
+        """-> DEGRADED: remember why; each reason clears on its own. A DOWN before it is no longer
+        undone: the path has shown more than lateness since."""
         self.faults = {reason}
+        self._down_cause = None
 
     def _t_watch(self, reason: Reason, now_ns: int) -> None:
         """DOWN | DEGRADED -> RECOVERING: the hold-down and the good-probe count start now."""
@@ -691,8 +699,9 @@ class PathDetector:
         self.faults.clear()
 
     def _t_recovered(self, reason: Reason, now_ns: int) -> None:
-        """RECOVERING -> UP."""
+        """RECOVERING -> UP: the DOWN before it, spurious or not, is history."""
         self.faults.clear()
+        self._down_cause = None
 
     def _t_undo(self, reason: Reason, now_ns: int) -> None:
         """DOWN -> UP: the DOWN was spurious; it costs no flap penalty and needs no hold-down."""
@@ -703,6 +712,7 @@ class PathDetector:
 
     def _t_damp(self, reason: Reason, now_ns: int) -> None:
         """DOWN -> DAMPED: out until the penalty decays, whatever the path does meanwhile."""
+        self._down_cause = None
 
     def _t_reuse(self, reason: Reason, now_ns: int) -> None:
         """DAMPED -> RECOVERING (answering) | DOWN (dark): the penalty no longer holds it."""
