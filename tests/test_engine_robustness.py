@@ -182,7 +182,9 @@ def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric)
     a, b = one_path_pair(fabric)
     try:
         a.track(True)
-        a.set_rto(1, 5_000_000)  # generous: nothing on a healthy fabric is late by 5 ms
+        # generous: on a healthy fabric nothing is late by 50 ms, even with the machine loaded
+        # (a reflector kept waiting 5-20 ms by the scheduler happens there)
+        a.set_rto(1, 50_000_000)
         b.start_background()
         a.start_background()
         time.sleep(0.5)
@@ -192,7 +194,7 @@ def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric)
         assert sum(e[3] for e in answered) >= 400  # ~1 per ms, in a few batches
         assert evidence > 0 and abs(time.time_ns() - evidence) < 50_000_000
         b.close()  # the reflector is gone: from now on every request is missed
-        time.sleep(0.3)
+        time.sleep(0.4)
         assert a.wait(1.0)  # the eventfd says a miss is waiting
         events, evidence = a.poll(True)
         misses = [e for e in events if e[0] == EV_MISS]
@@ -200,10 +202,10 @@ def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric)
         seqs = [e[2] for e in misses]
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
         for _, _, _, _, _, _, _, t_sent, _, _, deadline in misses:
-            assert deadline == t_sent + 5_000_000 and deadline <= evidence
+            assert deadline == t_sent + 50_000_000 and deadline <= evidence
         assert not [e for e in events if e[0] == EV_LATE]
         total = sum(e[3] for e in answered) + sum(e[3] for e in events if e[0] == EV_ANSWERED) + len(misses)
-        assert a.core.path_sent(1) - total < 20  # the rest are still within their deadline
+        assert a.core.path_sent(1) - total < 50 + 20  # the rest are still within their deadline (50 ms)
     finally:
         a.close()
         b.close()

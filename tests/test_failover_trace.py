@@ -40,7 +40,7 @@ def test_a_recorded_event_sequence_gives_the_recorded_decisions():
     rto, entropy, logs, step = [], _Entropy(), [], [0]
     fo = Failover(Detector(DetectorConfig(**trace["detector"])), loss.__getitem__,
                   lambda event, **fields: logs.append((event, fields)), entropy=entropy,
-                  interval_ns=trace["interval_ns"], set_rto=lambda pid, ns: rto.append([step[0], pid, ns]))
+                  set_rto=lambda pid, ns: rto.append([step[0], pid, ns]))
     for p in trace["paths"]:
         fo.add_path(PathInfo(*p))
     transitions = []

@@ -100,7 +100,7 @@ class Agent:
             self.entropy = EntropyWriter(cfg.entropy_path)
         self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
                                  log, routes=self.routes, entropy=self.entropy,
-                                 interval_ns=int(cfg.interval_ms * 1e6), set_rto=self.engine.set_rto)
+                                 set_rto=self.engine.set_rto)
         self.view = TelemetryView(self.engine, self.labels, offset_ns=self._offset_of_peer, state_of=self._state_of)
         self.api: LocalApi | None = None
         self.stopping = threading.Event()
@@ -300,13 +300,18 @@ class Agent:
             if self.pending_drains is not None:
                 drains, self.pending_drains = self.pending_drains, None
                 self.apply_drains(drains)
-            # sleep until the C loop reports a miss or a late reply, or the next batch is due
-            self.engine.wait(next_batch - time.monotonic())
+            # sleep until the C loop reports a miss or a late reply, or the next batch is due, or
+            # a DOWN held back from the data path can be decided by fresh answers
+            wait_s = next_batch - time.monotonic()
+            decide_ns = self.failover.decision_wait_ns()
+            if decide_ns is not None:
+                wait_s = min(wait_s, max(decide_ns / 1e9, self.cfg.interval_ms / 1000))
+            self.engine.wait(wait_s)
             now = time.monotonic()
             batch = now >= next_batch  # on-time replies come in batches; misses at once
             if batch:
                 next_batch = now + BATCH_S
-            events, evidence = self.engine.poll(batch)
+            events, evidence = self.engine.poll(batch or decide_ns is not None)
             if not batch and any(e.kind == EV_MISS for e in events):
                 # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)
                 more, evidence = self.engine.poll(True)

@@ -12,8 +12,8 @@ NCCL plugin) can do better and use exactly the healthy paths of every plane.
     ports:   the ports of the usable paths of (peer, plane); none usable: every port, flagged
              fail-static, so a transport still has somewhere to go
 
-A path gone silent is only held against its plane once the peer is heard on another path after
-it fell silent (`silence_confirmed`). When every path to a peer goes dark at once, the peer (its
+A path gone silent is only held against its plane once the peer answers another path on time
+after it was declared DOWN (`silence_confirmed`). When every path to a peer goes dark at once, the peer (its
 host, its agent, its scheduler) is the likelier culprit than its links, and moving its traffic
 from plane to plane would only churn routes: they stay as they are.
 """
@@ -53,10 +53,12 @@ def usable_planes(states_by_plane: Mapping[int, Iterable[State]]) -> PlaneChoice
     return PlaneChoice(partial, "partial" if partial else "none")
 
 
-def silence_confirmed(silent_since_ns: int, others_last_answered_ns: Iterable[int], margin_ns: int) -> bool:
-    """Whether a silent path's peer has answered another path for a probe sent at least
-    `margin_ns` after the silent path's last answered one (all times: send times, our clock)."""
-    return any(t >= silent_since_ns + margin_ns for t in others_last_answered_ns)
+def silence_confirmed(down_at_ns: int, others_last_on_time_ns: Iterable[int]) -> bool:
+    """Whether a path's DOWN is confirmed by the peer answering another path *on time* for a
+    probe sent after the DOWN was declared (send times, our clock). A late answer does not
+    confirm: when a host is kept waiting, every path's replies are late together, and the DOWN
+    path's own late replies are then on their way too."""
+    return any(t > down_at_ns for t in others_last_on_time_ns)
 
 
 def crosses(hops: Iterable[str | None], peer_addr: str, link_addrs: Iterable[str]) -> bool:

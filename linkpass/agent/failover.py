@@ -23,15 +23,26 @@ One-way delays (for the latency detector) need the peer's clock offset: a `PairE
 peer, fed from all of its paths (one sample per path and batch), supplies it once converged
 (~3 s); until then latency is not judged. Decisions a rate limit deferred are retried on the next step; when no plane to a peer is
 usable the route is kept as it is (fail static), logged once and counted.
+
+Host lateness. When replies on every answering path to a peer turn late together (within
+`lateness_window_ns`), the cause is a host: the peer's probe thread or this one kept waiting by
+the scheduler, or the software fabric starved of CPU; not a link. Such bursts make DOWNs that
+the late replies then undo (the detector's spurious-DOWN rule), but a route moved in between is
+two needless route changes and a flow re-hashed twice. So each burst sets the peer's *lateness
+allowance*: `lateness_factor` × the burst's lateness beyond the timeout, capped at
+`lateness_cap_ns`, halving every `lateness_half_life_ns`. A DOWN is acted on only once it has
+stood for the allowance with no late reply undoing it. On a calm host the allowance is zero and
+detection is as fast as the detector; under sustained starvation a real cut is routed around
+about one allowance later (sim/bench/failover.py, row healthy-saturated and cut-saturated).
 """
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.clock import Exchange, PairEstimator
-from ..core.detector import Detector, State, Transition
+from ..core.detector import Detector, Reason, State, Transition
 from ..core.entropy_table import Entry
 from ..core.probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
 from ..core.telemetry import LossCounters
@@ -45,20 +56,40 @@ class _LossMark:
     lost_rev: int
 
 
+@dataclass
+class _Lateness:
+    """One peer's recent late replies and the allowance they earned (see the module doc)."""
+
+    late: dict[int, tuple[int, int]] = field(default_factory=dict)  # path -> (arrival, ns beyond timeout)
+    allowance_ns: float = 0.0
+    at_ns: int = 0
+
+    def allowance_at(self, now_ns: int, half_life_ns: int) -> float:
+        if self.allowance_ns <= 0:
+            return 0.0
+        return self.allowance_ns * 2.0 ** (-max(0, now_ns - self.at_ns) / half_life_ns)
+
+
 class Failover:
     def __init__(self, detector: Detector, loss_of: Callable[[int], LossCounters], log: Callable[..., None], *,
-                 routes=None, entropy=None, loss_batch_ns: int = 10_000_000, interval_ns: int = 1_000_000,
-                 set_rto: Callable[[int, int], None] | None = None):
+                 routes=None, entropy=None, loss_batch_ns: int = 10_000_000,
+                 set_rto: Callable[[int, int], None] | None = None, lateness_window_ns: int = 50_000_000,
+                 lateness_factor: float = 1.5, lateness_cap_ns: int = 100_000_000,
+                 lateness_half_life_ns: int = 60_000_000_000, confirm_window_ns: int = 100_000_000,
+                 unanswered_grace_ns: int = 5_000_000_000):
         self.detector = detector
         self.loss_of = loss_of
         self.log = log
         self.routes = routes  # RouteActuator or None (routes disabled)
         self.entropy = entropy  # EntropyWriter or None
         self.loss_batch_ns = loss_batch_ns
-        self.silence_margin_ns = 2 * interval_ns  # see decide.silence_confirmed
-        # path -> send time of its newest answered probe; a path is judged only once it is in here
-        # (answered at least once: peers start at their own pace)
+        # path -> send time of its newest answered probe. A path never answered is judged only from
+        # `unanswered_grace_ns` after its first miss (peers start at their own pace); after that it
+        # goes DOWN like any other, so a path that never worked does not pass for healthy
         self._last_answered: dict[int, int] = {}
+        self.unanswered_grace_ns = unanswered_grace_ns
+        self._judge_unanswered_from: dict[int, int] = {}
+        self._last_on_time: dict[int, int] = {}  # path -> send time of its newest on-time answer
         self.peer_silent: set[str] = set()
         self.set_rto = set_rto  # pushes a path's timeout to the data path that judges deadlines
         self._rto_pushed: dict[int, int] = {}
@@ -76,6 +107,20 @@ class Failover:
         self.counters: Counter = Counter()
         self.last_transition: dict[int, Transition] = {}
         self.drained: frozenset[int] = frozenset()  # paths an operator's drain steers away from
+        self.lateness_window_ns = lateness_window_ns
+        self.lateness_factor = lateness_factor
+        self.lateness_cap_ns = lateness_cap_ns
+        self.lateness_half_life_ns = lateness_half_life_ns
+        self._lateness: dict[str, _Lateness] = {}
+        self._down_at: dict[int, int] = {}  # path -> when its current DOWN was declared
+        self._held: set[int] = set()  # DOWN paths the lateness allowance holds (counted once each)
+        # paths whose DOWN the data path never acted on (held or unconfirmed throughout): if they
+        # answer again, their RECOVERING counts as UP (traffic never left them, so there is no
+        # flapping link to keep traffic off while the hold-down runs)
+        self._unacted: set[int] = set()
+        self._now_ns = 0  # the newest evidence time: what the allowance is measured against
+        self.confirm_window_ns = confirm_window_ns
+        self._decision_at: int | None = None  # when a DOWN held back from the data path may be decided
 
     def set_drained(self, path_ids, mono_ns: int) -> None:
         """Paths crossing a drained link: unusable for the data path (still probed and judged,
@@ -104,8 +149,14 @@ class Failover:
                 self._loss.pop(pid, None)
                 self.last_transition.pop(pid, None)
                 self._last_answered.pop(pid, None)
+                self._last_on_time.pop(pid, None)
+                self._judge_unanswered_from.pop(pid, None)
+                self._down_at.pop(pid, None)
+                self._held.discard(pid)
+                self._unacted.discard(pid)
                 self._rto_pushed.pop(pid, None)
         self._clocks.pop(peer, None)
+        self._lateness.pop(peer, None)
         self._pending.discard(peer)
         self.fail_static.discard(peer)
         self.peer_silent.discard(peer)
@@ -127,7 +178,9 @@ class Failover:
         `evidence_ns`; returns the transitions they caused (already acted on). `mono_ns`: now, for
         the log lines."""
         det = self.detector
-        answered = self._last_answered
+        answered, on_time = self._last_answered, self._last_on_time
+        if evidence_ns > self._now_ns:
+            self._now_ns = evidence_ns
         out: list[Transition] = []
         touched = set()
         for ev in events:
@@ -137,13 +190,15 @@ class Failover:
                 continue
             kind, t1, t4 = ev.kind, ev.t1, ev.t4
             if kind == EV_MISS:
-                if pid in answered:
+                if pid in answered or t4 >= self._judge_unanswered_from.setdefault(pid, t4 + self.unanswered_grace_ns):
                     out += det.on_miss(pid, ev.seq, t4, bool(ev.size_probe))  # t4: the deadline
                 continue
             t2, t3 = ev.t2, ev.t3
             first_answer = pid not in answered
             if t1 > answered.get(pid, 0):
                 answered[pid] = t1
+            if kind == EV_ANSWERED and t1 > on_time.get(pid, 0):
+                on_time[pid] = t1
             est = self._clocks[info.peer]
             owd_fwd = owd_rev = None
             if est.converged:
@@ -158,6 +213,7 @@ class Failover:
                 out += det.on_answered(pid, ev.count, ev.seq, t4, t4 - t1, owd_fwd, owd_rev, bool(ev.size_probe),
                                        ev.worst_rtt_ns)
             else:  # EV_LATE
+                self._late_reply(info, t4, t4 - t1 - det[pid].rto_ns, mono_ns)
                 out += det.on_reply(pid, ev.seq, t4, t4 - t1, owd_fwd, owd_rev)
         # a little slack: the daemon wakes every 10 ms by its own clock and the evidence time it
         # reads trails the wake by up to a probe-thread loop, so an exact comparison lets every
@@ -175,6 +231,36 @@ class Failover:
         for fields in logs:  # after acting: a log line costs tens of µs, the route change should not wait for it
             self.log("path_state", **fields)
         return out
+
+    def _late_reply(self, info: PathInfo, arrival_ns: int, beyond_ns: int, mono_ns: int) -> None:
+        """Note a late reply; when every answering path to its peer has one within the window, the
+        burst is the host's: raise the peer's lateness allowance."""
+        lat = self._lateness.setdefault(info.peer, _Lateness())
+        lat.late[info.path_id] = (arrival_ns, max(0, beyond_ns))
+        since = arrival_ns - self.lateness_window_ns
+        worst = 0
+        for ids in self.by_peer.get(info.peer, {}).values():
+            for pid in ids:
+                seen = lat.late.get(pid)
+                if seen is not None and seen[0] >= since:
+                    worst = max(worst, seen[1])
+                elif pid in self._last_answered and self.detector[pid].state not in (State.DOWN, State.DAMPED):
+                    return  # a path that answers on time: not host-wide
+        now_allow = lat.allowance_at(arrival_ns, self.lateness_half_life_ns)
+        new = min(float(self.lateness_cap_ns), self.lateness_factor * worst)
+        if new > now_allow:
+            self.counters["host_lateness_raised"] += 1
+            if new > 1.2 * now_allow:  # one line per real rise, not one per late reply of a burst
+                self.log("host_lateness", peer=info.peer, late_ms=round(worst / 1e6, 3),
+                         allowance_ms=round(new / 1e6, 3), mono_ns=mono_ns,
+                         note="replies on every path to this peer came late together: a host kept waiting, "
+                              "not a link; DOWNs are acted on only after the allowance")
+            lat.allowance_ns, lat.at_ns = new, arrival_ns
+
+    def allowance_ns(self, peer: str) -> int:
+        """The peer's lateness allowance now (0 on a calm host)."""
+        lat = self._lateness.get(peer)
+        return int(lat.allowance_at(self._now_ns, self.lateness_half_life_ns)) if lat else 0
 
     def _push_rto(self, pid: int) -> None:
         """Tell the data path the detector's current timeout when it moved by more than 5 %."""
@@ -212,6 +298,17 @@ class Failover:
             return None
         self.counters[f"transition_{t.new.value}"] += 1
         self.last_transition[t.path] = t
+        if t.reason is Reason.SPURIOUS_DOWN and t.path in self._unacted:
+            self.counters["lateness_absorbed"] += 1  # a DOWN undone before the data path moved for it
+        if t.new is State.DOWN:
+            self._down_at[t.path] = t.at_ns
+            if t.old in (State.UP, State.SUSPECT) or t.path in self._unacted:
+                self._unacted.add(t.path)
+        elif t.new is not State.RECOVERING:
+            self._unacted.discard(t.path)
+        if t.old is State.DOWN and t.new is not State.DOWN:
+            self._down_at.pop(t.path, None)
+            self._held.discard(t.path)
         if t.old.usable != t.new.usable:
             self._pending.add(info.peer)
         if {t.old, t.new} == {State.UP, State.SUSPECT}:
@@ -223,11 +320,13 @@ class Failover:
     def apply(self, mono_ns: int) -> None:
         """Re-decide every peer whose paths changed usability (and retry deferred ones). `mono_ns`:
         now, for the log lines; a route change is stamped with when the actuator made it."""
+        self._decision_at = None
         for peer in sorted(self._pending):
             planes = self.by_peer.get(peer, {})
-            eff, unconfirmed = self._effective_states(planes)
+            eff, unconfirmed, held = self._effective_states(peer, planes)
+            self._note_decision_time(peer, unconfirmed, held)
             choice = usable_planes({plane: [eff[pid] for pid in ids] for plane, ids in planes.items()})
-            done = not unconfirmed  # re-decide on every step until the silence is explained
+            done = not unconfirmed and not held  # re-decide on every step until the silence is explained
             if unconfirmed and peer not in self.peer_silent:
                 self.peer_silent.add(peer)
                 self.counters["peer_silent"] += 1
@@ -268,22 +367,55 @@ class Failover:
             if done:
                 self._pending.discard(peer)
 
-    def _effective_states(self, planes: dict[int, list[int]]) -> tuple[dict[int, State], list[int]]:
+    def _note_decision_time(self, peer: str, unconfirmed: list[int], held: list[int]) -> None:
+        """A held DOWN is decided when its allowance ends; an unconfirmed one by the next on-time
+        answers of the peer's other paths (wanted at once, while the DOWN is young: a real cut's
+        route should not wait for the next batch of answers)."""
+        allowance = self.allowance_ns(peer)
+        times = [self._down_at.get(pid, 0) + allowance for pid in held]
+        if any(self._now_ns - self._down_at.get(pid, 0) < self.confirm_window_ns for pid in unconfirmed):
+            times.append(self._now_ns)
+        if times:
+            t = min(times)
+            self._decision_at = t if self._decision_at is None else min(self._decision_at, t)
+
+    def decision_wait_ns(self) -> int | None:
+        """How long after the newest evidence time a DOWN held back from the data path may be
+        decided (0: as soon as fresh answers are in), or None: nothing waits. The caller wakes
+        then (no earlier than its next probe could be answered) and steps with every path's answers."""
+        if self._decision_at is None:
+            return None
+        return max(0, self._decision_at - self._now_ns)
+
+    def _effective_states(self, peer: str, planes: dict[int, list[int]]
+                          ) -> tuple[dict[int, State], list[int], list[int]]:
         """Path states as the data path should see them: a DOWN path whose silence no other path
-        of the same peer confirms counts as UP until one does; returns those paths too."""
-        answered = {pid: self._last_answered.get(pid, 0) for ids in planes.values() for pid in ids}
+        of the same peer confirms, or that has stood for less than the peer's lateness allowance,
+        counts as UP until then; returns the states, the unconfirmed paths and the held ones."""
+        on_time = {pid: self._last_on_time.get(pid, 0) for ids in planes.values() for pid in ids}
+        allowance = self.allowance_ns(peer)
         eff: dict[int, State] = {}
-        unconfirmed = []
-        for pid in answered:
+        unconfirmed, held = [], []
+        for pid in on_time:
             st = self.detector[pid].state
             if st is State.DOWN and not silence_confirmed(
-                    answered[pid], (t for q, t in answered.items() if q != pid), self.silence_margin_ns):
+                    self._down_at.get(pid, 0), (t for q, t in on_time.items() if q != pid)):
                 unconfirmed.append(pid)
+                st = State.UP
+            elif st is State.DOWN and self._now_ns < self._down_at.get(pid, 0) + allowance:
+                if pid not in self._held:
+                    self._held.add(pid)
+                    self.counters["down_held_for_lateness"] += 1
+                held.append(pid)
+                st = State.UP
+            elif st is State.DOWN:
+                self._unacted.discard(pid)  # acted on from here
+            elif st is State.RECOVERING and pid in self._unacted:
                 st = State.UP
             if pid in self.drained:
                 st = State.DOWN
             eff[pid] = st
-        return eff, unconfirmed
+        return eff, unconfirmed, held
 
     def path_rows(self) -> list[dict]:
         """Per path: peer, plane, port, state and the last reason (for the API and metrics)."""

@@ -50,6 +50,13 @@ SPECS: dict[str, Spec] = {
                                        "Peers with no usable path: their route is kept as it was (never removed)"),
     "linkpass_fail_static_events": Spec(CounterMetricFamily, "Times a peer was left without a usable path"),
     "linkpass_route_planes": Spec(GaugeMetricFamily, "Planes the route to each peer uses now", ("peer",)),
+    "linkpass_host_lateness_allowance_seconds": Spec(
+        GaugeMetricFamily, "How long a DOWN to each peer must stand before it is acted on: earned by replies late "
+        "on every path together (a host kept waiting); 0 on a calm host", ("peer",)),
+    "linkpass_downs_held_for_lateness": Spec(CounterMetricFamily,
+                                             "DOWNs held back from the data path by the lateness allowance"),
+    "linkpass_downs_absorbed": Spec(CounterMetricFamily,
+                                    "Held DOWNs undone by their late replies before the data path moved"),
 }
 
 
@@ -125,4 +132,10 @@ class DecisionCollector:
         entered.add_metric([], fo.counters.get("fail_static", 0))
         for peer, pl in sorted(fo.planes.items()):
             planes.add_metric([peer], len(pl))
-        yield from (state, trans, changes, deferred, static, entered, planes)
+        allowance, held, absorbed = (family(n) for n in (
+            "linkpass_host_lateness_allowance_seconds", "linkpass_downs_held_for_lateness", "linkpass_downs_absorbed"))
+        for peer in sorted(fo.by_peer):
+            allowance.add_metric([peer], fo.allowance_ns(peer) / 1e9)
+        held.add_metric([], fo.counters.get("down_held_for_lateness", 0))
+        absorbed.add_metric([], fo.counters.get("lateness_absorbed", 0))
+        yield from (state, trans, changes, deferred, static, entered, planes, allowance, held, absorbed)

@@ -14,7 +14,8 @@ trials on the same link are not (rightly) damped as flapping; the flap case show
 Cases: host-uplink-down, leaf-spine-down (metrics detect, fault_to_reroute; peer BFD),
 flap, gray-loss-10, gray-loss-1, one-direction-loss, mtu-blackhole (detect; what BFD did under
 the same fault), tcp-flow-plane-down (stall; peer: the same flow without LinkPass),
-healthy-saturated (false_positives under two CPU burners), route_ops (per_s; peer pyroute2).
+healthy-saturated (false route changes under two CPU burners), cut-saturated (fault_to_reroute of
+uplink cuts under the same load), route_ops (per_s; peer pyroute2).
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class Measured:
     stall_lp: tcpflow.StallResult | None = None
     stall_none: tcpflow.StallResult | None = None
     false_positives: dict = field(default_factory=dict)  # host -> counts
+    cut_saturated: list[float] = field(default_factory=list)  # uplink cut -> reroute, ms, both cores saturated
     flap_detect: list[float] = field(default_factory=list)
     flap_changes: int = 0
     bfd_hard: dict[str, tuple[list[float], int]] = field(default_factory=dict)  # case -> (reroute ms, missed)
@@ -106,7 +108,10 @@ def linkpass_gray(prefix, agents, spec, reasons, window_s, windows: list[float])
     return (ms(ev["at_ns"] - MONO_TO_WALL - t0) if ev else None), (ev or {}).get("reason"), len(wrong)
 
 
-def soak(agents, seconds, burners):
+def soak(prefix, agents, seconds, burners, cut_trials):
+    """Both cores saturated by `burners` busy loops: first `seconds` on a healthy fabric (every
+    route change is a false one), then, under the same load, `cut_trials` uplink cuts (fault ->
+    route rewritten). Returns per-host counts of the healthy part and the cuts' reroute times."""
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)]
     t0 = time.monotonic_ns()
     try:
@@ -114,19 +119,21 @@ def soak(agents, seconds, burners):
         while time.monotonic() < end:
             time.sleep(min(30.0, max(0.0, end - time.monotonic())))
             progress(f"healthy soak: {int(seconds - (end - time.monotonic()))}/{int(seconds)} s")
+        t1 = time.monotonic_ns()
+        _, cuts = linkpass_hard(prefix, agents, A, B, UPLINKS, cut_trials, SPACING_S, progress)
     finally:
         for p in procs:
             p.kill()
             p.wait()
     out = {}
     for h in (A, B):
-        evs = agents.events(h)
-        out[h] = {"downs": sum(1 for e in evs if e.get("event") == "path_state" and e["mono_ns"] > t0
-                               and e["new"] == DOWN),
-                  "spurious_undone": sum(1 for e in evs if e.get("event") == "path_state" and e["mono_ns"] > t0
+        evs = [e for e in agents.events(h) if t0 < e.get("mono_ns", 0) < t1]
+        out[h] = {"downs": sum(1 for e in evs if e.get("event") == "path_state" and e["new"] == DOWN),
+                  "spurious_undone": sum(1 for e in evs if e.get("event") == "path_state"
                                          and e["reason"] == "spurious_down"),
-                  "reroutes": sum(1 for e in evs if e.get("event") == "route_change" and e["mono_ns"] > t0)}
-    return out
+                  "reroutes": sum(1 for e in evs if e.get("event") == "route_change"),
+                  "lateness_raised": sum(1 for e in evs if e.get("event") == "host_lateness")}
+    return out, cuts
 
 
 def flap(prefix, agents) -> tuple[list[float], int]:
@@ -179,8 +186,8 @@ def measure_linkpass(fab, prefix, workdir, st: Settings, m: Measured) -> None:
         m.stall_lp = tcp_across_cut(fab, prefix, UPLINKS[0])
         progress(f"tcp with linkpass: longest gap {m.stall_lp.max_gap_ms} ms")
         time.sleep(SPACING_S)
-        print(f"healthy soak with {BURNERS} CPU burners, {st.soak_s:.0f} s")
-        m.false_positives = soak(agents, st.soak_s, BURNERS)
+        print(f"healthy soak with {BURNERS} CPU burners, {st.soak_s:.0f} s, then {st.trials} uplink cuts under the same load")
+        m.false_positives, m.cut_saturated = soak(prefix, agents, st.soak_s, BURNERS, st.trials)
         m.flap_detect, m.flap_changes = flap(prefix, agents)
     finally:
         agents.stop()
@@ -353,8 +360,12 @@ def rows_of(st: Settings, m: Measured) -> list[dict]:
     rows.append(row("tcp-flow-plane-down", "stall", "ms", [m.stall_lp.max_gap_ms], "no-linkpass",
                     [m.stall_none.max_gap_ms], lost=m.stall_lp.lost, peer_lost=m.stall_none.lost))
     fp = m.false_positives
-    rows.append(row("healthy-saturated", "false_positives", "count", [fp[A]["downs"] + fp[B]["downs"]],
-                    seconds=st.soak_s, burners=BURNERS, per_host=fp))
+    rows.append(row("healthy-saturated", "false_route_changes", "count", [fp[A]["reroutes"] + fp[B]["reroutes"]],
+                    seconds=st.soak_s, burners=BURNERS, path_downs=fp[A]["downs"] + fp[B]["downs"],
+                    downs_undone=fp[A]["spurious_undone"] + fp[B]["spurious_undone"], per_host=fp))
+    rows.append(row("cut-saturated", "fault_to_reroute", "ms", m.cut_saturated, trials=st.trials,
+                    rerouted=len(m.cut_saturated), burners=BURNERS,
+                    note="host-uplink-down under the healthy soak's load; the calm figure is host-uplink-down's"))
     ours, theirs = m.route_ops
     rows.append(row("route-ops", "route_ops", "per_s", [round(ours)], "pyroute2-route-replace", [round(theirs)],
                     better="higher"))

@@ -51,7 +51,8 @@ class Effect:
 
     kind: "down" (every packet lost), "flap" (down for `flap_ns`, up for `flap_ns`, repeating,
     starting down), "loss" (each packet lost with probability `loss`), "mtu" (full-size probes
-    lost)."""
+    lost), "stall" (nothing lost: the reflecting host is kept waiting, so a probe reaching it in
+    the window is answered only when the window ends, as a starved host's probe thread does)."""
 
     links: frozenset
     kind: str
@@ -79,7 +80,16 @@ class Effect:
             return self.active(t) & (rng.random(len(t)) < self.loss)
         if self.kind == "mtu":
             return self.active(t) & size
-        raise ValueError(f"Effect.kind {self.kind!r} is unknown; one of down, flap, loss, mtu")
+        if self.kind == "stall":
+            return np.zeros(len(t), bool)
+        raise ValueError(f"Effect.kind {self.kind!r} is unknown; one of down, flap, loss, mtu, stall")
+
+    def reflected_at(self, t3: np.ndarray) -> np.ndarray:
+        """When a probe that reached the reflector at `t3` is answered (a stall holds it to the end)."""
+        if self.kind != "stall":
+            return t3
+        # released in arrival order, as a thread draining its socket does (~16 µs per ms waited)
+        return np.where(self.active(t3), self.end_ns + REFLECT_NS + (t3 - self.start_ns) // 64, t3)
 
 
 def peer_addr(peer: str, plane: int) -> str:
@@ -112,7 +122,10 @@ class VirtualPath:
     loss: LossCounters = field(default_factory=LossCounters)
 
 
-_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx")  # path index, probe, sent, reply (NEVER: none), deadline
+# path index, probe, sent, reply (NEVER: none), deadline, full-size, reflector's rx count, and how
+# long the reflector held it (a stall): t2 is stamped on arrival (the kernel's receive timestamp)
+# and t3 on sending, so the hold is in neither one-way delay, as on the real reflector
+_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold")
 
 
 class VirtualAgent:
@@ -133,11 +146,11 @@ class VirtualAgent:
         self._next_batch = batch_phase_ns
         self._step_now = 0
         self.failover = Failover(Detector(config), lambda pid: self.paths[pid - 1].loss, self._log,
-                                 entropy=self, interval_ns=interval_ns, set_rto=self._set_rto)
+                                 entropy=self, set_rto=self._set_rto)
         self._initial_rto = config.initial_timeout_ns
         self._ready = False
         self._pend = {c: np.zeros(0, np.int64) for c in _COLS}
-        self._late: list[tuple[int, int, int, int, int]] = []  # (arrival, j, seq, t1, rx) of missed probes
+        self._late: list[tuple[int, ...]] = []  # (arrival, j, seq, t1, rx, hold) of missed probes
 
     # ---- what Failover calls ------------------------------------------------------------
     def _log(self, event: str, **fields) -> None:
@@ -202,9 +215,20 @@ class VirtualAgent:
         owd_f = self._half_base[j] + (self.rng.exponential(1.0, total) * self._half_jitter[j]).astype(np.int64)
         owd_r = self._half_base[j] + (self.rng.exponential(1.0, total) * self._half_jitter[j]).astype(np.int64)
         t3 = t1 + owd_f + REFLECT_NS
+        t3_free = t3.copy()
+        # effects outside this block's time span act on none of it (a loss effect still draws its
+        # random numbers, so that adding a stall elsewhere does not change a seeded run's losses)
+        lo, hi = int(t1.min()), int(t3.max()) + 1
+        effects = [x for x in self._effects if x[0].kind == "loss" or (x[0].start_ns < hi and x[0].end_ns > lo)]
+        for e, fwd, rev in effects:
+            sel = (fwd | rev)[j]
+            if e.kind == "stall" and sel.any():
+                t3[sel] = e.reflected_at(t3[sel])
+        hi = int(t3.max()) + 1  # a stall moved some replies later
+        effects = [x for x in self._effects if x[0].kind == "loss" or (x[0].start_ns < hi and x[0].end_ns > lo)]
         fwd_lost = np.zeros(total, bool)
         rev_lost = np.zeros(total, bool)
-        for e, fwd, rev in self._effects:
+        for e, fwd, rev in effects:
             for lost, mask, t in ((fwd_lost, fwd, t1), (rev_lost, rev, t3)):
                 sel = mask[j]
                 if sel.any():
@@ -216,7 +240,7 @@ class VirtualAgent:
         self._rx_total += np.bincount(j, weights=arrived, minlength=len(counts)).astype(np.int64)
         self._next_seq = last
         block = {"j": j, "seq": seq, "t1": t1, "arr": np.where(fwd_lost | rev_lost, NEVER, t3 + owd_r),
-                 "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": rx}
+                 "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": rx, "hold": t3 - t3_free}
         self._pend = {c: np.concatenate([self._pend[c], block[c]]) for c in _COLS}
 
     def _next_notify(self, until_ns: int) -> int:
@@ -270,16 +294,17 @@ class VirtualAgent:
                     if run:
                         events += self._answered_groups({c: D[c][run] for c in _COLS})
                         run = []
-                    seq, t1, a, d, size, rx = (int(D[c][i]) for c in ("seq", "t1", "arr", "dl", "size", "rx"))
+                    seq, t1, a, d, size, rx, hold = (int(D[c][i]) for c in
+                                                     ("seq", "t1", "arr", "dl", "size", "rx", "hold"))
                     events.append(ProbeEvent.miss(jj + 1, seq, size, t1, d))
                     if a < NEVER:
-                        heapq.heappush(self._late, (a, jj, seq, t1, rx))
+                        heapq.heappush(self._late, (a, jj, seq, t1, rx, hold))
                 if run:
                     events += self._answered_groups({c: D[c][run] for c in _COLS})
         while self._late and self._late[0][0] <= now:
-            a, jj, seq, t1, rx = heapq.heappop(self._late)
-            half = (a - t1 - REFLECT_NS) // 2
-            events.append(ProbeEvent.late(jj + 1, seq, rx, t1, t1 + half, t1 + half + REFLECT_NS, a))
+            a, jj, seq, t1, rx, hold = heapq.heappop(self._late)
+            half = (a - t1 - REFLECT_NS - hold) // 2
+            events.append(ProbeEvent.late(jj + 1, seq, rx, t1, t1 + half, t1 + half + REFLECT_NS + hold, a))
         feed_events(events, self._loss)  # as engine.poll does before the daemon sees the events
         return events
 
@@ -297,10 +322,10 @@ class VirtualAgent:
         out = []
         for k, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
             i = order[e]
-            seq, t1, arr, rx = int(R["seq"][i]), int(R["t1"][i]), int(R["arr"][i]), int(R["rx"][i])
-            half = (arr - t1 - REFLECT_NS) // 2
+            seq, t1, arr, rx, hold = (int(R[c][i]) for c in ("seq", "t1", "arr", "rx", "hold"))
+            half = (arr - t1 - REFLECT_NS - hold) // 2
             out.append(ProbeEvent.answered(int(j[s]) + 1, seq, e - s + 1, rx, int(size[k]), int(worst[k]),
-                                           t1, t1 + half, t1 + half + REFLECT_NS, arr))
+                                           t1, t1 + half, t1 + half + REFLECT_NS + hold, arr))
         return out
 
     # ---- the agent loop -------------------------------------------------------------------------
@@ -329,6 +354,9 @@ class VirtualAgent:
             if self._next_batch <= self.now_ns:
                 self._next_batch = self.now_ns + batch_ns
             target = min(end_ns, self._next_batch)
+            decide_ns = self.failover.decision_wait_ns()  # a held DOWN: wake for fresh answers
+            if decide_ns is not None:
+                target = min(target, self.now_ns + max(decide_ns, self.interval_ns))
             t = self._next_notify(target)
             batch = t >= target
             if batch:
