@@ -201,6 +201,33 @@ def _scenarios() -> list[Transition]:
     seen += d.tick(t + 20 * MS)  # the late reply above raised the timeout to a few ms
     seen += d.on_reply(60_999, t + 20 * MS + 5 * US, 21 * MS)
     seen += d.on_reply(61_000, t + 20 * MS + 10 * US, 20 * MS + 10 * US)
+    seen += _spurious_from_recovering_and_damped()
+    return seen
+
+
+def _late_streak(d: PathDetector, seq0: int, t: int) -> list[Transition]:
+    """Three probes judged missed at their deadlines, then the first one's reply, late."""
+    out = []
+    for k in range(3):
+        out += d.on_miss(seq0 + k, t + k * MS + d.rto_ns)
+    return out + d.on_reply(seq0, t + 3 * MS, 3 * MS)
+
+
+def _spurious_from_recovering_and_damped() -> list[Transition]:
+    """Spurious DOWNs that damp a path (from UP and from RECOVERING) and one from RECOVERING."""
+    seen: list[Transition] = []
+    touchy = DetectorConfig(flap_suppress=1000, flap_reuse=500)  # one DOWN damps
+    d = PathDetector("damp-from-up", touchy)
+    seen += _late_streak(d, 70_000, warm(d, random.Random(7)))  # UP -> DOWN -> DAMPED -> UP
+    for name, cfg in (("watch", DetectorConfig(flap_suppress=5000, flap_max_penalty=20_000)),
+                      ("damp-from-watch", DetectorConfig(flap_suppress=1500, flap_reuse=500))):
+        d = PathDetector(name, cfg)
+        t = warm(d, random.Random(8))
+        for k in range(3):  # a real outage: DOWN, then answered again -> RECOVERING
+            seen += d.on_miss(80_000 + k, t + k * MS + d.rto_ns)
+        seen += d.on_answered(1, 80_010, t + 10 * MS, 60 * US)
+        assert d.state is State.RECOVERING, name
+        seen += _late_streak(d, 80_020, t + 20 * MS)  # DOWN (or DAMPED) -> RECOVERING
     return seen
 
 
@@ -557,6 +584,22 @@ def test_late_streak_is_undone_after_an_older_late_reply_took_the_path_to_recove
     late = d.on_reply(10_000, t0 + 3 * MS + 20 * US, 3 * MS)
     assert [(x.old, x.new, x.reason) for x in late] == [(State.RECOVERING, State.UP, Reason.SPURIOUS_DOWN)]
     assert d.penalty(t0 + 3 * MS) <= penalty_before + 1e-9
+
+
+def test_a_spurious_down_of_a_recovering_path_returns_it_to_recovering_with_its_hold_down_running_on():
+    d = PathDetector("p", DetectorConfig(hold_down_ns=500 * MS, flap_suppress=5000, flap_max_penalty=20_000))
+    t0 = warm(d, random.Random(9))
+    for k in range(3):
+        d.on_miss(10_000 + k, t0 + k * MS + d.rto_ns)
+    d.on_answered(1, 10_010, t0 + 10 * MS, 60 * US)
+    assert d.state is State.RECOVERING
+    since, penalty = d.since_ns, d.penalty(t0 + 100 * MS)
+    for k in range(3):
+        d.on_miss(10_020 + k, t0 + 100 * MS + k * MS + d.rto_ns)
+    assert d.state is State.DOWN
+    back = d.on_reply(10_020, t0 + 104 * MS, 4 * MS)
+    assert [(x.old, x.new, x.reason) for x in back] == [(State.DOWN, State.RECOVERING, Reason.SPURIOUS_DOWN)]
+    assert d.since_ns == since and d.penalty(t0 + 100 * MS) == pytest.approx(penalty)
 
 
 def test_bursts_of_lateness_never_add_up_to_damped():

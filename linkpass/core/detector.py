@@ -15,8 +15,8 @@ penalties, resets) and returns the `Transition` as data.
     UP/SUSPECT/RECOVERING ──gray loss | latency | MTU──► DEGRADED ──evidence clears──► RECOVERING
     DEGRADED/RECOVERING ──N misses──► DOWN ──penalty ≥ suppress──► DAMPED ──penalty ≤ reuse──►
         RECOVERING (path answering) | DOWN (path dark)
-    DOWN | RECOVERING ──a probe of the streak that declared the DOWN is answered after all──► UP
-        (spurious)
+    DOWN | DAMPED | RECOVERING ──a probe of the streak that declared the DOWN is answered after
+        all──► UP, or RECOVERING when the streak found the path RECOVERING or DEGRADED (spurious)
 
 Mechanisms, and why these numbers (defaults in `DetectorConfig`, tuned for 1 ms probes):
 
@@ -38,11 +38,13 @@ the path returns to UP at once and the flap penalty of that DOWN is taken back. 
 not raised for it: measured on the testbed, such lateness comes in host-wide bursts (every path
 late by 3-30 ms at once), which say nothing about the path, and raising the floor after each made
 later real failures take tens of ms to detect. RFC 6298 smoothing (fed each batch's worst RTT)
-is what adapts the timeout to a path that really is slower. Only DOWNs entered from UP or SUSPECT are undone this way.
-The undo also applies once the path has gone on to RECOVERING: the first reply after the streak
-may be an older probe's (a full-size one, which does not count in the streak), and the streak's
-own late replies follow it; without the undo each such burst would cost a flap penalty, and a
-host starved for minutes would end up DAMPED on every path.
+is what adapts the timeout to a path that really is slower. Whatever state the streak found
+the path in, its flap penalty is taken back; a path found UP or SUSPECT returns to UP, one found
+RECOVERING (its hold-down running on from where it was) or DEGRADED returns to RECOVERING, one
+found DAMPED stays so. The undo also applies once the path has gone on to RECOVERING or DAMPED:
+the first reply after the streak may be an older probe's (a full-size one, which does not count
+in the streak), and the streak's own late replies follow it. Without all this, each burst would
+cost a flap penalty, and a host starved for minutes would end up DAMPED on every path.
 
 Gray loss, per direction. The telemetry tells forward loss (request never reached the
 reflector) from reverse loss (reply lost) exactly, via the reflector's rx_count; the caller
@@ -126,6 +128,7 @@ class Event(enum.Enum):
     REUSE_LIVE = "reuse_live"  # penalty decayed to reuse; path answering
     REUSE_DARK = "reuse_dark"  # penalty decayed to reuse; path still dark
     LATE = "late"  # a probe counted in the streak that declared DOWN was answered after all
+    LATE_WATCH = "late_watch"  # the same, for a streak that found the path RECOVERING or DEGRADED
 
 
 class Reason(enum.Enum):
@@ -189,7 +192,10 @@ TRANSITIONS: dict[tuple[State, Event], tuple[State, str]] = {
     (State.DAMPED, Event.REUSE_LIVE): (State.RECOVERING, "_t_reuse"),
     (State.DAMPED, Event.REUSE_DARK): (State.DOWN, "_t_reuse"),
     (State.DOWN, Event.LATE): (State.UP, "_t_undo"),
-    (State.RECOVERING, Event.LATE): (State.UP, "_t_undo"),  # only right after a spurious DOWN
+    (State.RECOVERING, Event.LATE): (State.UP, "_t_undo"),  # after an older probe's late reply
+    (State.DAMPED, Event.LATE): (State.UP, "_t_undo"),  # the spurious DOWN's penalty had damped it
+    (State.DOWN, Event.LATE_WATCH): (State.RECOVERING, "_t_undo"),
+    (State.DAMPED, Event.LATE_WATCH): (State.RECOVERING, "_t_undo"),
 }
 
 
@@ -351,6 +357,17 @@ class _Sent:
     size_probe: bool
 
 
+@dataclass
+class _Undo:
+    """What a streak of `miss_threshold` misses did, to take back if it turns out late, not lost."""
+
+    streak: frozenset[int]
+    penalty: float  # the flap penalty before it
+    penalty_at: int
+    state: State  # the state it found the path in
+    since_ns: int  # ... and since when
+
+
 class PathDetector:
     """The state machine of one path. Feed it sends, replies, loss batches and ticks; it returns
     the transitions each input caused (usually none)."""
@@ -367,7 +384,7 @@ class PathDetector:
         self._deadlines: list[tuple[int, int]] = []  # heap of (deadline, seq)
         self.consecutive_misses = 0
         self._streak: list[int] = []  # seqs of the current miss streak
-        self._down_cause: tuple[frozenset[int], float, int] | None = None  # (streak, penalty, at) before DOWN
+        self._undo: _Undo | None = None  # what the last streak of misses changed
         self._dark = False
         # gray loss: (fast, slow) per direction
         self._sprt = {d: (Sprt(cfg.gray_p0, cfg.gray_p1_fast, cfg.gray_alpha, cfg.gray_beta),
@@ -454,10 +471,9 @@ class PathDetector:
             self._size_seqs[seq] = True
             self.size_misses = 0
             self.faults.discard(Reason.MTU_BLACKHOLE)
-        if self._down_cause and self.state in (State.DOWN, State.RECOVERING) and seq in self._down_cause[0]:
-            # Eifel-style: a probe we counted as lost was only late
-            out += self._fire(Event.LATE, Reason.SPURIOUS_DOWN, now_ns,
-                              f"seq {seq}, counted missed, answered after {rtt_ns} ns: late, not lost")
+        u = self._undo
+        if u is not None and seq in u.streak and self.state in (State.DOWN, State.DAMPED, State.RECOVERING):
+            out += self._spurious(u, seq, rtt_ns, now_ns)  # Eifel-style: a probe counted lost was only late
         self.consecutive_misses = 0
         self._streak.clear()
         self._dark = False
@@ -605,6 +621,7 @@ class PathDetector:
             out += self._fire(Event.MISS, Reason.MISSED_PROBE, now_ns, f"seq {seq} unanswered after {self.rto_ns} ns")
         if n == self.cfg.miss_threshold:
             detail = f"{n} consecutive probes unanswered (last seq {seq}, rto {self.rto_ns} ns)"
+            self._undo = _Undo(frozenset(self._streak), self._penalty, self._penalty_at, self.state, self.since_ns)
             if self.state is State.DAMPED:
                 if not self._dark:
                     self._add_penalty(now_ns)  # it failed again while damped: stays out longer
@@ -614,6 +631,21 @@ class PathDetector:
                     out += self._fire(Event.SUPPRESS, Reason.FLAPPING, now_ns,
                                       f"flap penalty {self.penalty(now_ns):.0f} ≥ {self.cfg.flap_suppress:.0f}")
             self._dark = True
+        return out
+
+    def _spurious(self, u: "_Undo", seq: int, rtt_ns: int, now_ns: int) -> list[Transition]:
+        """A probe of the streak `u` was answered after all: take back what the streak did."""
+        detail = f"seq {seq}, counted missed, answered after {rtt_ns} ns: late, not lost"
+        if u.state in (State.UP, State.SUSPECT):
+            return self._fire(Event.LATE, Reason.SPURIOUS_DOWN, now_ns, detail)
+        out: list[Transition] = []
+        if u.state in (State.RECOVERING, State.DEGRADED) and self.state is not State.RECOVERING:
+            out = self._fire(Event.LATE_WATCH, Reason.SPURIOUS_DOWN, now_ns, detail)
+        else:  # found DAMPED (the penalty was all it added), or already RECOVERING by an older reply
+            self._undo = None
+            self._penalty, self._penalty_at = u.penalty, u.penalty_at
+        if u.state is State.RECOVERING and self.state is State.RECOVERING:
+            self.since_ns = u.since_ns  # the hold-down runs on from where the streak found it
         return out
 
     def _evidence(self, event: Event, reason: Reason, now_ns: int, detail: str) -> list[Transition]:
@@ -678,10 +710,8 @@ class PathDetector:
         """SUSPECT -> UP: the miss was a lone loss."""
 
     def _t_down(self, reason: Reason, now_ns: int) -> None:
-        """-> DOWN: count a flap; forget gray evidence (an outage is not a loss rate). From UP or
-        SUSPECT, remember what to undo should the streak turn out late rather than lost."""
-        self._down_cause = ((frozenset(self._streak), self._penalty, self._penalty_at)
-                            if self.state in (State.UP, State.SUSPECT) else None)
+        """-> DOWN: count a flap; forget gray evidence (an outage is not a loss rate). What to undo
+        should the streak turn out late rather than lost is in `_undo` (set by `_miss`)."""
         self._add_penalty(now_ns)
         # the delay sums stay: an outage brings no delay samples, and a DOWN that turns out
         # spurious (a queue making replies late) must not wipe the latency evidence building up
@@ -691,7 +721,7 @@ class PathDetector:
         """-> DEGRADED: remember why; each reason clears on its own. A DOWN before it is no longer
         undone: the path has shown more than lateness since."""
         self.faults = {reason}
-        self._down_cause = None
+        self._undo = None
 
     def _t_watch(self, reason: Reason, now_ns: int) -> None:
         """DOWN | DEGRADED -> RECOVERING: the hold-down and the good-probe count start now."""
@@ -701,22 +731,24 @@ class PathDetector:
     def _t_recovered(self, reason: Reason, now_ns: int) -> None:
         """RECOVERING -> UP: the DOWN before it, spurious or not, is history."""
         self.faults.clear()
-        self._down_cause = None
+        self._undo = None
 
     def _t_undo(self, reason: Reason, now_ns: int) -> None:
-        """DOWN -> UP: the DOWN was spurious; it costs no flap penalty and needs no hold-down."""
-        if self._down_cause is not None:
-            _, self._penalty, self._penalty_at = self._down_cause
-        self._down_cause = None
+        """DOWN | DAMPED | RECOVERING -> where the streak found the path: the DOWN was spurious and
+        costs no flap penalty (UP needs no hold-down; RECOVERING's runs on, see `_spurious`)."""
+        if self._undo is not None:
+            self._penalty, self._penalty_at = self._undo.penalty, self._undo.penalty_at
+        self._undo = None
         self.good_run = 0
 
     def _t_damp(self, reason: Reason, now_ns: int) -> None:
-        """DOWN -> DAMPED: out until the penalty decays, whatever the path does meanwhile."""
-        self._down_cause = None
+        """DOWN -> DAMPED: out until the penalty decays, whatever the path does meanwhile (unless
+        the DOWN that damped it turns out spurious)."""
 
     def _t_reuse(self, reason: Reason, now_ns: int) -> None:
         """DAMPED -> RECOVERING (answering) | DOWN (dark): the penalty no longer holds it."""
         self.good_run = 0
+        self._undo = None
         self._reset_evidence()
 
     def _reset_evidence(self, keep_latency: bool = False) -> None:
