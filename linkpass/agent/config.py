@@ -34,6 +34,7 @@
       report_ms: 200                 # path changes are sent this often (batched)
       summary_s: 10                  # the whole path table is sent this often (heals lost reports)
       follow_plan: true              # probe the peers the coordinator's probe plan names
+      max_plan_peers: 1024           # a plan naming more peers is refused whole (linkpass/agent/answer.py)
 
 Pure: parsing and validation only; reading the files is the daemon's.
 """
@@ -75,6 +76,7 @@ class CoordinatorLinkConfig:
     report_ms: int = 200
     summary_s: float = 10.0
     follow_plan: bool = True
+    max_plan_peers: int = 1024
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ API = {"port": "api_port"}
 ROUTES = {"enabled": "routes_enabled", "rto_min_ms": "rto_min_ms", "journal": "routes_journal",
           "max_changes_per_s": "max_route_changes_per_s"}
 ENTROPY = {"enabled": "entropy_enabled", "path": "entropy_path"}
-COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan")}  # CoordinatorLinkConfig
+COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan", "max_plan_peers")}  # CoordinatorLinkConfig
 # detect.<field>: (DetectorConfig field, factor to its unit, lo, hi, the agent's default or None for
 # DetectorConfig's). The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
 # noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
@@ -304,7 +306,8 @@ def _coordinator(raw) -> CoordinatorLinkConfig | None:
     if not url.startswith("http://"):
         raise ConfigError(f"coordinator.url: expected http://HOST:PORT (the coordinator's endpoint), got {url!r}")
     return CoordinatorLinkConfig(url, _str(*s.get("token_file")), _int(*s.get("report_ms"), 10, 60_000),
-                                 _num(*s.get("summary_s"), 1, 3600), _bool(*s.get("follow_plan")))
+                                 _num(*s.get("summary_s"), 1, 3600), _bool(*s.get("follow_plan")),
+                                 _int(*s.get("max_plan_peers"), 1, 65536))
 
 
 def load_text(text: str, where: str) -> AgentConfig:
