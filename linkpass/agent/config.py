@@ -27,7 +27,8 @@
     api: {port: 9471}                # local query API and /metrics on 127.0.0.1
     routes: {enabled: false, rto_min_ms: 10, journal: /run/linkpass/routes.journal,
              max_changes_per_s: 1000}
-    entropy: {enabled: false, path: /dev/shm/linkpass-entropy}   # ports per (peer, plane), docs/entropy-table.md
+    entropy: {enabled: false, path: /run/linkpass/entropy}   # ports per (peer, plane), docs/entropy-table.md;
+                                     # its directory: writable by root (or the agent's uid) only
     coordinator:                     # optional; without it the agent works alone (it always fails over locally)
       url: http://198.19.0.1:9470    # the coordinator's endpoint
       token_file: /etc/linkpass/agent.token   # a token with role "agent"

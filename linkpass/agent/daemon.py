@@ -30,6 +30,7 @@ from collections import Counter
 
 from ..core.constants import BATCH_S, ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
+from ..core.entropy_table import EntropyError
 from ..core.probe_event import EV_MISS
 from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, Target, discover
@@ -136,6 +137,8 @@ class Agent:
         if cfg.entropy_enabled and not dry_run:
             from .entropy_writer import EntropyWriter
             self.entropy = EntropyWriter(cfg.entropy_path)
+            if self.entropy.replaced:
+                log("entropy_table_replaced", path=cfg.entropy_path, why=self.entropy.replaced)
         self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
                                  log, routes=self.routes, entropy=self.entropy,
                                  interval_ns=int(cfg.interval_ms * 1e6), set_rto=self.engine.set_rto)
@@ -305,10 +308,12 @@ class Agent:
         for n in gone:
             self.remove_peer(n)
         for p in new:
-            if p.name in have:
+            if p.name in have or p.name in self.paths_of_peer:  # changed, or half-added by a failed plan
                 self.remove_peer(p.name)
-        self.cfg = AgentConfig(**{**self.cfg.__dict__, "peers": tuple(want.values())})
         self.add_peers(new)
+        # only now: a plan whose discovery raised leaves these peers out of the config, so the
+        # next plan adds them again
+        self.cfg = AgentConfig(**{**self.cfg.__dict__, "peers": tuple(want.values())})
         if self.drain_addrs:
             self.apply_drains(self.drain_addrs)
         log("plan_applied", version=plan.version, peers=len(want), added=[p.name for p in new], removed=gone)
@@ -412,7 +417,11 @@ def main(config_path: str, max_seconds: float | None = None, dry_run: bool = Fal
     except ConfigError as exc:
         print(f"linkpass agent: config error: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(cfg, key, dry_run=dry_run)
+    try:
+        agent = Agent(cfg, key, dry_run=dry_run)
+    except EntropyError as exc:  # a table directory others can write, or a live writer on it
+        print(f"linkpass agent: entropy table: {exc}", file=sys.stderr)
+        return 2
 
     def on_term(_sig, _frm):
         agent.stopping.set()

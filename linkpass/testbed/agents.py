@@ -3,7 +3,7 @@
 Each agent is a real process in its host's namespace with its own config (written by
 `write_agent_configs` below), its structured log in a file, and its route journal and entropy
 table in the run directory. `events()` reads the logs back; `stop()` sends SIGTERM (a clean stop
-restores the baseline routes) and kills what does not exit.
+leaves the routes as decided, planes known bad out) and kills what does not exit.
 """
 from __future__ import annotations
 
@@ -122,8 +122,8 @@ class Agents:
         return codes
 
     def remove_routes(self) -> None:
-        """Remove the routes the agents own. A clean stop leaves the baseline (every plane to every
-        peer) installed, as on a real host; a testbed shared with runs without LinkPass wants none."""
+        """Remove the routes the agents own. A clean stop leaves them installed as decided, as on a
+        real host; a testbed shared with runs without LinkPass wants none."""
         from ..core.constants import RTPROT_LINKPASS
 
         for h in self.hosts:
