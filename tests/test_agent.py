@@ -3,7 +3,9 @@ SIGHUP reloads without dropping probe state; SIGTERM stops cleanly; bad config i
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -13,10 +15,11 @@ import pytest
 import yaml
 
 from linkpass.agent.config import ConfigError, load_text, read_fleet_key
+from linkpass.agent.keyfile import load_fleet_key
 from linkpass.core.constants import AGENT_API_PORT
 from linkpass.testbed.agents import Agents, write_agent_configs
 
-from helpers import free_port, routes_of
+from helpers import FAB, free_port, routes_of
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 KEY = bytes(range(32))
@@ -59,8 +62,76 @@ def test_config_errors_name_the_field(edit, message):
 def test_fleet_key_file_formats():
     assert read_fleet_key(KEY.hex().encode() + b"\n", "k") == KEY
     assert read_fleet_key(KEY, "k") == KEY
-    with pytest.raises(ConfigError, match="16..64 bytes"):
-        read_fleet_key(b"abc", "k")
+    assert read_fleet_key(bytes(64), "k") == bytes(64)
+    for short in (b"abc", bytes(16), bytes(31), bytes(16).hex().encode(), bytes(65)):
+        with pytest.raises(ConfigError, match="a fleet key is 32..64 bytes"):
+            read_fleet_key(short, "k")
+
+
+def key_file(tmp_path, mode, data=KEY.hex().encode()):
+    path = tmp_path / "fleet.key"
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    return str(path)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode, who", [(0o644, "its group and others"), (0o640, "its group"), (0o604, "others"),
+                                       (0o660, "its group"), (0o606, "others"), (0o700 | 0o010, "its group")])
+def test_a_fleet_key_file_others_can_read_is_refused_naming_the_file_and_the_fix(tmp_path, mode, who):
+    path = key_file(tmp_path, mode)
+    with pytest.raises(ConfigError) as err:
+        load_fleet_key(path)
+    msg = str(err.value)
+    assert msg.startswith(f"fleet_key_file: {path} can be read or written by {who} (mode {mode:04o})"), msg
+    assert msg.endswith(f"chmod 600 {path}"), msg
+
+
+@pytest.mark.unit
+def test_an_owner_only_fleet_key_file_is_read_also_through_a_symlink(tmp_path):
+    assert load_fleet_key(key_file(tmp_path, 0o600)) == KEY
+    assert load_fleet_key(key_file(tmp_path, 0o400)) == KEY
+    link = tmp_path / "key-link"  # how secrets are often mounted: a symlink to the file
+    link.symlink_to(tmp_path / "fleet.key")
+    assert load_fleet_key(str(link)) == KEY
+    with pytest.raises(ConfigError, match="a fleet key is 32..64 bytes"):
+        load_fleet_key(key_file(tmp_path, 0o600, bytes(16)))
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        load_fleet_key(str(tmp_path))
+    with pytest.raises(ConfigError, match="cannot read .*nothing"):
+        load_fleet_key(str(tmp_path / "nothing"))
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
+def test_a_fleet_key_file_of_another_user_is_refused(tmp_path):
+    path = key_file(tmp_path, 0o600)
+    os.chown(path, 4242, 4242)
+    with pytest.raises(ConfigError, match="belongs to uid 4242"):
+        load_fleet_key(path)
+
+
+@pytest.mark.unit
+def test_the_agent_exits_2_on_a_world_readable_key(tmp_path):
+    path = key_file(tmp_path, 0o644)
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(GOOD.replace("/tmp/k", path))
+    out = subprocess.run([*LINKPASS, "agent", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"chmod 600 {path}" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.unit
+def test_the_testbed_writes_key_files_the_agent_accepts_whatever_the_umask(tmp_path):
+
+    old = os.umask(0)
+    try:
+        (tmp_path / "fleet.key").write_text("left by an earlier run")
+        os.chmod(tmp_path / "fleet.key", 0o666)
+        configs = write_agent_configs(FAB, str(tmp_path), KEY, hosts=[0, 1])
+    finally:
+        os.umask(old)
+    key_path = yaml.safe_load(open(configs[0]))["fleet_key_file"]
+    assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600 and load_fleet_key(key_path) == KEY
 
 
 class FlakyEngine:

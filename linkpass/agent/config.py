@@ -325,13 +325,14 @@ def load_text(text: str, where: str) -> AgentConfig:
 
 
 def read_fleet_key(data: bytes, where: str) -> bytes:
-    """A key file holds 32-64 bytes, raw or as hex text."""
+    """A key file holds 32-64 bytes, raw or as hex text (the file's permissions: agent/keyfile.py).
+    Fewer than 32 bytes is refused: the key is the fleet's only authentication of probes."""
     text = data.strip()
     try:
         key = bytes.fromhex(text.decode()) if text and all(c in b"0123456789abcdefABCDEF" for c in text) else data
     except (UnicodeDecodeError, ValueError):
         key = data
-    if not 16 <= len(key) <= 64:
-        raise ConfigError(f"{where}: a fleet key is 16..64 bytes (raw, or hex text); this file holds {len(key)}. "
+    if not 32 <= len(key) <= 64:
+        raise ConfigError(f"{where}: a fleet key is 32..64 bytes (raw, or hex text); this file holds {len(key)}. "
                           "Make one with `python -c 'import secrets; print(secrets.token_hex(32))'`")
     return key

@@ -37,10 +37,11 @@ from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import CoreProbeEngine
 from .answer import AnswerRules, Drain, PlanAnswer
 from .api import LocalApi, PathLabels, TelemetryView
-from .config import AgentConfig, ConfigError, load_text, read_fleet_key
+from .config import AgentConfig, ConfigError, load_text
 from .coordinator_link import CoordinatorLink
 from .decide import PathInfo, crosses
 from .failover import Failover
+from .keyfile import load_fleet_key
 from .metrics import AgentCollector, DecisionCollector
 from .routes import PeerRoutes, RouteActuator
 
@@ -64,12 +65,7 @@ def load(path: str) -> tuple[AgentConfig, bytes]:
             cfg = load_text(f.read(), path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
-    try:
-        with open(cfg.fleet_key_file, "rb") as f:
-            key = read_fleet_key(f.read(), cfg.fleet_key_file)
-    except OSError as exc:
-        raise ConfigError(f"fleet_key_file: cannot read {cfg.fleet_key_file} ({exc.strerror})") from None
-    return cfg, key
+    return cfg, load_fleet_key(cfg.fleet_key_file)
 
 
 LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "entropy")  # the main loop's steps, in order

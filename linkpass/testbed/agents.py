@@ -163,9 +163,12 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
 
     os.makedirs(directory, exist_ok=True)
     key_file = os.path.join(directory, "fleet.key")
-    with open(key_file, "w") as f:
+    # created owner-only, never readable by others even for a moment (the agent refuses a key
+    # file its group or others can read)
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)
         f.write(key.hex())
-    os.chmod(key_file, 0o600)
     out = {}
     planes = range(fab.spec.planes)
     chosen = list(range(fab.spec.hosts) if hosts is None else hosts)  # agents run here; they are each other's peers
