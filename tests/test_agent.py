@@ -122,7 +122,6 @@ def test_the_agent_exits_2_on_a_world_readable_key(tmp_path):
 
 @pytest.mark.unit
 def test_the_testbed_writes_key_files_the_agent_accepts_whatever_the_umask(tmp_path):
-
     old = os.umask(0)
     try:
         (tmp_path / "fleet.key").write_text("left by an earlier run")
