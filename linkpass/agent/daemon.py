@@ -8,8 +8,8 @@ path with the detector, and rewrites the data path: the routes to peers' service
 
 Lifecycle: SIGTERM/SIGINT stop it cleanly: routes left as decided (a plane known bad stays out
 across a rolling restart; every peer keeps at least one plane), entropy table withdrawn, sockets
-closed, API down. SIGHUP re-reads the config and applies what can change
-without dropping probe or detector state (peers added or removed, probe rates); what cannot
+closed, API down. SIGHUP re-reads the config and applies what can change without dropping probe
+or detector state (peers added or removed, probe rates); what cannot
 (agent id, fleet key, NICs, detector settings) is logged and left as it was. SIGKILL leaves the
 routes as they were; the next start reconciles them with the journal. `--dry-run` decides and
 logs everything and touches no route and no table. Logs are JSON lines on stderr, one event each.
@@ -145,8 +145,8 @@ class Agent:
         self.hops: dict[int, tuple] = {}  # path -> routers on the way (for the coordinator's fleet view)
         self.link: CoordinatorLink | None = None
         # handed over by the coordinator thread, applied by the main loop (Failover is single-threaded)
-        self.pending_drains: list[dict] | None = None
-        self.pending_plan: dict | None = None
+        self.pending_drains: tuple[Drain, ...] | None = None
+        self.pending_plan: PlanAnswer | None = None
         self.drain_addrs: tuple[Drain, ...] = ()
         self.config_peers = {p.name: p for p in cfg.peers}
         self.errors = LoopErrors(log)
