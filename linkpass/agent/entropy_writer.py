@@ -75,7 +75,7 @@ class EntropyWriter:
 
     # -- lifecycle
     def _open(self, keep: bool) -> None:
-        d = self._trusted_dir()
+        self._trusted_dir()
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
