@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_PATH "/dev/shm/linkpass-entropy"
+#define DEFAULT_PATH "/run/linkpass/entropy"
 #define MAGIC "LPENTRPY"
 #define VERSION 1
 #define HEADER_SIZE 128

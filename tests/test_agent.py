@@ -3,16 +3,23 @@ SIGHUP reloads without dropping probe state; SIGTERM stops cleanly; bad config i
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import yaml
 
 from linkpass.agent.config import ConfigError, load_text, read_fleet_key
-from linkpass.testbed.agents import write_agent_configs
+from linkpass.agent.keyfile import load_fleet_key
+from linkpass.core.constants import AGENT_API_PORT
+from linkpass.testbed.agents import Agents, write_agent_configs
+
+from helpers import FAB, free_port, routes_of
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 KEY = bytes(range(32))
@@ -55,8 +62,141 @@ def test_config_errors_name_the_field(edit, message):
 def test_fleet_key_file_formats():
     assert read_fleet_key(KEY.hex().encode() + b"\n", "k") == KEY
     assert read_fleet_key(KEY, "k") == KEY
-    with pytest.raises(ConfigError, match="16..64 bytes"):
-        read_fleet_key(b"abc", "k")
+    assert read_fleet_key(bytes(64), "k") == bytes(64)
+    for short in (b"abc", bytes(16), bytes(31), bytes(16).hex().encode(), bytes(65)):
+        with pytest.raises(ConfigError, match="a fleet key is 32..64 bytes"):
+            read_fleet_key(short, "k")
+
+
+def key_file(tmp_path, mode, data=KEY.hex().encode()):
+    path = tmp_path / "fleet.key"
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    return str(path)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode, who", [(0o644, "its group and others"), (0o640, "its group"), (0o604, "others"),
+                                       (0o660, "its group"), (0o606, "others"), (0o700 | 0o010, "its group")])
+def test_a_fleet_key_file_others_can_read_is_refused_naming_the_file_and_the_fix(tmp_path, mode, who):
+    path = key_file(tmp_path, mode)
+    with pytest.raises(ConfigError) as err:
+        load_fleet_key(path)
+    msg = str(err.value)
+    assert msg.startswith(f"fleet_key_file: {path} can be read or written by {who} (mode {mode:04o})"), msg
+    assert msg.endswith(f"chmod 600 {path}"), msg
+
+
+@pytest.mark.unit
+def test_an_owner_only_fleet_key_file_is_read_also_through_a_symlink(tmp_path):
+    assert load_fleet_key(key_file(tmp_path, 0o600)) == KEY
+    assert load_fleet_key(key_file(tmp_path, 0o400)) == KEY
+    link = tmp_path / "key-link"  # how secrets are often mounted: a symlink to the file
+    link.symlink_to(tmp_path / "fleet.key")
+    assert load_fleet_key(str(link)) == KEY
+    with pytest.raises(ConfigError, match="a fleet key is 32..64 bytes"):
+        load_fleet_key(key_file(tmp_path, 0o600, bytes(16)))
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        load_fleet_key(str(tmp_path))
+    with pytest.raises(ConfigError, match="cannot read .*nothing"):
+        load_fleet_key(str(tmp_path / "nothing"))
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
+def test_a_fleet_key_file_of_another_user_is_refused(tmp_path):
+    path = key_file(tmp_path, 0o600)
+    os.chown(path, 4242, 4242)
+    with pytest.raises(ConfigError, match="belongs to uid 4242"):
+        load_fleet_key(path)
+
+
+@pytest.mark.unit
+def test_the_agent_exits_2_on_a_world_readable_key(tmp_path):
+    path = key_file(tmp_path, 0o644)
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(GOOD.replace("/tmp/k", path))
+    out = subprocess.run([*LINKPASS, "agent", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"chmod 600 {path}" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.unit
+def test_the_testbed_writes_key_files_the_agent_accepts_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        (tmp_path / "fleet.key").write_text("left by an earlier run")
+        os.chmod(tmp_path / "fleet.key", 0o666)
+        configs = write_agent_configs(FAB, str(tmp_path), KEY, hosts=[0, 1])
+    finally:
+        os.umask(old)
+    key_path = yaml.safe_load(open(configs[0]))["fleet_key_file"]
+    assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600 and load_fleet_key(key_path) == KEY
+
+
+class FlakyEngine:
+    """Stands in for the C probe engine: no events, and poll() raises on the calls named."""
+
+    def __init__(self, fail_on=(2,)):
+        self.polls, self.fail_on = 0, set(fail_on)
+
+    def wait(self, timeout_s):
+        time.sleep(max(0.0, min(timeout_s, 0.002)))
+
+    def poll(self, batch):
+        self.polls += 1
+        if self.polls in self.fail_on:
+            raise OSError(5, "recvmmsg failed")
+        return [], self.polls * 1_000_000
+
+
+def loop_under_test(engine, logs):
+    """An Agent's main loop over a stand-in engine: its config, failover and step guard are real."""
+    from linkpass.agent import daemon as D
+    from linkpass.agent.failover import Failover
+    from linkpass.core.detector import Detector, DetectorConfig
+
+    agent = D.Agent.__new__(D.Agent)
+    agent.cfg = load_text(GOOD, "agent.yaml")
+    agent.engine, agent.entropy, agent.link, agent.routes = engine, None, None, None
+    agent.failover = Failover(Detector(DetectorConfig()), lambda pid: None, lambda *a, **k: None)
+    agent.errors = D.LoopErrors(lambda ev, **f: logs.append((ev, f)))
+    agent.stopping = threading.Event()
+    agent.reload_requested, agent.pending_plan, agent.pending_drains = False, None, None
+    agent.config_peers = {p.name: p for p in agent.cfg.peers}
+    agent.paths_of_peer, agent.drain_addrs = {}, ()
+    return agent
+
+
+@pytest.mark.unit
+def test_the_main_loop_survives_any_one_step_raising(monkeypatch):
+    from linkpass.agent import daemon as D
+    from linkpass.agent.answer import Drain, PlanAnswer
+    from linkpass.agent.config import Peer
+
+    logs = []
+    engine = FlakyEngine(fail_on=(2, 3))  # the same fault twice in a row: logged once, counted twice
+    agent = loop_under_test(engine, logs)
+    steps = []
+    real_step = agent.failover.step
+
+    def step(events, evidence, mono_ns):
+        steps.append(evidence)
+        if len(steps) == 2:
+            raise KeyError("path 7")
+        return real_step(events, evidence, mono_ns)
+
+    agent.failover.step = step
+    monkeypatch.setattr(D.Agent, "add_peers", lambda self, peers: (_ for _ in ()).throw(RuntimeError("discovery")))
+    agent.pending_plan = PlanAnswer(3, (Peer("h5", 6, "198.18.0.6", {0: "198.18.64.11"}),))
+    agent.pending_drains = (Drain("p0l0-p0s1", ("198.18.128.0",)),)
+    monkeypatch.setattr(agent.failover, "set_drained", lambda *a: (_ for _ in ()).throw(ValueError("drain")))
+    agent.run("/nonexistent.yaml", max_seconds=0.3)
+    assert engine.polls > 10 and len(steps) > 5  # it went on polling and deciding after each fault
+    assert {k: v for k, v in agent.errors.counts.items() if v} == {"plan": 1, "drains": 1, "poll": 2, "decide": 1}
+    logged = [(f["step"], f["error"]) for ev, f in logs if ev == "loop_error"]
+    assert logged == [("plan", "RuntimeError('discovery')"), ("drains", "ValueError('drain')"),
+                      ("poll", "OSError(5, 'recvmmsg failed')"), ("decide", "KeyError('path 7')")]
+    assert [p.name for p in agent.cfg.peers] == ["h1"]  # the failed plan left the peers as they were
 
 
 def paths_json(fab, host, port):
@@ -120,6 +260,90 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
     events = [json.loads(line)["event"] for line in logs[0].splitlines() if line.startswith("{")]
     assert "reloaded" in events and "reload_rejected" in events and events[-1] == "stopped", \
         [e for e in events if e != "path_state"]
+
+
+class BadCoordinator:
+    """An HTTP endpoint that answers each agent's register and reports with `bad` in turn, then
+    with `good` for ever (its drains: none, its plan: no peers)."""
+
+    def __init__(self, bad_for):
+        import http.server
+
+        self.bad_for, self.served = bad_for, {}
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                k = outer.served[body["name"]] = outer.served.get(body["name"], -1) + 1
+                bad = outer.bad_for(body["name"])
+                answer = bad[k] if k < len(bad) else {"drain_version": 1, "plan_version": 1, "drains": [],
+                                                      "plan": {"version": 1, "peers": []}}
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("0.0.0.0", free_port()), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def metrics_of(fab, host, port=AGENT_API_PORT) -> str:
+    code = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics').read().decode())"
+    return subprocess.run(["ip", "netns", "exec", fab.netns(f"h{host}"), sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+@pytest.mark.root
+def test_agents_refuse_bad_coordinator_answers_and_run_on(clean_faults, tmp_path):
+    fab = clean_faults
+    A, B = 0, 2
+    peer_of = {f"h{A}": B, f"h{B}": A}
+
+    def bad_for(name):
+        j = peer_of[name]
+        peer = {"name": f"h{j}", "agent_id": j + 1, "service": fab.service_addr(j),
+                "nics": {"0": fab.nic_addr(j, 0), "1": fab.nic_addr(j, 1)}}
+        return [{"drain_version": 1, "drains": ["x"]},
+                {"drain_version": 1, "drains": [{"link": "p0l0-p0s0", "addrs": None}]},
+                ["x"],
+                {"plan_version": 1, "plan": {"version": 1, "peers": [{**peer, "nics": {"0": "198.18.9.9"}}]}},
+                {"plan_version": 1, "plan": {"version": 1, "peers": [{**peer, "name": "h9", "agent_id": 99,
+                                                                      "service": "h9.example.com"}]}}]
+
+    coord = BadCoordinator(bad_for)
+    token = tmp_path / "agent.token"
+    token.write_text("t0ken\n")
+    link = {"url": f"http://{fab.mgmt_root_addr}:{coord.server.server_address[1]}", "token_file": str(token),
+            "report_ms": 50}
+    ag = Agents(fab, str(tmp_path), [A, B], coordinator=link)
+    try:
+        ag.start()
+        for h in (A, B):  # the good answer after the bad ones is applied
+            assert ag.wait_for(h, "drains_applied", timeout_s=15) is not None, ag.events(h)[-10:]
+        assert all(p.poll() is None for p in ag.procs.values())  # both still running
+        rejected = [e["error"] for e in ag.events(A, "coordinator_answer_rejected")]
+        assert [r.split(":")[0] for r in rejected] == ["drains[0]", "drains[0].addrs", "answer", "plan.peers[0]",
+                                                       "plan.peers[0].service"], rejected
+        assert "differs from the config file's peer 'h2'" in rejected[3] and "host names" in rejected[4]
+        assert "linkpass_agent_coordinator_answers_rejected_total 5.0" in metrics_of(fab, A)
+        # the data path never moved: both planes to the peer, its paths probed at the config's addresses
+        assert routes_of(fab, A).get(fab.service_addr(B)) == (0, 1)
+        assert not ag.events(A, "plan_applied") and not ag.events(A, "loop_error")
+    finally:
+        codes = ag.stop()
+        ag.remove_routes()
+        coord.close()
+    assert codes == {A: 0, B: 0}, codes
 
 
 @pytest.mark.root

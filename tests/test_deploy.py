@@ -45,7 +45,8 @@ def test_daemonset_asks_for_what_the_agent_needs():
     assert set(agent["securityContext"]["capabilities"]["add"]) == {"NET_RAW", "NET_ADMIN", "SYS_NICE"}
     assert "cpu" not in agent["resources"].get("limits", {})  # CPU throttling would fake failures
     mounts = {m["mountPath"] for m in agent["volumeMounts"]}
-    assert {"/run/linkpass", "/dev/shm", "/etc/linkpass"} <= mounts
+    assert {"/run/linkpass", "/etc/linkpass"} <= mounts  # the journal and the entropy table live in /run/linkpass
+    assert "/dev/shm" not in mounts  # world-writable: anyone could plant a table there
     # the command's flags exist in the CLI
     from linkpass.cli.main import build_parser
 

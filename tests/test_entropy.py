@@ -1,7 +1,7 @@
 """Entropy table: the Python writer, the Python reader and the C reader (rdma/entropy_reader.c) agree
 on docs/entropy-table.md, and the seqlock holds under a writer that never stops.
 
-Every table lives in a pytest tmp dir, never at the real /dev/shm default path.
+Every table lives in a pytest tmp dir, never at the real default path (/run/linkpass/entropy).
 """
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import ipaddress
 import os
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -342,16 +343,93 @@ def test_heartbeat_age_and_a_second_writer(tmp_path, reader):
     assert snap["writer_pid"] == 0 and len(snap["entries"]) == 1
 
 
-def test_writer_does_not_overwrite_a_file_that_is_not_a_table(tmp_path):
+def test_a_junk_file_at_the_path_is_replaced_not_fatal(tmp_path):
     path = tmp_path / "table"
-    path.write_bytes(b"precious data, not a table")
-    with pytest.raises(T.EntropyError, match="not an entropy table"):
-        W.EntropyWriter(str(path), capacity=8)
-    assert path.read_bytes() == b"precious data, not a table"
+    path.write_bytes(b"junk, not a table")
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        w.publish(TABLES[1])
+        assert "not an entropy table: replaced" in w.replaced
+    assert [e.ports for e in R.read_table(str(path)).entries] == [(49152,)]
+    assert sorted(os.listdir(tmp_path)) == ["table"] and stat.S_IMODE(path.stat().st_mode) == 0o644
     path.write_bytes(b"")  # empty (or a table of another version/capacity, or truncated): replaced
     with W.EntropyWriter(str(path), capacity=8) as w:
         w.publish(TABLES[1])
     assert [e.ports for e in R.read_table(str(path)).entries] == [(49152,)]
+
+
+def planted_table(path, mode=0o644):
+    """A valid table someone else left at the path, with `mode`."""
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        w.publish(TABLES[1])
+    os.chmod(path, mode)
+    return path.stat().st_ino
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664])
+def test_a_table_others_can_write_is_replaced_not_adopted(tmp_path, mode):
+    path = tmp_path / "table"
+    ino = planted_table(path, mode)
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        w.publish(TABLES[2])
+        assert "is writable by" in w.replaced and f"{mode:04o}" in w.replaced
+        st = path.stat()
+        assert st.st_ino != ino and stat.S_IMODE(st.st_mode) == 0o644
+    assert len(R.read_table(str(path)).entries) == len(TABLES[2])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
+def test_a_table_of_another_owner_is_replaced_not_adopted(tmp_path):
+    path = tmp_path / "table"
+    ino = planted_table(path)
+    os.chown(path, 4242, 4242)
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        assert "belongs to uid 4242" in w.replaced
+        assert path.stat().st_ino != ino and path.stat().st_uid == os.geteuid()
+
+
+def test_a_symlink_at_the_path_is_replaced_and_its_target_untouched(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"someone's file")
+    path = tmp_path / "table"
+    path.symlink_to(target)
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        w.publish(TABLES[1])
+        assert not path.is_symlink() and w.replaced
+    assert target.read_bytes() == b"someone's file"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775])
+def test_a_directory_others_can_write_is_refused_naming_the_fix(tmp_path, mode):
+    d = tmp_path / "shm"
+    d.mkdir()
+    os.chmod(d, mode)
+    with pytest.raises(T.EntropyError) as err:
+        W.EntropyWriter(str(d / "table"), capacity=8)
+    assert f"directory {d} is writable by" in str(err.value) and f"chmod go-w {d}" in str(err.value)
+    assert os.listdir(d) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another uid needs root")
+def test_a_directory_of_another_owner_is_refused(tmp_path):
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o755)
+    os.chown(d, 4242, 4242)
+    with pytest.raises(T.EntropyError, match="belongs to uid 4242"):
+        W.EntropyWriter(str(d / "table"), capacity=8)
+
+
+def test_a_missing_directory_is_made_readable_by_every_reader(tmp_path):
+    old = os.umask(0o077)
+    try:
+        with W.EntropyWriter(str(tmp_path / "run" / "linkpass" / "entropy"), capacity=8):
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "run" / "linkpass").stat().st_mode) == 0o755
+
+
+def test_the_default_path_is_in_a_directory_only_root_can_write():
+    assert T.DEFAULT_PATH == "/run/linkpass/entropy" and not T.DEFAULT_PATH.startswith("/dev/shm/")
 
 
 def test_reopen_with_other_capacity_replaces_the_file_and_retires_the_old(tmp_path, reader):

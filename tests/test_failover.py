@@ -44,8 +44,8 @@ def agents(fabric, tmp_path_factory):
         codes = ag.stop()
         faults.clear(fabric.prefix)
         assert codes == {A: 0, B: 0}, codes
-        # a clean stop restores the baseline: every plane to every peer
-        assert set(routes_of(fabric, A).values()) <= {(0, 1)}
+        # a clean stop leaves the routes as decided: every peer keeps at least one plane
+        assert all(routes_of(fabric, A).values()), routes_of(fabric, A)
 
 
 def settle(fabric, agents):

@@ -1,5 +1,7 @@
 """An agent's lifecycle around failover: killed with SIGKILL in the middle of one, its successor
-reconciles the routes it left; with --dry-run it decides and logs but touches nothing. (Agents of
+reconciles the routes it left; stopped cleanly, it leaves a plane known bad out of its routes
+(a rolling restart does not put traffic back on it); with --dry-run it decides and logs but
+touches nothing. (Agents of
 their own: not alongside test_failover.py's, which hold the same hosts' sockets.)"""
 from __future__ import annotations
 
@@ -39,6 +41,31 @@ def test_agent_killed_mid_failover_leaves_routes_its_successor_reconciles(fabric
     finally:
         ag.stop()
         faults.clear(fabric.prefix)
+
+
+def test_a_clean_stop_leaves_a_plane_known_bad_out_and_every_peer_a_route(fabric, tmp_path):
+    ag = Agents(fabric, str(tmp_path), [A, B]).start()
+    try:
+        time.sleep(1.5)
+        faults.apply(fabric.prefix, FaultSpec("down", f"h{A}-p0l0"))
+        wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (1,), 2, "route off plane 0")
+        assert ag.stop() == {A: 0, B: 0}
+        # plane 0 is known bad at A: it stays out after the stop (the baseline would put it back)
+        assert routes_of(fabric, A) == {fabric.service_addr(B): (1,)}
+        left = ag.events(A, "routes_left")
+        assert left and left[-1]["installed"] == {f"h{B}": [1]}
+        assert all(routes_of(fabric, B).values())  # B's route to A: at least one plane, as always
+        ag2 = Agents(fabric, str(tmp_path), [A, B]).start()  # the restart: same journals
+        try:
+            assert ag2.events(A, "routes_reconciled")[0]["installed"][f"h{B}"] == [1]
+            faults.clear(fabric.prefix)
+            wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (0, 1), 15, "both planes again")
+        finally:
+            ag2.stop()
+    finally:
+        ag.stop()
+        faults.clear(fabric.prefix)
+        ag.remove_routes()
 
 
 def test_dry_run_decides_and_logs_but_touches_no_route(fabric, tmp_path):

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 PURE = {"linkpass", "linkpass.core", "linkpass.agent", "linkpass.agent.config", "linkpass.agent.decide",
-        "linkpass.agent.failover"}  # what the simulator and the agent's pure modules may import
+        "linkpass.agent.failover", "linkpass.agent.answer"}  # what the simulator and the agent's pure modules may import
 
 
 def imported_names(path: Path) -> set[str]:

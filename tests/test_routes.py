@@ -193,6 +193,46 @@ def test_sigkill_mid_change_then_reconcile_leaves_consistent_routes(clean_faults
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("line, why", [
+    ('{"peer": "h1", "planes": [1]}', None),
+    ('{"peer": "h1", "pla', "not JSON"),
+    ('[]', "expected an object, got list"),
+    ('5', "expected an object, got int"),
+    ('{"planes": [0]}', "peer: expected a name"),
+    ('{"peer": ["h1"], "planes": [0]}', "peer: expected a name"),
+    ('{"peer": "h1", "planes": 5}', "planes: expected a list of planes 0..63"),
+    ('{"peer": "h1", "planes": null}', "planes: expected a list"),
+    ('{"peer": "h1", "planes": ["0"]}', "planes: expected a list"),
+    ('{"peer": "h1", "planes": [true]}', "planes: expected a list"),
+    ('{"peer": "h1", "planes": [64]}', "planes: expected a list"),
+])
+def test_journal_lines_of_the_wrong_shape_are_not_records(line, why):
+    from linkpass.agent.routes import journal_record
+
+    got = journal_record(line)
+    if why is None:
+        assert got == ("h1", (1,))
+    else:
+        assert isinstance(got, str) and got.startswith(why), got
+
+
+@pytest.mark.unit
+def test_reconcile_skips_malformed_journal_lines_and_logs_them(tmp_path):
+    journal = tmp_path / "journal"
+    journal.write_text('{"peer": "h1", "planes": [1]}\n[]\n{"peer": "h2", "planes": 5}\n{"peer": ["h3"]}\n'
+                       '{"peer": "h2", "planes": [0]}\n{"peer": "h3", "pla')
+    hops = {0: ("198.18.64.0", "p0"), 1: ("198.18.72.0", "p1")}
+    peers = {n: PeerRoutes(n, f"198.18.0.{k}", hops) for k, n in enumerate(("h1", "h2", "h3"), 2)}
+    logs = []
+    act = RouteActuator(None, "198.18.0.1", peers, str(journal), dry_run=True,
+                        log=lambda ev, **f: logs.append((ev, f)))
+    assert act.reconcile() == {"h1": (1,), "h2": (0,), "h3": (0, 1)}  # h3: no good line, the baseline
+    (ev, fields), = logs
+    assert ev == "route_journal_lines_skipped" and fields["count"] == 4
+    assert fields["first"][0] == "line 2: expected an object, got list" and fields["first"][3].startswith("line 6: not JSON")
+
+
+@pytest.mark.unit
 def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="rto_min_ms: 0 is out of range"):
         RouteActuator(None, "198.18.0.1", {}, str(tmp_path / "j"), rto_min_ms=0)

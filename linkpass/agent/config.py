@@ -27,13 +27,15 @@
     api: {port: 9471}                # local query API and /metrics on 127.0.0.1
     routes: {enabled: false, rto_min_ms: 10, journal: /run/linkpass/routes.journal,
              max_changes_per_s: 1000}
-    entropy: {enabled: false, path: /dev/shm/linkpass-entropy}   # ports per (peer, plane), docs/entropy-table.md
+    entropy: {enabled: false, path: /run/linkpass/entropy}   # ports per (peer, plane), docs/entropy-table.md;
+                                     # its directory: writable by root (or the agent's uid) only
     coordinator:                     # optional; without it the agent works alone (it always fails over locally)
       url: http://198.19.0.1:9470    # the coordinator's endpoint
       token_file: /etc/linkpass/agent.token   # a token with role "agent"
       report_ms: 200                 # path changes are sent this often (batched)
       summary_s: 10                  # the whole path table is sent this often (heals lost reports)
       follow_plan: true              # probe the peers the coordinator's probe plan names
+      max_plan_peers: 1024           # a plan naming more peers is refused whole (linkpass/agent/answer.py)
 
 Pure: parsing and validation only; reading the files is the daemon's.
 """
@@ -75,6 +77,7 @@ class CoordinatorLinkConfig:
     report_ms: int = 200
     summary_s: float = 10.0
     follow_plan: bool = True
+    max_plan_peers: int = 1024
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,7 @@ API = {"port": "api_port"}
 ROUTES = {"enabled": "routes_enabled", "rto_min_ms": "rto_min_ms", "journal": "routes_journal",
           "max_changes_per_s": "max_route_changes_per_s"}
 ENTROPY = {"enabled": "entropy_enabled", "path": "entropy_path"}
-COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan")}  # CoordinatorLinkConfig
+COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan", "max_plan_peers")}  # CoordinatorLinkConfig
 # detect.<field>: (DetectorConfig field, factor to its unit, lo, hi, the agent's default or None for
 # DetectorConfig's). The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
 # noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
@@ -304,7 +307,8 @@ def _coordinator(raw) -> CoordinatorLinkConfig | None:
     if not url.startswith("http://"):
         raise ConfigError(f"coordinator.url: expected http://HOST:PORT (the coordinator's endpoint), got {url!r}")
     return CoordinatorLinkConfig(url, _str(*s.get("token_file")), _int(*s.get("report_ms"), 10, 60_000),
-                                 _num(*s.get("summary_s"), 1, 3600), _bool(*s.get("follow_plan")))
+                                 _num(*s.get("summary_s"), 1, 3600), _bool(*s.get("follow_plan")),
+                                 _int(*s.get("max_plan_peers"), 1, 65536))
 
 
 def load_text(text: str, where: str) -> AgentConfig:
@@ -321,13 +325,14 @@ def load_text(text: str, where: str) -> AgentConfig:
 
 
 def read_fleet_key(data: bytes, where: str) -> bytes:
-    """A key file holds 32-64 bytes, raw or as hex text."""
+    """A key file holds 32-64 bytes, raw or as hex text (the file's permissions: agent/keyfile.py).
+    Fewer than 32 bytes is refused: the key is the fleet's only authentication of probes."""
     text = data.strip()
     try:
         key = bytes.fromhex(text.decode()) if text and all(c in b"0123456789abcdefABCDEF" for c in text) else data
     except (UnicodeDecodeError, ValueError):
         key = data
-    if not 16 <= len(key) <= 64:
-        raise ConfigError(f"{where}: a fleet key is 16..64 bytes (raw, or hex text); this file holds {len(key)}. "
+    if not 32 <= len(key) <= 64:
+        raise ConfigError(f"{where}: a fleet key is 32..64 bytes (raw, or hex text); this file holds {len(key)}. "
                           "Make one with `python -c 'import secrets; print(secrets.token_hex(32))'`")
     return key

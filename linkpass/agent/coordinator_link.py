@@ -10,7 +10,9 @@ coordinator said (drained link addresses, the probe plan) for the main loop to a
     quiet for 1 s              POST /v1/report    a heartbeat (no changes)
 
 While the coordinator is unreachable the thread retries with backoff (0.5 s doubling to 5 s) and
-logs once when it goes away and once when it is back.
+logs once when it goes away and once when it is back. Every answer is checked whole first
+(`answer.parse_answer`): a refused one is counted, logged once per distinct fault, and applied not
+at all; the versions stay, so the coordinator sends its drains and plan again.
 """
 from __future__ import annotations
 
@@ -21,14 +23,17 @@ from typing import Callable
 from ..coordinator.auth import read_token
 from ..coordinator.client import Client, Refusal, Unreachable
 from ..core.constants import REPORT_HEARTBEAT_S
+from .answer import AnswerError, AnswerRules, parse_answer
 from .config import CoordinatorLinkConfig
 
 
 
 class CoordinatorLink:
     def __init__(self, cfg: CoordinatorLinkConfig, identity: Callable[[], dict], rows: Callable[[], list[dict]],
-                 on_drains: Callable[[list[dict]], None], on_plan: Callable[[dict], None], log):
+                 on_drains: Callable[[tuple], None], on_plan: Callable[[object], None], log, *, rules: AnswerRules):
         self.cfg = cfg
+        self.rules = rules  # what answers are checked against (the daemon replaces it on reload)
+        self._rejection: str | None = None
         self.identity = identity  # name, agent_id, service, nics, api_port, version
         self.rows = rows  # the path table: id, peer, plane, sport, hops, peer_addr, state, reason
         self.on_drains = on_drains
@@ -40,7 +45,7 @@ class CoordinatorLink:
         self.drain_version: int | None = None
         self.plan_version: int | None = None
         self.sent: dict[int, tuple] = {}
-        self.stats = {"reports": 0, "registrations": 0, "failures": 0, "refusals": 0}
+        self.stats = {"reports": 0, "registrations": 0, "failures": 0, "refusals": 0, "answers_rejected": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="coordinator-link", daemon=True)
 
@@ -118,13 +123,23 @@ class CoordinatorLink:
         self.log("coordinator_registered", url=self.cfg.url, paths=len(rows))
         self._answer(answer)
 
-    def _answer(self, answer: dict) -> None:
-        if "drains" in answer:
-            self.on_drains(answer["drains"])
-        self.drain_version = answer.get("drain_version")
-        if "plan" in answer:
-            self.on_plan(answer["plan"])
-        self.plan_version = answer.get("plan_version")
+    def _answer(self, answer: object) -> None:
+        try:
+            got = parse_answer(answer, self.rules)
+        except AnswerError as exc:
+            self.stats["answers_rejected"] += 1
+            if str(exc) != self._rejection:  # the same fault comes back with every report: log it once
+                self._rejection = str(exc)
+                self.log("coordinator_answer_rejected", error=str(exc),
+                         note="nothing of this answer is applied; drains and plan stay as they were")
+            return
+        self._rejection = None
+        if got.drains is not None:
+            self.on_drains(got.drains)
+        self.drain_version = got.drain_version
+        if got.plan is not None:
+            self.on_plan(got.plan)
+        self.plan_version = got.plan_version
 
 
 def _mark(row: dict) -> tuple:

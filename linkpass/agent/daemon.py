@@ -6,12 +6,16 @@ path with the detector, and rewrites the data path: the routes to peers' service
 (whole planes; `routes.py`) and the healthy source ports per (peer, plane) in the entropy table
 (single paths; `entropy_writer.py`). `failover.py` is the loop between the two.
 
-Lifecycle: SIGTERM/SIGINT stop it cleanly: routes back to the baseline (every plane), entropy
-table withdrawn, sockets closed, API down. SIGHUP re-reads the config and applies what can change
-without dropping probe or detector state (peers added or removed, probe rates); what cannot
+Lifecycle: SIGTERM/SIGINT stop it cleanly: routes left as decided (a plane known bad stays out
+across a rolling restart; every peer keeps at least one plane), entropy table withdrawn, sockets
+closed, API down. SIGHUP re-reads the config and applies what can change without dropping probe
+or detector state (peers added or removed, probe rates); what cannot
 (agent id, fleet key, NICs, detector settings) is logged and left as it was. SIGKILL leaves the
 routes as they were; the next start reconciles them with the journal. `--dry-run` decides and
 logs everything and touches no route and no table. Logs are JSON lines on stderr, one event each.
+
+The main loop survives any one step raising (`LoopErrors`: logged, counted by step); the
+coordinator's answers are checked whole before any of them is applied (`answer.py`).
 """
 from __future__ import annotations
 
@@ -21,19 +25,24 @@ import signal
 import sys
 import threading
 import time
+import traceback
+from collections import Counter
 
 from ..core.constants import BATCH_S, ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
+from ..core.entropy_table import EntropyError
 from ..core.probe_event import EV_MISS
 from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import CoreProbeEngine
+from .answer import AnswerRules, Drain, PlanAnswer
 from .api import LocalApi, PathLabels, TelemetryView
-from .config import AgentConfig, ConfigError, Peer, load_text, read_fleet_key
+from .config import AgentConfig, ConfigError, load_text
 from .coordinator_link import CoordinatorLink
 from .decide import PathInfo, crosses
 from .failover import Failover
-from .metrics import DecisionCollector
+from .keyfile import load_fleet_key
+from .metrics import AgentCollector, DecisionCollector
 from .routes import PeerRoutes, RouteActuator
 
 
@@ -56,12 +65,38 @@ def load(path: str) -> tuple[AgentConfig, bytes]:
             cfg = load_text(f.read(), path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
-    try:
-        with open(cfg.fleet_key_file, "rb") as f:
-            key = read_fleet_key(f.read(), cfg.fleet_key_file)
-    except OSError as exc:
-        raise ConfigError(f"fleet_key_file: cannot read {cfg.fleet_key_file} ({exc.strerror})") from None
-    return cfg, key
+    return cfg, load_fleet_key(cfg.fleet_key_file)
+
+
+LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "entropy")  # the main loop's steps, in order
+
+
+class LoopErrors:
+    """Exceptions in the main loop's steps. Each is counted per step (the metric
+    linkpass_agent_loop_errors_total) and logged with where it was raised; the same fault of a
+    step is logged again only after LOG_EVERY_S, since it usually recurs on every pass."""
+
+    LOG_EVERY_S = 10.0
+
+    def __init__(self, log, clock=time.monotonic):
+        self.log, self.clock = log, clock
+        self.counts: Counter = Counter(dict.fromkeys(LOOP_STEPS, 0))
+        self._logged: dict[str, tuple[str, float]] = {}  # step -> (its last fault logged, when)
+
+    def run(self, step: str, fn, *args):
+        """fn(*args)'s value, or None if it raised (counted and logged)."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 - one bad step must not stop failover for every peer
+            self.counts[step] += 1
+            text, now = repr(exc), self.clock()
+            last = self._logged.get(step)
+            if last is None or last[0] != text or now - last[1] >= self.LOG_EVERY_S:
+                self._logged[step] = (text, now)
+                frame = traceback.extract_tb(exc.__traceback__)[-1]
+                self.log("loop_error", step=step, error=text, at=f"{frame.filename}:{frame.lineno} in {frame.name}",
+                         count=self.counts[step], note="the loop goes on; the data path keeps its last good state")
+            return None
 
 
 # fields a reload cannot change: they shape sockets, identities or the detector's state
@@ -98,6 +133,8 @@ class Agent:
         if cfg.entropy_enabled and not dry_run:
             from .entropy_writer import EntropyWriter
             self.entropy = EntropyWriter(cfg.entropy_path)
+            if self.entropy.replaced:
+                log("entropy_table_replaced", path=cfg.entropy_path, why=self.entropy.replaced)
         self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
                                  log, routes=self.routes, entropy=self.entropy,
                                  set_rto=self.engine.set_rto)
@@ -108,10 +145,11 @@ class Agent:
         self.hops: dict[int, tuple] = {}  # path -> routers on the way (for the coordinator's fleet view)
         self.link: CoordinatorLink | None = None
         # handed over by the coordinator thread, applied by the main loop (Failover is single-threaded)
-        self.pending_drains: list[dict] | None = None
-        self.pending_plan: dict | None = None
-        self.drain_addrs: list[dict] = []
+        self.pending_drains: tuple[Drain, ...] | None = None
+        self.pending_plan: PlanAnswer | None = None
+        self.drain_addrs: tuple[Drain, ...] = ()
         self.config_peers = {p.name: p for p in cfg.peers}
+        self.errors = LoopErrors(log)
 
     @staticmethod
     def _route_actuator(cfg: AgentConfig, dry_run: bool) -> RouteActuator | None:
@@ -121,7 +159,7 @@ class Agent:
         peers = {p.name: PeerRoutes(p.name, p.service, {pl: h for pl, h in hops.items() if pl in p.nics})
                  for p in cfg.peers}
         return RouteActuator(None, cfg.service, peers, cfg.routes_journal, rto_min_ms=cfg.rto_min_ms,
-                             max_changes_per_s=cfg.max_route_changes_per_s, dry_run=dry_run)
+                             max_changes_per_s=cfg.max_route_changes_per_s, dry_run=dry_run, log=log)
 
     def _offset_of_peer(self, peer_id: int) -> float | None:
         """The peer's clock offset now (once synced): one-way delays in /v1/paths and metrics."""
@@ -192,14 +230,20 @@ class Agent:
             log("rt_priority_refused", priority=self.cfg.rt_priority, error=refused,
                 note="probe thread runs at normal priority: on a busy host, expect late replies")
         self.add_peers(self.cfg.peers)
-        self.api = LocalApi(self.view, port=self.cfg.api_port, collectors=[DecisionCollector(lambda: self.failover)],
+        self.api = LocalApi(self.view, port=self.cfg.api_port, collectors=[DecisionCollector(lambda: self.failover),
+                                                                          AgentCollector(self.health_counters)],
                             extra_routes={"/v1/state": self.failover.path_rows})
         if self.cfg.coordinator is not None:
             self.link = CoordinatorLink(self.cfg.coordinator, self.identity, self.report_rows, self._take_drains,
-                                        self._take_plan, log).start()
+                                        self._take_plan, log, rules=self.answer_rules()).start()
         log("started", agent_id=self.cfg.agent_id, name=self.cfg.name, api_port=self.api.port,
             paths=len(self.labels), nics=[n.ifname for n in self.cfg.nics], routes=self.routes is not None,
             entropy=self.entropy is not None, dry_run=self.dry_run)
+
+    def health_counters(self) -> dict:
+        """The agent's own faults, for /metrics: loop errors by step, coordinator answers refused."""
+        return {"loop_errors": dict(self.errors.counts),
+                "answers_rejected": self.link.stats["answers_rejected"] if self.link is not None else 0}
 
     # ---- the coordinator ---------------------------------------------------------------
     def identity(self) -> dict:
@@ -221,35 +265,38 @@ class Agent:
                         "state": r["state"], "reason": r["reason"]})
         return out
 
-    def _take_drains(self, drains: list[dict]) -> None:
+    def _take_drains(self, drains: tuple[Drain, ...]) -> None:
         self.pending_drains = drains
 
-    def _take_plan(self, plan: dict) -> None:
+    def _take_plan(self, plan: PlanAnswer) -> None:
         if self.cfg.coordinator is not None and self.cfg.coordinator.follow_plan:
             self.pending_plan = plan
 
-    def apply_drains(self, drains: list[dict]) -> None:
+    def answer_rules(self) -> AnswerRules:
+        """What the coordinator's answers are checked against (answer.py): this agent and the
+        peers of its config file."""
+        own = frozenset([self.cfg.service, *(n.addr for n in self.cfg.nics)])
+        max_peers = self.cfg.coordinator.max_plan_peers if self.cfg.coordinator is not None else 0
+        return AnswerRules(self.cfg.name, self.cfg.agent_id, max_peers, own, dict(self.config_peers))
+
+    def apply_drains(self, drains: tuple[Drain, ...]) -> None:
+        """Steer away from paths crossing a drained link (drains checked whole by answer.py)."""
         self.drain_addrs = drains
-        addrs = [a for d in drains for a in d.get("addrs", ())]
+        addrs = [a for d in drains for a in d.addrs]
         drained = [pid for pid, info in list(self.failover.paths.items())
                    if addrs and crosses(self.hops.get(pid, ()), info.peer_addr, addrs)]
         self.failover.set_drained(drained, time.monotonic_ns())
-        log("drains_applied", links=[d.get("link") for d in drains], paths=len(drained))
+        log("drains_applied", links=[d.link for d in drains], paths=len(drained))
 
-    def apply_plan(self, plan: dict) -> None:
-        """Probe exactly the peers the plan names (discovery for new ones runs here, in this loop)."""
-        try:
-            want = {p["name"]: Peer(p["name"], int(p["agent_id"]), p["service"],
-                                    {int(k): v for k, v in p["nics"].items()})
-                    for p in plan.get("peers", []) if p["name"] != self.cfg.name}
-        except (KeyError, TypeError, ValueError) as exc:
-            log("plan_rejected", error=repr(exc), note="keeping the current peers")
-            return
+    def apply_plan(self, plan: PlanAnswer) -> None:
+        """Probe exactly the peers the plan names (discovery for new ones runs here, in this loop).
+        The plan was checked whole (answer.py): it names no peer of the config file differently."""
+        want = {p.name: p for p in plan.peers}
         have = {p.name: p for p in self.cfg.peers}
         # the peers of the config file stay probed whatever the plan says (their routes, if
         # managed, could not be moved back without probes; and a plan made while the fleet is
         # still joining may not name them yet): a plan adds peers and removes only its own
-        want.update({n: p for n, p in self.config_peers.items() if n not in want})
+        want.update(self.config_peers)
         gone = [n for n in have if n not in want]
         new = [p for n, p in want.items() if have.get(n) != p]
         if not gone and not new:
@@ -257,13 +304,15 @@ class Agent:
         for n in gone:
             self.remove_peer(n)
         for p in new:
-            if p.name in have:
+            if p.name in have or p.name in self.paths_of_peer:  # changed, or half-added by a failed plan
                 self.remove_peer(p.name)
-        self.cfg = AgentConfig(**{**self.cfg.__dict__, "peers": tuple(want.values())})
         self.add_peers(new)
+        # only now: a plan whose discovery raised leaves these peers out of the config, so the
+        # next plan adds them again
+        self.cfg = AgentConfig(**{**self.cfg.__dict__, "peers": tuple(want.values())})
         if self.drain_addrs:
             self.apply_drains(self.drain_addrs)
-        log("plan_applied", version=plan.get("version"), peers=len(want), added=[p.name for p in new], removed=gone)
+        log("plan_applied", version=plan.version, peers=len(want), added=[p.name for p in new], removed=gone)
 
     def reload(self, new: AgentConfig, key: bytes) -> None:
         fixed = [f for f in FIXED_ON_RELOAD if getattr(new, f) != getattr(self.cfg, f)]
@@ -279,55 +328,75 @@ class Agent:
         for p in changed:
             self.remove_peer(p.name)
         self.cfg = AgentConfig(**{**new.__dict__, **{f: getattr(self.cfg, f) for f in FIXED_ON_RELOAD}})
+        self.config_peers = new_peers
+        if self.link is not None:
+            self.link.rules = self.answer_rules()
         self.add_peers([p for n, p in new_peers.items() if n not in old_peers] + changed)
         for pid in self.labels:
             self.engine.set_interval(pid, self.cfg.interval_ms / 1000)
         log("reloaded", peers=len(new_peers), paths=len(self.labels))
 
     def run(self, config_path: str, max_seconds: float | None = None) -> None:
+        """The main loop. Each step runs under `self.errors`: one that raises is logged and counted
+        and the loop goes on; the data path keeps what the last good step left."""
         end = None if max_seconds is None else time.monotonic() + max_seconds
-        next_beat = next_batch = 0.0
+        self._next_beat = self._next_batch = 0.0
+        run = self.errors.run
         while not self.stopping.is_set() and (end is None or time.monotonic() < end):
             if self.reload_requested:
                 self.reload_requested = False
-                try:
-                    self.reload(*load(config_path))
-                except ConfigError as exc:
-                    log("reload_rejected", error=str(exc), note="running on with the previous config")
+                run("reload", self._reload, config_path)
             if self.pending_plan is not None:
                 plan, self.pending_plan = self.pending_plan, None
-                self.apply_plan(plan)
+                run("plan", self.apply_plan, plan)
             if self.pending_drains is not None:
                 drains, self.pending_drains = self.pending_drains, None
-                self.apply_drains(drains)
-            # sleep until the C loop reports a miss or a late reply, or the next batch is due, or
-            # a DOWN held back from the data path can be decided by fresh answers
-            wait_s = next_batch - time.monotonic()
-            decide_ns = self.failover.decision_wait_ns()
-            if decide_ns is not None:
-                wait_s = min(wait_s, max(decide_ns / 1e9, self.cfg.interval_ms / 1000))
-            self.engine.wait(wait_s)
-            now = time.monotonic()
-            batch = now >= next_batch  # on-time replies come in batches; misses at once
-            if batch:
-                next_batch = now + BATCH_S
-            events, evidence = self.engine.poll(batch or decide_ns is not None)
-            if not batch and any(e.kind == EV_MISS for e in events):
-                # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)
-                more, evidence = self.engine.poll(True)
-                events += more
-            self.failover.step(events, evidence, time.monotonic_ns())
-            if self.entropy is not None and now >= next_beat:
-                self.entropy.heartbeat()
-                next_beat = now + ENTROPY_HEARTBEAT_S
+                run("drains", self.apply_drains, drains)
+            polled = run("poll", self._poll)
+            if polled is None:
+                self.stopping.wait(BATCH_S)  # a failing engine must not turn this loop into a spin
+                continue
+            run("decide", self.failover.step, *polled, time.monotonic_ns())
+            if self.entropy is not None and time.monotonic() >= self._next_beat:
+                self._next_beat = time.monotonic() + ENTROPY_HEARTBEAT_S
+                run("entropy", self.entropy.heartbeat)
+
+    def _reload(self, config_path: str) -> None:
+        try:
+            self.reload(*load(config_path))
+        except ConfigError as exc:
+            log("reload_rejected", error=str(exc), note="running on with the previous config")
+
+    def _poll(self) -> tuple[list, int]:
+        """Sleep until the C loop reports a miss or a late reply, or the next batch is due, or a
+        DOWN held back from the data path can be decided by fresh answers; the events and their
+        evidence time."""
+        wait_s = self._next_batch - time.monotonic()
+        decide_ns = self.failover.decision_wait_ns()
+        if decide_ns is not None:
+            wait_s = min(wait_s, max(decide_ns / 1e9, self.cfg.interval_ms / 1000))
+        self.engine.wait(wait_s)
+        now = time.monotonic()
+        batch = now >= self._next_batch  # on-time replies come in batches; misses at once
+        if batch:
+            self._next_batch = now + BATCH_S
+        events, evidence = self.engine.poll(batch or decide_ns is not None)
+        if not batch and any(e.kind == EV_MISS for e in events):
+            # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)
+            more, evidence = self.engine.poll(True)
+            events += more
+        return events, evidence
 
     def stop(self) -> None:
-        """Clean stop: the data path goes back to the baseline before the probes stop."""
+        """Clean stop: the routes stay as the last decisions left them (a plane known bad stays
+        out; every peer keeps at least one plane, as always), the entropy table is withdrawn."""
         if self.link is not None:
             self.link.stop()
         if self.routes is not None:
             try:
-                self.routes.restore_baseline()
+                left = self.routes.leave()
+                log("routes_left", installed={k: list(v) for k, v in left.items()},
+                    note="kept as decided; the next start reconciles them with the journal")
             finally:
                 self.routes.close()
         if self.entropy is not None:
@@ -336,6 +405,7 @@ class Agent:
             self.api.close()
         self.engine.close()
         log("stopped", stats=self.engine_stats(), decisions=dict(self.failover.counters),
+            loop_errors={k: v for k, v in self.errors.counts.items() if v},
             coordinator=self.link.stats if self.link is not None else None)
 
     def engine_stats(self) -> dict:
@@ -348,7 +418,11 @@ def main(config_path: str, max_seconds: float | None = None, dry_run: bool = Fal
     except ConfigError as exc:
         print(f"linkpass agent: config error: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(cfg, key, dry_run=dry_run)
+    try:
+        agent = Agent(cfg, key, dry_run=dry_run)
+    except EntropyError as exc:  # a table directory others can write, or a live writer on it
+        print(f"linkpass agent: entropy table: {exc}", file=sys.stderr)
+        return 2
 
     def on_term(_sig, _frm):
         agent.stopping.set()

@@ -25,6 +25,7 @@ import fcntl
 import mmap
 import os
 import platform
+import stat
 import struct
 import time
 from typing import Callable, Iterable
@@ -44,11 +45,15 @@ def _tso() -> bool:
 class EntropyWriter:
     """The single writer of one table. Not thread-safe: one writer, one thread.
 
-    Opening takes over a compatible existing file in place (readers that keep it mapped keep
-    working; a section left open by a killed writer is closed by the first publish), or else
-    creates a new file atomically (temp file in the same directory + rename) and marks the old
-    one RETIRED. The table starts empty unless `keep=True` (then the existing entries are kept
-    if the file was consistent).
+    The table's directory must be writable only by this uid or root (made 0755 if absent; refused
+    otherwise: EntropyError naming the fix). Opening takes over a compatible existing table in
+    place if this uid owns it and no one else can write it (readers that keep it mapped keep
+    working; a section left open by a killed writer is closed by the first publish); anything
+    else at the path (another layout or capacity, junk, another owner, group- or world-writable,
+    a symlink) is replaced atomically by a new file (temp file in the same directory + rename),
+    and an old table of ours is marked RETIRED. `replaced` says why a file was replaced. The
+    table starts empty unless `keep=True` (then the existing entries are kept if the file was
+    consistent).
     """
 
     def __init__(self, path: str = DEFAULT_PATH, capacity: int = DEFAULT_CAPACITY, *, keep: bool = False,
@@ -65,32 +70,46 @@ class EntropyWriter:
         self._slots: list[bytes] = []  # what each slot 0..count-1 holds now
         self._mm: mmap.mmap | None = None
         self._fd = -1
+        self.replaced: str | None = None  # why a file found at the path was replaced, not adopted
         self._open(keep)
 
     # -- lifecycle
     def _open(self, keep: bool) -> None:
+        self._trusted_dir()
         try:
-            fd = os.open(self.path, os.O_RDWR)
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            self._replace()
+            self._replace(retire=False)
+            return
+        except OSError as exc:  # ELOOP: a symlink; or something we cannot open
+            self.replaced = f"{self.path} could not be opened as a file ({exc.strerror}): replaced"
+            self._replace(retire=False)
             return
         try:
+            untrusted = _untrusted_file(os.fstat(fd))
+            if untrusted:  # not locked, not mapped, not written: only renamed over
+                os.close(fd)
+                fd = -1
+                self.replaced = f"{self.path} {untrusted}: not adopted, replaced"
+                self._replace(retire=False)
+                return
             self._lock(fd)  # also when the file is then replaced: never rename over a live writer
             head = os.pread(fd, HEADER_SIZE, 0)
-            if len(head) >= len(MAGIC) and head[:len(MAGIC)] != MAGIC:
-                raise EntropyError(f"{self.path}: holds something that is not an entropy table; "
-                                   "not overwriting it (remove it or choose another path)")
+            junk = len(head) >= len(MAGIC) and head[:len(MAGIC)] != MAGIC
             try:
-                ok = decode_header(head, os.fstat(fd).st_size).capacity == self.capacity
+                ok = not junk and decode_header(head, os.fstat(fd).st_size).capacity == self.capacity
             except TableBad:
                 ok = False  # another version / capacity, or truncated: replace it
             if not ok:
-                self._replace()
+                if junk:
+                    self.replaced = f"{self.path} held something that is not an entropy table: replaced"
+                self._replace(retire=not junk)
                 os.close(fd)
                 return
             self._mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             raise
         self._fd = fd
         old = None
@@ -105,6 +124,24 @@ class EntropyWriter:
         # the first section rewrites every slot: whatever a dead writer left half-written goes
         self._publish_map({e.key: e for e in old.entries} if old else {}, full=True)
 
+    def _trusted_dir(self) -> str:
+        """The table's directory, made (0755) if absent; refused unless only this uid (or root)
+        can write it: in a directory others can write, they could put their own table there."""
+        d = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(d):
+            os.makedirs(d, mode=0o755, exist_ok=True)
+            os.chmod(d, 0o755)  # readers (any uid) must reach the table whatever the umask
+        st = os.stat(d)
+        if st.st_uid not in (os.geteuid(), 0):
+            raise EntropyError(f"entropy.path: directory {d} belongs to uid {st.st_uid}, not to this agent "
+                               f"(uid {os.geteuid()}) or root; choose a directory only root can write, "
+                               "e.g. /run/linkpass")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise EntropyError(f"entropy.path: directory {d} is writable by {_who(st.st_mode)} (mode "
+                               f"{stat.S_IMODE(st.st_mode):04o}): anyone there could plant a table; "
+                               f"`chmod go-w {d}` or choose a directory only root can write, e.g. /run/linkpass")
+        return d
+
     def _lock(self, fd: int) -> None:
         """One writer per table: an exclusive flock held while the writer is open."""
         try:
@@ -113,8 +150,9 @@ class EntropyWriter:
             pid = struct.unpack("<I", os.pread(fd, 4, OFF_WRITER_PID))[0]
             raise EntropyError(f"{self.path}: another writer (pid {pid}) has the table open") from None
 
-    def _replace(self) -> None:
-        """Build a fresh file next to the path and rename it over (readers never see it half-made)."""
+    def _replace(self, retire: bool) -> None:
+        """Build a fresh file next to the path and rename it over (readers never see it half-made).
+        `retire`: the file replaced is a table of ours; mark it so readers that map it re-open."""
         d = os.path.dirname(os.path.abspath(self.path))
         tmp = os.path.join(d, f".{os.path.basename(self.path)}.{os.getpid()}.tmp")
         now_m, now_r = self._mono(), self._real()
@@ -122,8 +160,9 @@ class EntropyWriter:
             os.unlink(tmp)  # left by a crashed process that had our pid: ours to remove
         except FileNotFoundError:
             pass
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
+            os.fchmod(fd, 0o644)  # readable by every reader, writable by this writer only, whatever the umask
             os.ftruncate(fd, self.size)
             os.pwrite(fd, encode_header(self.capacity, writer_pid=os.getpid(), writer_pidns=pid_namespace(),
                                         now_mono_ns=now_m, now_realtime_ns=now_r), 0)
@@ -133,10 +172,12 @@ class EntropyWriter:
             os.close(fd)
             os.unlink(tmp)
             raise
-        try:
-            old_fd = os.open(self.path, os.O_RDWR)
-        except OSError:
-            old_fd = -1
+        old_fd = -1
+        if retire:
+            try:
+                old_fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                old_fd = -1
         try:
             os.rename(tmp, self.path)
         except BaseException:
@@ -292,6 +333,21 @@ class EntropyWriter:
         self._slots = slots
         self._entries, self._enc = new_entries, new_enc
         return gen
+
+
+def _who(mode: int) -> str:
+    return " and ".join(w for w, bit in (("its group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if mode & bit)
+
+
+def _untrusted_file(st: os.stat_result) -> str | None:
+    """Why a file found at the table's path is not ours to adopt in place, or None."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not this writer's {os.geteuid()}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by {_who(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def _consistent(mm) -> Snapshot:

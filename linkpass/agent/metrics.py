@@ -3,6 +3,7 @@ SPECS; the collectors read plain state at scrape time (never update metric objec
 
     TelemetryCollector   per-path probe counters, loss, one-way delay, RTT histogram, drops
     DecisionCollector    path states, transitions, route changes, fail static
+    AgentCollector       the agent's own faults: main-loop errors, coordinator answers refused
 
 Names follow `linkpass_<subsystem>_<name>_<unit>`; labels are bounded: peer, plane and path (the
 discovered path's index towards that peer), state, direction and drop reason, never a port or a
@@ -57,6 +58,13 @@ SPECS: dict[str, Spec] = {
                                              "DOWNs held back from the data path by the lateness allowance"),
     "linkpass_downs_absorbed": Spec(CounterMetricFamily,
                                     "Held DOWNs undone by their late replies before the data path moved"),
+    # the agent itself
+    "linkpass_agent_loop_errors": Spec(CounterMetricFamily,
+                                       "Exceptions in a step of the agent's main loop (logged; the loop goes on)",
+                                       ("step",)),
+    "linkpass_agent_coordinator_answers_rejected": Spec(CounterMetricFamily,
+                                                        "Coordinator answers refused whole (shape, sizes, addresses, "
+                                                        "peers): none of such an answer is applied"),
 }
 
 
@@ -139,3 +147,19 @@ class DecisionCollector:
         held.add_metric([], fo.counters.get("down_held_for_lateness", 0))
         absorbed.add_metric([], fo.counters.get("lateness_absorbed", 0))
         yield from (state, trans, changes, deferred, static, entered, planes, allowance, held, absorbed)
+
+
+class AgentCollector:
+    """Reads the agent's own fault counters at scrape time: `counters()` returns
+    {"loop_errors": {step: n}, "answers_rejected": n}."""
+
+    def __init__(self, counters: Callable[[], dict]):
+        self.counters = counters
+
+    def collect(self):
+        c = self.counters()
+        errors, rejected = family("linkpass_agent_loop_errors"), family("linkpass_agent_coordinator_answers_rejected")
+        for step, n in c["loop_errors"].items():
+            errors.add_metric([step], n)
+        rejected.add_metric([], c["answers_rejected"])
+        yield from (errors, rejected)

@@ -12,8 +12,13 @@ this host's service address and carrying `rto_min` so TCP retransmits reach the 
 - **Journal.** The desired state of each peer is appended to a journal *before* the kernel is
   changed. It has to outlive the agent, not the machine (routes do not survive a reboot either),
   so it lives on tmpfs (/run) and is written, not fsync'ed: a write that returned is in the page
-  cache whatever happens to the process, and an fsync would cost milliseconds per failover. `reconcile()` on start makes the kernel match the journal: a change cut off
-  by SIGKILL is completed, routes of ours for unknown peers are removed, missing ones added.
+  cache whatever happens to the process, and an fsync would cost milliseconds per failover.
+  `reconcile()` on start makes the kernel match the journal: a change cut off by SIGKILL is
+  completed, routes of ours for unknown peers are removed, missing ones added. Lines that are
+  not a record (cut off by a crash, or of the wrong shape) are skipped and logged.
+- **Clean stop.** `leave()`: every route stays as the last decision left it, so a plane known
+  bad stays out across a restart (the journal already says what is installed, and the next
+  start's reconcile keeps it); every peer has at least one plane, as at any other moment.
 - **Rate limit.** A token bucket bounds changes per second; a change over the limit is deferred
   (returned as such), not dropped, so the caller retries on its next tick.
 - **Dry run.** Decisions are computed, journaled to memory and returned, and nothing is touched.
@@ -26,6 +31,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pyroute2 import IPRoute
 
@@ -66,6 +72,26 @@ def desired_route(peer: PeerRoutes, usable: set[int], current: tuple[int, ...]) 
     return Plan(peer.peer, keep, refused=keep, reason="no usable plane: keeping the current route (fail static)")
 
 
+MAX_PLANE = 63  # as in the agent's config
+
+
+def journal_record(line: str) -> tuple[str, tuple[int, ...]] | str:
+    """One journal line as (peer, planes), or why it is not a record. Pure."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError:
+        return "not JSON (cut off by a crash?)"
+    if not isinstance(rec, dict):
+        return f"expected an object, got {type(rec).__name__}"
+    peer, planes = rec.get("peer"), rec.get("planes")
+    if not isinstance(peer, str) or not peer:
+        return f"peer: expected a name, got {peer!r:.40}"
+    if not isinstance(planes, list) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= MAX_PLANE for p in planes):
+        return f"planes: expected a list of planes 0..{MAX_PLANE}, got {planes!r:.40}"
+    return peer, tuple(planes)
+
+
 @dataclass
 class TokenBucket:
     rate_per_s: float
@@ -94,6 +120,7 @@ class RouteActuator:
     max_changes_per_s: float = 1000.0
     burst: int = 200
     dry_run: bool = False
+    log: Callable[..., None] | None = None  # the daemon's JSON-line log (skipped journal lines)
     installed: dict[str, tuple[int, ...]] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=lambda: {"changes": 0, "refused_last_path": 0, "deferred": 0,
                                                             "reconciled": 0})
@@ -171,17 +198,27 @@ class RouteActuator:
         self._journal_file.flush()  # in the kernel's page cache from here on: a SIGKILL cannot lose it
 
     def _journal_state(self) -> dict[str, tuple[int, ...]]:
+        """Each peer's last record. A line that is not one is skipped: cut off by a crash, the
+        change after it never happened; of the wrong shape, it is not ours to guess at."""
         state: dict[str, tuple[int, ...]] = {}
+        skipped: list[str] = []
         try:
-            with open(self.journal_path) as f:
-                for line in f:
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a line cut off by a crash: the change after it never happened
-                    state[rec["peer"]] = tuple(rec["planes"])
+            with open(self.journal_path, errors="replace") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    rec = journal_record(line)
+                    if isinstance(rec, str):
+                        skipped.append(f"line {n}: {rec}")
+                        continue
+                    state[rec[0]] = rec[1]
         except FileNotFoundError:
             pass
+        if skipped:
+            self.stats["journal_skipped"] = self.stats.get("journal_skipped", 0) + len(skipped)
+            if self.log is not None:
+                self.log("route_journal_lines_skipped", journal=self.journal_path, count=len(skipped),
+                         first=skipped[:5], note="those peers' routes follow their other lines, or the baseline")
         return state
 
     # ---- the verbs ---------------------------------------------------------------------------
@@ -239,15 +276,12 @@ class RouteActuator:
         result["mono_ns"] = time.monotonic_ns()  # when the route was replaced (the route_change log's time)
         return result
 
-    def restore_baseline(self) -> None:
-        """Every peer over every plane (a clean stop)."""
-        for name, pr in self.peers.items():
-            planes = tuple(sorted(pr.hops))
-            if self.installed.get(name) != planes:
-                self._journal(name, planes)
-                if not self.dry_run:
-                    self._kernel_replace(pr, planes)
-                self.installed[name] = planes
+    def leave(self) -> dict[str, tuple[int, ...]]:
+        """A clean stop: every route stays as it is, planes known bad left out. Nothing to write:
+        the journal was written before each change, so it already says what is installed, and
+        the next start's reconcile keeps it. Returns what stays."""
+        self._close_journal()
+        return dict(self.installed)
 
     def remove_all(self) -> None:
         """Withdraw every route of ours (uninstall); the testbed's baseline ECMP route remains."""

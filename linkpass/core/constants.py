@@ -16,7 +16,7 @@ COORDINATOR_URL = f"http://{COORDINATOR_LISTEN}"
 
 # ---- kernel ------------------------------------------------------------------------------------
 RTPROT_LINKPASS = 176  # route protocol of LinkPass-owned routes: unassigned in iproute2's rt_protos
-ENTROPY_PATH = "/dev/shm/linkpass-entropy"  # the entropy table's default file (tmpfs)
+ENTROPY_PATH = "/run/linkpass/entropy"  # the entropy table's default file (tmpfs; a directory only root can write)
 
 # ---- cadences ----------------------------------------------------------------------------------
 BATCH_S = 0.01  # the agent takes on-time replies this often (RTT, delay, good-probe counts; hold-down timers)

@@ -196,7 +196,8 @@ def gather(netns: str | None = None, config_path: str | None = None, api_port: i
 def _config_facts(f: Facts, config_path: str):
     """The agent's config (NICs, peers, ports, coordinator) and whether its fleet key reads; the
     config, or None when it does not parse."""
-    from ..agent.config import ConfigError, load_text, read_fleet_key
+    from ..agent.config import ConfigError, load_text
+    from ..agent.keyfile import load_fleet_key
 
     try:
         with open(config_path) as fh:
@@ -214,10 +215,7 @@ def _config_facts(f: Facts, config_path: str):
     if cfg.coordinator is not None:
         f.coordinator_url = cfg.coordinator.url
     try:
-        with open(cfg.fleet_key_file, "rb") as fh:
-            read_fleet_key(fh.read(), cfg.fleet_key_file)
-    except OSError as exc:
-        f.key_error = f"cannot read {cfg.fleet_key_file} ({exc.strerror})"
+        load_fleet_key(cfg.fleet_key_file)
     except ConfigError as exc:
         f.key_error = str(exc)
     return cfg

@@ -3,7 +3,7 @@
 Each agent is a real process in its host's namespace with its own config (written by
 `write_agent_configs` below), its structured log in a file, and its route journal and entropy
 table in the run directory. `events()` reads the logs back; `stop()` sends SIGTERM (a clean stop
-restores the baseline routes) and kills what does not exit.
+leaves the routes as decided, planes known bad out) and kills what does not exit.
 """
 from __future__ import annotations
 
@@ -122,8 +122,8 @@ class Agents:
         return codes
 
     def remove_routes(self) -> None:
-        """Remove the routes the agents own. A clean stop leaves the baseline (every plane to every
-        peer) installed, as on a real host; a testbed shared with runs without LinkPass wants none."""
+        """Remove the routes the agents own. A clean stop leaves them installed as decided, as on a
+        real host; a testbed shared with runs without LinkPass wants none."""
         from ..core.constants import RTPROT_LINKPASS
 
         for h in self.hosts:
@@ -163,9 +163,12 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
 
     os.makedirs(directory, exist_ok=True)
     key_file = os.path.join(directory, "fleet.key")
-    with open(key_file, "w") as f:
+    # created owner-only, never readable by others even for a moment (the agent refuses a key
+    # file its group or others can read)
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)
         f.write(key.hex())
-    os.chmod(key_file, 0o600)
     out = {}
     planes = range(fab.spec.planes)
     chosen = list(range(fab.spec.hosts) if hosts is None else hosts)  # agents run here; they are each other's peers
