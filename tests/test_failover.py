@@ -109,7 +109,11 @@ def test_hard_failure_of_an_uplink_moves_routes_at_both_ends_and_the_entropy_tab
         wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (1,), 2, "A's route off plane 0")
         wait_until(lambda: routes_of(fabric, B).get(fabric.service_addr(A)) == (1,), 3, "B's route off plane 0")
         downs = _transitions_since(agents, A, t0, new="down", reason="hard_failure")
-        assert downs and {e["plane"] for e in downs} == {0}, downs
+        assert {e["plane"] for e in downs} >= {0}, downs
+        # a plane-1 DOWN here can only be a burst of lateness on this loaded machine: undone as such
+        wait_until(lambda: {e["path"] for e in downs if e["plane"] == 1}
+                   <= {e["path"] for e in _transitions_since(agents, A, t0, reason="spurious_down")},
+                   2, "any plane-1 DOWN undone as late, not lost", lambda: downs)
         # every plane-0 path to B is down: the entry keeps its ports, flagged fail-static
         table = entropy.read_table(f"{agents.directory}/entropy-h{A}")
         e0 = table.get(fabric.nic_addr(B, 0), 0)
