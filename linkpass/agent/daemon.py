@@ -30,7 +30,7 @@ from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import CoreProbeEngine
 from .api import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, Peer, load_text, read_fleet_key
-from .coordinator_link import CoordinatorLink
+from .coordinator_link import CoordinatorLink, tls_context
 from .decide import PathInfo, crosses
 from .failover import Failover
 from .metrics import DecisionCollector
@@ -61,6 +61,8 @@ def load(path: str) -> tuple[AgentConfig, bytes]:
             key = read_fleet_key(f.read(), cfg.fleet_key_file)
     except OSError as exc:
         raise ConfigError(f"fleet_key_file: cannot read {cfg.fleet_key_file} ({exc.strerror})") from None
+    if cfg.coordinator is not None:
+        tls_context(cfg.coordinator)  # a bad CA or certificate file stops the start, with its field named
     return cfg, key
 
 
