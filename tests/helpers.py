@@ -6,6 +6,8 @@ each other (tests/test_layout.py checks).
 - free_port, wait_until: a free TCP port; polling a condition with a deadline;
 - routes_of, A, B: LinkPass's routes in a testbed host's namespace; the failover tests' two hosts;
 - FAB, MODEL, table_of, identity, fail_paths: the coordinator tests' fabric and what its agents report;
+- coordinator_client, lab_ca_file: a client of a real coordinator over HTTPS, trusting the lab CA
+  it made in its state dir;
 - healthy (NICS, PEERS, BASELINE, ...): doctor's facts of a host where every check passes.
 
 Regenerate golden files after an intended change:
@@ -149,6 +151,25 @@ def fail_paths(c: Coordinator, now: float, crossing: set[str], reason="hard_fail
         n += len(changes)
         c.report({"name": f"h{i}", "changes": changes}, now)
     return n
+
+
+# ---- a real coordinator over HTTPS --------------------------------------------------------------
+
+def lab_ca_file(state_dir) -> str:
+    """The CA certificate of the lab CA a coordinator made in its state dir on first start."""
+    from linkpass.coordinator.tls import lab_dir, lab_paths
+
+    return lab_paths(lab_dir(str(state_dir)), "ca")[0]
+
+
+def coordinator_client(url: str, token: str | None, state_dir, client_cert: str | None = None, **kw):
+    """A client of the coordinator at `url` that verifies it against its lab CA, as agents and the
+    CLI do; `client_cert`: the name of a lab client certificate to show (mutual TLS)."""
+    from linkpass.coordinator.client import Client
+    from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths
+
+    cert = lab_paths(lab_dir(str(state_dir)), client_cert) if client_cert else (None, None)
+    return Client(url, token, tls=build_client_context(lab_ca_file(state_dir), *cert), **kw)
 
 
 # ---- doctor: the facts of a host where every check passes ------------------------------------

@@ -5,8 +5,8 @@ more than Python; making certificates is `lab_ca.py`'s.
     build_server_context(cert, key, ca, require_client_cert)   the endpoint: TLS >= 1.2; with
         require_client_cert, a client must show a certificate the CA signed (mutual TLS)
     build_client_context(ca, cert, key)                         agents and the CLI: the server's
-        certificate must chain to `ca` (the system's trust store without one) and name the host or
-        address in the URL; `cert`/`key` are shown when the server asks (mutual TLS)
+        certificate must chain to `ca` (only to it; to the system's trust store without one) and
+        name the host or address in the URL; `cert`/`key` are shown when the server asks (mutual TLS)
     serve_tls(server, context, errors)                          the hook, for a socketserver
 
 Errors name the setting that points at the bad file (each caller passes its own names: a config
@@ -60,10 +60,13 @@ def build_client_context(ca_file: str | None = None, cert_file: str | None = Non
     if bool(cert_file) != bool(key_file):
         given, missing = (names[1], names[2]) if cert_file else (names[2], names[1])
         raise TlsError(f"{missing}: required with {given} (a client certificate and its private key go together)")
-    ctx = ssl.create_default_context()  # CERT_REQUIRED and check_hostname
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca_file:
+        # only this CA: a given ca_file replaces the system's trust store rather than adding to it
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
         _load_ca(ctx, ca_file, names[0])
+    else:
+        ctx = ssl.create_default_context()
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert_file:
         _load_chain(ctx, cert_file, key_file, names[1], names[2])
     return ctx
