@@ -201,5 +201,5 @@ def healthy() -> D.Facts:
               {"name": "mlx5_1", "ports": {"1": "4: ACTIVE"}, "netdevs": ["p1"]}],
         clock={"state": 0, "status": 0x2001, "esterror_us": 12, "maxerror_us": 40},
         agent_rows=[{"peer": "h1", "plane": 0, "state": "up"}, {"peer": "h1", "plane": 1, "state": "up"}],
-        coordinator_url="http://198.19.0.1:9470", coordinator_whoami={"name": "fleet-agents", "role": "agent"},
+        coordinator_url="https://198.19.0.1:9470", coordinator_whoami={"name": "fleet-agents", "role": "agent"},
     )
