@@ -6,6 +6,8 @@ each other (tests/test_layout.py checks).
 - free_port, wait_until: a free TCP port; polling a condition with a deadline;
 - routes_of, A, B: LinkPass's routes in a testbed host's namespace; the failover tests' two hosts;
 - FAB, MODEL, table_of, identity, fail_paths: the coordinator tests' fabric and what its agents report;
+- coordinator_client, lab_ca_file: a client of a real coordinator over HTTPS, trusting the lab CA
+  it made in its state dir;
 - healthy (NICS, PEERS, BASELINE, ...): doctor's facts of a host where every check passes.
 
 Regenerate golden files after an intended change:
@@ -151,6 +153,25 @@ def fail_paths(c: Coordinator, now: float, crossing: set[str], reason="hard_fail
     return n
 
 
+# ---- a real coordinator over HTTPS --------------------------------------------------------------
+
+def lab_ca_file(state_dir) -> str:
+    """The CA certificate of the lab CA a coordinator made in its state dir on first start."""
+    from linkpass.coordinator.tls import lab_dir, lab_paths
+
+    return lab_paths(lab_dir(str(state_dir)), "ca")[0]
+
+
+def coordinator_client(url: str, token: str | None, state_dir, client_cert: str | None = None, **kw):
+    """A client of the coordinator at `url` that verifies it against its lab CA, as agents and the
+    CLI do; `client_cert`: the name of a lab client certificate to show (mutual TLS)."""
+    from linkpass.coordinator.client import Client
+    from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths
+
+    cert = lab_paths(lab_dir(str(state_dir)), client_cert) if client_cert else (None, None)
+    return Client(url, token, tls=build_client_context(lab_ca_file(state_dir), *cert), **kw)
+
+
 # ---- doctor: the facts of a host where every check passes ------------------------------------
 
 NICS = (D.NicCfg(0, "p0", "198.18.64.1", "198.18.64.0"), D.NicCfg(1, "p1", "198.18.72.1", "198.18.72.0"))
@@ -180,5 +201,5 @@ def healthy() -> D.Facts:
               {"name": "mlx5_1", "ports": {"1": "4: ACTIVE"}, "netdevs": ["p1"]}],
         clock={"state": 0, "status": 0x2001, "esterror_us": 12, "maxerror_us": 40},
         agent_rows=[{"peer": "h1", "plane": 0, "state": "up"}, {"peer": "h1", "plane": 1, "state": "up"}],
-        coordinator_url="http://198.19.0.1:9470", coordinator_whoami={"name": "fleet-agents", "role": "agent"},
+        coordinator_url="https://198.19.0.1:9470", coordinator_whoami={"name": "fleet-agents", "role": "agent"},
     )

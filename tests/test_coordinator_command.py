@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from linkpass.coordinator.client import Client, Unreachable
+from linkpass.coordinator.client import Unreachable
 
-from helpers import free_port
+from helpers import coordinator_client, free_port
 
 pytestmark = pytest.mark.service
 
@@ -35,14 +35,15 @@ def test_linkpass_coordinator_command_runs_and_stops_on_sigterm(tmp_path):
             lines.append(line)
             if line.startswith("running"):
                 break
-        assert any(f"coordinator up: http://127.0.0.1:{port}" in x for x in lines), lines
-        reader = Client(f"http://127.0.0.1:{port}", (tmp_path / "s" / "reader.token").read_text().strip())
+        assert any(f"coordinator up: https://127.0.0.1:{port}" in x for x in lines), lines
+        reader = coordinator_client(f"https://127.0.0.1:{port}", (tmp_path / "s" / "reader.token").read_text().strip(),
+                                    tmp_path / "s")
         assert reader.get("/v1/status")["health"] == "ok"
         reader.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         with pytest.raises(Unreachable):
-            Client(f"http://127.0.0.1:{port}", None).get("/v1/healthz")
+            coordinator_client(f"https://127.0.0.1:{port}", None, tmp_path / "s").get("/v1/healthz")
     finally:
         if proc.poll() is None:
             proc.kill()

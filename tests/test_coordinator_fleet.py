@@ -15,12 +15,13 @@ import pytest
 
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client
+from linkpass.coordinator.tls import lab_dir
 from linkpass.core.fabric import from_testbed
 from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
 
-from helpers import free_port, routes_of, wait_until
+from helpers import coordinator_client, free_port, routes_of, wait_until
 
 pytestmark = pytest.mark.root
 HOSTS = [0, 1, 2, 3]
@@ -31,15 +32,17 @@ def fleet(fabric, tmp_path_factory):
     faults.clear(fabric.prefix)
     d = tmp_path_factory.mktemp("fleet")
     port = free_port()
-    settings = {"state_dir": str(d / "state"), "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(fabric).to_dict()}
+    # HTTPS with mutual TLS, the certificate naming the address the namespaced agents use
+    settings = {"state_dir": str(d / "state"), "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(fabric).to_dict(),
+                "tls_san": [fabric.mgmt_root_addr], "require_client_cert": True}
     ray_actor.connect(num_cpus=2)
     agents = None
     try:
-        handle, url = ray_actor.ensure(settings)
-        link = {"url": f"http://{fabric.mgmt_root_addr}:{port}", "token_file": str(d / "state" / "agent.token"),
-                "report_ms": 100, "summary_s": 5}
+        ray_actor.ensure(settings)
+        url = f"https://{fabric.mgmt_root_addr}:{port}"
+        link = {"url": url, "token_file": str(d / "state" / "agent.token"), "report_ms": 100, "summary_s": 5}
         agents = Agents(fabric, str(d / "agents"), HOSTS, interval_ms=10.0, coordinator=link,
-                        detect={"flap_half_life_ms": 2000})
+                        detect={"flap_half_life_ms": 2000}, tls_dir=lab_dir(settings["state_dir"]))
         agents.start()
         tokens = {r: (d / "state" / f"{r}.token").read_text().strip() for r in ("reader", "operator")}
         yield fabric, agents, settings, url, tokens
@@ -56,7 +59,7 @@ def fleet(fabric, tmp_path_factory):
 
 
 def client(fleet, role="reader") -> Client:
-    return Client(fleet[3], fleet[4][role])
+    return coordinator_client(fleet[3], fleet[4][role], fleet[2]["state_dir"], client_cert="cli")
 
 
 def healthy(fleet) -> None:

@@ -1,9 +1,11 @@
-"""The coordinator's real endpoint (HTTP on 127.0.0.1, SQLite on disk), without Ray: tokens and
-roles, refusals logged, garbage bodies answered and counted, the CLI against it."""
+"""The coordinator's real endpoint (HTTPS on 127.0.0.1 with the lab CA it makes, SQLite on disk),
+without Ray: tokens and roles, refusals logged, garbage bodies answered and counted, the CLI
+against it."""
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -11,9 +13,9 @@ import urllib.request
 import pytest
 
 from linkpass.coordinator import runner
-from linkpass.coordinator.client import Client, Refusal
+from linkpass.coordinator.client import Refusal
 
-from helpers import MODEL, identity, table_of
+from helpers import MODEL, coordinator_client, identity, lab_ca_file, table_of
 
 pytestmark = pytest.mark.service
 
@@ -26,7 +28,8 @@ def server(tmp_path):
     fabric.write_text(json.dumps(MODEL.to_dict()))
     srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric)})
     tokens = {role: (tmp_path / "state" / f"{role}.token").read_text().strip() for role in ("reader", "agent", "operator")}
-    agent = Client(srv.url, tokens["agent"])
+    srv.state_dir = tmp_path / "state"
+    agent = connect(srv, tokens["agent"])
     for i in range(4):
         agent.post("/v1/register", {**identity(i), "paths": table_of(i)})
     try:
@@ -35,6 +38,14 @@ def server(tmp_path):
         agent.close()
         srv.close()
         srv.coordinator.store.close()
+
+
+def connect(srv, token):
+    return coordinator_client(srv.url, token, srv.state_dir)
+
+
+def urlopen(srv, req, timeout):
+    return urllib.request.urlopen(req, timeout=timeout, context=ssl.create_default_context(cafile=lab_ca_file(srv.state_dir)))
 
 
 def test_tokens_are_private_and_hashed_at_rest(server, tmp_path):
@@ -47,7 +58,7 @@ def test_tokens_are_private_and_hashed_at_rest(server, tmp_path):
 
 def test_roles(server):
     srv, tokens = server
-    reader = Client(srv.url, tokens["reader"])
+    reader = connect(srv, tokens["reader"])
     assert reader.get("/v1/status")["agents"] == 4
     with pytest.raises(Refusal) as exc:
         reader.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
@@ -55,16 +66,16 @@ def test_roles(server):
     with pytest.raises(Refusal) as exc:
         reader.post("/v1/report", {"name": "h0"})
     assert exc.value.status == 403
-    agent = Client(srv.url, tokens["agent"])
+    agent = connect(srv, tokens["agent"])
     with pytest.raises(Refusal):
         agent.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
     for bad in (None, "not-a-token"):
         with pytest.raises(Refusal) as exc:
-            Client(srv.url, bad).post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
+            connect(srv, bad).post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
         assert exc.value.status == 401
         with pytest.raises(Refusal):
-            Client(srv.url, bad).get("/v1/status")
-    op = Client(srv.url, tokens["operator"])
+            connect(srv, bad).get("/v1/status")
+    op = connect(srv, tokens["operator"])
     assert op.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "optic"})["changed"]
     refusals = [e for e in op.get("/v1/events", kind="refused")]
     assert {e["actor"] for e in refusals} >= {"local-reader", "local-agent"}
@@ -80,21 +91,22 @@ def test_garbage_is_answered_and_counted(server):
         req = urllib.request.Request(srv.url + "/v1/report", data=body, method="POST",
                                      headers={"Authorization": f"Bearer {tokens['agent']}"})
         with pytest.raises(urllib.error.HTTPError) as exc:
-            urllib.request.urlopen(req, timeout=5)
+            urlopen(srv, req, timeout=5)
         assert exc.value.code == 400
-    agent = Client(srv.url, tokens["agent"])
+    agent = connect(srv, tokens["agent"])
     with pytest.raises(Refusal, match="paths\\[\\]\\.id: required"):
         agent.post("/v1/report", {"name": "h0", "paths": [{"peer": "h1"}]})
     assert srv.errors["bad_request"] >= 4
     assert agent.get("/v1/healthz") == {"ok": True}  # still serving
-    metrics = urllib.request.urlopen(srv.url + "/metrics", timeout=5).read().decode()
+    metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
     assert 'linkpass_coordinator_request_errors_total{kind="bad_request"}' in metrics
     assert 'linkpass_coordinator_agents{status="reporting"} 4.0' in metrics
     agent.close()
 
 
 def cli(srv, token: str, *args):
-    env = {**os.environ, "LINKPASS_COORDINATOR": srv.url, "LINKPASS_TOKEN": token, "NO_COLOR": "1"}
+    env = {**os.environ, "LINKPASS_COORDINATOR": srv.url, "LINKPASS_TOKEN": token, "NO_COLOR": "1",
+           "LINKPASS_CA_FILE": lab_ca_file(srv.state_dir)}
     return subprocess.run([*LINKPASS, *args], capture_output=True, text=True, env=env, timeout=60,
                           cwd=os.path.dirname(os.path.dirname(__file__)))
 
@@ -118,7 +130,7 @@ def test_cli_against_the_endpoint(server):
     assert out.returncode == 0 and "drained: optic" in out.stdout
     out = cli(srv, tokens["operator"], "undrain", "h3-p0l1")
     assert out.returncode == 0 and "undrain h3-p0l1" in out.stdout
-    out = cli(srv, tokens["reader"], "status", "--coordinator", "http://127.0.0.1:9")
+    out = cli(srv, tokens["reader"], "status", "--coordinator", "https://127.0.0.1:9")
     assert out.returncode == 3 and "does not answer" in out.stderr
 
 
@@ -132,9 +144,9 @@ def test_doctor_asks_the_real_coordinator_about_its_token(server, tmp_path):
     bogus = tmp_path / "bogus.token"
     bogus.write_text("not-a-token\n")
     cases = [(srv.url, state / "agent.token", D.OK), (srv.url, state / "reader.token", D.FAIL),
-             (srv.url, bogus, D.FAIL), ("http://127.0.0.1:9", state / "agent.token", D.WARN)]
+             (srv.url, bogus, D.FAIL), ("https://127.0.0.1:9", state / "agent.token", D.WARN)]
     for url, token_file, want in cases:
         f = D.Facts(coordinator_url=url)
-        _ask_coordinator(f, None, CoordinatorLinkConfig(url, str(token_file)))
+        _ask_coordinator(f, None, CoordinatorLinkConfig(url, str(token_file), ca_file=lab_ca_file(state)))
         check = D.check_coordinator(f)
         assert check.status == want, (url, token_file, check)

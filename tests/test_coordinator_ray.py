@@ -12,7 +12,7 @@ import pytest
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client, Unreachable
 
-from helpers import MODEL, free_port, identity, table_of
+from helpers import MODEL, coordinator_client, free_port, identity, table_of
 
 pytestmark = pytest.mark.service
 
@@ -58,8 +58,8 @@ def test_ensure_returns_the_running_actor(actor):
 
 def test_killed_actor_restarts_and_loses_nothing(actor):
     handle, url, settings = actor
-    agent = Client(url, token(settings, "agent"))
-    op = Client(url, token(settings, "operator"))
+    agent = coordinator_client(url, token(settings, "agent"), settings["state_dir"])
+    op = coordinator_client(url, token(settings, "operator"), settings["state_dir"])
     for i in range(4):
         agent.post("/v1/register", {**identity(i), "paths": table_of(i)})
     op.post("/v1/drain", {"link": "p1l1-p1s1", "reason": "before the crash"})

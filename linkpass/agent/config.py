@@ -30,8 +30,12 @@
     entropy: {enabled: false, path: /run/linkpass/entropy}   # ports per (peer, plane), docs/entropy-table.md;
                                      # its directory: writable by root (or the agent's uid) only
     coordinator:                     # optional; without it the agent works alone (it always fails over locally)
-      url: http://198.19.0.1:9470    # the coordinator's endpoint
+      url: https://198.19.0.1:9470   # the coordinator's endpoint (HTTPS; docs/security.md, TLS set-up)
       token_file: /etc/linkpass/agent.token   # a token with role "agent"
+      ca_file: /etc/linkpass/tls/ca.crt       # the CA its certificate must chain to (default: the system's)
+      cert_file: /etc/linkpass/tls/h0.crt     # this host's client certificate, for mutual TLS (with key_file)
+      key_file: /etc/linkpass/tls/h0.key
+      insecure_http: false           # true: allow an http:// url (the token travels in cleartext; logged)
       report_ms: 200                 # path changes are sent this often (batched)
       summary_s: 10                  # the whole path table is sent this often (heals lost reports)
       follow_plan: true              # probe the peers the coordinator's probe plan names
@@ -78,6 +82,10 @@ class CoordinatorLinkConfig:
     summary_s: float = 10.0
     follow_plan: bool = True
     max_plan_peers: int = 1024
+    ca_file: str | None = None  # None: the system's trust store
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure_http: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,7 +189,8 @@ API = {"port": "api_port"}
 ROUTES = {"enabled": "routes_enabled", "rto_min_ms": "rto_min_ms", "journal": "routes_journal",
           "max_changes_per_s": "max_route_changes_per_s"}
 ENTROPY = {"enabled": "entropy_enabled", "path": "entropy_path"}
-COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan", "max_plan_peers")}  # CoordinatorLinkConfig
+COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan", "max_plan_peers",
+                              "ca_file", "cert_file", "key_file", "insecure_http")}  # CoordinatorLinkConfig
 # detect.<field>: (DetectorConfig field, factor to its unit, lo, hi, the agent's default or None for
 # DetectorConfig's). The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
 # noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
@@ -304,11 +313,37 @@ def _coordinator(raw) -> CoordinatorLinkConfig | None:
         return None
     s = _Section(raw, "coordinator", CoordinatorLinkConfig, COORDINATOR)
     url = _str(*s.get("url"))
-    if not url.startswith("http://"):
-        raise ConfigError(f"coordinator.url: expected http://HOST:PORT (the coordinator's endpoint), got {url!r}")
+    insecure = _bool(*s.get("insecure_http"))
+    files = {k: _optional_str(*s.get(k)) for k in ("ca_file", "cert_file", "key_file")}
+    _coordinator_transport(url, insecure, files)
     return CoordinatorLinkConfig(url, _str(*s.get("token_file")), _int(*s.get("report_ms"), 10, 60_000),
                                  _num(*s.get("summary_s"), 1, 3600), _bool(*s.get("follow_plan")),
-                                 _int(*s.get("max_plan_peers"), 1, 65536))
+                                 _int(*s.get("max_plan_peers"), 1, 65536), insecure_http=insecure, **files)
+
+
+def _coordinator_transport(url: str, insecure: bool, files: dict) -> None:
+    """HTTPS unless plain HTTP is asked for by name; TLS files only where TLS is used."""
+    if url.startswith("http://"):
+        if not insecure:
+            raise ConfigError(f"coordinator.url: {url} is plain HTTP, which sends the agent's token in cleartext; use "
+                              "https://HOST:PORT (with coordinator.ca_file), or set coordinator.insecure_http: true "
+                              "to allow plain HTTP explicitly")
+        given = [k for k, v in files.items() if v]
+        if given:
+            raise ConfigError(f"coordinator.{given[0]}: not used with plain HTTP (coordinator.url is http://); use an "
+                              "https:// url, or remove it")
+    elif not url.startswith("https://"):
+        raise ConfigError(f"coordinator.url: expected https://HOST:PORT (the coordinator's endpoint), got {url!r}")
+    elif insecure:
+        raise ConfigError("coordinator.insecure_http: true, but coordinator.url is https://; remove insecure_http")
+    if bool(files["cert_file"]) != bool(files["key_file"]):
+        given, missing = ("cert_file", "key_file") if files["cert_file"] else ("key_file", "cert_file")
+        raise ConfigError(f"coordinator.{missing}: required with coordinator.{given} (a client certificate and its "
+                          "private key go together)")
+
+
+def _optional_str(value, where: str) -> str | None:
+    return None if value is None else _str(value, where)
 
 
 def load_text(text: str, where: str) -> AgentConfig:

@@ -12,7 +12,9 @@ coordinator said (drained link addresses, the probe plan) for the main loop to a
 While the coordinator is unreachable the thread retries with backoff (0.5 s doubling to 5 s) and
 logs once when it goes away and once when it is back. Every answer is checked whole first
 (`answer.parse_answer`): a refused one is counted, logged once per distinct fault, and applied not
-at all; the versions stay, so the coordinator sends its drains and plan again.
+at all; the versions stay, so the coordinator sends its drains and plan again. HTTPS, verified
+against coordinator.ca_file and showing this host's certificate when one is configured
+(`tls_context`); plain HTTP only with insecure_http, logged as a warning at start.
 """
 from __future__ import annotations
 
@@ -22,9 +24,21 @@ from typing import Callable
 
 from ..coordinator.auth import read_token
 from ..coordinator.client import Client, Refusal, Unreachable
+from ..coordinator.tls import TlsError, build_client_context
 from ..core.constants import REPORT_HEARTBEAT_S
 from .answer import AnswerError, AnswerRules, parse_answer
-from .config import CoordinatorLinkConfig
+from .config import ConfigError, CoordinatorLinkConfig
+
+
+def tls_context(cfg: CoordinatorLinkConfig):
+    """The TLS context for cfg.url (None for plain HTTP); ConfigError naming the field if a file is bad."""
+    if cfg.insecure_http:
+        return None
+    try:
+        return build_client_context(cfg.ca_file, cfg.cert_file, cfg.key_file,
+                                    names=("coordinator.ca_file", "coordinator.cert_file", "coordinator.key_file"))
+    except TlsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 
@@ -39,7 +53,11 @@ class CoordinatorLink:
         self.on_drains = on_drains
         self.on_plan = on_plan
         self.log = log
-        self.client = Client(cfg.url, read_token(cfg.token_file), timeout_s=2.0)
+        self.client = Client(cfg.url, read_token(cfg.token_file), timeout_s=2.0, tls=tls_context(cfg),
+                             insecure_http=cfg.insecure_http)
+        if cfg.insecure_http:
+            log("coordinator_insecure_http", url=cfg.url,
+                warning="plain HTTP (insecure_http): the agent's token and reports cross the network in cleartext")
         self.registered = False
         self.reachable = True
         self.drain_version: int | None = None

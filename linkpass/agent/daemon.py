@@ -38,7 +38,7 @@ from ..probe.engine import CoreProbeEngine
 from .answer import AnswerRules, Drain, PlanAnswer
 from .api import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, load_text
-from .coordinator_link import CoordinatorLink
+from .coordinator_link import CoordinatorLink, tls_context
 from .decide import PathInfo, crosses
 from .failover import Failover
 from .keyfile import load_fleet_key
@@ -65,6 +65,8 @@ def load(path: str) -> tuple[AgentConfig, bytes]:
             cfg = load_text(f.read(), path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+    if cfg.coordinator is not None:
+        tls_context(cfg.coordinator)  # a bad CA or certificate file stops the start, with its field named
     return cfg, load_fleet_key(cfg.fleet_key_file)
 
 

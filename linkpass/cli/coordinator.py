@@ -2,9 +2,11 @@
 and `linkpass coordinator` itself.
 
 Every command: `-o table|wide|json|yaml`, `--coordinator URL` ($LINKPASS_COORDINATOR, default
-http://127.0.0.1:9470), `--token-file` ($LINKPASS_TOKEN; on the coordinator's host the local
-read-only token is used by default; drains need an operator token). Exit codes: 0 ok,
-1 warning, 2 critical or refused, 3 unknown (coordinator unreachable, bad usage).
+https://127.0.0.1:9470), `--token-file` ($LINKPASS_TOKEN; on the coordinator's host the local
+read-only token is used by default; drains need an operator token), `--ca-file` and, for mutual
+TLS, `--cert-file`/`--key-file` (on the coordinator's host its lab CA's by default),
+`--insecure-http` to allow an http:// URL. Exit codes: 0 ok, 1 warning, 2 critical or refused,
+3 unknown (coordinator unreachable, TLS failed, bad usage).
 Renderers are pure functions of the JSON documents (and `now`), checked against golden files.
 """
 from __future__ import annotations
@@ -50,6 +52,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="blast-radius guard: share of one tier's links in one plane that may be drained (default 0.05)")
     co.add_argument("--stop", action="store_true", help="stop the running coordinator actor (with --address)")
     co.add_argument("--max-seconds", type=float, default=None, help="stop by itself after this long (foreground)")
+    tls = co.add_argument_group("TLS", "HTTPS by default; without --tls-cert, a lab CA in <state-dir>/tls is made on "
+                                       "first start (docs/security.md, TLS set-up)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="the endpoint's certificate (PEM; with --tls-key)")
+    tls.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
+    tls.add_argument("--tls-ca", metavar="FILE", help="CA of client certificates (default: the lab CA's)")
+    tls.add_argument("--tls-san", metavar="NAMES", help="more names/addresses for the lab CA's coordinator "
+                                                      "certificate, comma-separated (--testbed adds its address)")
+    tls.add_argument("--require-client-cert", action="store_true",
+                     help="mutual TLS: refuse clients without a certificate the CA signed")
+    tls.add_argument("--insecure-http", action="store_true",
+                     help="serve plain HTTP: tokens cross the network in cleartext (a warning is logged)")
     co.set_defaults(func=run_coordinator)
 
     def common(p, watch: bool = True):
@@ -57,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint (default $LINKPASS_COORDINATOR "
                                                             f"or {COORDINATOR_URL})")
         p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
+        tls_args(p)
         if watch:
             p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
                            help="redraw every SECONDS (default 2) until Ctrl-C")
@@ -102,17 +116,34 @@ def add_coordinator_paths_args(p: argparse.ArgumentParser) -> None:
     """`linkpass paths HOST [PEER]` asks the coordinator (the local form is `linkpass paths [--peer]`)."""
     p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint, for `paths HOST`")
     p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
+    tls_args(p)
     p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS", help="redraw every SECONDS")
+
+
+def tls_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ca-file", help="CA the coordinator's certificate must chain to (default $LINKPASS_CA_FILE; on "
+                                     "its host its lab CA; else the system's)")
+    p.add_argument("--cert-file", help="your client certificate, for mutual TLS (default $LINKPASS_CERT_FILE)")
+    p.add_argument("--key-file", help="its private key (default $LINKPASS_KEY_FILE)")
+    p.add_argument("--insecure-http", action="store_true",
+                   help="allow an http:// coordinator URL (your token crosses the network in cleartext)")
 
 
 # ---- plumbing ---------------------------------------------------------------------------
 def _client(args):
-    from ..coordinator.client import Client, cli_token, cli_url
+    from ..coordinator.client import Client, cli_tls, cli_token, cli_url
 
     token_file = getattr(args, "token_file", None)
     if token_file and not os.path.exists(token_file):
         raise _Usage(f"--token-file {token_file}: no such file")
-    return Client(cli_url(getattr(args, "coordinator", None)), cli_token(token_file))
+    url = cli_url(getattr(args, "coordinator", None))
+    insecure = bool(getattr(args, "insecure_http", False))
+    tls = None if url.startswith("http://") else cli_tls(args.ca_file, args.cert_file, args.key_file)
+    client = Client(url, cli_token(token_file), tls=tls, insecure_http=insecure)
+    if client.tls is None:
+        print(f"linkpass: {paint('warning:', 'yellow', sys.stderr)} plain HTTP to {url} (--insecure-http): your "
+              "token crosses the network in cleartext", file=sys.stderr)
+    return client
 
 
 class _Usage(Exception):
@@ -121,15 +152,18 @@ class _Usage(Exception):
 
 def _call(args, fn):
     """Run fn(client) -> exit code, turning the usual failures into one clear line each."""
-    from ..coordinator.client import Refusal, Unreachable
+    from ..coordinator.client import Refusal, TlsFailure, Unreachable
 
     try:
         client = _client(args)
-    except (_Usage, ValueError) as exc:
+    except (_Usage, ValueError) as exc:  # tls.TlsError is a ValueError too
         print(f"linkpass: {exc}", file=sys.stderr)
         return EXIT_UNKNOWN
     try:
         return fn(client)
+    except TlsFailure as exc:
+        print(f"linkpass: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
     except Unreachable as exc:
         print(f"linkpass: {exc}. Is it running (`linkpass coordinator`)? Set --coordinator or $LINKPASS_COORDINATOR "
               "to its address.", file=sys.stderr)
@@ -382,14 +416,37 @@ def _testbed_model(prefix: str) -> dict:
     return from_testbed(load_fabric(prefix)).to_dict()
 
 
+def _tls_settings(args) -> dict:
+    """The TLS part of the coordinator's settings (runner.py); --testbed adds its management address."""
+    if args.insecure_http:
+        given = [flag for flag, v in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca),
+                                      ("--tls-san", args.tls_san), ("--require-client-cert", args.require_client_cert)) if v]
+        if given:
+            raise _Usage(f"{given[0]}: not used with --insecure-http (plain HTTP); remove one of the two")
+        return {"insecure_http": True}
+    sans = [s for s in (args.tls_san or "").split(",") if s.strip()]
+    if args.testbed:
+        from ..testbed.build import load_fabric
+
+        sans.append(load_fabric(args.testbed).mgmt_root_addr)
+    return {"tls_cert_file": args.tls_cert, "tls_key_file": args.tls_key, "tls_ca_file": args.tls_ca,
+            "tls_san": sans, "require_client_cert": args.require_client_cert}
+
+
 def run_coordinator(args) -> int:
     from ..coordinator import ray_actor
     from ..coordinator.runner import DEFAULT_STATE_DIR
+    from ..coordinator.tls import SERVER, lab_dir, lab_paths
 
+    try:
+        tls = _tls_settings(args)
+    except _Usage as exc:
+        print(f"linkpass: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
     settings = {"state_dir": args.state_dir or DEFAULT_STATE_DIR, "fabric": args.fabric,
                 "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
                 "listen": args.listen or (f"0.0.0.0:{COORDINATOR_PORT}" if args.testbed else COORDINATOR_LISTEN),
-                "max_drain_share": args.max_drain_share}
+                "max_drain_share": args.max_drain_share, **tls}
     print(f"starting {'a local Ray instance' if not args.address else 'on Ray at ' + args.address} ...", flush=True)
     ray_actor.connect(args.address)
     try:
@@ -406,6 +463,12 @@ def run_coordinator(args) -> int:
               f"{ray_actor.actor_pid(handle)})")
         print(f"tokens: {settings['state_dir']}/{{reader,agent,operator}}.token; database: "
               f"{settings['state_dir']}/coordinator.db")
+        if args.insecure_http:
+            print(paint("warning: plain HTTP (--insecure-http): tokens cross the network in cleartext", "yellow"))
+        else:
+            print(f"TLS: certificate {settings.get('tls_cert_file') or lab_paths(lab_dir(settings['state_dir']), SERVER)[0]}"
+                  f"; clients verify it with {settings.get('tls_ca_file') or lab_paths(lab_dir(settings['state_dir']), 'ca')[0]}"
+                  + ("; client certificates required" if args.require_client_cert else ""))
         if args.address:
             return EXIT_OK  # detached: it lives on in the cluster
         end = None if args.max_seconds is None else time.monotonic() + args.max_seconds

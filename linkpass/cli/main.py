@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     # benchmarks imports the testbed
     from ..testbed import cli as testbed_cli, pathcheck
     from .. import demo
-    from . import agent as agent_cli, coordinator as coordinator_cli, doctor, paths
+    from . import agent as agent_cli, coordinator as coordinator_cli, doctor, paths, tls
 
     ap = argparse.ArgumentParser(prog="linkpass", description=__doc__.strip() if __doc__ else None)
     ap.add_argument("--version", action="version", version=f"linkpass {__version__}")
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cli.register(sub)
     paths.register(sub)
     coordinator_cli.register(sub)
+    tls.register(sub)
     pathcheck.register(sub)
     doctor.register(sub)
     demo.register(sub)

@@ -1,23 +1,33 @@
 """A small HTTP/JSON client for the coordinator's endpoint (agents, CLI, benchmark).
 
-One persistent connection (keep-alive), re-opened after an error. Errors say whether the
-coordinator was unreachable (Unreachable) or answered with a refusal (Refusal: status + its
-message, which is written for the person reading it).
+HTTPS by default: the server's certificate is verified against the context's CA (tls.py). A
+plain http:// URL is refused unless the caller asks for it (`insecure_http`), since the token
+would cross the network in cleartext. One persistent connection (keep-alive), re-opened after an
+error. Errors say whether the coordinator was unreachable (Unreachable; TlsFailure when the TLS
+handshake failed) or answered with a refusal (Refusal: status + its message, which is written for
+the person reading it).
 """
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import ssl
 from urllib.parse import urlencode, urlparse
 
 from .auth import read_token
 from ..core.constants import COORDINATOR_URL
 from .runner import DEFAULT_STATE_DIR
+from .tls import LOCAL_CLIENT, build_client_context, lab_dir, lab_paths
 
 
 class Unreachable(ConnectionError):
     pass
+
+
+class TlsFailure(Unreachable):
+    """The TLS handshake failed: an untrusted or misnamed server certificate, or the server wanted
+    a client certificate."""
 
 
 class Refusal(RuntimeError):
@@ -27,12 +37,20 @@ class Refusal(RuntimeError):
 
 
 class Client:
-    def __init__(self, url: str, token: str | None, timeout_s: float = 5.0):
+    def __init__(self, url: str, token: str | None, timeout_s: float = 5.0, tls: ssl.SSLContext | None = None,
+                 insecure_http: bool = False):
+        """`tls`: the context to verify the server with (tls.build_client_context; default: the
+        system's trust store). `insecure_http`: allow an http:// URL."""
         u = urlparse(url)
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"coordinator URL must look like http://HOST:PORT, got {url!r}")
+        if u.scheme not in ("https", "http") or not u.hostname:
+            raise ValueError(f"coordinator URL must look like https://HOST:PORT, got {url!r}")
+        if u.scheme == "http" and not insecure_http:
+            raise ValueError(f"coordinator URL {url} is plain HTTP: the token would cross the network in cleartext. "
+                             "Use https://HOST:PORT, or allow plain HTTP explicitly (--insecure-http; "
+                             "insecure_http: true in the agent's coordinator section)")
         self.url = url
-        self.host, self.port = u.hostname, u.port or 80
+        self.host, self.port = u.hostname, u.port or (443 if u.scheme == "https" else 80)
+        self.tls = (tls or ssl.create_default_context()) if u.scheme == "https" else None
         self.token = token
         self.timeout_s = timeout_s
         self._conn: http.client.HTTPConnection | None = None
@@ -59,7 +77,9 @@ class Client:
             headers["Authorization"] = f"Bearer {self.token}"
         for attempt in (0, 1):  # a kept-alive connection the server closed: one fresh retry
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+                self._conn = (http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s) if self.tls is None
+                              else http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout_s,
+                                                               context=self.tls))
             try:
                 self._conn.request(method, path, body=payload, headers=headers)
                 resp = self._conn.getresponse()
@@ -68,7 +88,12 @@ class Client:
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 if attempt or not isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError,
-                                                   ConnectionResetError)):
+                                                   ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+                    if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLEOFError):
+                        why = ": ".join(str(x) for x in (exc.reason, getattr(exc, "verify_message", None)) if x)
+                        raise TlsFailure(f"TLS with the coordinator at {self.url} failed ({why or exc}): check "
+                                         "the CA file (--ca-file, coordinator.ca_file) and, if it requires client "
+                                         "certificates, the certificate and key") from None
                     raise Unreachable(f"coordinator at {self.url} does not answer ({exc})") from None
         try:
             doc = json.loads(data) if data else None
@@ -82,6 +107,21 @@ class Client:
 
 def cli_url(explicit: str | None = None) -> str:
     return explicit or os.environ.get("LINKPASS_COORDINATOR") or COORDINATOR_URL
+
+
+def cli_tls(ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None):
+    """The CLI's TLS context: --ca-file / $LINKPASS_CA_FILE, --cert-file and --key-file /
+    $LINKPASS_CERT_FILE and $LINKPASS_KEY_FILE (mutual TLS); on the coordinator's host the lab
+    CA's ca.crt and cli.crt/cli.key in the state dir. Raises tls.TlsError naming the flag."""
+    lab = lab_dir(os.environ.get("LINKPASS_STATE_DIR", DEFAULT_STATE_DIR))
+    local_ca = lab_paths(lab, "ca")[0]
+    local_cert, local_key = lab_paths(lab, LOCAL_CLIENT)
+    ca = ca_file or os.environ.get("LINKPASS_CA_FILE") or (local_ca if os.access(local_ca, os.R_OK) else None)
+    cert = cert_file or os.environ.get("LINKPASS_CERT_FILE")
+    key = key_file or os.environ.get("LINKPASS_KEY_FILE")
+    if not cert and not key and os.access(local_cert, os.R_OK) and os.access(local_key, os.R_OK):
+        cert, key = local_cert, local_key
+    return build_client_context(ca, cert, key, names=("--ca-file", "--cert-file", "--key-file"))
 
 
 def cli_token(explicit_file: str | None = None) -> str | None:

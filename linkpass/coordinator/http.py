@@ -30,13 +30,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
 from .auth import Tokens
 from .coordinator import Coordinator, CoordinatorError
+from .tls import serve_tls
 
 MAX_BODY = 16 << 20
 
 
 class CoordinatorServer:
     def __init__(self, coordinator: Coordinator, tokens: Tokens, host: str = "127.0.0.1", port: int = COORDINATOR_PORT,
-                 log=None):
+                 log=None, tls=None):
         self.coordinator = coordinator
         self.tokens = tokens
         self.lock = threading.Lock()
@@ -63,6 +64,8 @@ class CoordinatorServer:
                 pass
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
+        serve_tls(self.httpd, tls, self.errors)  # HTTPS with an ssl.SSLContext (tls.py); plain HTTP without
+        self.scheme = "https" if tls is not None else "http"
         self.httpd.daemon_threads = True
         self.address = self.httpd.server_address
         self.registry = CollectorRegistry()
@@ -74,7 +77,7 @@ class CoordinatorServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address[0]}:{self.address[1]}"
+        return f"{self.scheme}://{self.address[0]}:{self.address[1]}"
 
     def close(self) -> None:
         self._stop.set()

@@ -12,7 +12,7 @@ DISCOVERY_PORTS = 32  # source ports swept per (NIC, peer) by default
 AGENT_API_PORT = 9471  # the agent's local query API and /metrics
 COORDINATOR_PORT = 9470
 COORDINATOR_LISTEN = f"127.0.0.1:{COORDINATOR_PORT}"
-COORDINATOR_URL = f"http://{COORDINATOR_LISTEN}"
+COORDINATOR_URL = f"https://{COORDINATOR_LISTEN}"  # HTTPS by default (coordinator/tls.py)
 
 # ---- kernel ------------------------------------------------------------------------------------
 RTPROT_LINKPASS = 176  # route protocol of LinkPass-owned routes: unassigned in iproute2's rt_protos

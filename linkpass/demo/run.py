@@ -70,6 +70,7 @@ class Demo:
         self.agents = None
         self.coordinator_url = None
         self.reader_token = None
+        self.tls_dir = None  # the coordinator's lab CA
         self.t0 = time.monotonic()
         self.runs: list[tuple] = []  # (panel name, steps, faults, restart times) for the plot
 
@@ -107,6 +108,7 @@ class Demo:
 
     def start_coordinator(self) -> None:
         from ..coordinator import ray_actor
+        from ..coordinator.tls import lab_dir
         from ..core.fabric import from_testbed
 
         self.step("starting the coordinator: a Ray actor on a local Ray")
@@ -114,17 +116,30 @@ class Demo:
             s.bind(("0.0.0.0", 0))
             port = s.getsockname()[1]
         state = os.path.abspath(os.path.join(self.out, "coordinator"))
-        settings = {"state_dir": state, "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(self.fab).to_dict()}
+        # HTTPS with mutual TLS: the coordinator makes its lab CA in <state>/tls on first start, its
+        # certificate naming the address the namespaced agents reach it on
+        settings = {"state_dir": state, "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(self.fab).to_dict(),
+                    "tls_san": [self.fab.mgmt_root_addr], "require_client_cert": True}
         sigterm = signal.getsignal(signal.SIGTERM)
         ray_actor.connect(num_cpus=1)
         signal.signal(signal.SIGTERM, sigterm)  # Ray installs its own; ours unwinds through the cleanup
         self.stack.callback(ray_actor.shutdown)
         handle, _ = ray_actor.ensure(settings)
         self.stack.callback(self.stop_coordinator)
-        self.coordinator_url = f"http://{self.fab.mgmt_root_addr}:{port}"
+        self.coordinator_url = f"https://{self.fab.mgmt_root_addr}:{port}"
         self.reader_token = open(os.path.join(state, "reader.token")).read().strip()
-        self.progress(f"coordinator answers at {self.coordinator_url} (state in {state})")
+        self.tls_dir = lab_dir(state)
+        self.progress(f"coordinator answers at {self.coordinator_url} (TLS, client certificates required; "
+                      f"state and lab CA in {state})")
         self._actor = handle
+
+    def client(self):
+        """A reader's client of the coordinator, with the lab CA and the CLI's client certificate."""
+        from ..coordinator.client import Client
+        from ..coordinator.tls import LOCAL_CLIENT, build_client_context, lab_paths
+
+        return Client(self.coordinator_url, self.reader_token,
+                      tls=build_client_context(lab_paths(self.tls_dir, "ca")[0], *lab_paths(self.tls_dir, LOCAL_CLIENT)))
 
     def stop_coordinator(self) -> None:
         from ..coordinator import ray_actor
@@ -146,7 +161,8 @@ class Demo:
         # MTU black hole is seen in ~150 ms at this probe rate
         self.agents = Agents(self.fab, os.path.join(self.out, "agents"), HOSTS, interval_ms=self.args.interval_ms,
                              coordinator=link, detect={"flap_half_life_ms": 1000},
-                             probe={"size_probe_every": 10}, route_options={"rto_min_ms": self.args.rto_min_ms})
+                             probe={"size_probe_every": 10}, route_options={"rto_min_ms": self.args.rto_min_ms},
+                             tls_dir=self.tls_dir)
         self.stack.callback(self.stop_agents)
         self.agents.start()
         expected = sum(1 if self.fab.leaf_of(a, p) == self.fab.leaf_of(b, p) else self.fab.spec.spines_per_plane
@@ -161,9 +177,9 @@ class Demo:
 
     def wait_coordinator(self, pred, timeout_s: float) -> dict | None:
         """The coordinator's status once pred(status) holds, or None at the timeout."""
-        from ..coordinator.client import Client, Refusal, Unreachable
+        from ..coordinator.client import Refusal, Unreachable
 
-        c = Client(self.coordinator_url, self.reader_token)
+        c = self.client()
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
@@ -249,11 +265,9 @@ class Demo:
         return [e for h in HOSTS for e in self.agents.events(h) if e.get("event") in ("path_state", "route_change")]
 
     def coordinator_events(self) -> list[dict]:
-        from ..coordinator.client import Client
-
         if self.coordinator_url is None:
             return []
-        c = Client(self.coordinator_url, self.reader_token)
+        c = self.client()
         try:
             return c.get("/v1/events", kind="localization", limit=1000)
         finally:

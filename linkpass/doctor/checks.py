@@ -452,6 +452,10 @@ def check_coordinator(f: Facts) -> Check:
         return Check("coordinator", FAIL, f"{f.coordinator_url} knows the token as {who.get('name')!r} with role "
                      f"{who.get('role')!r}; agents need role 'agent'", "use the agent token, not a reader or "
                      "operator one", reads)
+    if f.coordinator_url.startswith("http://"):
+        return Check("coordinator", WARN, f"{f.coordinator_url} accepts this agent's token, over plain HTTP: the token "
+                     "and reports cross the network in cleartext", "use an https:// url with coordinator.ca_file and "
+                     "drop insecure_http (docs/security.md, TLS set-up)", reads)
     return Check("coordinator", OK, f"{f.coordinator_url} accepts this agent's token ({who.get('name')}, role agent)",
                  "", reads)
 

@@ -132,6 +132,8 @@ def _ask_coordinator(f: Facts, netns: str | None, link) -> None:
     """whoami at the coordinator, from inside `netns` (where the agent's requests come from)."""
     from urllib.parse import urlparse
 
+    from ..agent.config import ConfigError
+    from ..agent.coordinator_link import tls_context
     from ..coordinator.auth import AuthError, read_token
 
     try:
@@ -139,13 +141,20 @@ def _ask_coordinator(f: Facts, netns: str | None, link) -> None:
     except (OSError, AuthError) as exc:
         f.coordinator_refused, f.coordinator_error = True, f"token_file: {getattr(exc, 'strerror', None) or exc}"
         return
+    try:
+        tls = tls_context(link)
+    except ConfigError as exc:
+        f.coordinator_error = str(exc)
+        return
     u = urlparse(link.url)
-    host, port = u.hostname, u.port or 80
+    host, port = u.hostname, u.port or (80 if tls is None else 443)
     sock = None
     try:
         sock = _tcp_socket(netns)
         sock.settimeout(2.0)
         sock.connect((host, port))
+        if tls is not None:  # the agent's own TLS settings: what it would see, the doctor sees
+            sock = tls.wrap_socket(sock, server_hostname=host)
         import http.client
 
         conn = http.client.HTTPConnection(host, port, timeout=2.0)

@@ -35,6 +35,7 @@ class Agents:
     detect: dict | None = None
     extra_args: tuple[str, ...] = ()
     coordinator: dict | None = None  # the agents' `coordinator:` config section
+    tls_dir: str | None = None  # the coordinator's lab CA: each agent gets its CA and a client certificate
     probe: dict | None = None  # more of the agents' `probe:` config section
     route_options: dict | None = None  # more of the agents' `routes:` config section
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
@@ -44,7 +45,7 @@ class Agents:
         configs = write_agent_configs(self.fab, self.directory, self.key, interval_ms=self.interval_ms,
                                       routes=self.routes, entropy=self.entropy, detect=self.detect, hosts=self.hosts,
                                       coordinator=self.coordinator, probe=self.probe,
-                                      route_options=self.route_options)
+                                      route_options=self.route_options, tls_dir=self.tls_dir)
         for h in self.hosts:
             log = open(self.log_path(h), "w")
             self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(host_name(h)), *LINKPASS, "agent",
@@ -151,10 +152,13 @@ def peer_routes(fab: Fabric, host: int):
 def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int = AGENT_API_PORT,
                         interval_ms: float = 1.0, routes: bool = False, entropy: bool = False,
                         detect: dict | None = None, hosts=None, coordinator: dict | None = None,
-                        probe: dict | None = None, route_options: dict | None = None) -> dict[int, str]:
+                        probe: dict | None = None, route_options: dict | None = None,
+                        tls_dir: str | None = None) -> dict[int, str]:
     """One `linkpass agent` config per host in `hosts` (default: all), whose peers are the other
     hosts in it, every plane; plus the fleet key file. Route journals and entropy tables go into
-    `directory` too (one per host)."""
+    `directory` too (one per host). With `tls_dir` (a lab CA, e.g. the coordinator's
+    <state_dir>/tls) and an https coordinator, each host's section names the CA and a client
+    certificate of its own, made there if missing (mutual TLS works either way)."""
     import os
 
     import yaml
@@ -172,6 +176,12 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     out = {}
     planes = range(fab.spec.planes)
     chosen = list(range(fab.spec.hosts) if hosts is None else hosts)  # agents run here; they are each other's peers
+    tls = bool(tls_dir and coordinator and str(coordinator.get("url", "")).startswith("https://"))
+    if tls:
+        from ..coordinator import lab_ca
+        from ..coordinator.tls import lab_paths
+
+        lab_ca.ensure(tls_dir, clients=[host_name(i) for i in chosen])
     for i in chosen:
         doc = {
             "agent_id": i + 1, "name": host_name(i), "fleet_key_file": key_file, "service": fab.service_addr(i),
@@ -188,6 +198,9 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
             doc["detect"] = dict(detect)
         if coordinator:
             doc["coordinator"] = dict(coordinator)
+            if tls:
+                cert, key = lab_paths(tls_dir, host_name(i))
+                doc["coordinator"].update(ca_file=lab_paths(tls_dir, "ca")[0], cert_file=cert, key_file=key)
         path = os.path.join(directory, f"agent-{host_name(i)}.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)

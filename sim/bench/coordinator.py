@@ -52,6 +52,7 @@ from linkpass.core.localize import BOTH, Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
 from linkpass.coordinator.client import Client  # noqa: E402
+from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths  # noqa: E402
 from linkpass.testbed import build, faults, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.trials import linkpass_hard  # noqa: E402
@@ -228,10 +229,11 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     try:
         _, url = ray_actor.ensure(settings)
         token = open(os.path.join(settings["state_dir"], "agent.token")).read().strip()
+        tls = build_client_context(lab_paths(lab_dir(settings["state_dir"]), "ca")[0])  # HTTPS, as agents report
         hosts = sorted(tables)
-        reg_s, n_paths, plan_version = register_all(url, token, hosts, tables)
+        reg_s, n_paths, plan_version = register_all(url, token, hosts, tables, tls)
         for case, (bodies, per_host) in report_mixes(hosts, tables, plan_version).items():
-            rates = ingest_rates(url, token, case, hosts, tables, bodies, per_host, args.ingest_trials)
+            rates = ingest_rates(url, token, case, hosts, tables, bodies, per_host, args.ingest_trials, tls)
             rows_out.append(row(case, "rate", "per_s", rates, q=0.01, target_min=20000 if case == "ingest" else None,
                                 clients=INGEST_CLIENTS, batch=len(next(iter(tables.values()))),
                                 registration_paths_per_s=round(n_paths / reg_s, 1)))
@@ -256,11 +258,11 @@ def path_tables(fleet: Fleet, model) -> dict[str, list[dict]]:
     return tables
 
 
-def register_all(url: str, token: str, hosts: list[str], tables: dict[str, list[dict]]) -> tuple[float, int, int]:
+def register_all(url: str, token: str, hosts: list[str], tables: dict[str, list[dict]], tls) -> tuple[float, int, int]:
     """Register every agent with its paths: seconds taken, paths registered, and the plan version
     the coordinator then holds (what agents hold once their plan arrived)."""
     t0 = time.perf_counter()
-    c = Client(url, token, timeout_s=120)
+    c = Client(url, token, timeout_s=120, tls=tls)
     for i, h in enumerate(hosts):
         c.post("/v1/register", {"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {},
                                 "paths": tables[h]})
@@ -293,7 +295,7 @@ def report_mixes(hosts: list[str], tables: dict[str, list[dict]], plan_version: 
 
 
 def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict[str, list[dict]],
-                 bodies: list[bytes], per_host: int, trials: int) -> list[float]:
+                 bodies: list[bytes], per_host: int, trials: int, tls) -> list[float]:
     """Path reports per second, one figure per trial: INGEST_CLIENTS threads posting for
     INGEST_WINDOW_S. The bodies are taken round-robin over hosts (a shared cursor across trials),
     each host's in their own order."""
@@ -305,7 +307,7 @@ def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict
         done = [0] * INGEST_CLIENTS
 
         def client_loop(k: int) -> None:
-            cl = Client(url, token, timeout_s=60)
+            cl = Client(url, token, timeout_s=60, tls=tls)
             while time.perf_counter() < stop:
                 with lock:
                     i = cursor[0]
@@ -343,14 +345,15 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
     out = {}
     try:
         port = free_port("0.0.0.0")
-        settings = {"state_dir": os.path.join(work, "state"), "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(fab).to_dict()}
+        settings = {"state_dir": os.path.join(work, "state"), "listen": f"0.0.0.0:{port}",
+                    "fabric_model": from_testbed(fab).to_dict(), "tls_san": [fab.mgmt_root_addr]}
         for mode in ("up", "away"):
             if mode == "up":
                 ray_actor.connect(num_cpus=2)
                 ray_actor.ensure(settings)
-            link = {"url": f"http://{fab.mgmt_root_addr}:{port}", "token_file": os.path.join(work, "state", "agent.token")}
+            link = {"url": f"https://{fab.mgmt_root_addr}:{port}", "token_file": os.path.join(work, "state", "agent.token")}
             agents = Agents(fab, os.path.join(work, mode), [A, B], detect={"flap_half_life_ms": FLAP_HALF_LIFE_MS},
-                            coordinator=link).start()
+                            coordinator=link, tls_dir=lab_dir(settings["state_dir"])).start()
             try:
                 progress(f"coordinator {mode}: agents warming up (10 s)")
                 time.sleep(10)
