@@ -115,7 +115,7 @@ def link_under_test(tmp_path):
     token = tmp_path / "token"
     token.write_text("t0ken\n")
     logs, drains, plans = [], [], []
-    link = CL.CoordinatorLink(CoordinatorLinkConfig("http://127.0.0.1:9", str(token)), lambda: {"name": "h0"}, list,
+    link = CL.CoordinatorLink(CoordinatorLinkConfig("http://127.0.0.1:9", str(token), insecure_http=True), lambda: {"name": "h0"}, list,
                               drains.append, plans.append, lambda ev, **f: logs.append((ev, f)), rules=RULES)
     return link, logs, drains, plans
 
