@@ -285,3 +285,46 @@ def test_paths_churning_far_beyond_the_table_are_all_answered():
     counters = c.counters()
     assert path - 1 == 40_000 > _probecore.REFLECT_MAX
     assert counters["drops"] == {"replay": 21 * 20} and counters["reflector_entries"] <= 2000 * 2
+
+
+# ---- path ids: the lowest free one, so a peer's reflector holds only the paths that exist -----
+
+def test_path_ids_are_the_lowest_free_and_reused_after_removal():
+    from linkpass.probe.common import PathIds
+
+    ids = PathIds()
+    taken = []
+    for _ in range(5):
+        taken.append(ids.lowest_free())
+        ids.claim(taken[-1])
+    assert taken == [1, 2, 3, 4, 5]
+    ids.release(2)
+    ids.release(4)
+    assert ids.lowest_free() == 2
+    ids.claim(2)
+    assert ids.lowest_free() == 4
+    ids.claim(9)  # chosen by a caller
+    ids.claim(4)
+    assert ids.lowest_free() == 6
+    with pytest.raises(ValueError, match="path 9 exists"):
+        ids.claim(9)
+    with pytest.raises(ValueError, match="path id must be 1..4294967295"):
+        ids.claim(0)
+
+
+def test_plan_after_plan_the_path_ids_stay_as_few_as_the_paths():
+    """Whatever the churn, ids never exceed the most paths alive at once."""
+    import random
+
+    from linkpass.probe.common import PathIds
+
+    ids, live, rng = PathIds(), set(), random.Random(3)
+    for _ in range(200):  # plan changes: some paths go, others come
+        for pid in rng.sample(sorted(live), k=len(live) // 3):
+            ids.release(pid)
+            live.discard(pid)
+        while len(live) < 300:
+            pid = ids.lowest_free()
+            ids.claim(pid)
+            live.add(pid)
+        assert max(live) == 300 == len(ids)

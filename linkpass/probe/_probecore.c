@@ -206,6 +206,8 @@ static void emit_miss(Core *c, path_t *pt, out_t *o) {
 
 /* judge every request of the path, oldest first, whose deadline is before `until` */
 static void expire(Core *c, path_t *pt, int64_t until) {
+    /* only the last OUT_SLOTS requests can be waiting (track_sent judged the older ones) */
+    if (pt->next_seq - pt->exp_seq > OUT_SLOTS) pt->exp_seq = pt->next_seq - OUT_SLOTS;
     for (; pt->exp_seq < pt->next_seq; pt->exp_seq++) {
         out_t *o = &pt->out[pt->exp_seq % OUT_SLOTS];
         if (!o->waiting || o->seq != pt->exp_seq) continue; /* answered (or never sent) */
@@ -636,7 +638,7 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
     int exists = path_index(self, path_id) >= 0, full = self->npaths == MAX_PATHS;
     if (!exists && !full) {
         uint64_t base = (uint64_t)now_ns(CLOCK_REALTIME) & ~1ULL; /* even: a coded pair starts on an even seq */
-        np.first_seq = np.next_seq = base > self->seq_floor ? base : self->seq_floor;
+        np.first_seq = np.next_seq = np.exp_seq = base > self->seq_floor ? base : self->seq_floor;
         self->paths[self->npaths++] = np;
         update_pads(self);
     }
