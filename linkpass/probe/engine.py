@@ -87,17 +87,14 @@ class CoreProbeEngine:
             raise ValueError(f"path {spec.path_id}: unknown NIC {spec.nic!r}; add_nic() it first")
         self.path_ids.claim(spec.path_id)
         try:
-            self._add_to_core(spec, first_due_s)
-        except BaseException:
+            self.core.add_path(spec.path_id, self.nics[spec.nic][0], spec.peer_id, socket.inet_aton(spec.peer_addr),
+                               spec.sport, int(spec.interval_s * 1e9), spec.pad,
+                               time.monotonic_ns() + int(first_due_s * 1e9), int(spec.pair_gap_s * 1e9))
+        except Exception:
             self.path_ids.release(spec.path_id)
             raise
         self.paths[spec.path_id] = path = ProbedPath(spec, PathTelemetry())
         self._telemetry[spec.path_id] = path.telemetry
-
-    def _add_to_core(self, spec: PathSpec, first_due_s: float) -> None:
-        self.core.add_path(spec.path_id, self.nics[spec.nic][0], spec.peer_id, socket.inet_aton(spec.peer_addr),
-                           spec.sport, int(spec.interval_s * 1e9), spec.pad,
-                           time.monotonic_ns() + int(first_due_s * 1e9), int(spec.pair_gap_s * 1e9))
 
     def remove_path(self, path_id: int) -> None:
         self.core.remove_path(path_id)
