@@ -6,7 +6,8 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 # the stamp names a checksum of everything the install builds from, so a change to the C core rebuilds it
-BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/probe/_probecore.c
+BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/probe/_probecore.c \
+                linkpass/probe/probe_wire.h linkpass/probe/probe_rx.h
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)
 
 .PHONY: demo test test-unit lint-imports bench deps clean

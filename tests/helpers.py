@@ -8,7 +8,8 @@ each other (tests/test_layout.py checks).
 - FAB, MODEL, table_of, identity, fail_paths: the coordinator tests' fabric and what its agents report;
 - coordinator_client, lab_ca_file: a client of a real coordinator over HTTPS, trusting the lab CA
   it made in its state dir;
-- healthy (NICS, PEERS, BASELINE, ...): doctor's facts of a host where every check passes.
+- healthy (NICS, PEERS, BASELINE, ...): doctor's facts of a host where every check passes;
+- signed_probe: a probe's bytes signed with a key, whatever its padding (encoders refuse > MAX_PAD).
 
 Regenerate golden files after an intended change:
 LINKPASS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/...
@@ -203,3 +204,19 @@ def healthy() -> D.Facts:
         agent_rows=[{"peer": "h1", "plane": 0, "state": "up"}, {"peer": "h1", "plane": 1, "state": "up"}],
         coordinator_url="https://198.19.0.1:9470", coordinator_whoami={"name": "fleet-agents", "role": "agent"},
     )
+
+
+# ---- probes the encoders refuse to build --------------------------------------------------------
+
+def signed_probe(key: bytes, p, src: bytes, dst: bytes, sport: int, dport: int = 4791) -> bytes:
+    """The UDP payload of probe `p` (a wire.Probe) with a valid tag and ICRC under `key`, built
+    without the encoder's bounds: what a peer holding the key could send."""
+    import hashlib
+
+    from linkpass.core import wire as W
+
+    bth = W._BTH.pack(W.BTH_OPCODE_RC_SEND_ONLY, 0, W.PKEY_DEFAULT, W.LINKPASS_QPN, p.seq & 0xFFFFFF)
+    body = W._HDR.pack(W.MAGIC, W.VERSION, p.kind, p.flags, 0, p.pad, p.sender, p.reflector, p.path, p.rx_count,
+                       p.seq, p.t1, p.t2, p.t3, p.t4) + bytes(p.pad)
+    roce = bth + body + hashlib.blake2b(body, key=key, digest_size=W.TAG_LEN).digest()
+    return roce + W.icrc(src, dst, sport, dport, roce)

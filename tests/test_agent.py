@@ -211,7 +211,7 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
     port = 9481
     configs = write_agent_configs(fab, str(tmp_path), KEY, api_port=port, interval_ms=2)
     procs = {i: subprocess.Popen(["ip", "netns", "exec", fab.netns(f"h{i}"), *LINKPASS, "agent", "--config", path,
-                                  "--max-seconds", "60"], stderr=subprocess.PIPE, text=True)
+                                  "--max-seconds", "90"], stderr=subprocess.PIPE, text=True)
              for i, path in configs.items()}
     try:
         for i, p in procs.items():  # each logs a JSON line when it is up
@@ -232,6 +232,8 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
         assert {k: len(v) for k, v in by_peer.items()} == {"h1": 2, "h2": 4, "h3": 4}
         assert all(r["replies"] > 300 and r["lost_fwd"] == 0 and r["lost_rev"] == 0 for r in rows)
         sent_before = {(r["peer"], r["plane"], r["path"]): r["sent"] for r in rows}
+        ids_of_h3 = sorted(r["path_id"] for r in by_peer["h3"])
+        original = open(configs[0]).read()
 
         # reload without h3: its paths go, the others keep counting from where they were
         doc = yaml.safe_load(open(configs[0]))
@@ -243,6 +245,17 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
         code, rows = paths_json(fab, 0, port)
         assert {r["peer"] for r in rows} == {"h1", "h2"}
         assert all(r["sent"] > sent_before[(r["peer"], r["plane"], r["path"])] for r in rows)
+
+        # h3 back: its new paths take the freed ids (h3's reflector keeps an entry per path id),
+        # and h3 answers them at once although it saw those ids before
+        with open(configs[0], "w") as f:
+            f.write(original)
+        procs[0].send_signal(signal.SIGHUP)
+        time.sleep(2.5)
+        code, rows = paths_json(fab, 0, port)
+        again = [r for r in rows if r["peer"] == "h3"]
+        assert sorted(r["path_id"] for r in again) == ids_of_h3
+        assert all(r["replies"] > 100 and r["lost_fwd"] == 0 and r["lost_rev"] == 0 for r in again), again
 
         # a broken config on reload is refused and the agent runs on
         with open(configs[0], "w") as f:

@@ -62,9 +62,9 @@ def test_the_pure_contracts_forbid_every_other_part_of_linkpass(cid):
 
 def test_the_c_sources_copies_of_shared_constants_match_core_constants():
     """C cannot import core/constants.py; its few copies are checked against it instead."""
-    from linkpass.core import constants as K
+    from linkpass.core import constants as K, wire as W
 
-    copies = {"linkpass/probe/_probecore.c": {"ROCE_PORT": str(K.ROCE_PORT)},
+    copies = {"linkpass/probe/probe_wire.h": {"ROCE_PORT": str(K.ROCE_PORT), "MAX_PAD": str(W.MAX_PAD)},
               "rdma/entropy_reader.c": {"DEFAULT_PATH": f'"{K.ENTROPY_PATH}"'}}
     for path, defines in copies.items():
         text = (ROOT / path).read_text()

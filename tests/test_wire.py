@@ -11,6 +11,8 @@ from scapy.packet import Raw
 
 from linkpass.core import wire as W
 
+from helpers import signed_probe
+
 pytestmark = pytest.mark.unit
 
 KEY = bytes(range(32))
@@ -116,6 +118,17 @@ def test_bit_flips_on_the_wire_are_caught_by_the_icrc():
         flipped = bytearray(GOOD)
         flipped[i] ^= 0x80
         assert reason(bytes(flipped)) in ("bad_icrc", "bad_length", "bad_kind")
+
+
+@pytest.mark.parametrize("pad", [W.MAX_PAD + 1, W.MAX_PAD + 28, 60_000])
+def test_padding_beyond_max_pad_is_rejected_even_when_signed(pad):
+    """A reply is as long as its request and must fit a send slot of MAX_PAD padding: a longer
+    probe is dropped before its tag is checked, even when a peer with the key signed it."""
+    src, dst = "198.18.64.1", "198.18.64.7"
+    data = signed_probe(KEY, W.Probe(W.KIND_REQUEST, 1, 2, 3, 4, pad=pad), W._ip4(src), W._ip4(dst), 50000)
+    assert reason(data) == "bad_length"
+    with pytest.raises(ValueError, match="pad: .* outside 0..9000"):
+        codec.encode(W.Probe(W.KIND_REQUEST, 1, 2, 3, 4, pad=pad), src, dst, 50000)
 
 
 def test_wrong_addresses_or_ports_fail_the_icrc():

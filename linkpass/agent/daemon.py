@@ -126,10 +126,13 @@ class Agent:
         self.engine = CoreProbeEngine(cfg.agent_id, key)
         self.labels: dict[int, PathLabels] = {}
         self.paths_of_peer: dict[str, list[int]] = {}
-        self._next_path_id = 1
         for nic in cfg.nics:
             self.engine.add_nic(f"p{nic.plane}", nic.ifname, nic.addr)
         self.engine.track(True)
+        # peers' full-size probes are as large as ours (the fleet shares one MTU): expected from
+        # the start, before discovery gives this agent paths of its own
+        self.expected_sizes = [cfg.mtu]
+        self.engine.expect_sizes(self.expected_sizes)
         self.routes = self._route_actuator(cfg, dry_run)
         self.entropy = None
         if cfg.entropy_enabled and not dry_run:
@@ -195,8 +198,7 @@ class Agent:
                     continue
                 for index, path in enumerate(distinct_paths(table.paths(addr, f"p{plane}"))):
                     for sport in path.ports[: self.cfg.ports_per_path]:
-                        pid = self._next_path_id
-                        self._next_path_id += 1
+                        pid = self.engine.new_path_id()  # removed paths' ids are reused
                         self.engine.add_path(PathSpec(pid, f"p{plane}", peer.agent_id, addr, sport,
                                                       self.cfg.interval_ms / 1000), first_due_s=0.01)
                         if self.cfg.size_probe_every:
@@ -333,6 +335,9 @@ class Agent:
         self.config_peers = new_peers
         if self.link is not None:
             self.link.rules = self.answer_rules()
+        if self.cfg.mtu not in self.expected_sizes:  # the old size too: peers not reloaded yet still send it
+            self.expected_sizes = (self.expected_sizes + [self.cfg.mtu])[-8:]
+            self.engine.expect_sizes(self.expected_sizes)
         self.add_peers([p for n, p in new_peers.items() if n not in old_peers] + changed)
         for pid in self.labels:
             self.engine.set_interval(pid, self.cfg.interval_ms / 1000)

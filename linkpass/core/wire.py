@@ -129,6 +129,8 @@ class Codec:
 
     def encode(self, p: Probe, src: str | bytes, dst: str | bytes, sport: int, dport: int = ROCE_PORT) -> bytes:
         """UDP payload (BTH .. ICRC) of probe `p` sent from src:sport to dst:dport."""
+        if not 0 <= p.pad <= MAX_PAD:
+            raise ValueError(f"pad: {p.pad} bytes is outside 0..{MAX_PAD} (decoders drop such a probe as bad_length)")
         bth = _BTH.pack(BTH_OPCODE_RC_SEND_ONLY, 0, PKEY_DEFAULT, LINKPASS_QPN, p.seq & 0xFFFFFF)
         body = _HDR.pack(MAGIC, VERSION, p.kind, p.flags, 0, p.pad, p.sender, p.reflector, p.path, p.rx_count,
                          p.seq, p.t1, p.t2, p.t3, p.t4) + bytes(p.pad)
@@ -151,6 +153,8 @@ class Codec:
             raise WireError("bad_version", f"version {version}, this agent speaks {VERSION}")
         if kind not in (KIND_REQUEST, KIND_REPLY):
             raise WireError("bad_kind", str(kind))
+        if pad > MAX_PAD:  # bounded before the length is trusted: a reply is as long as its request
+            raise WireError("bad_length", f"padding {pad} > {MAX_PAD}")
         if n != MIN_PAYLOAD + pad:
             raise WireError("bad_length", f"{n} bytes for padding {pad}")
         roce = memoryview(data)[: n - ICRC_LEN]

@@ -7,9 +7,9 @@
  * and the GIL released, and hands completed exchanges to Python as packed records.
  * Decisions stay in Python.
  *
- * The wire format is exactly linkpass/core/wire.py's (tests compare the two byte for byte):
- *   BTH(12) | header(64) | padding | BLAKE2b-128 tag over header+padding | ICRC(4, little-endian)
- * BLAKE2b (RFC 7693) and CRC-32 are implemented here so the extension needs no libraries.
+ * The wire format (probe_wire.h) is exactly linkpass/core/wire.py's (tests compare the two byte
+ * for byte); the receive path, from the cheapest check to the reflector, is probe_rx.h. Both
+ * headers are plain C, so the sanitizer harness (fuzz_harness.c) runs the same code.
  *
  * Sockets are created by Python inside the right network namespace and passed in as fds:
  * per NIC, a UDP socket bound to NIC:4791 with SO_TIMESTAMPNS, and a raw IPPROTO_RAW socket
@@ -29,257 +29,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ROCE_PORT 4791
-#define LINKPASS_QPN 0x4C5001u
-#define OPCODE_RC_SEND_ONLY 0x04
-#define VERSION 1
-#define KIND_REQUEST 1
-#define KIND_REPLY 2
-#define BTH_LEN 12
-#define HDR_LEN 64
-#define TAG_LEN 16
-#define ICRC_LEN 4
-#define MIN_PAYLOAD (BTH_LEN + HDR_LEN + TAG_LEN + ICRC_LEN)
-#define MAX_PAD 9000
-#define MAX_PKT (28 + MIN_PAYLOAD + MAX_PAD)
+#include "probe_rx.h"
+
 #define MAX_NICS 16
 #define MAX_PATHS 4096
 #define BATCH 64
-#define REPLAY_WORDS 64 /* 4096-sequence window */
-#define REFLECT_SLOTS 16384 /* power of two */
+#define MAX_DECLARED 16 /* probe sizes an agent may declare beyond its own paths' */
 #define XRING_DEFAULT (1 << 17)
 /* probes due within this much of a wake-up go out in it: one wake-up (and one sendmmsg) serves
  * many paths instead of one each, which is most of the loop's cost at 1 kHz per path */
 #define COALESCE_NS 200000
-
-/* drop reasons: the first ones are wire.DROP_REASONS, in the same order */
-enum { D_SHORT, D_NOT_ROCE, D_BAD_MAGIC, D_BAD_VERSION, D_BAD_KIND, D_BAD_LENGTH, D_BAD_ICRC, D_BAD_TAG,
-       D_REPLAY, D_UNKNOWN_PEER, D_UNEXPECTED, D_SEND_FULL, D_SEND_ERROR, D_REFLECT_FULL, D_RING_FULL, D_COUNT };
-static const char *DROP_NAMES[D_COUNT] = {"short", "not_roce", "bad_magic", "bad_version", "bad_kind", "bad_length",
-                                          "bad_icrc", "bad_tag", "replay", "unknown_peer", "unexpected",
-                                          "send_buffer_full", "send_error", "reflector_table_full", "ring_full"};
-
-/* ---- CRC-32 (IEEE, reflected, as zlib) ------------------------------------------------- */
-static uint32_t crc_table[256];
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
-    }
-}
-static uint32_t crc_update(uint32_t crc, const uint8_t *p, size_t n) { /* crc is the running, inverted value */
-    while (n--) crc = crc_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return crc;
-}
-
-/* ---- BLAKE2b (RFC 7693), keyed, 16-byte output --------------------------------------------- */
-static const uint64_t B2_IV[8] = {0x6a09e667f3bcc908ULL, 0xbb67ae8584caa73bULL, 0x3c6ef372fe94f82bULL,
-                                  0xa54ff53a5f1d36f1ULL, 0x510e527fade682d1ULL, 0x9b05688c2b3e6c1fULL,
-                                  0x1f83d9abfb41bd6bULL, 0x5be0cd19137e2179ULL};
-static const uint8_t B2_SIGMA[12][16] = {
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
-    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4}, {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
-    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13}, {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
-    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11}, {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
-    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5}, {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
-    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
-
-typedef struct {
-    uint64_t h[8];
-    uint64_t t;
-    uint8_t buf[128];
-    size_t n;
-} b2_t;
-
-static inline uint64_t rotr64(uint64_t x, int r) { return (x >> r) | (x << (64 - r)); }
-static inline uint64_t load64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; } /* x86: little-endian */
-
-static void b2_compress(b2_t *s, const uint8_t *block, int last) {
-    uint64_t v[16], m[16];
-    for (int i = 0; i < 16; i++) m[i] = load64(block + 8 * i);
-    for (int i = 0; i < 8; i++) { v[i] = s->h[i]; v[i + 8] = B2_IV[i]; }
-    v[12] ^= s->t;
-    if (last) v[14] = ~v[14];
-#define G(a, b, c, d, x, y)                     \
-    do {                                        \
-        v[a] = v[a] + v[b] + (x);               \
-        v[d] = rotr64(v[d] ^ v[a], 32);         \
-        v[c] = v[c] + v[d];                     \
-        v[b] = rotr64(v[b] ^ v[c], 24);         \
-        v[a] = v[a] + v[b] + (y);               \
-        v[d] = rotr64(v[d] ^ v[a], 16);         \
-        v[c] = v[c] + v[d];                     \
-        v[b] = rotr64(v[b] ^ v[c], 63);         \
-    } while (0)
-    for (int r = 0; r < 12; r++) {
-        const uint8_t *sg = B2_SIGMA[r];
-        G(0, 4, 8, 12, m[sg[0]], m[sg[1]]);
-        G(1, 5, 9, 13, m[sg[2]], m[sg[3]]);
-        G(2, 6, 10, 14, m[sg[4]], m[sg[5]]);
-        G(3, 7, 11, 15, m[sg[6]], m[sg[7]]);
-        G(0, 5, 10, 15, m[sg[8]], m[sg[9]]);
-        G(1, 6, 11, 12, m[sg[10]], m[sg[11]]);
-        G(2, 7, 8, 13, m[sg[12]], m[sg[13]]);
-        G(3, 4, 9, 14, m[sg[14]], m[sg[15]]);
-    }
-#undef G
-    for (int i = 0; i < 8; i++) s->h[i] ^= v[i] ^ v[i + 8];
-}
-
-static void b2_update(b2_t *s, const uint8_t *p, size_t n) {
-    while (n > 0) {
-        if (s->n == 128) { /* a full buffer is compressed only once more data follows */
-            s->t += 128;
-            b2_compress(s, s->buf, 0);
-            s->n = 0;
-        }
-        size_t take = 128 - s->n;
-        if (take > n) take = n;
-        memcpy(s->buf + s->n, p, take);
-        s->n += take;
-        p += take;
-        n -= take;
-    }
-}
-
-/* state after absorbing the key block: computed once per key, copied per message */
-static void b2_keyed_init(b2_t *s, const uint8_t *key, size_t keylen) {
-    memset(s, 0, sizeof *s);
-    for (int i = 0; i < 8; i++) s->h[i] = B2_IV[i];
-    s->h[0] ^= 0x01010000ULL ^ ((uint64_t)keylen << 8) ^ TAG_LEN;
-    uint8_t block[128] = {0};
-    memcpy(block, key, keylen);
-    b2_update(s, block, 128);
-}
-
-static void b2_final16(b2_t *s, uint8_t out[TAG_LEN]) {
-    s->t += s->n;
-    memset(s->buf + s->n, 0, 128 - s->n);
-    b2_compress(s, s->buf, 1);
-    memcpy(out, s->h, TAG_LEN);
-}
-
-/* ---- wire helpers ----------------------------------------------------------------------- */
-static inline void put16(uint8_t *p, uint16_t v) { p[0] = v >> 8; p[1] = v; }
-static inline void put32(uint8_t *p, uint32_t v) { p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v; }
-static inline void put64(uint8_t *p, uint64_t v) { put32(p, v >> 32); put32(p + 4, (uint32_t)v); }
-static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
-static inline uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
-static inline uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
-
-typedef struct {
-    uint8_t kind, flags;
-    uint16_t pad;
-    uint32_t sender, reflector, path, rx_count;
-    uint64_t seq;
-    int64_t t1, t2, t3, t4;
-} probe_t;
-
-/* addresses in network byte order as stored in the packet (4 raw bytes) */
-static uint32_t icrc(const uint8_t src[4], const uint8_t dst[4], uint16_t sport, uint16_t dport, const uint8_t *roce,
-                     size_t roce_len) {
-    uint8_t pre[8 + 20 + 8 + BTH_LEN];
-    memset(pre, 0xFF, 8);
-    uint8_t *ip = pre + 8;
-    uint16_t total = (uint16_t)(20 + 8 + roce_len + ICRC_LEN);
-    ip[0] = 0x45; ip[1] = 0xFF; put16(ip + 2, total); put16(ip + 4, 0); put16(ip + 6, 0x4000);
-    ip[8] = 0xFF; ip[9] = 17; put16(ip + 10, 0xFFFF); memcpy(ip + 12, src, 4); memcpy(ip + 16, dst, 4);
-    uint8_t *udp = ip + 20;
-    put16(udp, sport); put16(udp + 2, dport); put16(udp + 4, (uint16_t)(8 + roce_len + ICRC_LEN)); put16(udp + 6, 0xFFFF);
-    uint8_t *bth = udp + 8;
-    memcpy(bth, roce, BTH_LEN);
-    bth[4] = 0xFF; /* FECN, BECN, resv6 */
-    uint32_t c = crc_update(0xFFFFFFFFu, pre, sizeof pre);
-    c = crc_update(c, roce + BTH_LEN, roce_len - BTH_LEN);
-    return c ^ 0xFFFFFFFFu;
-}
-
-/* writes the UDP payload of `p` into out (room for MIN_PAYLOAD + pad); returns its length */
-static size_t encode(const b2_t *keyed, const probe_t *p, const uint8_t src[4], const uint8_t dst[4], uint16_t sport,
-                     uint16_t dport, uint8_t *out) {
-    out[0] = OPCODE_RC_SEND_ONLY; out[1] = 0; put16(out + 2, 0xFFFF);
-    put32(out + 4, LINKPASS_QPN); put32(out + 8, (uint32_t)(p->seq & 0xFFFFFF));
-    uint8_t *h = out + BTH_LEN;
-    h[0] = 'L'; h[1] = 'P'; h[2] = VERSION; h[3] = p->kind; h[4] = p->flags; h[5] = 0; put16(h + 6, p->pad);
-    put32(h + 8, p->sender); put32(h + 12, p->reflector); put32(h + 16, p->path); put32(h + 20, p->rx_count);
-    put64(h + 24, p->seq); put64(h + 32, (uint64_t)p->t1); put64(h + 40, (uint64_t)p->t2);
-    put64(h + 48, (uint64_t)p->t3); put64(h + 56, (uint64_t)p->t4);
-    memset(h + HDR_LEN, 0, p->pad);
-    size_t body = HDR_LEN + p->pad;
-    b2_t s = *keyed;
-    b2_update(&s, h, body);
-    b2_final16(&s, h + body);
-    size_t roce_len = BTH_LEN + body + TAG_LEN;
-    uint32_t c = icrc(src, dst, sport, dport, out, roce_len);
-    out[roce_len] = c; out[roce_len + 1] = c >> 8; out[roce_len + 2] = c >> 16; out[roce_len + 3] = c >> 24;
-    return roce_len + ICRC_LEN;
-}
-
-/* returns -1 on success, else a drop reason */
-static int decode(const b2_t *keyed, const uint8_t *d, size_t n, const uint8_t src[4], const uint8_t dst[4],
-                  uint16_t sport, uint16_t dport, probe_t *p) {
-    if (n < MIN_PAYLOAD) return D_SHORT;
-    if (d[0] != OPCODE_RC_SEND_ONLY || (get32(d + 4) & 0xFFFFFF) != LINKPASS_QPN) return D_NOT_ROCE;
-    const uint8_t *h = d + BTH_LEN;
-    if (h[0] != 'L' || h[1] != 'P') return D_BAD_MAGIC;
-    if (h[2] != VERSION) return D_BAD_VERSION;
-    if (h[3] != KIND_REQUEST && h[3] != KIND_REPLY) return D_BAD_KIND;
-    uint16_t pad = get16(h + 6);
-    if (n != (size_t)MIN_PAYLOAD + pad) return D_BAD_LENGTH;
-    size_t roce_len = n - ICRC_LEN;
-    uint32_t c = icrc(src, dst, sport, dport, d, roce_len);
-    const uint8_t *ic = d + roce_len;
-    if ((uint32_t)(ic[0] | ic[1] << 8 | ic[2] << 16 | (uint32_t)ic[3] << 24) != c) return D_BAD_ICRC;
-    size_t body = HDR_LEN + pad;
-    uint8_t tag[TAG_LEN];
-    b2_t s = *keyed;
-    b2_update(&s, h, body);
-    b2_final16(&s, tag);
-    uint8_t diff = 0;
-    for (int i = 0; i < TAG_LEN; i++) diff |= tag[i] ^ h[body + i]; /* constant time */
-    if (diff) return D_BAD_TAG;
-    p->kind = h[3]; p->flags = h[4]; p->pad = pad;
-    p->sender = get32(h + 8); p->reflector = get32(h + 12); p->path = get32(h + 16); p->rx_count = get32(h + 20);
-    p->seq = get64(h + 24); p->t1 = (int64_t)get64(h + 32); p->t2 = (int64_t)get64(h + 40);
-    p->t3 = (int64_t)get64(h + 48); p->t4 = (int64_t)get64(h + 56);
-    return -1;
-}
-
-/* ---- replay window ---------------------------------------------------------------------- */
-typedef struct {
-    uint64_t top; /* highest accepted seq + 1 (0: none yet) */
-    uint64_t bits[REPLAY_WORDS]; /* bit i: seq (top-1-i) seen */
-} replay_t;
-
-static int replay_accept(replay_t *w, uint64_t seq) {
-    const uint64_t size = REPLAY_WORDS * 64;
-    if (seq >= w->top) {
-        uint64_t shift = seq + 1 - w->top;
-        if (w->top == 0 || shift >= size) {
-            memset(w->bits, 0, sizeof w->bits);
-        } else { /* shift the bitmap left by `shift` bits (towards older) */
-            uint64_t words = shift / 64, bitsh = shift % 64;
-            for (int i = REPLAY_WORDS - 1; i >= 0; i--) {
-                uint64_t v = 0;
-                if ((uint64_t)i >= words) {
-                    v = w->bits[i - words] << bitsh;
-                    if (bitsh && (uint64_t)i > words) v |= w->bits[i - words - 1] >> (64 - bitsh);
-                }
-                w->bits[i] = v;
-            }
-        }
-        w->top = seq + 1;
-        w->bits[0] |= 1;
-        return 1;
-    }
-    uint64_t back = w->top - 1 - seq;
-    if (back >= size) return 0;
-    uint64_t m = 1ULL << (back % 64);
-    if (w->bits[back / 64] & m) return 0;
-    w->bits[back / 64] |= m;
-    return 1;
-}
+/* reflector slots looked at per wake-up for idle entries: the whole table every ~0.1-1 s */
+#define SWEEP_SLOTS 64
 
 /* ---- the engine ------------------------------------------------------------------------- */
 typedef struct {
@@ -330,15 +91,9 @@ typedef struct {
     out_t *out; /* OUT_SLOTS, by seq */
     uint64_t exp_seq; /* requests below this are judged */
     ev_t agg; /* pending ANSWERED (agg.count > 0) */
-    uint64_t next_seq, sent;
+    uint64_t first_seq, next_seq, sent; /* replies are to requests in [first_seq, next_seq) */
     replay_t replay;
 } path_t;
-
-typedef struct {
-    uint32_t sender, path; /* key; sender 0 = empty slot */
-    uint32_t count;
-    replay_t replay;
-} reflect_t;
 
 typedef struct { /* one completed exchange, as handed to Python (little-endian, 48 bytes) */
     uint32_t path_id, rx_count;
@@ -351,13 +106,19 @@ struct txbatch;
 
 typedef struct {
     PyObject_HEAD
-    b2_t keyed;
+    int ready; /* __init__ succeeded: every method but __init__ needs it */
+    rx_t rx; /* the receive path: key, size and budget checks, reflector, drop counters */
     uint32_t agent_id;
     int nnics, npaths;
     nic_t nics[MAX_NICS];
     path_t *paths;
-    reflect_t *reflect;
-    uint32_t reflect_used;
+    /* a new path's first sequence: above every sequence an earlier path sent (seq_floor), and
+     * above what an earlier run of the agent can have sent (the wall clock in ns, which grows
+     * faster than any path's sequence), so a reflector's replay window for a path id that is
+     * reused, now or after a restart, accepts the new path at once */
+    uint64_t seq_floor;
+    uint16_t declared[MAX_DECLARED]; /* paddings the agent expects from peers (declare_pads) */
+    int ndeclared;
     xrec_t *ring;
     uint32_t ring_cap, ring_head, ring_len;
     /* sent requests (only while tracking) and the evidence time: every packet that reached a
@@ -368,7 +129,6 @@ typedef struct {
     int efd; /* eventfd: readable when a MISS or LATE is waiting (Python sleeps on it) */
     int notify; /* set under `mu` when one was pushed; the loop signals efd after unlocking */
     int64_t drained_local;
-    uint64_t drops[D_COUNT];
     uint64_t sent, reflected, replies, received, wakeups, evidence_updates;
     /* synthetic clock: local = base_local + (true - base_true) * (1 + rate_ppb / 1e9) */
     int64_t clk_base_true, clk_base_local, clk_rate_ppb;
@@ -404,12 +164,6 @@ static inline uint64_t rng_next(Core *c) {
     return x * 0x2545F4914F6CDD1DULL;
 }
 
-static void build_ip_udp(uint8_t *pkt, const uint8_t src[4], const uint8_t dst[4], uint16_t sport, size_t payload) {
-    pkt[0] = 0x45; pkt[1] = 0; put16(pkt + 2, (uint16_t)(28 + payload)); put16(pkt + 4, 0); put16(pkt + 6, 0x4000);
-    pkt[8] = 64; pkt[9] = 17; put16(pkt + 10, 0); memcpy(pkt + 12, src, 4); memcpy(pkt + 16, dst, 4);
-    put16(pkt + 20, sport); put16(pkt + 22, ROCE_PORT); put16(pkt + 24, (uint16_t)(8 + payload)); put16(pkt + 26, 0);
-}
-
 /* a batch of packets to send on one NIC's raw socket */
 typedef struct txbatch {
     struct mmsghdr msgs[BATCH];
@@ -425,7 +179,7 @@ typedef struct txbatch {
 
 static ev_t *ev_push(Core *c) {
     c->notify = 1; /* ANSWERED is pushed only while a MISS/LATE or a take needs it: wake Python */
-    if (c->ev_len == c->ring_cap) { c->drops[D_RING_FULL]++; return NULL; }
+    if (c->ev_len == c->ring_cap) { c->rx.drops[D_RING_FULL]++; return NULL; }
     ev_t *e = &c->evring[(c->ev_head + c->ev_len++) % c->ring_cap];
     memset(e, 0, sizeof *e);
     return e;
@@ -452,6 +206,8 @@ static void emit_miss(Core *c, path_t *pt, out_t *o) {
 
 /* judge every request of the path, oldest first, whose deadline is before `until` */
 static void expire(Core *c, path_t *pt, int64_t until) {
+    /* only the last OUT_SLOTS requests can be waiting (track_sent judged the older ones) */
+    if (pt->next_seq - pt->exp_seq > OUT_SLOTS) pt->exp_seq = pt->next_seq - OUT_SLOTS;
     for (; pt->exp_seq < pt->next_seq; pt->exp_seq++) {
         out_t *o = &pt->out[pt->exp_seq % OUT_SLOTS];
         if (!o->waiting || o->seq != pt->exp_seq) continue; /* answered (or never sent) */
@@ -497,7 +253,7 @@ static void tx_flush(Core *c, int nic, txbatch_t *b) {
     while (off < b->n) {
         int r = sendmmsg(c->nics[nic].tx_fd, b->msgs + off, b->n - off, MSG_DONTWAIT);
         if (r < 0) {
-            c->drops[(errno == EAGAIN || errno == ENOBUFS) ? D_SEND_FULL : D_SEND_ERROR]++;
+            c->rx.drops[(errno == EAGAIN || errno == ENOBUFS) ? D_SEND_FULL : D_SEND_ERROR]++;
             off++; /* drop the packet at the head and go on: never wait on a peer */
             continue;
         }
@@ -527,57 +283,41 @@ static uint8_t *tx_slot(txbatch_t *b, const uint8_t dst[4], int what) {
     return b->buf + (size_t)i * MAX_PKT;
 }
 
-static reflect_t *reflect_lookup(Core *c, uint32_t sender, uint32_t path) {
-    uint32_t h = (sender * 2654435761u) ^ (path * 40503u);
-    for (uint32_t probe = 0; probe < REFLECT_SLOTS; probe++) {
-        reflect_t *r = &c->reflect[(h + probe) & (REFLECT_SLOTS - 1)];
-        if (r->sender == sender && r->path == path) return r;
-        if (r->sender == 0) {
-            if (c->reflect_used >= REFLECT_SLOTS * 3 / 4) return NULL; /* keep probing short */
-            r->sender = sender; r->path = path; r->count = 0;
-            memset(&r->replay, 0, sizeof r->replay);
-            c->reflect_used++;
-            return r;
-        }
-    }
-    return NULL;
-}
-
 static int path_index(Core *c, uint32_t path_id) {
     for (int i = 0; i < c->npaths; i++) /* few hundred paths: a scan is cheaper than a hash here */
         if (c->paths[i].path_id == path_id) return i;
     return -1;
 }
 
+static int64_t stamp_now(void *ctx) { return local_clock((Core *)ctx, now_ns(CLOCK_REALTIME)); }
+
+/* one received packet: the receive path (probe_rx.h) drops it, reflects it into the NIC's send
+ * batch, or hands over an authenticated reply, matched here to the path that sent its request */
 static void handle_packet(Core *c, int nic, const uint8_t *data, size_t n, const struct sockaddr_in *from,
-                          int64_t t_rx_true, txbatch_t *tx) {
+                          int64_t t_rx_true, int64_t now_mono, txbatch_t *tx) {
     probe_t p;
     const uint8_t *src = (const uint8_t *)&from->sin_addr;
     uint16_t sport = ntohs(from->sin_port);
-    int why = decode(&c->keyed, data, n, src, c->nics[nic].addr, sport, ROCE_PORT, &p);
-    if (why >= 0) { c->drops[why]++; return; }
     int64_t t_rx = local_clock(c, t_rx_true);
-    if (p.kind == KIND_REQUEST) {
-        if (p.reflector != c->agent_id || p.sender == 0) { c->drops[D_UNEXPECTED]++; return; }
-        reflect_t *r = reflect_lookup(c, p.sender, p.path);
-        if (!r) { c->drops[D_REFLECT_FULL]++; return; }
-        if (!replay_accept(&r->replay, p.seq)) { c->drops[D_REPLAY]++; return; }
-        r->count++;
-        if (tx->n == BATCH) tx_flush(c, nic, tx);
-        uint8_t *pkt = tx_slot(tx, src, -1);
-        p.kind = KIND_REPLY; p.t2 = t_rx; p.rx_count = r->count;
-        p.t3 = local_clock(c, now_ns(CLOCK_REALTIME));
-        size_t len = encode(&c->keyed, &p, c->nics[nic].addr, src, sport, ROCE_PORT, pkt + 28);
-        build_ip_udp(pkt, c->nics[nic].addr, src, sport, len);
-        tx->iov[tx->n - 1].iov_len = 28 + len;
+    if (tx->n == BATCH) tx_flush(c, nic, tx); /* room for a reply in the next slot */
+    size_t len = 0;
+    int what = rx_handle(&c->rx, data, n, src, c->nics[nic].addr, sport, now_mono, t_rx, stamp_now, c, &p,
+                         tx->buf + (size_t)tx->n * MAX_PKT, &len);
+    if (what == RX_REFLECTED) {
+        tx_slot(tx, src, -1);
+        tx->iov[tx->n - 1].iov_len = len;
         return;
     }
+    if (what != RX_REPLY) return; /* dropped, and counted */
     int pi = (p.sender == c->agent_id) ? path_index(c, p.path) : -1;
-    if (pi < 0 || memcmp(c->paths[pi].peer, src, 4) != 0) { c->drops[D_UNEXPECTED]++; return; }
-    if (!replay_accept(&c->paths[pi].replay, p.seq)) { c->drops[D_REPLAY]++; return; }
+    if (pi < 0 || memcmp(c->paths[pi].peer, src, 4) != 0) { c->rx.drops[D_UNEXPECTED]++; return; }
+    path_t *pt = &c->paths[pi];
+    /* a reply to a request this path never sent: an earlier path with the same id, or forged */
+    if (p.seq < pt->first_seq || p.seq >= pt->next_seq) { c->rx.drops[D_UNEXPECTED]++; return; }
+    if (!replay_accept(&pt->replay, p.seq)) { c->rx.drops[D_REPLAY]++; return; }
     c->replies++;
-    if (c->tracking) { track_reply(c, &c->paths[pi], &p, t_rx); return; }
-    if (c->ring_len == c->ring_cap) { c->drops[D_RING_FULL]++; return; }
+    if (c->tracking) { track_reply(c, pt, &p, t_rx); return; }
+    if (c->ring_len == c->ring_cap) { c->rx.drops[D_RING_FULL]++; return; }
     xrec_t *x = &c->ring[(c->ring_head + c->ring_len++) % c->ring_cap];
     x->path_id = p.path; x->rx_count = p.rx_count; x->seq = p.seq;
     x->t1 = p.t1; x->t2 = p.t2; x->t3 = p.t3; x->t4 = t_rx;
@@ -595,9 +335,9 @@ static void queue_probe(Core *c, int nic, int i, txbatch_t *tx) {
     tx[nic].seq[tx[nic].n - 1] = p.seq;
     tx[nic].t1[tx[nic].n - 1] = p.t1;
     tx[nic].size_probe[tx[nic].n - 1] = (uint8_t)size_probe;
-    size_t len = encode(&c->keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + 28);
+    size_t len = encode(&c->rx.keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + IP_UDP_LEN);
     build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
-    tx[nic].iov[tx[nic].n - 1].iov_len = 28 + len;
+    tx[nic].iov[tx[nic].n - 1].iov_len = IP_UDP_LEN + len;
 }
 
 static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
@@ -655,6 +395,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         if (now >= end || c->thread_stop) break;
         pthread_mutex_lock(&c->mu);
         send_due(c, now, tx);
+        rx_sweep(&c->rx, now, SWEEP_SLOTS);
         int64_t next = end;
         int64_t mono_minus_local = c->tracking ? now - local_clock(c, now_ns(CLOCK_REALTIME)) : 0;
         for (int i = 0; i < c->npaths; i++) {
@@ -703,7 +444,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
                 }
                 int got = recvmmsg(c->nics[nic].rx_fd, msgs, BATCH, MSG_DONTWAIT, NULL);
                 if (got <= 0) { emptied = got == 0 || errno == EAGAIN || errno == EWOULDBLOCK; break; }
-                int64_t fallback = now_ns(CLOCK_REALTIME);
+                int64_t fallback = now_ns(CLOCK_REALTIME), mono = now_ns(CLOCK_MONOTONIC);
                 for (int i = 0; i < got; i++) {
                     int64_t t_rx = fallback;
                     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr); cm; cm = CMSG_NXTHDR(&msgs[i].msg_hdr, cm)) {
@@ -714,7 +455,8 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
                         }
                     }
                     c->received++;
-                    handle_packet(c, nic, rxbuf + (size_t)i * MAX_PKT, msgs[i].msg_len, &from[i], t_rx, &tx[nic]);
+                    handle_packet(c, nic, rxbuf + (size_t)i * MAX_PKT, msgs[i].msg_len, &from[i], t_rx, mono,
+                                  &tx[nic]);
                 }
                 if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
                 if (got < BATCH) { emptied = 1; break; }
@@ -742,11 +484,31 @@ static void *core_thread(void *arg) {
 }
 
 /* ---- Python type ------------------------------------------------------------------------ */
+/* Before __init__ runs (or when it failed) the object owns nothing: no fd (efd = -1, never 0,
+ * so a failed constructor closes no descriptor it did not open), no memory, and `ready` = 0,
+ * which every method checks. */
+static PyObject *Core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    Core *self = (Core *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->efd = -1;
+    pthread_mutex_init(&self->mu, NULL);
+    return (PyObject *)self;
+}
+
+#define NEED_READY(self)                                                                         \
+    do {                                                                                         \
+        if (!(self)->ready) return PyErr_Format(PyExc_RuntimeError, "Core is not initialised"); \
+    } while (0)
+
 static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"key", "agent_id", "ring", "seed", "jitter_ppm", NULL};
     Py_buffer key;
     unsigned int agent_id, ring = XRING_DEFAULT, jitter = 100000;
     unsigned long long seed = 1;
+    if (self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "Core is initialised once; make a new one");
+        return -1;
+    }
     if (!PyArg_ParseTupleAndKeywords(args, kw, "y*I|IKI", kwlist, &key, &agent_id, &ring, &seed, &jitter)) return -1;
     if (key.len < 16 || key.len > 64) {
         PyBuffer_Release(&key);
@@ -758,19 +520,33 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "agent_id must be > 0, ring >= 16, jitter_ppm < 1000000");
         return -1;
     }
-    b2_keyed_init(&self->keyed, key.buf, (size_t)key.len);
+    path_t *paths = PyMem_Calloc(MAX_PATHS, sizeof(path_t));
+    reflect_t *reflect = PyMem_Calloc(REFLECT_SLOTS, sizeof(reflect_t));
+    xrec_t *xring = PyMem_Calloc(ring, sizeof(xrec_t));
+    ev_t *evring = PyMem_Calloc(ring, sizeof(ev_t));
+    int efd = -1;
+    if (paths && reflect && xring && evring) {
+        efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (efd < 0) PyErr_SetFromErrno(PyExc_OSError);
+    } else {
+        PyErr_NoMemory();
+    }
+    if (efd < 0) { /* nothing was kept: release what this call took, and only that */
+        PyBuffer_Release(&key);
+        PyMem_Free(paths); PyMem_Free(reflect); PyMem_Free(xring); PyMem_Free(evring);
+        return -1;
+    }
+    rx_init(&self->rx, key.buf, (size_t)key.len, agent_id, reflect, seed);
     PyBuffer_Release(&key);
     self->agent_id = agent_id;
-    self->paths = PyMem_Calloc(MAX_PATHS, sizeof(path_t));
-    self->reflect = PyMem_Calloc(REFLECT_SLOTS, sizeof(reflect_t));
-    self->ring = PyMem_Calloc(ring, sizeof(xrec_t));
-    self->evring = PyMem_Calloc(ring, sizeof(ev_t));
-    self->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!self->paths || !self->reflect || !self->ring || !self->evring) { PyErr_NoMemory(); return -1; }
+    self->paths = paths;
+    self->ring = xring;
+    self->evring = evring;
+    self->efd = efd;
     self->ring_cap = ring;
-    pthread_mutex_init(&self->mu, NULL);
     self->rng = seed ? seed : 1;
     self->jitter_ppm = jitter;
+    self->ready = 1;
     return 0;
 }
 
@@ -792,10 +568,11 @@ static void Core_dealloc(Core *self) {
     stop_thread(self);
     for (int i = 0; self->paths && i < self->npaths; i++) PyMem_Free(self->paths[i].out);
     PyMem_Free(self->paths);
-    PyMem_Free(self->reflect);
+    PyMem_Free(self->rx.reflect);
     PyMem_Free(self->ring);
     PyMem_Free(self->evring);
     if (self->efd >= 0) close(self->efd);
+    pthread_mutex_destroy(&self->mu);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -810,17 +587,33 @@ static int get_addr(PyObject *obj, uint8_t out[4]) {
 }
 
 static PyObject *Core_add_nic(Core *self, PyObject *args) {
+    NEED_READY(self);
     int rx, tx;
     PyObject *addr;
     if (!PyArg_ParseTuple(args, "iiO", &rx, &tx, &addr)) return NULL;
     if (self->nnics == MAX_NICS) return PyErr_Format(PyExc_ValueError, "at most %d NICs", MAX_NICS);
+    if (rx < 0 || tx < 0) return PyErr_Format(PyExc_ValueError, "rx_fd and tx_fd must be open descriptors, got %d, %d", rx, tx);
     nic_t *n = &self->nics[self->nnics];
     if (get_addr(addr, n->addr) < 0) return NULL;
     n->rx_fd = rx; n->tx_fd = tx;
     return PyLong_FromLong(self->nnics++);
 }
 
+/* the paddings the receive path lets through to the hash: the small probe, every path's own and
+ * full-size padding (their replies come back as long), and what the agent declared (the sizes
+ * its peers probe it with). Called under `mu` after each change. */
+static void update_pads(Core *c) {
+    memset(c->rx.pad_ok, 0, sizeof c->rx.pad_ok);
+    c->rx.pad_ok[0] = 1;
+    for (int i = 0; i < c->npaths; i++) {
+        c->rx.pad_ok[c->paths[i].pad] = 1;
+        if (c->paths[i].size_every) c->rx.pad_ok[c->paths[i].size_pad] = 1;
+    }
+    for (int i = 0; i < c->ndeclared; i++) c->rx.pad_ok[c->declared[i]] = 1;
+}
+
 static PyObject *Core_add_path(Core *self, PyObject *args) {
+    NEED_READY(self);
     unsigned int path_id, peer_id;
     int nic, sport, pad;
     long long interval, first_due, pair_gap = 0;
@@ -843,7 +636,12 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
     if (!np.out) return PyErr_NoMemory();
     pthread_mutex_lock(&self->mu);
     int exists = path_index(self, path_id) >= 0, full = self->npaths == MAX_PATHS;
-    if (!exists && !full) self->paths[self->npaths++] = np;
+    if (!exists && !full) {
+        uint64_t base = (uint64_t)now_ns(CLOCK_REALTIME) & ~1ULL; /* even: a coded pair starts on an even seq */
+        np.first_seq = np.next_seq = np.exp_seq = base > self->seq_floor ? base : self->seq_floor;
+        self->paths[self->npaths++] = np;
+        update_pads(self);
+    }
     pthread_mutex_unlock(&self->mu);
     if (exists || full) PyMem_Free(np.out);
     if (exists) return PyErr_Format(PyExc_ValueError, "path %u exists", path_id);
@@ -852,6 +650,7 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_remove_path(Core *self, PyObject *args) {
+    NEED_READY(self);
     unsigned int path_id;
     if (!PyArg_ParseTuple(args, "I", &path_id)) return NULL;
     pthread_mutex_lock(&self->mu);
@@ -859,7 +658,10 @@ static PyObject *Core_remove_path(Core *self, PyObject *args) {
     out_t *gone = NULL;
     if (i >= 0) {
         gone = self->paths[i].out;
+        uint64_t after = (self->paths[i].next_seq + 1) & ~1ULL;
+        if (after > self->seq_floor) self->seq_floor = after;
         self->paths[i] = self->paths[--self->npaths];
+        update_pads(self);
     }
     pthread_mutex_unlock(&self->mu);
     PyMem_Free(gone);
@@ -868,6 +670,7 @@ static PyObject *Core_remove_path(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_set_interval(Core *self, PyObject *args) {
+    NEED_READY(self);
     unsigned int path_id;
     long long interval;
     if (!PyArg_ParseTuple(args, "IL", &path_id, &interval)) return NULL;
@@ -889,6 +692,7 @@ static PyObject *Core_set_interval(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_set_clock(Core *self, PyObject *args) {
+    NEED_READY(self);
     long long bt, bl, rate;
     if (!PyArg_ParseTuple(args, "LLL", &bt, &bl, &rate)) return NULL;
     pthread_mutex_lock(&self->mu);
@@ -898,6 +702,7 @@ static PyObject *Core_set_clock(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_run(Core *self, PyObject *args) {
+    NEED_READY(self);
     long long duration;
     if (!PyArg_ParseTuple(args, "L", &duration)) return NULL;
     if (self->thread_running) return PyErr_Format(PyExc_RuntimeError, "the loop runs in the background; stop() it first");
@@ -921,6 +726,7 @@ static PyObject *Core_run(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_start(Core *self, PyObject *args) {
+    NEED_READY(self);
     int prio = 0;
     if (!PyArg_ParseTuple(args, "|i", &prio)) return NULL;
     if (prio < 0 || prio > 99) return PyErr_Format(PyExc_ValueError, "rt priority must be 0 (off) .. 99");
@@ -945,15 +751,18 @@ static PyObject *Core_start(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_rt_status(Core *self, PyObject *Py_UNUSED(ignored)) {
+    NEED_READY(self);
     return PyLong_FromLong(self->rt_status);
 }
 
 static PyObject *Core_stop(Core *self, PyObject *Py_UNUSED(ignored)) {
+    NEED_READY(self);
     stop_thread(self);
     Py_RETURN_NONE;
 }
 
 static PyObject *Core_take(Core *self, PyObject *Py_UNUSED(ignored)) {
+    NEED_READY(self);
     /* completed exchanges since the last call, as packed little-endian records "<IIQqqqq" */
     pthread_mutex_lock(&self->mu);
     uint32_t n = self->ring_len;
@@ -972,6 +781,7 @@ static PyObject *Core_take(Core *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *Core_take_events(Core *self, PyObject *args) {
+    NEED_READY(self);
     /* (events as packed ev_t records, evidence time). all=True first flushes every path's pending
      * ANSWERED, so the caller sees every reply; all=False leaves them accumulating (cheap polls
      * that still see every MISS and LATE at once) */
@@ -998,11 +808,13 @@ static PyObject *Core_take_events(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_fileno(Core *self, PyObject *Py_UNUSED(ignored)) {
+    NEED_READY(self);
     /* the eventfd: wait for it to be readable, then read 8 bytes and take_events() */
     return PyLong_FromLong(self->efd);
 }
 
 static PyObject *Core_track(Core *self, PyObject *args) {
+    NEED_READY(self);
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
     pthread_mutex_lock(&self->mu);
@@ -1019,6 +831,7 @@ static PyObject *Core_track(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_set_rto(Core *self, PyObject *args) {
+    NEED_READY(self);
     unsigned int path_id;
     long long rto;
     if (!PyArg_ParseTuple(args, "IL", &path_id, &rto)) return NULL;
@@ -1032,33 +845,103 @@ static PyObject *Core_set_rto(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_set_size_probe(Core *self, PyObject *args) {
+    NEED_READY(self);
     unsigned int path_id, every;
     int pad;
     if (!PyArg_ParseTuple(args, "IIi", &path_id, &every, &pad)) return NULL;
     if (pad < 0 || pad > MAX_PAD) return PyErr_Format(PyExc_ValueError, "pad must be 0..%d", MAX_PAD);
     pthread_mutex_lock(&self->mu);
     int i = path_index(self, path_id);
-    if (i >= 0) { self->paths[i].size_every = every; self->paths[i].size_pad = (uint16_t)pad; }
+    if (i >= 0) {
+        self->paths[i].size_every = every;
+        self->paths[i].size_pad = (uint16_t)pad;
+        update_pads(self);
+    }
     pthread_mutex_unlock(&self->mu);
     if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
     Py_RETURN_NONE;
 }
 
 static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
+    NEED_READY(self);
+    uint64_t drops_now[D_COUNT];
+    pthread_mutex_lock(&self->mu);
+    memcpy(drops_now, self->rx.drops, sizeof drops_now);
+    uint64_t v[8] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
+                     self->rx.reflect_used, self->rx.expired};
+    pthread_mutex_unlock(&self->mu);
     PyObject *drops = PyDict_New();
     if (!drops) return NULL;
     for (int i = 0; i < D_COUNT; i++) {
-        if (!self->drops[i]) continue;
-        PyObject *v = PyLong_FromUnsignedLongLong(self->drops[i]);
-        if (!v || PyDict_SetItemString(drops, DROP_NAMES[i], v) < 0) { Py_XDECREF(v); Py_DECREF(drops); return NULL; }
-        Py_DECREF(v);
+        if (!drops_now[i]) continue;
+        PyObject *n = PyLong_FromUnsignedLongLong(drops_now[i]);
+        if (!n || PyDict_SetItemString(drops, DROP_NAMES[i], n) < 0) { Py_XDECREF(n); Py_DECREF(drops); return NULL; }
+        Py_DECREF(n);
     }
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", self->sent, "reflected", self->reflected, "replies",
-                         self->replies, "received", self->received, "wakeups", self->wakeups, "evidence_updates",
-                         self->evidence_updates, "drops", drops);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0], "reflected", v[1], "replies", v[2],
+                         "received", v[3], "wakeups", v[4], "evidence_updates", v[5], "reflector_entries", v[6],
+                         "reflector_expired", v[7], "drops", drops);
+}
+
+static PyObject *Core_declare_pads(Core *self, PyObject *args) {
+    NEED_READY(self);
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "O", &seq)) return NULL;
+    PyObject *fast = PySequence_Fast(seq, "declare_pads takes a sequence of paddings");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    uint16_t pads[MAX_DECLARED];
+    if (n > MAX_DECLARED) {
+        Py_DECREF(fast);
+        return PyErr_Format(PyExc_ValueError, "at most %d declared probe sizes, got %zd", MAX_DECLARED, n);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred()) { Py_DECREF(fast); return NULL; }
+        if (v < 0 || v > MAX_PAD) {
+            Py_DECREF(fast);
+            return PyErr_Format(PyExc_ValueError, "padding %ld: must be 0..%d", v, MAX_PAD);
+        }
+        pads[i] = (uint16_t)v;
+    }
+    Py_DECREF(fast);
+    pthread_mutex_lock(&self->mu);
+    memcpy(self->declared, pads, (size_t)n * sizeof pads[0]);
+    self->ndeclared = (int)n;
+    update_pads(self);
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_set_budget(Core *self, PyObject *args) {
+    NEED_READY(self);
+    long long src_rate, src_burst, shared_rate, shared_burst;
+    if (!PyArg_ParseTuple(args, "LLLL", &src_rate, &src_burst, &shared_rate, &shared_burst)) return NULL;
+    const long long max_rate = 1000000000LL, max_burst = 1LL << 40;
+    if (src_rate < 1 || src_rate > max_rate || shared_rate < 1 || shared_rate > max_rate || src_burst < 1 ||
+        src_burst > max_burst || shared_burst < 1 || shared_burst > max_burst)
+        return PyErr_Format(PyExc_ValueError, "rates must be 1..%lld bytes/s and bursts 1..%lld bytes", max_rate, max_burst);
+    pthread_mutex_lock(&self->mu);
+    self->rx.src_rate = src_rate; self->rx.src_burst = src_burst;
+    self->rx.shared_rate = shared_rate; self->rx.shared_burst = shared_burst;
+    if (self->rx.shared.tokens > shared_burst) self->rx.shared.tokens = shared_burst;
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_set_reflector_idle(Core *self, PyObject *args) {
+    NEED_READY(self);
+    long long idle;
+    if (!PyArg_ParseTuple(args, "L", &idle)) return NULL;
+    if (idle < 1000000LL || idle > 3600000000000LL) return PyErr_Format(PyExc_ValueError, "idle timeout must be 1 ms .. 1 h");
+    pthread_mutex_lock(&self->mu);
+    self->rx.idle_ns = idle;
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
 }
 
 static PyObject *Core_path_sent(Core *self, PyObject *args) {
+    NEED_READY(self);
     unsigned int path_id;
     if (!PyArg_ParseTuple(args, "I", &path_id)) return NULL;
     int i = path_index(self, path_id);
@@ -1068,6 +951,7 @@ static PyObject *Core_path_sent(Core *self, PyObject *args) {
 
 /* test entry points: the same encoder/decoder the loop uses */
 static PyObject *Core_encode(Core *self, PyObject *args) {
+    NEED_READY(self);
     probe_t p = {0};
     unsigned int kind, flags, pad, sport, dport;
     PyObject *src, *dst;
@@ -1080,13 +964,14 @@ static PyObject *Core_encode(Core *self, PyObject *args) {
     if (get_addr(src, s) < 0 || get_addr(dst, d) < 0) return NULL;
     uint8_t *buf = PyMem_Malloc(MIN_PAYLOAD + MAX_PAD);
     if (!buf) return PyErr_NoMemory();
-    size_t n = encode(&self->keyed, &p, s, d, (uint16_t)sport, (uint16_t)dport, buf);
+    size_t n = encode(&self->rx.keyed, &p, s, d, (uint16_t)sport, (uint16_t)dport, buf);
     PyObject *out = PyBytes_FromStringAndSize((char *)buf, (Py_ssize_t)n);
     PyMem_Free(buf);
     return out;
 }
 
 static PyObject *Core_decode(Core *self, PyObject *args) {
+    NEED_READY(self);
     Py_buffer data;
     PyObject *src, *dst;
     unsigned int sport, dport;
@@ -1094,7 +979,7 @@ static PyObject *Core_decode(Core *self, PyObject *args) {
     uint8_t s[4], d[4];
     if (get_addr(src, s) < 0 || get_addr(dst, d) < 0) { PyBuffer_Release(&data); return NULL; }
     probe_t p;
-    int why = decode(&self->keyed, data.buf, (size_t)data.len, s, d, (uint16_t)sport, (uint16_t)dport, &p);
+    int why = decode(&self->rx.keyed, data.buf, (size_t)data.len, s, d, (uint16_t)sport, (uint16_t)dport, &p);
     PyBuffer_Release(&data);
     if (why >= 0) return PyUnicode_FromString(DROP_NAMES[why]);
     /* same field order as wire.Probe */
@@ -1103,6 +988,7 @@ static PyObject *Core_decode(Core *self, PyObject *args) {
 }
 
 static PyObject *Core_replay_test(Core *self, PyObject *args) {
+    NEED_READY(self);
     /* feed a list of sequence numbers to a fresh replay window; returns the accept decisions */
     PyObject *seqs;
     if (!PyArg_ParseTuple(args, "O", &seqs)) return NULL;
@@ -1121,6 +1007,40 @@ static PyObject *Core_replay_test(Core *self, PyObject *args) {
     }
     Py_DECREF(it);
     return out;
+}
+
+static int64_t stamp_given(void *ctx) { return *(const int64_t *)ctx; }
+
+static PyObject *Core_receive_test(Core *self, PyObject *args) {
+    /* one packet through the loop's receive path at monotonic time now_ns (t2 = t3 = now_ns),
+     * after the reflector sweep the loop runs at each wake-up */
+    NEED_READY(self);
+    Py_buffer data;
+    PyObject *src, *dst;
+    unsigned int sport;
+    long long now;
+    if (!PyArg_ParseTuple(args, "y*OOIL", &data, &src, &dst, &sport, &now)) return NULL;
+    uint8_t s[4], d[4];
+    if (get_addr(src, s) < 0 || get_addr(dst, d) < 0) { PyBuffer_Release(&data); return NULL; }
+    uint8_t *out = PyMem_Malloc(MAX_PKT);
+    if (!out) { PyBuffer_Release(&data); return PyErr_NoMemory(); }
+    probe_t p;
+    size_t len = 0;
+    int64_t t = now;
+    pthread_mutex_lock(&self->mu);
+    rx_sweep(&self->rx, t, SWEEP_SLOTS);
+    int what = rx_handle(&self->rx, data.buf, (size_t)data.len, s, d, (uint16_t)sport, t, t, stamp_given, &t, &p, out,
+                         &len);
+    pthread_mutex_unlock(&self->mu);
+    PyBuffer_Release(&data);
+    PyObject *res;
+    if (what == RX_REFLECTED) res = PyBytes_FromStringAndSize((char *)out, (Py_ssize_t)len);
+    else if (what == RX_REPLY)
+        res = Py_BuildValue("(IIIIKLLLLIII)", p.kind, p.sender, p.reflector, p.path, p.seq, p.t1, p.t2, p.t3, p.t4,
+                            p.rx_count, p.flags, p.pad);
+    else res = PyUnicode_FromString(DROP_NAMES[what]);
+    PyMem_Free(out);
+    return res;
 }
 
 static PyMethodDef Core_methods[] = {
@@ -1143,18 +1063,29 @@ static PyMethodDef Core_methods[] = {
     {"set_rto", (PyCFunction)Core_set_rto, METH_VARARGS, "set_rto(path_id, rto_ns): deadline of the next requests"},
     {"set_size_probe", (PyCFunction)Core_set_size_probe, METH_VARARGS,
      "set_size_probe(path_id, every, pad): every Nth probe carries `pad` bytes (0: off)"},
-    {"counters", (PyCFunction)Core_counters, METH_NOARGS, "sent/reflected/replies/received and drops by reason"},
+    {"counters", (PyCFunction)Core_counters, METH_NOARGS,
+     "sent/reflected/replies/received, reflector entries (now) and expired, and drops by reason"},
+    {"declare_pads", (PyCFunction)Core_declare_pads, METH_VARARGS,
+     "declare_pads(paddings): probe sizes peers send besides the small one and this core's own (replaces the last)"},
+    {"set_budget", (PyCFunction)Core_set_budget, METH_VARARGS,
+     "set_budget(src_rate, src_burst, shared_rate, shared_burst): bytes of forged packets checked per source / "
+     "for all untrusted sources, per second and at once"},
+    {"set_reflector_idle", (PyCFunction)Core_set_reflector_idle, METH_VARARGS,
+     "set_reflector_idle(ns): a reflector entry unheard for this long is freed"},
     {"path_sent", (PyCFunction)Core_path_sent, METH_VARARGS, "requests sent on a path"},
     {"encode", (PyCFunction)Core_encode, METH_VARARGS, "test hook: the loop's encoder"},
     {"decode", (PyCFunction)Core_decode, METH_VARARGS, "test hook: the loop's decoder; a str is a drop reason"},
     {"replay_test", (PyCFunction)Core_replay_test, METH_VARARGS, "test hook: replay window decisions"},
+    {"receive_test", (PyCFunction)Core_receive_test, METH_VARARGS,
+     "test hook: receive_test(payload, src4, dst4, sport, now_ns) through the loop's receive path -> the reply "
+     "it reflects (an IP packet, bytes), an authenticated reply (a wire.Probe tuple), or a drop reason (str)"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "linkpass.probe._probecore.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
+    .tp_new = Core_new,
     .tp_init = (initproc)Core_init,
     .tp_dealloc = (destructor)Core_dealloc,
     .tp_methods = Core_methods,
@@ -1175,5 +1106,6 @@ PyMODINIT_FUNC PyInit__probecore(void) {
     PyModule_AddIntConstant(m, "EVENT_SIZE", sizeof(ev_t));
     PyModule_AddIntConstant(m, "MAX_PAD", MAX_PAD);
     PyModule_AddIntConstant(m, "MAX_PATHS", MAX_PATHS);
+    PyModule_AddIntConstant(m, "REFLECT_MAX", REFLECT_MAX);
     return m;
 }

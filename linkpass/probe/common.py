@@ -1,4 +1,5 @@
-"""What both probe engines share: a NIC's sockets, a probed path's spec, a completed exchange.
+"""What both probe engines share: a NIC's sockets, a probed path's spec, a completed exchange,
+the path ids in use.
 
 Per local NIC an engine owns two sockets, opened inside the host's namespace:
 
@@ -13,6 +14,7 @@ directions are RoCEv2 (destination port 4791) and the reverse path is fixed by t
 """
 from __future__ import annotations
 
+import heapq
 import socket
 from dataclasses import dataclass
 
@@ -86,3 +88,46 @@ class ProbedPath:
 
     spec: PathSpec
     telemetry: PathTelemetry
+
+
+class PathIds:
+    """The path ids of one engine. A new id is the lowest free one: each peer's reflector keeps an
+    entry per (agent, path id), so ids that grew with every plan change would fill its table with
+    paths long gone. (A reused id is safe on the wire: the C core starts a new path's sequence
+    above any the id carried before, which the reflector's replay window accepts.)"""
+
+    MAX = 2**32 - 1
+
+    def __init__(self):
+        self._used: set[int] = set()
+        self._free: list[int] = []  # heap of released ids below _next
+        self._next = 1
+
+    def lowest_free(self) -> int:
+        """The lowest id not in use (not taken: claim() it)."""
+        while self._free and self._free[0] in self._used:
+            heapq.heappop(self._free)
+        if self._free:
+            return self._free[0]
+        while self._next in self._used:
+            self._next += 1
+        if self._next > self.MAX:
+            raise ValueError(f"all {self.MAX} path ids are in use")
+        return self._next
+
+    def claim(self, pid: int) -> None:
+        """Mark an id chosen by the caller as in use."""
+        if not 1 <= pid <= self.MAX:
+            raise ValueError(f"path id must be 1..{self.MAX}, got {pid}")
+        if pid in self._used:
+            raise ValueError(f"path {pid} exists")
+        self._used.add(pid)
+
+    def release(self, pid: int) -> None:
+        if pid in self._used:
+            self._used.discard(pid)
+            if pid < self._next:
+                heapq.heappush(self._free, pid)
+
+    def __len__(self) -> int:
+        return len(self._used)

@@ -12,9 +12,12 @@ Timestamps: t2 and t4 are kernel RX stamps, t1 and t3 are read when the packet i
 (CLOCK_REALTIME, user space), all four mapped onto the agent's clock: the identity in production,
 a synthetic clock per agent on the testbed (`clock_segment`), where all agents share one kernel.
 
-Bounded everywhere: per-path rings of outstanding requests, a capped reflector table, bounded
-batches per wake-up; nothing waits on a peer: sockets are non-blocking, a full send buffer is a
-counted drop.
+Bounded everywhere: per-path rings of outstanding requests, a reflector table whose idle entries
+expire, bounded batches per wake-up; nothing waits on a peer: sockets are non-blocking, a full
+send buffer is a counted drop. Hostile input is cheap (linkpass/probe/probe_rx.h): sizes nobody
+here sends or expects are dropped before any hashing (`expect_sizes` declares the peers'), and
+each source's forged packets are checked only within its budget. Path ids are reused
+(`new_path_id`), so a peer's reflector table holds only the paths that exist.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from typing import Callable
 from ..core import wire
 from ..core.probe_event import ProbeEvent, from_record
 from ..core.telemetry import PathTelemetry, feed_events
-from .common import ExchangeRecord, PathSpec, ProbedPath, check_engine_args, open_nic_sockets
+from .common import ExchangeRecord, PathIds, PathSpec, ProbedPath, check_engine_args, open_nic_sockets
 
 
 class CoreProbeEngine:
@@ -45,6 +48,8 @@ class CoreProbeEngine:
     RECORD = struct.Struct("<IIQqqqq")  # xrec_t: path_id, rx_count, seq, t1..t4
     EVENT = struct.Struct("<IIQIIIIqqqq")  # ev_t: ProbeEvent's fields, in its order
     MAX_KEPT = 1_000_000
+    # the counters `stats` reports (drop counters by reason: `drops`); reflector_entries is a level
+    STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired")
 
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None,
                  clock_segment: Callable[[int], tuple[int, int, int]] | None = None, seed: int = 1,
@@ -61,6 +66,7 @@ class CoreProbeEngine:
         self.on_exchange = on_exchange
         self.nics: dict[str, tuple[int, socket.socket, socket.socket]] = {}
         self.paths: dict[int, ProbedPath] = {}
+        self.path_ids = PathIds()
         self._telemetry: dict[int, PathTelemetry] = {}  # path -> its telemetry, what poll() feeds
         self._collect: list[ExchangeRecord] | None = None
         self.background = False
@@ -72,12 +78,21 @@ class CoreProbeEngine:
         index = self.core.add_nic(rx.fileno(), tx.fileno(), socket.inet_aton(addr))
         self.nics[name] = (index, rx, tx)
 
+    def new_path_id(self) -> int:
+        """The lowest path id not in use (ids of removed paths are reused); add_path() it next."""
+        return self.path_ids.lowest_free()
+
     def add_path(self, spec: PathSpec, first_due_s: float = 0.0) -> None:
         if spec.nic not in self.nics:
             raise ValueError(f"path {spec.path_id}: unknown NIC {spec.nic!r}; add_nic() it first")
-        self.core.add_path(spec.path_id, self.nics[spec.nic][0], spec.peer_id, socket.inet_aton(spec.peer_addr),
-                           spec.sport, int(spec.interval_s * 1e9), spec.pad,
-                           time.monotonic_ns() + int(first_due_s * 1e9), int(spec.pair_gap_s * 1e9))
+        self.path_ids.claim(spec.path_id)
+        try:
+            self.core.add_path(spec.path_id, self.nics[spec.nic][0], spec.peer_id, socket.inet_aton(spec.peer_addr),
+                               spec.sport, int(spec.interval_s * 1e9), spec.pad,
+                               time.monotonic_ns() + int(first_due_s * 1e9), int(spec.pair_gap_s * 1e9))
+        except Exception:
+            self.path_ids.release(spec.path_id)
+            raise
         self.paths[spec.path_id] = path = ProbedPath(spec, PathTelemetry())
         self._telemetry[spec.path_id] = path.telemetry
 
@@ -85,6 +100,30 @@ class CoreProbeEngine:
         self.core.remove_path(path_id)
         del self.paths[path_id]
         del self._telemetry[path_id]
+        self.path_ids.release(path_id)
+
+    def expect_sizes(self, ip_sizes) -> None:
+        """The full-size probes peers send this host (IP packet sizes), besides the small probe
+        and this engine's own paths' sizes, which pass anyway; any other size is dropped before
+        it costs a hash (counted as unexpected_size). Replaces the sizes declared before."""
+        pads = []
+        for size in ip_sizes:
+            try:
+                pads.append(wire.pad_for_ip_size(size))
+            except ValueError as exc:
+                raise ValueError(f"expected probe size {size} bytes: {exc}") from None
+        self.core.declare_pads(sorted(set(pads)))
+
+    def set_budget(self, per_source_bytes_s: int, per_source_burst: int, shared_bytes_s: int,
+                   shared_burst: int) -> None:
+        """How many bytes of forged packets (failed ICRC or tag) are checked, per second and at
+        once, for each source, and for all untrusted sources together; beyond it a source's
+        packets are dropped unchecked (source_over_budget). Defaults: probe_rx.h."""
+        self.core.set_budget(per_source_bytes_s, per_source_burst, shared_bytes_s, shared_burst)
+
+    def set_reflector_idle(self, idle_s: float) -> None:
+        """A reflector entry (a peer's path) not heard from for this long is freed."""
+        self.core.set_reflector_idle(int(idle_s * 1e9))
 
     def set_interval(self, path_id: int, interval_s: float) -> None:
         """Probe a path faster (active: traffic on it) or slower (idle); a faster rate starts at once."""
@@ -201,7 +240,7 @@ class CoreProbeEngine:
     @property
     def stats(self) -> dict:
         c = self.core.counters()
-        return {k: c[k] for k in ("sent", "reflected", "replies", "received")}
+        return {k: c[k] for k in self.STATS}
 
     @property
     def drops(self) -> dict:

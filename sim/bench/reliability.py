@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""Reliability under hostile input: one function per row, picked by name.
+
+    python sim/bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost] [--json FILE]
+
+Rows (ROWS below maps each name to its function; a function takes `quick` and returns its rows):
+
+- `fuzz`: the probe core's receive path (decoder, size and budget checks, reflector:
+  linkpass/probe/probe_rx.h) built with AddressSanitizer and UBSan (linkpass/probe/fuzz.py),
+  fed random, truncated, mutated, over-long (signed too) and replayed packets, with time jumping
+  past the reflector's idle timeout: 10^6 inputs in two seeded runs (--quick: 10^5). Metrics
+  `inputs` and `crashes` (runs that ended in a sanitizer report or a broken invariant).
+- `spoof`: forged (wrong key, made-up sources), corrupted, oversize and replayed probes sent at
+  an agent through real sockets, from a raw socket in the other namespace of a two-host testbed
+  (`tiny`), while the agent probes its peer: `rejected` (pct of the attack packets that reached
+  its socket and should not be answered), `honest_loss` (pct of its own probes unanswered
+  meanwhile). Case `spoof-peer-address`: forgeries carrying the peer's own address, the one
+  thing a per-source budget cannot tell from the peer: its `honest_loss` is reported as
+  measured. Without root, the same packets go through the binding's receive path
+  (`Core.receive_test`) instead; each row's `via` says which.
+- `junk-cost`: ns per 9 KB junk packet in the receive path (the harness, built as the extension
+  is, without sanitizers): dropped for a size nobody expects, and from a source over its budget,
+  each against a 9 KB forgery checked in full (ICRC and BLAKE2b: what each of them cost before
+  the two checks), measured in the same run; ratio = full check / cheap drop.
+
+Other rows (agent-sigkill, actor-kill, coordinator-flood, healthy-saturated, soak) are added as
+functions of the same shape and an entry in ROWS.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from typing import Callable
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from linkpass_sim import report  # noqa: E402
+from linkpass.core import wire as W  # noqa: E402
+from linkpass.probe import fuzz  # noqa: E402
+
+KEY = bytes(range(32))
+WRONG_KEY = b"not-the-fleet-key-at-all-32bytes"
+
+
+# ---- fuzz ---------------------------------------------------------------------------------------
+
+def row_fuzz(quick: bool) -> list[dict]:
+    total, runs = (100_000, 2) if quick else (1_000_000, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = fuzz.build(tmp)
+        results: list[fuzz.FuzzRun] = [None] * runs  # type: ignore[list-item]
+
+        def one(k: int) -> None:
+            results[k] = fuzz.fuzz(binary, total // runs, seed=k + 1, timeout_s=3600)
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(runs)]  # one per core
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.monotonic() - t0
+    crashed = [r for r in results if not r.clean]
+    outcomes: Counter = Counter()
+    for r in results:
+        outcomes.update({k: v for k, v in r.outcomes.items() if isinstance(v, int) and k != "inputs"})
+        outcomes.update({f"drop_{k}": v for k, v in r.outcomes.get("drops", {}).items()})
+    common = {"via": "fuzz_harness.c (probe_rx.h), -fsanitize=address,undefined", "runs": runs,
+              "seconds": round(seconds, 1)}
+    rows = [{"case": "fuzz", "metric": "inputs", "unit": "count", "n": runs, "median": total, "p99": None,
+             "total": sum(r.inputs for r in results), "outcomes": dict(sorted(outcomes.items())), **common},
+            {"case": "fuzz", "metric": "crashes", "unit": "count", "n": runs, "median": len(crashed), "p99": None,
+             "reports": [r.report[-2000:] for r in crashed], **common}]
+    return rows
+
+
+# ---- spoof --------------------------------------------------------------------------------------
+
+class Attack:
+    """The attack packets: (what, UDP payload, source address, source port, should be answered)."""
+
+    def __init__(self, victim_addr: str, victim_id: int, count: int, seed: int = 7):
+        self.victim_addr, self.victim_id = victim_addr, victim_id
+        self.rng = random.Random(seed)
+        self.forger, self.honest = W.Codec(WRONG_KEY), W.Codec(KEY)
+        self.count = count
+        self.valid = 0
+
+    def made_up(self) -> str:
+        return f"198.19.{self.rng.randrange(200, 250)}.{self.rng.randrange(1, 250)}"
+
+    def packets(self):
+        rng, v = self.rng, self.victim_addr
+        n = 0
+        while n < self.count:
+            src, sport = self.made_up(), 49152 + rng.randrange(64)
+            seq = rng.randrange(10**9)
+            kind = rng.randrange(5)
+            if kind == 0:  # a request signed with another key
+                p = W.Probe(W.KIND_REQUEST, rng.randrange(1, 99), self.victim_id, rng.randrange(1, 99), seq, t1=1)
+                yield "wrong_key_request", self.forger.encode(p, src, v, sport), src, sport, False
+            elif kind == 1:  # a reply to the victim's own path, signed with another key
+                p = W.Probe(W.KIND_REPLY, self.victim_id, 2, 1, seq, t1=1, t2=2, t3=3, rx_count=5)
+                yield "wrong_key_reply", self.forger.encode(p, src, v, 50000), src, 50000, False
+            elif kind == 2:  # 8 KB of forgery
+                p = W.Probe(W.KIND_REQUEST, 3, self.victim_id, 9, seq, t1=1, flags=1, pad=8000)
+                yield "oversize", self.forger.encode(p, src, v, sport), src, sport, False
+            elif kind == 3:  # a valid request damaged on the way
+                data = bytearray(self.honest.encode(W.Probe(W.KIND_REQUEST, 3, self.victim_id, 9, seq, t1=1), src, v,
+                                                    sport))
+                data[rng.randrange(W.BTH_LEN + 8, len(data) - 4)] ^= 1 << rng.randrange(8)
+                yield "corrupted", bytes(data), src, sport, False
+            else:  # a valid request (of one of 50 paths, its sequence rising), then three copies: replays
+                self.valid += 1
+                data = self.honest.encode(W.Probe(W.KIND_REQUEST, 3, self.victim_id, 1 + self.valid % 50,
+                                                  self.valid, t1=1), src, v, sport)
+                yield "replay_original", data, src, sport, True
+                for _ in range(3):
+                    yield "replayed", data, src, sport, False
+                n += 3
+            n += 1
+
+    def peer_spoof(self, peer_addr: str):
+        """Forged replies to the victim's path that carry its peer's own address and port."""
+        for _ in range(self.count):
+            p = W.Probe(W.KIND_REPLY, self.victim_id, 2, 1, self.rng.randrange(10**9), t1=1, t2=2, t3=3, rx_count=5)
+            yield "peer_address", self.forger.encode(p, peer_addr, self.victim_addr, 50000), peer_addr, 50000, False
+
+
+SEND_DROPS = ("send_buffer_full", "send_error")  # the victim's replies, not what it received
+
+
+def ip_packet(payload: bytes, src: str, dst: str, sport: int) -> bytes:
+    return struct.pack("!BBHHHBBH4s4sHHHH", 0x45, 0, 28 + len(payload), 0, 0x4000, 64, 17, 0, socket.inet_aton(src),
+                       socket.inet_aton(dst), sport, W.ROCE_PORT, 8 + len(payload), 0) + payload
+
+
+def spoof_rows(case: str, via: str, kinds: Counter, should_answer: int, delivered: int, rejected: int,
+               answered: int, drops: dict, honest: tuple[int, int] | None = None, seconds: float | None = None) -> list[dict]:
+    """`honest`: (probes the victim sent to its peer meanwhile, replies it took)."""
+    rows = []
+    bad = delivered - should_answer
+    extra = {"via": via, "sent": dict(kinds), "drops": drops}
+    if seconds:
+        extra["attack_per_s"] = round(sum(kinds.values()) / seconds)
+    if case == "spoof":
+        rows.append({"case": case, "metric": "rejected", "unit": "pct", "n": bad,
+                     "median": round(100.0 * rejected / bad, 3) if bad else None, "p99": None,
+                     "delivered": delivered, "valid_originals": should_answer, "answered": answered, **extra})
+    if honest is not None and honest[0] > 0:
+        sent, replies = honest
+        rows.append({"case": case, "metric": "honest_loss", "unit": "pct", "n": sent,
+                     "median": round(100.0 * max(0, sent - replies) / sent, 3), "p99": None, **extra})
+    return rows
+
+
+def spoof_through_sockets(quick: bool) -> list[dict]:
+    from linkpass.kernel import netns as ns_io
+    from linkpass.probe.common import PathSpec
+    from linkpass.probe.engine import CoreProbeEngine
+    from linkpass.testbed import build, topology
+
+    prefix = "brel"
+    count = 4_000 if quick else 40_000
+    build.clean(prefix)
+    fab = build.up(topology.preset("tiny"), prefix)
+    victim = CoreProbeEngine(1, KEY, netns=fab.netns("h0"))
+    peer = CoreProbeEngine(2, KEY, netns=fab.netns("h1"))
+    raw = udp = None
+    try:
+        v_addr, p_addr = fab.nic_addr(0, 0), fab.nic_addr(1, 0)
+        victim.add_nic("p0", "p0", v_addr)
+        peer.add_nic("p0", "p0", p_addr)
+        victim.add_path(PathSpec(1, "p0", 2, p_addr, 50000, interval_s=0.001))
+        peer.start_background()
+        victim.start_background()
+        raw = ns_io.socket_in_netns(fab.netns("h1"), socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        # a raw socket does not fragment: packets above the MTU go from a UDP socket (with h1's
+        # own address; the size check drops them before anything looks at the source)
+        udp = ns_io.socket_in_netns(fab.netns("h1"), socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind((p_addr, 0))
+        time.sleep(0.5)
+        attack = Attack(v_addr, 1, count)
+        rows = []
+        for case, packets in (("spoof", attack.packets()), ("spoof-peer-address", attack.peer_spoof(p_addr))):
+            before, sent0, t0 = victim.core.counters(), victim.core.path_sent(1), time.monotonic()
+            kinds: Counter = Counter()
+            originals = 0
+            for i, (kind, payload, src, sport, answer) in enumerate(packets):
+                try:
+                    if 28 + len(payload) > 1500:
+                        udp.sendto(payload, (v_addr, W.ROCE_PORT))
+                    else:
+                        raw.sendto(ip_packet(payload, src, v_addr, sport), (v_addr, 0))
+                except BlockingIOError:
+                    continue
+                kinds[kind] += 1
+                originals += answer
+                if i % 200 == 199:
+                    time.sleep(0.005)  # ~40 000 packets/s at most: the software fabric forwards them
+            seconds = time.monotonic() - t0
+            time.sleep(0.2)  # the last replies come in
+            after, sent1 = victim.core.counters(), victim.core.path_sent(1)
+            victim.core.take()
+            d = {k: after["drops"].get(k, 0) - before["drops"].get(k, 0) for k in after["drops"]}
+            d = {k: v for k, v in d.items() if v}
+            replies = after["replies"] - before["replies"]
+            delivered = after["received"] - before["received"] - replies
+            answered = after["reflected"] - before["reflected"]
+            rejected = sum(v for k, v in d.items() if k not in SEND_DROPS) if case == "spoof" else 0
+            rows += spoof_rows(case, "sockets (tiny testbed, raw socket in h1)", kinds, originals, delivered,
+                               rejected, answered, d, (sent1 - sent0, replies), seconds)
+        return rows
+    finally:
+        for s in (raw, udp):
+            if s is not None:
+                s.close()
+        victim.close()
+        peer.close()
+        build.down(prefix)
+
+
+def spoof_through_binding(quick: bool) -> list[dict]:
+    from linkpass.probe import _probecore
+
+    count = 4_000 if quick else 40_000
+    core = _probecore.Core(KEY, 1)
+    v_addr = "198.18.64.1"
+    attack = Attack(v_addr, 1, count)
+    kinds: Counter = Counter()
+    originals = answered = 0
+    now = 10**12
+    for kind, payload, src, sport, answer in attack.packets():
+        now += 25_000  # 40 000 packets/s
+        out = core.receive_test(payload, socket.inet_aton(src), socket.inet_aton(v_addr), sport, now)
+        kinds[kind] += 1
+        originals += answer
+        answered += isinstance(out, bytes)
+    drops = core.counters()["drops"]
+    delivered = sum(kinds.values())
+    return spoof_rows("spoof", "binding (Core.receive_test, no sockets: not root)", kinds, originals, delivered,
+                      sum(drops.values()), answered, drops)
+
+
+def row_spoof(quick: bool) -> list[dict]:
+    return spoof_through_sockets(quick) if os.geteuid() == 0 else spoof_through_binding(quick)
+
+
+# ---- junk-cost ----------------------------------------------------------------------------------
+
+def row_junk_cost(quick: bool) -> list[dict]:
+    trials, cheap_n, full_n = (5, 100_000, 2_000) if quick else (20, 1_000_000, 10_000)
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = fuzz.build(tmp, sanitize=False)
+        full = [fuzz.cost(binary, "bad_tag", full_n) / 1000 for _ in range(trials)]
+        cheap = {kind: [fuzz.cost(binary, kind, cheap_n) / 1000 for _ in range(trials)]
+                 for kind in ("unexpected_size", "over_budget")}
+    rows = []
+    for kind, values in cheap.items():
+        m, pm = statistics.median(values), statistics.median(full)
+        rows.append({"case": f"junk-9k-{kind.replace('_', '-')}", "metric": "cost_per_packet", "unit": "us",
+                     "n": trials, "median": round(m, 4), "p99": report.tail(values),
+                     "peer": "full-check (ICRC + BLAKE2b, 9 KB bad tag)", "peer_n": trials, "peer_median": round(pm, 3),
+                     "peer_p99": report.tail(full), "ratio": round(pm / m, 1) if m else None,
+                     "via": "fuzz_harness.c cost mode, -O2"})
+    return rows
+
+
+ROWS: dict[str, Callable[[bool], list[dict]]] = {
+    "fuzz": row_fuzz,
+    "spoof": row_spoof,
+    "junk-cost": row_junk_cost,
+}
+
+
+def show(rows: list[dict]) -> None:
+    print(f"{'case':34} {'metric':16} {'unit':6} {'n':>8} {'median':>12} {'peer median':>12} {'ratio':>8}  via")
+    for r in rows:
+        print(f"{r['case']:34} {r['metric']:16} {r['unit']:6} {r['n']:>8} {str(r['median']):>12} "
+              f"{str(r.get('peer_median', '')):>12} {str(r.get('ratio', '')):>8}  {r.get('via', '')}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from: {', '.join(ROWS)}")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    names = [n.strip() for n in args.rows.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        ap.error(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    rows: list[dict] = []
+    for name in names:
+        report.progress(f"row {name}")
+        out = ROWS[name](args.quick)
+        rows += [out] if isinstance(out, dict) else out
+    show(rows)
+    report.write(report.document("reliability", rows, quick=args.quick), args.json)
+    crashed = [r for r in rows if r["case"] == "fuzz" and r["metric"] == "crashes" and r["median"]]
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
