@@ -2,7 +2,7 @@
 """Failover: from a fault on the testbed to the route rewritten, LinkPass against FRR bfdd
 (10 ms × 3) driving the same route change, measured in the same run on the same fabric.
 
-    python sim/bench/failover.py [--quick] [--trials N] [--soak-s S] [--json FILE]
+    python sim/bench/failover.py [--quick] [--trials N] [--soak-s S] [--saturated-only] [--json FILE]
 
 Agents run on h0 and h2 (different leaves, so every fault kind has a path through it); on this
 2-core machine four agents plus the software fabric's forwarding (every probe crosses four
@@ -67,12 +67,13 @@ class Settings:
     soak_s: float
     route_ops: int
     detect_only: bool
+    saturated_only: bool = False
 
     @classmethod
     def from_args(cls, args) -> "Settings":
         return cls(trials=args.trials or (4 if args.quick else 20), gray_trials=args.gray_trials or (2 if args.quick else 5),
                    soak_s=args.soak_s or (20 if args.quick else 600), route_ops=200 if args.quick else 2000,
-                   detect_only=args.detect_only)
+                   detect_only=args.detect_only, saturated_only=args.saturated_only)
 
 
 @dataclass
@@ -168,6 +169,11 @@ def measure_linkpass(fab, prefix, workdir, st: Settings, m: Measured) -> None:
     try:
         progress("agents warming up (10 s): RTTs learned, start-up lateness faded")
         time.sleep(10)
+        if st.saturated_only:
+            agents.wait_healthy(timeout_s=60)
+            print(f"healthy soak with {BURNERS} CPU burners, {st.soak_s:.0f} s, then {st.trials} uplink cuts under the same load")
+            m.false_positives, m.cut_saturated = soak(prefix, agents, st.soak_s, BURNERS, st.trials)
+            return
         for case, links in HARD_CASES:
             m.hard[case] = linkpass_hard(prefix, agents, A, B, links, st.trials, SPACING_S, progress, m.windows["hard"])
             progress("letting the flap penalties of these DOWNs fade (20 s)")
@@ -307,7 +313,7 @@ def measure(st: Settings, keep_logs: bool) -> Measured:
     workdir = tempfile.mkdtemp(prefix="linkpass-failover-")
     try:
         measure_linkpass(fab, prefix, workdir, st, m)
-        if not st.detect_only:
+        if not st.detect_only and not st.saturated_only:
             flush_routes(fab, RTPROT_LINKPASS)
             m.stall_none = tcp_across_cut(fab, prefix, UPLINKS[0])
             progress(f"tcp without linkpass: longest gap {m.stall_none.max_gap_ms} ms")
@@ -359,6 +365,15 @@ def rows_of(st: Settings, m: Measured) -> list[dict]:
     rows.append(row("flap", "detect", "ms", m.flap_detect, route_changes_during_3s_of_flapping=m.flap_changes))
     rows.append(row("tcp-flow-plane-down", "stall", "ms", [m.stall_lp.max_gap_ms], "no-linkpass",
                     [m.stall_none.max_gap_ms], lost=m.stall_lp.lost, peer_lost=m.stall_none.lost))
+    rows += saturated_rows(st, m)
+    ours, theirs = m.route_ops
+    rows.append(row("route-ops", "route_ops", "per_s", [round(ours)], "pyroute2-route-replace", [round(theirs)],
+                    better="higher"))
+    return rows
+
+
+def saturated_rows(st: Settings, m: Measured) -> list[dict]:
+    rows = []
     fp = m.false_positives
     rows.append(row("healthy-saturated", "false_route_changes", "count", [fp[A]["reroutes"] + fp[B]["reroutes"]],
                     seconds=st.soak_s, burners=BURNERS, path_downs=fp[A]["downs"] + fp[B]["downs"],
@@ -366,9 +381,6 @@ def rows_of(st: Settings, m: Measured) -> list[dict]:
     rows.append(row("cut-saturated", "fault_to_reroute", "ms", m.cut_saturated, trials=st.trials,
                     rerouted=len(m.cut_saturated), burners=BURNERS,
                     note="host-uplink-down under the healthy soak's load; the calm figure is host-uplink-down's"))
-    ours, theirs = m.route_ops
-    rows.append(row("route-ops", "route_ops", "per_s", [round(ours)], "pyroute2-route-replace", [round(theirs)],
-                    better="higher"))
     return rows
 
 
@@ -380,6 +392,8 @@ def main() -> int:
     ap.add_argument("--gray-trials", type=int, default=None, help="trials per gray case (default 5)")
     ap.add_argument("--detect-only", action="store_true",
                     help="only LinkPass's detection cases (the simulator's calibration reference)")
+    ap.add_argument("--saturated-only", action="store_true",
+                    help="only the CPU-starvation cases: healthy-saturated and cut-saturated")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--keep-logs", action="store_true", help="keep the agents' logs (path printed at the end)")
     args = ap.parse_args()
@@ -394,7 +408,7 @@ def main() -> int:
             print(f"{r['case']:22} {r['metric']:8} {r['n']:>3} {str(r['median']):>10} {str(r['p99']):>8}")
         report.write(report.document("failover", rows, mode="detect-only", **extra), args.json)
         return 0
-    rows = rows_of(st, m)
+    rows = saturated_rows(st, m) if st.saturated_only else rows_of(st, m)
     print(f"\n{'case':22} {'metric':18} {'n':>3} {'median':>10} {'p99':>8} {'peer median':>12} {'ratio':>6}")
     for r in rows:
         print(f"{r['case']:22} {r['metric']:18} {r['n']:>3} {str(r['median']):>10} {str(r['p99']):>8} "
