@@ -262,8 +262,15 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
             f.write("agent_id: zero\n")
         procs[0].send_signal(signal.SIGHUP)
         time.sleep(0.5)
-        code, rows = paths_json(fab, 0, port)
-        assert code == 0, [(r["peer"], r["plane"], r["path"], r["window"]) for r in rows]
+        # all paths up: the agent runs on. A path may read down for a few ms when this loaded
+        # machine keeps a reflector waiting (undone as late, not lost), so a few looks are allowed
+        for _ in range(5):
+            code, rows = paths_json(fab, 0, port)
+            if code == 0:
+                break
+            time.sleep(0.5)
+        assert procs[0].poll() is None and code == 0, [(r["peer"], r["plane"], r["path"], r.get("state"))
+                                                       for r in rows]
     finally:
         for p in procs.values():
             p.send_signal(signal.SIGTERM)
@@ -337,7 +344,7 @@ def test_agents_refuse_bad_coordinator_answers_and_run_on(clean_faults, tmp_path
     token = tmp_path / "agent.token"
     token.write_text("t0ken\n")
     link = {"url": f"http://{fab.mgmt_root_addr}:{coord.server.server_address[1]}", "token_file": str(token),
-            "report_ms": 50}
+            "report_ms": 50, "insecure_http": True}  # a stand-in coordinator: the test is about answers
     ag = Agents(fab, str(tmp_path), [A, B], coordinator=link)
     try:
         ag.start()
