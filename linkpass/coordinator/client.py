@@ -49,14 +49,14 @@ class Client:
     def post(self, path: str, body: dict):
         return self._call("POST", path, json.dumps(body).encode())
 
-    def post_raw(self, path: str, payload: bytes):
-        """POST an already encoded JSON body."""
-        return self._call("POST", path, payload)
+    def post_raw(self, path: str, payload: bytes, token: str | None = None):
+        """POST an already encoded JSON body (as `token`'s holder, default the client's own)."""
+        return self._call("POST", path, payload, token)
 
-    def _call(self, method: str, path: str, payload: bytes | None):
+    def _call(self, method: str, path: str, payload: bytes | None, token: str | None = None):
         headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        if token or self.token:
+            headers["Authorization"] = f"Bearer {token or self.token}"
         for attempt in (0, 1):  # a kept-alive connection the server closed: one fresh retry
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
