@@ -36,7 +36,7 @@ def fleet(fabric, tmp_path_factory):
     agents = None
     try:
         handle, url = ray_actor.ensure(settings)
-        link = {"url": f"http://{fabric.mgmt_root_addr}:{port}", "token_file": str(d / "state" / "agent.token"),
+        link = {"url": f"http://{fabric.mgmt_root_addr}:{port}", "agent_secret_file": str(d / "state" / "agent.secret"),
                 "report_ms": 100, "summary_s": 5}
         agents = Agents(fabric, str(d / "agents"), HOSTS, interval_ms=10.0, coordinator=link,
                         detect={"flap_half_life_ms": 2000})

@@ -288,6 +288,9 @@ def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
     ({"coordinator_whoami": None, "coordinator_error": "Connection refused"}, D.WARN, "does not answer"),
     ({"coordinator_whoami": None, "coordinator_refused": True, "coordinator_error": "HTTP 401"}, D.FAIL, "refuses"),
     ({"coordinator_whoami": {"name": "oncall", "role": "operator"}}, D.FAIL, "role 'operator'"),
+    # an agent token of another host: the coordinator would refuse every report
+    ({"agent_name": "h0", "coordinator_whoami": {"name": "h1", "role": "agent", "host": "h1"}}, D.FAIL,
+     "reports as 'h0'"),
 ])
 def test_coordinator_check(change, status, words):
     c = D.check_coordinator(dataclasses.replace(healthy(), **change))

@@ -30,7 +30,7 @@
     entropy: {enabled: false, path: /dev/shm/linkpass-entropy}   # ports per (peer, plane), docs/entropy-table.md
     coordinator:                     # optional; without it the agent works alone (it always fails over locally)
       url: http://198.19.0.1:9470    # the coordinator's endpoint
-      token_file: /etc/linkpass/agent.token   # a token with role "agent"
+      token_file: /etc/linkpass/agent.token   # this host's own agent token (`linkpass coordinator token NAME`)
       report_ms: 200                 # path changes are sent this often (batched)
       summary_s: 10                  # the whole path table is sent this often (heals lost reports)
       follow_plan: true              # probe the peers the coordinator's probe plan names

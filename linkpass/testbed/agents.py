@@ -34,7 +34,7 @@ class Agents:
     entropy: bool = True
     detect: dict | None = None
     extra_args: tuple[str, ...] = ()
-    coordinator: dict | None = None  # the agents' `coordinator:` config section
+    coordinator: dict | None = None  # the agents' `coordinator:` config section (see write_agent_configs)
     probe: dict | None = None  # more of the agents' `probe:` config section
     route_options: dict | None = None  # more of the agents' `routes:` config section
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
@@ -154,7 +154,11 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
                         probe: dict | None = None, route_options: dict | None = None) -> dict[int, str]:
     """One `linkpass agent` config per host in `hosts` (default: all), whose peers are the other
     hosts in it, every plane; plus the fleet key file. Route journals and entropy tables go into
-    `directory` too (one per host)."""
+    `directory` too (one per host).
+
+    `coordinator` is the agents' `coordinator:` section. With `agent_secret_file` (the
+    coordinator's agent secret) in place of `token_file`, each agent gets its own token, derived
+    for its host and written to `directory/agent-<host>.token`: an agent speaks for itself only."""
     import os
 
     import yaml
@@ -166,6 +170,11 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     with open(key_file, "w") as f:
         f.write(key.hex())
     os.chmod(key_file, 0o600)
+    secret = None
+    if coordinator and "agent_secret_file" in coordinator:
+        from ..coordinator.auth import read_agent_secret
+
+        secret = read_agent_secret(coordinator["agent_secret_file"])
     out = {}
     planes = range(fab.spec.planes)
     chosen = list(range(fab.spec.hosts) if hosts is None else hosts)  # agents run here; they are each other's peers
@@ -184,7 +193,13 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
         if detect:
             doc["detect"] = dict(detect)
         if coordinator:
-            doc["coordinator"] = dict(coordinator)
+            doc["coordinator"] = {k: v for k, v in coordinator.items() if k != "agent_secret_file"}
+            if secret is not None:
+                from ..coordinator.auth import agent_token, write_private
+
+                token_file = os.path.join(directory, f"agent-{host_name(i)}.token")
+                write_private(token_file, agent_token(secret, host_name(i)) + "\n")
+                doc["coordinator"]["token_file"] = token_file
         path = os.path.join(directory, f"agent-{host_name(i)}.yaml")
         with open(path, "w") as f:
             yaml.safe_dump(doc, f, sort_keys=False)

@@ -51,6 +51,7 @@ from linkpass.core.states import Direction, State  # noqa: E402
 from linkpass.core.localize import BOTH, Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
+from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: E402
 from linkpass.coordinator.client import Client  # noqa: E402
 from linkpass.testbed import build, faults, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
@@ -227,11 +228,12 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     rows_out: list[dict] = []
     try:
         _, url = ray_actor.ensure(settings)
-        token = open(os.path.join(settings["state_dir"], "agent.token")).read().strip()
+        secret = read_agent_secret(os.path.join(settings["state_dir"], "agent.secret"))
         hosts = sorted(tables)
-        reg_s, n_paths, plan_version = register_all(url, token, hosts, tables)
+        tokens = {h: agent_token(secret, h) for h in hosts}  # each agent speaks for itself only
+        reg_s, n_paths, plan_version = register_all(url, tokens, hosts, tables)
         for case, (bodies, per_host) in report_mixes(hosts, tables, plan_version).items():
-            rates = ingest_rates(url, token, case, hosts, tables, bodies, per_host, args.ingest_trials)
+            rates = ingest_rates(url, tokens, case, hosts, tables, bodies, per_host, args.ingest_trials)
             rows_out.append(row(case, "rate", "per_s", rates, q=0.01, target_min=20000 if case == "ingest" else None,
                                 clients=INGEST_CLIENTS, batch=len(next(iter(tables.values()))),
                                 registration_paths_per_s=round(n_paths / reg_s, 1)))
@@ -256,14 +258,15 @@ def path_tables(fleet: Fleet, model) -> dict[str, list[dict]]:
     return tables
 
 
-def register_all(url: str, token: str, hosts: list[str], tables: dict[str, list[dict]]) -> tuple[float, int, int]:
+def register_all(url: str, tokens: dict[str, str], hosts: list[str],
+                 tables: dict[str, list[dict]]) -> tuple[float, int, int]:
     """Register every agent with its paths: seconds taken, paths registered, and the plan version
     the coordinator then holds (what agents hold once their plan arrived)."""
     t0 = time.perf_counter()
-    c = Client(url, token, timeout_s=120)
+    c = Client(url, tokens[hosts[0]], timeout_s=120)
     for i, h in enumerate(hosts):
-        c.post("/v1/register", {"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {},
-                                "paths": tables[h]})
+        c.post_raw("/v1/register", json.dumps({"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {},
+                                               "paths": tables[h]}).encode(), token=tokens[h])
     reg_s = time.perf_counter() - t0
     n_paths = sum(len(v) for v in tables.values())
     status = c.get("/v1/status")
@@ -292,7 +295,7 @@ def report_mixes(hosts: list[str], tables: dict[str, list[dict]], plan_version: 
             "ingest-storm": ([body(h, s) for h in hosts for s in (State.DOWN.value, State.UP.value)], 2)}
 
 
-def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict[str, list[dict]],
+def ingest_rates(url: str, tokens: dict[str, str], case: str, hosts: list[str], tables: dict[str, list[dict]],
                  bodies: list[bytes], per_host: int, trials: int) -> list[float]:
     """Path reports per second, one figure per trial: INGEST_CLIENTS threads posting for
     INGEST_WINDOW_S. The bodies are taken round-robin over hosts (a shared cursor across trials),
@@ -305,13 +308,13 @@ def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict
         done = [0] * INGEST_CLIENTS
 
         def client_loop(k: int) -> None:
-            cl = Client(url, token, timeout_s=60)
+            cl = Client(url, None, timeout_s=60)
             while time.perf_counter() < stop:
                 with lock:
                     i = cursor[0]
                     cursor[0] += 1
                 hi, si = i % len(hosts), (i // len(hosts)) % per_host
-                cl.post_raw("/v1/report", bodies[hi * per_host + si])
+                cl.post_raw("/v1/report", bodies[hi * per_host + si], token=tokens[hosts[hi]])
                 done[k] += len(tables[hosts[hi]])
             cl.close()
 
@@ -348,7 +351,7 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
             if mode == "up":
                 ray_actor.connect(num_cpus=2)
                 ray_actor.ensure(settings)
-            link = {"url": f"http://{fab.mgmt_root_addr}:{port}", "token_file": os.path.join(work, "state", "agent.token")}
+            link = {"url": f"http://{fab.mgmt_root_addr}:{port}", "agent_secret_file": os.path.join(work, "state", "agent.secret")}
             agents = Agents(fab, os.path.join(work, mode), [A, B], detect={"flap_half_life_ms": FLAP_HALF_LIFE_MS},
                             coordinator=link).start()
             try:
