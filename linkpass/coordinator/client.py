@@ -42,6 +42,12 @@ class Client:
             self._conn.close()
             self._conn = None
 
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def get(self, path: str, **params):
         q = {k: v for k, v in params.items() if v is not None}
         return self._call("GET", path + (f"?{urlencode(q)}" if q else ""), None)
