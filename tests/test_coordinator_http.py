@@ -15,10 +15,9 @@ import urllib.request
 import pytest
 
 from linkpass.coordinator import runner
-from linkpass.coordinator.auth import agent_token, read_agent_secret
 from linkpass.coordinator.client import Client, Refusal
 
-from helpers import MODEL, identity, table_of, wait_until
+from helpers import MODEL, agent_tokens, identity, table_of, wait_until
 
 pytestmark = pytest.mark.service
 
@@ -32,8 +31,7 @@ def start(tmp_path, **settings):
                         **settings})
     state = tmp_path / "state"
     tokens = {role: (state / f"{role}.token").read_text().strip() for role in ("reader", "operator")}
-    secret = read_agent_secret(str(state / "agent.secret"))
-    tokens.update({f"h{i}": agent_token(secret, f"h{i}") for i in range(4)})
+    tokens.update(agent_tokens(state))
     for i in range(4):
         with Client(srv.url, tokens[f"h{i}"]) as agent:
             agent.post("/v1/register", {**identity(i), "paths": table_of(i)})
