@@ -391,7 +391,7 @@ def _mutated(draw):
             body[draw(st.sampled_from(sorted(body) + ["agent_id", "service", "api_port", "plan_version"]))] = value
         elif isinstance(body.get(section), list) and body[section]:
             item = body[section][draw(st.integers(0, len(body[section]) - 1))]
-            if isinstance(item, dict):
+            if isinstance(item, dict) and item:
                 item[draw(st.sampled_from(sorted(item)))] = value
     return kind, body
 

@@ -204,11 +204,11 @@ class CoordinatorServer:
         conn.busy = False
         self._conns.move_to_end(conn)
         try:
-            first = await asyncio.wait_for(reader.readexactly(1), lim.idle_timeout_s)
+            first = await _within(reader.readexactly(1), lim.idle_timeout_s)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError):
             return False
         try:
-            head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), lim.read_timeout_s)
+            head = first + await _within(reader.readuntil(b"\r\n\r\n"), lim.read_timeout_s)
         except asyncio.TimeoutError:
             self.count("timeout")
             return False
@@ -244,7 +244,7 @@ class CoordinatorServer:
                                           f"{NEEDS[route.action]!r}", close=req.length != 0)
         if route.fn is CoordinatorServer._get_healthz and not req.length:  # liveness never waits for a worker
             writer.write(_response(200, {"ok": True}, req.close))
-            await asyncio.wait_for(writer.drain(), lim.read_timeout_s)
+            await _within(writer.drain(), lim.read_timeout_s)
             return not req.close
         if req.length is None:
             return await self._refuse(writer, remote, 411, "length_required",
@@ -254,7 +254,7 @@ class CoordinatorServer:
                                       f"body of {req.length} bytes is over this coordinator's max_body_bytes "
                                       f"({lim.max_body_bytes})", close=True)
         try:
-            await asyncio.wait_for(self._pending.acquire(), lim.read_timeout_s)
+            await _within(self._pending.acquire(), lim.read_timeout_s)
         except asyncio.TimeoutError:
             return await self._refuse(writer, remote, 503, "busy", "the coordinator is busy; retry", close=True,
                                       limited=False)
@@ -262,7 +262,7 @@ class CoordinatorServer:
             if req.expect_continue and req.length:
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
-                raw = await asyncio.wait_for(reader.readexactly(req.length), lim.read_timeout_s) if req.length else b""
+                raw = await _within(reader.readexactly(req.length), lim.read_timeout_s) if req.length else b""
             except asyncio.TimeoutError:
                 self.count("timeout")
                 return False
@@ -273,7 +273,7 @@ class CoordinatorServer:
             self._refusals.note(remote)
         writer.write(_response(status, doc, req.close))
         try:
-            await asyncio.wait_for(writer.drain(), lim.read_timeout_s)
+            await _within(writer.drain(), lim.read_timeout_s)
         except asyncio.TimeoutError:
             self.count("timeout")
             return False
@@ -287,7 +287,7 @@ class CoordinatorServer:
             status, message, close = 429, "too many refused requests from this address; slow down", True
         writer.write(_response(status, {"error": message}, close, extra))
         try:
-            await asyncio.wait_for(writer.drain(), self.limits.read_timeout_s)
+            await _within(writer.drain(), self.limits.read_timeout_s)
         except asyncio.TimeoutError:
             return False
         return not close
@@ -436,6 +436,13 @@ class _Head:
     expect_continue: bool
 
 
+async def _within(awaitable, seconds: float):
+    """`awaitable`, or asyncio.TimeoutError after `seconds` (asyncio.timeout: no task per call,
+    which wait_for costs in every request)."""
+    async with asyncio.timeout(seconds):
+        return await awaitable
+
+
 class _HttpError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -482,7 +489,7 @@ def _parse_head(head: bytes) -> _Head:
 
 
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"\\')
 _EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
 
 
@@ -491,7 +498,8 @@ def json_depth_ok(raw: bytes, max_depth: int) -> bool:
     the parser recurses). Each pass removes the innermost containers, one level."""
     if raw.count(b"[") + raw.count(b"{") <= max_depth:
         return True
-    s = _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    # brackets, quotes and backslashes only (in C, fast); then strings, with any brackets in them, go
+    s = _STRINGS.sub(b"", raw.translate(None, _NOT_STRUCTURE))
     for _ in range(max_depth):
         if not s:
             return True

@@ -10,6 +10,7 @@ and the coordinator share them.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 from dataclasses import dataclass
@@ -138,6 +139,12 @@ def parse_report(body) -> ReportIn:
         raise CoordinatorError(f"changes: at most {MAX_PATHS} in one report, got {len(raw)}")
     changes = []
     for i, c in enumerate(raw):
+        if type(c) is dict:  # the common case inline, as for paths
+            cid, state, reason = c.get("id"), c.get("state"), c.get("reason")
+            if (type(cid) is int and 0 <= cid <= MAX_ID and type(state) is str and state in _STATES
+                    and (reason is None or (type(reason) is str and len(reason) <= MAX_TEXT))):
+                changes.append(ChangeIn(cid, state, reason))
+                continue
         at = f"changes[{i}]."
         _object(c, at[:-1])
         changes.append(ChangeIn(_int(_get(c, "id", int, at), f"{at}id", 0, MAX_ID), _state(c, at), _reason(c, at)))
@@ -259,12 +266,21 @@ def _host(v, where: str) -> str:
     return v
 
 
+@functools.lru_cache(maxsize=65536)
+def _canonical_address(v: str) -> str | None:
+    """The address in its canonical form, or None. Cached: a fleet's hops are a few thousand router
+    addresses, repeated in every registration, and parsing one costs microseconds."""
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        return None
+
+
 def _address(v, where: str) -> str:
     if isinstance(v, str) and len(v) <= 64:
-        try:
-            return str(ipaddress.ip_address(v))
-        except ValueError:
-            pass
+        a = _canonical_address(v)
+        if a is not None:
+            return a
     shown = repr(v[:70]) if isinstance(v, str) else _kind(v)
     raise CoordinatorError(f"{where}: expected an IP address, got {shown}")
 
@@ -292,27 +308,70 @@ def _reason(p: dict, at: str) -> str | None:
     return _text(r, f"{at}reason", MAX_TEXT)
 
 
+_STATES = frozenset(STATE_NAMES)
+
+
 def _paths(raw: list) -> tuple[PathIn, ...]:
     if len(raw) > MAX_PATHS:
         raise CoordinatorError(f"paths: at most {MAX_PATHS} in one request, got {len(raw)}")
     out, seen = [], set()
     for i, p in enumerate(raw):
-        at = f"paths[{i}]."
-        _object(p, at[:-1])
-        pid = _int(_get(p, "id", int, at), f"{at}id", 0, MAX_ID)
-        if pid in seen:
-            raise CoordinatorError(f"{at}id: {pid} appears twice in paths")
-        seen.add(pid)
-        hops = p.get("hops")
-        hops = [] if hops is None else hops
-        if not isinstance(hops, list) or len(hops) > MAX_HOPS:
-            raise CoordinatorError(f"{at}hops: expected a list of router addresses (or null), at most {MAX_HOPS}, "
-                                   f"got {_kind(hops) if not isinstance(hops, list) else f'{len(hops)} hops'}")
-        hops_t = tuple(None if h is None else _address(h, f"{at}hops[{j}]") for j, h in enumerate(hops))
-        peer_addr = p.get("peer_addr", "")
-        peer_addr = "" if peer_addr == "" else _address(peer_addr, f"{at}peer_addr")
-        sport = _int(p.get("sport", 0), f"{at}sport", 0, 65535)
-        out.append(PathIn(pid, _host(_get(p, "peer", str, at), f"{at}peer"),
-                          _int(_get(p, "plane", int, at), f"{at}plane", 0, MAX_PLANES - 1), sport, hops_t, peer_addr,
-                          _state(p, at), _reason(p, at)))
+        # the common case checked inline (a registration carries thousands of paths); anything
+        # off goes to _path_checked, which names the field
+        path = _path_fast(p)
+        if path is None:
+            path = _path_checked(i, p)
+        if path.id in seen:
+            raise CoordinatorError(f"paths[{i}].id: {path.id} appears twice in paths")
+        seen.add(path.id)
+        out.append(path)
     return tuple(out)
+
+
+def _path_fast(p) -> PathIn | None:
+    """The path if every field is as it should be, else None (nothing said about why)."""
+    if type(p) is not dict:
+        return None
+    pid, peer, plane, sport = p.get("id"), p.get("peer"), p.get("plane"), p.get("sport", 0)
+    state, reason, peer_addr, hops = p.get("state"), p.get("reason"), p.get("peer_addr", ""), p.get("hops")
+    if not (type(pid) is int and 0 <= pid <= MAX_ID and type(plane) is int and 0 <= plane < MAX_PLANES
+            and type(sport) is int and 0 <= sport <= 65535 and type(state) is str and state in _STATES
+            and (reason is None or (type(reason) is str and len(reason) <= MAX_TEXT))
+            and type(peer) is str and HOST_NAME_RE.fullmatch(peer)):
+        return None
+    if peer_addr != "":
+        peer_addr = _canonical_address(peer_addr) if type(peer_addr) is str and len(peer_addr) <= 64 else None
+        if peer_addr is None:
+            return None
+    if hops is None:
+        hops_t: tuple = ()
+    elif type(hops) is list and len(hops) <= MAX_HOPS:
+        canonical = []
+        for h in hops:
+            a = None if h is None else _canonical_address(h) if type(h) is str and len(h) <= 64 else False
+            if a is None and h is not None or a is False:
+                return None
+            canonical.append(a)
+        hops_t = tuple(canonical)
+    else:
+        return None
+    return PathIn(pid, peer, plane, sport, hops_t, peer_addr, state, reason)
+
+
+def _path_checked(i: int, p) -> PathIn:
+    """The path, each field checked in turn; the first wrong one is refused by name."""
+    at = f"paths[{i}]."
+    _object(p, at[:-1])
+    pid = _int(_get(p, "id", int, at), f"{at}id", 0, MAX_ID)
+    hops = p.get("hops")
+    hops = [] if hops is None else hops
+    if not isinstance(hops, list) or len(hops) > MAX_HOPS:
+        raise CoordinatorError(f"{at}hops: expected a list of router addresses (or null), at most {MAX_HOPS}, "
+                               f"got {_kind(hops) if not isinstance(hops, list) else f'{len(hops)} hops'}")
+    hops_t = tuple(None if h is None else _address(h, f"{at}hops[{j}]") for j, h in enumerate(hops))
+    peer_addr = p.get("peer_addr", "")
+    peer_addr = "" if peer_addr == "" else _address(peer_addr, f"{at}peer_addr")
+    sport = _int(p.get("sport", 0), f"{at}sport", 0, 65535)
+    return PathIn(pid, _host(_get(p, "peer", str, at), f"{at}peer"),
+                  _int(_get(p, "plane", int, at), f"{at}plane", 0, MAX_PLANES - 1), sport, hops_t, peer_addr,
+                  _state(p, at), _reason(p, at))
