@@ -426,3 +426,86 @@ def test_garbage_reports_are_refused_cleanly(coord, body):
             assert snapshot(coord) == before
     coord.tick(1001.0)
     assert coord.status(1001.0)["agents"] >= 4
+
+
+def _fleet_without_model(tmp_path, n: int):
+    store = Store(str(tmp_path / "c.db"))
+    c = Coordinator(store, None, now=0.0)
+    for i in range(n):
+        c.register(_ident(i), 0.0)
+    c.tick(2.0)
+    return c, store
+
+
+def _ident(i: int, nic: str | None = None) -> dict:
+    return {"name": f"h{i}", "agent_id": i + 1, "service": f"198.18.0.{i + 1}",
+            "nics": {"0": nic or f"198.18.64.{i + 1}"}, "paths": []}
+
+
+def test_plan_answers_after_a_change_carry_only_the_change(tmp_path):
+    """Without a fabric model every agent probes every other: a join must not send each agent
+    the whole fleet again (N agents x N peers per round), only the joiner."""
+    c, store = _fleet_without_model(tmp_path, 50)
+    held = {f"h{i}": c.report({"name": f"h{i}", "plan_deltas": True}, 2.0) for i in range(50)}
+    assert all(len(a["plan"]["peers"]) == 49 for a in held.values())  # a first plan is whole
+    c.register(_ident(50), 3.0)
+    c.tick(5.0)
+    for i in range(50):
+        a = c.report({"name": f"h{i}", "plan_version": held[f"h{i}"]["plan_version"], "plan_deltas": True}, 5.0)
+        assert "plan" not in a and a["plan_delta"]["from"] == held[f"h{i}"]["plan_version"]
+        assert [p["name"] for p in a["plan_delta"]["peers"]] == ["h50"] and a["plan_delta"]["remove"] == []
+    v = c.plan_version
+    c.decommission("h7", "gone", "alice", 6.0)
+    c.register(_ident(3, nic="198.18.65.4"), 6.0)  # h3's NIC changed: its peers must hear of it
+    c.tick(8.0)
+    d = c.report({"name": "h0", "plan_version": v, "plan_deltas": True}, 8.0)["plan_delta"]
+    assert d["remove"] == ["h7"] and [(p["name"], p["nics"]) for p in d["peers"]] == [("h3", {"0": "198.18.65.4"})]
+    # an agent that does not take deltas, or holds a version too old or unknown, gets it whole
+    assert len(c.report({"name": "h0", "plan_version": v}, 8.0)["plan"]["peers"]) == 49
+    assert len(c.report({"name": "h0", "plan_version": 0, "plan_deltas": True}, 8.0)["plan"]["peers"]) == 49
+    store.close()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_an_agent_applying_deltas_holds_the_coordinators_plan(tmp_path, seed):
+    """The agent's side (CoordinatorLink) applies each answer to the plan it holds; after any
+    sequence of joins, leaves, returns and address changes it probes exactly the peers the
+    coordinator's whole plan names, with their current addresses."""
+    import random
+
+    from linkpass.agent.config import CoordinatorLinkConfig
+    from linkpass.agent.coordinator_link import CoordinatorLink
+
+    token = tmp_path / "t"
+    token.write_text("lpa1.h0.x\n")
+    got = []
+    link = CoordinatorLink(CoordinatorLinkConfig("http://127.0.0.1:9", str(token)), lambda: {"name": "h0"},
+                           lambda: [], lambda d: None, got.append, lambda *a, **k: None)
+    c, store = _fleet_without_model(tmp_path, 20)
+    rng = random.Random(seed)
+    now, present = 2.0, set(range(20))
+    link._answer(c.report({"name": "h0", "plan_deltas": True}, now))
+    for step in range(60):
+        i = rng.randrange(1, 30)
+        if i in present and rng.random() < 0.4:
+            c.decommission(f"h{i}", "test", "alice", now)
+            present.discard(i)
+        else:
+            c.register(_ident(i, nic=f"198.18.{64 + rng.randrange(3)}.{i + 1}"), now)
+            present.add(i)
+        now += 1.5
+        c.tick(now)
+        if rng.random() < 0.7:  # some answers are missed: the next delta spans several versions
+            link._answer(c.report({**link._versions(), "name": "h0"}, now))
+    now += 1.5
+    c.tick(now)
+    link._answer(c.report({**link._versions(), "name": "h0"}, now))
+    want = {p["name"]: p for p in c.plan_for("h0", now)["peers"]}
+    assert {p["name"]: p for p in got[-1]["peers"]} == want
+    assert link.plan_version == c.plan_version
+    # a delta that does not start where the agent is, is dropped and the whole plan asked for
+    link._answer({"plan_version": 999, "drain_version": 0, "plan_delta": {"from": 3, "version": 999, "peers": [],
+                                                                        "remove": ["h1"]}})
+    assert link.plan_version is None and {p["name"] for p in got[-1]["peers"]} == set(want)
+    link.client.close()
+    store.close()

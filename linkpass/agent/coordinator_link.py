@@ -11,6 +11,12 @@ coordinator said (drained link addresses, the probe plan) for the main loop to a
 
 While the coordinator is unreachable the thread retries with backoff (0.5 s doubling to 5 s) and
 logs once when it goes away and once when it is back.
+
+Plans come whole (`plan`) or, once the agent holds one, as the change from its version
+(`plan_delta`: peers to add or refresh, names to drop), so a plan change costs the coordinator
+what changed rather than the fleet. This thread applies a delta to the plan it holds and hands
+the main loop a whole plan either way. A delta that does not start from the version held, or
+does not parse, is dropped and the whole plan asked for (plan_version None).
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ class CoordinatorLink:
         self.reachable = True
         self.drain_version: int | None = None
         self.plan_version: int | None = None
+        self.plan_peers: dict[str, dict] | None = None  # the plan held: peer name -> its entry
         self.sent: dict[int, tuple] = {}
         self.stats = {"reports": 0, "registrations": 0, "failures": 0, "refusals": 0}
         self._stop = threading.Event()
@@ -106,12 +113,13 @@ class CoordinatorLink:
                 self._stop.wait(5.0)
 
     def _versions(self) -> dict:
-        return {"name": self.identity()["name"], "drain_version": self.drain_version, "plan_version": self.plan_version}
+        return {"name": self.identity()["name"], "drain_version": self.drain_version, "plan_version": self.plan_version,
+                "plan_deltas": True}
 
     def _register(self) -> None:
         rows = self.rows()
-        answer = self.client.post("/v1/register", {**self.identity(), "paths": rows,
-                                                   "drain_version": None, "plan_version": None})
+        answer = self.client.post("/v1/register", {**self.identity(), "paths": rows, "drain_version": None,
+                                                   "plan_version": None, "plan_deltas": True})
         self.sent = {r["id"]: _mark(r) for r in rows}
         self.registered = True
         self.stats["registrations"] += 1
@@ -122,9 +130,34 @@ class CoordinatorLink:
         if "drains" in answer:
             self.on_drains(answer["drains"])
         self.drain_version = answer.get("drain_version")
-        if "plan" in answer:
-            self.on_plan(answer["plan"])
+        plan = answer.get("plan")
+        if plan is None and "plan_delta" in answer:
+            plan = self._apply_delta(answer["plan_delta"])
+            if plan is None:
+                self.stats["plan_deltas_dropped"] = self.stats.get("plan_deltas_dropped", 0) + 1
+                self.plan_version = None  # ask for the whole plan with the next report
+                return
+        if plan is not None:
+            peers = plan.get("peers") if isinstance(plan, dict) else None
+            if isinstance(peers, list):
+                self.plan_peers = {p["name"]: p for p in peers if isinstance(p, dict) and isinstance(p.get("name"), str)}
+            self.on_plan(plan)
         self.plan_version = answer.get("plan_version")
+
+    def _apply_delta(self, delta) -> dict | None:
+        """The whole plan after `delta`, or None if it cannot be applied to the plan held."""
+        if (not isinstance(delta, dict) or self.plan_peers is None or delta.get("from") != self.plan_version
+                or not isinstance(delta.get("peers"), list) or not isinstance(delta.get("remove"), list)):
+            return None
+        peers = dict(self.plan_peers)
+        for name in delta["remove"]:
+            if isinstance(name, str):
+                peers.pop(name, None)
+        for p in delta["peers"]:
+            if not (isinstance(p, dict) and isinstance(p.get("name"), str)):
+                return None
+            peers[p["name"]] = p
+        return {"version": delta.get("version"), "peers": list(peers.values())}
 
 
 def _mark(row: dict) -> tuple:

@@ -32,6 +32,7 @@ from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, Refused, Re
 from .store import Store
 
 PLAN_REVISE_S = 1.0
+PLAN_HISTORY = 16  # plan versions kept to answer agents with a delta from theirs
 TOUCH_S = 10.0
 RETAIN_EVERY_S = 60.0  # old events are pruned this often
 def _no_cost() -> float:
@@ -120,6 +121,11 @@ class Coordinator:
         self.drain_version = int(self.store.get_meta("drain_version") or 0)
         self.plan_version = int(self.store.get_meta("plan_version") or 0)
         self._plan_hosts: tuple[str, ...] = ()
+        self._plan_members: frozenset[str] = frozenset()
+        # version -> (members, plan, names whose reachability info changed into that version)
+        self._plan_log: dict[int, tuple[frozenset, object, frozenset]] = {}
+        self._info_changed: set[str] = set()  # since the last plan version
+        self._delta_cache: dict[tuple[int, int], tuple[frozenset, frozenset]] = {}
         self._plan = None
         self._plan_at: float | None = None
         self._members_changed = True  # an agent joined, was lost or returned since the last plan
@@ -168,6 +174,10 @@ class Coordinator:
         if known is None or known.lost:
             self.store.event("agent", name, name, what="registered" if known is None else "returned",
                              agent_id=req.agent_id, paths=len(req.paths))
+            self._members_changed = True
+        if known is not None and (known.agent_id, known.info["service"], known.info["nics"]) != \
+                (req.agent_id, req.service, info["nics"]):
+            self._info_changed.add(name)  # its peers must learn its new addresses (even if it was away)
             self._members_changed = True
         first = known.first_seen if known else now
         self.agents[name] = AgentRecord(name, req.agent_id, info, first, now)
@@ -262,9 +272,13 @@ class Coordinator:
         if req.drain_version != self.drain_version:
             out["drains"] = self.drain_addresses()
         self._current_plan(now)
-        planned = name in self._plan_hosts
+        planned = name in self._plan_members
         if planned and req.plan_version != self.plan_version:
-            out["plan"] = self.plan_for(name, now)
+            delta = self._plan_delta(name, req.plan_version) if req.plan_deltas else None
+            if delta is not None:
+                out["plan_delta"] = delta
+            else:
+                out["plan"] = self.plan_for(name, now)
         out["plan_version"] = self.plan_version if planned else None
         return out
 
@@ -291,6 +305,7 @@ class Coordinator:
         self.agents.pop(host, None)
         self.store.forget_agent(host)
         self._members_changed = True
+        self._info_changed.add(host)  # back within the same plan revision, it may have new addresses
 
     # ---- periodic ----------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -364,8 +379,9 @@ class Coordinator:
             return self._plan
         self._members_changed = False
         hosts = tuple(sorted(n for n, a in self.agents.items() if not a.lost))
-        if hosts != self._plan_hosts:
+        if hosts != self._plan_hosts or self._info_changed:
             self._plan_hosts = hosts
+            self._plan_members = frozenset(hosts)
             self._plan_at = now
             if self.model is not None:
                 known = [h for h in hosts if h in self.model.hosts]
@@ -377,7 +393,58 @@ class Coordinator:
                 self._plan = None
             self.plan_version += 1
             self.store.set_meta("plan_version", str(self.plan_version))
+            self._plan_log[self.plan_version] = (self._plan_members, self._plan, frozenset(self._info_changed))
+            self._info_changed.clear()
+            for v in [v for v in self._plan_log if v <= self.plan_version - PLAN_HISTORY]:
+                del self._plan_log[v]
+            self._delta_cache.clear()
         return self._plan
+
+    def _plan_delta(self, host: str, since: int | None) -> dict | None:
+        """The change from plan version `since` (which the agent holds) to the current one, for
+        `host`: the peers to add or refresh and the names to drop. So an answer after a plan
+        change costs what changed, not the whole fleet. None when `since` is too old (or unknown,
+        as after a restart): the agent then gets the whole plan."""
+        old, cur = self._plan_log.get(since), self._plan_log.get(self.plan_version)
+        if old is None or cur is None:
+            return None
+        members, plan, _ = cur
+        joined_or_left, info = self._changed_between(since, self.plan_version)
+        if plan is not None and host in self.model.hosts:
+            new_peers = set(plan.peers_of(host))
+            old_peers = set(old[1].peers_of(host)) if old[1] is not None else set()
+            add = (new_peers - old_peers) | (info & new_peers)
+            remove = old_peers - new_peers
+        else:  # no fabric model: every member probes every other; what changed is who is a member
+            changed = joined_or_left | info
+            add = {n for n in changed if n in members}
+            remove = set(changed - members)
+        add.discard(host)
+        remove.discard(host)
+        return {"from": since, "version": self.plan_version, "peers": self._peer_docs(sorted(add)),
+                "remove": sorted(remove)}
+
+    def _changed_between(self, since: int, now_v: int) -> tuple[frozenset, frozenset]:
+        """Between plan versions `since` and `now_v`: the names that joined or left, and those
+        whose reachability info changed; computed once per pair of versions, however many agents
+        ask (each answer then costs what changed)."""
+        key = (since, now_v)
+        if key not in self._delta_cache:
+            info: set[str] = set()
+            for v in range(since + 1, now_v + 1):
+                if v in self._plan_log:
+                    info |= self._plan_log[v][2]
+            self._delta_cache[key] = (self._plan_log[since][0] ^ self._plan_log[now_v][0], frozenset(info))
+        return self._delta_cache[key]
+
+    def _peer_docs(self, names) -> list[dict]:
+        out = []
+        for n in names:
+            a = self.agents.get(n)
+            if a is not None:
+                out.append({"name": n, "agent_id": a.agent_id, "service": a.info["service"],
+                            "nics": {str(k): v for k, v in a.info["nics"].items()}})
+        return out
 
     def plan_for(self, host: str, now: float) -> dict | None:
         """Which peers `host` should probe, with what the agent needs to reach them; None if
@@ -385,19 +452,13 @@ class Coordinator:
         if host not in self.agents:
             return None
         plan = self._current_plan(now)
-        if host not in self._plan_hosts:
+        if host not in self._plan_members:
             return None
         if plan is not None and host in self.model.hosts:
             names = plan.peers_of(host)
         else:  # no fabric model: everyone probes everyone it can reach
-            names = sorted(n for n in self._plan_hosts if n != host)
-        peers = []
-        for n in names:
-            a = self.agents.get(n)
-            if a is not None:
-                peers.append({"name": n, "agent_id": a.agent_id, "service": a.info["service"],
-                              "nics": {str(k): v for k, v in a.info["nics"].items()}})
-        return {"version": self.plan_version, "peers": peers}
+            names = [n for n in self._plan_hosts if n != host]
+        return {"version": self.plan_version, "peers": self._peer_docs(names)}
 
     # ---- drains ------------------------------------------------------------------------
     def drain_addresses(self) -> list[dict]:

@@ -75,6 +75,7 @@ class RegisterIn:
     paths: tuple[PathIn, ...]
     drain_version: int | None
     plan_version: int | None
+    plan_deltas: bool = False  # the agent applies plan deltas (else it gets whole plans)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class ReportIn:
     changes: tuple[ChangeIn, ...]
     drain_version: int | None
     plan_version: int | None
+    plan_deltas: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ def parse_register(body) -> RegisterIn:
                       service=_address(_get(body, "service", str, ""), "service"), nics=nics,
                       version=_text(body.get("version", ""), "version", MAX_TEXT), api_port=api_port,
                       paths=_paths(_get(body, "paths", list, "")),
-                      drain_version=_version(body, "drain_version"), plan_version=_version(body, "plan_version"))
+                      drain_version=_version(body, "drain_version"), plan_version=_version(body, "plan_version"),
+                      plan_deltas=_bool(body, "plan_deltas"))
 
 
 def parse_report(body) -> ReportIn:
@@ -149,7 +152,7 @@ def parse_report(body) -> ReportIn:
         _object(c, at[:-1])
         changes.append(ChangeIn(_int(_get(c, "id", int, at), f"{at}id", 0, MAX_ID), _state(c, at), _reason(c, at)))
     return ReportIn(_host(_get(body, "name", str, ""), "name"), paths, tuple(changes),
-                    _version(body, "drain_version"), _version(body, "plan_version"))
+                    _version(body, "drain_version"), _version(body, "plan_version"), _bool(body, "plan_deltas"))
 
 
 def parse_drain(body, undrain: bool = False) -> DrainIn:
