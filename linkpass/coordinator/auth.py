@@ -23,7 +23,7 @@ needs no list of hosts, a new host needs only `linkpass coordinator token HOST`,
 lets its holder report as that one host and no other. Rotating the secret revokes every derived
 token at once (one host's alone cannot be revoked: give it a listed entry after rotation).
 
-`ensure_tokens(dir)` makes the reader and operator tokens and the agent secret on first start
+`ensure_tokens(dir)` makes the reader and operator tokens, and `ensure_secret(path)` the agent secret,
 (the embedded default) and writes each token to <dir>/<role>.token (mode 0600) for the local CLI.
 """
 from __future__ import annotations
@@ -147,13 +147,18 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+def ensure_secret(path: str) -> str:
+    """The agent secret at `path`, made (32 random bytes, hex, mode 0600) if missing."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    if not os.path.exists(path):
+        write_private(path, secrets.token_hex(32) + "\n")
+    return path
+
+
 def ensure_tokens(directory: str) -> str:
-    """The tokens file in `directory`, created with a reader and an operator token if missing, and
-    the agent secret beside it if missing; returns the tokens file's path."""
+    """The tokens file in `directory`, created with a reader and an operator token if missing;
+    returns its path."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    secret_path = os.path.join(directory, SECRET_FILE)
-    if not os.path.exists(secret_path):
-        write_private(secret_path, secrets.token_hex(32) + "\n")
     path = os.path.join(directory, "tokens.yaml")
     if os.path.exists(path):
         return path

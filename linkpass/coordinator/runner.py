@@ -32,7 +32,7 @@ import time
 
 from ..core.fabric import FabricError, FabricModel
 from ..core.constants import COORDINATOR_LISTEN
-from .auth import SECRET_FILE, AuthError, Tokens, ensure_tokens, read_agent_secret
+from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
 from .http import CoordinatorServer, Limits
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import Store
@@ -128,9 +128,8 @@ def start(settings: dict) -> CoordinatorServer:
     config, limits = check_settings(settings)
     state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
     host, port = parse_listen(settings.get("listen") or COORDINATOR_LISTEN)
-    made = ensure_tokens(state_dir)
-    tokens_path = settings.get("tokens") or made
-    secret_path = settings.get("agent_secret") or os.path.join(state_dir, SECRET_FILE)
+    tokens_path = settings.get("tokens") or ensure_tokens(state_dir)
+    secret_path = settings.get("agent_secret") or ensure_secret(os.path.join(state_dir, SECRET_FILE))
     try:
         secret = read_agent_secret(secret_path)
         with open(tokens_path) as f:
