@@ -23,8 +23,9 @@ needs no list of hosts, a new host needs only `linkpass coordinator token HOST`,
 lets its holder report as that one host and no other. Rotating the secret revokes every derived
 token at once (one host's alone cannot be revoked: give it a listed entry after rotation).
 
-`ensure_tokens(dir)` makes the reader and operator tokens, and `ensure_secret(path)` the agent secret,
-(the embedded default) and writes each token to <dir>/<role>.token (mode 0600) for the local CLI.
+On first start (the embedded default) `ensure_tokens(dir)` makes the reader and operator tokens,
+writing each to <dir>/<role>.token (mode 0600) for the local CLI, and `ensure_secret(path)` the
+agent secret.
 """
 from __future__ import annotations
 
