@@ -410,3 +410,4 @@ def test_a_flood_of_half_sent_requests_does_not_lock_anyone_out(tmp_path):
             sk.close()
         srv.close()
         srv.coordinator.store.close()
+

@@ -186,7 +186,14 @@ class CoordinatorServer:
             self.log("connection_failed", error=traceback.format_exc(limit=5))
         finally:
             self._conns.pop(conn, None)
-            writer.transport.abort()
+            # close, not abort: an answer still in the transport's buffer is sent first (a large
+            # one to a `Connection: close` client would be cut off); a peer that does not read it
+            # is dropped after read_timeout_s
+            writer.close()
+            try:
+                await _within(writer.wait_closed(), self.limits.read_timeout_s)
+            except (asyncio.TimeoutError, ConnectionError, asyncio.CancelledError):
+                writer.transport.abort()
 
     def _evict(self) -> bool:
         """Make room: close the connection that has waited longest for its next request."""
