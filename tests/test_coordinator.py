@@ -509,3 +509,27 @@ def test_an_agent_applying_deltas_holds_the_coordinators_plan(tmp_path, seed):
     assert link.plan_version is None and {p["name"] for p in got[-1]["peers"]} == set(want)
     link.client.close()
     store.close()
+
+
+@pytest.mark.parametrize("settings,words", [
+    ({"retention_days": 3}, "settings.retention_days: not a coordinator setting"),
+    ({"event_retention_s": -1}, "settings.event_retention_s: expected a number"),
+    ({"event_retention_count": 1.5}, "settings.event_retention_count: expected an integer"),
+    ({"max_body_bytes": float("inf")}, "settings.max_body_bytes"),
+    ({"max_connections": True}, "settings.max_connections"),
+    ({"agent_timeout_s": 60, "agent_expire_s": 30}, "settings.agent_expire_s: 30 s must be longer than agent_timeout_s"),
+])
+def test_coordinator_settings_are_checked_by_name(settings, words):
+    from linkpass.coordinator.runner import check_settings
+
+    with pytest.raises(CoordinatorError, match=words):
+        check_settings(settings)
+
+
+def test_coordinator_settings_reach_the_coordinator_and_the_endpoint():
+    from linkpass.coordinator.runner import check_settings
+
+    config, limits = check_settings({"event_retention_s": 3600, "event_retention_count": 500, "agent_expire_s": 600,
+                                     "max_body_bytes": 65536, "read_timeout_s": 2, "state_dir": "/x"})
+    assert (config.event_retention_s, config.event_retention_count, config.agent_expire_s) == (3600.0, 500, 600.0)
+    assert (limits.max_body_bytes, limits.read_timeout_s) == (65536, 2.0)
