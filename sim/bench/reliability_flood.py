@@ -35,6 +35,7 @@ from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: E402
 from linkpass.coordinator.client import Client, Refusal, Unreachable  # noqa: E402
+from linkpass.core.names import host_name  # noqa: E402
 
 HALF_SENT = 1000
 MAX_CONNECTIONS = 256
@@ -155,8 +156,8 @@ def coordinator_flood(args) -> list[dict]:
         reader = open(os.path.join(state, "reader.token")).read().strip()
         secret = read_agent_secret(os.path.join(state, "agent.secret"))
         for i in range(4):
-            with Client(url, agent_token(secret, f"h{i}")) as c:
-                c.post("/v1/register", {"name": f"h{i}", "agent_id": i + 1, "service": f"198.18.0.{i + 1}",
+            with Client(url, agent_token(secret, host_name(i))) as c:
+                c.post("/v1/register", {"name": host_name(i), "agent_id": i + 1, "service": f"198.18.0.{i + 1}",
                                         "nics": {}, "paths": []})
         progress(f"no flood: {n} status calls")
         calm, calm_failed = status_latencies(url, reader, n)
