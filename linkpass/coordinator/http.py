@@ -9,9 +9,10 @@
     POST /v1/decommission          {host, reason, dry_run}              role operator
     GET  /metrics                                                       Prometheus (no token)
 
-One asyncio loop owns every connection; a few worker threads (`Limits.workers`) run requests
-against the `Coordinator`, serialised by one lock. So a connection costs a coroutine, not a
-thread, and slow or idle clients cannot starve anyone:
+One asyncio loop owns every connection. Requests against the `Coordinator` are serialised by
+one lock: a small one the loop runs itself when the lock is free, the rest a few worker threads
+(`Limits.workers`) take, so the loop never waits for the lock. So a connection costs a
+coroutine, not a thread, and slow or idle clients cannot starve anyone:
 
 - the request head must arrive within `read_timeout_s` of its first byte, and the body within
   `read_timeout_s` more; a kept-alive connection idle for `idle_timeout_s` is closed;
