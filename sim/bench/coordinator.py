@@ -20,6 +20,8 @@ recall), localize-16k-update (latency us per update() call, the trial's bad and 
 ones; the initial ingest of the healthy fleet is in `initial_ingest_us`).
 ingest (rate, path reports per second through the real endpoint: the coordinator as a Ray actor,
 HTTP/JSON, token auth, SQLite; a rate's bad tail is its low end, so "p99" is the 1 % quantile).
+plan-round (ms to answer every agent once after one joined, no fabric model so each probes every
+other, 1 000 agents, in-process: agents that take plan deltas, against the same with whole plans).
 failover-coordinator-away (fault_to_reroute ms at h0 with the coordinator gone, against the same
 agents with a live coordinator actor in the same run; root, testbed; --no-failover skips it).
 Targets: findings() <= 100 ms, precision and recall >= 99 %, ingest >= 20 000 reports/s.
@@ -330,6 +332,51 @@ def ingest_rates(url: str, tokens: dict[str, str], case: str, hosts: list[str], 
     return rates
 
 
+PLAN_ROUND_AGENTS = 1000
+
+
+def case_plan_round(fleet: Fleet, args, shared: dict) -> list[dict]:
+    """A report round after a plan change: every agent reports once, holding the previous plan.
+    Without a fabric model every agent probes every other, so a whole plan per answer makes the
+    round O(N^2); deltas make it O(changes)."""
+    from linkpass.coordinator.coordinator import Coordinator
+    from linkpass.coordinator.store import Store
+
+    def ident(i: int) -> dict:
+        return {"name": host_name(i), "agent_id": i + 1, "service": f"198.18.{i // 250}.{i % 250 + 1}",
+                "nics": {"0": f"198.19.{i // 250}.{i % 250 + 1}"}, "paths": []}
+
+    def rounds(deltas: bool, trials: int) -> list[float]:
+        work = tempfile.mkdtemp(prefix="linkpass-bench-plan-")
+        store = Store(os.path.join(work, "c.db"))
+        c = Coordinator(store, None, now=0.0)
+        for i in range(PLAN_ROUND_AGENTS):
+            c.register(ident(i), 0.0)
+        now = 2.0
+        c.tick(now)
+        held = {host_name(i): c.report({"name": host_name(i), "plan_deltas": deltas}, now)["plan_version"]
+                for i in range(PLAN_ROUND_AGENTS)}
+        out = []
+        for k in range(trials):
+            c.register(ident(PLAN_ROUND_AGENTS + k), now)  # one joins
+            now += 2.0
+            c.tick(now)
+            t = time.perf_counter()
+            for h in held:
+                a = c.report({"name": h, "plan_version": held[h], "drain_version": 0, "plan_deltas": deltas}, now)
+                json.dumps(a)  # what the endpoint then encodes
+                held[h] = a["plan_version"]
+            out.append(round((time.perf_counter() - t) * 1000, 3))
+            progress(f"plan round {'deltas' if deltas else 'whole plans'} {k + 1}/{trials}: {out[-1]:.0f} ms")
+        store.close()
+        shutil.rmtree(work, ignore_errors=True)
+        return out
+
+    fast = rounds(True, 5 if args.quick else 20)
+    slow = rounds(False, 1 if args.quick else 3)
+    return [row("plan-round", "round", "ms", fast, "whole plans", slow, agents=PLAN_ROUND_AGENTS)]
+
+
 def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dict]:
     """Agents fail over alone: fault -> route at h0 with the coordinator gone (agents configured
     for one that does not answer) against the same agents reporting to a live coordinator actor,
@@ -383,6 +430,7 @@ CASES = [
     case_localize_double,
     case_localize_update,
     case_ingest,
+    case_plan_round,
     case_failover_coordinator_away,
 ]
 
