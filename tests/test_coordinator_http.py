@@ -373,13 +373,15 @@ def test_refusals_are_rate_limited_and_summarised(tmp_path):
     try:
         before = len(srv.coordinator.store.events(limit=10**6))
         codes = []
+        t0 = time.monotonic()
         with connect(srv, None) as anon:
             for _ in range(200):
                 try:
                     anon.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
                 except Refusal as exc:
                     codes.append(exc.status)
-        assert codes.count(401) <= 25 and codes.count(429) >= 170  # the burst, then a little refill
+        refill = (time.monotonic() - t0) * 1.0 + 1  # refusal_rate_per_s over the run (each 429 costs a handshake)
+        assert codes.count(401) <= 20 + refill and codes.count(429) >= 200 - 20 - refill  # the burst, then the refill
         srv.flush_refusals()
         new = srv.coordinator.store.events(limit=10**6)[before:]
         assert len(new) == 1 and new[0]["actor"] == "unauthenticated" and new[0]["detail"]["requests"] == len(codes)

@@ -192,6 +192,8 @@ class CoordinatorServer:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
+        except ssl.SSLError:  # a TLS record broken after the handshake (or data after close_notify)
+            self.count("tls")
         except Exception:  # noqa: BLE001 - a connection's failure stays with that connection
             self.count("internal")
             self.log("connection_failed", error=traceback.format_exc(limit=5))
@@ -203,7 +205,7 @@ class CoordinatorServer:
             writer.close()
             try:
                 await _within(writer.wait_closed(), self.limits.read_timeout_s)
-            except (asyncio.TimeoutError, ConnectionError, asyncio.CancelledError):
+            except (asyncio.TimeoutError, OSError, asyncio.CancelledError):  # OSError: ssl.SSLError too
                 writer.transport.abort()
 
     async def _handshake(self, conn: "_Conn", writer: asyncio.StreamWriter) -> bool:
