@@ -337,6 +337,7 @@ def test_agents_refuse_bad_coordinator_answers_and_run_on(clean_faults, tmp_path
     token = tmp_path / "agent.token"
     token.write_text("t0ken\n")
     link = {"url": f"http://{fab.mgmt_root_addr}:{coord.server.server_address[1]}", "token_file": str(token),
+            "insecure_http": True,  # the stand-in coordinator speaks plain HTTP: the test is about answers
             "report_ms": 50}
     ag = Agents(fab, str(tmp_path), [A, B], coordinator=link)
     try:
