@@ -143,6 +143,16 @@ def identity(i: int) -> dict:
             "nics": {str(p): FAB.nic_addr(i, p) for p in range(2)}, "version": "test"}
 
 
+def agent_tokens(state_dir, hosts=range(4)) -> dict[str, str]:
+    """Each host's own agent token, derived from the coordinator's agent secret in `state_dir`."""
+    import os
+
+    from linkpass.coordinator.auth import agent_token, read_agent_secret
+
+    secret = read_agent_secret(os.path.join(str(state_dir), "agent.secret"))
+    return {f"h{i}": agent_token(secret, f"h{i}") for i in hosts}
+
+
 def fail_paths(c: Coordinator, now: float, crossing: set[str], reason="hard_failure", state="down") -> int:
     """Every agent reports its paths that cross any of these directed links as failed."""
     n = 0

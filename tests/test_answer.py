@@ -137,3 +137,43 @@ def test_a_refused_answer_applies_nothing_keeps_the_versions_and_is_logged_once(
 
 
 GOOD_DRAINS = (Drain("p0l0-p0s1", ("198.18.128.0", "198.18.128.1")),)
+
+
+def delta_answer(peers, remove=(), since=2, version=3, **more):
+    return {"drain_version": 5, "plan_version": version,
+            "drains": [{"link": "p1l0-p1s0", "addrs": ["198.18.129.0"]}],
+            "plan_delta": {"from": since, "version": version, "peers": peers, "remove": list(remove)}, **more}
+
+
+@pytest.mark.parametrize("answer,message", [
+    (delta_answer([plan_peer("h3", 4, "h3.example.com")]), "plan_delta.peers[0].service: 'h3.example.com' is not"),
+    (delta_answer([plan_peer("h3", 3, "198.18.0.4", {"0": "198.18.64.7"})]),
+     "plan_delta.peers[0].agent_id: 3 is used by 'h2' too"),  # h2, held, has id 3
+    (delta_answer([plan_peer(f"p{k}", k + 10, f"198.18.1.{k}", {"0": f"198.18.65.{k}"}) for k in range(3)]),
+     "plan_delta: the plan it makes names 5 peers, more than the 4 allowed"),
+    (delta_answer([plan_peer("h1", 2, "198.18.0.9")]), "plan_delta.peers[0]: peer 'h1' (agent 2) differs"),
+    (delta_answer([], remove=[7]), "plan_delta.remove[0]: expected a printable name"),
+    (dict(delta_answer([]), plan_version=4), "plan_delta.version: 3 is not the answer's plan_version 4"),
+    (dict(delta_answer([]), plan=GOOD["plan"]), "plan_delta: given together with plan"),
+])
+def test_a_plan_delta_is_checked_whole_with_the_plan_it_makes_before_anything_applies(tmp_path, answer, message):
+    link, logs, drains, plans = link_under_test(tmp_path)
+    link._answer(GOOD)  # holds plan 2: h2, h1
+    link._answer(answer)
+    assert len(drains) == 1 and len(plans) == 1  # neither its drains nor its plan reached the main loop
+    assert link.drain_version == 4 and link.stats["answers_rejected"] == 1
+    assert link.plan_version is None  # the same delta would come again: the whole plan is asked for
+    rejected = [f["error"] for ev, f in logs if ev == "coordinator_answer_rejected"]
+    assert len(rejected) == 1 and rejected[0].startswith(message), rejected
+
+
+def test_a_good_delta_makes_a_whole_plan_and_a_stale_one_asks_for_it(tmp_path):
+    link, logs, drains, plans = link_under_test(tmp_path)
+    link._answer(GOOD)
+    link._answer(delta_answer([plan_peer("h3", 4, "198.18.0.4", {"0": "198.18.64.7"})], remove=["h2", "h9"]))
+    assert [p.name for p in plans[-1].peers] == ["h1", "h3"] and plans[-1].version == 3
+    assert link.plan_version == 3 and link.drain_version == 5 and len(drains) == 2
+    # from a version the agent does not hold: its drains apply, its plan does not, the whole plan is asked for
+    link._answer(delta_answer([], remove=["h1"], since=1, version=4, drain_version=6))
+    assert len(plans) == 2 and link.plan_version is None and link.drain_version == 6
+    assert link.stats["plan_deltas_dropped"] == 1 and link.stats["answers_rejected"] == 0

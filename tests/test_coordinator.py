@@ -162,8 +162,9 @@ def test_bad_requests_name_the_field(coord):
         coord.drain("p9l9-p9s9", "x", "alice", 1.0)
     with pytest.raises(CoordinatorError, match="needs --reason"):
         coord.drain("p0l0-p0s0", " ", "alice", 1.0)
-    for hops in (5, [1, 2], {"a": 1}):
-        with pytest.raises(CoordinatorError, match="hops: expected a list of router addresses"):
+    for hops, words in ((5, r"paths\[0\]\.hops: expected a list of router addresses"), ({"a": 1}, "hops: expected a list"),
+                        ([1, 2], r"paths\[0\]\.hops\[0\]: expected an IP address")):
+        with pytest.raises(CoordinatorError, match=words):
             coord.report({"name": "h0", "paths": [{"id": 99, "peer": "h1", "plane": 0, "hops": hops, "state": "up"}]},
                          1.0)
     # a non-text reason was an HTTP 500 (found by the property test below: sqlite cannot bind a list)
@@ -213,9 +214,147 @@ def test_without_a_fabric_model_reports_still_work(tmp_path):
     store.close()
 
 
+def snapshot(c: Coordinator) -> tuple:
+    """Everything a request could change, in memory and in the store."""
+    return ({k: (r.state, r.reason, r.hops, r.updated) for k, r in c.paths.items()},
+            {n: (a.agent_id, a.info, a.last_seen, a.lost) for n, a in c.agents.items()},
+            sorted(map(str, c.store.paths())), sorted(map(str, c.store.agents().items())),
+            len(c.store.events(limit=10**6)),
+            {n: set(v) for n, v in c.by_reporter.items() if v})
+
+
+def test_a_refused_request_changes_nothing(coord):
+    """A bad path halfway through `paths` is refused before the good ones before it are taken."""
+    before = snapshot(coord)
+    good = dict(table_of(0)[0], state="down", reason="hard_failure")
+    for call, body in ((coord.report, {"name": "h0", "paths": [good, dict(good, id=77, hops=["198.18.64.0", "x"])]}),
+                       (coord.register, {**identity(0), "paths": [good, dict(good, id=78, sport=70000)]}),
+                       (coord.report, {"name": "h0", "changes": [{"id": 1, "state": "down"}, {"id": 2, "state": "?"}]}),
+                       (coord.report, {"name": "h0", "changes": [{"id": 1, "state": "down"}], "paths": 5})):
+        with pytest.raises(CoordinatorError, match=r"paths\[1\]|changes\[1\]|paths: expected a list"):
+            call(body, 1001.0)
+        assert snapshot(coord) == before, body
+
+
+@pytest.mark.parametrize("body,field", [
+    ({**identity(0), "agent_id": 2**70, "paths": []}, "agent_id: expected an integer 1..4294967295"),
+    ({**identity(0), "agent_id": 0, "paths": []}, "agent_id"),
+    ({**identity(0), "service": "not-an-address", "paths": []}, "service: expected an IP address"),
+    ({**identity(0), "nics": {"0": "198.18.64.300"}, "paths": []}, "nics.0: expected an IP address"),
+    ({**identity(0), "api_port": 70000, "paths": []}, "api_port"),
+    ({**identity(0), "name": "h0/../h1", "paths": []}, "name: expected a host name"),
+    ({**identity(0), "version": "v" * 5000, "paths": []}, "version: expected a string of at most"),
+    ({**identity(0), "paths": [dict(table_of(0)[0]), dict(table_of(0)[0])]}, r"paths\[1\]\.id: 1 appears twice"),
+    ({**identity(0), "paths": [dict(table_of(0)[0], plane=-1)]}, r"paths\[0\]\.plane"),
+    ({**identity(0), "paths": [dict(table_of(0)[0], peer_addr="h1")]}, r"paths\[0\]\.peer_addr: expected an IP"),
+    ({**identity(0), "paths": [dict(table_of(0)[0], id=2**40)]}, r"paths\[0\]\.id"),
+    ({**identity(0), "paths": [dict(table_of(0)[0], hops=["198.18.64.0"] * 100)]}, r"paths\[0\]\.hops: .*at most"),
+    ({**identity(0), "paths": [], "drain_version": "3"}, "drain_version"),
+])
+def test_every_registration_field_is_checked(coord, body, field):
+    before = snapshot(coord)
+    with pytest.raises(CoordinatorError, match=field):
+        coord.register(body, 1001.0)
+    assert snapshot(coord) == before
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"name": "h0", "changes": 5}, "changes: expected a list"),
+    ({"name": "h0", "changes": [5]}, r"changes\[0\]: expected a JSON object"),
+    ({"name": "h0", "changes": [{"id": 2**70, "state": "up"}]}, r"changes\[0\]\.id"),
+    ({"name": "h0", "changes": [{"id": 1, "state": "up", "reason": "r" * 1000}]}, r"changes\[0\]\.reason"),
+    ({"name": "h0", "plan_version": -1}, "plan_version"),
+    ({"name": 7}, "name: expected a string"),
+])
+def test_every_report_field_is_checked(coord, body, field):
+    before = snapshot(coord)
+    with pytest.raises(CoordinatorError, match=field):
+        coord.report(body, 1001.0)
+    assert snapshot(coord) == before
+
+
+@pytest.mark.parametrize("query,field", [
+    ({"limit": "nan"}, "limit"), ({"limit": "inf"}, "limit"), ({"limit": "-1"}, "limit"), ({"limit": "0"}, "limit"),
+    ({"limit": "10001"}, "limit: expected 1..10000"), ({"after": "1e30"}, "after"), ({"after": "-3"}, "after"),
+    ({"after": str(2**70)}, "after"), ({"since": "nan"}, "since"), ({"since": "-inf"}, "since"),
+    ({"since": "1e400"}, "since"), ({"kind": "drain,bogus"}, "kind: 'bogus' is not an event kind"),
+])
+def test_events_queries_are_checked(query, field):
+    from linkpass.coordinator.requests import parse_events_query
+    from linkpass.coordinator.store import EVENT_KINDS
+
+    with pytest.raises(CoordinatorError, match=field):
+        parse_events_query(query, EVENT_KINDS, 10_000)
+
+
+def test_events_query_defaults_and_cap():
+    from linkpass.coordinator.requests import parse_events_query
+    from linkpass.coordinator.store import EVENT_KINDS
+
+    q = parse_events_query({}, EVENT_KINDS, 500)
+    assert (q.since, q.after_id, q.limit, q.kinds) == (0.0, 0, 500, ())
+    assert parse_events_query({"limit": "500", "after": "12", "kind": "drain"}, EVENT_KINDS, 500).limit == 500
+
+
+def test_decommission_forgets_an_agent_and_its_paths(coord, tmp_path):
+    coord.tick(1001.0)
+    fail_paths(coord, 1001.0, {"h3-p0l1:up", "h3-p0l1:down"})
+    assert coord.relocalize(1001.0)  # h3's reports count in a finding
+    dry = coord.decommission("h3", "host retired", "alice", 1002.0, dry_run=True)
+    assert dry == {"host": "h3", "paths": 10, "was_lost": False, "dry_run": True, "changed": False}
+    assert "h3" in coord.agents
+    out = coord.decommission("h3", "host retired", "alice", 1002.0)
+    assert out["changed"] and "h3" not in coord.agents and not coord.by_reporter.get("h3")
+    assert not [k for k in coord.paths if k.startswith("h3/")]
+    assert not [p for p in coord.store.paths() if p["reporter"] == "h3"] and "h3" not in coord.store.agents()
+    ev = [e for e in coord.store.events() if e["kind"] == "agent" and e["subject"] == "h3"][-1]
+    assert ev["actor"] == "alice" and ev["detail"]["what"] == "decommissioned"
+    coord.tick(1003.0)
+    assert "h3" not in [p["name"] for p in coord.plan_for("h0", 1003.0)["peers"]]
+    with pytest.raises(NotFound, match="no agent named 'h3'"):
+        coord.decommission("h3", "again", "alice", 1004.0)
+    # a restarted coordinator does not bring it back
+    c2 = Coordinator(Store(coord.store.path), MODEL, now=1005.0)
+    assert "h3" not in c2.agents and not [k for k in c2.paths if k.startswith("h3/")]
+    c2.store.close()
+
+
+def test_a_silent_agent_expires_and_the_fleet_is_healthy_again(tmp_path):
+    store = Store(str(tmp_path / "c.db"))
+    c = Coordinator(store, MODEL, CoordinatorConfig(agent_timeout_s=10, agent_expire_s=100), now=0.0)
+    for i in range(4):
+        c.register({**identity(i), "paths": table_of(i)}, 0.0)
+    # a name registered once and never heard from again (a spoofed or a dead host)
+    c.register({**identity(0), "name": "ghost", "paths": []}, 0.0)
+    for t in (50.0, 99.0, 101.0):
+        for i in range(4):
+            c.report({"name": f"h{i}"}, t)
+        c.tick(t)
+        assert c.status(t)["health"] == ("critical" if t < 100 else "ok"), t
+    assert "ghost" not in c.agents and "ghost" not in store.agents()
+    assert [e["detail"]["what"] for e in store.events() if e["subject"] == "ghost"] == ["registered", "lost", "expired"]
+    store.close()
+
+
+def test_events_are_kept_by_age_and_by_count(tmp_path):
+    store = Store(str(tmp_path / "c.db"))
+    store.add_events([(float(t), "agent", "x", "h0", {"n": t}) for t in range(1000)])
+    assert store.prune_events(before_ts=100.0, keep=10**6) == 100 and len(store.events(limit=10**6)) == 900
+    assert store.prune_events(before_ts=0.0, keep=50) == 850
+    assert [e["detail"]["n"] for e in store.events(limit=1000)] == list(range(950, 1000))
+    # the coordinator prunes by its settings on its tick
+    c = Coordinator(store, MODEL, CoordinatorConfig(event_retention_s=60, event_retention_count=20), now=5000.0)
+    store.add_events([(4900.0 + t, "agent", "x", "h0", {"n": t}) for t in range(100)])
+    c.tick(5000.0)
+    ts = [e["ts"] for e in store.events(limit=1000)]
+    assert len(ts) <= 20 and min(ts) >= 4940.0
+    store.close()
+
+
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-_json = st.recursive(st.none() | st.booleans() | st.integers(-5, 70000) | st.text(max_size=8),
+_json = st.recursive(st.none() | st.booleans() | st.integers(-5, 70000) | st.integers() | st.floats() |
+                     st.text(max_size=8) | st.sampled_from(["198.18.64.0", "::1", "h1", "up", "down"]),
                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
                      max_leaves=12)
 # mostly well-formed paths with one field at a time going wrong, so deep checks are reached too
@@ -226,18 +365,178 @@ _path = st.fixed_dictionaries({"id": st.integers(1, 40), "peer": st.just("h1"), 
     st.fixed_dictionaries({}, optional={"id": _json, "peer": _json, "plane": _json, "state": _json, "hops": _json})
 
 
+_nasty = st.sampled_from([2**70, -1, 0, 65536, float("nan"), float("inf"), 1e30, "", "x", "h0/../h1", "999.1.1.1",
+                          [], {}, None, True, [[[[]]]], "r" * 300]) | _json
+_good_path = st.builds(lambda row, state: dict(row, state=state), st.sampled_from(table_of(0)),
+                       st.sampled_from(["up", "down", "degraded", "suspect"]))
+
+
+@st.composite
+def _mutated(draw):
+    """A well-formed register or report of h0 with a few fields, anywhere in it, made wrong: the
+    refusal then comes after the good part of the body, where a half-applied request shows."""
+    kind = draw(st.sampled_from(["register", "report-paths", "report-changes"]))
+    paths = draw(st.lists(_good_path, min_size=1, max_size=4, unique_by=lambda p: p["id"]))
+    if kind == "register":
+        body = {**identity(0), "paths": paths}
+    elif kind == "report-paths":
+        body = {"name": "h0", "paths": paths}
+    else:
+        body = {"name": "h0", "changes": [{"id": p["id"], "state": p["state"], "reason": None} for p in paths]}
+    for _ in range(draw(st.integers(1, 2))):
+        section = "changes" if kind == "report-changes" else "paths"
+        where = draw(st.sampled_from(["top", "item"]))
+        value = draw(_nasty)
+        if where == "top":
+            body[draw(st.sampled_from(sorted(body) + ["agent_id", "service", "api_port", "plan_version"]))] = value
+        elif isinstance(body.get(section), list) and body[section]:
+            item = body[section][draw(st.integers(0, len(body[section]) - 1))]
+            if isinstance(item, dict) and item:
+                item[draw(st.sampled_from(sorted(item)))] = value
+    return kind, body
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_mutated())
+def test_a_mutated_request_is_taken_whole_or_not_at_all(coord, case):
+    kind, body = case
+    call = coord.register if kind == "register" else coord.report
+    before = snapshot(coord)
+    try:
+        call(body, 1001.0)
+    except CoordinatorError:
+        assert snapshot(coord) == before, body
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=st.fixed_dictionaries({"name": st.just("h0") | _json},
                                   optional={"changes": st.lists(_path, max_size=3) | _json,
                                             "paths": st.lists(_path, max_size=3) | _json,
-                                            "agent_id": _json, "service": _json, "nics": _json}))
+                                            "agent_id": _json | st.integers(), "service": _json, "nics": _json,
+                                            "api_port": _json, "version": _json, "drain_version": _json}))
 def test_garbage_reports_are_refused_cleanly(coord, body):
     """Whatever an agent (or an attacker with an agent token) sends: an answer or a
-    CoordinatorError naming the problem, never another exception, and the coordinator goes on."""
+    CoordinatorError naming the problem, never another exception; a refused request changes
+    nothing, and the coordinator goes on."""
     for call in (coord.report, coord.register):
+        before = snapshot(coord)
         try:
             call(body, 1001.0)
         except CoordinatorError:
-            pass
+            assert snapshot(coord) == before
     coord.tick(1001.0)
     assert coord.status(1001.0)["agents"] >= 4
+
+
+def _fleet_without_model(tmp_path, n: int):
+    store = Store(str(tmp_path / "c.db"))
+    c = Coordinator(store, None, now=0.0)
+    for i in range(n):
+        c.register(_ident(i), 0.0)
+    c.tick(2.0)
+    return c, store
+
+
+def _ident(i: int, nic: str | None = None) -> dict:
+    return {"name": f"h{i}", "agent_id": i + 1, "service": f"198.18.0.{i + 1}",
+            "nics": {"0": nic or f"198.18.64.{i + 1}"}, "paths": []}
+
+
+def test_plan_answers_after_a_change_carry_only_the_change(tmp_path):
+    """Without a fabric model every agent probes every other: a join must not send each agent
+    the whole fleet again (N agents x N peers per round), only the joiner."""
+    c, store = _fleet_without_model(tmp_path, 50)
+    held = {f"h{i}": c.report({"name": f"h{i}", "plan_deltas": True}, 2.0) for i in range(50)}
+    assert all(len(a["plan"]["peers"]) == 49 for a in held.values())  # a first plan is whole
+    c.register(_ident(50), 3.0)
+    c.tick(5.0)
+    for i in range(50):
+        a = c.report({"name": f"h{i}", "plan_version": held[f"h{i}"]["plan_version"], "plan_deltas": True}, 5.0)
+        assert "plan" not in a and a["plan_delta"]["from"] == held[f"h{i}"]["plan_version"]
+        assert [p["name"] for p in a["plan_delta"]["peers"]] == ["h50"] and a["plan_delta"]["remove"] == []
+    v = c.plan_version
+    c.decommission("h7", "gone", "alice", 6.0)
+    c.register(_ident(3, nic="198.18.65.4"), 6.0)  # h3's NIC changed: its peers must hear of it
+    c.tick(8.0)
+    d = c.report({"name": "h0", "plan_version": v, "plan_deltas": True}, 8.0)["plan_delta"]
+    assert d["remove"] == ["h7"] and [(p["name"], p["nics"]) for p in d["peers"]] == [("h3", {"0": "198.18.65.4"})]
+    # an agent that does not take deltas, or holds a version too old or unknown, gets it whole
+    assert len(c.report({"name": "h0", "plan_version": v}, 8.0)["plan"]["peers"]) == 49
+    assert len(c.report({"name": "h0", "plan_version": 0, "plan_deltas": True}, 8.0)["plan"]["peers"]) == 49
+    store.close()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_an_agent_applying_deltas_holds_the_coordinators_plan(tmp_path, seed):
+    """The agent's side (CoordinatorLink) applies each answer to the plan it holds; after any
+    sequence of joins, leaves, returns and address changes it probes exactly the peers the
+    coordinator's whole plan names, with their current addresses."""
+    import random
+
+    from linkpass.agent.answer import AnswerRules
+    from linkpass.agent.config import CoordinatorLinkConfig
+    from linkpass.agent.coordinator_link import CoordinatorLink
+
+    token = tmp_path / "t"
+    token.write_text("lpa1.h0.x\n")
+    got = []
+    link = CoordinatorLink(CoordinatorLinkConfig("http://127.0.0.1:9", str(token), insecure_http=True),
+                           lambda: {"name": "h0"}, lambda: [], lambda d: None, got.append, lambda *a, **k: None,
+                           rules=AnswerRules("h0", 1, 1024))
+
+    def peers(plan) -> dict:  # the agent's typed plan, as the coordinator's documents name peers
+        return {p.name: {"name": p.name, "agent_id": p.agent_id, "service": p.service,
+                         "nics": {str(k): v for k, v in p.nics.items()}} for p in plan.peers}
+    c, store = _fleet_without_model(tmp_path, 20)
+    rng = random.Random(seed)
+    now, present = 2.0, set(range(20))
+    link._answer(c.report({"name": "h0", "plan_deltas": True}, now))
+    for step in range(60):
+        i = rng.randrange(1, 30)
+        if i in present and rng.random() < 0.4:
+            c.decommission(f"h{i}", "test", "alice", now)
+            present.discard(i)
+        else:
+            c.register(_ident(i, nic=f"198.18.{64 + rng.randrange(3)}.{i + 1}"), now)
+            present.add(i)
+        now += 1.5
+        c.tick(now)
+        if rng.random() < 0.7:  # some answers are missed: the next delta spans several versions
+            link._answer(c.report({**link._versions(), "name": "h0"}, now))
+    now += 1.5
+    c.tick(now)
+    link._answer(c.report({**link._versions(), "name": "h0"}, now))
+    want = {p["name"]: p for p in c.plan_for("h0", now)["peers"]}
+    assert peers(got[-1]) == want
+    assert link.plan_version == c.plan_version
+    # a delta that does not start where the agent is, is dropped and the whole plan asked for
+    link._answer({"plan_version": 999, "drain_version": 0, "plan_delta": {"from": 3, "version": 999, "peers": [],
+                                                                        "remove": ["h1"]}})
+    assert link.plan_version is None and set(peers(got[-1])) == set(want)
+    assert link.stats["plan_deltas_dropped"] == 1
+    link.client.close()
+    store.close()
+
+
+@pytest.mark.parametrize("settings,words", [
+    ({"retention_days": 3}, "settings.retention_days: not a coordinator setting"),
+    ({"event_retention_s": -1}, "settings.event_retention_s: expected a number"),
+    ({"event_retention_count": 1.5}, "settings.event_retention_count: expected an integer"),
+    ({"max_body_bytes": float("inf")}, "settings.max_body_bytes"),
+    ({"max_connections": True}, "settings.max_connections"),
+    ({"agent_timeout_s": 60, "agent_expire_s": 30}, "settings.agent_expire_s: 30 s must be longer than agent_timeout_s"),
+])
+def test_coordinator_settings_are_checked_by_name(settings, words):
+    from linkpass.coordinator.runner import check_settings
+
+    with pytest.raises(CoordinatorError, match=words):
+        check_settings(settings)
+
+
+def test_coordinator_settings_reach_the_coordinator_and_the_endpoint():
+    from linkpass.coordinator.runner import check_settings
+
+    config, limits = check_settings({"event_retention_s": 3600, "event_retention_count": 500, "agent_expire_s": 600,
+                                     "max_body_bytes": 65536, "read_timeout_s": 2, "state_dir": "/x"})
+    assert (config.event_retention_s, config.event_retention_count, config.agent_expire_s) == (3600.0, 500, 600.0)
+    assert (limits.max_body_bytes, limits.read_timeout_s) == (65536, 2.0)

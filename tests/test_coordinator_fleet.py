@@ -40,7 +40,7 @@ def fleet(fabric, tmp_path_factory):
     try:
         ray_actor.ensure(settings)
         url = f"https://{fabric.mgmt_root_addr}:{port}"
-        link = {"url": url, "token_file": str(d / "state" / "agent.token"), "report_ms": 100, "summary_s": 5}
+        link = {"url": url, "agent_secret_file": str(d / "state" / "agent.secret"), "report_ms": 100, "summary_s": 5}
         agents = Agents(fabric, str(d / "agents"), HOSTS, interval_ms=10.0, coordinator=link,
                         detect={"flap_half_life_ms": 2000}, tls_dir=lab_dir(settings["state_dir"]))
         agents.start()

@@ -1,13 +1,17 @@
 """The coordinator's real endpoint (HTTPS on 127.0.0.1 with the lab CA it makes, SQLite on disk),
-without Ray: tokens and roles, refusals logged, garbage bodies answered and counted, the CLI
+without Ray: tokens and roles, agents that speak only for themselves, refusals counted and
+summarised, garbage bodies answered, bodies never read before the token is checked, a flood of
+half-sent requests, the CLI
 against it."""
 from __future__ import annotations
 
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -15,43 +19,84 @@ import pytest
 from linkpass.coordinator import runner
 from linkpass.coordinator.client import Refusal
 
-from helpers import MODEL, coordinator_client, identity, lab_ca_file, table_of
+from helpers import MODEL, agent_tokens, coordinator_client, identity, lab_ca_file, table_of, wait_until
 
 pytestmark = pytest.mark.service
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 
 
-@pytest.fixture
-def server(tmp_path):
+def start(tmp_path, **settings):
     fabric = tmp_path / "fabric.json"
     fabric.write_text(json.dumps(MODEL.to_dict()))
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric)})
-    tokens = {role: (tmp_path / "state" / f"{role}.token").read_text().strip() for role in ("reader", "agent", "operator")}
-    srv.state_dir = tmp_path / "state"
-    agent = connect(srv, tokens["agent"])
+    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric),
+                        **settings})
+    state = tmp_path / "state"
+    tokens = {role: (state / f"{role}.token").read_text().strip() for role in ("reader", "operator")}
+    tokens.update(agent_tokens(state))
+    srv.state_dir = state
     for i in range(4):
-        agent.post("/v1/register", {**identity(i), "paths": table_of(i)})
+        with connect(srv, tokens[f"h{i}"]) as agent:
+            agent.post("/v1/register", {**identity(i), "paths": table_of(i)})
+    return srv, tokens
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv, tokens = start(tmp_path)
     try:
         yield srv, tokens
     finally:
-        agent.close()
         srv.close()
         srv.coordinator.store.close()
 
 
-def connect(srv, token):
-    return coordinator_client(srv.url, token, srv.state_dir)
+def connect(srv, token, **kw):
+    return coordinator_client(srv.url, token, srv.state_dir, **kw)
 
 
 def urlopen(srv, req, timeout):
     return urllib.request.urlopen(req, timeout=timeout, context=ssl.create_default_context(cafile=lab_ca_file(srv.state_dir)))
 
 
+def raw_request(srv, head: bytes, body: bytes = b"", timeout_s: float = 10.0) -> tuple[int, dict]:
+    """One request on a fresh socket, sent as given; the status and JSON answer."""
+    with tls_socket(srv, timeout_s) as sk:
+        sk.sendall(head + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sk.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head_out, _, rest = data.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head_out.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        while len(rest) < length:
+            chunk = sk.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+    return int(head_out.split(b" ")[1]), json.loads(rest[:length])
+
+
+def post_head(path: str, length: int, token: str | None = None, extra: str = "") -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n{extra}\r\n").encode()
+
+
+def tls_socket(srv, timeout_s: float) -> ssl.SSLSocket:
+    """A connection to the endpoint with the TLS handshake done, nothing sent yet."""
+    ctx = ssl.create_default_context(cafile=lab_ca_file(srv.state_dir))
+    return ctx.wrap_socket(socket.create_connection(srv.address, timeout=timeout_s), server_hostname=srv.address[0])
+
+
 def test_tokens_are_private_and_hashed_at_rest(server, tmp_path):
     srv, tokens = server
     state = tmp_path / "state"
-    assert oct(os.stat(state / "operator.token").st_mode & 0o777) == "0o600"
+    for name in ("operator.token", "reader.token", "agent.secret"):
+        assert oct(os.stat(state / name).st_mode & 0o777) == "0o600", name
+    assert not (state / "agent.token").exists()  # no token speaks for every agent
     text = (state / "tokens.yaml").read_text()
     assert all(t not in text for t in tokens.values())
 
@@ -66,9 +111,11 @@ def test_roles(server):
     with pytest.raises(Refusal) as exc:
         reader.post("/v1/report", {"name": "h0"})
     assert exc.value.status == 403
-    agent = connect(srv, tokens["agent"])
-    with pytest.raises(Refusal):
-        agent.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
+    agent = connect(srv, tokens["h0"])
+    for path, body in (("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"}), ("/v1/decommission", {"host": "h1", "reason": "x"})):
+        with pytest.raises(Refusal) as exc:
+            agent.post(path, body)
+        assert exc.value.status == 403 and "needs role 'operator'" in str(exc.value)
     for bad in (None, "not-a-token"):
         with pytest.raises(Refusal) as exc:
             connect(srv, bad).post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
@@ -76,25 +123,86 @@ def test_roles(server):
         with pytest.raises(Refusal):
             connect(srv, bad).get("/v1/status")
     op = connect(srv, tokens["operator"])
+    with pytest.raises(Refusal) as exc:  # operators drain; only agents report
+        op.post("/v1/report", {"name": "h0"})
+    assert exc.value.status == 403 and "needs role 'agent'" in str(exc.value)
     assert op.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "optic"})["changed"]
-    refusals = [e for e in op.get("/v1/events", kind="refused")]
-    assert {e["actor"] for e in refusals} >= {"local-reader", "local-agent"}
-    assert any(e["actor"].startswith("unauthenticated@127.0.0.1") for e in refusals)
+    srv.flush_refusals()
+    refusals = op.get("/v1/events", kind="refused")
+    assert {e["actor"] for e in refusals if e["subject"] == "/v1/drain"} >= {"local-reader", "h0"}
+    # the unauthenticated ones are one summary, not one event each
+    summary = [e for e in refusals if e["actor"] == "unauthenticated"]
+    assert len(summary) == 1 and summary[0]["detail"]["requests"] == 4
+    assert summary[0]["detail"]["by_address"] == {"127.0.0.1": 4}
     assert srv.coordinator.drains["p0l0-p0s0"]["by"] == "local-operator"
+    assert op.get("/v1/whoami") == {"name": "local-operator", "role": "operator", "host": None}
+    assert agent.get("/v1/whoami") == {"name": "h0", "role": "agent", "host": "h0"}
     for c in (reader, agent, op):
         c.close()
+
+
+def test_an_agent_speaks_only_for_itself(server):
+    srv, tokens = server
+    c = srv.coordinator
+    before = (sorted(c.paths), {n: a.last_seen for n, a in c.agents.items()}, len(c.store.events(limit=10**6)))
+    h1 = connect(srv, tokens["h1"])
+    bad_paths = [dict(p, state="down", reason="hard_failure") for p in table_of(2)]
+    for path, body in (("/v1/register", {**identity(2), "paths": bad_paths}),
+                       ("/v1/report", {"name": "h2", "paths": bad_paths}),
+                       ("/v1/report", {"name": "ghost"})):
+        with pytest.raises(Refusal) as exc:
+            h1.post(path, body)
+        assert exc.value.status == 403, path
+        assert "the token of agent 'h1' cannot speak for" in str(exc.value)
+    assert (sorted(c.paths), {n: a.last_seen for n, a in c.agents.items()}) == before[:2]
+    assert all(r.state == "up" for r in c.paths.values())
+    # a token whose MAC is another host's, or that was edited, names nobody
+    mac = tokens["h1"].rpartition(".")[2]
+    for forged in (f"lpa1.h2.{mac}", tokens["h1"][:-2] + "AA", "lpa1.h1", "lpa1..x"):
+        with pytest.raises(Refusal) as exc:
+            connect(srv, forged).post("/v1/report", {"name": "h2"})
+        assert exc.value.status == 401, forged
+    assert h1.post("/v1/report", {"name": "h1"})["drain_version"] == 0  # itself, fine
+    srv.flush_refusals()
+    spoof = [e for e in c.store.events(kinds=["refused"]) if e["actor"] == "h1"]
+    assert len(spoof) == 3 and "cannot speak for 'h2'" in spoof[0]["detail"]["why"]
+    h1.close()
+
+
+def test_a_shared_agent_token_is_refused_at_start(tmp_path):
+    from linkpass.coordinator.auth import token_hash
+    from linkpass.coordinator.requests import CoordinatorError
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "tokens.yaml").write_text(
+        f"tokens:\n  - {{name: fleet-agents, role: agent, sha256: {token_hash('t')}}}\n")
+    with pytest.raises(CoordinatorError, match=r"tokens\[0\]\.host: an agent token speaks for one host.*"
+                                               "`linkpass coordinator token HOST`"):
+        start(tmp_path)
+    (tmp_path / "state" / "tokens.yaml").write_text(
+        f"tokens:\n  - {{name: h7-static, role: agent, host: h7, sha256: {token_hash('t7')}}}\n")
+    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0"})
+    srv.state_dir = tmp_path / "state"
+    try:
+        with connect(srv, "t7") as c:
+            assert c.get("/v1/whoami") == {"name": "h7-static", "role": "agent", "host": "h7"}
+            with pytest.raises(Refusal, match="cannot speak for 'h0'"):
+                c.post("/v1/register", {**identity(0), "paths": []})
+    finally:
+        srv.close()
+        srv.coordinator.store.close()
 
 
 def test_garbage_is_answered_and_counted(server):
     srv, tokens = server
     for body in (b"{not json", b"[1,2]", b"\xff\xfe"):
         req = urllib.request.Request(srv.url + "/v1/report", data=body, method="POST",
-                                     headers={"Authorization": f"Bearer {tokens['agent']}"})
+                                     headers={"Authorization": f"Bearer {tokens['h0']}"})
         with pytest.raises(urllib.error.HTTPError) as exc:
             urlopen(srv, req, timeout=5)
         assert exc.value.code == 400
-    agent = connect(srv, tokens["agent"])
-    with pytest.raises(Refusal, match="paths\\[\\]\\.id: required"):
+    agent = connect(srv, tokens["h0"])
+    with pytest.raises(Refusal, match="paths\\[0\\]\\.id: required"):
         agent.post("/v1/report", {"name": "h0", "paths": [{"peer": "h1"}]})
     assert srv.errors["bad_request"] >= 4
     assert agent.get("/v1/healthz") == {"ok": True}  # still serving
@@ -143,10 +251,183 @@ def test_doctor_asks_the_real_coordinator_about_its_token(server, tmp_path):
     state = tmp_path / "state"
     bogus = tmp_path / "bogus.token"
     bogus.write_text("not-a-token\n")
-    cases = [(srv.url, state / "agent.token", D.OK), (srv.url, state / "reader.token", D.FAIL),
-             (srv.url, bogus, D.FAIL), ("https://127.0.0.1:9", state / "agent.token", D.WARN)]
+    own = tmp_path / "h0.token"
+    own.write_text(tokens["h0"] + "\n")
+    cases = [(srv.url, own, D.OK), (srv.url, state / "reader.token", D.FAIL),
+             (srv.url, bogus, D.FAIL), ("https://127.0.0.1:9", own, D.WARN)]
     for url, token_file, want in cases:
         f = D.Facts(coordinator_url=url)
         _ask_coordinator(f, None, CoordinatorLinkConfig(url, str(token_file), ca_file=lab_ca_file(state)))
         check = D.check_coordinator(f)
         assert check.status == want, (url, token_file, check)
+
+
+def test_no_body_is_read_before_the_token_is_checked(server):
+    """A 12 MB body without a token: refused from the head alone (the body is never sent here, so
+    a server that waited for it would not answer)."""
+    srv, tokens = server
+    events = len(srv.coordinator.store.events(limit=10**6))
+    for path in ("/v1/report", "/v1/drain", "/v1/register"):
+        status, doc = raw_request(srv, post_head(path, 12 << 20))
+        assert status == 401 and "no valid token" in doc["error"], path
+        status, doc = raw_request(srv, post_head(path, 12 << 20, tokens["reader"]))
+        assert status == 403, path
+    assert len(srv.coordinator.store.events(limit=10**6)) == events  # nothing written per refusal
+
+
+def test_bodies_over_the_cap_are_refused_before_they_are_read(tmp_path):
+    srv, tokens = start(tmp_path, max_body_bytes=64 << 10)
+    try:
+        status, doc = raw_request(srv, post_head("/v1/report", (64 << 10) + 1, tokens["h0"]))
+        assert status == 413 and "max_body_bytes (65536)" in doc["error"]
+        chunked = (f"POST /v1/report HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tokens['h0']}\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\n").encode()
+        status, doc = raw_request(srv, chunked)
+        assert status == 411 and "send Content-Length" in doc["error"]
+        status, doc = raw_request(srv, post_head("/v1/report", 5, tokens["h0"], "Content-Length: 6\r\n"), b"{}")
+        assert status == 400 and "given twice" in doc["error"]
+        # at the cap exactly: read and parsed
+        body = json.dumps({"name": "h0", "pad": "x" * ((64 << 10) - 30)}).encode()[:64 << 10]
+        body = body[:-2] + b'"}' if not body.endswith(b'"}') else body
+        status, doc = raw_request(srv, post_head("/v1/report", len(body), tokens["h0"]), body)
+        assert status == 200, doc
+        assert srv.errors["too_large"] == 1 and srv.errors["length_required"] == 1
+    finally:
+        srv.close()
+        srv.coordinator.store.close()
+
+
+@pytest.mark.parametrize("path,body,words", [
+    ("/v1/register", {**identity(0), "agent_id": 2**70, "paths": []}, "agent_id: expected an integer"),
+    ("/v1/report", {"name": "h0", "changes": 5}, "changes: expected a list"),
+    ("/v1/report", {"name": "h0", "paths": [table_of(0)[0], dict(table_of(0)[1], hops=["nope"])]},
+     r"paths\[1\]\.hops\[0\]: expected an IP address"),
+    ("/v1/drain", {"link": "p0l0-p0s0", "reason": "x", "dry_run": "false"}, "dry_run: expected true or false"),
+    ("/v1/decommission", {"host": "h3"}, "reason"),
+])
+def test_bad_fields_are_400s_naming_the_field(server, path, body, words):
+    srv, tokens = server
+    who = tokens["operator"] if path in ("/v1/drain", "/v1/decommission") else tokens["h0"]
+    before = sorted((k, r.state, r.hops) for k, r in srv.coordinator.paths.items())
+    with connect(srv, who) as c, pytest.raises(Refusal, match=words) as exc:
+        c.post(path, body)
+    assert exc.value.status == 400
+    assert sorted((k, r.state, r.hops) for k, r in srv.coordinator.paths.items()) == before
+    assert srv.coordinator.drains == {} and len(srv.coordinator.agents) == 4
+    assert srv.errors["internal"] == 0
+
+
+def test_deep_json_and_odd_queries_are_400s(server):
+    srv, tokens = server
+    deep = b'{"name": "h0", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, doc = raw_request(srv, post_head("/v1/report", len(deep), tokens["h0"]), deep)
+    assert status == 400 and "nested deeper than 32 levels" in doc["error"]
+    shallow = b'{"name": "h0", "x": ' + b"[" * 30 + b'"[[[[["' + b"]" * 30 + b"}"  # brackets in strings do not count
+    assert raw_request(srv, post_head("/v1/report", len(shallow), tokens["h0"]), shallow)[0] == 200
+    with connect(srv, tokens["reader"]) as c:
+        for q, field in ((dict(limit="nan"), "limit"), (dict(limit="inf"), "limit"), (dict(limit=-1), "limit"),
+                         (dict(limit=10**6), "limit: expected 1..10000"), (dict(after="1e30"), "after"),
+                         (dict(since="nan"), "since"), (dict(kind="nope"), "kind")):
+            with pytest.raises(Refusal, match=field) as exc:
+                c.get("/v1/events", **q)
+            assert exc.value.status == 400, q
+        for q, words in ((dict(host="../x"), "host: expected a host name"), ({}, "host: required")):
+            with pytest.raises(Refusal, match=words):
+                c.get("/v1/plan", **q)
+        assert len(c.get("/v1/events", limit=10_000)) <= 10_000
+    assert srv.errors["internal"] == 0
+
+
+def test_decommission_over_http_and_the_cli(server):
+    srv, tokens = server
+    out = cli(srv, tokens["reader"], "coordinator", "decommission", "h3", "--reason", "retired")
+    assert out.returncode == 2 and "needs role 'operator'" in out.stderr
+    out = cli(srv, tokens["operator"], "coordinator", "decommission", "h3", "--reason", "retired", "--dry-run")
+    assert out.returncode == 0 and "would forget agent h3 and the 10 paths" in out.stdout
+    assert "h3" in srv.coordinator.agents
+    out = cli(srv, tokens["operator"], "coordinator", "decommission", "h3", "--reason", "retired")
+    assert out.returncode == 0 and "forgot agent h3" in out.stdout, out.stderr
+    assert "h3" not in srv.coordinator.agents
+    out = cli(srv, tokens["operator"], "coordinator", "decommission", "h3", "--reason", "again")
+    assert out.returncode == 3 and "no agent named 'h3'" in out.stderr
+
+
+def test_agent_token_command(server, tmp_path):
+    srv, tokens = server
+    out = subprocess.run([*LINKPASS, "coordinator", "token", "h2", "--state-dir", str(tmp_path / "state")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == tokens["h2"]
+    dest = tmp_path / "h2.token"
+    out = subprocess.run([*LINKPASS, "coordinator", "token", "h2", "--state-dir", str(tmp_path / "state"),
+                          "--out", str(dest)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and oct(os.stat(dest).st_mode & 0o777) == "0o600"
+    with connect(srv, dest.read_text().strip()) as c:
+        assert c.get("/v1/whoami")["host"] == "h2"
+    out = subprocess.run([*LINKPASS, "coordinator", "token", "a/b", "--state-dir", str(tmp_path / "state")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and "expected a host name" in out.stderr
+
+
+def test_refusals_are_rate_limited_and_summarised(tmp_path):
+    srv, tokens = start(tmp_path, refusal_burst=20, refusal_rate_per_s=1.0)
+    try:
+        before = len(srv.coordinator.store.events(limit=10**6))
+        codes = []
+        t0 = time.monotonic()
+        with connect(srv, None) as anon:
+            for _ in range(200):
+                try:
+                    anon.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
+                except Refusal as exc:
+                    codes.append(exc.status)
+        refill = (time.monotonic() - t0) * 1.0 + 1  # refusal_rate_per_s over the run (each 429 costs a handshake)
+        assert codes.count(401) <= 20 + refill and codes.count(429) >= 200 - 20 - refill  # the burst, then the refill
+        srv.flush_refusals()
+        new = srv.coordinator.store.events(limit=10**6)[before:]
+        assert len(new) == 1 and new[0]["actor"] == "unauthenticated" and new[0]["detail"]["requests"] == len(codes)
+        metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
+        assert f'linkpass_coordinator_request_errors_total{{kind="unauthenticated"}} {float(len(codes))}' in metrics
+        assert f'linkpass_coordinator_request_errors_total{{kind="rate_limited"}} {float(codes.count(429))}' in metrics
+        with connect(srv, tokens["reader"]) as c:  # known callers from elsewhere are not held back
+            assert c.get("/v1/status")["agents"] == 4
+    finally:
+        srv.close()
+        srv.coordinator.store.close()
+
+
+def test_a_flood_of_half_sent_requests_does_not_lock_anyone_out(tmp_path):
+    """More half-sent requests than the server keeps connections: an authenticated call still gets
+    its answer, and the server itself closes what was never finished."""
+    srv, tokens = start(tmp_path, max_connections=64, read_timeout_s=1.0, idle_timeout_s=2.0)
+    socks = []
+    try:
+        for i in range(300):
+            sk = tls_socket(srv, 10)  # handshake done: what a flood costs is the request it never finishes
+            sk.sendall(b"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Le" if i % 2 else b"G")
+            socks.append(sk)
+        with connect(srv, tokens["reader"], timeout_s=30) as c:
+            assert c.get("/v1/status")["agents"] == 4
+        with connect(srv, tokens["h0"], timeout_s=30) as c:
+            assert "drain_version" in c.post("/v1/report", {"name": "h0"})
+
+        def all_closed():
+            for sk in socks:
+                sk.settimeout(0.01)
+                try:
+                    if sk.recv(1) != b"":
+                        return False
+                except (TimeoutError, BlockingIOError):
+                    return False
+                except (ConnectionError, ssl.SSLError):
+                    pass
+            return True
+        wait_until(all_closed, 30, "the server closes every half-sent request")
+        assert srv.errors["evicted"] + srv.errors["timeout"] >= 300 - 64
+        with connect(srv, tokens["reader"]) as c:
+            assert c.get("/v1/status")["agents"] == 4
+    finally:
+        for sk in socks:
+            sk.close()
+        srv.close()
+        srv.coordinator.store.close()
+

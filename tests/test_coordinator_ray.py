@@ -12,7 +12,7 @@ import pytest
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client, Unreachable
 
-from helpers import MODEL, coordinator_client, free_port, identity, table_of
+from helpers import MODEL, agent_tokens, coordinator_client, free_port, identity, table_of
 
 pytestmark = pytest.mark.service
 
@@ -58,13 +58,13 @@ def test_ensure_returns_the_running_actor(actor):
 
 def test_killed_actor_restarts_and_loses_nothing(actor):
     handle, url, settings = actor
-    agent = coordinator_client(url, token(settings, "agent"), settings["state_dir"])
+    agents = {h: coordinator_client(url, t, settings["state_dir"]) for h, t in agent_tokens(settings["state_dir"]).items()}
     op = coordinator_client(url, token(settings, "operator"), settings["state_dir"])
     for i in range(4):
-        agent.post("/v1/register", {**identity(i), "paths": table_of(i)})
+        agents[f"h{i}"].post("/v1/register", {**identity(i), "paths": table_of(i)})
     op.post("/v1/drain", {"link": "p1l1-p1s1", "reason": "before the crash"})
     down = [{"id": k, "state": "down", "reason": "hard_failure"} for k in (1, 2)]
-    agent.post("/v1/report", {"name": "h0", "changes": down})
+    agents["h0"].post("/v1/report", {"name": "h0", "changes": down})
     before = wait_answering(op)
     events_before = op.get("/v1/events", since=0)
 
@@ -79,8 +79,9 @@ def test_killed_actor_restarts_and_loses_nothing(actor):
     assert events_after[:len(events_before)] == events_before
     assert events_after[-1]["kind"] == "coordinator" and events_after[-1]["detail"]["recovered_paths"] == 40
     # agents carry on against the new process
-    answer = agent.post("/v1/report", {"name": "h0", "drain_version": None})
+    answer = agents["h0"].post("/v1/report", {"name": "h0", "drain_version": None})
     assert answer["drains"] == [{"link": "p1l1-p1s1", "addrs": answer["drains"][0]["addrs"]}]
-    agent.close()
+    for a in agents.values():
+        a.close()
     op.close()
 

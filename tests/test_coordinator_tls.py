@@ -54,7 +54,7 @@ def test_the_default_is_https_and_a_client_with_the_lab_ca_gets_answers(tls_serv
     assert srv.url.startswith("https://127.0.0.1:")
     c = coordinator_client(srv.url, token, state)
     assert c.get("/v1/status")["health"] == "ok"
-    assert c.get("/v1/whoami") == {"name": "local-reader", "role": "reader"}
+    assert c.get("/v1/whoami") == {"name": "local-reader", "role": "reader", "host": None}
     c.close()
     # the lab CA's files: private, in a private directory
     d = lab_dir(str(state))

@@ -289,6 +289,9 @@ def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
     ({"coordinator_whoami": None, "coordinator_refused": True, "coordinator_error": "HTTP 401"}, D.FAIL, "refuses"),
     ({"coordinator_whoami": {"name": "oncall", "role": "operator"}}, D.FAIL, "role 'operator'"),
     ({"coordinator_url": "http://198.19.0.1:9470"}, D.WARN, "over plain HTTP"),
+    # an agent token of another host: the coordinator would refuse every report
+    ({"agent_name": "h0", "coordinator_whoami": {"name": "h1", "role": "agent", "host": "h1"}}, D.FAIL,
+     "reports as 'h0'"),
 ])
 def test_coordinator_check(change, status, words):
     c = D.check_coordinator(dataclasses.replace(healthy(), **change))

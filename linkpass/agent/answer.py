@@ -8,6 +8,10 @@ are stale, the drained links and this host's probe plan:
      "plan": {"version": 3, "peers": [{"name": "h1", "agent_id": 2, "service": "198.18.0.2",
                                        "nics": {"0": "198.18.64.3", "1": "198.18.72.3"}}, ...]}}
 
+or, instead of `plan`, once the agent holds one, the change from the version it holds:
+
+     "plan_delta": {"from": 2, "version": 3, "peers": [<peers to add or refresh>], "remove": ["h9"]}
+
 The agent treats it as untrusted input (a bug, a version skew or a forged answer must not stop
 failover or move probes somewhere they should not go). `parse_answer` either returns the whole
 answer as typed data or raises `AnswerError` naming the first thing wrong; the caller applies
@@ -24,6 +28,11 @@ counts it. The rules:
   agent id must be that same peer (same id, service and NICs). The config is the operator's
   word, and a config peer's routes follow the probes of its paths.
 
+- a plan delta is checked like a plan (each peer by the same rules), and so is the plan it makes
+  (`apply_delta`: the held plan with the delta applied, within `max_peers`, ids distinct), before
+  anything of the answer is applied. A delta from another version than the one held is not an
+  error but cannot be applied (`StaleDelta`): the agent asks for the whole plan.
+
 A plan peer named like this host is dropped (a plan is a list of others); a `plan` of null means
 "no plan for you yet" and is not an error.
 """
@@ -32,6 +41,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .config import Peer
 
@@ -39,11 +49,15 @@ MAX_DRAINS = 65536  # drained links in one answer (a 16k-GPU fabric has ~50 000 
 MAX_LINK_ADDRS = 8  # interface addresses per drained link (two ends; room for more per end)
 MAX_NAME = 255  # characters in a host or link name
 MAX_PLANE = 63  # as in the config file
-ANSWER_KEYS = {"drain_version", "plan_version", "drains", "plan"}
+ANSWER_KEYS = {"drain_version", "plan_version", "drains", "plan", "plan_delta"}
 
 
 class AnswerError(ValueError):
     """The coordinator's answer is refused; the message names the field and what was wrong."""
+
+
+class StaleDelta(Exception):
+    """A well-formed plan delta that does not start from the plan held (or none is held)."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +73,20 @@ class PlanAnswer:
 
 
 @dataclass(frozen=True)
+class PlanDelta:
+    since: int  # the plan version it applies to ("from")
+    version: int  # the plan version it makes
+    peers: tuple[Peer, ...]  # added or refreshed (by name)
+    remove: tuple[str, ...]  # names dropped
+
+
+@dataclass(frozen=True)
 class Answer:
     drain_version: int | None
     plan_version: int | None
     drains: tuple[Drain, ...] | None  # None: not in this answer (the agent's copy is current)
     plan: PlanAnswer | None  # None: not in this answer, or no plan for this host yet
+    plan_delta: PlanDelta | None = None  # instead of `plan`: the change from the plan held
 
 
 @dataclass(frozen=True)
@@ -76,6 +99,10 @@ class AnswerRules:
     own_addrs: frozenset[str] = frozenset()  # this host's service and NIC addresses
     config_peers: Mapping[str, Peer] = field(default_factory=dict)
 
+    @cached_property
+    def config_ids(self) -> dict[int, Peer]:
+        return {p.agent_id: p for p in self.config_peers.values()}
+
 
 def parse_answer(raw: object, rules: AnswerRules) -> Answer:
     """The whole answer as typed data, or AnswerError naming what is wrong (see the module doc)."""
@@ -86,8 +113,35 @@ def parse_answer(raw: object, rules: AnswerRules) -> Answer:
         raise AnswerError(f"answer.{unknown[0][:40]}: unknown field; expected {', '.join(sorted(ANSWER_KEYS))}")
     drains = _drains(raw["drains"]) if "drains" in raw else None
     plan = _plan(raw["plan"], rules) if raw.get("plan") is not None else None
-    return Answer(_version(raw.get("drain_version"), "drain_version"),
-                  _version(raw.get("plan_version"), "plan_version"), drains, plan)
+    plan_version = _version(raw.get("plan_version"), "plan_version")
+    delta = None
+    if "plan_delta" in raw:
+        if plan is not None:
+            raise AnswerError("plan_delta: given together with plan; an answer carries one or the other")
+        delta = _delta(raw["plan_delta"], rules)
+        if delta.version != plan_version:
+            raise AnswerError(f"plan_delta.version: {delta.version} is not the answer's plan_version {plan_version}")
+    return Answer(_version(raw.get("drain_version"), "drain_version"), plan_version, drains, plan, delta)
+
+
+def apply_delta(held: PlanAnswer | None, held_version: int | None, delta: PlanDelta,
+                rules: AnswerRules) -> PlanAnswer:
+    """The whole plan `delta` makes of the plan held, checked as a plan is (AnswerError), or
+    StaleDelta when it does not start from `held_version`. Pure: `held` is not changed."""
+    if held is None or held_version is None or delta.since != held_version:
+        raise StaleDelta(f"plan_delta.from: {delta.since}, but the plan held is version {held_version}")
+    gone = set(delta.remove) | {p.name for p in delta.peers}
+    kept = [p for p in held.peers if p.name not in gone]
+    if len(kept) + len(delta.peers) > rules.max_peers:
+        raise AnswerError(f"plan_delta: the plan it makes names {len(kept) + len(delta.peers)} peers, more than "
+                          f"the {rules.max_peers} allowed (coordinator.max_plan_peers)")
+    peers: dict[str, Peer] = {}
+    ids: dict[int, str] = {}
+    for peer in kept:  # checked again: the rules may have changed (a reload) since it came
+        _admit(peers, ids, peer, f"plan (held) peer {peer.name!r}", rules)
+    for k, peer in enumerate(delta.peers):
+        _admit(peers, ids, peer, f"plan_delta.peers[{k}]", rules)
+    return PlanAnswer(delta.version, tuple(peers.values()))
 
 
 def _kind(value: object) -> str:
@@ -159,29 +213,47 @@ def _plan(raw: object, rules: AnswerRules) -> PlanAnswer:
     version = _version(raw.get("version"), "plan.version")
     peers: dict[str, Peer] = {}
     ids: dict[int, str] = {}
-    config_ids = {p.agent_id: p for p in rules.config_peers.values()}
     for k, p in enumerate(_list(raw["peers"], "plan.peers", rules.max_peers)):
-        w = f"plan.peers[{k}]"
-        peer = _peer(p, w)
-        if peer.name == rules.own_name:
-            continue
-        for what, addr in [("service", peer.service)] + [(f"nics.{pl}", a) for pl, a in peer.nics.items()]:
-            if addr in rules.own_addrs:
-                raise AnswerError(f"{w}.{what}: {addr} is an address of this host")
-        if peer.agent_id == rules.own_id:
-            raise AnswerError(f"{w}.agent_id: {peer.agent_id} is this agent's own id (peer {peer.name!r})")
-        if peer.name in peers:
-            raise AnswerError(f"{w}.name: {peer.name!r} is listed twice")
-        if peer.agent_id in ids:
-            raise AnswerError(f"{w}.agent_id: {peer.agent_id} is used by {ids[peer.agent_id]!r} too")
-        mine = rules.config_peers.get(peer.name) or config_ids.get(peer.agent_id)
-        if mine is not None and mine != peer:
-            raise AnswerError(f"{w}: peer {peer.name!r} (agent {peer.agent_id}) differs from the config file's peer "
-                              f"{mine.name!r} (agent {mine.agent_id}, service {mine.service}, nics {mine.nics}); "
-                              "a plan cannot redefine a configured peer")
-        peers[peer.name] = peer
-        ids[peer.agent_id] = peer.name
+        _admit(peers, ids, _peer(p, f"plan.peers[{k}]"), f"plan.peers[{k}]", rules)
     return PlanAnswer(version, tuple(peers.values()))
+
+
+def _delta(raw: object, rules: AnswerRules) -> PlanDelta:
+    raw = _object(raw, "plan_delta", {"from", "version", "peers", "remove"})
+    since, version = _version(raw["from"], "plan_delta.from"), _version(raw["version"], "plan_delta.version")
+    if since is None or version is None:
+        raise AnswerError("plan_delta.from, plan_delta.version: expected integers >= 0, got null")
+    peers: dict[str, Peer] = {}
+    ids: dict[int, str] = {}
+    for k, p in enumerate(_list(raw["peers"], "plan_delta.peers", rules.max_peers)):
+        _admit(peers, ids, _peer(p, f"plan_delta.peers[{k}]"), f"plan_delta.peers[{k}]", rules)
+    # names only the plan held can have: it never held more than max_peers (and its own name)
+    remove = tuple(_name(n, f"plan_delta.remove[{k}]")
+                   for k, n in enumerate(_list(raw["remove"], "plan_delta.remove", 2 * rules.max_peers + 1)))
+    return PlanDelta(since, version, tuple(peers.values()), remove)
+
+
+def _admit(peers: dict[str, Peer], ids: dict[int, str], peer: Peer, w: str, rules: AnswerRules) -> None:
+    """Add `peer` to a plan being built if the rules allow it (AnswerError naming `w` if not); a
+    peer named like this host is skipped."""
+    if peer.name == rules.own_name:
+        return
+    for what, addr in [("service", peer.service)] + [(f"nics.{pl}", a) for pl, a in peer.nics.items()]:
+        if addr in rules.own_addrs:
+            raise AnswerError(f"{w}.{what}: {addr} is an address of this host")
+    if peer.agent_id == rules.own_id:
+        raise AnswerError(f"{w}.agent_id: {peer.agent_id} is this agent's own id (peer {peer.name!r})")
+    if peer.name in peers:
+        raise AnswerError(f"{w}.name: {peer.name!r} is listed twice")
+    if peer.agent_id in ids:
+        raise AnswerError(f"{w}.agent_id: {peer.agent_id} is used by {ids[peer.agent_id]!r} too")
+    mine = rules.config_peers.get(peer.name) or rules.config_ids.get(peer.agent_id)
+    if mine is not None and mine != peer:
+        raise AnswerError(f"{w}: peer {peer.name!r} (agent {peer.agent_id}) differs from the config file's peer "
+                          f"{mine.name!r} (agent {mine.agent_id}, service {mine.service}, nics {mine.nics}); "
+                          "a plan cannot redefine a configured peer")
+    peers[peer.name] = peer
+    ids[peer.agent_id] = peer.name
 
 
 def _peer(raw: object, where: str) -> Peer:

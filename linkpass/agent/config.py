@@ -31,7 +31,7 @@
                                      # its directory: writable by root (or the agent's uid) only
     coordinator:                     # optional; without it the agent works alone (it always fails over locally)
       url: https://198.19.0.1:9470   # the coordinator's endpoint (HTTPS; docs/security.md, TLS set-up)
-      token_file: /etc/linkpass/agent.token   # a token with role "agent"
+      token_file: /etc/linkpass/agent.token   # this host's own agent token (`linkpass coordinator token NAME`)
       ca_file: /etc/linkpass/tls/ca.crt       # the CA its certificate must chain to (default: the system's)
       cert_file: /etc/linkpass/tls/h0.crt     # this host's client certificate, for mutual TLS (with key_file)
       key_file: /etc/linkpass/tls/h0.key

@@ -15,9 +15,19 @@ logs once when it goes away and once when it is back. Every answer is checked wh
 at all; the versions stay, so the coordinator sends its drains and plan again. HTTPS, verified
 against coordinator.ca_file and showing this host's certificate when one is configured
 (`tls_context`); plain HTTP only with insecure_http, logged as a warning at start.
+
+Plans come whole (`plan`) or, once the agent holds one, as the change from its version
+(`plan_delta`: peers to add or refresh, names to drop), so a plan change costs the coordinator
+what changed rather than the fleet. This thread applies a delta to the plan it holds and hands
+the main loop a whole plan either way. The delta is part of the answer checked whole: its peers
+and the plan it makes (`answer.apply_delta`) pass the same rules as a whole plan before drains
+or plan are applied. A refused answer that carried a delta also asks for the whole plan next
+(plan_version None), since the same delta would come again; a well-formed delta that does not
+start from the version held is dropped the same way, and the rest of its answer applied.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Callable
@@ -26,7 +36,7 @@ from ..coordinator.auth import read_token
 from ..coordinator.client import Client, Refusal, Unreachable
 from ..coordinator.tls import TlsError, build_client_context
 from ..core.constants import REPORT_HEARTBEAT_S
-from .answer import AnswerError, AnswerRules, parse_answer
+from .answer import AnswerError, AnswerRules, PlanAnswer, StaleDelta, apply_delta, parse_answer
 from .config import ConfigError, CoordinatorLinkConfig
 
 
@@ -62,8 +72,10 @@ class CoordinatorLink:
         self.reachable = True
         self.drain_version: int | None = None
         self.plan_version: int | None = None
+        self.plan_held: PlanAnswer | None = None  # the last plan handed on (a delta applies to it)
         self.sent: dict[int, tuple] = {}
-        self.stats = {"reports": 0, "registrations": 0, "failures": 0, "refusals": 0, "answers_rejected": 0}
+        self.stats = {"reports": 0, "registrations": 0, "failures": 0, "refusals": 0, "answers_rejected": 0,
+                      "plan_deltas_dropped": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="coordinator-link", daemon=True)
 
@@ -129,12 +141,13 @@ class CoordinatorLink:
                 self._stop.wait(5.0)
 
     def _versions(self) -> dict:
-        return {"name": self.identity()["name"], "drain_version": self.drain_version, "plan_version": self.plan_version}
+        return {"name": self.identity()["name"], "drain_version": self.drain_version, "plan_version": self.plan_version,
+                "plan_deltas": True}
 
     def _register(self) -> None:
         rows = self.rows()
-        answer = self.client.post("/v1/register", {**self.identity(), "paths": rows,
-                                                   "drain_version": None, "plan_version": None})
+        answer = self.client.post("/v1/register", {**self.identity(), "paths": rows, "drain_version": None,
+                                                   "plan_version": None, "plan_deltas": True})
         self.sent = {r["id"]: _mark(r) for r in rows}
         self.registered = True
         self.stats["registrations"] += 1
@@ -144,8 +157,17 @@ class CoordinatorLink:
     def _answer(self, answer: object) -> None:
         try:
             got = parse_answer(answer, self.rules)
+            plan = got.plan
+            if got.plan_delta is not None:
+                plan = apply_delta(self.plan_held, self.plan_version, got.plan_delta, self.rules)
+        except StaleDelta:
+            self.stats["plan_deltas_dropped"] += 1
+            plan = None
+            got = dataclasses.replace(got, plan_version=None)  # ask for the whole plan with the next report
         except AnswerError as exc:
             self.stats["answers_rejected"] += 1
+            if isinstance(answer, dict) and "plan_delta" in answer:
+                self.plan_version = None  # the same delta would come again: ask for the whole plan
             if str(exc) != self._rejection:  # the same fault comes back with every report: log it once
                 self._rejection = str(exc)
                 self.log("coordinator_answer_rejected", error=str(exc),
@@ -155,8 +177,9 @@ class CoordinatorLink:
         if got.drains is not None:
             self.on_drains(got.drains)
         self.drain_version = got.drain_version
-        if got.plan is not None:
-            self.on_plan(got.plan)
+        if plan is not None:
+            self.plan_held = plan
+            self.on_plan(plan)
         self.plan_version = got.plan_version
 
 

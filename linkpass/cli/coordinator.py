@@ -37,6 +37,16 @@ def _level(word: str) -> Level | None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    def common(p, watch: bool = True):
+        p.add_argument("-o", "--output", choices=FORMATS, default="table")
+        p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint (default $LINKPASS_COORDINATOR "
+                                                            f"or {COORDINATOR_URL})")
+        p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
+        tls_args(p)
+        if watch:
+            p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                           help="redraw every SECONDS (default 2) until Ctrl-C")
+
     co = sub.add_parser("coordinator", help="run the coordinator (a Ray actor) that sees the whole fleet",
                         description="Start the coordinator as a detached, named Ray actor. Without --address it "
                                     "starts a local Ray instance and stays in the foreground until Ctrl-C; with "
@@ -50,6 +60,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--fabric", metavar="FILE", help="fleet model JSON (links, hosts, addresses)")
     co.add_argument("--max-drain-share", type=float, default=0.05,
                     help="blast-radius guard: share of one tier's links in one plane that may be drained (default 0.05)")
+    co.add_argument("--agent-timeout-s", type=float, default=None,
+                    help="an agent silent this long is reported lost (default 10)")
+    co.add_argument("--agent-expire-s", type=float, default=None,
+                    help="an agent silent this long is forgotten, as by `decommission` (default 86400)")
+    co.add_argument("--event-retention-days", type=float, default=None,
+                    help="events older than this are deleted (default 90)")
+    co.add_argument("--event-retention-count", type=int, default=None,
+                    help="at most this many events are kept, the newest (default 1000000)")
+    co.add_argument("--max-body-bytes", type=int, default=None,
+                    help="largest request body accepted; larger ones get 413 (default 4194304)")
     co.add_argument("--stop", action="store_true", help="stop the running coordinator actor (with --address)")
     co.add_argument("--max-seconds", type=float, default=None, help="stop by itself after this long (foreground)")
     tls = co.add_argument_group("TLS", "HTTPS by default; without --tls-cert, a lab CA in <state-dir>/tls is made on "
@@ -64,16 +84,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     tls.add_argument("--insecure-http", action="store_true",
                      help="serve plain HTTP: tokens cross the network in cleartext (a warning is logged)")
     co.set_defaults(func=run_coordinator)
-
-    def common(p, watch: bool = True):
-        p.add_argument("-o", "--output", choices=FORMATS, default="table")
-        p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint (default $LINKPASS_COORDINATOR "
-                                                            f"or {COORDINATOR_URL})")
-        p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
-        tls_args(p)
-        if watch:
-            p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
-                           help="redraw every SECONDS (default 2) until Ctrl-C")
+    actions = co.add_subparsers(dest="coordinator_action", metavar="ACTION",
+                                title="actions (without one, the coordinator itself runs)")
+    tk = actions.add_parser("token", help="make the token that lets the agent on HOST register and report as HOST",
+                            description="Derives HOST's agent token from the fleet's agent secret (run it where the "
+                                        "coordinator's state directory is). The token speaks for HOST only: put it "
+                                        "in that host's agent token_file, mode 0600.")
+    tk.add_argument("host", help="the agent's name, as in its config (e.g. h3)")
+    tk.add_argument("--state-dir", default=None, help="the coordinator's state (default /var/lib/linkpass/coordinator)")
+    tk.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600) instead of printing it")
+    tk.set_defaults(func=_token)
+    dc = actions.add_parser("decommission", help="forget an agent and its paths (operators only)",
+                            description="Removes HOST's agent and the paths it reported from the coordinator (a host "
+                                        "that still runs an agent registers again). Exit 0 done, 2 refused, "
+                                        "3 unreachable or unknown host.")
+    dc.add_argument("host", help="the agent's name (`linkpass status -o wide` lists lost agents)")
+    dc.add_argument("--reason", required=True, help="why (recorded with your name)")
+    dc.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
+    common(dc, watch=False)
+    dc.set_defaults(func=_decommission)
 
     st = sub.add_parser("status", help="fleet health at a glance (from the coordinator)",
                         description="Agents, paths by state, localized faults, drains. Exit 0 healthy, 1 degraded, "
@@ -407,6 +436,45 @@ def _drain(args) -> int:
     return _call(args, run)
 
 
+# ---- decommission, agent tokens ----------------------------------------------------------
+def render_decommission(doc: dict) -> str:
+    verb = "would forget" if doc.get("dry_run") else "forgot"
+    return (f"{verb} agent {doc['host']} and the {doc['paths']} paths it reported"
+            + (" (it was lost)" if doc.get("was_lost") else " (it was still reporting: if it runs, it registers again)"))
+
+
+def _decommission(args) -> int:
+    body = {"host": args.host, "reason": args.reason, "dry_run": args.dry_run}
+
+    def run(client):
+        doc = client.post("/v1/decommission", body)
+        emit(doc, args.output, render_decommission)
+        return EXIT_OK
+    return _call(args, run)
+
+
+def _token(args) -> int:
+    from ..coordinator.auth import SECRET_FILE, AuthError, agent_token, read_agent_secret, write_private
+    from ..coordinator.runner import DEFAULT_STATE_DIR
+
+    path = os.path.join(args.state_dir or DEFAULT_STATE_DIR, SECRET_FILE)
+    try:
+        token = agent_token(read_agent_secret(path), args.host)
+    except OSError as exc:
+        print(f"linkpass: {path}: {exc.strerror}; run this where the coordinator keeps its state (--state-dir), "
+              "after it has started once", file=sys.stderr)
+        return EXIT_UNKNOWN
+    except AuthError as exc:
+        print(f"linkpass: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    if args.out:
+        write_private(args.out, token + "\n")
+        print(f"wrote the agent token for {args.host} to {args.out}")
+    else:
+        print(token)
+    return EXIT_OK
+
+
 # ---- the coordinator process -------------------------------------------------------------
 def _testbed_model(prefix: str) -> dict:
     """`--testbed PREFIX`: that running testbed's fabric, as the coordinator's model."""
@@ -447,6 +515,19 @@ def run_coordinator(args) -> int:
                 "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
                 "listen": args.listen or (f"0.0.0.0:{COORDINATOR_PORT}" if args.testbed else COORDINATOR_LISTEN),
                 "max_drain_share": args.max_drain_share, **tls}
+    for name in ("agent_timeout_s", "agent_expire_s", "event_retention_count", "max_body_bytes"):
+        if getattr(args, name) is not None:
+            settings[name] = getattr(args, name)
+    if args.event_retention_days is not None:
+        settings["event_retention_s"] = args.event_retention_days * 86400
+    from ..coordinator.runner import check_settings
+    from ..coordinator.requests import CoordinatorError
+
+    try:
+        check_settings(settings)  # refused here, by name, rather than inside the Ray actor
+    except CoordinatorError as exc:
+        print(f"linkpass: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
     print(f"starting {'a local Ray instance' if not args.address else 'on Ray at ' + args.address} ...", flush=True)
     ray_actor.connect(args.address)
     try:
@@ -461,8 +542,8 @@ def run_coordinator(args) -> int:
         handle, url = ray_actor.ensure(settings)
         print(f"coordinator up: {url} (Ray actor {ray_actor.NAMESPACE}/{ray_actor.ACTOR_NAME}, pid "
               f"{ray_actor.actor_pid(handle)})")
-        print(f"tokens: {settings['state_dir']}/{{reader,agent,operator}}.token; database: "
-              f"{settings['state_dir']}/coordinator.db")
+        print(f"tokens: {settings['state_dir']}/{{reader,operator}}.token; agents: `linkpass coordinator token "
+              f"HOST --state-dir {settings['state_dir']}` (one each); database: {settings['state_dir']}/coordinator.db")
         if args.insecure_http:
             print(paint("warning: plain HTTP (--insecure-http): tokens cross the network in cleartext", "yellow"))
         else:

@@ -1,23 +1,39 @@
-"""Who may call the coordinator: bearer tokens with roles.
+"""Who may call the coordinator: bearer tokens with roles, and agents bound to their host.
 
     reader    read everything (status, links, paths, events, plans)
-    agent     reader + register, heartbeat, report path verdicts
-    operator  reader + drain / undrain
+    agent     reader + register and report, as its own host only
+    operator  reader + drain / undrain / decommission
 
-The tokens file holds only SHA-256 hashes of the tokens (a leaked file grants nothing):
+Reader and operator tokens are listed in the tokens file, which holds only SHA-256 hashes of the
+tokens (a leaked file grants nothing):
 
     tokens:
       - {name: oncall, role: operator, sha256: 9f86d0...}
-      - {name: fleet-agents, role: agent, sha256: 2c26b4...}
+      - {name: grafana, role: reader, sha256: 2c26b4...}
+      - {name: h7-static, role: agent, host: h7, sha256: fcde2b...}   # an agent entry names its host
 
-`ensure_tokens(dir)` makes one token per role on first start (the embedded default) and writes
-each to <dir>/<role>.token (mode 0600) for the local CLI and the agents. Pure apart from that.
+An agent's token speaks for one host. Besides entries like the last one, every agent token can be
+derived from the fleet's agent secret (`<state-dir>/agent.secret`, which only the coordinator's
+host holds):
+
+    lpa1.<host>.<base64url(HMAC-SHA256(secret, "linkpass agent v1\\0" + host))>
+
+The coordinator checks the MAC and takes the caller's host from the token, so a fleet of any size
+needs no list of hosts, a new host needs only `linkpass coordinator token HOST`, and a stolen token
+lets its holder report as that one host and no other. Rotating the secret revokes every derived
+token at once (one host's alone cannot be revoked: give it a listed entry after rotation).
+
+On first start (the embedded default) `ensure_tokens(dir)` makes the reader and operator tokens,
+writing each to <dir>/<role>.token (mode 0600) for the local CLI, and `ensure_secret(path)` the
+agent secret.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -29,17 +45,25 @@ _ALLOWED = {
     "read": {"reader", "agent", "operator"},
     "report": {"agent"},
     "drain": {"operator"},
+    "decommission": {"operator"},
 }
+NEEDS = {"report": "agent", "drain": "operator", "decommission": "operator", "read": "reader"}
+# a host's name as agents and the fleet model use it (h0, gpu-017.rack3); no "/" (path keys), no space
+HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+AGENT_TOKEN_PREFIX = "lpa1."
+_AGENT_MAC_CONTEXT = b"linkpass agent v1\0"
+SECRET_FILE = "agent.secret"
 
 
 class AuthError(ValueError):
-    """A tokens file is malformed; the message names the entry and field."""
+    """A tokens file or secret is malformed; the message names the entry and field."""
 
 
 @dataclass(frozen=True)
 class Caller:
     name: str
     role: str
+    host: str | None = None  # agents: the one host this token speaks for
 
     def may(self, action: str) -> bool:
         return self.role in _ALLOWED[action]
@@ -49,12 +73,25 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.strip().encode()).hexdigest()
 
 
+def valid_host(name) -> bool:
+    return isinstance(name, str) and HOST_NAME_RE.fullmatch(name) is not None
+
+
+def agent_token(secret: bytes, host: str) -> str:
+    """The token that lets an agent speak for `host` (and for no other)."""
+    if not valid_host(host):
+        raise AuthError(f"host {host!r}: expected a host name of letters, digits, '.', '_' or '-' (1..64)")
+    mac = hmac.new(secret, _AGENT_MAC_CONTEXT + host.encode(), hashlib.sha256).digest()
+    return f"{AGENT_TOKEN_PREFIX}{host}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+
+
 class Tokens:
-    def __init__(self, entries: dict[str, Caller]):
+    def __init__(self, entries: dict[str, Caller], agent_secret: bytes | None = None):
         self._by_hash = entries
+        self._secret = agent_secret
 
     @classmethod
-    def parse(cls, text: str, where: str = "tokens") -> "Tokens":
+    def parse(cls, text: str, where: str = "tokens", agent_secret: bytes | None = None) -> "Tokens":
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
@@ -73,16 +110,32 @@ class Tokens:
             if role not in ROLES:
                 raise AuthError(f"{at}.role: {role!r} is not a role; one of {', '.join(ROLES)}")
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise AuthError(f"{at}.sha256: expected 64 hex digits (sha256sum of the token); "
-                                "make one with `linkpass coordinator token NAME ROLE`")
-            out[digest] = Caller(name, role)
-        return cls(out)
+                raise AuthError(f"{at}.sha256: expected 64 hex digits, the SHA-256 of the token; make one with "
+                                "`printf %s \"$TOKEN\" | sha256sum` (a new token: "
+                                "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
+            host = it.get("host")
+            if role == "agent" and not valid_host(host):
+                raise AuthError(f"{at}.host: an agent token speaks for one host, so its entry names it "
+                                f"(got {host!r}); or delete the entry and give each agent its own derived token "
+                                "with `linkpass coordinator token HOST`")
+            if role != "agent" and host is not None:
+                raise AuthError(f"{at}.host: only agent entries name a host; a {role} token is not bound to one")
+            if digest in out:
+                raise AuthError(f"{at}.sha256: the same token is listed twice (also as {out[digest].name!r})")
+            out[digest] = Caller(name, role, host)
+        return cls(out, agent_secret)
 
     def caller(self, authorization: str | None) -> Caller | None:
         """The caller an `Authorization: Bearer <token>` header names, or None."""
         if not authorization or not authorization.startswith("Bearer "):
             return None
-        digest = token_hash(authorization[7:])
+        token = authorization[7:].strip()
+        if token.startswith(AGENT_TOKEN_PREFIX) and self._secret is not None:
+            host, _, _ = token[len(AGENT_TOKEN_PREFIX):].rpartition(".")
+            if valid_host(host) and hmac.compare_digest(agent_token(self._secret, host).encode(), token.encode()):
+                return Caller(host, "agent", host)
+            return None
+        digest = token_hash(token)
         # constant-time compare against every entry: no timing hint of a near miss
         found = None
         for h, c in self._by_hash.items():
@@ -95,22 +148,46 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def ensure_tokens(directory: str) -> str:
-    """The tokens file in `directory`, created with one token per role if missing; returns its path."""
-    path = os.path.join(directory, "tokens.yaml")
-    if os.path.exists(path):
-        return path
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    entries = []
-    for role in ROLES:
-        token = new_token()
-        _write_private(os.path.join(directory, f"{role}.token"), token + "\n")
-        entries.append({"name": f"local-{role}", "role": role, "sha256": token_hash(token)})
-    _write_private(path, yaml.safe_dump({"tokens": entries}, sort_keys=False))
+def ensure_secret(path: str) -> str:
+    """The agent secret at `path`, made (32 random bytes, hex, mode 0600) if missing."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    if not os.path.exists(path):
+        write_private(path, secrets.token_hex(32) + "\n")
     return path
 
 
-def _write_private(path: str, text: str) -> None:
+def ensure_tokens(directory: str) -> str:
+    """The tokens file in `directory`, created with a reader and an operator token if missing;
+    returns its path."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, "tokens.yaml")
+    if os.path.exists(path):
+        return path
+    entries = []
+    for role in ("reader", "operator"):
+        token = new_token()
+        write_private(os.path.join(directory, f"{role}.token"), token + "\n")
+        entries.append({"name": f"local-{role}", "role": role, "sha256": token_hash(token)})
+    write_private(path, yaml.safe_dump({"tokens": entries}, sort_keys=False))
+    return path
+
+
+def read_agent_secret(path: str) -> bytes:
+    """The fleet's agent secret: hex text of 32..64 bytes."""
+    with open(path) as f:
+        text = f.read().strip()
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        raise AuthError(f"{path}: the agent secret is not hex text") from None
+    if not 32 <= len(secret) <= 64:
+        raise AuthError(f"{path}: the agent secret is {len(secret)} bytes; it must be 32..64 (delete the file to "
+                        "have the coordinator make a new one, then hand every agent a new token)")
+    return secret
+
+
+def write_private(path: str, text: str) -> None:
+    """Write a secret file readable by its owner only (atomically: a reader never sees half)."""
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -60,6 +60,12 @@ class Client:
             self._conn.close()
             self._conn = None
 
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def get(self, path: str, **params):
         q = {k: v for k, v in params.items() if v is not None}
         return self._call("GET", path + (f"?{urlencode(q)}" if q else ""), None)
@@ -67,14 +73,14 @@ class Client:
     def post(self, path: str, body: dict):
         return self._call("POST", path, json.dumps(body).encode())
 
-    def post_raw(self, path: str, payload: bytes):
-        """POST an already encoded JSON body."""
-        return self._call("POST", path, payload)
+    def post_raw(self, path: str, payload: bytes, token: str | None = None):
+        """POST an already encoded JSON body (as `token`'s holder, default the client's own)."""
+        return self._call("POST", path, payload, token)
 
-    def _call(self, method: str, path: str, payload: bytes | None):
+    def _call(self, method: str, path: str, payload: bytes | None, token: str | None = None):
         headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        if token or self.token:
+            headers["Authorization"] = f"Bearer {token or self.token}"
         for attempt in (0, 1):  # a kept-alive connection the server closed: one fresh retry
             if self._conn is None:
                 self._conn = (http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s) if self.tls is None

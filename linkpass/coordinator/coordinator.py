@@ -27,37 +27,27 @@ from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, Fabric
 from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_probes
 from ..core.states import STATE_NAMES, Level, health_of, is_bad, is_good, worst
+from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, Refused, RegisterIn, ReportIn,  # noqa: F401
+                       parse_register, parse_report)
 from .store import Store
 
 PLAN_REVISE_S = 1.0
+PLAN_HISTORY = 16  # plan versions kept to answer agents with a delta from theirs
 TOUCH_S = 10.0
-# reason (as agents report it) -> the path direction it was judged in
+RETAIN_EVERY_S = 60.0  # old events are pruned this often
 def _no_cost() -> float:
     """The cost clock when the host gives none: localization and planning count as free."""
     return 0.0
-
-
-class CoordinatorError(ValueError):
-    """A caller's request cannot be done; the message says why and what would work."""
-
-    status = 400
-
-
-class NotFound(CoordinatorError):
-    status = 404
-
-
-class Refused(CoordinatorError):
-    """A safety guard said no (blast radius, last path)."""
-
-    status = 409
 
 
 @dataclass
 class CoordinatorConfig:
     max_drain_share: float = 0.05  # of one tier's links in one plane; at least one is always allowed
     agent_timeout_s: float = 10.0  # an agent silent this long is reported lost
+    agent_expire_s: float = 86400.0  # ... and this long, removed (as by decommission)
     full_mesh_max: int = 16  # probe plans: full mesh up to this many hosts
+    event_retention_s: float = 90 * 86400.0  # events older than this are deleted
+    event_retention_count: int = 1_000_000  # and beyond this many, the oldest
 
 
 @dataclass
@@ -131,12 +121,18 @@ class Coordinator:
         self.drain_version = int(self.store.get_meta("drain_version") or 0)
         self.plan_version = int(self.store.get_meta("plan_version") or 0)
         self._plan_hosts: tuple[str, ...] = ()
+        self._plan_members: frozenset[str] = frozenset()
+        # version -> (members, plan, names whose reachability info changed into that version)
+        self._plan_log: dict[int, tuple[frozenset, object, frozenset]] = {}
+        self._info_changed: set[str] = set()  # since the last plan version
+        self._delta_cache: dict[tuple[int, int], tuple[frozenset, frozenset]] = {}
         self._plan = None
         self._plan_at: float | None = None
         self._members_changed = True  # an agent joined, was lost or returned since the last plan
         self._touched_at = 0.0
         self._plan_every_s = PLAN_REVISE_S
         self._localize_at = 0.0  # next time relocalize may run (bounded duty cycle, see tick)
+        self._retain_at = 0.0  # next time old events are pruned
         self._dirty = True
         if self.agents or self.paths:
             self.counters["recovered_paths"] = len(self.paths)
@@ -168,38 +164,38 @@ class Coordinator:
         self.localizer.update(Observation(rec.reporter, rec.key, rec.links, None, *evidence))
 
     # ---- agents ------------------------------------------------------------------------
-    def register(self, body: dict, now: float) -> dict:
-        """An agent (re)starts or the coordinator came back: its identity and its whole path table."""
-        name = _field(body, "name", str)
-        agent_id = _field(body, "agent_id", int)
-        nics = _field(body, "nics", dict)
-        if not all(str(k).isdigit() and isinstance(v, str) for k, v in nics.items()):
-            raise CoordinatorError(f"nics: expected plane number -> address, got {nics!r}")
-        info = {"service": _field(body, "service", str), "nics": {int(k): v for k, v in nics.items()},
-                "version": str(body.get("version", "")), "api_port": body.get("api_port")}
+    def register(self, body, now: float) -> dict:
+        """An agent (re)starts or the coordinator came back: its identity and its whole path table.
+        The body is checked whole first: a refused registration changes nothing."""
+        req = body if isinstance(body, RegisterIn) else parse_register(body)
+        name = req.name
+        info = {"service": req.service, "nics": dict(req.nics), "version": req.version, "api_port": req.api_port}
         known = self.agents.get(name)
         if known is None or known.lost:
             self.store.event("agent", name, name, what="registered" if known is None else "returned",
-                             agent_id=agent_id, paths=len(body.get("paths", [])))
-        if known is None or known.lost:
+                             agent_id=req.agent_id, paths=len(req.paths))
+            self._members_changed = True
+        if known is not None and (known.agent_id, known.info["service"], known.info["nics"]) != \
+                (req.agent_id, req.service, info["nics"]):
+            self._info_changed.add(name)  # its peers must learn its new addresses (even if it was away)
             self._members_changed = True
         first = known.first_seen if known else now
-        self.agents[name] = AgentRecord(name, agent_id, info, first, now)
-        self.store.upsert_agent(name, agent_id, info, now)
+        self.agents[name] = AgentRecord(name, req.agent_id, info, first, now)
+        self.store.upsert_agent(name, req.agent_id, info, now)
         changes = _Changes()
-        keep = set()
-        for p in _field(body, "paths", list):
-            keep.add(self._put_path(name, p, now, changes))
+        keep = {self._put_path(name, p, now, changes) for p in req.paths}
         for key in self.by_reporter.get(name, set()) - keep:
             self._drop_path(key)
         self.store.drop_paths(name, keep)
         self._flush(changes)
-        return self._answer(name, body, now)
+        return self._answer(name, req, now)
 
-    def report(self, body: dict, now: float) -> dict:
+    def report(self, body, now: float) -> dict:
         """Path verdicts from one agent: `changes` (state moves since the last report) and, now
-        and then, `paths` (the full table: a summary that heals anything a lost report missed)."""
-        name = _field(body, "name", str)
+        and then, `paths` (the full table: a summary that heals anything a lost report missed).
+        The body is checked whole first: a refused report changes nothing."""
+        req = body if isinstance(body, ReportIn) else parse_report(body)
+        name = req.name
         agent = self.agents.get(name)
         if agent is None:
             raise NotFound(f"agent {name!r} has not registered; it registers by itself on start "
@@ -210,48 +206,40 @@ class Coordinator:
             self.store.event("agent", name, name, what="returned")
         agent.last_seen = now
         changes = _Changes()
-        if "paths" in body:
-            keep = {self._put_path(name, p, now, changes) for p in _field(body, "paths", list)}
+        if req.paths is not None:
+            keep = {self._put_path(name, p, now, changes) for p in req.paths}
             for key in self.by_reporter.get(name, set()) - keep:
                 self._drop_path(key)
-        for c in _field(body, "changes", list, default=[]):
+            self.store.drop_paths(name, keep)
+        for c in req.changes:
             self._change(name, c, now, changes)
         self._flush(changes)
-        return self._answer(name, body, now)
+        return self._answer(name, req, now)
 
-    def _put_path(self, reporter: str, p: dict, now: float, changes: _Changes) -> str:
-        pid = _field(p, "id", int, where="paths[].")
-        key = f"{reporter}/{pid}"
+    def _put_path(self, reporter: str, p: PathIn, now: float, changes: _Changes) -> str:
+        key = f"{reporter}/{p.id}"
         old = self.paths.get(key)
-        state, reason = _state(p), _reason(p)
-        hops = p.get("hops") or []
-        if not isinstance(hops, list) or not all(h is None or isinstance(h, str) for h in hops):
-            raise CoordinatorError(f"paths[].hops: expected a list of router addresses (or null), got {hops!r}")
-        hops = tuple(hops)
-        if not isinstance(p.get("peer_addr", ""), str) or not isinstance(p.get("sport", 0), int):
-            raise CoordinatorError("paths[].peer_addr must be an address string and paths[].sport an integer")
-        if old is not None and old.hops == hops and old.peer == p.get("peer") and old.plane == p.get("plane"):
-            if old.state != state or old.reason != reason:
-                self._set_state(old, state, reason, now, changes)
+        if old is not None and old.hops == p.hops and old.peer == p.peer and old.plane == p.plane \
+                and old.sport == p.sport and old.peer_addr == p.peer_addr:
+            if old.state != p.state or old.reason != p.reason:
+                self._set_state(old, p.state, p.reason, now, changes)
             return key
-        rec = PathRecord(key, reporter, _field(p, "peer", str, where="paths[]."), _field(p, "plane", int, where="paths[]."),
-                         int(p.get("sport", 0)), hops, str(p.get("peer_addr", "")), state, reason, now)
+        rec = PathRecord(key, reporter, p.peer, p.plane, p.sport, p.hops, p.peer_addr, p.state, p.reason, now)
         if old is not None:
             self._drop_path(key)
         self._index(rec)
-        changes.paths.append((key, reporter, rec.info(), state, rec.reason, now))
-        if is_bad(state):
+        changes.paths.append((key, reporter, rec.info(), p.state, p.reason, now))
+        if is_bad(p.state):
             changes.events.append((now, "detection", reporter, key, {"peer": rec.peer, "plane": rec.plane,
-                                                                     "state": state, "reason": rec.reason}))
+                                                                     "state": p.state, "reason": p.reason}))
         return key
 
-    def _change(self, reporter: str, c: dict, now: float, changes: _Changes) -> None:
-        key = f"{reporter}/{_field(c, 'id', int, where='changes[].')}"
-        rec = self.paths.get(key)
+    def _change(self, reporter: str, c: ChangeIn, now: float, changes: _Changes) -> None:
+        rec = self.paths.get(f"{reporter}/{c.id}")
         if rec is None:
             self.counters["changes_unknown_path"] += 1  # the next summary brings the path
             return
-        self._set_state(rec, _state(c), _reason(c), now, changes)
+        self._set_state(rec, c.state, c.reason, now, changes)
 
     def _set_state(self, rec: PathRecord, state: str, reason: str | None, now: float, changes: _Changes) -> None:
         was_bad = is_bad(rec.state)
@@ -278,21 +266,62 @@ class Coordinator:
         self.store.put_states(changes.states)
         self.store.add_events(changes.events)
 
-    def _answer(self, name: str, body: dict, now: float) -> dict:
+    def _answer(self, name: str, req: RegisterIn | ReportIn, now: float) -> dict:
         """What the agent needs back: drains and its probe plan, when its copies are stale."""
         out: dict = {"drain_version": self.drain_version, "plan_version": self.plan_version}
-        if body.get("drain_version") != self.drain_version:
+        if req.drain_version != self.drain_version:
             out["drains"] = self.drain_addresses()
         self._current_plan(now)
-        planned = name in self._plan_hosts
-        if planned and body.get("plan_version") != self.plan_version:
-            out["plan"] = self.plan_for(name, now)
+        planned = name in self._plan_members
+        if planned and req.plan_version != self.plan_version:
+            delta = self._plan_delta(name, req.plan_version) if req.plan_deltas else None
+            if delta is not None:
+                out["plan_delta"] = delta
+            else:
+                out["plan"] = self.plan_for(name, now)
         out["plan_version"] = self.plan_version if planned else None
         return out
 
+    def decommission(self, host: str, reason: str, by: str, now: float, dry_run: bool = False) -> dict:
+        """Forget an agent: its record, its paths and what they told the localizer. A host that
+        still runs an agent comes back by itself at its next registration."""
+        a = self.agents.get(host)
+        if a is None:
+            raise NotFound(f"no agent named {host!r} is known (`linkpass status -o wide` lists the fleet)")
+        result = {"host": host, "paths": len(self.by_reporter.get(host, ())), "was_lost": a.lost, "dry_run": dry_run,
+                  "changed": False}
+        if dry_run:
+            return result
+        self._forget_agent(host)
+        self.store.event("agent", by, host, what="decommissioned", reason=reason, paths=result["paths"],
+                         silent_s=round(now - a.last_seen, 1))
+        result["changed"] = True
+        return result
+
+    def _forget_agent(self, host: str) -> None:
+        for key in list(self.by_reporter.get(host, ())):
+            self._drop_path(key)
+        self.by_reporter.pop(host, None)
+        self.agents.pop(host, None)
+        self.store.forget_agent(host)
+        self._members_changed = True
+        self._info_changed.add(host)  # back within the same plan revision, it may have new addresses
+
     # ---- periodic ----------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        """Liveness and localization; the host calls it every ~100 ms."""
+        """Liveness, expiry, retention and localization; the host calls it every ~100 ms."""
+        expired = [a for a in self.agents.values() if now - a.last_seen > self.config.agent_expire_s]
+        for a in expired:
+            n = len(self.by_reporter.get(a.name, ()))
+            self._forget_agent(a.name)
+            self.store.event("agent", "coordinator", a.name, what="expired", paths=n,
+                             silent_s=round(now - a.last_seen, 1),
+                             note=f"silent longer than agent_expire_s ({self.config.agent_expire_s:g} s): forgotten; "
+                                  "it registers again if it comes back")
+        if now >= self._retain_at:
+            self._retain_at = now + RETAIN_EVERY_S
+            removed = self.store.prune_events(now - self.config.event_retention_s, self.config.event_retention_count)
+            self.counters["events_pruned"] += removed
         for a in self.agents.values():
             if not a.lost and now - a.last_seen > self.config.agent_timeout_s:
                 a.lost = True
@@ -350,8 +379,9 @@ class Coordinator:
             return self._plan
         self._members_changed = False
         hosts = tuple(sorted(n for n, a in self.agents.items() if not a.lost))
-        if hosts != self._plan_hosts:
+        if hosts != self._plan_hosts or self._info_changed:
             self._plan_hosts = hosts
+            self._plan_members = frozenset(hosts)
             self._plan_at = now
             if self.model is not None:
                 known = [h for h in hosts if h in self.model.hosts]
@@ -363,7 +393,58 @@ class Coordinator:
                 self._plan = None
             self.plan_version += 1
             self.store.set_meta("plan_version", str(self.plan_version))
+            self._plan_log[self.plan_version] = (self._plan_members, self._plan, frozenset(self._info_changed))
+            self._info_changed.clear()
+            for v in [v for v in self._plan_log if v <= self.plan_version - PLAN_HISTORY]:
+                del self._plan_log[v]
+            self._delta_cache.clear()
         return self._plan
+
+    def _plan_delta(self, host: str, since: int | None) -> dict | None:
+        """The change from plan version `since` (which the agent holds) to the current one, for
+        `host`: the peers to add or refresh and the names to drop. So an answer after a plan
+        change costs what changed, not the whole fleet. None when `since` is too old (or unknown,
+        as after a restart): the agent then gets the whole plan."""
+        old, cur = self._plan_log.get(since), self._plan_log.get(self.plan_version)
+        if old is None or cur is None:
+            return None
+        members, plan, _ = cur
+        joined_or_left, info = self._changed_between(since, self.plan_version)
+        if plan is not None and host in self.model.hosts:
+            new_peers = set(plan.peers_of(host))
+            old_peers = set(old[1].peers_of(host)) if old[1] is not None else set()
+            add = (new_peers - old_peers) | (info & new_peers)
+            remove = old_peers - new_peers
+        else:  # no fabric model: every member probes every other; what changed is who is a member
+            changed = joined_or_left | info
+            add = {n for n in changed if n in members}
+            remove = set(changed - members)
+        add.discard(host)
+        remove.discard(host)
+        return {"from": since, "version": self.plan_version, "peers": self._peer_docs(sorted(add)),
+                "remove": sorted(remove)}
+
+    def _changed_between(self, since: int, now_v: int) -> tuple[frozenset, frozenset]:
+        """Between plan versions `since` and `now_v`: the names that joined or left, and those
+        whose reachability info changed; computed once per pair of versions, however many agents
+        ask (each answer then costs what changed)."""
+        key = (since, now_v)
+        if key not in self._delta_cache:
+            info: set[str] = set()
+            for v in range(since + 1, now_v + 1):
+                if v in self._plan_log:
+                    info |= self._plan_log[v][2]
+            self._delta_cache[key] = (self._plan_log[since][0] ^ self._plan_log[now_v][0], frozenset(info))
+        return self._delta_cache[key]
+
+    def _peer_docs(self, names) -> list[dict]:
+        out = []
+        for n in names:
+            a = self.agents.get(n)
+            if a is not None:
+                out.append({"name": n, "agent_id": a.agent_id, "service": a.info["service"],
+                            "nics": {str(k): v for k, v in a.info["nics"].items()}})
+        return out
 
     def plan_for(self, host: str, now: float) -> dict | None:
         """Which peers `host` should probe, with what the agent needs to reach them; None if
@@ -371,19 +452,13 @@ class Coordinator:
         if host not in self.agents:
             return None
         plan = self._current_plan(now)
-        if host not in self._plan_hosts:
+        if host not in self._plan_members:
             return None
         if plan is not None and host in self.model.hosts:
             names = plan.peers_of(host)
         else:  # no fabric model: everyone probes everyone it can reach
-            names = sorted(n for n in self._plan_hosts if n != host)
-        peers = []
-        for n in names:
-            a = self.agents.get(n)
-            if a is not None:
-                peers.append({"name": n, "agent_id": a.agent_id, "service": a.info["service"],
-                              "nics": {str(k): v for k, v in a.info["nics"].items()}})
-        return {"version": self.plan_version, "peers": peers}
+            names = [n for n in self._plan_hosts if n != host]
+        return {"version": self.plan_version, "peers": self._peer_docs(names)}
 
     # ---- drains ------------------------------------------------------------------------
     def drain_addresses(self) -> list[dict]:
@@ -564,34 +639,3 @@ def _pretty(model: FabricModel, dl: str) -> str:
 def _key_order(key: str):
     host, _, pid = key.rpartition("/")
     return host, int(pid) if pid.isdigit() else 0
-
-
-_MISSING = object()
-
-
-def _field(body: dict, name: str, kind: type, where: str = "", default=_MISSING):
-    if not isinstance(body, dict):
-        raise CoordinatorError(f"{where or 'body'}: expected a JSON object")
-    if name not in body:
-        if default is not _MISSING:
-            return default
-        raise CoordinatorError(f"{where}{name}: required field is missing")
-    v = body[name]
-    if kind is int and isinstance(v, bool) or not isinstance(v, kind):
-        raise CoordinatorError(f"{where}{name}: expected {kind.__name__}, got {type(v).__name__}")
-    return v
-
-
-def _reason(p: dict) -> str | None:
-    r = p.get("reason")
-    if r is not None and not isinstance(r, str):
-        # it is stored and shown as text; a list here was an HTTP 500 (sqlite cannot bind it)
-        raise CoordinatorError(f"reason: expected a string or null, got {type(r).__name__}")
-    return r
-
-
-def _state(p: dict) -> str:
-    s = p.get("state")
-    if s not in STATE_NAMES:
-        raise CoordinatorError(f"state: {s!r} is not a path state; one of {', '.join(STATE_NAMES)}")
-    return s

@@ -1,79 +1,121 @@
 """The coordinator's endpoint: HTTP/JSON for agents, the CLI and dashboards.
 
     GET  /v1/healthz                      no token: liveness for probes and load balancers
-    GET  /v1/whoami                       the caller's name and role (any valid token)
+    GET  /v1/whoami                       the caller's name, role and host (any valid token)
     GET  /v1/status | /v1/links[?problems=1] | /v1/paths[?host=&peer=] | /v1/agents
          /v1/events[?since=&after=&limit=&kind=] | /v1/plan?host=        role reader, agent or operator
-    POST /v1/register | /v1/report                                      role agent
+    POST /v1/register | /v1/report                                      role agent, as its own host
     POST /v1/drain | /v1/undrain   {link, reason, dry_run, force}       role operator
+    POST /v1/decommission          {host, reason, dry_run}              role operator
     GET  /metrics                                                       Prometheus (no token)
 
-Bearer tokens (`auth.py`). Refused callers get 401/403 with a message saying which role would
-do; refused drains are recorded as events with who and from where. Malformed bodies get 400 and
-are counted; nothing a caller sends can stop the server. One lock serialises calls into the
-`Coordinator`; a tick thread runs liveness and localization every COORDINATOR_TICK_S and never dies (an
-exception is counted and logged, the next tick runs).
+One asyncio loop owns every connection. Requests against the `Coordinator` are serialised by
+one lock: a small one the loop runs itself when the lock is free, the rest a few worker threads
+(`Limits.workers`) take, so the loop never waits for the lock. So a connection costs a
+coroutine, not a thread, and slow or idle clients cannot starve anyone:
+
+- the request head must arrive within `read_timeout_s` of its first byte, and the body within
+  `read_timeout_s` more; a kept-alive connection idle for `idle_timeout_s` is closed;
+- at `max_connections`, the connection that has waited longest for its next request is closed
+  to make room (a flood of half-sent requests evicts itself, not the agents that are talking);
+- with TLS (an ssl.SSLContext from tls.py; HTTPS is the default), each connection's handshake
+  runs in its own coroutine within tls.HANDSHAKE_TIMEOUT_S; a failed one is counted (kind "tls");
+- the token is checked from the head, before a byte of the body is read; then Content-Length
+  against `max_body_bytes` (413); chunked bodies are refused (411: send Content-Length); JSON
+  nested deeper than `json_max_depth` is refused (400) before it is parsed;
+- at most `max_pending` requests hold a body in memory waiting for a worker; beyond, 503.
+
+Refusals (401, 403, 413, ...) are counted per kind in `linkpass_coordinator_request_errors_total`.
+A client address that keeps being refused is rate-limited (429, connection closed). Refusals
+never each reach the store: unauthenticated ones become one summary event per
+`refusal_summary_s` (how many, from which addresses); refused drains and decommissions by known
+callers and attempts to report as another host are recorded individually up to a cap per window,
+the rest in the summary. The tick thread runs liveness, retention and localization every
+COORDINATOR_TICK_S, writes those summaries, and never dies (an exception is counted and logged).
 """
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
+import re
+import socket
+import ssl
 import sys
 import threading
 import time
 import traceback
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
-from .auth import Tokens
-from .coordinator import Coordinator, CoordinatorError
-from .tls import serve_tls
+from .auth import NEEDS, Caller, Tokens
+from .coordinator import Coordinator
+from .requests import (CoordinatorError, parse_decommission, parse_drain, parse_events_query, parse_register,
+                       parse_report, query_host)
+from .store import EVENT_KINDS
+from .tls import HANDSHAKE_TIMEOUT_S
 
-MAX_BODY = 16 << 20
+MAX_HEAD = 64 << 10  # request line and headers
+INLINE_MAX_BYTES = 64 << 10  # bodies up to this are run by the loop itself when the coordinator is free
+MAX_HEADERS = 100
+FORBIDDEN_EVENTS_PER_WINDOW = 20  # refused drains etc. recorded one by one per summary window
+TRACKED_ADDRESSES = 4096  # rate-limit buckets kept (least recently refused dropped first)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may cost the endpoint (coordinator settings of the same names)."""
+
+    max_body_bytes: int = 4 << 20  # a registration of ~15 000 paths with hops
+    max_connections: int = 4096  # open connections (one kept-alive per agent)
+    read_timeout_s: float = 10.0  # a request's head, then its body, must arrive within this
+    idle_timeout_s: float = 60.0  # a kept-alive connection without a request this long is closed
+    workers: int = 4  # threads running requests against the coordinator
+    max_pending: int = 64  # requests holding a body while waiting for a worker; beyond: 503
+    json_max_depth: int = 32  # the deepest legitimate body nests 4 levels
+    events_limit_max: int = 10_000  # events in one answer (page with after=ID)
+    refusal_rate_per_s: float = 5.0  # refused requests per client address, sustained ...
+    refusal_burst: int = 50  # ... and in a burst; beyond: 429 and the connection closed
+    refusal_summary_s: float = 60.0  # unauthenticated refusals reach the history once per this
 
 
 class CoordinatorServer:
     def __init__(self, coordinator: Coordinator, tokens: Tokens, host: str = "127.0.0.1", port: int = COORDINATOR_PORT,
-                 log=None, tls=None):
+                 log=None, limits: Limits | None = None, tls: ssl.SSLContext | None = None):
         self.coordinator = coordinator
         self.tokens = tokens
-        self.lock = threading.Lock()
+        self.limits = limits or Limits()
+        self.lock = threading.RLock()  # re-entered by a request the loop runs itself (see _one_request)
         self.log = log or _log
-        self.errors = {"bad_request": 0, "unauthenticated": 0, "forbidden": 0, "internal": 0, "tick": 0}
+        self.errors = dict.fromkeys(("bad_request", "unauthenticated", "forbidden", "too_large", "length_required",
+                                     "rate_limited", "timeout", "evicted", "busy", "not_found", "internal", "tick",
+                                     "tls"), 0)
         self.requests = 0
         self.reports = 0
+        self._count_lock = threading.Lock()
+        self._refusals = _Refusals(self.limits)
         self._stop = threading.Event()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive: agents and the benchmark reuse connections
-            # headers and body leave in separate writes: with Nagle and the client's delayed ACK
-            # each answer waited ~40 ms (measured: ~70 requests/s per connection)
-            disable_nagle_algorithm = True
-
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                server._handle(self, "GET")
-
-            def do_POST(self):  # noqa: N802
-                server._handle(self, "POST")
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        serve_tls(self.httpd, tls, self.errors)  # HTTPS with an ssl.SSLContext (tls.py); plain HTTP without
+        self.tls = tls  # an ssl.SSLContext (tls.build_server_context): HTTPS; None: plain HTTP
         self.scheme = "https" if tls is not None else "http"
-        self.httpd.daemon_threads = True
-        self.address = self.httpd.server_address
+        self._conns: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
+        self._pool = ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="coordinator-worker")
         self.registry = CollectorRegistry()
         self.registry.register(_Metrics(self))
-        self._threads = [threading.Thread(target=self.httpd.serve_forever, name="coordinator-http", daemon=True),
+        sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
+        self.address = sock.getsockname()[:2]
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._threads = [threading.Thread(target=self._serve_forever, args=(sock, started), name="coordinator-http",
+                                          daemon=True),
                          threading.Thread(target=self._tick_loop, name="coordinator-tick", daemon=True)]
         for t in self._threads:
             t.start()
+        started.wait(10)
 
     @property
     def url(self) -> str:
@@ -81,137 +123,369 @@ class CoordinatorServer:
 
     def close(self) -> None:
         self._stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        for t in self._threads:
+            t.join(timeout=10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def count(self, kind: str, n: int = 1) -> None:
+        with self._count_lock:
+            self.errors[kind] += n
+
+    # ---- the loop ----------------------------------------------------------------------
+    def _serve_forever(self, sock: socket.socket, started: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._pending = asyncio.Semaphore(self.limits.max_pending)
+        server = self._loop.run_until_complete(asyncio.start_server(self._connection, sock=sock, limit=MAX_HEAD))
+        started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            for conn in list(self._conns):
+                conn.writer.transport.abort()
+            tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+            for t in tasks:
+                t.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._loop.close()
 
     def _tick_loop(self) -> None:
+        next_summary = time.monotonic() + self.limits.refusal_summary_s
         while not self._stop.wait(COORDINATOR_TICK_S):
             try:
                 with self.lock:
                     self.coordinator.tick(time.time())
+                    self._write_refusals(final=time.monotonic() >= next_summary)
+                if time.monotonic() >= next_summary:
+                    next_summary = time.monotonic() + self.limits.refusal_summary_s
             except Exception:  # noqa: BLE001 - the loop must outlive any one failure
-                self.errors["tick"] += 1
+                self.count("tick")
                 self.log("tick_failed", error=traceback.format_exc(limit=5))
 
-    # ---- requests ----------------------------------------------------------------------
-    def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
+    def flush_refusals(self) -> None:
+        """Write the refusals gathered so far into the history now (tests; shutdown)."""
+        with self.lock:
+            self._write_refusals(final=True)
+
+    def _write_refusals(self, final: bool) -> None:
+        """Under the lock: the individual refusal events gathered since the last call; at the end
+        of a window, one summary of the rest."""
+        events = self._refusals.take(final, time.time())
+        if events:
+            self.coordinator.store.add_events(events)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = _Conn(writer)
+        if len(self._conns) >= self.limits.max_connections and not self._evict():
+            self.count("busy")
+            writer.write(_response(503, {"error": "the coordinator has too many open connections; retry"}, True))
+            writer.close()
+            return
+        self._conns[conn] = None
+        try:
+            if self.tls is not None and not await self._handshake(conn, writer):
+                return
+            while not self._stop.is_set():
+                if not await self._one_request(conn, reader, writer):
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        except ssl.SSLError:  # a TLS record broken after the handshake (or data after close_notify)
+            self.count("tls")
+        except Exception:  # noqa: BLE001 - a connection's failure stays with that connection
+            self.count("internal")
+            self.log("connection_failed", error=traceback.format_exc(limit=5))
+        finally:
+            self._conns.pop(conn, None)
+            # close, not abort: an answer still in the transport's buffer is sent first (a large
+            # one to a `Connection: close` client would be cut off); a peer that does not read it
+            # is dropped after read_timeout_s
+            writer.close()
+            try:
+                await _within(writer.wait_closed(), self.limits.read_timeout_s)
+            except (asyncio.TimeoutError, OSError, asyncio.CancelledError):  # OSError: ssl.SSLError too
+                writer.transport.abort()
+
+    async def _handshake(self, conn: "_Conn", writer: asyncio.StreamWriter) -> bool:
+        """TLS on the accepted connection, in its own coroutine: a client that connects and never
+        finishes its handshake holds a coroutine for HANDSHAKE_TIMEOUT_S and, until then, is the first
+        to be evicted (not busy), never the loop. A failed handshake (plain HTTP, a CA the client does
+        not trust, no client certificate where one is required, too slow) is counted as kind "tls"
+        and the connection closed with nothing said in cleartext."""
+        try:
+            await writer.start_tls(self.tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+        except (ssl.SSLError, OSError, EOFError, asyncio.TimeoutError):
+            self.count("tls")
+            writer.transport.abort()
+            return False
+        conn.writer = writer
+        return True
+
+    def _evict(self) -> bool:
+        """Make room: close the connection that has waited longest for its next request."""
+        for conn in self._conns:
+            if not conn.busy:
+                self._conns.pop(conn)
+                conn.writer.transport.abort()
+                self.count("evicted")
+                return True
+        return False
+
+    async def _one_request(self, conn: "_Conn", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read, check and answer one request; False: close the connection."""
+        lim = self.limits
+        conn.busy = False
+        self._conns.move_to_end(conn)
+        try:
+            first = await _within(reader.readexactly(1), lim.idle_timeout_s)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+            return False
+        try:
+            head = first + await _within(reader.readuntil(b"\r\n\r\n"), lim.read_timeout_s)
+        except asyncio.TimeoutError:
+            self.count("timeout")
+            return False
+        except asyncio.LimitOverrunError:
+            return await self._refuse(writer, None, 431, "bad_request", f"request head over {MAX_HEAD} bytes")
+        conn.busy = True
         self.requests += 1
-        url = urlparse(h.path)
-        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        remote = conn.remote
         try:
-            body = self._body(h) if method == "POST" else {}
-            status, doc = self._route(method, url.path, q, body, h)
+            req = _parse_head(head)
         except _HttpError as exc:
-            status, doc = exc.status, {"error": exc.message}
+            return await self._refuse(writer, remote, exc.status, "bad_request", exc.message)
+        route = _ROUTES.get((req.method, req.path))
+        if route is None:
+            known = any(p == req.path for _, p in _ROUTES)
+            status, kind = (405, "bad_request") if known else (404, "not_found")
+            return await self._refuse(writer, remote, status, kind, f"no such endpoint: {req.method} {req.path}",
+                                      close=req.length != 0, limited=False)
+        caller = None
+        if route.action is not None:
+            caller = self.tokens.caller(req.headers.get("authorization"))
+            if caller is None:
+                self._refusals.unauthenticated(remote, req.path)
+                return await self._refuse(writer, remote, 401, "unauthenticated",
+                                          "no valid token: pass one with `Authorization: Bearer <token>` (the CLI "
+                                          "reads $LINKPASS_TOKEN or --token-file)",
+                                          close=req.length != 0, extra=[("WWW-Authenticate", "Bearer")])
+            if not caller.may(route.action):
+                self._refusals.forbidden(caller, remote, req.path, f"role {caller.role} may not {route.action}",
+                                         record=route.action in ("drain", "decommission"))
+                return await self._refuse(writer, remote, 403, "forbidden",
+                                          f"{caller.name} has role {caller.role!r}; this needs role "
+                                          f"{NEEDS[route.action]!r}", close=req.length != 0)
+        if route.fn is CoordinatorServer._get_healthz and not req.length:  # liveness never waits for a worker
+            writer.write(_response(200, {"ok": True}, req.close))
+            await _within(writer.drain(), lim.read_timeout_s)
+            return not req.close
+        if req.length is None:
+            return await self._refuse(writer, remote, 411, "length_required",
+                                      "chunked bodies are not accepted: send Content-Length", close=True)
+        if req.length > lim.max_body_bytes:
+            return await self._refuse(writer, remote, 413, "too_large",
+                                      f"body of {req.length} bytes is over this coordinator's max_body_bytes "
+                                      f"({lim.max_body_bytes})", close=True)
+        try:
+            await _within(self._pending.acquire(), lim.read_timeout_s)
+        except asyncio.TimeoutError:
+            return await self._refuse(writer, remote, 503, "busy", "the coordinator is busy; retry", close=True,
+                                      limited=False)
+        try:
+            if req.expect_continue and req.length:
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            try:
+                raw = await _within(reader.readexactly(req.length), lim.read_timeout_s) if req.length else b""
+            except asyncio.TimeoutError:
+                self.count("timeout")
+                return False
+            if len(raw) <= INLINE_MAX_BYTES and self.lock.acquire(blocking=False):
+                # the coordinator is free and the request small (a report, a status): the loop runs
+                # it itself; two thread hops per request cost more than the request (measured:
+                # ~40 % of ingest). Otherwise a worker waits for the lock, not the loop.
+                try:
+                    status, doc = self._serve(route, req, raw, caller, remote)
+                finally:
+                    self.lock.release()
+            else:
+                status, doc = await self._loop.run_in_executor(self._pool, self._serve, route, req, raw, caller,
+                                                               remote)
+        finally:
+            self._pending.release()
+        if status in (401, 403):
+            self._refusals.note(remote)
+        writer.write(_response(status, doc, req.close))
+        try:
+            await _within(writer.drain(), lim.read_timeout_s)
+        except asyncio.TimeoutError:
+            self.count("timeout")
+            return False
+        return not req.close
+
+    async def _refuse(self, writer, remote, status: int, kind: str, message: str, close: bool = False,
+                      limited: bool = True, extra=()) -> bool:
+        self.count(kind)
+        if limited and remote is not None and not self._refusals.note(remote):
+            self.count("rate_limited")
+            status, message, close = 429, "too many refused requests from this address; slow down", True
+        writer.write(_response(status, {"error": message}, close, extra))
+        try:
+            await _within(writer.drain(), self.limits.read_timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return not close
+
+    # ---- the workers -------------------------------------------------------------------
+    def _serve(self, route: "_Route", req: "_Head", raw: bytes, caller: Caller | None, remote: str):
+        """In a worker thread: the request's body parsed, checked and applied; (status, document)."""
+        try:
+            body = _json_body(raw, self.limits.json_max_depth) if req.method == "POST" else {}
+            return route.fn(self, req, body, caller, remote)
+        except _HttpError as exc:
+            self.count("bad_request" if exc.status == 400 else "forbidden" if exc.status == 403 else "not_found")
+            return exc.status, {"error": exc.message}
         except CoordinatorError as exc:
-            self.errors["bad_request"] += exc.status == 400
-            status, doc = exc.status, {"error": str(exc)}
+            if exc.status == 400:
+                self.count("bad_request")
+            return exc.status, {"error": str(exc)}
         except Exception:  # noqa: BLE001 - one bad request must not take the endpoint down
-            self.errors["internal"] += 1
-            self.log("request_failed", path=url.path, error=traceback.format_exc(limit=5))
-            status, doc = 500, {"error": "internal error in the coordinator (logged); retry, and report it if it persists"}
-        if isinstance(doc, bytes):
-            payload, ctype = doc, "text/plain; version=0.0.4"
-        else:
-            payload, ctype = json.dumps(doc, default=str).encode(), "application/json"
-        h.send_response(status)
-        h.send_header("Content-Type", ctype)
-        h.send_header("Content-Length", str(len(payload)))
-        h.end_headers()
-        h.wfile.write(payload)
+            self.count("internal")
+            self.log("request_failed", path=req.path, error=traceback.format_exc(limit=5))
+            return 500, {"error": "internal error in the coordinator (logged); retry, and report it if it persists"}
 
-    def _body(self, h) -> dict:
-        try:
-            n = int(h.headers.get("Content-Length", "0"))
-        except ValueError:
-            n = -1
-        if not 0 <= n <= MAX_BODY:
-            self.errors["bad_request"] += 1
-            raise _HttpError(400, f"Content-Length must be 0..{MAX_BODY}")
-        raw = h.rfile.read(n)
-        try:
-            doc = json.loads(raw or b"{}")
-        except ValueError as exc:
-            self.errors["bad_request"] += 1
-            raise _HttpError(400, f"body is not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            self.errors["bad_request"] += 1
-            raise _HttpError(400, "body must be a JSON object")
-        return doc
+    def _as_itself(self, caller: Caller, name: str, remote: str, path: str) -> None:
+        if caller.host != name:
+            why = f"the token of agent {caller.host!r} cannot speak for {name!r}"
+            self._refusals.forbidden(caller, remote, path, why, record=True)
+            raise _HttpError(403, f"{why}: an agent registers and reports as its own host only (its token names "
+                                  "it; `linkpass coordinator token HOST` makes one per host)")
 
-    def _caller(self, h, action: str, path: str):
-        caller = self.tokens.caller(h.headers.get("Authorization"))
-        who = h.client_address[0]
-        if caller is None:
-            self.errors["unauthenticated"] += 1
-            self._log_refusal(action, path, f"unauthenticated@{who}", why="no valid token")
-            raise _HttpError(401, "no valid token: pass one with `Authorization: Bearer <token>` (the CLI reads "
-                                  "$LINKPASS_TOKEN or --token-file)")
-        if not caller.may(action):
-            self.errors["forbidden"] += 1
-            self._log_refusal(action, path, caller.name, why=f"role {caller.role} may not {action}", remote=who)
-            need = {"drain": "operator", "report": "agent"}.get(action, "reader")
-            raise _HttpError(403, f"{caller.name} has role {caller.role!r}; this needs role {need!r}")
-        return caller
+    def _get_status(self, req, body, caller, remote):
+        with self.lock:
+            return 200, self.coordinator.status(time.time())
 
-    def _log_refusal(self, action: str, path: str, actor: str, **detail) -> None:
-        """Refused drains go into the history (who tried, from where, why); refused reads do not."""
-        if action == "drain":
-            with self.lock:
-                self.coordinator.store.event("refused", actor, path, action=path.rsplit("/", 1)[-1], **detail)
+    def _get_links(self, req, body, caller, remote):
+        with self.lock:
+            return 200, self.coordinator.links(only_problems=req.query.get("problems") == "1")
 
-    def _route(self, method: str, path: str, q: dict, body: dict, h):
-        c = self.coordinator
-        now = time.time()
-        if method == "GET" and path == "/v1/healthz":
-            return 200, {"ok": True}
-        if method == "GET" and path == "/metrics":
-            return 200, generate_latest(self.registry)
-        if method == "GET" and path == "/v1/whoami":  # for `linkpass doctor`: is my token known, with what role
-            caller = self._caller(h, "read", path)
-            return 200, {"name": caller.name, "role": caller.role}
-        if method == "GET":
-            self._caller(h, "read", path)
-            with self.lock:
-                if path == "/v1/status":
-                    return 200, c.status(now)
-                if path == "/v1/links":
-                    return 200, c.links(only_problems=q.get("problems") == "1")
-                if path == "/v1/paths":
-                    return 200, c.path_rows(q.get("host"), q.get("peer"))
-                if path == "/v1/agents":
-                    return 200, c.agent_rows(now)
-                if path == "/v1/plan":
-                    plan = c.plan_for(q.get("host", ""), now)
-                    if plan is None:
-                        raise _HttpError(404, f"no agent named {q.get('host')!r} is in the current plan "
-                                              "(not registered, or joined less than a second ago)")
-                    return 200, plan
-            if path == "/v1/events":
-                kinds = [k for k in q.get("kind", "").split(",") if k]
-                return 200, c.store.events(since=_num(q, "since", 0.0), after_id=int(_num(q, "after", 0)),
-                                           limit=int(_num(q, "limit", 1000)), kinds=kinds)
-            raise _HttpError(404, f"no such endpoint: GET {path}")
-        if path in ("/v1/register", "/v1/report"):
-            self._caller(h, "report", path)
-            with self.lock:
-                if path == "/v1/register":
-                    out = c.register(body, now)
-                else:
-                    out = c.report(body, now)
-            self.reports += len(body.get("changes", ())) + len(body.get("paths", ()))
-            return 200, out
-        if path in ("/v1/drain", "/v1/undrain"):
-            caller = self._caller(h, "drain", path)
-            link = body.get("link")
-            if not isinstance(link, str):
-                raise _HttpError(400, "link: required, a link name such as p0l0-p0s1")
-            with self.lock:
-                if path == "/v1/drain":
-                    return 200, c.drain(link, str(body.get("reason", "")), caller.name, now,
-                                        dry_run=bool(body.get("dry_run")), force=bool(body.get("force")))
-                return 200, c.undrain(link, caller.name, now, dry_run=bool(body.get("dry_run")))
-        raise _HttpError(404, f"no such endpoint: {method} {path}")
+    def _get_paths(self, req, body, caller, remote):
+        host, peer = query_host(req.query, "host"), query_host(req.query, "peer")
+        with self.lock:
+            return 200, self.coordinator.path_rows(host, peer)
+
+    def _get_agents(self, req, body, caller, remote):
+        with self.lock:
+            return 200, self.coordinator.agent_rows(time.time())
+
+    def _get_plan(self, req, body, caller, remote):
+        host = query_host(req.query, "host", required=True)
+        with self.lock:
+            plan = self.coordinator.plan_for(host, time.time())
+        if plan is None:
+            raise _HttpError(404, f"no agent named {host!r} is in the current plan "
+                                  "(not registered, or joined less than a second ago)")
+        return 200, plan
+
+    def _get_events(self, req, body, caller, remote):
+        q = parse_events_query(req.query, EVENT_KINDS, self.limits.events_limit_max)
+        with self.lock:
+            return 200, self.coordinator.store.events(since=q.since, after_id=q.after_id, limit=q.limit,
+                                                      kinds=q.kinds)
+
+    def _get_whoami(self, req, body, caller, remote):
+        return 200, {"name": caller.name, "role": caller.role, "host": caller.host}
+
+    def _get_metrics(self, req, body, caller, remote):
+        return 200, generate_latest(self.registry)
+
+    def _get_healthz(self, req, body, caller, remote):
+        return 200, {"ok": True}
+
+    def _post_register(self, req, body, caller, remote):
+        r = parse_register(body)  # the whole body is checked before the lock, and before anything changes
+        self._as_itself(caller, r.name, remote, req.path)
+        with self.lock:
+            out = self.coordinator.register(r, time.time())
+            self.reports += len(r.paths)
+        return 200, out
+
+    def _post_report(self, req, body, caller, remote):
+        r = parse_report(body)
+        self._as_itself(caller, r.name, remote, req.path)
+        with self.lock:
+            out = self.coordinator.report(r, time.time())
+            self.reports += len(r.changes) + len(r.paths or ())
+        return 200, out
+
+    def _post_drain(self, req, body, caller, remote):
+        d = parse_drain(body)
+        with self.lock:
+            return 200, self.coordinator.drain(d.link, d.reason, caller.name, time.time(), dry_run=d.dry_run,
+                                               force=d.force)
+
+    def _post_undrain(self, req, body, caller, remote):
+        d = parse_drain(body, undrain=True)
+        with self.lock:
+            return 200, self.coordinator.undrain(d.link, caller.name, time.time(), dry_run=d.dry_run)
+
+    def _post_decommission(self, req, body, caller, remote):
+        d = parse_decommission(body)
+        with self.lock:
+            return 200, self.coordinator.decommission(d.host, d.reason, caller.name, time.time(), dry_run=d.dry_run)
+
+
+@dataclass(frozen=True)
+class _Route:
+    action: str | None  # what auth.py calls it; None: no token needed
+    fn: object
+
+
+_ROUTES = {
+    ("GET", "/v1/healthz"): _Route(None, CoordinatorServer._get_healthz),
+    ("GET", "/metrics"): _Route(None, CoordinatorServer._get_metrics),
+    ("GET", "/v1/whoami"): _Route("read", CoordinatorServer._get_whoami),
+    ("GET", "/v1/status"): _Route("read", CoordinatorServer._get_status),
+    ("GET", "/v1/links"): _Route("read", CoordinatorServer._get_links),
+    ("GET", "/v1/paths"): _Route("read", CoordinatorServer._get_paths),
+    ("GET", "/v1/agents"): _Route("read", CoordinatorServer._get_agents),
+    ("GET", "/v1/plan"): _Route("read", CoordinatorServer._get_plan),
+    ("GET", "/v1/events"): _Route("read", CoordinatorServer._get_events),
+    ("POST", "/v1/register"): _Route("report", CoordinatorServer._post_register),
+    ("POST", "/v1/report"): _Route("report", CoordinatorServer._post_report),
+    ("POST", "/v1/drain"): _Route("drain", CoordinatorServer._post_drain),
+    ("POST", "/v1/undrain"): _Route("drain", CoordinatorServer._post_undrain),
+    ("POST", "/v1/decommission"): _Route("decommission", CoordinatorServer._post_decommission),
+}
+
+
+class _Conn:
+    __slots__ = ("writer", "busy", "remote")
+
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self.busy = False
+        peer = writer.get_extra_info("peername")
+        self.remote = str(peer[0]) if peer else "?"
+
+
+@dataclass
+class _Head:
+    method: str
+    path: str
+    query: dict
+    headers: dict
+    length: int | None  # None: chunked
+    close: bool
+    expect_continue: bool
+
+
+async def _within(awaitable, seconds: float):
+    """`awaitable`, or asyncio.TimeoutError after `seconds` (asyncio.timeout: no task per call,
+    which wait_for costs in every request)."""
+    async with asyncio.timeout(seconds):
+        return await awaitable
 
 
 class _HttpError(Exception):
@@ -220,11 +494,170 @@ class _HttpError(Exception):
         self.status, self.message = status, message
 
 
-def _num(q: dict, name: str, default: float) -> float:
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _parse_head(head: bytes) -> _Head:
+    """The request line and headers (bounded by the reader); refusals as _HttpError."""
+    lines = head[:-4].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
+        raise _HttpError(400, "malformed request line; expected METHOD /path HTTP/1.1")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise _HttpError(431, f"more than {MAX_HEADERS} headers")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not _TOKEN.fullmatch(name):
+            raise _HttpError(400, f"malformed header line {line[:60]!r}")
+        name, value = name.lower(), value.strip()
+        if name in headers and name in ("content-length", "transfer-encoding", "authorization", "host"):
+            raise _HttpError(400, f"header {name} given twice")
+        headers[name] = value
+    length: int | None = 0
+    if "transfer-encoding" in headers:
+        length = None
+    elif "content-length" in headers:
+        v = headers["content-length"]
+        if not v.isdigit() or len(v) > 18:
+            raise _HttpError(400, f"Content-Length: expected a byte count, got {v[:30]!r}")
+        length = int(v)
+    url = urlparse(parts[1])
     try:
-        return float(q.get(name, default))
+        query = {k: v[-1] for k, v in parse_qs(url.query, strict_parsing=False, max_num_fields=32).items()}
     except ValueError:
-        raise _HttpError(400, f"{name}: expected a number, got {q[name]!r}") from None
+        raise _HttpError(400, "query: more than 32 fields") from None
+    conn = headers.get("connection", "").lower()
+    close = conn == "close" or (parts[2] == "HTTP/1.0" and conn != "keep-alive")
+    return _Head(parts[0], url.path, query, headers, length, close,
+                 headers.get("expect", "").lower() == "100-continue")
+
+
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"\\')
+_EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
+
+
+def json_depth_ok(raw: bytes, max_depth: int) -> bool:
+    """Whether the JSON text nests at most `max_depth` containers (checked without parsing it:
+    the parser recurses). Each pass removes the innermost containers, one level."""
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return True
+    # brackets, quotes and backslashes only (in C, fast); then strings, with any brackets in them, go
+    s = _STRINGS.sub(b"", raw.translate(None, _NOT_STRUCTURE))
+    for _ in range(max_depth):
+        if not s:
+            return True
+        s = _EMPTY_PAIR.sub(b"", s)
+    return not s
+
+
+def _json_body(raw: bytes, max_depth: int) -> dict:
+    if not json_depth_ok(raw, max_depth):
+        raise _HttpError(400, f"body: JSON nested deeper than {max_depth} levels (or its brackets do not pair)")
+    try:
+        doc = json.loads(raw or b"{}")
+    except (ValueError, RecursionError) as exc:
+        raise _HttpError(400, f"body is not JSON ({str(exc)[:120]})") from None
+    if not isinstance(doc, dict):
+        raise _HttpError(400, "body must be a JSON object")
+    return doc
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 409: "Conflict", 411: "Length Required", 413: "Content Too Large",
+            429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            503: "Service Unavailable"}
+
+
+def _response(status: int, doc, close: bool, extra=()) -> bytes:
+    if isinstance(doc, bytes):
+        payload, ctype = doc, "text/plain; version=0.0.4"
+    else:
+        payload, ctype = json.dumps(doc, default=str).encode(), "application/json"
+    head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"Content-Type: {ctype}",
+            f"Content-Length: {len(payload)}"]
+    if close:
+        head.append("Connection: close")
+    if status == 429:
+        head.append("Retry-After: 10")
+    head += [f"{k}: {v}" for k, v in extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
+
+
+class _Refusals:
+    """Refused requests: a token bucket per client address (rate limit), and what of them goes
+    into the history. Called from the loop and the workers; `take` from the tick thread."""
+
+    def __init__(self, limits: Limits):
+        self.rate, self.burst = limits.refusal_rate_per_s, float(limits.refusal_burst)
+        self.window_s = limits.refusal_summary_s
+        self._lock = threading.Lock()
+        self._buckets: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+        self._unauth: collections.Counter = collections.Counter()
+        self._unauth_paths: collections.Counter = collections.Counter()
+        self._events: list[tuple] = []
+        self._recorded = 0  # individual events this window
+        self._unrecorded = 0  # refusals of known callers beyond the cap, this window
+        self._window_start = time.time()
+
+    def note(self, remote: str | None) -> bool:
+        """One refusal from `remote`; False if it is over its rate."""
+        if remote is None:
+            return True
+        now = time.monotonic()
+        with self._lock:
+            b = self._buckets.pop(remote, None) or [self.burst, now]
+            b[0] = min(self.burst, b[0] + (now - b[1]) * self.rate)
+            b[1] = now
+            ok = b[0] >= 1.0
+            if ok:
+                b[0] -= 1.0
+            self._buckets[remote] = b
+            while len(self._buckets) > TRACKED_ADDRESSES:
+                self._buckets.popitem(last=False)
+        return ok
+
+    def unauthenticated(self, remote: str, path: str) -> None:
+        with self._lock:
+            if remote in self._unauth or len(self._unauth) < 100:
+                self._unauth[remote] += 1
+            else:
+                self._unauth["other addresses"] += 1
+            if path in self._unauth_paths or len(self._unauth_paths) < 20:
+                self._unauth_paths[path] += 1
+
+    def forbidden(self, caller: Caller, remote: str, path: str, why: str, record: bool) -> None:
+        if not record:
+            return
+        with self._lock:
+            if self._recorded < FORBIDDEN_EVENTS_PER_WINDOW:
+                self._recorded += 1
+                self._events.append((time.time(), "refused", caller.name, path,
+                                     {"action": path.rsplit("/", 1)[-1], "why": why, "remote": remote}))
+            else:
+                self._unrecorded += 1
+
+    def take(self, final: bool, now: float) -> list[tuple]:
+        with self._lock:
+            out, self._events = self._events, []
+            if final:
+                if self._unauth:
+                    out.append((now, "refused", "unauthenticated", "endpoint",
+                                 {"why": "no valid token", "requests": sum(self._unauth.values()),
+                                  "window_s": round(now - self._window_start, 1),
+                                  "by_address": dict(self._unauth.most_common(10)),
+                                  "paths": dict(self._unauth_paths.most_common(5))}))
+                if self._unrecorded:
+                    out.append((now, "refused", "coordinator", "endpoint",
+                                 {"why": f"{self._unrecorded} more refusals of known callers than "
+                                         f"{FORBIDDEN_EVENTS_PER_WINDOW} a window (not recorded one by one)",
+                                  "window_s": round(now - self._window_start, 1)}))
+                self._unauth.clear()
+                self._unauth_paths.clear()
+                self._recorded = self._unrecorded = 0
+                self._window_start = now
+        return out
 
 
 def _log(event: str, **fields) -> None:
@@ -260,6 +693,10 @@ class _Metrics:
         r = CounterMetricFamily("linkpass_coordinator_path_reports", "Path verdicts received")
         r.add_metric([], s.reports)
         e = CounterMetricFamily("linkpass_coordinator_request_errors", "Requests refused or failed", labels=["kind"])
-        for k, v in sorted(s.errors.items()):
+        with s._count_lock:
+            errors = sorted(s.errors.items())
+        for k, v in errors:
             e.add_metric([k], v)
-        yield from (g, p, f, d, r, e)
+        o = GaugeMetricFamily("linkpass_coordinator_connections", "Open client connections")
+        o.add_metric([], len(s._conns))
+        yield from (g, p, f, d, r, e, o)

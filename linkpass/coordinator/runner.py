@@ -7,8 +7,16 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     fabric_model     the fabric model itself, as FabricModel.to_dict() (e.g. of a testbed, which its
                      callers resolve: the coordinator does not import the testbed)
     fabric           path of a fabric model JSON (the same document)
+    tokens           path of the tokens file (default <state_dir>/tokens.yaml, made on first start)
+    agent_secret     path of the agent secret agents' tokens derive from (default <state_dir>/agent.secret)
     max_drain_share  blast-radius guard: share of one tier's links in one plane (default 0.05)
     agent_timeout_s  an agent silent this long is reported lost (default 10)
+    agent_expire_s   ... and this long, forgotten as by `linkpass coordinator decommission` (default 86400)
+    event_retention_s, event_retention_count   events kept: at most this old, at most this many
+                     (default 90 days, 1 000 000)
+    max_body_bytes, max_connections, read_timeout_s, idle_timeout_s, workers, max_pending,
+    json_max_depth, events_limit_max, refusal_rate_per_s, refusal_burst, refusal_summary_s
+                     what one client may cost the endpoint (`http.Limits`, which gives the defaults)
     tls_cert_file, tls_key_file   the endpoint's certificate and key (PEM). Default: the lab CA's
                      in <state_dir>/tls, made on first start (lab_ca.py) with a client
                      certificate `cli` for the local CLI, like the local tokens
@@ -18,17 +26,23 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     require_client_cert   mutual TLS: refuse clients without a certificate the CA signed
     insecure_http    serve plain HTTP instead (tokens then cross the network in cleartext; a
                      warning is logged). HTTPS is the default.
+
+Every setting is checked before anything starts; an unknown or out-of-range one is refused with
+its name.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import resource
 import time
 
 from ..core.fabric import FabricError, FabricModel
 from ..core.constants import COORDINATOR_LISTEN
-from .auth import Tokens, ensure_tokens
-from .http import CoordinatorServer
+from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
+from .http import CoordinatorServer, Limits
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import Store
 from .tls import LOCAL_CLIENT, SERVER, TlsError, build_server_context, lab_dir, lab_paths
@@ -100,19 +114,96 @@ def server_context(settings: dict, state_dir: str, host: str):
         raise CoordinatorError(str(exc)) from None
 
 
+_PATHS = ("state_dir", "listen", "fabric_model", "fabric", "tokens", "agent_secret", "tls_cert_file", "tls_key_file",
+          "tls_ca_file")
+_FLAGS = ("require_client_cert", "insecure_http")
+# number settings: (the dataclass that owns the default, lowest, highest, integer?)
+_NUMBERS = {
+    "max_drain_share": (CoordinatorConfig, 0.0, 1.0, False),
+    "agent_timeout_s": (CoordinatorConfig, 0.1, 86400.0 * 365, False),
+    "agent_expire_s": (CoordinatorConfig, 1.0, 86400.0 * 3650, False),
+    "event_retention_s": (CoordinatorConfig, 60.0, 86400.0 * 3650, False),
+    "event_retention_count": (CoordinatorConfig, 100, 10**9, True),
+    "max_body_bytes": (Limits, 1024, 1 << 30, True),
+    "max_connections": (Limits, 16, 1_000_000, True),
+    "read_timeout_s": (Limits, 0.1, 3600.0, False),
+    "idle_timeout_s": (Limits, 0.1, 86400.0, False),
+    "workers": (Limits, 1, 256, True),
+    "max_pending": (Limits, 1, 100_000, True),
+    "json_max_depth": (Limits, 4, 1000, True),
+    "events_limit_max": (Limits, 1, 10**7, True),
+    "refusal_rate_per_s": (Limits, 0.01, 1e6, False),
+    "refusal_burst": (Limits, 1, 10**6, True),
+    "refusal_summary_s": (Limits, 0.1, 86400.0, False),
+}
+
+
+def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
+    """The coordinator's and the endpoint's settings, each checked; refusals name the setting."""
+    known = _PATHS + _FLAGS + ("tls_san",) + tuple(_NUMBERS)
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise CoordinatorError(f"settings.{unknown[0]}: not a coordinator setting; known: "
+                               f"{', '.join(sorted(known))}")
+    for name in _FLAGS:
+        if settings.get(name) is not None and not isinstance(settings[name], bool):
+            raise CoordinatorError(f"settings.{name}: expected true or false, got {settings[name]!r}")
+    san = settings.get("tls_san")
+    if san is not None and not (isinstance(san, (list, tuple)) and all(isinstance(x, str) and x for x in san)):
+        raise CoordinatorError(f"settings.tls_san: expected a list of host names or addresses, got {san!r}")
+    values: dict[type, dict] = {CoordinatorConfig: {}, Limits: {}}
+    for name, (owner, lo, hi, integer) in _NUMBERS.items():
+        v = settings.get(name)
+        if v is None:
+            continue
+        ok = not isinstance(v, bool) and (isinstance(v, int) if integer else isinstance(v, (int, float)))
+        if not ok or not (math.isfinite(v) and lo <= v <= hi):
+            raise CoordinatorError(f"settings.{name}: expected {'an integer' if integer else 'a number'} "
+                                   f"{lo:g}..{hi:g}, got {v!r}")
+        values[owner][name] = v if integer else float(v)
+    config, limits = CoordinatorConfig(**values[CoordinatorConfig]), Limits(**values[Limits])
+    if config.agent_expire_s <= config.agent_timeout_s:
+        raise CoordinatorError(f"settings.agent_expire_s: {config.agent_expire_s:g} s must be longer than "
+                               f"agent_timeout_s ({config.agent_timeout_s:g} s): an agent is lost before it expires")
+    return config, limits
+
+
+def _open_files_for(limits: Limits) -> Limits:
+    """Raise this process's open-file limit towards what max_connections needs; if the hard limit
+    is lower, serve fewer connections rather than fail to accept."""
+    need = limits.max_connections + 256  # the database, Ray's sockets, the listener
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+        if soft < need:
+            return dataclasses.replace(limits, max_connections=max(16, soft - 256))
+    return limits
+
+
 def start(settings: dict) -> CoordinatorServer:
+    config, limits = check_settings(settings)
     state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
     host, port = parse_listen(settings.get("listen") or COORDINATOR_LISTEN)
     tls = server_context(settings, state_dir, host)  # first: a bad TLS setting starts nothing
     tokens_path = settings.get("tokens") or ensure_tokens(state_dir)
-    with open(tokens_path) as f:
-        tokens = Tokens.parse(f.read(), tokens_path)
-    config = CoordinatorConfig(max_drain_share=float(settings.get("max_drain_share", 0.05)),
-                               agent_timeout_s=float(settings.get("agent_timeout_s", 10.0)))
+    secret_path = settings.get("agent_secret") or ensure_secret(os.path.join(state_dir, SECRET_FILE))
+    try:
+        secret = read_agent_secret(secret_path)
+        with open(tokens_path) as f:
+            tokens = Tokens.parse(f.read(), tokens_path, agent_secret=secret)
+    except OSError as exc:
+        raise CoordinatorError(f"{exc.filename}: {exc.strerror}") from None
+    except AuthError as exc:
+        raise CoordinatorError(str(exc)) from None
     store = Store(os.path.join(state_dir, "coordinator.db"))
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
     coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
-    server = CoordinatorServer(coordinator, tokens, host, port, tls=tls)
+    server = CoordinatorServer(coordinator, tokens, host, port, limits=_open_files_for(limits), tls=tls)
     if tls is None:
         server.log("insecure_http", url=server.url,
                    warning="plain HTTP (insecure_http): tokens and reports cross the network in cleartext")

@@ -24,7 +24,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     ts REAL NOT NULL,            -- unix seconds
-    kind TEXT NOT NULL,          -- detection | recovery | localization | cleared | drain | undrain | refused | agent
+    kind TEXT NOT NULL,          -- one of EVENT_KINDS
     actor TEXT NOT NULL,         -- who: agent name, caller name, or "coordinator"
     subject TEXT NOT NULL,       -- what: a link, a path key, a host
     detail TEXT NOT NULL         -- JSON: why and the rest
@@ -52,6 +52,10 @@ CREATE TABLE IF NOT EXISTS paths (
     updated REAL NOT NULL
 );
 """
+
+
+EVENT_KINDS = ("detection", "recovery", "localization", "cleared", "drain", "undrain", "refused", "agent",
+               "coordinator")
 
 
 class StoreError(RuntimeError):
@@ -103,6 +107,19 @@ class Store:
         return [{"id": i, "ts": ts, "kind": k, "actor": a, "subject": s, "detail": json.loads(d)}
                 for i, ts, k, a, s, d in self.db.execute(q, args)]
 
+    def prune_events(self, before_ts: float, keep: int) -> int:
+        """Retention: delete events older than `before_ts`, then all but the newest `keep`;
+        returns how many went."""
+        with self._tx():
+            n = self.db.execute("DELETE FROM events WHERE ts < ?", (before_ts,)).rowcount
+            row = self.db.execute("SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?", (keep,)).fetchone()
+            if row is not None:
+                n += self.db.execute("DELETE FROM events WHERE id <= ?", (row[0],)).rowcount
+        return n
+
+    def event_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
     # ---- drains ------------------------------------------------------------------------
     def set_drain(self, link: str, reason: str, by: str, since: float) -> None:
         with self._tx():
@@ -126,6 +143,12 @@ class Store:
         if seen:
             with self._tx():
                 self.db.executemany("UPDATE agents SET last_seen=? WHERE name=?", [(t, n) for n, t in seen.items()])
+
+    def forget_agent(self, name: str) -> None:
+        """Decommission: the agent and the paths it reported."""
+        with self._tx():
+            self.db.execute("DELETE FROM agents WHERE name=?", (name,))
+            self.db.execute("DELETE FROM paths WHERE reporter=?", (name,))
 
     def agents(self) -> dict[str, dict]:
         return {n: {"agent_id": i, **json.loads(info), "first_seen": f, "last_seen": ls}

@@ -1,13 +1,12 @@
-"""TLS on the coordinator's control path: contexts built from PEM files, and the one hook that puts
-the endpoint's listening socket behind TLS. Standard library only (`ssl`), so agents need nothing
-more than Python; making certificates is `lab_ca.py`'s.
+"""TLS on the coordinator's control path: contexts built from PEM files (the endpoint, http.py,
+runs each connection's handshake with the server context). Standard library only (`ssl`), so
+agents need nothing more than Python; making certificates is `lab_ca.py`'s.
 
     build_server_context(cert, key, ca, require_client_cert)   the endpoint: TLS >= 1.2; with
         require_client_cert, a client must show a certificate the CA signed (mutual TLS)
     build_client_context(ca, cert, key)                         agents and the CLI: the server's
         certificate must chain to `ca` (only to it; to the system's trust store without one) and
         name the host or address in the URL; `cert`/`key` are shown when the server asks (mutual TLS)
-    serve_tls(server, context, errors)                          the hook, for a socketserver
 
 Errors name the setting that points at the bad file (each caller passes its own names: a config
 field, a settings key, a command-line flag) and say how to make a good one.
@@ -70,34 +69,6 @@ def build_client_context(ca_file: str | None = None, cert_file: str | None = Non
     if cert_file:
         _load_chain(ctx, cert_file, key_file, names[1], names[2])
     return ctx
-
-
-def serve_tls(server, context: ssl.SSLContext | None, errors: dict) -> None:
-    """Put a socketserver (before it serves) behind TLS; no-op without a context.
-
-    The listening socket is wrapped so every accepted connection is a TLS socket, and each
-    handshake runs in the connection's own thread (`finish_request`), never in the accept loop: a
-    client that connects and says nothing holds one thread for at most HANDSHAKE_TIMEOUT_S, not the
-    endpoint. Failed handshakes (plain HTTP, a CA the client does not trust, no client certificate
-    where one is required) are counted in errors["tls"] and closed without a traceback."""
-    if context is None:
-        return
-    errors.setdefault("tls", 0)
-    server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-    finish = server.finish_request
-
-    def finish_request(request, client_address):
-        timeout = request.gettimeout()
-        try:
-            request.settimeout(HANDSHAKE_TIMEOUT_S)
-            request.do_handshake()
-            request.settimeout(timeout)
-        except (ssl.SSLError, OSError):
-            errors["tls"] += 1
-            return
-        finish(request, client_address)
-
-    server.finish_request = finish_request
 
 
 def _load_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str | None, cert_name: str, key_name: str) -> None:

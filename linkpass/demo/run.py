@@ -154,7 +154,7 @@ class Demo:
 
         self.step(f"starting an agent on each of the 4 hosts (probes every {self.args.interval_ms:g} ms "
                   "on every path to every peer)")
-        link = {"url": self.coordinator_url, "token_file": os.path.join(self.out, "coordinator", "agent.token"),
+        link = {"url": self.coordinator_url, "agent_secret_file": os.path.join(self.out, "coordinator", "agent.secret"),
                 "report_ms": 50, "summary_s": 5}
         # damping memory of 1 s (default 10 s): the flapping link is reusable a few seconds after
         # it stops, so the next fault meets a healthy fabric; size probes every 10th probe so an

@@ -72,7 +72,8 @@ class Facts:
     agent_rows: list[dict] | None = None
     agent_error: str | None = None
     coordinator_url: str | None = None  # from the config's coordinator section (None: not configured)
-    coordinator_whoami: dict | None = None  # {"name", "role"} the coordinator says our token is
+    coordinator_whoami: dict | None = None  # {"name", "role", "host"} the coordinator says our token is
+    agent_name: str | None = None  # the config's name: the host the agent reports as
     coordinator_error: str | None = None
     coordinator_refused: bool = False  # it answered, and refused the token
 
@@ -442,7 +443,8 @@ def check_coordinator(f: Facts) -> Check:
                      reads)
     if f.coordinator_refused:
         return Check("coordinator", FAIL, f"{f.coordinator_url} refuses this agent's token ({f.coordinator_error})",
-                     "put an agent token in token_file (the coordinator writes one to <state-dir>/agent.token)", reads)
+                     "put this host's agent token in token_file (`linkpass coordinator token HOST` on the "
+                     "coordinator's host makes it)", reads)
     if f.coordinator_whoami is None:
         return Check("coordinator", WARN, f"{f.coordinator_url} does not answer ({f.coordinator_error})",
                      "the agent fails over alone meanwhile; check the URL, the route to it and that it runs "
@@ -450,8 +452,12 @@ def check_coordinator(f: Facts) -> Check:
     who = f.coordinator_whoami
     if who.get("role") != "agent":
         return Check("coordinator", FAIL, f"{f.coordinator_url} knows the token as {who.get('name')!r} with role "
-                     f"{who.get('role')!r}; agents need role 'agent'", "use the agent token, not a reader or "
-                     "operator one", reads)
+                     f"{who.get('role')!r}; agents need role 'agent'", "use this host's agent token, not a reader "
+                     "or operator one", reads)
+    if f.agent_name is not None and who.get("host") not in (None, f.agent_name):
+        return Check("coordinator", FAIL, f"{f.coordinator_url} knows the token as agent {who.get('host')!r}, but this "
+                     f"agent reports as {f.agent_name!r}: it would be refused", "make this host's own token with "
+                     f"`linkpass coordinator token {f.agent_name}` on the coordinator's host", reads)
     if f.coordinator_url.startswith("http://"):
         return Check("coordinator", WARN, f"{f.coordinator_url} accepts this agent's token, over plain HTTP: the token "
                      "and reports cross the network in cleartext", "use an https:// url with coordinator.ca_file and "

@@ -221,6 +221,7 @@ def _config_facts(f: Facts, config_path: str):
     f.peers = tuple(PeerCfg(p.name, p.service) for p in cfg.peers)
     f.discovery_ports = cfg.discovery_ports
     f.api_port = cfg.api_port
+    f.agent_name = cfg.name
     if cfg.coordinator is not None:
         f.coordinator_url = cfg.coordinator.url
     try:

@@ -34,7 +34,7 @@ class Agents:
     entropy: bool = True
     detect: dict | None = None
     extra_args: tuple[str, ...] = ()
-    coordinator: dict | None = None  # the agents' `coordinator:` config section
+    coordinator: dict | None = None  # the agents' `coordinator:` config section (see write_agent_configs)
     tls_dir: str | None = None  # the coordinator's lab CA: each agent gets its CA and a client certificate
     probe: dict | None = None  # more of the agents' `probe:` config section
     route_options: dict | None = None  # more of the agents' `routes:` config section
@@ -156,9 +156,15 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
                         tls_dir: str | None = None) -> dict[int, str]:
     """One `linkpass agent` config per host in `hosts` (default: all), whose peers are the other
     hosts in it, every plane; plus the fleet key file. Route journals and entropy tables go into
-    `directory` too (one per host). With `tls_dir` (a lab CA, e.g. the coordinator's
-    <state_dir>/tls) and an https coordinator, each host's section names the CA and a client
-    certificate of its own, made there if missing (mutual TLS works either way)."""
+    `directory` too (one per host).
+
+    `coordinator` is the agents' `coordinator:` section. With `agent_secret_file` (the
+    coordinator's agent secret) in place of `token_file`, each agent gets its own token, derived
+    for its host and written to `directory/agent-<host>.token`: an agent speaks for itself only.
+    With `tls_dir` (a lab CA, e.g. the coordinator's <state_dir>/tls) and an https coordinator,
+    each host's section names the CA and a client certificate of its own, made there if missing
+    (mutual TLS works either way): the token says which host an agent speaks for, the
+    certificate that it holds a key the CA vouched for."""
     import os
 
     import yaml
@@ -173,6 +179,11 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     with os.fdopen(fd, "w") as f:
         os.fchmod(fd, 0o600)
         f.write(key.hex())
+    secret = None
+    if coordinator and "agent_secret_file" in coordinator:
+        from ..coordinator.auth import read_agent_secret
+
+        secret = read_agent_secret(coordinator["agent_secret_file"])
     out = {}
     planes = range(fab.spec.planes)
     chosen = list(range(fab.spec.hosts) if hosts is None else hosts)  # agents run here; they are each other's peers
@@ -197,7 +208,13 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
         if detect:
             doc["detect"] = dict(detect)
         if coordinator:
-            doc["coordinator"] = dict(coordinator)
+            doc["coordinator"] = {k: v for k, v in coordinator.items() if k != "agent_secret_file"}
+            if secret is not None:
+                from ..coordinator.auth import agent_token, write_private
+
+                token_file = os.path.join(directory, f"agent-{host_name(i)}.token")
+                write_private(token_file, agent_token(secret, host_name(i)) + "\n")
+                doc["coordinator"]["token_file"] = token_file
             if tls:
                 cert, key = lab_paths(tls_dir, host_name(i))
                 doc["coordinator"].update(ca_file=lab_paths(tls_dir, "ca")[0], cert_file=cert, key_file=key)

@@ -20,6 +20,8 @@ recall), localize-16k-update (latency us per update() call, the trial's bad and 
 ones; the initial ingest of the healthy fleet is in `initial_ingest_us`).
 ingest (rate, path reports per second through the real endpoint: the coordinator as a Ray actor,
 HTTP/JSON, token auth, SQLite; a rate's bad tail is its low end, so "p99" is the 1 % quantile).
+plan-round (ms to answer every agent once after one joined, no fabric model so each probes every
+other, 1 000 agents, in-process: agents that take plan deltas, against the same with whole plans).
 failover-coordinator-away (fault_to_reroute ms at h0 with the coordinator gone, against the same
 agents with a live coordinator actor in the same run; root, testbed; --no-failover skips it).
 Targets: findings() <= 100 ms, precision and recall >= 99 %, ingest >= 20 000 reports/s.
@@ -51,6 +53,7 @@ from linkpass.core.states import Direction, State  # noqa: E402
 from linkpass.core.localize import BOTH, Localizer, Observation  # noqa: E402
 from linkpass.core.plan import plan_probes  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
+from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: E402
 from linkpass.coordinator.client import Client  # noqa: E402
 from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths  # noqa: E402
 from linkpass.testbed import build, faults, topology  # noqa: E402
@@ -228,12 +231,13 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     rows_out: list[dict] = []
     try:
         _, url = ray_actor.ensure(settings)
-        token = open(os.path.join(settings["state_dir"], "agent.token")).read().strip()
+        secret = read_agent_secret(os.path.join(settings["state_dir"], "agent.secret"))
         tls = build_client_context(lab_paths(lab_dir(settings["state_dir"]), "ca")[0])  # HTTPS, as agents report
         hosts = sorted(tables)
-        reg_s, n_paths, plan_version = register_all(url, token, hosts, tables, tls)
+        tokens = {h: agent_token(secret, h) for h in hosts}  # each agent speaks for itself only
+        reg_s, n_paths, plan_version = register_all(url, tokens, hosts, tables, tls)
         for case, (bodies, per_host) in report_mixes(hosts, tables, plan_version).items():
-            rates = ingest_rates(url, token, case, hosts, tables, bodies, per_host, args.ingest_trials, tls)
+            rates = ingest_rates(url, tokens, case, hosts, tables, bodies, per_host, args.ingest_trials, tls)
             rows_out.append(row(case, "rate", "per_s", rates, q=0.01, target_min=20000 if case == "ingest" else None,
                                 clients=INGEST_CLIENTS, batch=len(next(iter(tables.values()))),
                                 registration_paths_per_s=round(n_paths / reg_s, 1)))
@@ -258,14 +262,15 @@ def path_tables(fleet: Fleet, model) -> dict[str, list[dict]]:
     return tables
 
 
-def register_all(url: str, token: str, hosts: list[str], tables: dict[str, list[dict]], tls) -> tuple[float, int, int]:
+def register_all(url: str, tokens: dict[str, str], hosts: list[str], tables: dict[str, list[dict]],
+                 tls) -> tuple[float, int, int]:
     """Register every agent with its paths: seconds taken, paths registered, and the plan version
     the coordinator then holds (what agents hold once their plan arrived)."""
     t0 = time.perf_counter()
-    c = Client(url, token, timeout_s=120, tls=tls)
+    c = Client(url, tokens[hosts[0]], timeout_s=120, tls=tls)
     for i, h in enumerate(hosts):
-        c.post("/v1/register", {"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {},
-                                "paths": tables[h]})
+        c.post_raw("/v1/register", json.dumps({"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {},
+                                               "paths": tables[h]}).encode(), token=tokens[h])
     reg_s = time.perf_counter() - t0
     n_paths = sum(len(v) for v in tables.values())
     status = c.get("/v1/status")
@@ -294,7 +299,7 @@ def report_mixes(hosts: list[str], tables: dict[str, list[dict]], plan_version: 
             "ingest-storm": ([body(h, s) for h in hosts for s in (State.DOWN.value, State.UP.value)], 2)}
 
 
-def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict[str, list[dict]],
+def ingest_rates(url: str, tokens: dict[str, str], case: str, hosts: list[str], tables: dict[str, list[dict]],
                  bodies: list[bytes], per_host: int, trials: int, tls) -> list[float]:
     """Path reports per second, one figure per trial: INGEST_CLIENTS threads posting for
     INGEST_WINDOW_S. The bodies are taken round-robin over hosts (a shared cursor across trials),
@@ -307,13 +312,13 @@ def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict
         done = [0] * INGEST_CLIENTS
 
         def client_loop(k: int) -> None:
-            cl = Client(url, token, timeout_s=60, tls=tls)
+            cl = Client(url, None, timeout_s=60, tls=tls)
             while time.perf_counter() < stop:
                 with lock:
                     i = cursor[0]
                     cursor[0] += 1
                 hi, si = i % len(hosts), (i // len(hosts)) % per_host
-                cl.post_raw("/v1/report", bodies[hi * per_host + si])
+                cl.post_raw("/v1/report", bodies[hi * per_host + si], token=tokens[hosts[hi]])
                 done[k] += len(tables[hosts[hi]])
             cl.close()
 
@@ -327,6 +332,51 @@ def ingest_rates(url: str, token: str, case: str, hosts: list[str], tables: dict
         rates.append(round(rate, 1))
         progress(f"{case} trial {trial + 1}/{trials}: {rate:.0f} path reports/s")
     return rates
+
+
+PLAN_ROUND_AGENTS = 1000
+
+
+def case_plan_round(fleet: Fleet, args, shared: dict) -> list[dict]:
+    """A report round after a plan change: every agent reports once, holding the previous plan.
+    Without a fabric model every agent probes every other, so a whole plan per answer makes the
+    round O(N^2); deltas make it O(changes)."""
+    from linkpass.coordinator.coordinator import Coordinator
+    from linkpass.coordinator.store import Store
+
+    def ident(i: int) -> dict:
+        return {"name": host_name(i), "agent_id": i + 1, "service": f"198.18.{i // 250}.{i % 250 + 1}",
+                "nics": {"0": f"198.19.{i // 250}.{i % 250 + 1}"}, "paths": []}
+
+    def rounds(deltas: bool, trials: int) -> list[float]:
+        work = tempfile.mkdtemp(prefix="linkpass-bench-plan-")
+        store = Store(os.path.join(work, "c.db"))
+        c = Coordinator(store, None, now=0.0)
+        for i in range(PLAN_ROUND_AGENTS):
+            c.register(ident(i), 0.0)
+        now = 2.0
+        c.tick(now)
+        held = {host_name(i): c.report({"name": host_name(i), "plan_deltas": deltas}, now)["plan_version"]
+                for i in range(PLAN_ROUND_AGENTS)}
+        out = []
+        for k in range(trials):
+            c.register(ident(PLAN_ROUND_AGENTS + k), now)  # one joins
+            now += 2.0
+            c.tick(now)
+            t = time.perf_counter()
+            for h in held:
+                a = c.report({"name": h, "plan_version": held[h], "drain_version": 0, "plan_deltas": deltas}, now)
+                json.dumps(a)  # what the endpoint then encodes
+                held[h] = a["plan_version"]
+            out.append(round((time.perf_counter() - t) * 1000, 3))
+            progress(f"plan round {'deltas' if deltas else 'whole plans'} {k + 1}/{trials}: {out[-1]:.0f} ms")
+        store.close()
+        shutil.rmtree(work, ignore_errors=True)
+        return out
+
+    fast = rounds(True, 5 if args.quick else 20)
+    slow = rounds(False, 1 if args.quick else 3)
+    return [row("plan-round", "round", "ms", fast, "whole plans", slow, agents=PLAN_ROUND_AGENTS)]
 
 
 def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dict]:
@@ -351,7 +401,8 @@ def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dic
             if mode == "up":
                 ray_actor.connect(num_cpus=2)
                 ray_actor.ensure(settings)
-            link = {"url": f"https://{fab.mgmt_root_addr}:{port}", "token_file": os.path.join(work, "state", "agent.token")}
+            link = {"url": f"https://{fab.mgmt_root_addr}:{port}",
+                    "agent_secret_file": os.path.join(work, "state", "agent.secret")}
             agents = Agents(fab, os.path.join(work, mode), [A, B], detect={"flap_half_life_ms": FLAP_HALF_LIFE_MS},
                             coordinator=link, tls_dir=lab_dir(settings["state_dir"])).start()
             try:
@@ -383,6 +434,7 @@ CASES = [
     case_localize_double,
     case_localize_update,
     case_ingest,
+    case_plan_round,
     case_failover_coordinator_away,
 ]
 
