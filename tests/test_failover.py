@@ -132,10 +132,16 @@ def test_spine_link_failure_leaves_only_that_path_out_of_the_entropy_table(fabri
     try:
         wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (1,), 2, "A's route off plane 0")
         downs = _transitions_since(agents, A, t0, new="down")
-        assert downs and {e["plane"] for e in downs} == {0} and len({e["sport"] for e in downs}) == 1, downs
+        # on this loaded machine another path may read down for a few ms (a burst of lateness):
+        # such DOWNs are undone as late, not lost; the one that lasts is the cut path's
+        undone = lambda: {e["path"] for e in _transitions_since(agents, A, t0, reason="spurious_down")}  # noqa: E731
+        wait_until(lambda: {e["path"] for e in downs if e["plane"] == 1} <= undone(), 2,
+                   "any plane-1 DOWN undone as late, not lost", lambda: downs)
+        lasting = [e for e in downs if e["path"] not in undone()]
+        assert lasting and {e["plane"] for e in lasting} == {0} and len({e["sport"] for e in lasting}) == 1, downs
         # plane 0 still has its path through spine 1: the ports that cross it stay, the other goes
         e0 = entropy.read_table(f"{agents.directory}/entropy-h{A}").get(fabric.nic_addr(B, 0), 0)
-        assert e0 is not None and not e0.flags and e0.ports and downs[0]["sport"] not in e0.ports, (e0, downs)
+        assert e0 is not None and not e0.flags and e0.ports and lasting[0]["sport"] not in e0.ports, (e0, downs)
     finally:
         faults.clear(fabric.prefix)
     _recovered(fabric, agents)
