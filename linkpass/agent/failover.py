@@ -56,6 +56,9 @@ class _LossMark:
     lost_rev: int
 
 
+LATENESS_LOG_EVERY_NS = 10_000_000_000
+
+
 @dataclass
 class _Lateness:
     """One peer's recent late replies and the allowance they earned (see the module doc)."""
@@ -63,6 +66,7 @@ class _Lateness:
     late: dict[int, tuple[int, int]] = field(default_factory=dict)  # path -> (arrival, ns beyond timeout)
     allowance_ns: float = 0.0
     at_ns: int = 0
+    logged_ns: int | None = None  # when the last host_lateness line for this peer was written
 
     def allowance_at(self, now_ns: int, half_life_ns: int) -> float:
         if self.allowance_ns <= 0:
@@ -250,7 +254,10 @@ class Failover:
         new = min(float(self.lateness_cap_ns), self.lateness_factor * worst)
         if new > now_allow:
             self.counters["host_lateness_raised"] += 1
-            if new > 1.2 * now_allow:  # one line per real rise, not one per late reply of a burst
+            # a line when the allowance rises from nothing, else at most one per LATENESS_LOG_EVERY_NS:
+            # on a host starved for minutes every burst raises it, and the log must not flood
+            if now_allow < 1e6 or lat.logged_ns is None or arrival_ns - lat.logged_ns >= LATENESS_LOG_EVERY_NS:
+                lat.logged_ns = arrival_ns
                 self.log("host_lateness", peer=info.peer, late_ms=round(worst / 1e6, 3),
                          allowance_ms=round(new / 1e6, 3), mono_ns=mono_ns,
                          note="replies on every path to this peer came late together: a host kept waiting, "
