@@ -57,7 +57,7 @@ SPECS: dict[str, Spec] = {
     "linkpass_downs_held_for_lateness": Spec(CounterMetricFamily,
                                              "DOWNs held back from the data path by the lateness allowance"),
     "linkpass_downs_absorbed": Spec(CounterMetricFamily,
-                                    "Held DOWNs undone by their late replies before the data path moved"),
+                                    "DOWNs undone by their late replies before the data path moved for them"),
     # the agent itself
     "linkpass_agent_loop_errors": Spec(CounterMetricFamily,
                                        "Exceptions in a step of the agent's main loop (logged; the loop goes on)",

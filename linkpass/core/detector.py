@@ -642,8 +642,7 @@ class PathDetector:
         if u.state in (State.RECOVERING, State.DEGRADED) and self.state is not State.RECOVERING:
             out = self._fire(Event.LATE_WATCH, Reason.SPURIOUS_DOWN, now_ns, detail)
         else:  # found DAMPED (the penalty was all it added), or already RECOVERING by an older reply
-            self._undo = None
-            self._penalty, self._penalty_at = u.penalty, u.penalty_at
+            self._take_back()
         if u.state is State.RECOVERING and self.state is State.RECOVERING:
             self.since_ns = u.since_ns  # the hold-down runs on from where the streak found it
         return out
@@ -736,10 +735,14 @@ class PathDetector:
     def _t_undo(self, reason: Reason, now_ns: int) -> None:
         """DOWN | DAMPED | RECOVERING -> where the streak found the path: the DOWN was spurious and
         costs no flap penalty (UP needs no hold-down; RECOVERING's runs on, see `_spurious`)."""
+        self._take_back()
+        self.good_run = 0
+
+    def _take_back(self) -> None:
+        """The flap penalty as it was before the streak in `_undo`, which is then spent."""
         if self._undo is not None:
             self._penalty, self._penalty_at = self._undo.penalty, self._undo.penalty_at
         self._undo = None
-        self.good_run = 0
 
     def _t_damp(self, reason: Reason, now_ns: int) -> None:
         """DOWN -> DAMPED: out until the penalty decays, whatever the path does meanwhile (unless
