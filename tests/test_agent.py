@@ -205,6 +205,12 @@ def paths_json(fab, host, port):
     return out.returncode, json.loads(out.stdout) if out.stdout.startswith("[") else out.stdout
 
 
+def path_rows(fab, host, port) -> list[dict]:
+    """The agent's path rows, or none while it cannot answer."""
+    rows = paths_json(fab, host, port)[1]
+    return rows if isinstance(rows, list) else []
+
+
 @pytest.mark.root
 def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
     fab = clean_faults
@@ -242,8 +248,10 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
         with open(configs[0], "w") as f:
             yaml.safe_dump(doc, f)
         procs[0].send_signal(signal.SIGHUP)
-        time.sleep(1.0)
-        code, rows = paths_json(fab, 0, port)
+        # the reload runs in the agent's main loop: on a loaded machine it may take a moment
+        deadline = time.monotonic() + 20
+        while {r["peer"] for r in (rows := path_rows(fab, 0, port))} != {"h1", "h2"} and time.monotonic() < deadline:
+            time.sleep(0.25)
         assert {r["peer"] for r in rows} == {"h1", "h2"}
         assert all(r["sent"] > sent_before[(r["peer"], r["plane"], r["path"])] for r in rows)
 
@@ -252,9 +260,13 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
         with open(configs[0], "w") as f:
             f.write(original)
         procs[0].send_signal(signal.SIGHUP)
-        time.sleep(2.5)
-        code, rows = paths_json(fab, 0, port)
-        again = [r for r in rows if r["peer"] == "h3"]
+        # discovery of h3's paths (a traceroute per plane) runs before they are probed
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            again = [r for r in path_rows(fab, 0, port) if r["peer"] == "h3"]
+            if len(again) == len(ids_of_h3) and all(r["replies"] > 100 for r in again):
+                break
+            time.sleep(0.25)
         assert sorted(r["path_id"] for r in again) == ids_of_h3
         assert all(r["replies"] > 100 and r["lost_fwd"] == 0 and r["lost_rev"] == 0 for r in again), again
 

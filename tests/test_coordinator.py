@@ -351,7 +351,7 @@ def test_events_are_kept_by_age_and_by_count(tmp_path):
     store.close()
 
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402
 
 _json = st.recursive(st.none() | st.booleans() | st.integers(-5, 70000) | st.integers() | st.floats() |
                      st.text(max_size=8) | st.sampled_from(["198.18.64.0", "::1", "h1", "up", "down"]),
@@ -414,6 +414,7 @@ def test_a_mutated_request_is_taken_whole_or_not_at_all(coord, case):
                                             "paths": st.lists(_path, max_size=3) | _json,
                                             "agent_id": _json | st.integers(), "service": _json, "nics": _json,
                                             "api_port": _json, "version": _json, "drain_version": _json}))
+@example(body={"name": "h0", "nics": {"²": None}})  # a Unicode digit str.isdigit() accepts and int() refuses
 def test_garbage_reports_are_refused_cleanly(coord, body):
     """Whatever an agent (or an attacker with an agent token) sends: an answer or a
     CoordinatorError naming the problem, never another exception; a refused request changes

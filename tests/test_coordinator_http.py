@@ -327,6 +327,7 @@ def test_deep_json_and_odd_queries_are_400s(server):
     with connect(srv, tokens["reader"]) as c:
         for q, field in ((dict(limit="nan"), "limit"), (dict(limit="inf"), "limit"), (dict(limit=-1), "limit"),
                          (dict(limit=10**6), "limit: expected 1..10000"), (dict(after="1e30"), "after"),
+                         (dict(after="²"), "after"), (dict(limit="٣"), "limit"),
                          (dict(since="nan"), "since"), (dict(kind="nope"), "kind")):
             with pytest.raises(Refusal, match=field) as exc:
                 c.get("/v1/events", **q)

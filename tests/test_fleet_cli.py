@@ -80,3 +80,5 @@ def test_since_iso_and_garbage():
     assert fleet_cli.parse_since("2026-11-30T14:00", NOW) == 1796047200.0
     with pytest.raises(fleet_cli._Usage, match="use 30s, 15m"):
         fleet_cli.parse_since("yesterday", NOW)
+    with pytest.raises(fleet_cli._Usage, match="use 30s, 15m"):
+        fleet_cli.parse_since("²m", NOW)  # a Unicode digit float() refuses

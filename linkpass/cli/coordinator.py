@@ -335,7 +335,7 @@ def paths_from_coordinator(args) -> int:
 # ---- events -----------------------------------------------------------------------------
 def parse_since(text: str, now: float) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+    if text and text[-1] in units and text.isascii() and text[:-1].replace(".", "", 1).isdigit():
         return now - float(text[:-1]) * units[text[-1]]
     try:
         t = dt.datetime.fromisoformat(text)

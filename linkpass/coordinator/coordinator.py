@@ -28,7 +28,7 @@ from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_probes
 from ..core.states import STATE_NAMES, Level, health_of, is_bad, is_good, worst
 from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, Refused, RegisterIn, ReportIn,  # noqa: F401
-                       parse_register, parse_report)
+                       is_decimal, parse_register, parse_report)
 from .store import Store
 
 PLAN_REVISE_S = 1.0
@@ -638,4 +638,4 @@ def _pretty(model: FabricModel, dl: str) -> str:
 
 def _key_order(key: str):
     host, _, pid = key.rpartition("/")
-    return host, int(pid) if pid.isdigit() else 0
+    return host, int(pid) if is_decimal(pid) else 0

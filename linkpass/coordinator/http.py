@@ -55,7 +55,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
 from .auth import NEEDS, Caller, Tokens
 from .coordinator import Coordinator
-from .requests import (CoordinatorError, parse_decommission, parse_drain, parse_events_query, parse_register,
+from .requests import (CoordinatorError, is_decimal, parse_decommission, parse_drain, parse_events_query, parse_register,
                        parse_report, query_host)
 from .store import EVENT_KINDS
 from .tls import HANDSHAKE_TIMEOUT_S
@@ -519,7 +519,7 @@ def _parse_head(head: bytes) -> _Head:
         length = None
     elif "content-length" in headers:
         v = headers["content-length"]
-        if not v.isdigit() or len(v) > 18:
+        if not is_decimal(v) or len(v) > 18:
             raise _HttpError(400, f"Content-Length: expected a byte count, got {v[:30]!r}")
         length = int(v)
     url = urlparse(parts[1])

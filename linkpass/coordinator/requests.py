@@ -111,6 +111,11 @@ class EventsQuery:
     kinds: tuple[str, ...]
 
 
+def is_decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²' and other Unicode digits int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 # ---- bodies ------------------------------------------------------------------------------
 def parse_register(body) -> RegisterIn:
     _object(body, "body")
@@ -119,7 +124,7 @@ def parse_register(body) -> RegisterIn:
         raise CoordinatorError(f"nics: at most {MAX_PLANES} planes, got {len(nics_raw)}")
     nics = {}
     for k, v in nics_raw.items():
-        if not (isinstance(k, str) and k.isdigit() and int(k) < MAX_PLANES):
+        if not (isinstance(k, str) and is_decimal(k) and int(k) < MAX_PLANES):
             raise CoordinatorError(f"nics: expected plane number (0..{MAX_PLANES - 1}) -> address, got key {k!r}")
         nics[int(k)] = _address(v, f"nics.{k}")
     api_port = body.get("api_port")
@@ -179,10 +184,10 @@ def parse_decommission(body) -> DecommissionIn:
 def parse_events_query(q: dict, kinds_known: tuple[str, ...], limit_max: int) -> EventsQuery:
     since = _query_number(q, "since", 0.0)
     after = q.get("after", "0")
-    if not after.isdigit() or int(after) > MAX_EVENT_ID:
+    if not is_decimal(after) or int(after) > MAX_EVENT_ID:
         raise CoordinatorError(f"after: expected an event id 0..{MAX_EVENT_ID}, got {after!r}")
     limit = q.get("limit", str(min(1000, limit_max)))
-    if not limit.isdigit() or not 1 <= int(limit) <= limit_max:
+    if not is_decimal(limit) or not 1 <= int(limit) <= limit_max:
         raise CoordinatorError(f"limit: expected 1..{limit_max} events, got {limit!r} (page with after=ID)")
     kinds = tuple(k for k in q.get("kind", "").split(",") if k)
     unknown = [k for k in kinds if k not in kinds_known]

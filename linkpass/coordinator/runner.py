@@ -45,6 +45,7 @@ from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, 
 from .http import CoordinatorServer, Limits
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import Store
+from .requests import is_decimal
 from .tls import LOCAL_CLIENT, SERVER, TlsError, build_server_context, lab_dir, lab_paths
 
 DEFAULT_STATE_DIR = "/var/lib/linkpass/coordinator"
@@ -67,7 +68,7 @@ def load_model(settings: dict) -> FabricModel | None:
 
 def parse_listen(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not host or not is_decimal(port) or not 0 <= int(port) < 65536:
         raise CoordinatorError(f"listen: expected HOST:PORT such as {COORDINATOR_LISTEN}, got {text!r}")
     return host, int(port)
 
