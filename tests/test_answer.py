@@ -177,3 +177,36 @@ def test_a_good_delta_makes_a_whole_plan_and_a_stale_one_asks_for_it(tmp_path):
     link._answer(delta_answer([], remove=["h1"], since=1, version=4, drain_version=6))
     assert len(plans) == 2 and link.plan_version is None and link.drain_version == 6
     assert link.stats["plan_deltas_dropped"] == 1 and link.stats["answers_rejected"] == 0
+
+
+def _one_answer_server(answer: bytes):
+    """A loopback listener that answers one request with `answer` (raw HTTP) and closes."""
+    import socket
+    import threading
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            try:
+                conn.sendall(answer)
+            except OSError:  # the client stopped reading, as it should
+                pass
+        srv.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return srv.getsockname()[1]
+
+
+@pytest.mark.parametrize("head, body", [
+    (b"Content-Length: 999999999999\r\n", b"{}"),                     # announced too large: not even read
+    (b"", b"[" + b"0," * 600_000 + b"0]"),                             # no length, streamed until close
+    (b"Transfer-Encoding: chunked\r\n", b"100010\r\n" + b" " * 0x100010 + b"\r\n0\r\n\r\n"),
+])
+def test_an_oversized_answer_is_dropped_unread(head, body):
+    from linkpass.coordinator.client import AnswerTooLarge, Client
+    port = _one_answer_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + head + b"\r\n" + body)
+    c = Client(f"http://127.0.0.1:{port}", "t", insecure_http=True, max_answer_bytes=1 << 20)
+    with pytest.raises(AnswerTooLarge, match="hostile server"):
+        c.get("/v1/plan", host="h0")
+    assert c._conn is None  # the connection with a half-read answer is not reused

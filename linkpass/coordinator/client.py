@@ -30,6 +30,14 @@ class TlsFailure(Unreachable):
     a client certificate."""
 
 
+class AnswerTooLarge(Unreachable):
+    """The coordinator's answer was larger than the client accepts (`max_answer_bytes`)."""
+
+
+# a whole plan for the largest fleet, or 10 000 events, is a few MB; far more is a broken or hostile server
+MAX_ANSWER_BYTES = 64 << 20
+
+
 class Refusal(RuntimeError):
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -38,9 +46,10 @@ class Refusal(RuntimeError):
 
 class Client:
     def __init__(self, url: str, token: str | None, timeout_s: float = 5.0, tls: ssl.SSLContext | None = None,
-                 insecure_http: bool = False):
+                 insecure_http: bool = False, max_answer_bytes: int = MAX_ANSWER_BYTES):
         """`tls`: the context to verify the server with (tls.build_client_context; default: the
-        system's trust store). `insecure_http`: allow an http:// URL."""
+        system's trust store). `insecure_http`: allow an http:// URL. An answer longer than
+        `max_answer_bytes` is not read into memory: AnswerTooLarge."""
         u = urlparse(url)
         if u.scheme not in ("https", "http") or not u.hostname:
             raise ValueError(f"coordinator URL must look like https://HOST:PORT, got {url!r}")
@@ -53,6 +62,7 @@ class Client:
         self.tls = (tls or ssl.create_default_context()) if u.scheme == "https" else None
         self.token = token
         self.timeout_s = timeout_s
+        self.max_answer_bytes = max_answer_bytes
         self._conn: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
@@ -89,8 +99,11 @@ class Client:
             try:
                 self._conn.request(method, path, body=payload, headers=headers)
                 resp = self._conn.getresponse()
-                data = resp.read()
+                data = self._read_bounded(resp)
                 break
+            except AnswerTooLarge:
+                self.close()
+                raise
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
                 if attempt or not isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError,
@@ -109,6 +122,17 @@ class Client:
             msg = doc.get("error") if isinstance(doc, dict) else data[:200].decode(errors="replace")
             raise Refusal(resp.status, msg or f"HTTP {resp.status}")
         return doc if doc is not None else data
+
+    def _read_bounded(self, resp) -> bytes:
+        declared = resp.getheader("Content-Length")
+        if declared and declared.isascii() and declared.isdigit() and int(declared) > self.max_answer_bytes:
+            raise AnswerTooLarge(f"coordinator at {self.url} announced a {int(declared)}-byte answer, more than the "
+                                 f"{self.max_answer_bytes} this client reads: not read (a broken or hostile server?)")
+        data = resp.read(self.max_answer_bytes + 1)
+        if len(data) > self.max_answer_bytes:
+            raise AnswerTooLarge(f"coordinator at {self.url} sent more than {self.max_answer_bytes} bytes: "
+                                 "dropped (a broken or hostile server?)")
+        return data
 
 
 def cli_url(explicit: str | None = None) -> str:
