@@ -4,6 +4,7 @@ each other (tests/test_layout.py checks).
 - prefix_for: testbed prefixes unique to this pytest run (conftest's fixtures use them too);
 - check_golden: golden-file comparison for the CLI's renderings (files in tests/golden/);
 - free_port, wait_until: a free TCP port; polling a condition with a deadline;
+- LogDrain: reads a process's log pipe for the whole run (a full pipe would block its writer);
 - routes_of, A, B: LinkPass's routes in a testbed host's namespace; the failover tests' two hosts;
 - FAB, MODEL, table_of, identity, fail_paths: the coordinator tests' fabric and what its agents report;
 - coordinator_client, lab_ca_file: a client of a real coordinator over HTTPS, trusting the lab CA
@@ -65,6 +66,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         return s.getsockname()[1]
+
+
+class LogDrain:
+    """Reads a child's text pipe line by line in a thread for as long as the child runs, so the
+    child never blocks on a full pipe; `lines` holds everything read, `wait_for` waits for a
+    line containing a string."""
+
+    def __init__(self, pipe):
+        import threading
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe) -> None:
+        for line in pipe:
+            with self._cond:
+                self.lines.append(line)
+                self._cond.notify_all()
+
+    def wait_for(self, text: str, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: any(text in ln for ln in self.lines), timeout_s)
+
+    def text(self, join_s: float = 5.0) -> str:
+        self._thread.join(join_s)
+        with self._cond:
+            return "".join(self.lines)
 
 
 def wait_until(pred, timeout_s: float, what: str, detail=None):

@@ -2,6 +2,7 @@
 SIGHUP reloads without dropping probe state; SIGTERM stops cleanly; bad config is refused."""
 from __future__ import annotations
 
+from collections import Counter
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from linkpass.agent.keyfile import load_fleet_key
 from linkpass.core.constants import AGENT_API_PORT
 from linkpass.testbed.agents import Agents, write_agent_configs
 
-from helpers import FAB, free_port, routes_of
+from helpers import FAB, LogDrain, free_port, routes_of
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 KEY = bytes(range(32))
@@ -219,11 +220,10 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
     procs = {i: subprocess.Popen(["ip", "netns", "exec", fab.netns(f"h{i}"), *LINKPASS, "agent", "--config", path,
                                   "--max-seconds", "90"], stderr=subprocess.PIPE, text=True)
              for i, path in configs.items()}
+    drains = {i: LogDrain(p.stderr) for i, p in procs.items()}
     try:
-        for i, p in procs.items():  # each logs a JSON line when it is up
-            for line in p.stderr:
-                if json.loads(line)["event"] == "started":
-                    break
+        for i, d in drains.items():  # each logs a JSON line when it is up
+            assert d.wait_for('"event": "started"', 60), d.text(0)[-2000:]
         time.sleep(1.5)
         # a path whose peer started late is judged DOWN (never answered) and needs its hold-down
         # to be up again; on a loaded machine the four agents may start seconds apart
@@ -250,9 +250,13 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
         procs[0].send_signal(signal.SIGHUP)
         # the reload runs in the agent's main loop: on a loaded machine it may take a moment
         deadline = time.monotonic() + 20
-        while {r["peer"] for r in (rows := path_rows(fab, 0, port))} != {"h1", "h2"} and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            rows = path_rows(fab, 0, port)
+            if {r["peer"] for r in rows} == {"h1", "h2"}:
+                break
             time.sleep(0.25)
-        assert {r["peer"] for r in rows} == {"h1", "h2"}
+        assert {r["peer"] for r in rows} == {"h1", "h2"}, Counter(json.loads(ln)["event"] for ln in drains[0].lines
+                                                                  if ln.startswith("{"))
         assert all(r["sent"] > sent_before[(r["peer"], r["plane"], r["path"])] for r in rows)
 
         # h3 back: its new paths take the freed ids (h3's reflector keeps an entry per path id),
@@ -287,7 +291,9 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
     finally:
         for p in procs.values():
             p.send_signal(signal.SIGTERM)
-        logs = {i: p.communicate(timeout=10)[1] for i, p in procs.items()}
+        for p in procs.values():
+            p.wait(timeout=10)
+        logs = {i: d.text() for i, d in drains.items()}
     for i, p in procs.items():
         assert p.returncode == 0, logs[i][-2000:]
     events = [json.loads(line)["event"] for line in logs[0].splitlines() if line.startswith("{")]
