@@ -96,8 +96,9 @@ def test_c_replay_window_matches_python(seqs):
 
 
 def test_constructor_validates():
-    with pytest.raises(ValueError, match="fleet key"):
-        _probecore.Core(b"short", 1)
+    for key in (b"short", bytes(16), bytes(31), bytes(65)):  # the Python codec's bounds (core/wire.py)
+        with pytest.raises(ValueError, match="fleet key must be 32..64 bytes"):
+            _probecore.Core(key, 1)
     with pytest.raises(ValueError, match="agent_id"):
         _probecore.Core(KEY, 0)
 

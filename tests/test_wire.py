@@ -173,8 +173,10 @@ def test_fuzz_mutated_probes_never_crash_and_never_pass_changed(cut, flips):
 
 
 def test_fleet_key_is_validated():
-    with pytest.raises(ValueError, match="fleet key must be 16..64 bytes"):
-        W.Codec(b"short")
+    for key in (b"short", bytes(16), bytes(31), bytes(65)):
+        with pytest.raises(ValueError, match="fleet key must be 32..64 bytes"):
+            W.Codec(key)
+    assert W.Codec(bytes(32)) and W.Codec(bytes(64))
 
 
 def test_replay_window_accepts_each_sequence_once():

@@ -50,6 +50,7 @@ from dataclasses import MISSING, dataclass, field
 
 from ..core.constants import AGENT_API_PORT, ENTROPY_PATH
 from ..core.detector import DetectorConfig
+from ..core.wire import FLEET_KEY_MAX, FLEET_KEY_MIN
 
 
 class ConfigError(ValueError):
@@ -367,7 +368,7 @@ def read_fleet_key(data: bytes, where: str) -> bytes:
         key = bytes.fromhex(text.decode()) if text and all(c in b"0123456789abcdefABCDEF" for c in text) else data
     except (UnicodeDecodeError, ValueError):
         key = data
-    if not 32 <= len(key) <= 64:
-        raise ConfigError(f"{where}: a fleet key is 32..64 bytes (raw, or hex text); this file holds {len(key)}. "
+    if not FLEET_KEY_MIN <= len(key) <= FLEET_KEY_MAX:
+        raise ConfigError(f"{where}: a fleet key is {FLEET_KEY_MIN}..{FLEET_KEY_MAX} bytes (raw, or hex text); this file holds {len(key)}. "
                           "Make one with `python -c 'import secrets; print(secrets.token_hex(32))'`")
     return key

@@ -41,6 +41,8 @@ PKEY_DEFAULT = 0xFFFF
 KIND_REQUEST = 1
 KIND_REPLY = 2
 FLAG_MTU_PROBE = 0x01  # a full-size probe that tests for an MTU black hole
+# the fleet key: the only authentication of probes, so at least 256 bits (BLAKE2b takes up to 64 bytes)
+FLEET_KEY_MIN, FLEET_KEY_MAX = 32, 64
 
 _BTH = struct.Struct("!BBHII")  # opcode, se/m/pad/tver, pkey, fecn/becn/resv6/dqpn, ackreq/resv7/psn
 _HDR = struct.Struct("!2sBBBBH IIII Q qqqq")
@@ -119,8 +121,8 @@ class Codec:
     """Encoder/decoder bound to a fleet key. Thread-compatible (no mutable state)."""
 
     def __init__(self, key: bytes):
-        if not isinstance(key, (bytes, bytearray)) or not 16 <= len(key) <= 64:
-            raise ValueError("fleet key must be 16..64 bytes (BLAKE2b key); generate one with "
+        if not isinstance(key, (bytes, bytearray)) or not FLEET_KEY_MIN <= len(key) <= FLEET_KEY_MAX:
+            raise ValueError(f"fleet key must be {FLEET_KEY_MIN}..{FLEET_KEY_MAX} bytes (BLAKE2b key); generate one with "
                              "`python -c 'import secrets; print(secrets.token_hex(32))'`")
         self._key = bytes(key)
 

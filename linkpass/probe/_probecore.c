@@ -510,9 +510,9 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(args, kw, "y*I|IKI", kwlist, &key, &agent_id, &ring, &seed, &jitter)) return -1;
-    if (key.len < 16 || key.len > 64) {
+    if (key.len < FLEET_KEY_MIN || key.len > FLEET_KEY_MAX) {
         PyBuffer_Release(&key);
-        PyErr_SetString(PyExc_ValueError, "fleet key must be 16..64 bytes");
+        PyErr_Format(PyExc_ValueError, "fleet key must be %d..%d bytes", FLEET_KEY_MIN, FLEET_KEY_MAX);
         return -1;
     }
     if (agent_id == 0 || ring < 16 || jitter >= 1000000) {

@@ -24,6 +24,8 @@
 #define BTH_LEN 12
 #define HDR_LEN 64
 #define TAG_LEN 16
+#define FLEET_KEY_MIN 32 /* core/wire.py FLEET_KEY_MIN, FLEET_KEY_MAX */
+#define FLEET_KEY_MAX 64
 #define ICRC_LEN 4
 #define IP_UDP_LEN 28
 #define MIN_PAYLOAD (BTH_LEN + HDR_LEN + TAG_LEN + ICRC_LEN)
