@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from linkpass.agent.decide import PathInfo
-from linkpass.agent.failover import Failover
+from linkpass.agent.failover import Failover, reported_state
 from linkpass.core.detector import Detector, DetectorConfig, State
 from linkpass.core.probe_event import ProbeEvent
 from linkpass.core.telemetry import LossCounters, feed_events
@@ -152,3 +152,24 @@ def test_after_an_allowance_a_real_cut_still_moves_the_route_about_one_allowance
     took_ms = rig.seq - cut
     assert rig.routes.sets[-1] == ("h2", (0,))
     assert allowance / MS <= took_ms <= allowance / MS + 6, (took_ms, allowance / MS)
+
+
+def test_a_held_down_is_shown_held_and_reported_suspect_until_the_data_path_acts():
+    rig = _Rig()
+    for _ in range(50):
+        rig.tick()
+    for k in range(6):
+        rig.tick(lambda pid: ("late", 20 * MS - k * MS))
+    for _ in range(100):
+        rig.tick()
+    assert rig.fo.allowance_ns("h2") > 10 * MS
+    seen = []
+    for _ in range(200):
+        rig.tick(lambda pid: "lost" if pid >= 3 else "ok")
+        row = [r for r in rig.fo.path_rows() if r["path"] == 3][0]
+        seen.append((row["state"], row["held"], reported_state(row)))
+        if rig.routes.sets[-1] == ("h2", (0,)):
+            break
+    assert ("down", True, "suspect") in seen  # within the allowance: traffic not moved, links not blamed
+    assert seen[-1] == ("down", False, "down")  # the route moved: now it is evidence
+    assert all(rep == "suspect" for st, held, rep in seen if held and st == "down")

@@ -127,6 +127,17 @@ def test_the_local_window_can_only_make_a_path_worse():
     assert text.endswith("4 paths, window 1 s: 2 lossy or degraded, 2 dark or down")
 
 
+def test_a_down_the_agent_holds_back_is_a_warning_and_says_so(colour):
+    held = {**local_row("down"), "held": True}
+    assert local_cli.paths_exit([held]) == output.EXIT_WARNING
+    assert local_cli.paths_exit([held, local_row("down")]) == output.EXIT_CRITICAL
+    assert local_cli.paths_exit([{**held, "window": {**held["window"], "replies": 0}}]) == output.EXIT_CRITICAL
+    text = local_cli.render([held, local_row("up")])
+    assert state_cell(text, "down (held)") == output._COLORS[output.COLOUR_OF_LEVEL[Level.WARNING]]
+    assert text.endswith("2 paths, window 1 s: 0 lossy or degraded, 0 dark or down, 1 down but held "
+                         "(traffic not moved)")
+
+
 def test_a_state_this_code_does_not_know_is_shown_red_and_judges_nothing(colour):
     assert local_cli.paths_exit([local_row("sideways")]) == fleet_cli.paths_exit([host_row("sideways")]) == 0
     assert state_cell(local_cli.render([local_row("sideways")]), "sideways") == output._COLORS["red"]

@@ -40,7 +40,7 @@ from .api import LocalApi, PathLabels, TelemetryView
 from .config import AgentConfig, ConfigError, load_text
 from .coordinator_link import CoordinatorLink, tls_context
 from .decide import PathInfo, crosses
-from .failover import Failover
+from .failover import Failover, reported_state
 from .keyfile import load_fleet_key
 from .metrics import AgentCollector, DecisionCollector
 from .routes import PeerRoutes, RouteActuator
@@ -174,7 +174,8 @@ class Agent:
     def _state_of(self, pid: int) -> dict:
         d = self.failover.detector.paths.get(pid)
         last = self.failover.last_transition.get(pid)
-        return {"state": d.state.value if d else None, "reason": last.reason.value if last else None}
+        return {"state": d.state.value if d else None, "reason": last.reason.value if last else None,
+                "held": self.failover.held_back(pid)}
 
     # ---- paths ---------------------------------------------------------------------------
     def _discovery_config(self) -> DiscoveryConfig:
@@ -266,7 +267,7 @@ class Agent:
                 continue
             out.append({"id": r["path"], "peer": r["peer"], "plane": r["plane"], "sport": r["sport"],
                         "hops": list(self.hops.get(r["path"], ())), "peer_addr": info.peer_addr,
-                        "state": r["state"], "reason": r["reason"]})
+                        "state": reported_state(r), "reason": r["reason"]})
         return out
 
     def _take_drains(self, drains: tuple[Drain, ...]) -> None:

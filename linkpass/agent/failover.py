@@ -74,6 +74,13 @@ class _Lateness:
         return self.allowance_ns * 2.0 ** (-max(0, now_ns - self.at_ns) / half_life_ns)
 
 
+def reported_state(row: dict) -> str:
+    """A path row's state as the coordinator is told it: a DOWN the data path has not acted on is
+    reported as suspect, since the host's own lateness or an unconfirmed silence is no evidence
+    against the links the path crosses (the coordinator localizes faults from DOWNs)."""
+    return State.SUSPECT.value if row["held"] and row["state"] == State.DOWN.value else row["state"]
+
+
 class Failover:
     def __init__(self, detector: Detector, loss_of: Callable[[int], LossCounters], log: Callable[..., None], *,
                  routes=None, entropy=None, loss_batch_ns: int = 10_000_000,
@@ -264,6 +271,11 @@ class Failover:
                               "not a link; DOWNs are acted on only after the allowance")
             lat.allowance_ns, lat.at_ns = new, arrival_ns
 
+    def held_back(self, pid: int) -> bool:
+        """Whether the path is DOWN (or recovering from one) that the data path has not acted on:
+        held for the host's lateness, or not confirmed by another path of its peer."""
+        return pid in self._unacted
+
     def allowance_ns(self, peer: str) -> int:
         """The peer's lateness allowance now (0 on a calm host)."""
         lat = self._lateness.get(peer)
@@ -432,6 +444,6 @@ class Failover:
             last = self.last_transition.get(pid)
             rows.append({"path": pid, "peer": info.peer, "plane": info.plane, "sport": info.sport,
                          "state": d.state.value, "usable": d.state.usable and pid not in self.drained,
-                         "drained": pid in self.drained, "rto_ns": d.rto_ns,
+                         "drained": pid in self.drained, "rto_ns": d.rto_ns, "held": self.held_back(pid),
                          "reason": last.reason.value if last else None})
         return rows

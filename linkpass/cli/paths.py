@@ -1,7 +1,9 @@
 """`linkpass paths`: the probed paths of the agent on this host, from its local query API.
 
 A row's health is its state's (`core.states.HEALTH`, as for `linkpass paths HOST`), made worse by
-what its window shows: nothing answered is critical, more than 1 % lost a warning."""
+what its window shows: nothing answered is critical, more than 1 % lost a warning. A DOWN the
+agent holds back from the data path (`held`: the host's own replies are late, or no other path of
+the peer confirms the silence) reads "down (held)" and is a warning: traffic has not moved."""
 from __future__ import annotations
 
 import argparse
@@ -86,10 +88,22 @@ def _window_lossy(r: dict) -> bool:
     return (r["window"]["loss_pct"] or 0) > LOSSY_PCT
 
 
+def _state_health(r: dict) -> Level | None:
+    if r.get("held") and state_of(r.get("state")) in DARK:
+        return Level.WARNING
+    return health_of(r.get("state"))
+
+
+def _state_text(r: dict) -> str:
+    state = r.get("state") or "-"
+    return f"{state} (held)" if r.get("held") and state_of(state) in DARK else state
+
+
 def row_health(r: dict) -> Level:
-    """A row's health: its state's, or worse if the window shows nothing answered or heavy loss."""
+    """A row's health: its state's (a held DOWN a warning), or worse if the window shows nothing
+    answered or heavy loss."""
     window = Level.CRITICAL if _window_dark(r) else Level.WARNING if _window_lossy(r) else Level.OK
-    return worst((health_of(r.get("state")), window))
+    return worst((_state_health(r), window))
 
 
 def paths_exit(rows: list[dict]) -> int:
@@ -102,8 +116,8 @@ def render(rows: list[dict], wide: bool = False) -> str:
     lines = []
     for r in rows:
         w = r["window"]
-        state = r.get("state") or "-"
-        cells = [r["peer"], r["plane"], r["path"], paint_level(state, health_of(state)) if state != "-" else state,
+        state = _state_text(r)
+        cells = [r["peer"], r["plane"], r["path"], paint_level(state, _state_health(r)) if state != "-" else state,
                  _pct(w["loss_pct"]), _pct(w["loss_fwd_pct"]),
                  _pct(w["loss_rev_pct"]),
                  _ms((r["rtt_ns"] or {}).get("p50")), _ms((r["rtt_ns"] or {}).get("p99")),
@@ -113,8 +127,10 @@ def render(rows: list[dict], wide: bool = False) -> str:
         if _window_lossy(r):
             cells[0] = paint(str(cells[0]), "red")
         lines.append(cells)
-    dark = [r for r in rows if _window_dark(r) or state_of(r.get("state")) in DARK]
+    dark = [r for r in rows if _window_dark(r) or (state_of(r.get("state")) in DARK and not r.get("held"))]
     lossy = [r for r in rows if _window_lossy(r) or state_of(r.get("state")) in HELD_OUT]
     window = rows[0]["window_s"] if rows else 0
-    summary = f"{len(rows)} paths, window {window:g} s: {len(lossy)} lossy or degraded, {len(dark)} dark or down"
+    held = sum(1 for r in rows if r.get("held") and state_of(r.get("state")) in DARK)
+    summary = (f"{len(rows)} paths, window {window:g} s: {len(lossy)} lossy or degraded, {len(dark)} dark or down"
+               + (f", {held} down but held (traffic not moved)" if held else ""))
     return table(headers, lines) + "\n" + summary
