@@ -580,3 +580,35 @@ def test_the_torn_check_has_teeth(tmp_path, reader):
         stop_writer(w, kill=True)
     if torn == 0:
         pytest.skip(f"no torn copy in {snaps} unchecked snapshots: negative control inconclusive")
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda p: os.chown(p, 4242, 4242), "belongs to uid 4242"),
+    (lambda p: os.chmod(p, 0o666), "can be written by its group or others (mode 0666)"),
+    (lambda p: os.chmod(p.parent, 0o777), "can be written by its group or others (mode 0777)"),
+    (lambda p: os.chown(p.parent, 4242, 4242), "belongs to uid 4242"),
+])
+def test_the_python_reader_refuses_a_table_others_could_have_written(tmp_path, change, words):
+    """Its ports steer this host's traffic: a table (or directory) another user could write is
+    refused, named, and not read."""
+    d = tmp_path / "run"
+    d.mkdir(mode=0o755)
+    path = d / "table"
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        w.publish(TABLES[1])
+        assert R.read_table(str(path)).header.count == len(TABLES[1])
+        change(path)
+        with pytest.raises(T.TableUntrusted, match=words.replace("(", r"\(").replace(")", r"\)")):
+            R.read_table(str(path))
+    os.chmod(d, 0o755)  # what pytest removes
+
+
+def test_a_table_of_a_dedicated_agent_user_is_read_when_that_uid_is_trusted(tmp_path):
+    path = tmp_path / "table"
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        w.publish(TABLES[1])
+        os.chown(path, 4242, 4242)
+        with pytest.raises(T.TableUntrusted):
+            R.read_table(str(path))
+        with R.EntropyReader(str(path), trusted_uids=(0, 4242)) as r:
+            assert r.read().header.count == len(TABLES[1])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Iterable
@@ -86,12 +87,31 @@ class TableBad(EntropyError):
     """The file is not a table this code understands (magic, version, sizes, truncated)."""
 
 
+class TableUntrusted(TableBad):
+    """The file, or its directory, could have been written by someone other than the agent: its
+    ports would steer this host's traffic, so it is not read."""
+
+
 class TableStale(EntropyError):
     """The writer died inside a write section (seq stays odd): the contents cannot be trusted."""
 
 
 class TableBusy(EntropyError):
     """No consistent copy within the retry bound, but the writer looks alive: try again later."""
+
+
+# ---- pure: whom a reader trusts -----------------------------------------------------------------
+
+
+def trust_problem(mode: int, uid: int, trusted_uids: tuple[int, ...]) -> str | None:
+    """Why a reader must not trust a table file or directory with this mode and owner, or None.
+    Trusted: owned by one of `trusted_uids` (root and the reader's own uid by default; the agent
+    runs as root) and writable by no group or other user."""
+    if uid not in trusted_uids:
+        return f"belongs to uid {uid}, not to root or this process's uid (trusted: {', '.join(map(str, trusted_uids))})"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"can be written by its group or others (mode {stat.S_IMODE(mode):04o})"
+    return None
 
 
 # ---- pure: layout and encoding -----------------------------------------------------------------

@@ -19,8 +19,8 @@ from typing import Callable
 
 from linkpass.core.entropy_table import (DEFAULT_PATH, DEFAULT_RETRIES, DEFAULT_STALE_NS, HEADER_SIZE, OFF_SEQ,
                                          OFF_TABLE_FLAGS, OFF_COUNT, ENTRY_SIZE, TABLE_RETIRED, EntropyError,
-                                         EntryError, Snapshot, TableBad, TableBusy, TableMissing, TableStale,
-                                         pack_addr, decode_header, decode_snapshot)
+                                         EntryError, Snapshot, TableBad, TableBusy, TableMissing, TableStale, TableUntrusted,
+                                         pack_addr, decode_header, decode_snapshot, trust_problem)
 from linkpass.kernel.proc import pid_dead
 
 def _read_mapped(mm, *, retries: int = DEFAULT_RETRIES, stale_ns: int = DEFAULT_STALE_NS,
@@ -72,18 +72,31 @@ class EntropyReader:
     """Keeps the table mapped read-only; `read()` returns a consistent Snapshot. Re-opens the path when
     the mapped file was RETIRED (a writer replaced it)."""
 
-    def __init__(self, path: str = DEFAULT_PATH):
+    def __init__(self, path: str = DEFAULT_PATH, trusted_uids: tuple[int, ...] | None = None):
+        """`trusted_uids`: who may own the table and its directory (default root and this
+        process's uid); a table others could have written is refused (TableUntrusted)."""
         self.path = path
+        self.trusted_uids = trusted_uids if trusted_uids is not None else tuple(sorted({0, os.geteuid()}))
         self._mm: mmap.mmap | None = None
         self._open()
 
     def _open(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise TableMissing(f"{self.path}: no entropy table (no writer has run)") from None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            where = f"{self.path}"
+            problem = trust_problem(st.st_mode, st.st_uid, self.trusted_uids)
+            if problem is None:
+                where = os.path.dirname(os.path.abspath(self.path))
+                dst = os.stat(where)
+                problem = trust_problem(dst.st_mode, dst.st_uid, self.trusted_uids)
+            if problem:
+                raise TableUntrusted(f"{where} {problem}: its ports would steer this host's traffic, so it is not "
+                                     "read; the agent (root) writes the table in a directory only root can write")
+            size = st.st_size
             if size < HEADER_SIZE:
                 raise TableBad(f"file: {size} bytes, shorter than the {HEADER_SIZE}-byte header (truncated)")
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
