@@ -113,7 +113,7 @@ struct lpe_table {
     uint8_t *entries;                /* consistent copy, capacity * LPE_ENTRY_SIZE */
     uint32_t count;
     void (*between_copies)(void);    /* tests only: called after the header and each entry copy */
-    char why[256];                   /* what went wrong, for a log line */
+    char why[512];                   /* what went wrong, for a log line */
 };
 
 /* Open, map and check the static part of the header. On failure t->why says why; the caller

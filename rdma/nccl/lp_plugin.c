@@ -280,6 +280,7 @@ struct lane {
     uint64_t last_rx, expect_since, ping_sent, next_ping, srtt;
     uint64_t hold_until, started, live_since, last_decay;
     int penalty, suspect;
+    int ever; /* receiver: the sender made this lane at least once */
     char cause[128];
 };
 
@@ -351,6 +352,7 @@ static struct {
     uint32_t et_count;
     char et_last_why[512];
     uint64_t totals[5];
+    uint64_t chunks_plane[LP_MAX_PLANES]; /* chunks written per plane, every send comm */
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
 
 static uint8_t scratch[256 * 1024]; /* discarded payload lands here (progress thread only) */
@@ -580,6 +582,7 @@ static int lane_write(struct comm *c, struct lane *l, uint64_t now) {
         /* the chunk is on the wire: it waits for its ACK */
         l->cur_active = 0;
         rq->writing--;
+        G.chunks_plane[l->plane]++;
         if (rq->cstate[i] == C_QUEUED) {
             rq->cstate[i] = C_WRITTEN;
             l->unacked++;
@@ -913,8 +916,8 @@ static void schedule(struct comm *c) {
 
 static void comm_fail(struct comm *c, uint64_t now) {
     char msg[1800], a[INET_ADDRSTRLEN], b[INET_ADDRSTRLEN];
-    size_t n = (size_t)snprintf(msg, sizeof msg, "%s to %s failed: no lane could carry data for %llu ms "
-                                "(LINKPASS_GIVEUP_MS). Tried:", c->kind == K_SEND ? "send" : "receive", c->peer_name,
+    size_t n = (size_t)snprintf(msg, sizeof msg, "%s %s failed: no lane could carry data for %llu ms "
+                                "(LINKPASS_GIVEUP_MS). Tried:", c->kind == K_SEND ? "send to" : "receive from", c->peer_name,
                                 (unsigned long long)((now - c->nolane_since) / 1000000));
     for (int q = 0; q < c->nplanes && n < sizeof msg; q++) {
         if (c->kind == K_SEND)
@@ -924,7 +927,7 @@ static void comm_fail(struct comm *c, uint64_t now) {
             n += (size_t)snprintf(msg + n, sizeof msg - n, " plane %d:", q);
         for (int j = 0; j < c->nlanes && n < sizeof msg; j++) {
             struct lane *l = &c->lanes[j];
-            if (l->plane != q) continue;
+            if (l->plane != q || (c->kind == K_RECV && !l->ever)) continue;
             n += (size_t)snprintf(msg + n, sizeof msg - n, " lane %d [%s]", l->id, l->cause[0] ? l->cause : "no answer");
         }
         if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, ";");
@@ -1072,6 +1075,7 @@ static void pending_hello(struct pending *p, uint64_t now) {
     struct lane *l = &c->lanes[h.lane];
     if (l->fd >= 0) lane_close(c, l); /* the sender re-made this lane: the old socket is dead to it */
     l->fd = p->fd;
+    l->ever = 1;
     l->plane = h.plane;
     l->state = L_LIVE;
     l->cause[0] = 0;
@@ -1513,6 +1517,8 @@ __attribute__((visibility("default"))) int linkpass_nccl_stats(char *buf, size_t
     int k = snprintf(buf, n, "lanes_down=%llu lanes_up=%llu chunks_resent=%llu dup_chunks=%llu bad_frames=%llu",
                      (unsigned long long)G.totals[0], (unsigned long long)G.totals[1], (unsigned long long)G.totals[2],
                      (unsigned long long)G.totals[3], (unsigned long long)G.totals[4]);
+    for (int q = 0; q < cfg.nplanes && k >= 0 && (size_t)k < n; q++)
+        k += snprintf(buf + k, n - (size_t)k, " chunks_plane%d=%llu", q, (unsigned long long)G.chunks_plane[q]);
     pthread_mutex_unlock(&G.mu);
     return k;
 }
