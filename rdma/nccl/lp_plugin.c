@@ -1323,9 +1323,10 @@ ncclResult_t lp_connect(void *ctx, int dev, void *handle, void **sendComm) {
         G.token_next = G.token_next * 6364136223846793005ull + 1442695040888963407ull;
         c->nonce = G.token_next;
         c->dev = dev;
+        c->cur_plane = dev; /* where traffic belongs: leaving it is logged, also on the first chunk */
         c->chunk = cfg.chunk;
         c->nplanes = h.nplanes < cfg.nplanes ? h.nplanes : cfg.nplanes;
-        if (dev >= c->nplanes) c->dev = 0;
+        if (dev >= c->nplanes) c->dev = c->cur_plane = 0;
         for (int q = 0; q < c->nplanes; q++) {
             c->peer[q].addr.s_addr = h.ep[q].addr;
             c->peer[q].port = h.ep[q].port;

@@ -1,0 +1,96 @@
+"""The NCCL plugin under lane failures, in one process on two loopback planes: lanes reset with
+data in flight still deliver every byte exactly once with no error; the entropy table moves
+traffic off a plane; only when every lane of every plane is gone past the give-up bound does
+NCCL get an error, once, with a message naming peer, planes, lanes and causes."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import harness_fields, nccl_harness
+from linkpass.agent.entropy_writer import EntropyWriter
+from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
+
+pytestmark = pytest.mark.unit
+
+
+def test_lanes_reset_mid_transfer_deliver_every_byte_once_without_an_error():
+    """Five resets of the lane with the most bytes in flight (both ends' queued bytes are lost): the
+    unacknowledged chunks leave on other lanes, every message arrives whole and once, test() never
+    returns an error, and each reset lane comes back on a fresh source port."""
+    r = nccl_harness("transfer", "-s", "8M", "-n", "40", "-k", "30:5", "-t")
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    t, s = harness_fields(r.stdout, "transfer"), harness_fields(r.stdout, "stats")
+    assert t["wrong"] == t["bad_sizes"] == "0" and t["messages"] == t["send_done"] == "40"
+    assert t["lanes_killed"] == "5" and int(s["lanes_down"]) >= 5
+    assert int(s["chunks_resent"]) > 0, "no reset caught data in flight: the test proved nothing"
+    assert "error" not in r.stdout
+    downs = re.findall(r"lane (\d+\.\d+) \(sport (\d+)\) .* down: ", r.stderr)
+    backs = dict((lane, int(port)) for lane, port in re.findall(r"lane (\d+\.\d+) \(sport (\d+)\) .* is back", r.stderr))
+    assert downs and all(int(port) != backs.get(lane) for lane, port in downs if lane in backs)
+
+
+def test_every_lane_gone_past_the_give_up_bound_is_one_clean_error():
+    """The peer is gone (every lane and listener shut down): reconnects are refused; after
+    LINKPASS_GIVEUP_MS the plugin returns ncclSystemError, and WARNs what it tried and why it failed."""
+    r = nccl_harness("transfer", "-s", "8M", "-n", "400", "-K", "200", "-t", env={"LINKPASS_GIVEUP_MS": "1000"})
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    errs = [line for line in r.stdout.splitlines() if line.startswith("error ")]
+    assert len(errs) == 1 and errs[0].startswith("error rc=2 "), r.stdout
+    assert int(harness_fields(r.stdout, "error")["after_ms"]) >= 900  # not before the bound
+    warn = [line for line in r.stderr.splitlines() if "NCCL WARN" in line and "send to 127.0.0.1 failed" in line]
+    assert len(warn) == 1, r.stderr[-3000:]
+    assert "no lane could carry data for" in warn[0] and "(LINKPASS_GIVEUP_MS)" in warn[0]
+    assert "plane 0 (127.0.0.1 -> 127.0.0.1:" in warn[0] and "plane 1 (127.0.0.2 -> 127.0.0.2:" in warn[0]
+    assert "lane 0 [connect: Connection refused]" in warn[0] and "lane 4 [connect: Connection refused]" in warn[0]
+    assert harness_fields(r.stdout, "transfer")["wrong"] == "0"
+
+
+def test_no_error_before_the_give_up_bound_while_lanes_are_being_remade():
+    """Resets of every lane, one after another, never leave NCCL with an error: lanes are re-made."""
+    r = nccl_harness("transfer", "-s", "4M", "-n", "60", "-k", "20:12", "-t", env={"LINKPASS_LANES": "2"})
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    t = harness_fields(r.stdout, "transfer")
+    assert t["wrong"] == "0" and t["messages"] == "60" and int(t["lanes_killed"]) >= 6
+
+
+@pytest.fixture
+def table(tmp_path):
+    w = EntropyWriter(str(tmp_path / "entropy"), capacity=16)
+    yield w
+    w.close(unlink=True)
+
+
+def test_the_entropy_table_moves_traffic_off_a_plane_it_marks_unusable(table):
+    """(127.0.0.1, plane 0) fail-static in the agent's table: the comm on device 0 carries nothing on
+    plane 0 and says so; the data is whole."""
+    table.update("127.0.0.1", 0, [50000, 50001], flags=ENTRY_FAIL_STATIC)
+    table.update("127.0.0.2", 1, [50002], port_flags=[1])
+    r = nccl_harness("transfer", "-s", "2M", "-n", "10", env={"LINKPASS_ENTROPY_TABLE": table.path})
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    s = harness_fields(r.stdout, "stats")
+    assert s["chunks_plane0"] == "0" and int(s["chunks_plane1"]) >= 40, r.stdout
+    assert "plane 0 to 127.0.0.1: the entropy table marks it unusable (fail-static)" in r.stderr
+    assert "traffic to 127.0.0.1 moves from plane 0 (127.0.0.1) to plane 1 (127.0.0.2)" in r.stderr
+    assert harness_fields(r.stdout, "transfer")["wrong"] == "0"
+
+
+def test_a_plane_the_table_knows_healthy_keeps_its_traffic(table):
+    table.update("127.0.0.1", 0, [50000], port_flags=[1])
+    table.update("127.0.0.2", 1, [], flags=0)  # no healthy port on plane 1: only the standby is affected
+    r = nccl_harness("transfer", "-s", "2M", "-n", "10", env={"LINKPASS_ENTROPY_TABLE": table.path})
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = harness_fields(r.stdout, "stats")
+    assert int(s["chunks_plane0"]) >= 40 and s["chunks_plane1"] == "0", r.stdout
+    assert "moves from plane" not in r.stderr
+
+
+def test_every_plane_marked_unusable_still_carries_the_data(table):
+    """The table never stops traffic: with both planes fail-static, a live lane is used anyway."""
+    table.update("127.0.0.1", 0, [50000], flags=ENTRY_FAIL_STATIC)
+    table.update("127.0.0.2", 1, [50001], flags=ENTRY_FAIL_STATIC)
+    r = nccl_harness("transfer", "-s", "1M", "-n", "10", env={"LINKPASS_ENTROPY_TABLE": table.path})
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = harness_fields(r.stdout, "transfer")
+    assert t["wrong"] == "0" and t["messages"] == "10"
