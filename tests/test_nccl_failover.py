@@ -4,11 +4,15 @@ traffic off a plane; only when every lane of every plane is gone past the give-u
 NCCL get an error, once, with a message naming peer, planes, lanes and causes."""
 from __future__ import annotations
 
+import os
 import re
+import socket
+import struct
+import subprocess
 
 import pytest
 
-from helpers import harness_fields, nccl_harness
+from helpers import harness_fields, nccl_build, nccl_harness
 from linkpass.agent.entropy_writer import EntropyWriter
 from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
 
@@ -94,3 +98,34 @@ def test_every_plane_marked_unusable_still_carries_the_data(table):
     assert r.returncode == 0, r.stderr[-3000:]
     t = harness_fields(r.stdout, "transfer")
     assert t["wrong"] == "0" and t["messages"] == "10"
+
+
+def test_garbage_on_a_listening_port_is_counted_and_dropped():
+    """Untrusted bytes at the plugin's listener (junk, a lane hello with a bad magic, one for a token
+    nobody issued) are counted as bad frames and closed; the transfer next to them is unharmed."""
+    plugin, harness = nccl_build()
+    env = dict(os.environ, LINKPASS_NICS="127.0.0.1,127.0.0.2", LINKPASS_ENTROPY_TABLE="/nonexistent/entropy")
+    proc = subprocess.Popen([harness, "-l", plugin, "transfer", "-s", "1M", "-n", "300", "-w", "4"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        while port is None:
+            line = proc.stderr.readline()
+            assert line, "the harness ended before it listened"
+            m = re.search(r"device 0 = plane 0: .* listening on port (\d+)", line)
+            port = int(m.group(1)) if m else None
+        hello = struct.pack("<BBHIQQQ", 1, 0, 0, 40, 0, 0, 0)
+        for junk in (os.urandom(72), hello + struct.pack("<QQQIHHII", 0xBAD, 1, 2, 524288, 0, 0, 0, 0),
+                     hello + struct.pack("<QQQIHHII", 0x314C43434E50504C, 12345, 2, 524288, 0, 0, 0, 0)):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(junk)
+                s.settimeout(5)
+                assert s.recv(100) == b""  # closed by the plugin, nothing answered
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"{out}\n{err[-3000:]}"
+    assert int(harness_fields(out, "stats")["bad_frames"]) == 3
+    assert harness_fields(out, "transfer")["wrong"] == "0"

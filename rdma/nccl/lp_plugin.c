@@ -1055,7 +1055,7 @@ static void pending_hello(struct pending *p, uint64_t now) {
     if (!c) {
         struct lcomm *lc = NULL;
         for (struct lcomm *x = G.lcomms; x; x = x->next) if (!x->closing && x->token == h.token) lc = x;
-        if (!lc) { close(p->fd); return; } /* nobody listens for it (any more) */
+        if (!lc) { G.totals[4]++; close(p->fd); return; } /* nobody listens for it (any more) */
         c = comm_new(K_RECV);
         if (!c) { close(p->fd); return; }
         c->token = h.token;
