@@ -40,14 +40,18 @@ def test_every_lane_gone_past_the_give_up_bound_is_one_clean_error():
     LINKPASS_GIVEUP_MS the plugin returns ncclSystemError, and WARNs what it tried and why it failed."""
     r = nccl_harness("transfer", "-s", "8M", "-n", "400", "-K", "200", "-t", env={"LINKPASS_GIVEUP_MS": "1000"})
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
-    errs = [line for line in r.stdout.splitlines() if line.startswith("error ")]
-    assert len(errs) == 1 and errs[0].startswith("error rc=2 "), r.stdout
-    assert int(harness_fields(r.stdout, "error")["after_ms"]) >= 900  # not before the bound
+    errs = [line for line in r.stdout.splitlines() if line.startswith("side_error ")]
+    assert sorted(e.split()[1] for e in errs) == ["side=recv", "side=send"], r.stdout  # one per comm
+    for e in errs:
+        f = dict(kv.split("=") for kv in e.split()[1:])
+        assert f["rc"] == "2" and int(f["after_ms"]) >= 900, r.stdout  # ncclSystemError, not before the bound
     warn = [line for line in r.stderr.splitlines() if "NCCL WARN" in line and "send to 127.0.0.1 failed" in line]
     assert len(warn) == 1, r.stderr[-3000:]
     assert "no lane could carry data for" in warn[0] and "(LINKPASS_GIVEUP_MS)" in warn[0]
     assert "plane 0 (127.0.0.1 -> 127.0.0.1:" in warn[0] and "plane 1 (127.0.0.2 -> 127.0.0.2:" in warn[0]
     assert "lane 0 [connect: Connection refused]" in warn[0] and "lane 4 [connect: Connection refused]" in warn[0]
+    assert sum("NCCL WARN" in line and "receive from 127.0.0.1 failed: no lane" in line
+               for line in r.stderr.splitlines()) == 1
     assert harness_fields(r.stdout, "transfer")["wrong"] == "0"
 
 

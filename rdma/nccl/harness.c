@@ -16,7 +16,7 @@
  *       -t            sender and receiver on two threads (NCCL's progress threads), connections on a third
  *       -k MS[:N]     every MS ms, reset the lane with the most bytes in flight (data lost), N times (1)
  *       -K MS         after MS ms shut down every socket of the plugin, listeners too: the peer is gone;
- *                     success is then one error (ncclSystemError) from the plugin, reported with its delay
+ *                     success is then one error (ncclSystemError) on each side, reported with its delay
  *       -T SECONDS    give up after this long (60)
  *       -r send|recv -H FILE   one side only, the other side in another process: recv listens and
  *                     writes its handle to FILE; send reads FILE and connects
@@ -82,6 +82,9 @@ struct xfer {
     int err;            /* the first error a plugin call returned */
     const char *err_call;
     double err_at;
+    int keep_going;     /* -K: each side stops at its own error, the other goes on until it has one */
+    int side_err[2];    /* 0 send, 1 recv */
+    double side_err_at[2];
 };
 
 static size_t msg_size(const struct xfer *x, size_t i) { return x->sizes[i % (size_t)x->nsizes]; }
@@ -89,13 +92,15 @@ static size_t msg_size(const struct xfer *x, size_t i) { return x->sizes[i % (si
 static void fail(struct xfer *x, int rc, const char *call) {
     pthread_mutex_lock(&x->mu);
     if (!x->err) { x->err = rc; x->err_call = call; x->err_at = ms_now(); }
-    x->stop = 1;
+    int side = strstr(call, "recv") != NULL;
+    if (!x->side_err[side]) { x->side_err[side] = rc; x->side_err_at[side] = ms_now(); }
+    if (!x->keep_going || !rc) x->stop = 1;
     pthread_mutex_unlock(&x->mu);
 }
 
 /* 1: this side is done; 0: more to do; -1: stopped */
 static int send_step(struct xfer *x) {
-    if (x->stop) return -1;
+    if (x->stop || x->side_err[0]) return -1;
     while (x->s_posted < x->total && x->s_posted - x->s_done < (size_t)x->window) {
         size_t i = x->s_posted, n = msg_size(x, i);
         unsigned char *b = x->sbuf + (i % (size_t)x->window) * x->maxsize;
@@ -120,7 +125,7 @@ static int send_step(struct xfer *x) {
 }
 
 static int recv_step(struct xfer *x) {
-    if (x->stop) return -1;
+    if (x->stop || x->side_err[1]) return -1;
     size_t slot = x->maxsize + x->extra;
     while (x->r_posted < x->total && x->r_posted - x->r_done < (size_t)x->window) {
         size_t i = x->r_posted, n = msg_size(x, i);
@@ -312,6 +317,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
     x.null_sizes = o->null_sizes;
     x.preset = o->preset;
     x.extra = o->extra;
+    x.keep_going = o->kill_all_ms > 0;
     char list[1024];
     snprintf(list, sizeof list, "%s", o->sizes);
     size_t sizes[64];
@@ -376,12 +382,12 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
         if (o->threads) {
             usleep(1000);
             pthread_mutex_lock(&x.mu);
-            s_fin = !do_send || x.s_done == x.total;
-            r_fin = !do_recv || x.r_done == x.total;
+            s_fin = !do_send || x.s_done == x.total || x.side_err[0];
+            r_fin = !do_recv || x.r_done == x.total || x.side_err[1];
             pthread_mutex_unlock(&x.mu);
         } else {
-            if (!s_fin) { int s = send_step(&x); if (s < 0) break; s_fin = s; }
-            if (!r_fin) { int s = recv_step(&x); if (s < 0) break; r_fin = s; }
+            if (!s_fin) { int s = send_step(&x); if (s < 0 && !x.keep_going) break; s_fin = s != 0; }
+            if (!r_fin) { int s = recv_step(&x); if (s < 0 && !x.keep_going) break; r_fin = s != 0; }
         }
         if (x.stop || (s_fin && r_fin)) break;
         double now = ms_now();
@@ -410,7 +416,11 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
     if (o->kill_all_ms) {
         if (x.err) printf("error rc=%d call=%s after_ms=%.0f\n", x.err, x.err_call, x.err_at - cut_at);
         else printf("error none\n");
-        code = x.err == ncclSystemError ? 0 : 2;
+        for (int k = 0; k < 2; k++)
+            if (x.side_err[k]) printf("side_error side=%s rc=%d after_ms=%.0f\n", k ? "recv" : "send", x.side_err[k],
+                                      x.side_err_at[k] - cut_at);
+        code = x.err == ncclSystemError && (!do_send || x.side_err[0] == ncclSystemError) &&
+               (!do_recv || x.side_err[1] == ncclSystemError) ? 0 : 2;
     } else if (x.err) {
         printf("error rc=%d call=%s\n", x.err, x.err_call);
         code = 2;
