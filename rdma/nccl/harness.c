@@ -13,6 +13,7 @@
  *       -x EXTRA      post each receive EXTRA bytes larger than the send (0); the excess must stay untouched
  *       -N            test() receives with sizes == NULL (as NCCL does for flushes)
  *       -p            preset *request to NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1) before every irecv
+ *       -B            bandwidth only: do not fill or check the buffers (sizes are still checked)
  *       -t            sender and receiver on two threads (NCCL's progress threads), connections on a third
  *       -k MS[:N]     every MS ms, reset the lane with the most bytes in flight (data lost), N times (1)
  *       -K MS         after MS ms shut down every socket of the plugin, listeners too: the peer is gone;
@@ -29,6 +30,7 @@
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,7 +73,7 @@ struct xfer {
     struct lpn *p;
     void *sc, *rc, *smh, *rmh;
     size_t *sizes;
-    int nsizes, window, null_sizes, preset;
+    int nsizes, window, null_sizes, preset, no_check;
     size_t extra, maxsize, total;
     unsigned char *sbuf, *rbuf;
     void *sreq[NCCL_NET_MAX_REQUESTS], *rreq[NCCL_NET_MAX_REQUESTS];
@@ -104,7 +106,7 @@ static int send_step(struct xfer *x) {
     while (x->s_posted < x->total && x->s_posted - x->s_done < (size_t)x->window) {
         size_t i = x->s_posted, n = msg_size(x, i);
         unsigned char *b = x->sbuf + (i % (size_t)x->window) * x->maxsize;
-        for (size_t k = 0; k < n; k++) b[k] = pattern(i, k);
+        if (!x->no_check) for (size_t k = 0; k < n; k++) b[k] = pattern(i, k);
         void *req = NULL;
         int rc = lpn_isend(x->p, x->sc, b, n, 0, x->smh, &req);
         if (rc) { fail(x, rc, "isend"); return -1; }
@@ -130,7 +132,7 @@ static int recv_step(struct xfer *x) {
     while (x->r_posted < x->total && x->r_posted - x->r_done < (size_t)x->window) {
         size_t i = x->r_posted, n = msg_size(x, i);
         unsigned char *b = x->rbuf + (i % (size_t)x->window) * slot;
-        memset(b, CANARY, n + x->extra);
+        if (!x->no_check) memset(b, CANARY, n + x->extra);
         void *req = x->preset ? (void *)NCCL_NET_OPTIONAL_RECV_COMPLETION : NULL;
         int rc = lpn_irecv(x->p, x->rc, b, n + x->extra, 0, x->rmh, &req);
         if (rc) { fail(x, rc, "irecv"); return -1; }
@@ -153,8 +155,8 @@ static int recv_step(struct xfer *x) {
             size_t n = msg_size(x, i);
             const unsigned char *b = x->rbuf + (i % (size_t)x->window) * slot;
             size_t bad = 0;
-            for (size_t k = 0; k < n; k++) bad += b[k] != pattern(i, k);
-            for (size_t k = n; k < n + x->extra; k++) bad += b[k] != CANARY;
+            for (size_t k = 0; k < n && !x->no_check; k++) bad += b[k] != pattern(i, k);
+            for (size_t k = n; k < n + x->extra && !x->no_check; k++) bad += b[k] != CANARY;
             if (bad && x->wrong < 5) fprintf(stderr, "lp_harness: message %zu (%zu bytes): %zu wrong bytes\n", i, n, bad);
             x->wrong += bad;
             if (!x->null_sizes && (size_t)size != n) {
@@ -168,8 +170,18 @@ static int recv_step(struct xfer *x) {
     return x->r_done == x->total;
 }
 
-static void *send_thread(void *a) { struct xfer *x = a; while (send_step(x) == 0) {} return NULL; }
-static void *recv_thread(void *a) { struct xfer *x = a; while (recv_step(x) == 0) {} return NULL; }
+/* Like NCCL's proxy progress loop: poll without pause, but yield the CPU when a round changed nothing. */
+static size_t moved(const struct xfer *x) { return x->s_posted + x->s_done + x->r_posted + x->r_done; }
+static void *send_thread(void *a) {
+    struct xfer *x = a;
+    for (size_t m = moved(x); send_step(x) == 0; m = moved(x)) if (moved(x) == m) sched_yield();
+    return NULL;
+}
+static void *recv_thread(void *a) {
+    struct xfer *x = a;
+    for (size_t m = moved(x); recv_step(x) == 0; m = moved(x)) if (moved(x) == m) sched_yield();
+    return NULL;
+}
 
 /* ---- faults: the plugin's sockets, found in this process's descriptor table ------------------- */
 
@@ -273,7 +285,7 @@ static size_t parse_size(const char *s) {
 }
 
 struct opts {
-    int dev, rounds, window, null_sizes, preset, threads, kill_every_ms, kill_count, kill_all_ms, timeout_s;
+    int dev, rounds, window, null_sizes, preset, no_check, threads, kill_every_ms, kill_count, kill_all_ms, timeout_s;
     size_t extra;
     const char *sizes, *role, *hfile;
 };
@@ -316,6 +328,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
     x.window = o->window;
     x.null_sizes = o->null_sizes;
     x.preset = o->preset;
+    x.no_check = o->no_check;
     x.extra = o->extra;
     x.keep_going = o->kill_all_ms > 0;
     char list[1024];
@@ -386,8 +399,10 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
             r_fin = !do_recv || x.r_done == x.total || x.side_err[1];
             pthread_mutex_unlock(&x.mu);
         } else {
+            size_t m = moved(&x);
             if (!s_fin) { int s = send_step(&x); if (s < 0 && !x.keep_going) break; s_fin = s != 0; }
             if (!r_fin) { int s = recv_step(&x); if (s < 0 && !x.keep_going) break; r_fin = s != 0; }
+            if (moved(&x) == m) sched_yield();
         }
         if (x.stop || (s_fin && r_fin)) break;
         double now = ms_now();
@@ -408,8 +423,8 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
     }
     double el = ms_now() - t0;
     printf("transfer version=v%d messages=%zu bytes=%zu wrong=%zu bad_sizes=%zu lanes_killed=%d elapsed_ms=%.0f "
-           "send_done=%zu recv_done=%zu\n", p->version, x.r_done, x.bytes, x.wrong, x.bad_size, kills, el, x.s_done,
-           x.r_done);
+           "send_done=%zu recv_done=%zu checked=%s gbps=%.2f\n", p->version, x.r_done, x.bytes, x.wrong, x.bad_size,
+           kills, el, x.s_done, x.r_done, x.no_check ? "no" : "yes", el > 0 ? x.bytes * 8.0 / el / 1e6 : 0.0);
     int (*stats)(char *, size_t) = (int (*)(char *, size_t))dlsym(p->dl, "linkpass_nccl_stats");
     if (stats) { char b[512]; stats(b, sizeof b); printf("stats %s\n", b); }
     int code = 0;
@@ -440,7 +455,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
 
 static int usage(void) {
     fprintf(stderr, "usage: lp_harness [-l LIB] [-v 8..12] info | transfer [-d DEV] [-s SIZES] [-n ROUNDS] [-w WINDOW] "
-                    "[-x EXTRA] [-N] [-p] [-t] [-k MS[:N]] [-K MS] [-T SECONDS] [-r send|recv -H FILE]\n");
+                    "[-x EXTRA] [-N] [-p] [-B] [-t] [-k MS[:N]] [-K MS] [-T SECONDS] [-r send|recv -H FILE]\n");
     return 3;
 }
 
@@ -448,7 +463,7 @@ int main(int argc, char **argv) {
     const char *lib = getenv("LP_HARNESS_PLUGIN") ? getenv("LP_HARNESS_PLUGIN") : "libnccl-net-linkpass.so";
     int version = 0, opt;
     struct opts o = {.rounds = 1, .window = NCCL_NET_MAX_REQUESTS, .kill_count = 1, .timeout_s = 60, .sizes = "1048576"};
-    while ((opt = getopt(argc, argv, "l:v:d:s:n:w:x:NptK:k:T:r:H:")) != -1) {
+    while ((opt = getopt(argc, argv, "l:v:d:s:n:w:x:NpBtK:k:T:r:H:")) != -1) {
         switch (opt) {
         case 'l': lib = optarg; break;
         case 'v': version = atoi(optarg); if (version < 8 || version > 12) return usage(); break;
@@ -459,6 +474,7 @@ int main(int argc, char **argv) {
         case 'x': o.extra = parse_size(optarg); if (o.extra == (size_t)-1) return usage(); break;
         case 'N': o.null_sizes = 1; break;
         case 'p': o.preset = 1; break;
+        case 'B': o.no_check = 1; break;
         case 't': o.threads = 1; break;
         case 'k': if (sscanf(optarg, "%d:%d", &o.kill_every_ms, &o.kill_count) < 1 || o.kill_every_ms < 1) return usage(); break;
         case 'K': o.kill_all_ms = atoi(optarg); if (o.kill_all_ms < 1) return usage(); break;

@@ -280,7 +280,10 @@ struct lane {
     uint64_t last_rx, expect_since, ping_sent, next_ping, srtt;
     uint64_t hold_until, started, live_since, last_decay;
     int penalty, suspect;
-    int ever; /* receiver: the sender made this lane at least once */
+    int ever;         /* receiver: the sender made this lane at least once */
+    int ctl_overflow; /* a control frame did not fit: the peer stopped reading */
+    short revents;    /* from the last poll: a lane is read only when it has something, written when it can take more */
+    int rx_more, tx_blocked;
     char cause[128];
 };
 
@@ -396,16 +399,35 @@ static int ctl_push(struct lane *l, const struct frame *f, const void *body, siz
 
 static void ctl_frame(struct lane *l, int type, uint64_t seq, uint64_t off, uint64_t arg) {
     struct frame f = {.type = (uint8_t)type, .lane = (uint16_t)l->id, .seq = seq, .off = off, .arg = arg};
-    if (ctl_push(l, &f, NULL, 0) < 0 && !l->cause[0]) snprintf(l->cause, sizeof l->cause, "control backlog full");
+    if (ctl_push(l, &f, NULL, 0) < 0) l->ctl_overflow = 1;
 }
+
+/* A request's last state change: test() reads the state without the lock, so everything the
+ * progress thread did for the request (the received bytes above all) happens-before it sees DONE. */
+static void req_finish(struct req *rq, int state) { __atomic_store_n(&rq->state, state, __ATOMIC_RELEASE); }
 
 static size_t chunk_len(const struct req *rq, uint32_t i, size_t chunk) {
     size_t off = (size_t)i * chunk;
     return rq->size > off ? (rq->size - off < chunk ? rq->size - off : chunk) : 0;
 }
 
+/* A send is done when every chunk is ACKed and no lane is in the middle of one of its chunks; its
+ * slot may then be reused, so no lane queue may keep pointing at it. */
 static void send_req_maybe_done(struct req *rq) {
-    if (rq->state == REQ_ACTIVE && rq->ndone == rq->nchunks && rq->writing == 0) rq->state = REQ_DONE;
+    if (rq->state != REQ_ACTIVE || rq->ndone != rq->nchunks || rq->writing) return;
+    req_finish(rq, REQ_DONE);
+    struct comm *c = rq->c;
+    for (int j = 0; j < c->nlanes; j++) {
+        struct lane *l = &c->lanes[j];
+        int n = 0;
+        for (int k = 0; k < l->qn; k++) {
+            int from = (l->qh + k) % LP_LANE_Q, to = (l->qh + n) % LP_LANE_Q;
+            if (l->q[from].rq == rq) continue;
+            l->q[to] = l->q[from];
+            n++;
+        }
+        l->qn = n;
+    }
 }
 
 /* Close a lane's socket; its work goes back to the comm (send: chunks to re-queue; recv: claims). */
@@ -437,6 +459,9 @@ static void lane_close(struct comm *c, struct lane *l) {
     l->qh = l->qn = 0;
     l->unacked = 0;
     l->ctl_len = l->ctl_off = 0;
+    l->ctl_overflow = 0;
+    l->revents = 0;
+    l->rx_more = l->tx_blocked = 0;
     l->rxh_got = 0;
     l->rx_payload = 0;
     l->rx_rq = NULL;
@@ -537,13 +562,21 @@ static void lane_connected(struct comm *c, struct lane *l, uint64_t now) {
 /* ---- tx ----------------------------------------------------------------------------------- */
 
 /* Write what a lane owes: control frames first (whole), then queued chunks. 0 ok, -1 error. */
+static int blocked(struct lane *l) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+    l->tx_blocked = 1;
+    return 0;
+}
+
 static int lane_write(struct comm *c, struct lane *l, uint64_t now) {
+    if (l->tx_blocked && !(l->revents & (POLLOUT | POLLERR | POLLHUP))) return 0;
+    l->tx_blocked = 0;
     for (;;) {
         if (!l->cur_active && l->ctl_off < l->ctl_len) {
             ssize_t n = send(l->fd, l->ctl + l->ctl_off, l->ctl_len - l->ctl_off, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+            if (n < 0) return blocked(l);
             l->ctl_off += (size_t)n;
-            if (l->ctl_off < l->ctl_len) return 0;
+            if (l->ctl_off < l->ctl_len) { l->tx_blocked = 1; return 0; }
             l->ctl_off = l->ctl_len = 0;
         }
         if (c->kind != K_SEND || l->state != L_LIVE) return 0;
@@ -576,9 +609,9 @@ static int lane_write(struct comm *c, struct lane *l, uint64_t now) {
         }
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
         ssize_t n = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        if (n < 0) return blocked(l);
         l->cur_done += (size_t)n;
-        if (l->cur_done < total) return 0;
+        if (l->cur_done < total) { l->tx_blocked = 1; return 0; }
         /* the chunk is on the wire: it waits for its ACK */
         l->cur_active = 0;
         rq->writing--;
@@ -641,8 +674,8 @@ static int send_side_frame(struct comm *c, struct lane *l, const struct frame *f
             if (rq && !rq->cts && rq->state == REQ_ACTIVE) {
                 rq->cts = 1;
                 if (rq->size > f->arg) {
-                    rq->state = REQ_ERROR;
                     rq->err = ncclInternalError;
+                    req_finish(rq, REQ_ERROR);
                     LP_WARN("send of %zu bytes to %s matched a receive of only %llu bytes", rq->size, c->peer_name,
                             (unsigned long long)f->arg);
                 }
@@ -685,8 +718,8 @@ static void recv_data_header(struct comm *c, struct lane *l, const struct frame 
     }
     if (rq->msg_size == SIZE_MAX) {
         if (f->arg > rq->size) {
-            rq->state = REQ_ERROR;
             rq->err = ncclInternalError;
+            req_finish(rq, REQ_ERROR);
             LP_WARN("a message of %llu bytes from %s does not fit the posted receive of %zu bytes",
                     (unsigned long long)f->arg, c->peer_name, rq->size);
             return;
@@ -727,18 +760,21 @@ static void recv_data_done(struct comm *c, struct lane *l) {
     rq->cstate[i] = 1;
     rq->ndone++;
     ctl_frame(l, F_ACK, rq->seq, (uint64_t)i * c->chunk, 0);
-    if (rq->ndone == rq->nchunks) rq->state = REQ_DONE;
+    if (rq->ndone == rq->nchunks) req_finish(rq, REQ_DONE);
 }
 
 /* Read what a lane has. 0 ok, -1 error (cause set). */
 static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
+    if (!(l->revents & (POLLIN | POLLERR | POLLHUP)) && !l->rx_more) return 0;
+    l->revents &= (short)~POLLIN;
+    l->rx_more = 1; /* until a read comes back empty */
     size_t budget = LP_READ_BUDGET;
     while (budget) {
         if (!l->rx_payload) {
             ssize_t n = recv(l->fd, l->rxh.b + l->rxh_got, sizeof l->rxh - l->rxh_got, MSG_DONTWAIT);
             if (n == 0) { snprintf(l->cause, sizeof l->cause, "closed by the peer"); return -1; }
             if (n < 0) {
-                if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+                if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) { l->rx_more = 0; return 0; }
                 snprintf(l->cause, sizeof l->cause, "recv: %s", strerror(errno));
                 return -1;
             }
@@ -774,7 +810,7 @@ static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
         ssize_t n = recv(l->fd, dst, want, MSG_DONTWAIT);
         if (n == 0) { snprintf(l->cause, sizeof l->cause, "closed by the peer"); return -1; }
         if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) { l->rx_more = 0; return 0; }
             snprintf(l->cause, sizeof l->cause, "recv: %s", strerror(errno));
             return -1;
         }
@@ -935,7 +971,7 @@ static void comm_fail(struct comm *c, uint64_t now) {
     LP_WARN("%s Check the peer process and the LinkPass planes to it (linkpass paths).", msg);
     c->failed = 1;
     for (int s = 0; s < LP_NREQ; s++)
-        if (c->reqs[s].state == REQ_ACTIVE) { c->reqs[s].state = REQ_ERROR; c->reqs[s].err = ncclSystemError; }
+        if (c->reqs[s].state == REQ_ACTIVE) { c->reqs[s].err = ncclSystemError; req_finish(&c->reqs[s], REQ_ERROR); }
     for (int j = 0; j < c->nlanes; j++) {
         lane_close(c, &c->lanes[j]);
         c->lanes[j].state = L_DOWN;
@@ -969,8 +1005,8 @@ static void send_progress(struct comm *c, uint64_t now) {
             ctl_frame(l, F_PING, 0, 0, now);
         }
         if (lane_write(c, l, now) < 0) { lane_down(c, l, now, "send: %s", strerror(errno)); continue; }
-        if (l->cause[0] && l->state == L_LIVE && l->ctl_len - l->ctl_off >= LP_CTL_MAX) {
-            lane_down(c, l, now, "control backlog full");
+        if (l->ctl_overflow) {
+            lane_down(c, l, now, "control backlog full (the peer stopped reading)");
             continue;
         }
         if (l->state != L_LIVE) continue;
@@ -1010,8 +1046,10 @@ static void recv_progress(struct comm *c, uint64_t now) {
     for (int j = 0; j < c->nlanes; j++) {
         struct lane *l = &c->lanes[j];
         if (l->fd < 0) continue;
-        if (lane_read(c, l, now) < 0 || lane_write(c, l, now) < 0 || l->ctl_len - l->ctl_off >= LP_CTL_MAX) {
-            if (!l->cause[0]) snprintf(l->cause, sizeof l->cause, "send: %s", strerror(errno));
+        l->cause[0] = 0;
+        if (lane_read(c, l, now) < 0 || lane_write(c, l, now) < 0 || l->ctl_overflow) {
+            if (!l->cause[0])
+                snprintf(l->cause, sizeof l->cause, "%s", l->ctl_overflow ? "control backlog full" : strerror(errno));
             LP_TRACE("receive lane %d.%d closed: %s", l->plane, l->id, l->cause);
             lane_close(c, l);
             l->state = L_DOWN;
@@ -1151,6 +1189,7 @@ static void reap(void) {
 static void *progress_main(void *arg) {
     (void)arg;
     struct pollfd *fds = NULL;
+    struct lane **owner = NULL; /* the lane of each pollfd (comms are freed only at the top of a pass) */
     size_t cap = 0;
     pthread_mutex_lock(&G.mu);
     while (!G.stop) {
@@ -1167,10 +1206,14 @@ static void *progress_main(void *arg) {
         for (struct comm *c = G.comms; c; c = c->next) need += (size_t)c->nlanes;
         if (need > cap) {
             struct pollfd *p = realloc(fds, need * sizeof *fds);
-            if (p) { fds = p; cap = need; }
+            struct lane **o = realloc(owner, need * sizeof *owner);
+            if (p) fds = p;
+            if (o) owner = o;
+            if (p && o) cap = need;
         }
         size_t n = 0;
         if (cap >= need) {
+            for (size_t i = 0; i < need; i++) owner[i] = NULL;
             fds[n++] = (struct pollfd){.fd = G.wake[0], .events = POLLIN};
             for (int q = 0; q < cfg.nplanes; q++)
                 if (G.listen_fd[q] >= 0) fds[n++] = (struct pollfd){.fd = G.listen_fd[q], .events = POLLIN};
@@ -1181,6 +1224,7 @@ static void *progress_main(void *arg) {
                     if (l->fd < 0 || l->state == L_DOWN) continue;
                     short ev = l->state == L_CONNECTING ? POLLOUT : POLLIN;
                     if (l->ctl_off < l->ctl_len || l->cur_active || l->qn) ev |= POLLOUT;
+                    owner[n] = l;
                     fds[n++] = (struct pollfd){.fd = l->fd, .events = ev};
                 }
         }
@@ -1192,9 +1236,12 @@ static void *progress_main(void *arg) {
             while (read(G.wake[0], b, sizeof b) > 0) {}
         }
         pthread_mutex_lock(&G.mu);
+        for (size_t i = 0; i < n; i++)
+            if (owner[i] && owner[i]->fd == fds[i].fd) owner[i]->revents = fds[i].revents;
     }
     pthread_mutex_unlock(&G.mu);
     free(fds);
+    free(owner);
     return NULL;
 }
 
@@ -1423,8 +1470,8 @@ ncclResult_t lp_isend(void *sendComm, void *data, size_t size, int tag, void **r
         c->cts_valid[s] = 0;
         rq->cts = 1;
         if (size > c->cts_size[s]) {
-            rq->state = REQ_ERROR;
             rq->err = ncclInternalError;
+            req_finish(rq, REQ_ERROR);
             LP_WARN("send of %zu bytes to %s matched a receive of only %zu bytes", size, c->peer_name, c->cts_size[s]);
         }
     }
@@ -1473,6 +1520,9 @@ ncclResult_t lp_test(void *request, int *done, int *sizes) {
     struct req *rq = request;
     ncclResult_t r = ncclSuccess;
     *done = 0;
+    /* NCCL's progress thread spins on test(): while the request is open, answer without the lock,
+     * so the spinning never starves the thread that does the work */
+    if (__atomic_load_n(&rq->state, __ATOMIC_ACQUIRE) == REQ_ACTIVE) return ncclSuccess;
     pthread_mutex_lock(&G.mu);
     if (rq->state == REQ_DONE) {
         *done = 1;
