@@ -9,10 +9,12 @@ import re
 import socket
 import struct
 import subprocess
+import threading
+import time
 
 import pytest
 
-from helpers import harness_fields, nccl_build, nccl_harness
+from helpers import harness_fields, nccl_build, nccl_harness, wait_until
 from linkpass.agent.entropy_writer import EntropyWriter
 from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
 
@@ -133,3 +135,41 @@ def test_garbage_on_a_listening_port_is_counted_and_dropped():
     assert proc.returncode == 0, f"{out}\n{err[-3000:]}"
     assert int(harness_fields(out, "stats")["bad_frames"]) == 3
     assert harness_fields(out, "transfer")["wrong"] == "0"
+
+
+def test_traffic_leaves_a_plane_the_table_marks_mid_transfer_and_returns_when_it_clears(table, tmp_path):
+    """The agent marks (peer, plane 0) fail-static while data flows: the next progress pass moves
+    the traffic to plane 1; when the mark clears, it comes back to plane 0. Nothing lost, no error."""
+    plugin, harness = nccl_build()
+    table.update("127.0.0.1", 0, [50000], port_flags=[1])
+    stop = tmp_path / "stop"
+    env = dict(os.environ, LINKPASS_NICS="127.0.0.1,127.0.0.2", LINKPASS_ENTROPY_TABLE=table.path)
+    proc = subprocess.Popen([harness, "-l", plugin, "transfer", "-s", "1M", "-n", "1000000", "-S", str(stop),
+                             "-T", "100"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        def seen(text):
+            return lambda: any(text in line for line in lines)
+        wait_until(seen("steering lanes by it"), 20, "the plugin to open the table")
+        time.sleep(0.3)
+        table.update("127.0.0.1", 0, [50000], flags=ENTRY_FAIL_STATIC)
+        wait_until(seen("moves from plane 0 (127.0.0.1) to plane 1 (127.0.0.2)"), 20, "traffic to leave plane 0")
+        time.sleep(0.3)
+        table.update("127.0.0.1", 0, [50000], port_flags=[1])
+        wait_until(seen("to plane 0 (127.0.0.1): its own plane is usable again"), 20, "traffic to come back")
+        time.sleep(0.3)
+        stop.touch()
+        out = proc.stdout.read()
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"{out}\n{''.join(lines)[-3000:]}"
+    t, s = harness_fields(out, "transfer"), harness_fields(out, "stats")
+    assert t["wrong"] == t["bad_sizes"] == "0" and t["send_done"] == t["recv_done"] == t["messages"]
+    assert int(s["chunks_plane0"]) > 0 and int(s["chunks_plane1"]) > 0
+    assert "plane 0 to 127.0.0.1: the entropy table marks it usable again" in "".join(lines)

@@ -19,6 +19,7 @@
  *       -K MS         after MS ms shut down every socket of the plugin, listeners too: the peer is gone;
  *                     success is then one error (ncclSystemError) on each side, reported with its delay
  *       -T SECONDS    give up after this long (60)
+ *       -S FILE       stop when FILE exists: post no more messages, finish the ones posted (one process only)
  *       -r send|recv -H FILE   one side only, the other side in another process: recv listens and
  *                     writes its handle to FILE; send reads FILE and connects
  * Exit: 0 ok, 1 wrong data or size, 2 an error from the plugin (or, with -K, none), 3 usage or setup.
@@ -287,7 +288,7 @@ static size_t parse_size(const char *s) {
 struct opts {
     int dev, rounds, window, null_sizes, preset, no_check, threads, kill_every_ms, kill_count, kill_all_ms, timeout_s;
     size_t extra;
-    const char *sizes, *role, *hfile;
+    const char *sizes, *role, *hfile, *stop_file;
 };
 
 static int write_handle(const char *path, const unsigned char *h) {
@@ -384,7 +385,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
         return 2;
     }
 
-    double t0 = ms_now(), next_kill = o->kill_every_ms ? t0 + o->kill_every_ms : 0, cut_at = 0;
+    double t0 = ms_now(), next_kill = o->kill_every_ms ? t0 + o->kill_every_ms : 0, cut_at = 0, next_stop_check = 0;
     int kills = 0, s_fin = !do_send, r_fin = !do_recv;
     pthread_t ts, tr;
     if (o->threads) {
@@ -414,6 +415,16 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
             }
         }
         if (o->kill_all_ms && !cut_at && now - t0 >= o->kill_all_ms) { kill_everything(); cut_at = now; }
+        if (o->stop_file && !o->role && now >= next_stop_check) {
+            next_stop_check = now + 10;
+            struct stat st;
+            if (stat(o->stop_file, &st) == 0) {
+                pthread_mutex_lock(&x.mu);
+                size_t last = x.s_posted > x.r_posted ? x.s_posted : x.r_posted;
+                if (last < x.total) x.total = last;
+                pthread_mutex_unlock(&x.mu);
+            }
+        }
         if (now - t0 > to_ms) { fprintf(stderr, "lp_harness: timed out after %d s\n", o->timeout_s); x.stop = 1; break; }
     }
     x.stop = 1;
@@ -455,7 +466,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
 
 static int usage(void) {
     fprintf(stderr, "usage: lp_harness [-l LIB] [-v 8..12] info | transfer [-d DEV] [-s SIZES] [-n ROUNDS] [-w WINDOW] "
-                    "[-x EXTRA] [-N] [-p] [-B] [-t] [-k MS[:N]] [-K MS] [-T SECONDS] [-r send|recv -H FILE]\n");
+                    "[-x EXTRA] [-N] [-p] [-B] [-t] [-k MS[:N]] [-K MS] [-T SECONDS] [-S FILE] [-r send|recv -H FILE]\n");
     return 3;
 }
 
@@ -463,7 +474,7 @@ int main(int argc, char **argv) {
     const char *lib = getenv("LP_HARNESS_PLUGIN") ? getenv("LP_HARNESS_PLUGIN") : "libnccl-net-linkpass.so";
     int version = 0, opt;
     struct opts o = {.rounds = 1, .window = NCCL_NET_MAX_REQUESTS, .kill_count = 1, .timeout_s = 60, .sizes = "1048576"};
-    while ((opt = getopt(argc, argv, "l:v:d:s:n:w:x:NpBtK:k:T:r:H:")) != -1) {
+    while ((opt = getopt(argc, argv, "l:v:d:s:n:w:x:NpBtK:k:T:r:H:S:")) != -1) {
         switch (opt) {
         case 'l': lib = optarg; break;
         case 'v': version = atoi(optarg); if (version < 8 || version > 12) return usage(); break;
@@ -481,6 +492,7 @@ int main(int argc, char **argv) {
         case 'T': o.timeout_s = atoi(optarg); if (o.timeout_s < 1) return usage(); break;
         case 'r': o.role = optarg; if (strcmp(optarg, "send") && strcmp(optarg, "recv")) return usage(); break;
         case 'H': o.hfile = optarg; break;
+        case 'S': o.stop_file = optarg; break;
         default: return usage();
         }
     }
