@@ -3,6 +3,7 @@ the exported ABI versions, the properties, and every rule of the data path NCCL 
 (docs/nccl-plugin.md), on two loopback planes in one process."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -90,6 +91,14 @@ def test_properties_of_a_host_memory_plugin(version):
         if version == 12:
             assert p["railId"] == p["planeId"] == "-1"
     assert "name=lo" in r.stdout  # plane 0 is 127.0.0.1, found on its interface
+
+
+def test_the_pure_decisions_lane_states_flap_damping_stuck_bound_plane_choice():
+    """rdma/nccl/test_policy.c: every (state, event) pair of the lane table, hold-outs doubling and
+    decaying, the stuck bound from the RTT, the plane choice with and without the table's marks."""
+    nccl_build()
+    r = subprocess.run([os.path.join(NCCL_DIR, "build", "test_policy")], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("ok "), r.stdout
 
 
 # ---- the data path: NCCL's rules ---------------------------------------------------------------

@@ -51,6 +51,7 @@
 
 #include "../entropy_table.h"
 #include "lp_plugin.h"
+#include "lp_policy.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "lp_plugin.c: the lane protocol is little-endian; big-endian hosts need byte swaps"
@@ -63,10 +64,7 @@
 #define LP_LANE_Q 4                    /* chunks queued on a lane, not yet written */
 #define LP_CTL_MAX (256 * 1024)        /* control bytes a lane may owe before it counts as stuck */
 #define LP_PING_NS 100000000ull        /* an idle lane is pinged every 100 ms */
-#define LP_DECAY_NS 10000000000ull     /* a lane's penalty decays by one per 10 s up */
-#define LP_HOLD_MAX_NS 10000000000ull  /* longest hold-out of a flapping lane */
 #define LP_CONNECT_MIN_NS 1000000000ull
-#define LP_IDLE_BOUND_NS 250000000ull  /* an unanswered ping alone makes a lane stuck after 250 ms */
 #define LP_PENDING_MAX 256
 #define LP_PENDING_NS 5000000000ull
 #define LP_READ_BUDGET (4u << 20)
@@ -245,8 +243,7 @@ _Static_assert(sizeof(struct handle) <= NCCL_NET_HANDLE_MAXSIZE, "the handle mus
 
 /* ---- state ------------------------------------------------------------------------------ */
 
-enum { L_DOWN, L_CONNECTING, L_HELLO, L_LIVE };
-static const char *lane_state_name[] = {"down", "connecting", "hello", "live"};
+enum { L_DOWN = LP_DOWN, L_CONNECTING = LP_CONNECTING, L_HELLO = LP_HELLO, L_LIVE = LP_LIVE };
 enum { REQ_FREE, REQ_ACTIVE, REQ_DONE, REQ_ERROR };
 enum { C_UNASSIGNED, C_QUEUED, C_WRITTEN, C_ACKED }; /* send chunks */
 enum { K_SEND = 1, K_RECV = 2 };
@@ -277,9 +274,10 @@ struct lane {
     uint32_t rx_chunk;
     uint8_t rx_small[sizeof(struct hello)];
     /* health */
-    uint64_t last_rx, expect_since, ping_sent, next_ping, srtt;
-    uint64_t hold_until, started, live_since, last_decay;
-    int penalty, suspect;
+    uint64_t last_rx, expect_since, ping_sent, next_ping;
+    uint64_t hold_until, started, live_since;
+    struct lp_health health; /* penalty, its decay, RTT (lp_policy.c) */
+    int suspect;
     int ever;         /* receiver: the sender made this lane at least once */
     int ctl_overflow; /* a control frame did not fit: the peer stopped reading */
     short revents;    /* from the last poll: a lane is read only when it has something, written when it can take more */
@@ -471,10 +469,17 @@ static void lane_close(struct comm *c, struct lane *l) {
     l->suspect = 0;
 }
 
-static uint64_t lane_bound(const struct lane *l) {
-    uint64_t b = 8 * l->srtt;
-    return b > cfg.stuck_ns ? b : cfg.stuck_ns;
+/* Every state change of a send lane goes through the table in lp_policy.c. */
+static void lane_event(struct lane *l, int event) {
+    int next = lp_lane_next(l->state, event);
+    if (next < 0) {
+        LP_WARN("lane %d.%d: event %d in state %s ignored (a bug)", l->plane, l->id, event, lp_lane_state_name[l->state]);
+        return;
+    }
+    l->state = next;
 }
+
+static uint64_t lane_bound(const struct lane *l) { return lp_stuck_bound(&l->health, cfg.stuck_ns, 1); }
 
 /* A send lane goes down: socket closed, chunks re-queued, hold-out from its penalty. */
 static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *fmt, ...)
@@ -489,10 +494,8 @@ static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *
     int was = l->state;
     uint64_t before = c->chunks_resent;
     lane_close(c, l);
-    l->state = L_DOWN;
-    l->penalty++;
-    uint64_t hold = l->penalty <= 1 ? 0 : (100000000ull << (l->penalty - 2 < 7 ? l->penalty - 2 : 7));
-    l->hold_until = now + (hold < LP_HOLD_MAX_NS ? hold : LP_HOLD_MAX_NS);
+    lane_event(l, LP_EV_FAIL);
+    l->hold_until = lp_health_down(&l->health, now);
     if (was == L_LIVE) {
         c->lanes_down++;
         G.totals[0]++;
@@ -501,7 +504,7 @@ static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *
                 l->plane, l->id, l->sport, addr_str(c->peer[l->plane].addr, a), c->peer[l->plane].port, l->plane, why,
                 (unsigned long long)(c->chunks_resent - before), (unsigned long long)((l->hold_until - now) / 1000000));
     } else {
-        LP_TRACE("lane %d.%d %s failed: %s", l->plane, l->id, lane_state_name[was], why);
+        LP_TRACE("lane %d.%d %s failed: %s", l->plane, l->id, lp_lane_state_name[was], why);
     }
 }
 
@@ -534,14 +537,13 @@ static void lane_connect(struct comm *c, struct lane *l, uint64_t now) {
         l->fd = fd;
         l->sport = sport;
         l->prev_sport = sport;
-        l->state = L_CONNECTING;
+        lane_event(l, LP_EV_HOLD_OVER);
         l->started = now;
         l->epoch++;
         return;
     }
-    l->state = L_DOWN;
-    l->penalty++;
-    l->hold_until = now + 100000000ull;
+    lane_event(l, LP_EV_FAIL);
+    l->hold_until = lp_health_down(&l->health, now);
 }
 
 static void lane_connected(struct comm *c, struct lane *l, uint64_t now) {
@@ -556,7 +558,7 @@ static void lane_connected(struct comm *c, struct lane *l, uint64_t now) {
                       .plane = (uint16_t)l->plane, .lane = (uint16_t)l->id, .epoch = l->epoch};
     struct frame f = {.type = F_HELLO, .lane = (uint16_t)l->id, .len = sizeof h};
     ctl_push(l, &f, &h, sizeof h);
-    l->state = L_HELLO;
+    lane_event(l, LP_EV_CONNECTED);
 }
 
 /* ---- tx ----------------------------------------------------------------------------------- */
@@ -642,8 +644,9 @@ static int send_side_frame(struct comm *c, struct lane *l, const struct frame *f
     switch (f->type) {
     case F_HELLO_OK:
         if (l->state != L_HELLO) return -1;
-        l->state = L_LIVE;
-        l->live_since = l->last_decay = now;
+        lane_event(l, LP_EV_HELLO_OK);
+        l->live_since = now;
+        lp_health_up(&l->health, now);
         l->next_ping = now;
         c->lanes_up++;
         G.totals[1]++;
@@ -691,7 +694,7 @@ static int send_side_frame(struct comm *c, struct lane *l, const struct frame *f
     case F_PONG:
         if (l->ping_sent && f->arg == l->ping_sent) {
             uint64_t rtt = now - l->ping_sent;
-            l->srtt = l->srtt ? (7 * l->srtt + rtt) / 8 : rtt;
+            lp_health_rtt(&l->health, rtt);
             l->ping_sent = 0;
         }
         return 0;
@@ -890,22 +893,16 @@ static void entropy_refresh(uint64_t now) {
 
 static int lane_usable(const struct lane *l) { return l->state == L_LIVE && !l->suspect; }
 
-/* The plane chunks go to now: the first from the comm's own that has a usable lane and is not
- * marked unusable; else any plane with a live lane. -1: none. */
+/* The plane chunks go to now (lp_pick_plane: own plane first, the entropy table's marks, usable
+ * before merely live lanes). -1: none. */
 static int target_plane(struct comm *c) {
-    int order[LP_MAX_PLANES], n = 0;
-    order[n++] = c->dev;
-    for (int q = 0; q < c->nplanes; q++) if (q != c->dev) order[n++] = q;
-    for (int pass = 0; pass < 3; pass++)
-        for (int k = 0; k < n; k++) {
-            int q = order[k];
-            if (pass == 0 && c->avoid[q]) continue;
-            for (int j = 0; j < c->nlanes; j++) {
-                const struct lane *l = &c->lanes[j];
-                if (l->plane == q && (pass < 2 ? lane_usable(l) : l->state == L_LIVE)) return q;
-            }
-        }
-    return -1;
+    int usable[LP_MAX_PLANES] = {0}, live[LP_MAX_PLANES] = {0};
+    for (int j = 0; j < c->nlanes; j++) {
+        const struct lane *l = &c->lanes[j];
+        usable[l->plane] += lane_usable(l);
+        live[l->plane] += l->state == L_LIVE;
+    }
+    return lp_pick_plane(c->dev, c->nplanes, c->avoid, usable, live);
 }
 
 static void log_plane_move(struct comm *c, int from, int to) {
@@ -974,7 +971,7 @@ static void comm_fail(struct comm *c, uint64_t now) {
         if (c->reqs[s].state == REQ_ACTIVE) { c->reqs[s].err = ncclSystemError; req_finish(&c->reqs[s], REQ_ERROR); }
     for (int j = 0; j < c->nlanes; j++) {
         lane_close(c, &c->lanes[j]);
-        c->lanes[j].state = L_DOWN;
+        lane_event(&c->lanes[j], LP_EV_FAIL);
     }
 }
 
@@ -1015,8 +1012,7 @@ static void send_progress(struct comm *c, uint64_t now) {
         else if (!l->expect_since) l->expect_since = now;
         uint64_t ref = l->last_rx > l->expect_since ? l->last_rx : l->expect_since;
         /* an idle lane's ping is judged more leniently: a false alarm there only costs a reconnect */
-        uint64_t bound = lane_bound(l);
-        if (!(l->qn || l->cur_active || l->unacked) && bound < LP_IDLE_BOUND_NS) bound = LP_IDLE_BOUND_NS;
+        uint64_t bound = lp_stuck_bound(&l->health, cfg.stuck_ns, l->qn || l->cur_active || l->unacked);
         if (expecting && now - ref > bound) {
             int others = 0;
             for (int k = 0; k < c->nlanes; k++) if (k != j && lane_usable(&c->lanes[k])) others++;
@@ -1033,7 +1029,7 @@ static void send_progress(struct comm *c, uint64_t now) {
         } else if (l->suspect && now - ref <= bound) {
             l->suspect = 0;
         }
-        if (l->penalty && now - l->last_decay >= LP_DECAY_NS) { l->penalty--; l->last_decay = now; }
+        lp_health_tick(&l->health, now);
         if (lane_usable(l)) live++;
     }
     if (live) c->nolane_since = 0;
