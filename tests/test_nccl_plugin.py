@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import struct
 import subprocess
 
 import pytest
@@ -174,3 +176,23 @@ def test_nics_that_do_not_exist_give_no_devices_and_say_why():
     assert r.returncode == 0, r.stderr
     assert "devices=0" in r.stdout
     assert "LINKPASS_NICS=127.0.0.1,nosuchif0 is not valid" in r.stderr and '"nosuchif0" is neither' in r.stderr
+
+
+@pytest.mark.parametrize("version", [8, 12])
+def test_listen_accept_and_connect_never_block(tmp_path, version):
+    """accept with nobody connecting, and connect to a peer that takes the TCP connection but never
+    answers the lane handshake, return at once with NULL, poll after poll (a blocking call would
+    hang the harness or hand back a comm)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        addr = socket.inet_aton("127.0.0.1")
+        eps = struct.pack("<4sHH", addr, silent.getsockname()[1], 0) + bytes(8 * 7)
+        handle = struct.pack("<IHBBQ", 0x4C504E31, 1, 1, 0, 0x1234) + eps
+        (tmp_path / "h").write_text(handle.ljust(128, b"\0").hex() + "\n")
+        r = nccl_harness("-v", str(version), "nonblocking", "-H", str(tmp_path / "h"), "-T", "5", timeout=60)
+    finally:
+        silent.close()
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-2000:]}"
+    assert "nonblocking accept=null connect=null polls=50" in r.stdout

@@ -3,6 +3,9 @@
  *
  *   lp_harness [-l LIB] [-v 8..12] info
  *       the version loaded (newest found, or -v), devices and their properties
+ *   lp_harness [-l LIB] [-v 8..12] nonblocking -H FILE
+ *       accept on a fresh listen comm and 50 connects to the handle in FILE (a peer that never
+ *       answers) must each return at once with NULL; exit 0 if they do
  *   lp_harness [-l LIB] [-v 8..12] transfer [options]
  *       connect a send comm to a recv comm (connect + accept polled to completion), register
  *       host buffers, then stream messages through isend/irecv/test and check every byte:
@@ -464,8 +467,30 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
     return code;
 }
 
+/* listen/accept and connect must return at once, with NULL, when the other side is not there yet:
+ * accept on a fresh listen comm, connect to the handle in hfile (a peer that never answers). */
+static int cmd_nonblocking(struct lpn *p, const struct opts *o) {
+    void *ctx = NULL, *lc = NULL, *rc = NULL, *sc = NULL;
+    unsigned char h[NCCL_NET_HANDLE_MAXSIZE];
+    int r = lpn_init(p, &ctx, 1, logger);
+    if (!r) r = lpn_listen(p, ctx, o->dev, h, &lc);
+    if (r || !lc) { fprintf(stderr, "lp_harness: listen: %d\n", r); return 2; }
+    if ((r = lpn_accept(p, lc, &rc))) { fprintf(stderr, "lp_harness: accept: %d\n", r); return 2; }
+    if (!o->hfile || read_handle(o->hfile, h, o->timeout_s) < 0) { fprintf(stderr, "lp_harness: -H: no handle\n"); return 3; }
+    int polls = 0, got = 0;
+    for (; polls < 50 && !got; polls++) {
+        if ((r = lpn_connect(p, ctx, o->dev, h, &sc))) { fprintf(stderr, "lp_harness: connect: %d\n", r); return 2; }
+        got = sc != NULL;
+        usleep(10000);
+    }
+    printf("nonblocking accept=%s connect=%s polls=%d\n", rc ? "set" : "null", sc ? "set" : "null", polls);
+    lpn_close_listen(p, lc);
+    lpn_finalize(p, ctx);
+    return rc || sc ? 1 : 0;
+}
+
 static int usage(void) {
-    fprintf(stderr, "usage: lp_harness [-l LIB] [-v 8..12] info | transfer [-d DEV] [-s SIZES] [-n ROUNDS] [-w WINDOW] "
+    fprintf(stderr, "usage: lp_harness [-l LIB] [-v 8..12] info | nonblocking -H FILE | transfer [-d DEV] [-s SIZES] [-n ROUNDS] [-w WINDOW] "
                     "[-x EXTRA] [-N] [-p] [-B] [-t] [-k MS[:N]] [-K MS] [-T SECONDS] [-S FILE] [-r send|recv -H FILE]\n");
     return 3;
 }
@@ -505,6 +530,7 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(argv[optind], "info") == 0) rc = cmd_info(p);
     else if (strcmp(argv[optind], "transfer") == 0) rc = cmd_transfer(p, &o);
+    else if (strcmp(argv[optind], "nonblocking") == 0) rc = cmd_nonblocking(p, &o);
     else rc = usage();
     /* the plugin's progress thread stops in its destructor at exit; no dlclose while comms linger */
     return rc;
