@@ -7,10 +7,11 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 # the stamp names a checksum of everything the install builds from, so a change to the C core rebuilds it
 BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/probe/_probecore.c \
-                linkpass/probe/probe_wire.h linkpass/probe/probe_rx.h
+                linkpass/probe/probe_wire.h linkpass/probe/probe_rx.h rdma/entropy_table.h \
+                $(wildcard rdma/nccl/*.c rdma/nccl/*.h) rdma/nccl/Makefile
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-unit lint-imports bench deps clean
+.PHONY: demo test test-unit lint-imports bench deps nccl-plugin clean
 
 # exit 1 = the job was unharmed but a timing target was missed on this machine: reported, not a failure
 demo: deps
@@ -31,7 +32,11 @@ bench: deps
 	@mkdir -p out
 	for b in sim/bench/*.py; do $(PY) $$b --json out/bench-$$(basename $$b .py).json || exit 1; done
 
-deps: $(STAMP)
+deps: $(STAMP) nccl-plugin
+
+# the NCCL net plugin: rdma/nccl/build/libnccl-net-linkpass.so (+ its harness); a no-op when up to date
+nccl-plugin: $(STAMP)
+	@$(MAKE) -s -C rdma/nccl
 
 $(STAMP): $(BUILD_INPUTS)
 	@bash deploy/install-os-deps.sh

@@ -1,7 +1,28 @@
-"""Build of the compiled probe core; everything else is declared in pyproject.toml."""
+"""Build of the compiled parts; everything else is declared in pyproject.toml.
+
+- the probe core, a CPython extension (linkpass/probe/_probecore.c);
+- the NCCL net plugin and its harness (rdma/nccl/, plain C built by its own Makefile into
+  rdma/nccl/build/libnccl-net-linkpass.so and rdma/nccl/build/lp_harness; docs/nccl-plugin.md).
+"""
+import subprocess
+from pathlib import Path
+
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+NCCL_DIR = Path(__file__).resolve().parent / "rdma" / "nccl"
+
+
+class BuildExtAndPlugin(build_ext):
+    """build_ext, then the NCCL plugin: `pip install` (and `make deps`) leave both built."""
+
+    def run(self):
+        super().run()
+        subprocess.run(["make", "-s", "-C", str(NCCL_DIR)], check=True)
+
 
 setup(ext_modules=[Extension("linkpass.probe._probecore", sources=["linkpass/probe/_probecore.c"],
                              depends=["linkpass/probe/probe_wire.h", "linkpass/probe/probe_rx.h"],
                              extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
-                                                 "-Wno-unused-parameter", "-Wno-cast-function-type"])])
+                                                 "-Wno-unused-parameter", "-Wno-cast-function-type"])],
+      cmdclass={"build_ext": BuildExtAndPlugin})

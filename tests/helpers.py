@@ -10,7 +10,9 @@ each other (tests/test_layout.py checks).
 - coordinator_client, lab_ca_file: a client of a real coordinator over HTTPS, trusting the lab CA
   it made in its state dir;
 - healthy (NICS, PEERS, BASELINE, ...): doctor's facts of a host where every check passes;
-- signed_probe: a probe's bytes signed with a key, whatever its padding (encoders refuse > MAX_PAD).
+- signed_probe: a probe's bytes signed with a key, whatever its padding (encoders refuse > MAX_PAD);
+- nccl_build, nccl_harness, harness_fields: the NCCL plugin and its harness, built where the project's
+  build puts them (rdma/nccl/build/), and the harness run with LinkPass's variables.
 
 Regenerate golden files after an intended change:
 LINKPASS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/...
@@ -259,3 +261,41 @@ def signed_probe(key: bytes, p, src: bytes, dst: bytes, sport: int, dport: int =
                        p.seq, p.t1, p.t2, p.t3, p.t4) + bytes(p.pad)
     roce = bth + body + hashlib.blake2b(body, key=key, digest_size=W.TAG_LEN).digest()
     return roce + W.icrc(src, dst, sport, dport, roce)
+
+
+# ---- the NCCL net plugin and its harness --------------------------------------------------------
+
+NCCL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rdma", "nccl")
+NCCL_PLUGIN = os.path.join(NCCL_DIR, "build", "libnccl-net-linkpass.so")
+NCCL_HARNESS = os.path.join(NCCL_DIR, "build", "lp_harness")
+
+
+def nccl_build() -> tuple[str, str]:
+    """(plugin .so, harness) as `make deps` builds them; make is a no-op when they are up to date."""
+    import subprocess
+
+    subprocess.run(["make", "-s", "-C", NCCL_DIR], check=True, capture_output=True)
+    return NCCL_PLUGIN, NCCL_HARNESS
+
+
+def nccl_harness(*args: str, env: dict | None = None, timeout: float = 120, netns: str | None = None):
+    """Run the harness on the plugin with LINKPASS_NICS on two loopback planes (127.0.0.1, .2) and no
+    entropy table unless `env` says otherwise; returns the CompletedProcess (text)."""
+    import subprocess
+
+    plugin, harness = nccl_build()
+    e = dict(os.environ)
+    e.update({"LINKPASS_NICS": "127.0.0.1,127.0.0.2", "LINKPASS_ENTROPY_TABLE": "/nonexistent/linkpass-entropy"})
+    e.update(env or {})
+    cmd = [harness, "-l", plugin, *args]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+def harness_fields(out: str, first: str) -> dict[str, str]:
+    """key=value pairs of the harness's output line that starts with `first` (e.g. "transfer", "stats")."""
+    for line in out.splitlines():
+        if line.startswith(first + " "):
+            return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+    raise AssertionError(f"no {first!r} line in the harness output:\n{out}")

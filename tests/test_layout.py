@@ -65,7 +65,8 @@ def test_the_c_sources_copies_of_shared_constants_match_core_constants():
     from linkpass.core import constants as K, wire as W
 
     copies = {"linkpass/probe/probe_wire.h": {"ROCE_PORT": str(K.ROCE_PORT), "MAX_PAD": str(W.MAX_PAD)},
-              "rdma/entropy_reader.c": {"DEFAULT_PATH": f'"{K.ENTROPY_PATH}"'}}
+              "rdma/entropy_reader.c": {"DEFAULT_PATH": f'"{K.ENTROPY_PATH}"'},
+              "rdma/entropy_table.h": {"LPE_DEFAULT_PATH": f'"{K.ENTROPY_PATH}"'}}
     for path, defines in copies.items():
         text = (ROOT / path).read_text()
         for name, value in defines.items():

@@ -1,0 +1,1571 @@
+/*
+ * lp_plugin.c: LinkPass's NCCL net plugin, the one implementation (lp_shims.c exports it as
+ * ncclNetPlugin_v8 .. v12). Host memory only; C, libc and pthreads.
+ *
+ * Model (docs/nccl-plugin.md):
+ * - A device is a LinkPass plane (LINKPASS_NICS, in plane order). The plugin listens on every
+ *   plane's address; a listen handle carries all of them and a token.
+ * - A send comm made on device p owns lanes: LINKPASS_LANES TCP connections from plane p's address
+ *   to the peer's plane-p address (each its own source port, so its own ECMP path) and
+ *   LINKPASS_STANDBY_LANES on every other plane. The receiver's recv comm holds the same lanes.
+ * - Flow control is receiver-driven: irecv sends a CTS (sequence, posted size) on every lane; the
+ *   sender puts a message on the wire only after its CTS, split into chunks (sequence, offset).
+ *   The receiver writes a chunk straight into the posted buffer, keeps one bit per chunk, and ACKs
+ *   each chunk on the lane it came on; duplicates are ACKed and dropped. A send completes when
+ *   every chunk is ACKed; a receive when every chunk arrived, exactly once.
+ * - The sender judges its lanes: a lane with unacknowledged data (or an unanswered ping) and no
+ *   answer for longer than max(LINKPASS_STUCK_MS, 8 x its RTT), or a socket error, goes down; its
+ *   unACKed chunks go back to the queue and leave on other lanes. Down lanes reconnect in the
+ *   background from a fresh source port, after a hold-out that doubles with every failure and
+ *   decays while the lane stays up.
+ * - Chunks go to the first plane, starting with p, that has a live lane and that the entropy table
+ *   does not mark unusable (FAIL_STATIC, or no healthy port) for that peer; if every plane is so
+ *   marked, a live lane is used anyway (the table never stops traffic). Within the plane, the lane
+ *   with the shortest queue takes the chunk.
+ * - Errors reach NCCL only when no lane of a comm could carry data for LINKPASS_GIVEUP_MS.
+ *
+ * Threads: one progress thread per process does every socket operation; NCCL's threads only post
+ * requests, test them and mark comms closed, under one mutex. Comms are freed by the progress
+ * thread, so nothing it handles disappears while it waits in poll().
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <limits.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../entropy_table.h"
+#include "lp_plugin.h"
+#include "lp_policy.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "lp_plugin.c: the lane protocol is little-endian; big-endian hosts need byte swaps"
+#endif
+
+#define LP_MAX_PLANES 8
+#define LP_MAX_LANES 64
+#define LP_NREQ NCCL_NET_MAX_REQUESTS /* request slots per comm: slot = seq % LP_NREQ */
+#define LP_CTS_RING (2 * LP_NREQ)
+#define LP_LANE_Q 4                    /* chunks queued on a lane, not yet written */
+#define LP_CTL_MAX (256 * 1024)        /* control bytes a lane may owe before it counts as stuck */
+#define LP_PING_NS 100000000ull        /* an idle lane is pinged every 100 ms */
+#define LP_CONNECT_MIN_NS 1000000000ull
+#define LP_PENDING_MAX 256
+#define LP_PENDING_NS 5000000000ull
+#define LP_READ_BUDGET (4u << 20)
+#define LP_MAX_BYTES MAX_NET_SIZE /* test() reports sizes as int: keep messages <= 1 GiB */
+
+/* ---- logging through NCCL's logger -------------------------------------------------------- */
+
+static ncclDebugLogger_t g_logger;
+
+static void lp_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void lp_log(ncclDebugLogLevel level, const char *file, int line, const char *fmt, ...) {
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (g_logger) g_logger(level, NCCL_NET, file, line, "NET/LinkPass : %s", buf);
+    else if (level == NCCL_LOG_WARN) fprintf(stderr, "NET/LinkPass WARN %s\n", buf);
+}
+#define LP_WARN(...) lp_log(NCCL_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
+#define LP_INFO(...) lp_log(NCCL_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__)
+#define LP_TRACE(...) lp_log(NCCL_LOG_TRACE, __FILE__, __LINE__, __VA_ARGS__)
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- configuration (LINKPASS_*), validated once ----------------------------------------- */
+
+struct lp_nic {
+    struct in_addr addr;
+    char label[IF_NAMESIZE + 20]; /* interface name, or the address when no interface has it */
+    char *pci;                     /* /sys/... PCI path or NULL */
+    int speed;                     /* Mbps */
+};
+
+static struct {
+    int nplanes;
+    struct lp_nic nic[LP_MAX_PLANES];
+    char entropy_path[256];
+    int lanes, standby;
+    uint64_t stuck_ns, giveup_ns;
+    size_t chunk;
+} cfg;
+
+static long env_long(const char *name, long lo, long hi, long def, const char *unit) {
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        LP_WARN("%s=%s is not valid: it must be an integer %ld..%ld (%s); using the default %ld", name, v, lo, hi, unit,
+                def);
+        return def;
+    }
+    return x;
+}
+
+/* One LINKPASS_NICS item: an IPv4 address or an interface name; fills addr and label. */
+static int nic_resolve(const char *item, struct lp_nic *nic) {
+    struct ifaddrs *ifs = NULL, *i;
+    int by_addr = inet_pton(AF_INET, item, &nic->addr) == 1, found = 0;
+    if (getifaddrs(&ifs) == 0) {
+        for (i = ifs; i; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+            struct in_addr a = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+            if (by_addr ? a.s_addr == nic->addr.s_addr : strcmp(i->ifa_name, item) == 0) {
+                nic->addr = a;
+                snprintf(nic->label, sizeof nic->label, "%s", i->ifa_name);
+                found = 1;
+                break;
+            }
+        }
+        freeifaddrs(ifs);
+    }
+    if (!found && !by_addr) return -1;
+    if (!found) snprintf(nic->label, sizeof nic->label, "%s", item);
+    nic->speed = 10000;
+    nic->pci = NULL;
+    if (found) {
+        char p[128];
+        snprintf(p, sizeof p, "/sys/class/net/%s/speed", nic->label);
+        FILE *f = fopen(p, "r");
+        if (f) {
+            int s = 0;
+            if (fscanf(f, "%d", &s) == 1 && s > 0) nic->speed = s;
+            fclose(f);
+        }
+        snprintf(p, sizeof p, "/sys/class/net/%s/device", nic->label);
+        nic->pci = realpath(p, NULL); /* NULL for virtual interfaces: NCCL treats them as such */
+    }
+    return 0;
+}
+
+static void config_load(void) {
+    memset(&cfg, 0, sizeof cfg);
+    const char *ep = getenv("LINKPASS_ENTROPY_TABLE");
+    if (ep && *ep && (ep[0] != '/' || strlen(ep) >= sizeof cfg.entropy_path)) {
+        LP_WARN("LINKPASS_ENTROPY_TABLE=%s is not valid: it must be an absolute path shorter than %zu bytes; using the "
+                "default %s", ep, sizeof cfg.entropy_path, LPE_DEFAULT_PATH);
+        ep = NULL;
+    }
+    snprintf(cfg.entropy_path, sizeof cfg.entropy_path, "%s", ep && *ep ? ep : LPE_DEFAULT_PATH);
+    cfg.lanes = (int)env_long("LINKPASS_LANES", 1, 16, 4, "TCP lanes per connection on its own plane");
+    cfg.standby = (int)env_long("LINKPASS_STANDBY_LANES", 0, 16, 1, "standby lanes on each other plane");
+    cfg.stuck_ns = (uint64_t)env_long("LINKPASS_STUCK_MS", 1, 60000, 50, "ms without an answer before a lane is stuck") * 1000000ull;
+    cfg.giveup_ns = (uint64_t)env_long("LINKPASS_GIVEUP_MS", 100, 3600000, 30000, "ms with no usable lane before an error") * 1000000ull;
+    cfg.chunk = (size_t)env_long("LINKPASS_CHUNK_KB", 4, 65536, 512, "KiB per chunk") * 1024;
+
+    const char *nics = getenv("LINKPASS_NICS");
+    if (!nics || !*nics) {
+        LP_WARN("LINKPASS_NICS is not set: it must list this host's LinkPass NICs in plane order, as IPv4 addresses or "
+                "interface names (e.g. LINKPASS_NICS=p0,p1); no devices");
+        return;
+    }
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", nics);
+    char *save = NULL;
+    int n = 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        if (n == LP_MAX_PLANES || nic_resolve(tok, &cfg.nic[n]) < 0) {
+            LP_WARN("LINKPASS_NICS=%s is not valid: it must be 1..%d IPv4 addresses or interface names with an IPv4 "
+                    "address, comma-separated, in plane order (\"%s\" %s); no devices",
+                    nics, LP_MAX_PLANES, tok, n == LP_MAX_PLANES ? "is one too many" : "is neither");
+            for (int i = 0; i < n; i++) free(cfg.nic[i].pci);
+            cfg.nplanes = 0;
+            return;
+        }
+        n++;
+    }
+    cfg.nplanes = n;
+}
+
+/* ---- the lane protocol -------------------------------------------------------------------- */
+
+enum { F_HELLO = 1, F_HELLO_OK = 2, F_DATA = 3, F_ACK = 4, F_CTS = 5, F_PING = 6, F_PONG = 7 };
+
+struct frame { /* 32 bytes, little-endian */
+    uint8_t type;
+    uint8_t flags;
+    uint16_t lane;
+    uint32_t len;  /* payload bytes that follow */
+    uint64_t seq;  /* message sequence number (DATA, ACK, CTS) */
+    uint64_t off;  /* byte offset of a chunk (DATA, ACK) */
+    uint64_t arg;  /* DATA: the sender's message size; CTS: posted size; PING/PONG: timestamp */
+};
+_Static_assert(sizeof(struct frame) == 32, "lane frame header is 32 bytes");
+
+#define LP_HELLO_MAGIC 0x314c43434e50504cull /* "LPPNCCL1" */
+struct hello { /* payload of F_HELLO: the first frame on every lane, sender to receiver */
+    uint64_t magic;
+    uint64_t token;  /* the listen handle's */
+    uint64_t nonce;  /* the send comm's */
+    uint32_t chunk;
+    uint16_t plane, lane;
+    uint32_t epoch;  /* reconnects of this lane */
+    uint32_t reserved;
+};
+_Static_assert(sizeof(struct hello) == 40, "hello is 40 bytes");
+
+#define LP_HANDLE_MAGIC 0x4c504e31u /* "LPN1" */
+struct handle { /* what listen() writes into NCCL's 128-byte handle */
+    uint32_t magic;
+    uint16_t version;
+    uint8_t nplanes;
+    uint8_t reserved;
+    uint64_t token;
+    struct { uint32_t addr; uint16_t port; uint16_t reserved; } ep[LP_MAX_PLANES];
+};
+_Static_assert(sizeof(struct handle) <= NCCL_NET_HANDLE_MAXSIZE, "the handle must fit NCCL's 128 bytes");
+
+/* ---- state ------------------------------------------------------------------------------ */
+
+enum { L_DOWN = LP_DOWN, L_CONNECTING = LP_CONNECTING, L_HELLO = LP_HELLO, L_LIVE = LP_LIVE };
+enum { REQ_FREE, REQ_ACTIVE, REQ_DONE, REQ_ERROR };
+enum { C_UNASSIGNED, C_QUEUED, C_WRITTEN, C_ACKED }; /* send chunks */
+enum { K_SEND = 1, K_RECV = 2 };
+
+struct comm;
+struct req;
+
+struct lane {
+    int fd, state, plane, id;
+    uint16_t sport, prev_sport;
+    uint32_t epoch;
+    /* tx */
+    uint8_t *ctl;
+    size_t ctl_len, ctl_off, ctl_cap;
+    struct { struct req *rq; uint32_t chunk; } q[LP_LANE_Q];
+    int qh, qn;
+    int cur_active; /* the frame at q[qh] is partly written */
+    struct frame cur_hdr;
+    size_t cur_done; /* bytes of header + payload written */
+    uint32_t unacked; /* chunks written here and not ACKed */
+    /* rx */
+    union { struct frame f; uint8_t b[32]; } rxh;
+    size_t rxh_got;
+    int rx_payload;
+    size_t rx_len, rx_got;
+    uint8_t *rx_dst;     /* NULL: discard */
+    struct req *rx_rq;
+    uint32_t rx_chunk;
+    uint8_t rx_small[sizeof(struct hello)];
+    /* health */
+    uint64_t last_rx, expect_since, ping_sent, next_ping;
+    uint64_t hold_until, started, live_since;
+    struct lp_health health; /* penalty, its decay, RTT (lp_policy.c) */
+    int suspect;
+    int ever;         /* receiver: the sender made this lane at least once */
+    int ctl_overflow; /* a control frame did not fit: the peer stopped reading */
+    short revents;    /* from the last poll: a lane is read only when it has something, written when it can take more */
+    int rx_more, tx_blocked;
+    char cause[128];
+};
+
+struct req {
+    int kind, state;
+    ncclResult_t err;
+    struct comm *c;
+    uint64_t seq;
+    char *data;
+    size_t size;      /* send: message size; recv: posted size */
+    size_t msg_size;  /* recv: the sender's size, once known */
+    uint32_t nchunks, ndone, next_unassigned;
+    int writing;      /* send: lanes in the middle of one of its chunks */
+    uint8_t *cstate;
+    int16_t *clane;
+    uint32_t cap;     /* entries allocated in cstate/clane */
+    int cts;          /* send: the receiver's CTS is in */
+    int cts_seen;     /* recv: a DATA frame for it arrived */
+};
+
+struct comm {
+    int kind, closing, accepted, failed, dev, nplanes;
+    struct comm *next;
+    uint64_t token, nonce;
+    struct { struct in_addr addr; uint16_t port; } peer[LP_MAX_PLANES];
+    struct lane lanes[LP_MAX_LANES];
+    int nlanes;
+    struct req reqs[LP_NREQ];
+    uint64_t next_seq;
+    uint64_t cts_seq[LP_CTS_RING];
+    size_t cts_size[LP_CTS_RING];
+    uint8_t cts_valid[LP_CTS_RING];
+    size_t chunk;
+    int cur_plane, avoid[LP_MAX_PLANES];
+    uint64_t nolane_since, last_rx;
+    char peer_name[64];
+    /* counters, reported by linkpass_nccl_stats */
+    uint64_t lanes_down, lanes_up, chunks_resent, dup_chunks, bad_frames;
+};
+
+struct lcomm {
+    int closing, dev;
+    uint64_t token;
+    struct lcomm *next;
+};
+
+struct pending { int fd; uint64_t since; size_t got; uint8_t buf[sizeof(struct frame) + sizeof(struct hello)]; };
+
+struct ctx { uint64_t commId; int trafficClass; };
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_once_t once;
+    int inited, stop, wake_pending;
+    pthread_t thread;
+    int wake[2];
+    int listen_fd[LP_MAX_PLANES];
+    uint16_t listen_port[LP_MAX_PLANES];
+    struct comm *comms;
+    struct lcomm *lcomms;
+    struct pending pend[LP_PENDING_MAX];
+    int npend;
+    uint64_t token_next;
+    /* entropy table */
+    struct lpe_table et;
+    int et_open, et_valid;
+    uint64_t et_seq, et_retry;
+    uint8_t *et_good;
+    uint32_t et_count;
+    char et_last_why[512];
+    uint64_t totals[5];
+    uint64_t chunks_plane[LP_MAX_PLANES]; /* chunks written per plane, every send comm */
+} G = {.mu = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
+
+static uint8_t scratch[256 * 1024]; /* discarded payload lands here (progress thread only) */
+
+static void wake_progress(void) {
+    if (G.wake_pending) return;
+    G.wake_pending = 1;
+    char b = 1;
+    if (write(G.wake[1], &b, 1) < 0) { /* full pipe: a wake-up is pending anyway */ }
+}
+
+
+static const char *addr_str(struct in_addr a, char *buf) { return inet_ntop(AF_INET, &a, buf, INET_ADDRSTRLEN); }
+
+/* ---- lanes: control frames and closing ---------------------------------------------------- */
+
+static int ctl_push(struct lane *l, const struct frame *f, const void *body, size_t blen) {
+    size_t need = sizeof *f + blen;
+    if (l->ctl_len - l->ctl_off + need > LP_CTL_MAX) return -1;
+    if (l->ctl_off && l->ctl_off == l->ctl_len) l->ctl_off = l->ctl_len = 0;
+    if (l->ctl_len + need > l->ctl_cap) {
+        if (l->ctl_off) { /* compact */
+            memmove(l->ctl, l->ctl + l->ctl_off, l->ctl_len - l->ctl_off);
+            l->ctl_len -= l->ctl_off;
+            l->ctl_off = 0;
+        }
+        if (l->ctl_len + need > l->ctl_cap) {
+            size_t cap = l->ctl_cap ? l->ctl_cap : 1024;
+            while (cap < l->ctl_len + need) cap *= 2;
+            uint8_t *p = realloc(l->ctl, cap);
+            if (!p) return -1;
+            l->ctl = p;
+            l->ctl_cap = cap;
+        }
+    }
+    memcpy(l->ctl + l->ctl_len, f, sizeof *f);
+    if (blen) memcpy(l->ctl + l->ctl_len + sizeof *f, body, blen);
+    l->ctl_len += need;
+    return 0;
+}
+
+static void ctl_frame(struct lane *l, int type, uint64_t seq, uint64_t off, uint64_t arg) {
+    struct frame f = {.type = (uint8_t)type, .lane = (uint16_t)l->id, .seq = seq, .off = off, .arg = arg};
+    if (ctl_push(l, &f, NULL, 0) < 0) l->ctl_overflow = 1;
+}
+
+/* A request's last state change: test() reads the state without the lock, so everything the
+ * progress thread did for the request (the received bytes above all) happens-before it sees DONE. */
+static void req_finish(struct req *rq, int state) { __atomic_store_n(&rq->state, state, __ATOMIC_RELEASE); }
+
+static size_t chunk_len(const struct req *rq, uint32_t i, size_t chunk) {
+    size_t off = (size_t)i * chunk;
+    return rq->size > off ? (rq->size - off < chunk ? rq->size - off : chunk) : 0;
+}
+
+/* A send is done when every chunk is ACKed and no lane is in the middle of one of its chunks; its
+ * slot may then be reused, so no lane queue may keep pointing at it. */
+static void send_req_maybe_done(struct req *rq) {
+    if (rq->state != REQ_ACTIVE || rq->ndone != rq->nchunks || rq->writing) return;
+    req_finish(rq, REQ_DONE);
+    struct comm *c = rq->c;
+    for (int j = 0; j < c->nlanes; j++) {
+        struct lane *l = &c->lanes[j];
+        int n = 0;
+        for (int k = 0; k < l->qn; k++) {
+            int from = (l->qh + k) % LP_LANE_Q, to = (l->qh + n) % LP_LANE_Q;
+            if (l->q[from].rq == rq) continue;
+            l->q[to] = l->q[from];
+            n++;
+        }
+        l->qn = n;
+    }
+}
+
+/* Close a lane's socket; its work goes back to the comm (send: chunks to re-queue; recv: claims). */
+static void lane_close(struct comm *c, struct lane *l) {
+    if (l->fd >= 0) close(l->fd);
+    l->fd = -1;
+    if (c->kind == K_SEND) {
+        uint32_t moved = 0;
+        if (l->cur_active) l->q[l->qh].rq->writing--;
+        for (int s = 0; s < LP_NREQ; s++) {
+            struct req *rq = &c->reqs[s];
+            if (rq->state != REQ_ACTIVE || rq->kind != K_SEND) continue;
+            for (uint32_t i = 0; i < rq->nchunks; i++)
+                if (rq->clane[i] == l->id && (rq->cstate[i] == C_QUEUED || rq->cstate[i] == C_WRITTEN)) {
+                    if (rq->cstate[i] == C_WRITTEN) moved++;
+                    rq->cstate[i] = C_UNASSIGNED;
+                    rq->clane[i] = -1;
+                    if (i < rq->next_unassigned) rq->next_unassigned = i;
+                }
+            send_req_maybe_done(rq);
+        }
+        c->chunks_resent += moved;
+        G.totals[2] += moved;
+    } else if (l->rx_rq && l->rx_dst && l->rx_rq->clane[l->rx_chunk] == l->id) {
+        l->rx_rq->clane[l->rx_chunk] = -1;
+    }
+    l->cur_active = 0;
+    l->cur_done = 0;
+    l->qh = l->qn = 0;
+    l->unacked = 0;
+    l->ctl_len = l->ctl_off = 0;
+    l->ctl_overflow = 0;
+    l->revents = 0;
+    l->rx_more = l->tx_blocked = 0;
+    l->rxh_got = 0;
+    l->rx_payload = 0;
+    l->rx_rq = NULL;
+    l->rx_dst = NULL;
+    l->ping_sent = 0;
+    l->expect_since = 0;
+    l->suspect = 0;
+}
+
+/* Every state change of a send lane goes through the table in lp_policy.c. */
+static void lane_event(struct lane *l, int event) {
+    int next = lp_lane_next(l->state, event);
+    if (next < 0) {
+        LP_WARN("lane %d.%d: event %d in state %s ignored (a bug)", l->plane, l->id, event, lp_lane_state_name[l->state]);
+        return;
+    }
+    l->state = next;
+}
+
+static uint64_t lane_bound(const struct lane *l) { return lp_stuck_bound(&l->health, cfg.stuck_ns, 1); }
+
+/* A send lane goes down: socket closed, chunks re-queued, hold-out from its penalty. */
+static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *fmt, ...) {
+    char why[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    snprintf(l->cause, sizeof l->cause, "%s", why);
+    int was = l->state;
+    uint64_t before = c->chunks_resent;
+    lane_close(c, l);
+    lane_event(l, LP_EV_FAIL);
+    l->hold_until = lp_health_down(&l->health, now);
+    if (was == L_LIVE) {
+        c->lanes_down++;
+        G.totals[0]++;
+        char a[INET_ADDRSTRLEN];
+        LP_INFO("lane %d.%d (sport %u) to %s:%u on plane %d down: %s; %llu chunks move to other lanes; retry in %llu ms",
+                l->plane, l->id, l->sport, addr_str(c->peer[l->plane].addr, a), c->peer[l->plane].port, l->plane, why,
+                (unsigned long long)(c->chunks_resent - before), (unsigned long long)((l->hold_until - now) / 1000000));
+    } else {
+        LP_TRACE("lane %d.%d %s failed: %s", l->plane, l->id, lp_lane_state_name[was], why);
+    }
+}
+
+/* ---- sender: connecting lanes ------------------------------------------------------------ */
+
+static void lane_connect(struct comm *c, struct lane *l, uint64_t now) {
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) { snprintf(l->cause, sizeof l->cause, "socket: %s", strerror(errno)); break; }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        struct sockaddr_in la = {.sin_family = AF_INET, .sin_addr = cfg.nic[l->plane].addr};
+        struct sockaddr_in ra = {.sin_family = AF_INET, .sin_addr = c->peer[l->plane].addr,
+                                 .sin_port = htons(c->peer[l->plane].port)};
+        if (bind(fd, (struct sockaddr *)&la, sizeof la) < 0) {
+            snprintf(l->cause, sizeof l->cause, "bind: %s", strerror(errno));
+            close(fd);
+            break;
+        }
+        struct sockaddr_in got;
+        socklen_t gl = sizeof got;
+        if (connect(fd, (struct sockaddr *)&ra, sizeof ra) < 0 && errno != EINPROGRESS) {
+            snprintf(l->cause, sizeof l->cause, "connect: %s", strerror(errno));
+            close(fd);
+            break;
+        }
+        getsockname(fd, (struct sockaddr *)&got, &gl);
+        uint16_t sport = ntohs(got.sin_port);
+        if (sport == l->prev_sport && attempt == 0) { close(fd); continue; } /* a fresh port: a fresh path */
+        l->fd = fd;
+        l->sport = sport;
+        l->prev_sport = sport;
+        lane_event(l, LP_EV_HOLD_OVER);
+        l->started = now;
+        l->epoch++;
+        return;
+    }
+    lane_event(l, LP_EV_FAIL);
+    l->hold_until = lp_health_down(&l->health, now);
+}
+
+static void lane_connected(struct comm *c, struct lane *l, uint64_t now) {
+    int err = 0;
+    socklen_t el = sizeof err;
+    getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err) { lane_down(c, l, now, "connect: %s", strerror(err)); return; }
+    struct sockaddr_in pa;
+    socklen_t pl = sizeof pa;
+    if (getpeername(l->fd, (struct sockaddr *)&pa, &pl) < 0) return; /* still in progress */
+    struct hello h = {.magic = LP_HELLO_MAGIC, .token = c->token, .nonce = c->nonce, .chunk = (uint32_t)c->chunk,
+                      .plane = (uint16_t)l->plane, .lane = (uint16_t)l->id, .epoch = l->epoch};
+    struct frame f = {.type = F_HELLO, .lane = (uint16_t)l->id, .len = sizeof h};
+    ctl_push(l, &f, &h, sizeof h);
+    lane_event(l, LP_EV_CONNECTED);
+}
+
+/* ---- tx ----------------------------------------------------------------------------------- */
+
+/* Write what a lane owes: control frames first (whole), then queued chunks. 0 ok, -1 error. */
+static int blocked(struct lane *l) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+    l->tx_blocked = 1;
+    return 0;
+}
+
+static int lane_write(struct comm *c, struct lane *l, uint64_t now) {
+    if (l->tx_blocked && !(l->revents & (POLLOUT | POLLERR | POLLHUP))) return 0;
+    l->tx_blocked = 0;
+    for (;;) {
+        if (!l->cur_active && l->ctl_off < l->ctl_len) {
+            ssize_t n = send(l->fd, l->ctl + l->ctl_off, l->ctl_len - l->ctl_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n < 0) return blocked(l);
+            l->ctl_off += (size_t)n;
+            if (l->ctl_off < l->ctl_len) { l->tx_blocked = 1; return 0; }
+            l->ctl_off = l->ctl_len = 0;
+        }
+        if (c->kind != K_SEND || l->state != L_LIVE) return 0;
+        if (!l->cur_active) {
+            while (l->qn && l->q[l->qh].rq->cstate[l->q[l->qh].chunk] == C_ACKED) { /* ACKed meanwhile */
+                l->qh = (l->qh + 1) % LP_LANE_Q;
+                l->qn--;
+            }
+            if (!l->qn) return 0;
+            struct req *rq = l->q[l->qh].rq;
+            uint32_t i = l->q[l->qh].chunk;
+            l->cur_hdr = (struct frame){.type = F_DATA, .lane = (uint16_t)l->id, .seq = rq->seq,
+                                        .off = (uint64_t)i * c->chunk, .arg = rq->size,
+                                        .len = (uint32_t)chunk_len(rq, i, c->chunk)};
+            l->cur_active = 1;
+            l->cur_done = 0;
+            rq->writing++;
+        }
+        struct req *rq = l->q[l->qh].rq;
+        uint32_t i = l->q[l->qh].chunk;
+        size_t total = sizeof(struct frame) + l->cur_hdr.len;
+        struct iovec iov[2];
+        int niov = 0;
+        if (l->cur_done < sizeof(struct frame)) {
+            iov[niov++] = (struct iovec){(uint8_t *)&l->cur_hdr + l->cur_done, sizeof(struct frame) - l->cur_done};
+            if (l->cur_hdr.len) iov[niov++] = (struct iovec){rq->data + l->cur_hdr.off, l->cur_hdr.len};
+        } else {
+            size_t p = l->cur_done - sizeof(struct frame);
+            iov[niov++] = (struct iovec){rq->data + l->cur_hdr.off + p, l->cur_hdr.len - p};
+        }
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+        ssize_t n = sendmsg(l->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) return blocked(l);
+        l->cur_done += (size_t)n;
+        if (l->cur_done < total) { l->tx_blocked = 1; return 0; }
+        /* the chunk is on the wire: it waits for its ACK */
+        l->cur_active = 0;
+        rq->writing--;
+        G.chunks_plane[l->plane]++;
+        if (rq->cstate[i] == C_QUEUED) {
+            rq->cstate[i] = C_WRITTEN;
+            l->unacked++;
+            if (!l->expect_since) l->expect_since = now;
+        }
+        l->qh = (l->qh + 1) % LP_LANE_Q;
+        l->qn--;
+        send_req_maybe_done(rq);
+    }
+}
+
+/* ---- rx ----------------------------------------------------------------------------------- */
+
+static struct req *req_of(struct comm *c, uint64_t seq, int kind) {
+    struct req *rq = &c->reqs[seq % LP_NREQ];
+    return (rq->kind == kind && rq->state != REQ_FREE && rq->seq == seq) ? rq : NULL;
+}
+
+static void bad_frame(struct comm *c) { c->bad_frames++; G.totals[4]++; }
+
+/* Sender side: the header-only frames a receiver sends. -1 = protocol error. */
+static int send_side_frame(struct comm *c, struct lane *l, const struct frame *f, uint64_t now) {
+    if (f->len) return -1;
+    switch (f->type) {
+    case F_HELLO_OK:
+        if (l->state != L_HELLO) return -1;
+        lane_event(l, LP_EV_HELLO_OK);
+        l->live_since = now;
+        lp_health_up(&l->health, now);
+        l->next_ping = now;
+        c->lanes_up++;
+        G.totals[1]++;
+        if (l->cause[0]) {
+            char a[INET_ADDRSTRLEN];
+            LP_INFO("lane %d.%d (sport %u) to %s:%u on plane %d is back (after: %s)", l->plane, l->id, l->sport,
+                    addr_str(c->peer[l->plane].addr, a), c->peer[l->plane].port, l->plane, l->cause);
+        }
+        return 0;
+    case F_ACK: {
+        struct req *rq = req_of(c, f->seq, K_SEND);
+        if (!rq || rq->state != REQ_ACTIVE) return 0; /* a late duplicate */
+        if (f->off % c->chunk || f->off / c->chunk >= rq->nchunks) { bad_frame(c); return 0; }
+        uint32_t i = (uint32_t)(f->off / c->chunk);
+        if (rq->cstate[i] == C_ACKED) return 0;
+        if (rq->cstate[i] == C_WRITTEN && rq->clane[i] >= 0 && rq->clane[i] < c->nlanes &&
+            c->lanes[rq->clane[i]].unacked)
+            c->lanes[rq->clane[i]].unacked--;
+        rq->cstate[i] = C_ACKED;
+        rq->ndone++;
+        send_req_maybe_done(rq);
+        return 0;
+    }
+    case F_CTS: {
+        if (f->seq >= c->next_seq + LP_CTS_RING - LP_NREQ) { bad_frame(c); return 0; }
+        if (f->seq < c->next_seq) {
+            struct req *rq = req_of(c, f->seq, K_SEND);
+            if (rq && !rq->cts && rq->state == REQ_ACTIVE) {
+                rq->cts = 1;
+                if (rq->size > f->arg) {
+                    rq->err = ncclInternalError;
+                    req_finish(rq, REQ_ERROR);
+                    LP_WARN("send of %zu bytes to %s matched a receive of only %llu bytes", rq->size, c->peer_name,
+                            (unsigned long long)f->arg);
+                }
+            }
+            return 0;
+        }
+        int s = (int)(f->seq % LP_CTS_RING);
+        c->cts_seq[s] = f->seq;
+        c->cts_size[s] = f->arg;
+        c->cts_valid[s] = 1;
+        return 0;
+    }
+    case F_PONG:
+        if (l->ping_sent && f->arg == l->ping_sent) {
+            uint64_t rtt = now - l->ping_sent;
+            lp_health_rtt(&l->health, rtt);
+            l->ping_sent = 0;
+        }
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* Receiver side: a DATA header is in; decide where its payload goes. */
+static void recv_data_header(struct comm *c, struct lane *l, const struct frame *f) {
+    l->rx_payload = 1;
+    l->rx_len = f->len;
+    l->rx_got = 0;
+    l->rx_dst = NULL;
+    l->rx_rq = NULL;
+    if (f->len > c->chunk) { bad_frame(c); return; }
+    if (f->seq >= c->next_seq) { bad_frame(c); return; } /* no CTS for it was ever sent */
+    struct req *rq = req_of(c, f->seq, K_RECV);
+    if (!rq || rq->state != REQ_ACTIVE) { /* a duplicate of a finished message: ACK it again */
+        c->dup_chunks++;
+        G.totals[3]++;
+        ctl_frame(l, F_ACK, f->seq, f->off, 0);
+        return;
+    }
+    if (rq->msg_size == SIZE_MAX) {
+        if (f->arg > rq->size) {
+            rq->err = ncclInternalError;
+            req_finish(rq, REQ_ERROR);
+            LP_WARN("a message of %llu bytes from %s does not fit the posted receive of %zu bytes",
+                    (unsigned long long)f->arg, c->peer_name, rq->size);
+            return;
+        }
+        rq->msg_size = f->arg;
+        rq->nchunks = rq->msg_size ? (uint32_t)((rq->msg_size + c->chunk - 1) / c->chunk) : 1;
+    }
+    if (f->arg != rq->msg_size || f->off % c->chunk || f->off / c->chunk >= rq->nchunks) { bad_frame(c); return; }
+    uint32_t i = (uint32_t)(f->off / c->chunk);
+    size_t want = rq->msg_size - f->off < c->chunk ? rq->msg_size - f->off : c->chunk;
+    if (f->len != want) { bad_frame(c); return; }
+    rq->cts_seen = 1;
+    if (rq->cstate[i]) { /* arrived before, on another lane */
+        c->dup_chunks++;
+        G.totals[3]++;
+        ctl_frame(l, F_ACK, f->seq, f->off, 0);
+        return;
+    }
+    int16_t holder = rq->clane[i];
+    if (holder >= 0 && holder != l->id && c->lanes[holder].rx_rq == rq && c->lanes[holder].rx_chunk == i) {
+        c->lanes[holder].rx_dst = NULL; /* that lane is stuck mid-chunk: its rest is discarded */
+        c->lanes[holder].rx_rq = NULL;
+    }
+    rq->clane[i] = (int16_t)l->id;
+    l->rx_rq = rq;
+    l->rx_chunk = i;
+    l->rx_dst = (uint8_t *)rq->data + f->off;
+}
+
+static void recv_data_done(struct comm *c, struct lane *l) {
+    struct req *rq = l->rx_rq;
+    l->rx_payload = 0;
+    if (!rq || !l->rx_dst) return;
+    uint32_t i = l->rx_chunk;
+    l->rx_rq = NULL;
+    l->rx_dst = NULL;
+    rq->clane[i] = -1;
+    rq->cstate[i] = 1;
+    rq->ndone++;
+    ctl_frame(l, F_ACK, rq->seq, (uint64_t)i * c->chunk, 0);
+    if (rq->ndone == rq->nchunks) req_finish(rq, REQ_DONE);
+}
+
+/* Read what a lane has. 0 ok, -1 error (cause set). */
+static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
+    if (!(l->revents & (POLLIN | POLLERR | POLLHUP)) && !l->rx_more) return 0;
+    l->revents &= (short)~POLLIN;
+    l->rx_more = 1; /* until a read comes back empty */
+    size_t budget = LP_READ_BUDGET;
+    while (budget) {
+        if (!l->rx_payload) {
+            ssize_t n = recv(l->fd, l->rxh.b + l->rxh_got, sizeof l->rxh - l->rxh_got, MSG_DONTWAIT);
+            if (n == 0) { snprintf(l->cause, sizeof l->cause, "closed by the peer"); return -1; }
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) { l->rx_more = 0; return 0; }
+                snprintf(l->cause, sizeof l->cause, "recv: %s", strerror(errno));
+                return -1;
+            }
+            l->last_rx = c->last_rx = now;
+            l->rxh_got += (size_t)n;
+            if (l->rxh_got < sizeof l->rxh) continue;
+            l->rxh_got = 0;
+            const struct frame *f = &l->rxh.f;
+            if (c->kind == K_SEND) {
+                if (send_side_frame(c, l, f, now) < 0) {
+                    bad_frame(c);
+                    snprintf(l->cause, sizeof l->cause, "protocol: unexpected frame type %u", f->type);
+                    return -1;
+                }
+                continue;
+            }
+            if (f->type == F_DATA) {
+                recv_data_header(c, l, f);
+                if (f->len == 0) recv_data_done(c, l);
+            } else if (f->type == F_PING && f->len == 0) {
+                ctl_frame(l, F_PONG, 0, 0, f->arg);
+            } else {
+                bad_frame(c);
+                snprintf(l->cause, sizeof l->cause, "protocol: unexpected frame type %u", f->type);
+                return -1;
+            }
+            continue;
+        }
+        size_t left = l->rx_len - l->rx_got;
+        uint8_t *dst = l->rx_dst ? l->rx_dst + l->rx_got : scratch;
+        size_t want = l->rx_dst ? left : (left < sizeof scratch ? left : sizeof scratch);
+        if (want > budget) want = budget;
+        ssize_t n = recv(l->fd, dst, want, MSG_DONTWAIT);
+        if (n == 0) { snprintf(l->cause, sizeof l->cause, "closed by the peer"); return -1; }
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) { l->rx_more = 0; return 0; }
+            snprintf(l->cause, sizeof l->cause, "recv: %s", strerror(errno));
+            return -1;
+        }
+        l->last_rx = c->last_rx = now;
+        l->rx_got += (size_t)n;
+        budget -= (size_t)n;
+        if (l->rx_got == l->rx_len) recv_data_done(c, l);
+    }
+    return 0;
+}
+
+/* ---- the entropy table ---------------------------------------------------------------------- */
+
+static void comm_steer(struct comm *c) {
+    if (c->kind != K_SEND) return;
+    struct lpe_table view = {.entries = G.et_good, .count = G.et_valid ? G.et_count : 0};
+    for (int q = 0; q < c->nplanes; q++) {
+        uint8_t a[16] = {0};
+        memcpy(a, &c->peer[q].addr, 4);
+        const uint8_t *e = lpe_find(&view, 4, a, (unsigned)q);
+        int bad = e && ((lpe_get32(e + LPE_E_FLAGS) & LPE_ENTRY_FAIL_STATIC) || e[LPE_E_NPORTS] == 0);
+        if (bad != c->avoid[q]) {
+            char s[INET_ADDRSTRLEN];
+            if (bad)
+                LP_INFO("plane %d to %s: the entropy table marks it unusable (%s): traffic leaves it", q,
+                        addr_str(c->peer[q].addr, s), e[LPE_E_NPORTS] ? "fail-static" : "no healthy port");
+            else
+                LP_INFO("plane %d to %s: the entropy table marks it usable again", q, addr_str(c->peer[q].addr, s));
+        }
+        c->avoid[q] = bad;
+    }
+}
+
+static void entropy_refresh(uint64_t now) {
+    if (!G.et_open) {
+        if (now < G.et_retry) return;
+        int rc = lpe_open(cfg.entropy_path, &G.et);
+        if (rc != LPE_OK) {
+            if (strcmp(G.et.why, G.et_last_why) != 0)
+                LP_INFO("entropy table %s not used: %s (lanes are judged by the plugin alone; retried every second)",
+                        cfg.entropy_path, G.et.why);
+            snprintf(G.et_last_why, sizeof G.et_last_why, "%s", G.et.why);
+            lpe_close(&G.et);
+            G.et_retry = now + 1000000000ull;
+            if (rc != LPE_STALE && G.et_valid) { G.et_valid = 0; for (struct comm *c = G.comms; c; c = c->next) comm_steer(c); }
+            return;
+        }
+        G.et_open = 1;
+        G.et_seq = UINT64_MAX;
+        G.et_last_why[0] = 0;
+        LP_INFO("entropy table %s: steering lanes by it", cfg.entropy_path);
+    }
+    if (lpe_retired(&G.et)) { lpe_close(&G.et); G.et_open = 0; return; }
+    uint64_t seq = lpe_load64(G.et.map, LPE_OFF_SEQ, __ATOMIC_ACQUIRE);
+    if (seq == G.et_seq) return;
+    int rc = lpe_read(&G.et, 256, 1000000000ull);
+    if (rc == LPE_BUSY) return; /* keep what we had; next pass */
+    if (rc != LPE_OK) {
+        LP_WARN("entropy table %s: %s; ignored until it is readable again", cfg.entropy_path, G.et.why);
+        lpe_close(&G.et);
+        G.et_open = 0;
+        G.et_retry = now + 1000000000ull;
+        if (rc == LPE_BAD) G.et_valid = 0;
+    } else {
+        uint8_t *p = realloc(G.et_good, (size_t)(G.et.count ? G.et.count : 1) * LPE_ENTRY_SIZE);
+        if (!p) return;
+        G.et_good = p;
+        memcpy(p, G.et.entries, (size_t)G.et.count * LPE_ENTRY_SIZE);
+        G.et_count = G.et.count;
+        G.et_valid = 1;
+        G.et_seq = seq;
+    }
+    for (struct comm *c = G.comms; c; c = c->next) comm_steer(c);
+}
+
+/* ---- scheduling and timers (sender) ---------------------------------------------------------- */
+
+static int lane_usable(const struct lane *l) { return l->state == L_LIVE && !l->suspect; }
+
+/* The plane chunks go to now (lp_pick_plane: own plane first, the entropy table's marks, usable
+ * before merely live lanes). -1: none. */
+static int target_plane(struct comm *c) {
+    int usable[LP_MAX_PLANES] = {0}, live[LP_MAX_PLANES] = {0};
+    for (int j = 0; j < c->nlanes; j++) {
+        const struct lane *l = &c->lanes[j];
+        usable[l->plane] += lane_usable(l);
+        live[l->plane] += l->state == L_LIVE;
+    }
+    return lp_pick_plane(c->dev, c->nplanes, c->avoid, usable, live);
+}
+
+static void log_plane_move(struct comm *c, int from, int to) {
+    char a[INET_ADDRSTRLEN], b[INET_ADDRSTRLEN];
+    if (from < 0 || to < 0) return;
+    const char *why = c->avoid[from] ? "the entropy table marks it unusable" : "it has no usable lane";
+    for (int j = 0; j < c->nlanes && !c->avoid[from]; j++)
+        if (c->lanes[j].plane == from && lane_usable(&c->lanes[j])) why = "plane is back";
+    if (to == c->dev) why = "its own plane is usable again";
+    LP_INFO("traffic to %s moves from plane %d (%s) to plane %d (%s): %s", c->peer_name, from,
+            addr_str(c->peer[from].addr, a), to, addr_str(c->peer[to].addr, b), why);
+}
+
+static void schedule(struct comm *c) {
+    int q = target_plane(c);
+    if (q != c->cur_plane) {
+        log_plane_move(c, c->cur_plane, q);
+        if (q >= 0) c->cur_plane = q;
+    }
+    if (q < 0) return;
+    for (uint64_t s = c->next_seq > LP_NREQ ? c->next_seq - LP_NREQ : 0; s < c->next_seq; s++) {
+        struct req *rq = req_of(c, s, K_SEND);
+        if (!rq || rq->state != REQ_ACTIVE || !rq->cts) continue;
+        for (uint32_t i = rq->next_unassigned; i < rq->nchunks; i++) {
+            if (rq->cstate[i] != C_UNASSIGNED) { if (i == rq->next_unassigned) rq->next_unassigned++; continue; }
+            struct lane *best = NULL;
+            for (int j = 0; j < c->nlanes; j++) {
+                struct lane *l = &c->lanes[j];
+                if (l->plane != q || l->state != L_LIVE || (l->suspect && best)) continue;
+                if (!best || (best->suspect && !l->suspect) || l->qn + (int)l->unacked < best->qn + (int)best->unacked)
+                    best = l;
+            }
+            if (!best || best->qn == LP_LANE_Q) return;
+            best->q[(best->qh + best->qn) % LP_LANE_Q].rq = rq;
+            best->q[(best->qh + best->qn) % LP_LANE_Q].chunk = i;
+            best->qn++;
+            if (!best->expect_since) best->expect_since = 0; /* set when written */
+            rq->cstate[i] = C_QUEUED;
+            rq->clane[i] = (int16_t)best->id;
+            if (i == rq->next_unassigned) rq->next_unassigned++;
+        }
+    }
+}
+
+static void comm_fail(struct comm *c, uint64_t now) {
+    char msg[1800], a[INET_ADDRSTRLEN], b[INET_ADDRSTRLEN];
+    size_t n = (size_t)snprintf(msg, sizeof msg, "%s %s failed: no lane could carry data for %llu ms "
+                                "(LINKPASS_GIVEUP_MS). Tried:", c->kind == K_SEND ? "send to" : "receive from", c->peer_name,
+                                (unsigned long long)((now - c->nolane_since) / 1000000));
+    for (int q = 0; q < c->nplanes && n < sizeof msg; q++) {
+        if (c->kind == K_SEND)
+            n += (size_t)snprintf(msg + n, sizeof msg - n, " plane %d (%s -> %s:%u):", q, addr_str(cfg.nic[q].addr, a),
+                                  addr_str(c->peer[q].addr, b), c->peer[q].port);
+        else
+            n += (size_t)snprintf(msg + n, sizeof msg - n, " plane %d:", q);
+        for (int j = 0; j < c->nlanes && n < sizeof msg; j++) {
+            struct lane *l = &c->lanes[j];
+            if (l->plane != q || (c->kind == K_RECV && !l->ever)) continue;
+            n += (size_t)snprintf(msg + n, sizeof msg - n, " lane %d [%s]", l->id, l->cause[0] ? l->cause : "no answer");
+        }
+        if (n < sizeof msg) n += (size_t)snprintf(msg + n, sizeof msg - n, ";");
+    }
+    LP_WARN("%s Check the peer process and the LinkPass planes to it (linkpass paths).", msg);
+    c->failed = 1;
+    for (int s = 0; s < LP_NREQ; s++)
+        if (c->reqs[s].state == REQ_ACTIVE) { c->reqs[s].err = ncclSystemError; req_finish(&c->reqs[s], REQ_ERROR); }
+    for (int j = 0; j < c->nlanes; j++) {
+        lane_close(c, &c->lanes[j]);
+        lane_event(&c->lanes[j], LP_EV_FAIL);
+    }
+}
+
+static void send_progress(struct comm *c, uint64_t now) {
+    int live = 0;
+    for (int j = 0; j < c->nlanes; j++) {
+        struct lane *l = &c->lanes[j];
+        if (l->state == L_DOWN) {
+            if (now >= l->hold_until) lane_connect(c, l, now);
+            continue;
+        }
+        if (l->state == L_CONNECTING) lane_connected(c, l, now);
+        if (l->state == L_DOWN) continue;
+        if (l->state != L_CONNECTING && lane_read(c, l, now) < 0) { lane_down(c, l, now, "%s", l->cause); continue; }
+        if ((l->state == L_CONNECTING || l->state == L_HELLO) &&
+            now - l->started > (lane_bound(l) > LP_CONNECT_MIN_NS ? lane_bound(l) : LP_CONNECT_MIN_NS)) {
+            lane_down(c, l, now, "%s timed out", l->state == L_CONNECTING ? "connect" : "handshake");
+            continue;
+        }
+    }
+    schedule(c);
+    for (int j = 0; j < c->nlanes; j++) {
+        struct lane *l = &c->lanes[j];
+        if (l->state == L_DOWN || l->state == L_CONNECTING) continue;
+        if (l->state == L_LIVE && !l->ping_sent && !l->qn && !l->cur_active && now >= l->next_ping) {
+            l->ping_sent = now;
+            l->next_ping = now + LP_PING_NS;
+            ctl_frame(l, F_PING, 0, 0, now);
+        }
+        if (lane_write(c, l, now) < 0) { lane_down(c, l, now, "send: %s", strerror(errno)); continue; }
+        if (l->ctl_overflow) {
+            lane_down(c, l, now, "control backlog full (the peer stopped reading)");
+            continue;
+        }
+        if (l->state != L_LIVE) continue;
+        int expecting = l->qn || l->cur_active || l->unacked || l->ping_sent;
+        if (!expecting) { l->expect_since = 0; l->suspect = 0; }
+        else if (!l->expect_since) l->expect_since = now;
+        uint64_t ref = l->last_rx > l->expect_since ? l->last_rx : l->expect_since;
+        /* an idle lane's ping is judged more leniently: a false alarm there only costs a reconnect */
+        uint64_t bound = lp_stuck_bound(&l->health, cfg.stuck_ns, l->qn || l->cur_active || l->unacked);
+        if (expecting && now - ref > bound) {
+            int others = 0;
+            for (int k = 0; k < c->nlanes; k++) if (k != j && lane_usable(&c->lanes[k])) others++;
+            if (others) {
+                lane_down(c, l, now, "stuck: no answer for %llu ms with %u chunks unacknowledged (bound %llu ms)",
+                          (unsigned long long)((now - ref) / 1000000), l->unacked + (unsigned)l->qn,
+                          (unsigned long long)(bound / 1000000));
+                continue;
+            }
+            if (!l->suspect)
+                snprintf(l->cause, sizeof l->cause, "stuck: no answer for %llu ms (kept: the last lane)",
+                         (unsigned long long)((now - ref) / 1000000));
+            l->suspect = 1; /* the last lane stays, but it no longer counts as usable */
+        } else if (l->suspect && now - ref <= bound) {
+            l->suspect = 0;
+        }
+        lp_health_tick(&l->health, now);
+        if (lane_usable(l)) live++;
+    }
+    if (live) c->nolane_since = 0;
+    else if (!c->nolane_since) c->nolane_since = now;
+    else if (now - c->nolane_since > cfg.giveup_ns) comm_fail(c, now);
+}
+
+static void recv_progress(struct comm *c, uint64_t now) {
+    int lanes = 0, pending = 0;
+    for (int j = 0; j < c->nlanes; j++) {
+        struct lane *l = &c->lanes[j];
+        if (l->fd < 0) continue;
+        l->cause[0] = 0;
+        if (lane_read(c, l, now) < 0 || lane_write(c, l, now) < 0 || l->ctl_overflow) {
+            if (!l->cause[0])
+                snprintf(l->cause, sizeof l->cause, "%s", l->ctl_overflow ? "control backlog full" : strerror(errno));
+            LP_TRACE("receive lane %d.%d closed: %s", l->plane, l->id, l->cause);
+            lane_close(c, l);
+            l->state = L_DOWN;
+            continue;
+        }
+        lanes++;
+    }
+    for (int s = 0; s < LP_NREQ; s++) pending += c->reqs[s].state == REQ_ACTIVE;
+    /* the sender pings every lane while it lives, so silence on all of them is a lost peer */
+    if (!pending || (lanes && now - c->last_rx <= cfg.giveup_ns)) { c->nolane_since = 0; return; }
+    if (!c->nolane_since) c->nolane_since = c->last_rx;
+    if (now - c->nolane_since > cfg.giveup_ns) comm_fail(c, now);
+}
+
+/* ---- the receiver's acceptor: sockets before their HELLO ------------------------------------ */
+
+static struct comm *comm_new(int kind) {
+    struct comm *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->kind = kind;
+    c->cur_plane = -1;
+    for (int j = 0; j < LP_MAX_LANES; j++) { c->lanes[j].fd = -1; c->lanes[j].id = j; }
+    c->next = G.comms;
+    G.comms = c;
+    return c;
+}
+
+static void pending_hello(struct pending *p, uint64_t now) {
+    const struct frame *f = (const struct frame *)p->buf;
+    struct hello h;
+    memcpy(&h, p->buf + sizeof *f, sizeof h);
+    if (f->type != F_HELLO || f->len != sizeof h || h.magic != LP_HELLO_MAGIC || h.lane >= LP_MAX_LANES ||
+        h.plane >= cfg.nplanes || h.chunk < 4096 || h.chunk > (64u << 20)) {
+        G.totals[4]++;
+        close(p->fd);
+        return;
+    }
+    struct comm *c = NULL;
+    for (struct comm *x = G.comms; x; x = x->next)
+        if (x->kind == K_RECV && !x->closing && !x->failed && x->token == h.token && x->nonce == h.nonce) c = x;
+    if (!c) {
+        struct lcomm *lc = NULL;
+        for (struct lcomm *x = G.lcomms; x; x = x->next) if (!x->closing && x->token == h.token) lc = x;
+        if (!lc) { G.totals[4]++; close(p->fd); return; } /* nobody listens for it (any more) */
+        c = comm_new(K_RECV);
+        if (!c) { close(p->fd); return; }
+        c->token = h.token;
+        c->nonce = h.nonce;
+        c->dev = lc->dev;
+        c->chunk = h.chunk;
+        c->nplanes = cfg.nplanes;
+        c->nlanes = LP_MAX_LANES;
+        c->last_rx = now;
+        struct sockaddr_in pa;
+        socklen_t pl = sizeof pa;
+        char a[INET_ADDRSTRLEN] = "?";
+        if (getpeername(p->fd, (struct sockaddr *)&pa, &pl) == 0) addr_str(pa.sin_addr, a);
+        snprintf(c->peer_name, sizeof c->peer_name, "%s", a);
+    }
+    if (h.chunk != c->chunk) { G.totals[4]++; close(p->fd); return; }
+    struct lane *l = &c->lanes[h.lane];
+    if (l->fd >= 0) lane_close(c, l); /* the sender re-made this lane: the old socket is dead to it */
+    l->fd = p->fd;
+    l->ever = 1;
+    l->plane = h.plane;
+    l->state = L_LIVE;
+    l->cause[0] = 0;
+    l->last_rx = c->last_rx = now;
+    ctl_frame(l, F_HELLO_OK, 0, 0, 0);
+    for (int s = 0; s < LP_NREQ; s++) { /* a new lane may be the only one left: repeat every open CTS */
+        struct req *rq = &c->reqs[s];
+        if (rq->kind == K_RECV && rq->state == REQ_ACTIVE) ctl_frame(l, F_CTS, rq->seq, 0, rq->size);
+    }
+}
+
+static void acceptor(uint64_t now) {
+    for (int q = 0; q < cfg.nplanes; q++) {
+        if (G.listen_fd[q] < 0) continue;
+        while (G.npend < LP_PENDING_MAX) {
+            int fd = accept4(G.listen_fd[q], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0 && errno == EINVAL) { /* the socket stopped listening (shut down): peers cannot reach us */
+                char s[INET_ADDRSTRLEN];
+                LP_WARN("plane %d (%s): the listening socket failed; peers cannot connect to this host on it", q,
+                        addr_str(cfg.nic[q].addr, s));
+                close(G.listen_fd[q]);
+                G.listen_fd[q] = -1;
+                break;
+            }
+            if (fd < 0) break;
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            G.pend[G.npend++] = (struct pending){.fd = fd, .since = now};
+        }
+    }
+    for (int i = 0; i < G.npend;) {
+        struct pending *p = &G.pend[i];
+        ssize_t n = recv(p->fd, p->buf + p->got, sizeof p->buf - p->got, MSG_DONTWAIT);
+        int drop = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
+                   now - p->since > LP_PENDING_NS;
+        if (n > 0) p->got += (size_t)n;
+        if (!drop && p->got == sizeof p->buf) pending_hello(p, now);
+        else if (drop) close(p->fd);
+        if (drop || p->got == sizeof p->buf) G.pend[i] = G.pend[--G.npend];
+        else i++;
+    }
+}
+
+/* ---- the progress thread -------------------------------------------------------------------- */
+
+static void comm_free(struct comm *c) {
+    for (int j = 0; j < LP_MAX_LANES; j++) {
+        if (c->lanes[j].fd >= 0) close(c->lanes[j].fd);
+        free(c->lanes[j].ctl);
+    }
+    for (int s = 0; s < LP_NREQ; s++) { free(c->reqs[s].cstate); free(c->reqs[s].clane); }
+    free(c);
+}
+
+static void reap(void) {
+    for (struct comm **pp = &G.comms; *pp;) {
+        struct comm *c = *pp;
+        int orphan = c->kind == K_RECV && !c->accepted;
+        if (orphan) {
+            orphan = 1;
+            for (struct lcomm *x = G.lcomms; x; x = x->next) if (x->token == c->token && !x->closing) orphan = 0;
+        }
+        if (c->closing || orphan) { *pp = c->next; comm_free(c); }
+        else pp = &c->next;
+    }
+    for (struct lcomm **pp = &G.lcomms; *pp;) {
+        struct lcomm *x = *pp;
+        if (x->closing) { *pp = x->next; free(x); }
+        else pp = &x->next;
+    }
+}
+
+static void *progress_main(void *arg) {
+    (void)arg;
+    struct pollfd *fds = NULL;
+    struct lane **owner = NULL; /* the lane of each pollfd (comms are freed only at the top of a pass) */
+    size_t cap = 0;
+    pthread_mutex_lock(&G.mu);
+    while (!G.stop) {
+        uint64_t now = now_ns();
+        reap();
+        acceptor(now);
+        entropy_refresh(now);
+        for (struct comm *c = G.comms; c; c = c->next) {
+            if (c->failed) continue;
+            if (c->kind == K_SEND) send_progress(c, now);
+            else recv_progress(c, now);
+        }
+        size_t need = 1 + (size_t)cfg.nplanes + (size_t)G.npend;
+        for (struct comm *c = G.comms; c; c = c->next) need += (size_t)c->nlanes;
+        if (need > cap) {
+            struct pollfd *p = realloc(fds, need * sizeof *fds);
+            struct lane **o = realloc(owner, need * sizeof *owner);
+            if (p) fds = p;
+            if (o) owner = o;
+            if (p && o) cap = need;
+        }
+        size_t n = 0;
+        if (cap >= need) {
+            for (size_t i = 0; i < need; i++) owner[i] = NULL;
+            fds[n++] = (struct pollfd){.fd = G.wake[0], .events = POLLIN};
+            for (int q = 0; q < cfg.nplanes; q++)
+                if (G.listen_fd[q] >= 0) fds[n++] = (struct pollfd){.fd = G.listen_fd[q], .events = POLLIN};
+            for (int i = 0; i < G.npend; i++) fds[n++] = (struct pollfd){.fd = G.pend[i].fd, .events = POLLIN};
+            for (struct comm *c = G.comms; c; c = c->next)
+                for (int j = 0; j < c->nlanes; j++) {
+                    struct lane *l = &c->lanes[j];
+                    if (l->fd < 0 || l->state == L_DOWN) continue;
+                    short ev = l->state == L_CONNECTING ? POLLOUT : POLLIN;
+                    if (l->ctl_off < l->ctl_len || l->cur_active || l->qn) ev |= POLLOUT;
+                    owner[n] = l;
+                    fds[n++] = (struct pollfd){.fd = l->fd, .events = ev};
+                }
+        }
+        G.wake_pending = 0;
+        pthread_mutex_unlock(&G.mu);
+        poll(fds, (nfds_t)n, 10);
+        if (n && (fds[0].revents & POLLIN)) {
+            char b[64];
+            while (read(G.wake[0], b, sizeof b) > 0) {}
+        }
+        pthread_mutex_lock(&G.mu);
+        for (size_t i = 0; i < n; i++)
+            if (owner[i] && owner[i]->fd == fds[i].fd) owner[i]->revents = fds[i].revents;
+    }
+    pthread_mutex_unlock(&G.mu);
+    free(fds);
+    free(owner);
+    return NULL;
+}
+
+static void global_init(void) {
+    config_load();
+    if (pipe2(G.wake, O_CLOEXEC | O_NONBLOCK) < 0) { G.wake[0] = G.wake[1] = -1; return; }
+    for (int q = 0; q < LP_MAX_PLANES; q++) G.listen_fd[q] = -1;
+    for (int q = 0; q < cfg.nplanes; q++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr = cfg.nic[q].addr};
+        socklen_t al = sizeof a;
+        if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 256) < 0 ||
+            getsockname(fd, (struct sockaddr *)&a, &al) < 0) {
+            char s[INET_ADDRSTRLEN];
+            LP_WARN("plane %d (%s, %s): cannot listen: %s; peers cannot reach this host on it", q, cfg.nic[q].label,
+                    addr_str(cfg.nic[q].addr, s), strerror(errno));
+            if (fd >= 0) close(fd);
+            continue;
+        }
+        G.listen_fd[q] = fd;
+        G.listen_port[q] = ntohs(a.sin_port);
+    }
+    uint64_t seed = now_ns() ^ ((uint64_t)getpid() << 32);
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) { if (fread(&seed, sizeof seed, 1, f) != 1) seed ^= (uint64_t)(uintptr_t)&seed; fclose(f); }
+    G.token_next = seed | 1;
+    if (pthread_create(&G.thread, NULL, progress_main, NULL) != 0) return;
+    G.inited = 1;
+    char s[INET_ADDRSTRLEN];
+    for (int q = 0; q < cfg.nplanes; q++)
+        LP_INFO("device %d = plane %d: %s (%s), %d Mbps, listening on port %u", q, q, cfg.nic[q].label,
+                addr_str(cfg.nic[q].addr, s), cfg.nic[q].speed, G.listen_port[q]);
+    LP_INFO("lanes: %d on its own plane + %d standby on each other; stuck after %llu ms (or 8 RTTs); give up after "
+            "%llu ms; chunks of %zu KiB; entropy table %s", cfg.lanes, cfg.standby,
+            (unsigned long long)(cfg.stuck_ns / 1000000), (unsigned long long)(cfg.giveup_ns / 1000000),
+            cfg.chunk / 1024, cfg.entropy_path);
+}
+
+__attribute__((destructor)) static void global_fini(void) {
+    if (!G.inited) return;
+    pthread_mutex_lock(&G.mu);
+    G.stop = 1;
+    wake_progress();
+    pthread_mutex_unlock(&G.mu);
+    pthread_join(G.thread, NULL);
+    G.inited = 0;
+}
+
+/* ---- the API ---------------------------------------------------------------------------------- */
+
+static struct ctx default_ctx;
+
+ncclResult_t lp_init(void **ctx, uint64_t commId, int trafficClass, ncclDebugLogger_t log) {
+    if (log) g_logger = log;
+    pthread_once(&G.once, global_init);
+    if (!G.inited) { LP_WARN("could not start (pipe or thread creation failed)"); return ncclSystemError; }
+    if (ctx) {
+        struct ctx *x = calloc(1, sizeof *x);
+        if (!x) return ncclSystemError;
+        x->commId = commId;
+        x->trafficClass = trafficClass;
+        *ctx = x;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t lp_devices(int *ndev) {
+    *ndev = cfg.nplanes;
+    return ncclSuccess;
+}
+
+ncclResult_t lp_get_properties(int dev, struct lp_props *p) {
+    if (dev < 0 || dev >= cfg.nplanes) return ncclInvalidArgument;
+    p->name = cfg.nic[dev].label;
+    p->pciPath = cfg.nic[dev].pci;
+    p->guid = ((uint64_t)ntohl(cfg.nic[dev].addr.s_addr) << 8) | (uint64_t)dev;
+    p->speed = cfg.nic[dev].speed;
+    p->port = 0;
+    p->maxComms = 65536;
+    p->maxBytes = LP_MAX_BYTES;
+    return ncclSuccess;
+}
+
+ncclResult_t lp_listen(void *ctx, int dev, void *handle, void **listenComm) {
+    (void)ctx;
+    if (dev < 0 || dev >= cfg.nplanes) return ncclInvalidArgument;
+    struct lcomm *lc = calloc(1, sizeof *lc);
+    if (!lc) return ncclSystemError;
+    struct handle h = {.magic = LP_HANDLE_MAGIC, .version = 1, .nplanes = (uint8_t)cfg.nplanes};
+    pthread_mutex_lock(&G.mu);
+    G.token_next = G.token_next * 6364136223846793005ull + 1442695040888963407ull;
+    lc->token = h.token = G.token_next;
+    lc->dev = dev;
+    for (int q = 0; q < cfg.nplanes; q++) {
+        h.ep[q].addr = cfg.nic[q].addr.s_addr;
+        h.ep[q].port = G.listen_fd[q] >= 0 ? G.listen_port[q] : 0;
+    }
+    lc->next = G.lcomms;
+    G.lcomms = lc;
+    pthread_mutex_unlock(&G.mu);
+    memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+    memcpy(handle, &h, sizeof h);
+    *listenComm = lc;
+    return ncclSuccess;
+}
+
+ncclResult_t lp_connect(void *ctx, int dev, void *handle, void **sendComm) {
+    (void)ctx;
+    *sendComm = NULL;
+    if (dev < 0 || dev >= cfg.nplanes) return ncclInvalidArgument;
+    struct handle h;
+    memcpy(&h, handle, sizeof h);
+    if (h.magic != LP_HANDLE_MAGIC || h.version != 1 || h.nplanes == 0 || h.nplanes > LP_MAX_PLANES) {
+        LP_WARN("connect: the handle is not a LinkPass handle (is the peer using another net plugin?)");
+        return ncclInternalError;
+    }
+    pthread_mutex_lock(&G.mu);
+    /* A comm in the making is found again by its handle's token: connect is called until it is ready. */
+    struct comm *c = NULL;
+    for (struct comm *x = G.comms; x; x = x->next)
+        if (x->kind == K_SEND && !x->accepted && !x->closing && x->token == h.token) c = x;
+    if (!c) {
+        c = comm_new(K_SEND);
+        if (!c) { pthread_mutex_unlock(&G.mu); return ncclSystemError; }
+        c->token = h.token;
+        G.token_next = G.token_next * 6364136223846793005ull + 1442695040888963407ull;
+        c->nonce = G.token_next;
+        c->dev = dev;
+        c->cur_plane = dev; /* where traffic belongs: leaving it is logged, also on the first chunk */
+        c->chunk = cfg.chunk;
+        c->nplanes = h.nplanes < cfg.nplanes ? h.nplanes : cfg.nplanes;
+        if (dev >= c->nplanes) c->dev = c->cur_plane = 0;
+        for (int q = 0; q < c->nplanes; q++) {
+            c->peer[q].addr.s_addr = h.ep[q].addr;
+            c->peer[q].port = h.ep[q].port;
+        }
+        char a[INET_ADDRSTRLEN];
+        snprintf(c->peer_name, sizeof c->peer_name, "%s", addr_str(c->peer[c->dev].addr, a));
+        int n = 0;
+        for (int pass = 0; pass < 2; pass++)
+            for (int q = 0; q < c->nplanes; q++) {
+                if ((pass == 0) != (q == c->dev) || !c->peer[q].port) continue;
+                int k = q == c->dev ? cfg.lanes : cfg.standby;
+                for (int i = 0; i < k && n < LP_MAX_LANES; i++) {
+                    c->lanes[n].plane = q;
+                    c->lanes[n].state = L_DOWN;
+                    n++;
+                }
+            }
+        c->nlanes = n;
+        comm_steer(c);
+        wake_progress();
+    }
+    if (c->failed) { pthread_mutex_unlock(&G.mu); return ncclSystemError; }
+    int live = 0;
+    for (int j = 0; j < c->nlanes; j++) live += c->lanes[j].state == L_LIVE;
+    if (live) { c->accepted = 1; *sendComm = c; }
+    pthread_mutex_unlock(&G.mu);
+    return ncclSuccess;
+}
+
+ncclResult_t lp_accept(void *listenComm, void **recvComm) {
+    struct lcomm *lc = listenComm;
+    *recvComm = NULL;
+    pthread_mutex_lock(&G.mu);
+    for (struct comm *x = G.comms; x; x = x->next)
+        if (x->kind == K_RECV && !x->accepted && !x->closing && x->token == lc->token) {
+            x->accepted = 1;
+            *recvComm = x;
+            break;
+        }
+    pthread_mutex_unlock(&G.mu);
+    return ncclSuccess;
+}
+
+ncclResult_t lp_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
+    (void)data; (void)size;
+    if (type != NCCL_PTR_HOST) {
+        LP_WARN("regMr: memory type %d is not host memory; LinkPass supports NCCL_PTR_HOST only", type);
+        return ncclInternalError;
+    }
+    *mhandle = comm;
+    return ncclSuccess;
+}
+
+ncclResult_t lp_dereg_mr(void *comm, void *mhandle) { (void)comm; (void)mhandle; return ncclSuccess; }
+
+static int req_arrays(struct req *rq, uint32_t n) {
+    if (n > rq->cap) {
+        uint8_t *s = realloc(rq->cstate, n);
+        if (!s) return -1;
+        rq->cstate = s;
+        int16_t *l = realloc(rq->clane, n * sizeof *l);
+        if (!l) return -1;
+        rq->clane = l;
+        rq->cap = n;
+    }
+    memset(rq->cstate, 0, n);
+    for (uint32_t i = 0; i < n; i++) rq->clane[i] = -1;
+    return 0;
+}
+
+ncclResult_t lp_isend(void *sendComm, void *data, size_t size, int tag, void **request) {
+    (void)tag;
+    struct comm *c = sendComm;
+    *request = NULL;
+    if (size > LP_MAX_BYTES) { LP_WARN("isend: %zu bytes is more than maxP2pBytes", size); return ncclInternalError; }
+    pthread_mutex_lock(&G.mu);
+    if (c->failed) { pthread_mutex_unlock(&G.mu); return ncclSystemError; }
+    struct req *rq = &c->reqs[c->next_seq % LP_NREQ];
+    uint32_t n = size ? (uint32_t)((size + c->chunk - 1) / c->chunk) : 1;
+    if (rq->state != REQ_FREE || req_arrays(rq, n) < 0) { pthread_mutex_unlock(&G.mu); return ncclSuccess; }
+    rq->kind = K_SEND;
+    rq->c = c;
+    rq->seq = c->next_seq++;
+    rq->data = data;
+    rq->size = size;
+    rq->nchunks = n;
+    rq->ndone = rq->next_unassigned = 0;
+    rq->writing = 0;
+    rq->cts = 0;
+    rq->err = ncclSuccess;
+    rq->state = REQ_ACTIVE;
+    int s = (int)(rq->seq % LP_CTS_RING);
+    if (c->cts_valid[s] && c->cts_seq[s] == rq->seq) {
+        c->cts_valid[s] = 0;
+        rq->cts = 1;
+        if (size > c->cts_size[s]) {
+            rq->err = ncclInternalError;
+            req_finish(rq, REQ_ERROR);
+            LP_WARN("send of %zu bytes to %s matched a receive of only %zu bytes", size, c->peer_name, c->cts_size[s]);
+        }
+    }
+    wake_progress();
+    pthread_mutex_unlock(&G.mu);
+    *request = rq;
+    return ncclSuccess;
+}
+
+ncclResult_t lp_irecv(void *recvComm, int n, void **data, const size_t *sizes, void **request) {
+    struct comm *c = recvComm;
+    *request = NULL; /* overwrites NCCL_NET_OPTIONAL_RECV_COMPLETION: every receive completes normally */
+    if (n != 1) { LP_WARN("irecv: n=%d, but maxRecvs is 1", n); return ncclInternalError; }
+    if (sizes[0] > LP_MAX_BYTES) { LP_WARN("irecv: %zu bytes is more than maxP2pBytes", sizes[0]); return ncclInternalError; }
+    pthread_mutex_lock(&G.mu);
+    if (c->failed) { pthread_mutex_unlock(&G.mu); return ncclSystemError; }
+    struct req *rq = &c->reqs[c->next_seq % LP_NREQ];
+    uint32_t k = sizes[0] ? (uint32_t)((sizes[0] + c->chunk - 1) / c->chunk) : 1;
+    if (rq->state != REQ_FREE || req_arrays(rq, k) < 0) { pthread_mutex_unlock(&G.mu); return ncclSuccess; }
+    rq->kind = K_RECV;
+    rq->c = c;
+    rq->seq = c->next_seq++;
+    rq->data = data[0];
+    rq->size = sizes[0];
+    rq->msg_size = SIZE_MAX;
+    rq->nchunks = k;
+    rq->ndone = 0;
+    rq->cts_seen = 0;
+    rq->err = ncclSuccess;
+    rq->state = REQ_ACTIVE;
+    for (int j = 0; j < c->nlanes; j++)
+        if (c->lanes[j].fd >= 0) ctl_frame(&c->lanes[j], F_CTS, rq->seq, 0, rq->size);
+    wake_progress();
+    pthread_mutex_unlock(&G.mu);
+    *request = rq;
+    return ncclSuccess;
+}
+
+ncclResult_t lp_iflush(void *recvComm, int n, void **data, int *sizes, void **mhandles, void **request) {
+    (void)recvComm; (void)n; (void)data; (void)sizes; (void)mhandles;
+    *request = NULL; /* host memory: nothing to flush */
+    return ncclSuccess;
+}
+
+ncclResult_t lp_test(void *request, int *done, int *sizes) {
+    struct req *rq = request;
+    ncclResult_t r = ncclSuccess;
+    *done = 0;
+    /* NCCL's progress thread spins on test(): while the request is open, answer without the lock,
+     * so the spinning never starves the thread that does the work */
+    if (__atomic_load_n(&rq->state, __ATOMIC_ACQUIRE) == REQ_ACTIVE) return ncclSuccess;
+    pthread_mutex_lock(&G.mu);
+    if (rq->state == REQ_DONE) {
+        *done = 1;
+        if (sizes) sizes[0] = (int)(rq->kind == K_RECV ? rq->msg_size : rq->size);
+        rq->state = REQ_FREE;
+    } else if (rq->state == REQ_ERROR) {
+        r = rq->err;
+    } else if (rq->state == REQ_FREE) {
+        r = ncclInternalError;
+    }
+    pthread_mutex_unlock(&G.mu);
+    return r;
+}
+
+static ncclResult_t close_comm(void *comm) {
+    struct comm *c = comm;
+    pthread_mutex_lock(&G.mu);
+    c->closing = 1;
+    wake_progress();
+    pthread_mutex_unlock(&G.mu);
+    return ncclSuccess;
+}
+
+ncclResult_t lp_close_send(void *sendComm) { return close_comm(sendComm); }
+ncclResult_t lp_close_recv(void *recvComm) { return close_comm(recvComm); }
+
+ncclResult_t lp_close_listen(void *listenComm) {
+    struct lcomm *lc = listenComm;
+    pthread_mutex_lock(&G.mu);
+    lc->closing = 1;
+    pthread_mutex_unlock(&G.mu);
+    return ncclSuccess;
+}
+
+ncclResult_t lp_finalize(void *ctx) {
+    if (ctx != &default_ctx) free(ctx);
+    return ncclSuccess;
+}
+
+/* Not part of NCCL's ABI: counters for the harness and for operators (dlsym "linkpass_nccl_stats"). */
+__attribute__((visibility("default"))) int linkpass_nccl_stats(char *buf, size_t n) {
+    pthread_mutex_lock(&G.mu);
+    int k = snprintf(buf, n, "lanes_down=%llu lanes_up=%llu chunks_resent=%llu dup_chunks=%llu bad_frames=%llu",
+                     (unsigned long long)G.totals[0], (unsigned long long)G.totals[1], (unsigned long long)G.totals[2],
+                     (unsigned long long)G.totals[3], (unsigned long long)G.totals[4]);
+    for (int q = 0; q < cfg.nplanes && k >= 0 && (size_t)k < n; q++)
+        k += snprintf(buf + k, n - (size_t)k, " chunks_plane%d=%llu", q, (unsigned long long)G.chunks_plane[q]);
+    pthread_mutex_unlock(&G.mu);
+    return k;
+}

@@ -1,0 +1,175 @@
+"""The NCCL plugin under lane failures, in one process on two loopback planes: lanes reset with
+data in flight still deliver every byte exactly once with no error; the entropy table moves
+traffic off a plane; only when every lane of every plane is gone past the give-up bound does
+NCCL get an error, once, with a message naming peer, planes, lanes and causes."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+
+from helpers import harness_fields, nccl_build, nccl_harness, wait_until
+from linkpass.agent.entropy_writer import EntropyWriter
+from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
+
+pytestmark = pytest.mark.unit
+
+
+def test_lanes_reset_mid_transfer_deliver_every_byte_once_without_an_error():
+    """Five resets of the lane with the most bytes in flight (both ends' queued bytes are lost): the
+    unacknowledged chunks leave on other lanes, every message arrives whole and once, test() never
+    returns an error, and each reset lane comes back on a fresh source port."""
+    r = nccl_harness("transfer", "-s", "8M", "-n", "40", "-k", "30:5", "-t")
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    t, s = harness_fields(r.stdout, "transfer"), harness_fields(r.stdout, "stats")
+    assert t["wrong"] == t["bad_sizes"] == "0" and t["messages"] == t["send_done"] == "40"
+    assert t["lanes_killed"] == "5" and int(s["lanes_down"]) >= 5
+    assert int(s["chunks_resent"]) > 0, "no reset caught data in flight: the test proved nothing"
+    assert "error" not in r.stdout
+    downs = re.findall(r"lane (\d+\.\d+) \(sport (\d+)\) .* down: ", r.stderr)
+    backs = dict((lane, int(port)) for lane, port in re.findall(r"lane (\d+\.\d+) \(sport (\d+)\) .* is back", r.stderr))
+    assert downs and all(int(port) != backs.get(lane) for lane, port in downs if lane in backs)
+
+
+def test_every_lane_gone_past_the_give_up_bound_is_one_clean_error():
+    """The peer is gone (every lane and listener shut down): reconnects are refused; after
+    LINKPASS_GIVEUP_MS the plugin returns ncclSystemError, and WARNs what it tried and why it failed."""
+    r = nccl_harness("transfer", "-s", "8M", "-n", "400", "-K", "200", "-t", env={"LINKPASS_GIVEUP_MS": "1000"})
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    errs = [line for line in r.stdout.splitlines() if line.startswith("side_error ")]
+    assert sorted(e.split()[1] for e in errs) == ["side=recv", "side=send"], r.stdout  # one per comm
+    for e in errs:
+        f = dict(kv.split("=") for kv in e.split()[1:])
+        assert f["rc"] == "2" and int(f["after_ms"]) >= 900, r.stdout  # ncclSystemError, not before the bound
+    warn = [line for line in r.stderr.splitlines() if "NCCL WARN" in line and "send to 127.0.0.1 failed" in line]
+    assert len(warn) == 1, r.stderr[-3000:]
+    assert "no lane could carry data for" in warn[0] and "(LINKPASS_GIVEUP_MS)" in warn[0]
+    assert "plane 0 (127.0.0.1 -> 127.0.0.1:" in warn[0] and "plane 1 (127.0.0.2 -> 127.0.0.2:" in warn[0]
+    assert "lane 0 [connect: Connection refused]" in warn[0] and "lane 4 [connect: Connection refused]" in warn[0]
+    assert sum("NCCL WARN" in line and "receive from 127.0.0.1 failed: no lane" in line
+               for line in r.stderr.splitlines()) == 1
+    assert harness_fields(r.stdout, "transfer")["wrong"] == "0"
+
+
+def test_no_error_before_the_give_up_bound_while_lanes_are_being_remade():
+    """Resets of every lane, one after another, never leave NCCL with an error: lanes are re-made."""
+    r = nccl_harness("transfer", "-s", "4M", "-n", "60", "-k", "20:12", "-t", env={"LINKPASS_LANES": "2"})
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    t = harness_fields(r.stdout, "transfer")
+    assert t["wrong"] == "0" and t["messages"] == "60" and int(t["lanes_killed"]) >= 6
+
+
+@pytest.fixture
+def table(tmp_path):
+    w = EntropyWriter(str(tmp_path / "entropy"), capacity=16)
+    yield w
+    w.close(unlink=True)
+
+
+def test_the_entropy_table_moves_traffic_off_a_plane_it_marks_unusable(table):
+    """(127.0.0.1, plane 0) fail-static in the agent's table: the comm on device 0 carries nothing on
+    plane 0 and says so; the data is whole."""
+    table.update("127.0.0.1", 0, [50000, 50001], flags=ENTRY_FAIL_STATIC)
+    table.update("127.0.0.2", 1, [50002], port_flags=[1])
+    r = nccl_harness("transfer", "-s", "2M", "-n", "10", env={"LINKPASS_ENTROPY_TABLE": table.path})
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    s = harness_fields(r.stdout, "stats")
+    assert s["chunks_plane0"] == "0" and int(s["chunks_plane1"]) >= 40, r.stdout
+    assert "plane 0 to 127.0.0.1: the entropy table marks it unusable (fail-static)" in r.stderr
+    assert "traffic to 127.0.0.1 moves from plane 0 (127.0.0.1) to plane 1 (127.0.0.2)" in r.stderr
+    assert harness_fields(r.stdout, "transfer")["wrong"] == "0"
+
+
+def test_a_plane_the_table_knows_healthy_keeps_its_traffic(table):
+    table.update("127.0.0.1", 0, [50000], port_flags=[1])
+    table.update("127.0.0.2", 1, [], flags=0)  # no healthy port on plane 1: only the standby is affected
+    r = nccl_harness("transfer", "-s", "2M", "-n", "10", env={"LINKPASS_ENTROPY_TABLE": table.path})
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = harness_fields(r.stdout, "stats")
+    assert int(s["chunks_plane0"]) >= 40 and s["chunks_plane1"] == "0", r.stdout
+    assert "moves from plane" not in r.stderr
+
+
+def test_every_plane_marked_unusable_still_carries_the_data(table):
+    """The table never stops traffic: with both planes fail-static, a live lane is used anyway."""
+    table.update("127.0.0.1", 0, [50000], flags=ENTRY_FAIL_STATIC)
+    table.update("127.0.0.2", 1, [50001], flags=ENTRY_FAIL_STATIC)
+    r = nccl_harness("transfer", "-s", "1M", "-n", "10", env={"LINKPASS_ENTROPY_TABLE": table.path})
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = harness_fields(r.stdout, "transfer")
+    assert t["wrong"] == "0" and t["messages"] == "10"
+
+
+def test_garbage_on_a_listening_port_is_counted_and_dropped():
+    """Untrusted bytes at the plugin's listener (junk, a lane hello with a bad magic, one for a token
+    nobody issued) are counted as bad frames and closed; the transfer next to them is unharmed."""
+    plugin, harness = nccl_build()
+    env = dict(os.environ, LINKPASS_NICS="127.0.0.1,127.0.0.2", LINKPASS_ENTROPY_TABLE="/nonexistent/entropy")
+    proc = subprocess.Popen([harness, "-l", plugin, "transfer", "-s", "1M", "-n", "300", "-w", "4"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        while port is None:
+            line = proc.stderr.readline()
+            assert line, "the harness ended before it listened"
+            m = re.search(r"device 0 = plane 0: .* listening on port (\d+)", line)
+            port = int(m.group(1)) if m else None
+        hello = struct.pack("<BBHIQQQ", 1, 0, 0, 40, 0, 0, 0)
+        for junk in (os.urandom(72), hello + struct.pack("<QQQIHHII", 0xBAD, 1, 2, 524288, 0, 0, 0, 0),
+                     hello + struct.pack("<QQQIHHII", 0x314C43434E50504C, 12345, 2, 524288, 0, 0, 0, 0)):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(junk)
+                s.settimeout(5)
+                assert s.recv(100) == b""  # closed by the plugin, nothing answered
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"{out}\n{err[-3000:]}"
+    assert int(harness_fields(out, "stats")["bad_frames"]) == 3
+    assert harness_fields(out, "transfer")["wrong"] == "0"
+
+
+def test_traffic_leaves_a_plane_the_table_marks_mid_transfer_and_returns_when_it_clears(table, tmp_path):
+    """The agent marks (peer, plane 0) fail-static while data flows: the next progress pass moves
+    the traffic to plane 1; when the mark clears, it comes back to plane 0. Nothing lost, no error."""
+    plugin, harness = nccl_build()
+    table.update("127.0.0.1", 0, [50000], port_flags=[1])
+    stop = tmp_path / "stop"
+    env = dict(os.environ, LINKPASS_NICS="127.0.0.1,127.0.0.2", LINKPASS_ENTROPY_TABLE=table.path)
+    proc = subprocess.Popen([harness, "-l", plugin, "transfer", "-s", "1M", "-n", "1000000", "-S", str(stop),
+                             "-T", "100"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        def seen(text):
+            return lambda: any(text in line for line in lines)
+        wait_until(seen("steering lanes by it"), 20, "the plugin to open the table")
+        time.sleep(0.3)
+        table.update("127.0.0.1", 0, [50000], flags=ENTRY_FAIL_STATIC)
+        wait_until(seen("moves from plane 0 (127.0.0.1) to plane 1 (127.0.0.2)"), 20, "traffic to leave plane 0")
+        time.sleep(0.3)
+        table.update("127.0.0.1", 0, [50000], port_flags=[1])
+        wait_until(seen("to plane 0 (127.0.0.1): its own plane is usable again"), 20, "traffic to come back")
+        time.sleep(0.3)
+        stop.touch()
+        out = proc.stdout.read()
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"{out}\n{''.join(lines)[-3000:]}"
+    t, s = harness_fields(out, "transfer"), harness_fields(out, "stats")
+    assert t["wrong"] == t["bad_sizes"] == "0" and t["send_done"] == t["recv_done"] == t["messages"]
+    assert int(s["chunks_plane0"]) > 0 and int(s["chunks_plane1"]) > 0
+    assert "plane 0 to 127.0.0.1: the entropy table marks it usable again" in "".join(lines)
