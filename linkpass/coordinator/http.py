@@ -23,6 +23,8 @@ coroutine, not a thread, and slow or idle clients cannot starve anyone:
 - the token is checked from the head, before a byte of the body is read; then Content-Length
   against `max_body_bytes` (413); chunked bodies are refused (411: send Content-Length); JSON
   nested deeper than `json_max_depth` is refused (400) before it is parsed;
+- an agent token of an epoch its host no longer accepts (revoked; the store's agent_epochs, read
+  every tick) gets 401 naming the host, counted as kind "revoked";
 - at most `max_pending` requests hold a body in memory waiting for a worker; beyond, 503.
 
 Refusals (401, 403, 413, ...) are counted per kind in `linkpass_coordinator_request_errors_total`.
@@ -53,7 +55,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
-from .auth import NEEDS, Caller, Tokens
+from .auth import NEEDS, Caller, Revoked, Tokens
 from .coordinator import Coordinator
 from .requests import (CoordinatorError, is_decimal, parse_decommission, parse_drain, parse_events_query, parse_register,
                        parse_report, query_host)
@@ -94,7 +96,7 @@ class CoordinatorServer:
         self.log = log or _log
         self.errors = dict.fromkeys(("bad_request", "unauthenticated", "forbidden", "too_large", "length_required",
                                      "rate_limited", "timeout", "evicted", "busy", "not_found", "internal", "tick",
-                                     "tls"), 0)
+                                     "tls", "revoked"), 0)
         self.requests = 0
         self.reports = 0
         self._count_lock = threading.Lock()
@@ -102,6 +104,7 @@ class CoordinatorServer:
         self._stop = threading.Event()
         self.tls = tls  # an ssl.SSLContext (tls.build_server_context): HTTPS; None: plain HTTP
         self.scheme = "https" if tls is not None else "http"
+        self.refresh_revocations()
         self._conns: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="coordinator-worker")
         self.registry = CollectorRegistry()
@@ -128,6 +131,13 @@ class CoordinatorServer:
         for t in self._threads:
             t.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def refresh_revocations(self) -> None:
+        """The lowest agent-token epoch per host, from the store (where `linkpass coordinator token
+        HOST --revoke` writes it, from another process): at start and every tick."""
+        with self.lock:
+            epochs = self.coordinator.store.agent_epochs()
+        self.tokens.set_min_epochs(epochs)
 
     def count(self, kind: str, n: int = 1) -> None:
         with self._count_lock:
@@ -157,6 +167,7 @@ class CoordinatorServer:
             try:
                 with self.lock:
                     self.coordinator.tick(time.time())
+                    self.refresh_revocations()
                     self._write_refusals(final=time.monotonic() >= next_summary)
                 if time.monotonic() >= next_summary:
                     next_summary = time.monotonic() + self.limits.refusal_summary_s
@@ -265,6 +276,10 @@ class CoordinatorServer:
         caller = None
         if route.action is not None:
             caller = self.tokens.caller(req.headers.get("authorization"))
+            if isinstance(caller, Revoked):
+                self._refusals.revoked(caller.host, remote)
+                return await self._refuse(writer, remote, 401, "revoked", caller.message(), close=req.length != 0,
+                                          extra=[("WWW-Authenticate", 'Bearer error="invalid_token"')])
             if caller is None:
                 self._refusals.unauthenticated(remote, req.path)
                 return await self._refuse(writer, remote, 401, "unauthenticated",
@@ -596,6 +611,8 @@ class _Refusals:
         self._buckets: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
         self._unauth: collections.Counter = collections.Counter()
         self._unauth_paths: collections.Counter = collections.Counter()
+        self._revoked: collections.Counter = collections.Counter()  # host -> requests with a revoked token
+        self._revoked_from: collections.Counter = collections.Counter()  # ... by client address
         self._events: list[tuple] = []
         self._recorded = 0  # individual events this window
         self._unrecorded = 0  # refusals of known callers beyond the cap, this window
@@ -627,6 +644,17 @@ class _Refusals:
             if path in self._unauth_paths or len(self._unauth_paths) < 20:
                 self._unauth_paths[path] += 1
 
+    def revoked(self, host: str, remote: str) -> None:
+        """A revoked agent token shown: its agent not yet given the new one, or someone who took
+        the old one. One summary a window, like unauthenticated refusals (an agent retries)."""
+        with self._lock:
+            if host in self._revoked or len(self._revoked) < 100:
+                self._revoked[host] += 1
+            else:
+                self._revoked["other hosts"] += 1
+            if remote in self._revoked_from or len(self._revoked_from) < 100:
+                self._revoked_from[remote] += 1
+
     def forbidden(self, caller: Caller, remote: str, path: str, why: str, record: bool) -> None:
         if not record:
             return
@@ -648,6 +676,12 @@ class _Refusals:
                                   "window_s": round(now - self._window_start, 1),
                                   "by_address": dict(self._unauth.most_common(10)),
                                   "paths": dict(self._unauth_paths.most_common(5))}))
+                if self._revoked:
+                    out.append((now, "refused", "revoked", "endpoint",
+                                {"why": "revoked agent token", "requests": sum(self._revoked.values()),
+                                 "window_s": round(now - self._window_start, 1),
+                                 "by_host": dict(self._revoked.most_common(10)),
+                                 "by_address": dict(self._revoked_from.most_common(10))}))
                 if self._unrecorded:
                     out.append((now, "refused", "coordinator", "endpoint",
                                  {"why": f"{self._unrecorded} more refusals of known callers than "
@@ -655,6 +689,8 @@ class _Refusals:
                                   "window_s": round(now - self._window_start, 1)}))
                 self._unauth.clear()
                 self._unauth_paths.clear()
+                self._revoked.clear()
+                self._revoked_from.clear()
                 self._recorded = self._unrecorded = 0
                 self._window_start = now
         return out
