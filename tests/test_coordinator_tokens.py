@@ -1,6 +1,7 @@
-"""Agent tokens with epochs and one host's revocation: the token codec and checks (auth.py), the
-revocations in the store (store.py). No sockets; the endpoint's side is in
-test_coordinator_http.py."""
+"""Agent tokens with epochs, one host's revocation, and the names a client certificate gives:
+the token codec and checks (auth.py), the revocations in the store (store.py), the certificate
+names the endpoint binds agent tokens to (tls.py). No sockets; the endpoint's side is in
+test_coordinator_http.py and test_coordinator_tls.py."""
 from __future__ import annotations
 
 import base64
@@ -12,6 +13,7 @@ import pytest
 
 from linkpass.coordinator.auth import MAX_EPOCH, AuthError, Caller, Revoked, Tokens, agent_token, token_hash
 from linkpass.coordinator.store import SCHEMA_VERSION, Store, StoreError
+from linkpass.coordinator.tls import certificate_names, names_host
 
 pytestmark = pytest.mark.unit
 
@@ -126,4 +128,15 @@ def test_a_database_of_the_previous_schema_is_upgraded_and_a_newer_one_refused(t
     s.close()
     with pytest.raises(StoreError, match="schema version 3"):
         Store(str(old))
+
+
+def test_a_certificate_names_its_common_names_and_dns_sans():
+    peercert = {"subject": ((("organizationName", "LinkPass lab"),), (("commonName", "h0"),)),
+                "subjectAltName": (("DNS", "gpu-1.rack3"), ("IP Address", "198.18.0.1"))}
+    names = certificate_names(peercert)
+    assert names == {"h0", "gpu-1.rack3"}
+    assert names_host(names, "h0") and names_host(names, "gpu-1.rack3") and names_host(names, "GPU-1.rack3")
+    assert not names_host(names, "h1") and not names_host(names, "198.18.0.1")  # an address is not a host name
+    assert not names_host(names, "LinkPass lab")  # the organisation is not a name
+    assert certificate_names(None) == certificate_names({}) == frozenset()
 

@@ -25,6 +25,9 @@ coroutine, not a thread, and slow or idle clients cannot starve anyone:
   nested deeper than `json_max_depth` is refused (400) before it is parsed;
 - an agent token of an epoch its host no longer accepts (revoked; the store's agent_epochs, read
   every tick) gets 401 naming the host, counted as kind "revoked";
+- with mutual TLS, an agent token must come over a connection whose client certificate names the
+  token's host (CN or DNS SAN; read once per connection after the handshake), else 403 naming
+  both; reader and operator tokens take any certificate the CA signed;
 - at most `max_pending` requests hold a body in memory waiting for a worker; beyond, 503.
 
 Refusals (401, 403, 413, ...) are counted per kind in `linkpass_coordinator_request_errors_total`.
@@ -60,7 +63,7 @@ from .coordinator import Coordinator
 from .requests import (CoordinatorError, is_decimal, parse_decommission, parse_drain, parse_events_query, parse_register,
                        parse_report, query_host)
 from .store import EVENT_KINDS
-from .tls import HANDSHAKE_TIMEOUT_S
+from .tls import HANDSHAKE_TIMEOUT_S, certificate_names, mutual, names_host
 
 MAX_HEAD = 64 << 10  # request line and headers
 INLINE_MAX_BYTES = 64 << 10  # bodies up to this are run by the loop itself when the coordinator is free
@@ -104,6 +107,7 @@ class CoordinatorServer:
         self._stop = threading.Event()
         self.tls = tls  # an ssl.SSLContext (tls.build_server_context): HTTPS; None: plain HTTP
         self.scheme = "https" if tls is not None else "http"
+        self.mutual = mutual(tls)  # agent tokens then travel only with their own host's certificate
         self.refresh_revocations()
         self._conns: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="coordinator-worker")
@@ -232,6 +236,8 @@ class CoordinatorServer:
             writer.transport.abort()
             return False
         conn.writer = writer
+        if self.mutual:  # verified by the handshake; read once, checked against each agent token
+            conn.cert_names = certificate_names(writer.get_extra_info("peercert"))
         return True
 
     def _evict(self) -> bool:
@@ -286,6 +292,14 @@ class CoordinatorServer:
                                           "no valid token: pass one with `Authorization: Bearer <token>` (the CLI "
                                           "reads $LINKPASS_TOKEN or --token-file)",
                                           close=req.length != 0, extra=[("WWW-Authenticate", "Bearer")])
+            if self.mutual and caller.role == "agent" and not names_host(conn.cert_names, caller.host):
+                shown = ", ".join(sorted(conn.cert_names)) or "no name"
+                why = f"the token of agent {caller.host!r} came with the client certificate of {shown!r}"
+                self._refusals.forbidden(caller, remote, req.path, why, record=True)
+                return await self._refuse(writer, remote, 403, "forbidden",
+                                          f"{why}: with mutual TLS an agent's token travels only with its own "
+                                          f"host's certificate (CN or DNS SAN {caller.host!r}; `linkpass tls init "
+                                          f"--hosts {caller.host}` issues one)", close=req.length != 0)
             if not caller.may(route.action):
                 self._refusals.forbidden(caller, remote, req.path, f"role {caller.role} may not {route.action}",
                                          record=route.action in ("drain", "decommission"))
@@ -476,11 +490,12 @@ _ROUTES = {
 
 
 class _Conn:
-    __slots__ = ("writer", "busy", "remote")
+    __slots__ = ("writer", "busy", "remote", "cert_names")
 
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
         self.busy = False
+        self.cert_names: frozenset[str] = frozenset()  # with mutual TLS: the client certificate's CNs and DNS SANs
         peer = writer.get_extra_info("peername")
         self.remote = str(peer[0]) if peer else "?"
 
