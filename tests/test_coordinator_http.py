@@ -530,3 +530,31 @@ def test_the_token_command_refuses_bad_usage_and_then_changes_nothing(server, tm
         assert srv.coordinator.store.agent_epochs() == {}
     assert refusal_of(srv, tokens["h1"]) is None
 
+
+def test_an_agent_takes_the_new_token_put_in_its_token_file(server, tmp_path):
+    """After a revocation the agent is refused; once its token_file holds the new token, it
+    registers again without a restart."""
+    from linkpass.agent.answer import AnswerRules
+    from linkpass.agent.config import CoordinatorLinkConfig
+    from linkpass.agent.coordinator_link import CoordinatorLink
+
+    srv, tokens = server
+    state, token_file = tmp_path / "state", tmp_path / "h1.token"
+    token_file.write_text(tokens["h1"] + "\n")
+    logged = []
+    cfg = CoordinatorLinkConfig(srv.url, str(token_file), report_ms=50, ca_file=lab_ca_file(state))
+    link = CoordinatorLink(cfg, lambda: identity(1), lambda: table_of(1), lambda drains: None, lambda plan: None,
+                           lambda event, **fields: logged.append((event, fields)), rules=AnswerRules("h1", 2, 1024))
+    link.start()
+    try:
+        wait_until(lambda: link.stats["registrations"] >= 1, 10, "the agent registering")
+        out = token_cli(state, "h1", "--revoke", "--out", str(token_file))
+        assert out.returncode == 0, out.stderr
+        new = token_file.read_text().strip()
+        assert new.startswith("lpa1.h1.1.")
+        wait_until(lambda: any(e == "coordinator_token_reloaded" for e, _ in logged), 20,
+                   "the agent reading its new token", lambda: logged[-5:])
+        assert link.client.token == new
+        wait_until(lambda: link.stats["registrations"] >= 2 and link.registered, 20, "the agent registering again")
+    finally:
+        link.stop()
