@@ -116,6 +116,20 @@ def test_revocations_are_stored_counted_up_and_survive_a_reopen(tmp_path):
     s.close()
 
 
+def test_the_coordinator_sees_when_another_process_wrote_its_store(tmp_path):
+    """The running coordinator re-reads revocations only after someone else (the CLI) committed."""
+    db = str(tmp_path / "c.db")
+    coordinator, cli = Store(db), Store(db)
+    assert coordinator.written_elsewhere() and not coordinator.written_elsewhere()
+    coordinator.event("drain", "alice", "p0l0-p0s0")  # its own writes are not news to it
+    assert not coordinator.written_elsewhere()
+    cli.revoke_agent("h1", "bob (local)", "x", 1.0, MAX_EPOCH)
+    assert coordinator.written_elsewhere() and coordinator.agent_epochs() == {"h1": 1}
+    assert not coordinator.written_elsewhere()
+    coordinator.close()
+    cli.close()
+
+
 def test_a_database_of_the_previous_schema_is_upgraded_and_a_newer_one_refused(tmp_path):
     old = tmp_path / "v1.db"
     db = sqlite3.connect(old)

@@ -138,8 +138,11 @@ class CoordinatorServer:
 
     def refresh_revocations(self) -> None:
         """The lowest agent-token epoch per host, from the store (where `linkpass coordinator token
-        HOST --revoke` writes it, from another process): at start and every tick."""
+        HOST --revoke` writes it, from another process): at start, and at a tick after another
+        process wrote to the store (reading the table every tick would cost ~2 ms at 1000 rows)."""
         with self.lock:
+            if not self.coordinator.store.written_elsewhere():
+                return
             epochs = self.coordinator.store.agent_epochs()
         self.tokens.set_min_epochs(epochs)
 

@@ -76,6 +76,7 @@ class StoreError(RuntimeError):
 class Store:
     def __init__(self, path: str):
         self.path = path
+        self._data_version: int | None = None  # written_elsewhere's last look
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         try:
@@ -193,6 +194,13 @@ class Store:
                 for k, r, i, s, rsn, t in self.db.execute("SELECT * FROM paths")]
 
     # ---- agent token epochs ------------------------------------------------------------
+    def written_elsewhere(self) -> bool:
+        """Whether another connection (another process: the CLI revoking a token) committed since
+        the last call; the first call says True. Costs a pragma, not a read of any table."""
+        version = self.db.execute("PRAGMA data_version").fetchone()[0]
+        changed, self._data_version = version != self._data_version, version
+        return changed
+
     def agent_epochs(self) -> dict[str, int]:
         """host -> the lowest agent-token epoch accepted, for every host ever revoked."""
         return dict(self.db.execute("SELECT host, min_epoch FROM agent_epochs"))
