@@ -24,7 +24,8 @@ coroutine, not a thread, and slow or idle clients cannot starve anyone:
   against `max_body_bytes` (413); chunked bodies are refused (411: send Content-Length); JSON
   nested deeper than `json_max_depth` is refused (400) before it is parsed;
 - an agent token of an epoch its host no longer accepts (revoked; the store's agent_epochs, read
-  every tick) gets 401 naming the host, counted as kind "revoked";
+  at start and at the tick after another process wrote the store) gets 401 naming the host,
+  counted as kind "revoked";
 - with mutual TLS, an agent token must come over a connection whose client certificate names the
   token's host (CN or DNS SAN; read once per connection after the handshake), else 403 naming
   both; reader and operator tokens take any certificate the CA signed;
