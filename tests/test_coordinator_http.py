@@ -272,7 +272,13 @@ def test_no_body_is_read_before_the_token_is_checked(server):
         assert status == 401 and "no valid token" in doc["error"], path
         status, doc = raw_request(srv, post_head(path, 12 << 20, tokens["reader"]))
         assert status == 403, path
-    assert len(srv.coordinator.store.events(limit=10**6)) == events  # nothing written per refusal
+    # nothing written per unauthenticated refusal: one summary; of the reader's, only the refused
+    # drain is recorded (refused drains of known callers are)
+    srv.flush_refusals()
+    new = srv.coordinator.store.events(limit=10**6)[events:]
+    assert sorted((e["actor"], e["subject"]) for e in new) == [("local-reader", "/v1/drain"),
+                                                               ("unauthenticated", "endpoint")]
+    assert next(e for e in new if e["actor"] == "unauthenticated")["detail"]["requests"] == 3
 
 
 def test_bodies_over_the_cap_are_refused_before_they_are_read(tmp_path):
@@ -432,3 +438,123 @@ def test_a_flood_of_half_sent_requests_does_not_lock_anyone_out(tmp_path):
         srv.close()
         srv.coordinator.store.close()
 
+
+
+def token_cli(state, *args):
+    return subprocess.run([*LINKPASS, "coordinator", "token", *args, "--state-dir", str(state)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def refusal_of(srv, token, path="/v1/whoami"):
+    """The Refusal a GET with `token` gets, or None if it is answered."""
+    with connect(srv, token) as c:
+        try:
+            c.get(path)
+        except Refusal as exc:
+            return exc
+    return None
+
+
+def test_one_host_s_token_is_revoked_and_nothing_else_changes(server, tmp_path):
+    srv, tokens = server
+    state, old = tmp_path / "state", tokens["h1"]
+    assert refusal_of(srv, old) is None
+    out = token_cli(state, "h1", "--revoke", "--reason", "key left on a laptop")
+    assert out.returncode == 0, out.stderr
+    new = out.stdout.strip()
+    assert new.startswith("lpa1.h1.1.") and "revoked every earlier agent token of h1" in out.stderr
+    # the running coordinator reads the revocation from its store within a tick
+    exc = wait_until(lambda: refusal_of(srv, old), 10, "the running coordinator refusing h1's old token")
+    assert exc.status == 401 and "the agent token of h1 was revoked" in str(exc)
+    assert old.rpartition(".")[2] not in str(exc) and "lpa1." not in str(exc)  # no secret material
+    with connect(srv, old) as c, pytest.raises(Refusal, match="was revoked") as exc:
+        c.post("/v1/report", {"name": "h1"})
+    assert exc.value.status == 401
+    with connect(srv, new) as c:
+        assert c.get("/v1/whoami") == {"name": "h1", "role": "agent", "host": "h1"}
+        assert "drain_version" in c.post("/v1/report", {"name": "h1"})
+    for host in ("h0", "h2", "h3"):  # every other host, and the fleet's state, as they were
+        with connect(srv, tokens[host]) as c:
+            assert "drain_version" in c.post("/v1/report", {"name": host})
+    assert len(srv.coordinator.agents) == 4 and refusal_of(srv, tokens["reader"]) is None
+    revoked = srv.errors["revoked"]
+    assert revoked >= 2 and srv.errors["unauthenticated"] == 0
+    metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
+    assert f'linkpass_coordinator_request_errors_total{{kind="revoked"}} {float(revoked)}' in metrics
+    # the history: who revoked and why, once; the refusals as one summary, not an event each
+    srv.flush_refusals()
+    events = srv.coordinator.store.events(kinds=["agent", "refused"])
+    done = [e for e in events if e["detail"].get("what") == "token revoked"]
+    assert len(done) == 1 and done[0]["subject"] == "h1" and done[0]["actor"].endswith("(local)")
+    assert done[0]["detail"] == {"what": "token revoked", "epoch": 1, "reason": "key left on a laptop"}
+    summary = [e for e in events if e["actor"] == "revoked"]
+    assert len(summary) == 1 and summary[0]["detail"]["by_host"] == {"h1": revoked}
+    # the token command gives the current epoch's token from now on; other hosts' are unchanged
+    assert token_cli(state, "h1").stdout.strip() == new
+    assert token_cli(state, "h2").stdout.strip() == tokens["h2"]
+
+
+def test_a_revocation_works_with_the_coordinator_down_and_outlives_restarts(tmp_path):
+    srv, tokens = start(tmp_path)
+    state = tmp_path / "state"
+    srv.close()
+    srv.coordinator.store.close()
+    first = token_cli(state, "h1", "--revoke")
+    second = token_cli(state, "h1", "--revoke")
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    assert second.stdout.strip().startswith("lpa1.h1.2.")
+    srv = runner.start({"state_dir": str(state), "listen": "127.0.0.1:0"})
+    srv.state_dir = state
+    try:
+        for stale in (tokens["h1"], first.stdout.strip()):  # refused from the first request on
+            exc = refusal_of(srv, stale)
+            assert exc is not None and exc.status == 401 and "h1 was revoked" in str(exc)
+        assert refusal_of(srv, second.stdout.strip()) is None
+        assert refusal_of(srv, tokens["h2"]) is None
+    finally:
+        srv.close()
+        srv.coordinator.store.close()
+
+
+def test_the_token_command_refuses_bad_usage_and_then_changes_nothing(server, tmp_path):
+    srv, tokens = server
+    state = tmp_path / "state"
+    out = token_cli(state, "h1", "--reason", "x")
+    assert out.returncode == 3 and "--reason: only with --revoke" in out.stderr
+    out = token_cli(state, "a/b", "--revoke")
+    assert out.returncode == 3 and "expected a host name" in out.stderr
+    nowhere = tmp_path / "nowhere"
+    out = token_cli(nowhere, "h1", "--revoke")
+    assert out.returncode == 3 and "agent.secret" in out.stderr and not nowhere.exists()
+    with srv.lock:
+        assert srv.coordinator.store.agent_epochs() == {}
+    assert refusal_of(srv, tokens["h1"]) is None
+
+
+def test_an_agent_takes_the_new_token_put_in_its_token_file(server, tmp_path):
+    """After a revocation the agent is refused; once its token_file holds the new token, it
+    registers again without a restart."""
+    from linkpass.agent.answer import AnswerRules
+    from linkpass.agent.config import CoordinatorLinkConfig
+    from linkpass.agent.coordinator_link import CoordinatorLink
+
+    srv, tokens = server
+    state, token_file = tmp_path / "state", tmp_path / "h1.token"
+    token_file.write_text(tokens["h1"] + "\n")
+    logged = []
+    cfg = CoordinatorLinkConfig(srv.url, str(token_file), report_ms=50, ca_file=lab_ca_file(state))
+    link = CoordinatorLink(cfg, lambda: identity(1), lambda: table_of(1), lambda drains: None, lambda plan: None,
+                           lambda event, **fields: logged.append((event, fields)), rules=AnswerRules("h1", 2, 1024))
+    link.start()
+    try:
+        wait_until(lambda: link.stats["registrations"] >= 1, 10, "the agent registering")
+        out = token_cli(state, "h1", "--revoke", "--out", str(token_file))
+        assert out.returncode == 0, out.stderr
+        new = token_file.read_text().strip()
+        assert new.startswith("lpa1.h1.1.")
+        wait_until(lambda: any(e == "coordinator_token_reloaded" for e, _ in logged), 20,
+                   "the agent reading its new token", lambda: logged[-5:])
+        assert link.client.token == new
+        wait_until(lambda: link.stats["registrations"] >= 2 and link.registered, 20, "the agent registering again")
+    finally:
+        link.stop()

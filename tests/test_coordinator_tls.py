@@ -11,7 +11,7 @@ import time
 import pytest
 
 from linkpass.coordinator import lab_ca, runner
-from linkpass.coordinator.client import Client, TlsFailure, Unreachable
+from linkpass.coordinator.client import Client, Refusal, TlsFailure, Unreachable
 from linkpass.coordinator.coordinator import CoordinatorError
 from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths
 
@@ -185,3 +185,48 @@ def wait_for(pred, timeout_s: float = 5.0) -> None:
     while not pred():
         assert time.monotonic() < end, "the refused handshake was not counted"
         time.sleep(0.01)
+
+
+def agent_token_of(state, host: str) -> str:
+    from linkpass.coordinator.auth import agent_token, read_agent_secret
+
+    return agent_token(read_agent_secret(str(state / "agent.secret")), host)
+
+
+def test_with_mutual_tls_an_agent_token_travels_only_with_its_own_host_s_certificate(tmp_path):
+    srv, reader = start(tmp_path / "mutual", require_client_cert=True)
+    state = tmp_path / "mutual" / "state"
+    lab_ca.ensure(lab_dir(str(state)), clients=["h0", "h1"])  # the lab CA's agent certificates: CN=<host>
+    h1 = agent_token_of(state, "h1")
+    operator = (state / "operator.token").read_text().strip()
+    try:
+        with coordinator_client(srv.url, h1, state, client_cert="h1") as c:
+            assert c.get("/v1/whoami") == {"name": "h1", "role": "agent", "host": "h1"}
+            assert c.post("/v1/register", {"name": "h1", "agent_id": 2, "service": "198.18.0.2", "nics": {},
+                                           "paths": []})["drain_version"] == 0
+        forbidden = srv.errors["forbidden"]
+        for cert in ("h0", "cli"):  # another host's certificate, or the CLI's: refused, naming both
+            with coordinator_client(srv.url, h1, state, client_cert=cert) as c:
+                for call in (lambda: c.get("/v1/whoami"), lambda: c.post("/v1/report", {"name": "h1"})):
+                    with pytest.raises(Refusal) as exc:
+                        call()
+                    assert exc.value.status == 403
+                    assert f"the token of agent 'h1' came with the client certificate of '{cert}'" in str(exc.value)
+        assert srv.errors["forbidden"] == forbidden + 4
+        srv.flush_refusals()
+        refused = [e for e in srv.coordinator.store.events(kinds=["refused"]) if e["actor"] == "h1"]
+        assert len(refused) == 4 and "certificate of 'h0'" in refused[0]["detail"]["why"]
+        # people's tokens take any certificate the CA signed
+        for token, cert in ((reader, "h0"), (operator, "h1"), (reader, "cli")):
+            with coordinator_client(srv.url, token, state, client_cert=cert) as c:
+                assert c.get("/v1/status")["health"] == "ok"
+    finally:
+        stop(srv)
+    # without mutual TLS a connection carries no client certificate, and an agent token needs none
+    srv, _ = start(tmp_path / "server-only")
+    state = tmp_path / "server-only" / "state"
+    try:
+        with coordinator_client(srv.url, agent_token_of(state, "h1"), state) as c:
+            assert c.get("/v1/whoami")["host"] == "h1"
+    finally:
+        stop(srv)

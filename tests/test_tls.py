@@ -10,6 +10,7 @@ import os
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from linkpass.agent.config import ConfigError, parse
 from linkpass.cli.main import build_parser
@@ -173,6 +174,9 @@ def test_testbed_agents_get_the_lab_ca_and_a_certificate_each(tmp_path):
             c = parse(yaml.safe_load(f)).coordinator
         assert (c.ca_file, c.cert_file, c.key_file) == (lab_paths(tls, "ca")[0], *lab_paths(tls, f"h{h}"))
         build_client_context(c.ca_file, c.cert_file, c.key_file)
+        with open(c.cert_file, "rb") as f:  # the name the coordinator binds this host's agent token to
+            subject = x509.load_pem_x509_certificate(f.read()).subject
+        assert [a.value for a in subject.get_attributes_for_oid(NameOID.COMMON_NAME)] == [f"h{h}"]
     plain = write_agent_configs(FAB, str(tmp_path / "plain"), bytes(32), hosts=[0], tls_dir=tls,
                                 coordinator={**link, "url": "http://198.18.0.9:9470", "insecure_http": True})
     with open(plain[0]) as f:

@@ -16,6 +16,9 @@ at all; the versions stay, so the coordinator sends its drains and plan again. H
 against coordinator.ca_file and showing this host's certificate when one is configured
 (`tls_context`); plain HTTP only with insecure_http, logged as a warning at start.
 
+A 401 (this host's token revoked, say) makes the thread read coordinator.token_file again: a new
+token put there is used at once, without a restart.
+
 Plans come whole (`plan`) or, once the agent holds one, as the change from its version
 (`plan_delta`: peers to add or refresh, names to drop), so a plan change costs the coordinator
 what changed rather than the fleet. This thread applies a delta to the plan it holds and hands
@@ -133,12 +136,26 @@ class CoordinatorLink:
                 self.registered = False
                 if exc.status == 404 and "has not registered" in str(exc):
                     continue  # a coordinator that lost its memory: register again at once
+                if exc.status == 401 and self._token_replaced():
+                    continue  # a new token in token_file (its host's old one revoked): use it at once
                 self.log("coordinator_refused", status=exc.status, error=str(exc))
                 self._stop.wait(5.0)
             except Exception as exc:  # noqa: BLE001 - this thread must outlive any one bad answer
                 self.stats["failures"] += 1
                 self.log("coordinator_link_error", error=repr(exc))
                 self._stop.wait(5.0)
+
+    def _token_replaced(self) -> bool:
+        """After a 401: read token_file again; True if it now holds another token (then used)."""
+        try:
+            token = read_token(self.cfg.token_file)
+        except (OSError, ValueError):  # AuthError (empty file) is a ValueError
+            return False
+        if token == self.client.token:
+            return False
+        self.client.token = token
+        self.log("coordinator_token_reloaded", token_file=self.cfg.token_file)
+        return True
 
     def _versions(self) -> dict:
         return {"name": self.identity()["name"], "drain_version": self.drain_version, "plan_version": self.plan_version,

@@ -87,12 +87,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = co.add_subparsers(dest="coordinator_action", metavar="ACTION",
                                 title="actions (without one, the coordinator itself runs)")
     tk = actions.add_parser("token", help="make the token that lets the agent on HOST register and report as HOST",
-                            description="Derives HOST's agent token from the fleet's agent secret (run it where the "
-                                        "coordinator's state directory is). The token speaks for HOST only: put it "
-                                        "in that host's agent token_file, mode 0600.")
+                            description="Derives HOST's agent token from the fleet's agent secret, at HOST's current "
+                                        "epoch (run it where the coordinator's state directory is). The token speaks "
+                                        "for HOST only: put it in that host's agent token_file, mode 0600. With "
+                                        "--revoke, every token HOST had so far is refused from now on (the running "
+                                        "coordinator within a second, a restarted one too) and the new one printed; "
+                                        "an agent reads its token_file again when refused, so replacing the file is "
+                                        "enough. Exit 0 done, 3 no secret, bad host name or usage.")
     tk.add_argument("host", help="the agent's name, as in its config (e.g. h3)")
     tk.add_argument("--state-dir", default=None, help="the coordinator's state (default /var/lib/linkpass/coordinator)")
     tk.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600) instead of printing it")
+    tk.add_argument("--revoke", action="store_true",
+                    help="refuse every earlier token of HOST (stolen, leaked, host rebuilt) and print the new one")
+    tk.add_argument("--reason", help="why you revoke (recorded in the history with your user name)")
     tk.set_defaults(func=_token)
     dc = actions.add_parser("decommission", help="forget an agent and its paths (operators only)",
                             description="Removes HOST's agent and the paths it reported from the coordinator (a host "
@@ -454,25 +461,62 @@ def _decommission(args) -> int:
 
 
 def _token(args) -> int:
-    from ..coordinator.auth import SECRET_FILE, AuthError, agent_token, read_agent_secret, write_private
+    """Local to the coordinator's host, like issuing: who may revoke is who holds the state
+    directory (and so the secret that mints every token), and it works with the coordinator down.
+    The revocation goes into the coordinator's store, which the running coordinator reads every
+    tick; the token printed is of the host's current epoch."""
+    from ..coordinator.auth import MAX_EPOCH, SECRET_FILE, AuthError, agent_token, read_agent_secret, write_private
     from ..coordinator.runner import DEFAULT_STATE_DIR
+    from ..coordinator.store import DB_FILE, Store, StoreError
 
-    path = os.path.join(args.state_dir or DEFAULT_STATE_DIR, SECRET_FILE)
-    try:
-        token = agent_token(read_agent_secret(path), args.host)
-    except OSError as exc:
-        print(f"linkpass: {path}: {exc.strerror}; run this where the coordinator keeps its state (--state-dir), "
-              "after it has started once", file=sys.stderr)
+    if args.reason is not None and not args.revoke:
+        print("linkpass: --reason: only with --revoke (it says why the host's tokens were revoked)", file=sys.stderr)
         return EXIT_UNKNOWN
-    except AuthError as exc:
+    state = args.state_dir or DEFAULT_STATE_DIR
+    path, db = os.path.join(state, SECRET_FILE), os.path.join(state, DB_FILE)
+    store = None
+    try:
+        secret = read_agent_secret(path)
+        agent_token(secret, args.host)  # the host name is checked before anything is written
+        if args.revoke or os.path.exists(db):
+            store = Store(db)
+        if args.revoke:
+            epoch = store.revoke_agent(args.host, _local_user(), args.reason or "revoked by `linkpass coordinator "
+                                       "token HOST --revoke`", time.time(), MAX_EPOCH)
+        else:
+            epoch = store.agent_epochs().get(args.host, 0) if store is not None else 0
+        token = agent_token(secret, args.host, epoch)
+    except OSError as exc:
+        print(f"linkpass: {exc.filename or path}: {exc.strerror}; run this where the coordinator keeps its state "
+              "(--state-dir), after it has started once", file=sys.stderr)
+        return EXIT_UNKNOWN
+    except (AuthError, StoreError) as exc:
         print(f"linkpass: {exc}", file=sys.stderr)
         return EXIT_UNKNOWN
+    finally:
+        if store is not None:
+            store.close()
     if args.out:
         write_private(args.out, token + "\n")
         print(f"wrote the agent token for {args.host} to {args.out}")
     else:
         print(token)
+    if args.revoke:
+        print(f"revoked every earlier agent token of {args.host} (it is at epoch {epoch} now): the coordinator "
+              f"refuses them within a second, and after restarts. Put the new token in {args.host}'s agent "
+              "token_file (mode 0600); the agent takes it at its next retry, within 5 s", file=sys.stderr)
     return EXIT_OK
+
+
+def _local_user() -> str:
+    """Who revoked, for the history: the sudo caller if there is one, else this process's user."""
+    import getpass
+
+    try:
+        user = os.environ.get("SUDO_USER") or getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry, no login name
+        user = f"uid {os.getuid()}"
+    return f"{user} (local)"
 
 
 # ---- the coordinator process -------------------------------------------------------------

@@ -14,14 +14,22 @@ tokens (a leaked file grants nothing):
 
 An agent's token speaks for one host. Besides entries like the last one, every agent token can be
 derived from the fleet's agent secret (`<state-dir>/agent.secret`, which only the coordinator's
-host holds):
+host holds), at the host's epoch:
 
-    lpa1.<host>.<base64url(HMAC-SHA256(secret, "linkpass agent v1\\0" + host))>
+    lpa1.<host>.<base64url(HMAC-SHA256(secret, "linkpass agent v1\\0" + host))>                 epoch 0
+    lpa1.<host>.<epoch>.<base64url(HMAC-SHA256(secret, "linkpass agent v2\\0" + host + "\\0" + epoch))>
 
-The coordinator checks the MAC and takes the caller's host from the token, so a fleet of any size
-needs no list of hosts, a new host needs only `linkpass coordinator token HOST`, and a stolen token
-lets its holder report as that one host and no other. Rotating the secret revokes every derived
-token at once (one host's alone cannot be revoked: give it a listed entry after rotation).
+The coordinator checks the MAC and takes the caller's host (and epoch) from the token, so a fleet
+of any size needs no list of hosts, a new host needs only `linkpass coordinator token HOST`, and a
+stolen token lets its holder report as that one host and no other. The two MAC inputs start with
+different contexts, so a MAC of one form never verifies as the other, whatever dots a host name
+holds.
+
+Revoking one host's tokens: the coordinator keeps the lowest epoch it accepts per host (in its
+store, `Store.agent_epochs`; hosts never revoked are at 0). `linkpass coordinator token HOST
+--revoke` raises it by one and prints the token of the new epoch; every older token of that host,
+derived or listed (a listed agent token counts as epoch 0), is then refused with `Revoked`.
+Rotating the secret still revokes every derived token at once.
 
 On first start (the embedded default) `ensure_tokens(dir)` makes the reader and operator tokens,
 writing each to <dir>/<role>.token (mode 0600) for the local CLI, and `ensure_secret(path)` the
@@ -51,7 +59,9 @@ NEEDS = {"report": "agent", "drain": "operator", "decommission": "operator", "re
 # a host's name as agents and the fleet model use it (h0, gpu-017.rack3); no "/" (path keys), no space
 HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 AGENT_TOKEN_PREFIX = "lpa1."
-_AGENT_MAC_CONTEXT = b"linkpass agent v1\0"
+_AGENT_MAC_CONTEXT = b"linkpass agent v1\0"  # epoch 0: the form every token had before epochs
+_AGENT_EPOCH_MAC_CONTEXT = b"linkpass agent v2\0"  # epoch >= 1
+MAX_EPOCH = 2**31 - 1  # revocations of one host; the store's integer and the token's digits stay small
 SECRET_FILE = "agent.secret"
 
 
@@ -64,9 +74,26 @@ class Caller:
     name: str
     role: str
     host: str | None = None  # agents: the one host this token speaks for
+    epoch: int = 0  # agents: the token's epoch (a listed agent token is of epoch 0)
 
     def may(self, action: str) -> bool:
         return self.role in _ALLOWED[action]
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """A well-formed agent token of `host` whose epoch is below the lowest the coordinator accepts:
+    it was good once, and `linkpass coordinator token HOST --revoke` ended it."""
+
+    host: str
+    epoch: int
+    min_epoch: int
+
+    def message(self) -> str:
+        """For the 401 answer: names the host and the fix, and no secret material."""
+        return (f"the agent token of {self.host} was revoked (it is of epoch {self.epoch}; this coordinator accepts "
+                f"epoch {self.min_epoch} and later): install the host's new token, which `linkpass coordinator "
+                f"token {self.host}` prints on the coordinator's host, in its agent's token_file")
 
 
 def token_hash(token: str) -> str:
@@ -77,18 +104,45 @@ def valid_host(name) -> bool:
     return isinstance(name, str) and HOST_NAME_RE.fullmatch(name) is not None
 
 
-def agent_token(secret: bytes, host: str) -> str:
-    """The token that lets an agent speak for `host` (and for no other)."""
+def agent_token(secret: bytes, host: str, epoch: int = 0) -> str:
+    """The token that lets an agent speak for `host` (and for no other) at `epoch`; epoch 0 is the
+    epoch-less form, so hosts never revoked keep the tokens they have."""
     if not valid_host(host):
         raise AuthError(f"host {host!r}: expected a host name of letters, digits, '.', '_' or '-' (1..64)")
-    mac = hmac.new(secret, _AGENT_MAC_CONTEXT + host.encode(), hashlib.sha256).digest()
-    return f"{AGENT_TOKEN_PREFIX}{host}.{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
+        raise AuthError(f"epoch {epoch!r}: expected an integer 0..{MAX_EPOCH}")
+    if epoch == 0:
+        mac = hmac.new(secret, _AGENT_MAC_CONTEXT + host.encode(), hashlib.sha256).digest()
+        return f"{AGENT_TOKEN_PREFIX}{host}.{_b64(mac)}"
+    mac = hmac.new(secret, _AGENT_EPOCH_MAC_CONTEXT + host.encode() + b"\0" + str(epoch).encode(),
+                   hashlib.sha256).digest()
+    return f"{AGENT_TOKEN_PREFIX}{host}.{epoch}.{_b64(mac)}"
+
+
+def _b64(mac: bytes) -> str:
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def _epoch_of(text: str) -> int | None:
+    """The epoch a token's field spells, in its one canonical form (ASCII digits, no leading zero,
+    1..MAX_EPOCH), or None."""
+    if not text.isascii() or not text.isdigit() or text[0] == "0" or len(text) > len(str(MAX_EPOCH)):
+        return None
+    n = int(text)
+    return n if n <= MAX_EPOCH else None
 
 
 class Tokens:
     def __init__(self, entries: dict[str, Caller], agent_secret: bytes | None = None):
         self._by_hash = entries
         self._secret = agent_secret
+        # host -> lowest epoch accepted (hosts absent: 0); replaced whole, never changed in place,
+        # so the endpoint's loop reads it without a lock while the tick thread refreshes it
+        self._min_epochs: dict[str, int] = {}
+
+    def set_min_epochs(self, epochs: dict[str, int]) -> None:
+        """The lowest epoch accepted per host, as the store holds it."""
+        self._min_epochs = dict(epochs)
 
     @classmethod
     def parse(cls, text: str, where: str = "tokens", agent_secret: bytes | None = None) -> "Tokens":
@@ -125,22 +179,40 @@ class Tokens:
             out[digest] = Caller(name, role, host)
         return cls(out, agent_secret)
 
-    def caller(self, authorization: str | None) -> Caller | None:
-        """The caller an `Authorization: Bearer <token>` header names, or None."""
+    def caller(self, authorization: str | None) -> Caller | Revoked | None:
+        """The caller an `Authorization: Bearer <token>` header names; Revoked if it is an agent
+        token whose epoch its host no longer accepts; None if it names nobody."""
         if not authorization or not authorization.startswith("Bearer "):
             return None
         token = authorization[7:].strip()
         if token.startswith(AGENT_TOKEN_PREFIX) and self._secret is not None:
-            host, _, _ = token[len(AGENT_TOKEN_PREFIX):].rpartition(".")
-            if valid_host(host) and hmac.compare_digest(agent_token(self._secret, host).encode(), token.encode()):
-                return Caller(host, "agent", host)
-            return None
-        digest = token_hash(token)
-        # constant-time compare against every entry: no timing hint of a near miss
+            found = self._derived(token)
+        else:
+            digest = token_hash(token)
+            # constant-time compare against every entry: no timing hint of a near miss
+            found = None
+            for h, c in self._by_hash.items():
+                if hmac.compare_digest(h, digest):
+                    found = c
+        if found is None or found.role != "agent":
+            return found
+        lowest = self._min_epochs.get(found.host, 0)
+        return Revoked(found.host, found.epoch, lowest) if found.epoch < lowest else found
+
+    def _derived(self, token: str) -> Caller | None:
+        """A derived agent token's caller (its epoch on it), or None. `lpa1.a.b.c.MAC` reads as host
+        `a.b.c` at epoch 0 and, if `c` is an epoch, as host `a.b` at epoch c: the MAC says which."""
+        head, _, _ = token[len(AGENT_TOKEN_PREFIX):].rpartition(".")
+        candidates = [(head, 0)]
+        host, _, field = head.rpartition(".")
+        epoch = _epoch_of(field)
+        if epoch is not None:
+            candidates.append((host, epoch))
         found = None
-        for h, c in self._by_hash.items():
-            if hmac.compare_digest(h, digest):
-                found = c
+        for host, epoch in candidates:
+            if valid_host(host) and hmac.compare_digest(agent_token(self._secret, host, epoch).encode(),
+                                                        token.encode()):
+                found = Caller(host, "agent", host, epoch)
         return found
 
 

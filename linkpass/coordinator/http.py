@@ -23,6 +23,12 @@ coroutine, not a thread, and slow or idle clients cannot starve anyone:
 - the token is checked from the head, before a byte of the body is read; then Content-Length
   against `max_body_bytes` (413); chunked bodies are refused (411: send Content-Length); JSON
   nested deeper than `json_max_depth` is refused (400) before it is parsed;
+- an agent token of an epoch its host no longer accepts (revoked; the store's agent_epochs, read
+  at start and at the tick after another process wrote the store) gets 401 naming the host,
+  counted as kind "revoked";
+- with mutual TLS, an agent token must come over a connection whose client certificate names the
+  token's host (CN or DNS SAN; read once per connection after the handshake), else 403 naming
+  both; reader and operator tokens take any certificate the CA signed;
 - at most `max_pending` requests hold a body in memory waiting for a worker; beyond, 503.
 
 Refusals (401, 403, 413, ...) are counted per kind in `linkpass_coordinator_request_errors_total`.
@@ -53,12 +59,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
-from .auth import NEEDS, Caller, Tokens
+from .auth import NEEDS, Caller, Revoked, Tokens
 from .coordinator import Coordinator
 from .requests import (CoordinatorError, is_decimal, parse_decommission, parse_drain, parse_events_query, parse_register,
                        parse_report, query_host)
 from .store import EVENT_KINDS
-from .tls import HANDSHAKE_TIMEOUT_S
+from .tls import HANDSHAKE_TIMEOUT_S, certificate_names, mutual, names_host
 
 MAX_HEAD = 64 << 10  # request line and headers
 INLINE_MAX_BYTES = 64 << 10  # bodies up to this are run by the loop itself when the coordinator is free
@@ -94,7 +100,7 @@ class CoordinatorServer:
         self.log = log or _log
         self.errors = dict.fromkeys(("bad_request", "unauthenticated", "forbidden", "too_large", "length_required",
                                      "rate_limited", "timeout", "evicted", "busy", "not_found", "internal", "tick",
-                                     "tls"), 0)
+                                     "tls", "revoked"), 0)
         self.requests = 0
         self.reports = 0
         self._count_lock = threading.Lock()
@@ -102,6 +108,8 @@ class CoordinatorServer:
         self._stop = threading.Event()
         self.tls = tls  # an ssl.SSLContext (tls.build_server_context): HTTPS; None: plain HTTP
         self.scheme = "https" if tls is not None else "http"
+        self.mutual = mutual(tls)  # agent tokens then travel only with their own host's certificate
+        self.refresh_revocations()
         self._conns: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="coordinator-worker")
         self.registry = CollectorRegistry()
@@ -128,6 +136,16 @@ class CoordinatorServer:
         for t in self._threads:
             t.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def refresh_revocations(self) -> None:
+        """The lowest agent-token epoch per host, from the store (where `linkpass coordinator token
+        HOST --revoke` writes it, from another process): at start, and at a tick after another
+        process wrote to the store (reading the table every tick would cost ~2 ms at 1000 rows)."""
+        with self.lock:
+            if not self.coordinator.store.written_elsewhere():
+                return
+            epochs = self.coordinator.store.agent_epochs()
+        self.tokens.set_min_epochs(epochs)
 
     def count(self, kind: str, n: int = 1) -> None:
         with self._count_lock:
@@ -157,6 +175,7 @@ class CoordinatorServer:
             try:
                 with self.lock:
                     self.coordinator.tick(time.time())
+                    self.refresh_revocations()
                     self._write_refusals(final=time.monotonic() >= next_summary)
                 if time.monotonic() >= next_summary:
                     next_summary = time.monotonic() + self.limits.refusal_summary_s
@@ -221,6 +240,8 @@ class CoordinatorServer:
             writer.transport.abort()
             return False
         conn.writer = writer
+        if self.mutual:  # verified by the handshake; read once, checked against each agent token
+            conn.cert_names = certificate_names(writer.get_extra_info("peercert"))
         return True
 
     def _evict(self) -> bool:
@@ -265,12 +286,24 @@ class CoordinatorServer:
         caller = None
         if route.action is not None:
             caller = self.tokens.caller(req.headers.get("authorization"))
+            if isinstance(caller, Revoked):
+                self._refusals.revoked(caller.host, remote)
+                return await self._refuse(writer, remote, 401, "revoked", caller.message(), close=req.length != 0,
+                                          extra=[("WWW-Authenticate", 'Bearer error="invalid_token"')])
             if caller is None:
                 self._refusals.unauthenticated(remote, req.path)
                 return await self._refuse(writer, remote, 401, "unauthenticated",
                                           "no valid token: pass one with `Authorization: Bearer <token>` (the CLI "
                                           "reads $LINKPASS_TOKEN or --token-file)",
                                           close=req.length != 0, extra=[("WWW-Authenticate", "Bearer")])
+            if self.mutual and caller.role == "agent" and not names_host(conn.cert_names, caller.host):
+                shown = ", ".join(sorted(conn.cert_names)) or "no name"
+                why = f"the token of agent {caller.host!r} came with the client certificate of {shown!r}"
+                self._refusals.forbidden(caller, remote, req.path, why, record=True)
+                return await self._refuse(writer, remote, 403, "forbidden",
+                                          f"{why}: with mutual TLS an agent's token travels only with its own "
+                                          f"host's certificate (CN or DNS SAN {caller.host!r}; `linkpass tls init "
+                                          f"--hosts {caller.host}` issues one)", close=req.length != 0)
             if not caller.may(route.action):
                 self._refusals.forbidden(caller, remote, req.path, f"role {caller.role} may not {route.action}",
                                          record=route.action in ("drain", "decommission"))
@@ -461,11 +494,12 @@ _ROUTES = {
 
 
 class _Conn:
-    __slots__ = ("writer", "busy", "remote")
+    __slots__ = ("writer", "busy", "remote", "cert_names")
 
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
         self.busy = False
+        self.cert_names: frozenset[str] = frozenset()  # with mutual TLS: the client certificate's CNs and DNS SANs
         peer = writer.get_extra_info("peername")
         self.remote = str(peer[0]) if peer else "?"
 
@@ -596,6 +630,8 @@ class _Refusals:
         self._buckets: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
         self._unauth: collections.Counter = collections.Counter()
         self._unauth_paths: collections.Counter = collections.Counter()
+        self._revoked: collections.Counter = collections.Counter()  # host -> requests with a revoked token
+        self._revoked_from: collections.Counter = collections.Counter()  # ... by client address
         self._events: list[tuple] = []
         self._recorded = 0  # individual events this window
         self._unrecorded = 0  # refusals of known callers beyond the cap, this window
@@ -627,6 +663,17 @@ class _Refusals:
             if path in self._unauth_paths or len(self._unauth_paths) < 20:
                 self._unauth_paths[path] += 1
 
+    def revoked(self, host: str, remote: str) -> None:
+        """A revoked agent token shown: its agent not yet given the new one, or someone who took
+        the old one. One summary a window, like unauthenticated refusals (an agent retries)."""
+        with self._lock:
+            if host in self._revoked or len(self._revoked) < 100:
+                self._revoked[host] += 1
+            else:
+                self._revoked["other hosts"] += 1
+            if remote in self._revoked_from or len(self._revoked_from) < 100:
+                self._revoked_from[remote] += 1
+
     def forbidden(self, caller: Caller, remote: str, path: str, why: str, record: bool) -> None:
         if not record:
             return
@@ -648,6 +695,12 @@ class _Refusals:
                                   "window_s": round(now - self._window_start, 1),
                                   "by_address": dict(self._unauth.most_common(10)),
                                   "paths": dict(self._unauth_paths.most_common(5))}))
+                if self._revoked:
+                    out.append((now, "refused", "revoked", "endpoint",
+                                {"why": "revoked agent token", "requests": sum(self._revoked.values()),
+                                 "window_s": round(now - self._window_start, 1),
+                                 "by_host": dict(self._revoked.most_common(10)),
+                                 "by_address": dict(self._revoked_from.most_common(10))}))
                 if self._unrecorded:
                     out.append((now, "refused", "coordinator", "endpoint",
                                  {"why": f"{self._unrecorded} more refusals of known callers than "
@@ -655,6 +708,8 @@ class _Refusals:
                                   "window_s": round(now - self._window_start, 1)}))
                 self._unauth.clear()
                 self._unauth_paths.clear()
+                self._revoked.clear()
+                self._revoked_from.clear()
                 self._recorded = self._unrecorded = 0
                 self._window_start = now
         return out

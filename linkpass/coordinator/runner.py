@@ -44,7 +44,7 @@ from ..core.constants import COORDINATOR_LISTEN
 from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
 from .http import CoordinatorServer, Limits
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
-from .store import Store
+from .store import DB_FILE, Store
 from .requests import is_decimal
 from .tls import LOCAL_CLIENT, SERVER, TlsError, build_server_context, lab_dir, lab_paths
 
@@ -201,7 +201,7 @@ def start(settings: dict) -> CoordinatorServer:
         raise CoordinatorError(f"{exc.filename}: {exc.strerror}") from None
     except AuthError as exc:
         raise CoordinatorError(str(exc)) from None
-    store = Store(os.path.join(state_dir, "coordinator.db"))
+    store = Store(os.path.join(state_dir, DB_FILE))
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
     coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
     server = CoordinatorServer(coordinator, tokens, host, port, limits=_open_files_for(limits), tls=tls)

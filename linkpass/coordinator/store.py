@@ -1,9 +1,12 @@
-"""The coordinator's memory in SQLite: events, drains, agent inventory, last path verdicts.
+"""The coordinator's memory in SQLite: events, drains, agent inventory, last path verdicts, and
+the lowest agent-token epoch each revoked host accepts.
 
 Everything the coordinator knows that agents cannot simply tell it again lives here, so a
 restarted coordinator (a new Ray actor process, or a new host) picks up where the last one
 stopped. Path verdicts are stored too: a restarted coordinator shows the fleet at once instead of
-waiting for every agent's next summary.
+waiting for every agent's next summary. Revocations are stored so that they outlive a restart;
+`linkpass coordinator token HOST --revoke` writes them from another process on the coordinator's
+host (SQLite serialises the two writers), and the running coordinator reads them every tick.
 
 WAL mode with synchronous=NORMAL: a committed transaction survives the process being killed (the
 failure this store is for); only a power loss can drop the last few. One connection, used under
@@ -17,7 +20,8 @@ import sqlite3
 import time
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 1
+DB_FILE = "coordinator.db"  # in the state directory
+SCHEMA_VERSION = 2  # 2: agent_epochs (a version-1 database is upgraded in place: the table is new)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -51,6 +55,13 @@ CREATE TABLE IF NOT EXISTS paths (
     reason TEXT,
     updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS agent_epochs (
+    host TEXT PRIMARY KEY,
+    min_epoch INTEGER NOT NULL,  -- agent tokens of this host below this epoch are refused
+    since REAL NOT NULL,
+    by TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
 """
 
 
@@ -65,6 +76,7 @@ class StoreError(RuntimeError):
 class Store:
     def __init__(self, path: str):
         self.path = path
+        self._data_version: int | None = None  # written_elsewhere's last look
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         try:
@@ -76,9 +88,11 @@ class Store:
             raise StoreError(f"{path}: cannot open the coordinator database ({exc}); move it aside to start "
                              "afresh (history is lost) or restore a backup") from None
         row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None:
-            self.db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
+        if row is None or row[0] == "1":
+            # version 1 lacks only agent_epochs, which the script above made; a coordinator of
+            # version 1 then refuses this database rather than accept tokens revoked here
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif row[0] != str(SCHEMA_VERSION):
             raise StoreError(f"{path}: schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -179,6 +193,33 @@ class Store:
         return [{"key": k, "reporter": r, **json.loads(i), "state": s, "reason": rsn, "updated": t}
                 for k, r, i, s, rsn, t in self.db.execute("SELECT * FROM paths")]
 
+    # ---- agent token epochs ------------------------------------------------------------
+    def written_elsewhere(self) -> bool:
+        """Whether another connection (another process: the CLI revoking a token) committed since
+        the last call; the first call says True. Costs a pragma, not a read of any table."""
+        version = self.db.execute("PRAGMA data_version").fetchone()[0]
+        changed, self._data_version = version != self._data_version, version
+        return changed
+
+    def agent_epochs(self) -> dict[str, int]:
+        """host -> the lowest agent-token epoch accepted, for every host ever revoked."""
+        return dict(self.db.execute("SELECT host, min_epoch FROM agent_epochs"))
+
+    def revoke_agent(self, host: str, by: str, reason: str, now: float, max_epoch: int) -> int:
+        """Refuse every agent token of `host` issued so far: its lowest accepted epoch goes up by
+        one, with an event saying who and why, in one transaction. Returns the new epoch."""
+        with self._tx(immediate=True):  # read and raise under the write lock: two revokes make two epochs
+            row = self.db.execute("SELECT min_epoch FROM agent_epochs WHERE host=?", (host,)).fetchone()
+            epoch = (row[0] if row else 0) + 1
+            if epoch > max_epoch:
+                raise StoreError(f"{host}: its agent tokens were revoked {epoch - 1} times, the most there can be; "
+                                 "rotate the agent secret instead (docs/security.md, Revocation)")
+            self.db.execute("INSERT OR REPLACE INTO agent_epochs VALUES (?,?,?,?,?)", (host, epoch, now, by, reason))
+            self.db.execute("INSERT INTO events (ts, kind, actor, subject, detail) VALUES (?,?,?,?,?)",
+                            (now, "agent", by, host, json.dumps({"what": "token revoked", "epoch": epoch,
+                                                                 "reason": reason}, sort_keys=True)))
+        return epoch
+
     # ---- meta --------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -188,18 +229,20 @@ class Store:
         with self._tx():
             self.db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
 
-    def _tx(self):
-        return _Tx(self.db)
+    def _tx(self, immediate: bool = False):
+        return _Tx(self.db, immediate)
 
 
 class _Tx:
-    """BEGIN ... COMMIT, or ROLLBACK on an exception (autocommit connection)."""
+    """BEGIN ... COMMIT, or ROLLBACK on an exception (autocommit connection). `immediate`: take
+    the write lock at BEGIN, for a read-then-write that another process may run at once."""
 
-    def __init__(self, db: sqlite3.Connection):
+    def __init__(self, db: sqlite3.Connection, immediate: bool = False):
         self.db = db
+        self.begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
 
     def __enter__(self):
-        self.db.execute("BEGIN")
+        self.db.execute(self.begin)
 
     def __exit__(self, exc_type, *_):
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -7,6 +7,9 @@ agents need nothing more than Python; making certificates is `lab_ca.py`'s.
     build_client_context(ca, cert, key)                         agents and the CLI: the server's
         certificate must chain to `ca` (only to it; to the system's trust store without one) and
         name the host or address in the URL; `cert`/`key` are shown when the server asks (mutual TLS)
+    certificate_names(peercert)                                 the names a verified client
+        certificate gives (its CNs and DNS SANs): with mutual TLS the endpoint lets an agent token
+        in only over a certificate that names the token's host (`names_host`)
 
 Errors name the setting that points at the bad file (each caller passes its own names: a config
 field, a settings key, a command-line flag) and say how to make a good one.
@@ -69,6 +72,27 @@ def build_client_context(ca_file: str | None = None, cert_file: str | None = Non
     if cert_file:
         _load_chain(ctx, cert_file, key_file, names[1], names[2])
     return ctx
+
+
+def mutual(ctx: ssl.SSLContext | None) -> bool:
+    """Whether a server context asks every client for a certificate the CA signed."""
+    return ctx is not None and ctx.verify_mode == ssl.CERT_REQUIRED
+
+
+def certificate_names(peercert: dict | None) -> frozenset[str]:
+    """The subject's common names and the DNS subject alternative names of a client certificate
+    the handshake verified (`SSLObject.getpeercert()`); empty without one."""
+    if not peercert:
+        return frozenset()
+    names = {value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"}
+    names |= {value for kind, value in peercert.get("subjectAltName", ()) if kind == "DNS"}
+    return frozenset(names)
+
+
+def names_host(names: frozenset[str], host: str) -> bool:
+    """Whether a certificate with these names speaks for `host`: a CN or DNS SAN equal to it, case
+    aside (DNS names are case-blind, and some CAs write them in lower case)."""
+    return host.lower() in {n.lower() for n in names}
 
 
 def _load_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str | None, cert_name: str, key_name: str) -> None:
