@@ -50,17 +50,20 @@ class TrainingJob:
     def store_port(self) -> int:
         return STORE_PORT + self.restarts
 
+    def command(self, rank: int, host: int, start_step: int) -> tuple[list[str], dict | None]:
+        """One rank's command line (run in its host's namespace) and environment (None: ours)."""
+        return ([sys.executable, "-m", "linkpass.demo.job",
+                 "--rank", str(rank), "--world", str(len(self.hosts)), "--addr", self.fab.service_addr(host),
+                 "--master", self.fab.service_addr(self.hosts[0]), "--port", str(self.store_port),
+                 "--size-mb", str(self.size_mb), "--compute-ms", str(self.compute_ms), "--timeout-s", str(self.timeout_s),
+                 "--start-step", str(start_step), "--stop-file", self.stop_file, "--out", self.log(rank)], None)
+
     def _launch(self, start_step: int) -> None:
-        master = self.fab.service_addr(self.hosts[0])
         for rank, h in enumerate(self.hosts):
+            argv, env = self.command(rank, h, start_step)
             err = open(os.path.join(self.dir, f"rank{rank}.stderr"), "a")
-            self.procs[rank] = subprocess.Popen(
-                ["ip", "netns", "exec", self.fab.netns(host_name(h)), sys.executable, "-m", "linkpass.demo.job",
-                 "--rank", str(rank), "--world", str(len(self.hosts)), "--addr", self.fab.service_addr(h),
-                 "--master", master, "--port", str(self.store_port), "--size-mb", str(self.size_mb),
-                 "--compute-ms", str(self.compute_ms), "--timeout-s", str(self.timeout_s),
-                 "--start-step", str(start_step), "--stop-file", self.stop_file, "--out", self.log(rank)],
-                stdout=subprocess.DEVNULL, stderr=err)
+            self.procs[rank] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(host_name(h)), *argv],
+                                                stdout=subprocess.DEVNULL, stderr=err, env=env)
             err.close()
 
     def start(self, ready_steps: int = 20, timeout_s: float = 120.0) -> "TrainingJob":
@@ -137,3 +140,31 @@ class TrainingJob:
             except subprocess.TimeoutExpired:
                 pass
         self.procs = {}
+
+
+class PluginRingJob(TrainingJob):
+    """The same job's collective over an NCCL net plugin: one `lp_allreduce` rank per host
+    (rdma/nccl/allreduce.c, a ring all-reduce using only the plugin's API), `size_mb` per step,
+    every byte checked. Each rank's devices are its host's planes (LINKPASS_NICS); with
+    `entropy_dir`, each reads its host's agent's entropy table there (`entropy-h<i>`), without it
+    the plugin runs alone. `plugin`: the .so to load (LinkPass's, or the single-TCP baseline)."""
+
+    def __init__(self, fab: Fabric, directory: str, hosts: list[int], size_mb: float, plugin: str, allreduce: str,
+                 entropy_dir: str | None = None, env: dict | None = None, compute_ms: float = 0.0,
+                 max_restarts: int = 3):
+        super().__init__(fab, directory, hosts, size_mb, compute_ms=compute_ms, timeout_s=0, max_restarts=max_restarts)
+        self.plugin, self.allreduce, self.entropy_dir, self.extra_env = plugin, allreduce, entropy_dir, env or {}
+
+    def command(self, rank: int, host: int, start_step: int) -> tuple[list[str], dict | None]:
+        rendezvous = os.path.join(self.dir, f"rendezvous-{self.restarts}")
+        os.makedirs(rendezvous, exist_ok=True)
+        planes = self.fab.spec.planes
+        env = {**os.environ, **self.extra_env,
+               "LINKPASS_NICS": ",".join(self.fab.nic_addr(host, p) for p in range(planes))}
+        if self.entropy_dir:
+            env["LINKPASS_ENTROPY_TABLE"] = os.path.abspath(os.path.join(self.entropy_dir, f"entropy-{host_name(host)}"))
+        size = max(4, int(self.size_mb * 1024 * 1024) // 4 * 4)
+        return ([self.allreduce, "--plugin", self.plugin, "--rank", str(rank), "--nranks", str(len(self.hosts)),
+                 "--dir", rendezvous, "--sizes", str(size), "--stop-file", self.stop_file, "--warmup", "0",
+                 "--compute-ms", str(self.compute_ms),
+                 "--start-step", str(start_step), "--trace", self.log(rank)], env)

@@ -1,15 +1,18 @@
 """`linkpass demo`: a real all-reduce keeps running while the fabric's links fail.
 
 One command, on the embedded default: build the default testbed (4 hosts × 2 planes), start the
-coordinator (a Ray actor on a local Ray) and an agent on every host, run a torch.distributed
-gloo job (one rank per host, bound to the hosts' service addresses, every result bit-checked),
-and break the fabric under it one fault at a time: an uplink cut, a leaf–spine link down, gray
-loss on a spine link, a flapping link, a one-direction loss, an MTU black hole. Each fault is
-aimed at the link of its tier that carries the most of the job's traffic. It prints the timeline
-(fault → detected → localized → rerouted → back to speed), draws the per-step all-reduce time
-with the faults marked (PNG and a terminal sparkline) and a summary (`-o json` for scripts).
-`--compare` then runs the same script with LinkPass off — no agents, no LinkPass routes, no
-coordinator — on the same fabric, in the same run.
+coordinator (a Ray actor on a local Ray) and an agent on every host, run two jobs side by side —
+a torch.distributed gloo job (one rank per host, bound to the hosts' service addresses: LinkPass
+moves its routes) and a ring all-reduce over LinkPass's NCCL net plugin (one rank per host on
+the hosts' planes: the plugin moves its lanes; `--job` picks one or both), every result
+bit-checked — and break the fabric under them one fault at a time: an uplink cut, a leaf–spine
+link down, gray loss on a spine link, a flapping link, a one-direction loss, an MTU black hole.
+Each fault is aimed at the link of its tier that carries the most of the jobs' traffic. It
+prints the timeline per job (fault → detected → localized → rerouted → back to speed), draws the
+per-step all-reduce time with the faults marked (PNG and a terminal sparkline) and a summary
+(`-o json` for scripts). `--compare` then runs the same script with LinkPass off — no agents, no
+LinkPass routes, no coordinator; the plugin alone, without the agents' table — on the same
+fabric, in the same run.
 
 Everything it starts is stopped and everything it builds is removed on the way out, also on
 Ctrl-C, SIGTERM or a crash; a run killed with SIGKILL is cleaned up by the next one.
@@ -34,17 +37,25 @@ from .script import SCRIPT, Scripted, select
 
 HOSTS = [0, 1, 2, 3]
 DEFAULT_PREFIX = "lpdemo"
+GLOO, PLUGIN, BASELINE = "gloo", "nccl-plugin", "single-tcp"  # BASELINE: the benchmark's, not a --job
+JOB_CHOICES = {"gloo": (GLOO,), "nccl-plugin": (PLUGIN,), "both": (GLOO, PLUGIN)}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the main job: a real gloo all-reduce keeps running while links fail",
                        description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--compare", action="store_true", help="then run the same faults with LinkPass off")
+    p.add_argument("--job", choices=tuple(JOB_CHOICES), default="both",
+                   help="gloo (torch, routes moved), nccl-plugin (ring all-reduce over the NCCL net plugin, "
+                        "lanes moved) or both side by side (default)")
     p.add_argument("--faults", metavar="KINDS", help=f"comma-separated subset of: {', '.join(s.kind for s in SCRIPT)}")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="json: the summary on stdout, progress on stderr")
     p.add_argument("--out", metavar="DIR", help="output folder (default out/demo-<time>): plot, summary, logs")
     p.add_argument("--size-mb", type=float, default=4.0, help="all-reduce bucket, MB of float32 (default 4)")
+    p.add_argument("--plugin-size-mb", type=float, default=1.0,
+                   help="the NCCL-plugin job's all-reduce, MB of uint32 (default 1: beside the gloo job on two "
+                        "cores, a bigger one slows the gloo job's recovery by taking its CPU)")
     p.add_argument("--compute-ms", type=float, default=10.0, help="simulated compute per step (default 10)")
     p.add_argument("--job-timeout-s", type=float, default=30.0,
                    help="collective timeout; a failed collective restarts the job (default 30, like NCCL)")
@@ -202,33 +213,64 @@ class Demo:
             self.agents.remove_routes()
             self.agents = None
 
-    # ---- the job and the faults ----------------------------------------------------------
-    def start_job(self, name: str):
-        from .ranks import TrainingJob
+    # ---- the jobs and the faults ---------------------------------------------------------
+    def start_jobs(self, name: str, linkpass: bool, kinds: tuple[str, ...] | None = None) -> dict:
+        """The jobs `--job` asks for (or `kinds`), started and running: kind -> job. BASELINE is
+        the same ring over one TCP connection per peer (sim/bench/nccl_plugin.py's peer)."""
+        from .ranks import PluginRingJob, TrainingJob
 
-        job = TrainingJob(self.fab, os.path.join(self.out, f"job-{name}"), HOSTS, self.args.size_mb,
-                          self.args.compute_ms, self.args.job_timeout_s)
-        self.stack.callback(job.stop, 10.0)
-        self.step(f"starting the training job: torch.distributed gloo, {len(HOSTS)} ranks, "
-                  f"{self.args.size_mb:g} MB all-reduce per step + {self.args.compute_ms:g} ms compute")
-        job.start()
-        self.progress(f"running: {len(job.steps())} steps done, every result bit-exact so far"
-                      if not job.wrong_results() else paint(f"{job.wrong_results()} wrong results", "red"))
-        return job
+        jobs = {}
+        for kind in kinds or JOB_CHOICES[self.args.job]:
+            out = os.path.join(self.out, f"job-{name}" if kind == GLOO else f"job-{name}-{kind}")
+            if kind == GLOO:
+                job = TrainingJob(self.fab, out, HOSTS, self.args.size_mb, self.args.compute_ms,
+                                  self.args.job_timeout_s)
+                self.step(f"starting the training job: torch.distributed gloo, {len(HOSTS)} ranks, "
+                          f"{self.args.size_mb:g} MB all-reduce per step + {self.args.compute_ms:g} ms compute")
+            else:
+                from linkpass_rdma import nccl
 
-    def wait_steady(self, job, linkpass: bool) -> None:
-        """Until the fabric has recovered from the last fault and the job has run a full
+                size_mb = getattr(self.args, "plugin_size_mb", None) or self.args.size_mb
+                job = PluginRingJob(self.fab, out, HOSTS, size_mb,
+                                    nccl.plugin() if kind == PLUGIN else nccl.baseline(), nccl.allreduce(),
+                                    entropy_dir=self.agents.directory if linkpass and self.agents else None,
+                                    compute_ms=self.args.compute_ms)
+                self.step(f"starting the NCCL-plugin job: a ring all-reduce over {os.path.basename(job.plugin)}, "
+                          f"{len(HOSTS)} ranks on both planes, {size_mb:g} MB per step + "
+                          f"{self.args.compute_ms:g} ms compute" + ("" if linkpass else ", the plugin alone"))
+            self.stack.callback(job.stop, 10.0)
+            job.start()
+            self.progress(f"running: {len(job.steps())} steps done, every result bit-exact so far"
+                          if not job.wrong_results() else paint(f"{job.wrong_results()} wrong results", "red"))
+            jobs[kind] = job
+        return jobs
+
+    @staticmethod
+    def wait_all(jobs: dict, pred, timeout_s: float, what: str) -> None:
+        """Poll every job (restarting one whose rank failed) until pred() holds."""
+        first, *others = jobs.values()
+
+        def polled() -> bool:
+            for j in others:
+                j.poll()
+            return pred()
+        first.wait_until(polled, timeout_s, what)
+
+    def wait_steady(self, jobs: dict, linkpass: bool) -> None:
+        """Until the fabric has recovered from the last fault and every job has run a full
         baseline window since: with LinkPass, every path back up (damping included)."""
         if linkpass and not self.agents.wait_healthy(timeout_s=60):
             self.progress(paint("agents still see unhealthy paths after 60 s; going on", "yellow"))
         since = time.time_ns()
-        job.wait_until(lambda: any(s["start_ns"] > since for s in job.steps()), self.args.job_timeout_s * 2 + 30,
-                       "the job to resume")
-        resumed = next(s["start_ns"] for s in job.steps() if s["start_ns"] > since)
-        job.wait_until(lambda: job.steps()[-1]["end_ns"] - resumed >= timeline.BASELINE_S * 1e9, 60,
-                       "a baseline of steps")
+        for job in jobs.values():
+            self.wait_all(jobs, lambda: any(s["start_ns"] > since for s in job.steps()),
+                          self.args.job_timeout_s * 2 + 30, "the job to resume")
+        for job in jobs.values():
+            resumed = next(s["start_ns"] for s in job.steps() if s["start_ns"] > since)
+            self.wait_all(jobs, lambda: job.steps()[-1]["end_ns"] - resumed >= timeline.BASELINE_S * 1e9, 60,
+                          "a baseline of steps")
 
-    def inject(self, job, index: int, sc: Scripted) -> timeline.Fault:
+    def inject(self, jobs: dict, index: int, sc: Scripted) -> timeline.Fault:
         from ..testbed import faults
         from .aim import busiest, measure_load
 
@@ -238,24 +280,25 @@ class Demo:
                                                               dict(sc.params)))
         effective = rec["effective_mono_ns"]
         if sc.fault == "flap":  # the flapper is a process of its own: its first DOWN is the fault
-            job.wait_until(lambda: faults.flap_transitions(self.args.prefix, rec["id"]), 30, "the flapper's first DOWN")
+            self.wait_all(jobs, lambda: faults.flap_transitions(self.args.prefix, rec["id"]), 30,
+                          "the flapper's first DOWN")
             effective = faults.flap_transitions(self.args.prefix, rec["id"])[0][0]
         injected = effective + time.time_ns() - time.monotonic_ns()
-        self.progress(f"{index}: {sc.label} on {where} (carrying {rate / 1e6:.0f} MB/s of the job's traffic), "
+        self.progress(f"{index}: {sc.label} on {where} (carrying {rate / 1e6:.0f} MB/s of the jobs' traffic), "
                       f"held {sc.hold_s:g} s")
-        job.wait_until(lambda: time.time_ns() - injected >= sc.hold_s * 1e9, sc.hold_s + 60, "the fault's hold")
+        self.wait_all(jobs, lambda: time.time_ns() - injected >= sc.hold_s * 1e9, sc.hold_s + 60, "the fault's hold")
         gone = faults.clear(self.args.prefix, link)
         cleared = max((g.get("cleared_mono_ns") or 0 for g in gone), default=0) or time.monotonic_ns()
         return timeline.Fault(index=index, kind=sc.kind, label=sc.label, link=link, direction=frm,
                               severity=sc.severity, load_mbps=round(rate / 1e6, 1), injected_ns=injected,
                               cleared_ns=cleared + time.time_ns() - time.monotonic_ns())
 
-    def run_script(self, job, linkpass: bool) -> list[timeline.Fault]:
+    def run_script(self, jobs: dict, linkpass: bool) -> list[timeline.Fault]:
         done = []
         for i, sc in enumerate(self.script, 1):
-            self.wait_steady(job, linkpass)
-            done.append(self.inject(job, i, sc))
-        self.wait_steady(job, linkpass)
+            self.wait_steady(jobs, linkpass)
+            done.append(self.inject(jobs, i, sc))
+        self.wait_steady(jobs, linkpass)
         return done
 
     # ---- what happened -------------------------------------------------------------------
@@ -273,14 +316,20 @@ class Demo:
         finally:
             c.close()
 
-    def finish_run(self, name: str, job, faults: list[timeline.Fault], linkpass: bool) -> timeline.RunSummary:
-        job.stop()
-        summary = timeline.summarise("linkpass" if linkpass else "off", job.steps(), job.wrong_results(),
-                                     job.restarts, faults, self.agent_events() if linkpass else [],
-                                     self.coordinator_events() if linkpass else [], self.fab.spec.planes)
-        self.runs.append((name, job.steps(), faults, job.restart_at_ns))
-        return summary
-
+    def finish_run(self, name: str, jobs: dict, faults: list[timeline.Fault], linkpass: bool) -> dict:
+        """Stop the jobs; kind -> RunSummary, and a plot panel per job."""
+        agent_events = self.agent_events() if linkpass else []
+        coordinator_events = self.coordinator_events() if linkpass else []
+        out = {}
+        for kind, job in jobs.items():
+            job.stop()
+            out[kind] = timeline.summarise("linkpass" if linkpass else "off", job.steps(), job.wrong_results(),
+                                           job.restarts, faults, agent_events, coordinator_events,
+                                           self.fab.spec.planes)
+            panel = name + {GLOO: "", PLUGIN: " · NCCL plugin" + ("" if linkpass else " alone"),
+                            BASELINE: " · single TCP"}[kind]
+            self.runs.append((panel, job.steps(), faults, job.restart_at_ns))
+        return out
 
 def _fmt_ms(v: float | None) -> str:
     if v is None:
@@ -333,11 +382,12 @@ def run(args) -> int:
             demo.build()
             demo.start_coordinator()
             demo.start_agents()
-            job = demo.start_job("linkpass")
-            demo.step(f"breaking the fabric under the job, one fault at a time ({len(demo.script)} faults)")
-            faults = demo.run_script(job, linkpass=True)
-            on = demo.finish_run("LinkPass on", job, faults, linkpass=True)
-            off = None
+            jobs = demo.start_jobs("linkpass", linkpass=True)
+            demo.step(f"breaking the fabric under the {'jobs' if len(jobs) > 1 else 'job'}, one fault at a time "
+                      f"({len(demo.script)} faults)")
+            faults = demo.run_script(jobs, linkpass=True)
+            on_all = demo.finish_run("LinkPass on", jobs, faults, linkpass=True)
+            off_all = {}
             without = None
             if args.compare:
                 demo.step("--compare: LinkPass off (agents stopped, their routes removed, coordinator stopped)")
@@ -346,35 +396,45 @@ def run(args) -> int:
                 without = _check_linkpass_absent(demo.fab, HOSTS)
                 demo.progress(f"LinkPass routes on the hosts: {without['linkpass_routes']}, "
                               f"agents running: {without['agents_running']}")
-                job = demo.start_job("off")
+                jobs = demo.start_jobs("off", linkpass=False)
                 demo.step(f"the same {len(demo.script)} faults without LinkPass")
-                faults_off = demo.run_script(job, linkpass=False)
+                faults_off = demo.run_script(jobs, linkpass=False)
                 after = _check_linkpass_absent(demo.fab, HOSTS)
                 without = {k: max(without[k], after[k]) for k in without}
-                off = demo.finish_run("LinkPass off", job, faults_off, linkpass=False)
-            plot = write_png(os.path.join(demo.out, "timeline.png"),
-                             demo.runs,
-                             "all-reduce time per step while links fail (torch gloo, 4 ranks)")
-            ok = timeline.targets_met(on)
-            code = EXIT_OK if ok else EXIT_WARNING if timeline.job_unharmed(on) else EXIT_CRITICAL
+                off_all = demo.finish_run("LinkPass off", jobs, faults_off, linkpass=False)
+            kinds = list(on_all)
+            plot = write_png(os.path.join(demo.out, "timeline.png"), demo.runs,
+                             "all-reduce time per step while links fail (4 ranks: "
+                             + " and ".join("torch gloo" if k == GLOO else "the NCCL plugin's ring" for k in kinds) + ")")
+            ok = all(timeline.targets_met(r) for r in on_all.values())
+            unharmed = all(timeline.job_unharmed(r) for r in on_all.values())
+            code = EXIT_OK if ok else EXIT_WARNING if unharmed else EXIT_CRITICAL
+            # the first job's run is the summary's top level (as before the plugin job existed);
+            # the plugin's, when both ran, is under "nccl_plugin"
+            on, off = on_all[kinds[0]], off_all.get(kinds[0])
             elapsed = time.monotonic() - demo.t0
             summary = {
                 "ok": ok, "duration_s": round(elapsed, 1), "output_dir": os.path.abspath(demo.out),
                 "plot": os.path.abspath(plot),
-                "job": {"ranks": len(HOSTS), "backend": "gloo", "size_mb": args.size_mb,
+                "job": {"ranks": len(HOSTS), "backend": kinds[0], "size_mb": args.size_mb,
                         "compute_ms": args.compute_ms, "timeout_s": args.job_timeout_s},
+                "jobs": kinds,
                 "agents": {"interval_ms": args.interval_ms},
                 "targets": {"restarts": 0, "wrong_results": 0, "stall_ms": timeline.TARGET_STALL_MS,
                             "recovered_s": timeline.TARGET_RECOVERED_S, "duration_s": 180},
                 **{k: v for k, v in on.as_dict().items() if k != "mode"},
                 "compare": None if off is None else {**off.as_dict(), **without},
             }
+            if len(kinds) > 1:
+                p_on, p_off = on_all[PLUGIN], off_all.get(PLUGIN)
+                summary["nccl_plugin"] = {**p_on.as_dict(), "ok": timeline.targets_met(p_on),
+                                          "compare": None if p_off is None else p_off.as_dict()}
             with open(os.path.join(demo.out, "summary.json"), "w") as f:
                 json.dump(summary, f, indent=2)
             if args.output == "json":
                 print(json.dumps(summary, indent=2))
             else:
-                _print_report(demo, on, off, plot, code, elapsed)
+                _print_report(demo, on_all, off_all, plot, code, elapsed)
         except (JobFailed, RuntimeError) as exc:
             demo.say(paint(f"demo failed: {exc}", "red", demo.stream))
             demo.say(f"logs: {os.path.abspath(demo.out)}")
@@ -409,28 +469,37 @@ def _check_linkpass_absent(fab, hosts: list[int]) -> dict:
     return {"linkpass_routes": routes, "agents_running": agents}
 
 
-def _print_report(demo: Demo, on, off, plot: str, code: int, elapsed: float) -> None:
+def _print_report(demo: Demo, on_all: dict, off_all: dict, plot: str, code: int, elapsed: float) -> None:
     from .plot import sparkline
 
     runs = {name: (steps, fl) for name, steps, fl, _ in demo.runs}
-    demo.say()
-    demo.say(render_run(on, "With LinkPass — ms after each fault took effect; stall = longest all-reduce "
-                            "beyond the pre-fault median", sparkline(*runs["LinkPass on"])))
-    if off is not None:
+    for kind, on in on_all.items():
+        what = "" if kind == GLOO else " — the NCCL plugin's ring all-reduce (lanes moved by the plugin)"
+        panel = "LinkPass on" if kind == GLOO else "LinkPass on · NCCL plugin"
         demo.say()
-        demo.say(render_run(off, "Without LinkPass (--compare): the same faults, the testbed's own ECMP routes",
-                            sparkline(*runs["LinkPass off"])))
-        worst = max((f.stall_ms or 0 for f in off.faults), default=0)
-        demo.say(f"  without LinkPass the job sits out every fault until the script heals the link (worst stall "
-                 f"{worst / 1000:.1f} s); a real cut lasts until someone replaces the optic, and NCCL gives up "
-                 f"after ~30 s: the job restarts from its checkpoint")
+        demo.say(render_run(on, f"With LinkPass{what} — ms after each fault took effect; stall = longest "
+                                "all-reduce beyond the pre-fault median", sparkline(*runs[panel])))
+    for kind, off in off_all.items():
+        demo.say()
+        if kind == GLOO:
+            demo.say(render_run(off, "Without LinkPass (--compare): the same faults, the testbed's own ECMP routes",
+                                sparkline(*runs["LinkPass off"])))
+            worst = max((f.stall_ms or 0 for f in off.faults), default=0)
+            demo.say(f"  without LinkPass the job sits out every fault until the script heals the link (worst "
+                     f"stall {worst / 1000:.1f} s); a real cut lasts until someone replaces the optic, and NCCL "
+                     f"gives up after ~30 s: the job restarts from its checkpoint")
+        else:
+            demo.say(render_run(off, "The NCCL plugin alone (--compare): no agents, no entropy table; the plugin "
+                                     "finds stuck lanes itself", sparkline(*runs["LinkPass off · NCCL plugin alone"])))
     demo.say()
     demo.say(f"plot: {plot}")
     demo.say(f"summary: {os.path.join(demo.out, 'summary.json')} (the same as `-o json`)")
-    missed = sum(1 for f in on.faults if not f.met)
+    missed = sum(1 for on in on_all.values() for f in on.faults if not f.met)
+    total = sum(len(on.faults) for on in on_all.values())
     verdict = {EXIT_OK: paint("demo passed: every target met", "green"),
-               EXIT_WARNING: paint(f"the job was unharmed, but {missed} of {len(on.faults)} faults missed a timing "
+               EXIT_WARNING: paint(f"the jobs were unharmed, but {missed} of {total} fault windows missed a timing "
                                    "target (exit 1; see docs/demo.md on this machine's noise)", "yellow"),
-               }.get(code, paint("demo FAILED: the job restarted, got a wrong result, or a fault went unseen", "red"))
-    demo.say(f"{verdict}: {on.steps} steps, {on.wrong_results} wrong results, {on.restarts} restarts; "
-             f"{elapsed:.0f} s in all")
+               }.get(code, paint("demo FAILED: a job restarted, got a wrong result, or a fault went unseen", "red"))
+    demo.say(f"{verdict}: " + "; ".join(f"{'gloo' if k == GLOO else 'NCCL plugin'} {on.steps} steps, "
+                                        f"{on.wrong_results} wrong results, {on.restarts} restarts"
+                                        for k, on in on_all.items()) + f"; {elapsed:.0f} s in all")

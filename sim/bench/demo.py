@@ -34,11 +34,11 @@ from linkpass.cli.output import table  # noqa: E402
 OFF = "linkpass-off (testbed ECMP routes, no failover)"
 
 
-def rounds_of(demo: Demo, job, rounds: int, linkpass: bool, label: str) -> list[timeline.Fault]:
+def rounds_of(demo: Demo, jobs: dict, rounds: int, linkpass: bool, label: str) -> list[timeline.Fault]:
     done = []
     for r in range(rounds):
         demo.progress(f"{label}: round {r + 1}/{rounds}")
-        done += demo.run_script(job, linkpass)
+        done += demo.run_script(jobs, linkpass)
     return done
 
 
@@ -58,15 +58,16 @@ def main() -> int:
     out = tempfile.mkdtemp(prefix="linkpass-bench-demo-")
     dargs = argparse.Namespace(prefix=args.prefix, keep=False, out=out, output="table", faults=args.faults,
                                size_mb=4.0, compute_ms=10.0, job_timeout_s=30.0, interval_ms=5.0, compare=True,
-                               rto_min_ms=args.rto_min_ms)
+                               rto_min_ms=args.rto_min_ms, job="gloo")
     kinds = [s.kind for s in select(args.faults)]
     with ExitStack() as stack:
         demo = Demo(dargs, stack)
         demo.build()
         demo.start_coordinator()
         demo.start_agents()
-        job = demo.start_job("linkpass")
-        on_faults = rounds_of(demo, job, rounds, True, "LinkPass on")
+        jobs = demo.start_jobs("linkpass", linkpass=True)
+        job = jobs["gloo"]
+        on_faults = rounds_of(demo, jobs, rounds, True, "LinkPass on")
         job.stop()
         on = timeline.summarise("linkpass", job.steps(), job.wrong_results(), job.restarts, on_faults,
                                 demo.agent_events(), demo.coordinator_events(), demo.fab.spec.planes)
@@ -75,8 +76,9 @@ def main() -> int:
         if not args.no_compare:
             demo.stop_agents()
             demo.stop_coordinator()
-            job = demo.start_job("off")
-            off_faults = rounds_of(demo, job, rounds, False, "LinkPass off")
+            jobs = demo.start_jobs("off", linkpass=False)
+            job = jobs["gloo"]
+            off_faults = rounds_of(demo, jobs, rounds, False, "LinkPass off")
             job.stop()
             off = timeline.summarise("off", job.steps(), job.wrong_results(), job.restarts, off_faults, [], [],
                                      demo.fab.spec.planes)
