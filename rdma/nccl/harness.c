@@ -94,6 +94,8 @@ struct xfer {
 };
 
 static size_t msg_size(const struct xfer *x, size_t i) { return x->sizes[i % (size_t)x->nsizes]; }
+/* -S lowers total while the side threads run */
+static size_t total_of(const struct xfer *x) { return __atomic_load_n(&x->total, __ATOMIC_RELAXED); }
 
 static void fail(struct xfer *x, int rc, const char *call) {
     pthread_mutex_lock(&x->mu);
@@ -107,7 +109,7 @@ static void fail(struct xfer *x, int rc, const char *call) {
 /* 1: this side is done; 0: more to do; -1: stopped */
 static int send_step(struct xfer *x) {
     if (x->stop || x->side_err[0]) return -1;
-    while (x->s_posted < x->total && x->s_posted - x->s_done < (size_t)x->window) {
+    while (x->s_posted < total_of(x) && x->s_posted - x->s_done < (size_t)x->window) {
         size_t i = x->s_posted, n = msg_size(x, i);
         unsigned char *b = x->sbuf + (i % (size_t)x->window) * x->maxsize;
         if (!x->no_check) for (size_t k = 0; k < n; k++) b[k] = pattern(i, k);
@@ -127,13 +129,13 @@ static int send_step(struct xfer *x) {
             x->s_done++;
         }
     }
-    return x->s_done == x->total;
+    return x->s_done == total_of(x);
 }
 
 static int recv_step(struct xfer *x) {
     if (x->stop || x->side_err[1]) return -1;
     size_t slot = x->maxsize + x->extra;
-    while (x->r_posted < x->total && x->r_posted - x->r_done < (size_t)x->window) {
+    while (x->r_posted < total_of(x) && x->r_posted - x->r_done < (size_t)x->window) {
         size_t i = x->r_posted, n = msg_size(x, i);
         unsigned char *b = x->rbuf + (i % (size_t)x->window) * slot;
         if (!x->no_check) memset(b, CANARY, n + x->extra);
@@ -171,7 +173,7 @@ static int recv_step(struct xfer *x) {
             x->r_done++;
         }
     }
-    return x->r_done == x->total;
+    return x->r_done == total_of(x);
 }
 
 /* Like NCCL's proxy progress loop: poll without pause, but yield the CPU when a round changed nothing. */
@@ -424,7 +426,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
             if (stat(o->stop_file, &st) == 0) {
                 pthread_mutex_lock(&x.mu);
                 size_t last = x.s_posted > x.r_posted ? x.s_posted : x.r_posted;
-                if (last < x.total) x.total = last;
+                if (last < x.total) __atomic_store_n(&x.total, last, __ATOMIC_RELAXED);
                 pthread_mutex_unlock(&x.mu);
             }
         }
