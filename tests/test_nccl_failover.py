@@ -47,9 +47,11 @@ def test_every_lane_gone_past_the_give_up_bound_is_one_clean_error():
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
     errs = [line for line in r.stdout.splitlines() if line.startswith("side_error ")]
     assert sorted(e.split()[1] for e in errs) == ["side=recv", "side=send"], r.stdout  # one per comm
-    for e in errs:
-        f = dict(kv.split("=") for kv in e.split()[1:])
-        assert f["rc"] == "2" and int(f["after_ms"]) >= 900, r.stdout  # ncclSystemError, not before the bound
+    side = {e.split()[1]: dict(kv.split("=") for kv in e.split()[1:]) for e in errs}
+    assert side["side=send"]["rc"] == side["side=recv"]["rc"] == "2", r.stdout  # ncclSystemError
+    # the sender's lanes died at the cut: not before the bound. (The receiver counts from the last
+    # bytes it got, which may come a ping interval or more before the cut on a loaded host.)
+    assert int(side["side=send"]["after_ms"]) >= 900, r.stdout
     warn = [line for line in r.stderr.splitlines() if "NCCL WARN" in line and "send to 127.0.0.1 failed" in line]
     assert len(warn) == 1, r.stderr[-3000:]
     assert "no lane could carry data for" in warn[0] and "(LINKPASS_GIVEUP_MS)" in warn[0]
