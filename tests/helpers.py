@@ -11,8 +11,9 @@ each other (tests/test_layout.py checks).
   it made in its state dir;
 - healthy (NICS, PEERS, BASELINE, ...): doctor's facts of a host where every check passes;
 - signed_probe: a probe's bytes signed with a key, whatever its padding (encoders refuse > MAX_PAD);
-- nccl_build, nccl_harness, harness_fields: the NCCL plugin and its harness, built where the project's
-  build puts them (rdma/nccl/build/), and the harness run with LinkPass's variables.
+- nccl_build, nccl_harness, harness_fields, HarnessRun: the NCCL plugin and its harness, built where
+  the project's build puts them (rdma/nccl/build/), the harness run with LinkPass's variables, and a
+  transfer that runs until the test has seen what it waits for.
 
 Regenerate golden files after an intended change:
 LINKPASS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/...
@@ -299,3 +300,54 @@ def harness_fields(out: str, first: str) -> dict[str, str]:
         if line.startswith(first + " "):
             return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
     raise AssertionError(f"no {first!r} line in the harness output:\n{out}")
+
+
+class HarnessRun:
+    """A harness transfer in the background that runs until stop() (its -S file): wait_for(text)
+    polls its log lines, so a test acts on what the plugin did, not on how long it took."""
+
+    def __init__(self, stop_dir, *args: str, env: dict | None = None, netns: str | None = None):
+        import subprocess
+        import threading
+
+        plugin, harness = nccl_build()
+        self.stop_file = os.path.join(str(stop_dir), "stop-harness")
+        e = dict(os.environ)
+        e.update({"LINKPASS_NICS": "127.0.0.1,127.0.0.2", "LINKPASS_ENTROPY_TABLE": "/nonexistent/linkpass-entropy"})
+        e.update(env or {})
+        cmd = [harness, "-l", plugin, "transfer", "-n", "100000000", "-S", self.stop_file, "-T", "300", *args]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns, *cmd]
+        self.proc = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")),
+                                        daemon=True)
+        self._reader.start()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in list(self.lines))
+
+    def wait_for(self, text: str, times: int = 1, timeout_s: float = 60) -> None:
+        wait_until(lambda: self.count(text) >= times or self.proc.poll() is not None, timeout_s, repr(text))
+        assert self.count(text) >= times, f"the harness ended before {text!r}:\n{self.log[-3000:]}"
+
+    def stop(self, timeout_s: float = 120) -> tuple[int, str, str]:
+        """Stop posting, let the posted messages finish; (exit code, stdout, log)."""
+        with open(self.stop_file, "w"):
+            pass
+        try:
+            out = self.proc.stdout.read()
+            self.proc.wait(timeout=timeout_s)
+        finally:
+            self.kill()
+        self._reader.join(timeout=10)
+        return self.proc.returncode, out, self.log
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

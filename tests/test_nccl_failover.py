@@ -8,32 +8,35 @@ import os
 import re
 import socket
 import struct
-import subprocess
-import threading
 import time
 
 import pytest
 
-from helpers import harness_fields, nccl_build, nccl_harness, wait_until
+from helpers import HarnessRun, harness_fields, nccl_harness
 from linkpass.agent.entropy_writer import EntropyWriter
 from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
 
 pytestmark = pytest.mark.unit
 
 
-def test_lanes_reset_mid_transfer_deliver_every_byte_once_without_an_error():
+def test_lanes_reset_mid_transfer_deliver_every_byte_once_without_an_error(tmp_path):
     """Five resets of the lane with the most bytes in flight (both ends' queued bytes are lost): the
     unacknowledged chunks leave on other lanes, every message arrives whole and once, test() never
     returns an error, and each reset lane comes back on a fresh source port."""
-    r = nccl_harness("transfer", "-s", "8M", "-n", "40", "-k", "30:5", "-t")
-    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
-    t, s = harness_fields(r.stdout, "transfer"), harness_fields(r.stdout, "stats")
-    assert t["wrong"] == t["bad_sizes"] == "0" and t["messages"] == t["send_done"] == "40"
+    run = HarnessRun(tmp_path, "-s", "8M", "-k", "30:5", "-t")
+    try:
+        run.wait_for("lp_harness: reset lane", times=5)
+        run.wait_for("is back (after:", times=5)
+    finally:
+        rc, out, err = run.stop()
+    assert rc == 0, f"{out}\n{err[-3000:]}"
+    t, s = harness_fields(out, "transfer"), harness_fields(out, "stats")
+    assert t["wrong"] == t["bad_sizes"] == "0" and t["messages"] == t["send_done"] == t["recv_done"]
     assert t["lanes_killed"] == "5" and int(s["lanes_down"]) >= 5
     assert int(s["chunks_resent"]) > 0, "no reset caught data in flight: the test proved nothing"
-    assert "error" not in r.stdout
-    downs = re.findall(r"lane (\d+\.\d+) \(sport (\d+)\) .* down: ", r.stderr)
-    backs = dict((lane, int(port)) for lane, port in re.findall(r"lane (\d+\.\d+) \(sport (\d+)\) .* is back", r.stderr))
+    assert "error" not in out
+    downs = re.findall(r"lane (\d+\.\d+) \(sport (\d+)\) .* down: ", err)
+    backs = dict((lane, int(port)) for lane, port in re.findall(r"lane (\d+\.\d+) \(sport (\d+)\) .* is back", err))
     assert downs and all(int(port) != backs.get(lane) for lane, port in downs if lane in backs)
 
 
@@ -44,9 +47,11 @@ def test_every_lane_gone_past_the_give_up_bound_is_one_clean_error():
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
     errs = [line for line in r.stdout.splitlines() if line.startswith("side_error ")]
     assert sorted(e.split()[1] for e in errs) == ["side=recv", "side=send"], r.stdout  # one per comm
-    for e in errs:
-        f = dict(kv.split("=") for kv in e.split()[1:])
-        assert f["rc"] == "2" and int(f["after_ms"]) >= 900, r.stdout  # ncclSystemError, not before the bound
+    side = {e.split()[1]: dict(kv.split("=") for kv in e.split()[1:]) for e in errs}
+    assert side["side=send"]["rc"] == side["side=recv"]["rc"] == "2", r.stdout  # ncclSystemError
+    # the sender's lanes died at the cut: not before the bound. (The receiver counts from the last
+    # bytes it got, which may come a ping interval or more before the cut on a loaded host.)
+    assert int(side["side=send"]["after_ms"]) >= 900, r.stdout
     warn = [line for line in r.stderr.splitlines() if "NCCL WARN" in line and "send to 127.0.0.1 failed" in line]
     assert len(warn) == 1, r.stderr[-3000:]
     assert "no lane could carry data for" in warn[0] and "(LINKPASS_GIVEUP_MS)" in warn[0]
@@ -57,12 +62,16 @@ def test_every_lane_gone_past_the_give_up_bound_is_one_clean_error():
     assert harness_fields(r.stdout, "transfer")["wrong"] == "0"
 
 
-def test_no_error_before_the_give_up_bound_while_lanes_are_being_remade():
+def test_no_error_before_the_give_up_bound_while_lanes_are_being_remade(tmp_path):
     """Resets of every lane, one after another, never leave NCCL with an error: lanes are re-made."""
-    r = nccl_harness("transfer", "-s", "4M", "-n", "60", "-k", "20:12", "-t", env={"LINKPASS_LANES": "2"})
-    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
-    t = harness_fields(r.stdout, "transfer")
-    assert t["wrong"] == "0" and t["messages"] == "60" and int(t["lanes_killed"]) >= 6
+    run = HarnessRun(tmp_path, "-s", "4M", "-k", "20:12", "-t", env={"LINKPASS_LANES": "2"})
+    try:
+        run.wait_for("lp_harness: reset lane", times=12)
+    finally:
+        rc, out, err = run.stop()
+    assert rc == 0, f"{out}\n{err[-3000:]}"
+    t = harness_fields(out, "transfer")
+    assert t["wrong"] == "0" and t["lanes_killed"] == "12" and t["messages"] == t["recv_done"] == t["send_done"]
 
 
 @pytest.fixture
@@ -106,20 +115,13 @@ def test_every_plane_marked_unusable_still_carries_the_data(table):
     assert t["wrong"] == "0" and t["messages"] == "10"
 
 
-def test_garbage_on_a_listening_port_is_counted_and_dropped():
+def test_garbage_on_a_listening_port_is_counted_and_dropped(tmp_path):
     """Untrusted bytes at the plugin's listener (junk, a lane hello with a bad magic, one for a token
     nobody issued) are counted as bad frames and closed; the transfer next to them is unharmed."""
-    plugin, harness = nccl_build()
-    env = dict(os.environ, LINKPASS_NICS="127.0.0.1,127.0.0.2", LINKPASS_ENTROPY_TABLE="/nonexistent/entropy")
-    proc = subprocess.Popen([harness, "-l", plugin, "transfer", "-s", "1M", "-n", "300", "-w", "4"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = HarnessRun(tmp_path, "-s", "1M", "-w", "4")
     try:
-        port = None
-        while port is None:
-            line = proc.stderr.readline()
-            assert line, "the harness ended before it listened"
-            m = re.search(r"device 0 = plane 0: .* listening on port (\d+)", line)
-            port = int(m.group(1)) if m else None
+        run.wait_for("listening on port")
+        port = int(re.search(r"device 0 = plane 0: .* listening on port (\d+)", run.log).group(1))
         hello = struct.pack("<BBHIQQQ", 1, 0, 0, 40, 0, 0, 0)
         for junk in (os.urandom(72), hello + struct.pack("<QQQIHHII", 0xBAD, 1, 2, 524288, 0, 0, 0, 0),
                      hello + struct.pack("<QQQIHHII", 0x314C43434E50504C, 12345, 2, 524288, 0, 0, 0, 0)):
@@ -127,49 +129,32 @@ def test_garbage_on_a_listening_port_is_counted_and_dropped():
                 s.sendall(junk)
                 s.settimeout(5)
                 assert s.recv(100) == b""  # closed by the plugin, nothing answered
-        out, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, f"{out}\n{err[-3000:]}"
+        rc, out, err = run.stop()
+    assert rc == 0, f"{out}\n{err[-3000:]}"
     assert int(harness_fields(out, "stats")["bad_frames"]) == 3
-    assert harness_fields(out, "transfer")["wrong"] == "0"
+    t = harness_fields(out, "transfer")
+    assert t["wrong"] == "0" and int(t["messages"]) > 0
 
 
 def test_traffic_leaves_a_plane_the_table_marks_mid_transfer_and_returns_when_it_clears(table, tmp_path):
     """The agent marks (peer, plane 0) fail-static while data flows: the next progress pass moves
     the traffic to plane 1; when the mark clears, it comes back to plane 0. Nothing lost, no error."""
-    plugin, harness = nccl_build()
     table.update("127.0.0.1", 0, [50000], port_flags=[1])
-    stop = tmp_path / "stop"
-    env = dict(os.environ, LINKPASS_NICS="127.0.0.1,127.0.0.2", LINKPASS_ENTROPY_TABLE=table.path)
-    proc = subprocess.Popen([harness, "-l", plugin, "transfer", "-s", "1M", "-n", "1000000", "-S", str(stop),
-                             "-T", "100"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
-    reader.start()
+    run = HarnessRun(tmp_path, "-s", "1M", env={"LINKPASS_ENTROPY_TABLE": table.path})
     try:
-        def seen(text):
-            return lambda: any(text in line for line in lines)
-        wait_until(seen("steering lanes by it"), 20, "the plugin to open the table")
+        run.wait_for("steering lanes by it")
         time.sleep(0.3)
         table.update("127.0.0.1", 0, [50000], flags=ENTRY_FAIL_STATIC)
-        wait_until(seen("moves from plane 0 (127.0.0.1) to plane 1 (127.0.0.2)"), 20, "traffic to leave plane 0")
+        run.wait_for("moves from plane 0 (127.0.0.1) to plane 1 (127.0.0.2)")
         time.sleep(0.3)
         table.update("127.0.0.1", 0, [50000], port_flags=[1])
-        wait_until(seen("to plane 0 (127.0.0.1): its own plane is usable again"), 20, "traffic to come back")
+        run.wait_for("to plane 0 (127.0.0.1): its own plane is usable again")
         time.sleep(0.3)
-        stop.touch()
-        out = proc.stdout.read()
-        proc.wait(timeout=60)
-        reader.join(timeout=10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, f"{out}\n{''.join(lines)[-3000:]}"
+        rc, out, err = run.stop()
+    assert rc == 0, f"{out}\n{err[-3000:]}"
     t, s = harness_fields(out, "transfer"), harness_fields(out, "stats")
     assert t["wrong"] == t["bad_sizes"] == "0" and t["send_done"] == t["recv_done"] == t["messages"]
     assert int(s["chunks_plane0"]) > 0 and int(s["chunks_plane1"]) > 0
-    assert "plane 0 to 127.0.0.1: the entropy table marks it usable again" in "".join(lines)
+    assert "plane 0 to 127.0.0.1: the entropy table marks it usable again" in err

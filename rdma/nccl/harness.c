@@ -84,7 +84,7 @@ struct xfer {
     size_t s_posted, s_done, r_posted, r_done;
     size_t bytes, wrong, bad_size;
     volatile int stop;
-    pthread_mutex_t mu;
+    pthread_mutex_t mu, post_mu;
     int err;            /* the first error a plugin call returned */
     const char *err_call;
     double err_at;
@@ -94,6 +94,8 @@ struct xfer {
 };
 
 static size_t msg_size(const struct xfer *x, size_t i) { return x->sizes[i % (size_t)x->nsizes]; }
+/* -S lowers total while the side threads run */
+static size_t total_of(const struct xfer *x) { return __atomic_load_n(&x->total, __ATOMIC_RELAXED); }
 
 static void fail(struct xfer *x, int rc, const char *call) {
     pthread_mutex_lock(&x->mu);
@@ -107,16 +109,21 @@ static void fail(struct xfer *x, int rc, const char *call) {
 /* 1: this side is done; 0: more to do; -1: stopped */
 static int send_step(struct xfer *x) {
     if (x->stop || x->side_err[0]) return -1;
-    while (x->s_posted < x->total && x->s_posted - x->s_done < (size_t)x->window) {
+    for (;;) { /* posting under post_mu: -S fixes the last message while both sides post */
+        pthread_mutex_lock(&x->post_mu);
+        if (!(x->s_posted < total_of(x) && x->s_posted - x->s_done < (size_t)x->window)) {
+            pthread_mutex_unlock(&x->post_mu);
+            break;
+        }
         size_t i = x->s_posted, n = msg_size(x, i);
         unsigned char *b = x->sbuf + (i % (size_t)x->window) * x->maxsize;
         if (!x->no_check) for (size_t k = 0; k < n; k++) b[k] = pattern(i, k);
         void *req = NULL;
         int rc = lpn_isend(x->p, x->sc, b, n, 0, x->smh, &req);
+        if (!rc && req) { x->sreq[i % (size_t)x->window] = req; x->s_posted++; }
+        pthread_mutex_unlock(&x->post_mu);
         if (rc) { fail(x, rc, "isend"); return -1; }
         if (!req) break; /* not now: post again later, as NCCL does */
-        x->sreq[i % (size_t)x->window] = req;
-        x->s_posted++;
     }
     if (x->s_done < x->s_posted) {
         int done = 0, size = -1;
@@ -127,28 +134,34 @@ static int send_step(struct xfer *x) {
             x->s_done++;
         }
     }
-    return x->s_done == x->total;
+    return x->s_done == total_of(x);
 }
 
 static int recv_step(struct xfer *x) {
     if (x->stop || x->side_err[1]) return -1;
     size_t slot = x->maxsize + x->extra;
-    while (x->r_posted < x->total && x->r_posted - x->r_done < (size_t)x->window) {
+    for (;;) {
+        pthread_mutex_lock(&x->post_mu);
+        if (!(x->r_posted < total_of(x) && x->r_posted - x->r_done < (size_t)x->window)) {
+            pthread_mutex_unlock(&x->post_mu);
+            break;
+        }
         size_t i = x->r_posted, n = msg_size(x, i);
         unsigned char *b = x->rbuf + (i % (size_t)x->window) * slot;
         if (!x->no_check) memset(b, CANARY, n + x->extra);
         void *req = x->preset ? (void *)NCCL_NET_OPTIONAL_RECV_COMPLETION : NULL;
         int rc = lpn_irecv(x->p, x->rc, b, n + x->extra, 0, x->rmh, &req);
+        int preset_left = req == (void *)NCCL_NET_OPTIONAL_RECV_COMPLETION;
+        if (!rc && req && !preset_left) { x->rreq[i % (size_t)x->window] = req; x->r_posted++; }
+        pthread_mutex_unlock(&x->post_mu);
         if (rc) { fail(x, rc, "irecv"); return -1; }
-        if (req == (void *)NCCL_NET_OPTIONAL_RECV_COMPLETION) {
+        if (preset_left) {
             fprintf(stderr, "lp_harness: irecv left *request at the preset 0x1\n");
             x->wrong++;
             fail(x, 0, "irecv");
             return -1;
         }
         if (!req) break;
-        x->rreq[i % (size_t)x->window] = req;
-        x->r_posted++;
     }
     if (x->r_done < x->r_posted) {
         size_t i = x->r_done;
@@ -171,7 +184,7 @@ static int recv_step(struct xfer *x) {
             x->r_done++;
         }
     }
-    return x->r_done == x->total;
+    return x->r_done == total_of(x);
 }
 
 /* Like NCCL's proxy progress loop: poll without pause, but yield the CPU when a round changed nothing. */
@@ -328,6 +341,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
     struct xfer x;
     memset(&x, 0, sizeof x);
     pthread_mutex_init(&x.mu, NULL);
+    pthread_mutex_init(&x.post_mu, NULL);
     x.p = p;
     x.window = o->window;
     x.null_sizes = o->null_sizes;
@@ -422,10 +436,10 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
             next_stop_check = now + 10;
             struct stat st;
             if (stat(o->stop_file, &st) == 0) {
-                pthread_mutex_lock(&x.mu);
+                pthread_mutex_lock(&x.post_mu);
                 size_t last = x.s_posted > x.r_posted ? x.s_posted : x.r_posted;
-                if (last < x.total) x.total = last;
-                pthread_mutex_unlock(&x.mu);
+                if (last < x.total) __atomic_store_n(&x.total, last, __ATOMIC_RELAXED);
+                pthread_mutex_unlock(&x.post_mu);
             }
         }
         if (now - t0 > to_ms) { fprintf(stderr, "lp_harness: timed out after %d s\n", o->timeout_s); x.stop = 1; break; }
