@@ -76,7 +76,9 @@ def test_demo_keeps_the_job_running_and_compares_without_linkpass(tmp_path):
     assert doc["ok"] == (proc.returncode == 0)
 
     # the targets, from the summary: no restart, no wrong result, exactly
-    assert doc["steps"] > 200 and doc["wrong_results"] == 0 and doc["restarts"] == 0, log
+    # (the step count only shows the job ran through the faults: beside the plugin's job on two
+    # cores the gloo job runs ~200 steps in this two-fault run, alone ~300)
+    assert doc["steps"] > 100 and doc["wrong_results"] == 0 and doc["restarts"] == 0, log
     assert [f["kind"] for f in doc["faults"]] == list(SHORT)
     for f in doc["faults"]:
         assert f["load_mbps"] > 10, f  # the fault hit the job's traffic
@@ -91,7 +93,15 @@ def test_demo_keeps_the_job_running_and_compares_without_linkpass(tmp_path):
             f"{f['kind']}: stall {f['stall_ms']} ms (bound {2 * f['target_stall_ms']:.0f}), back to 95 % in "
             f"{f['recovered_s']} s (bound 3.0), detected {f['detect_ms']} ms, rerouted {f['reroute_ms']} ms; "
             f"noise {doc['noise_stall_ms']}; fault {f}; agent log tail {log[-1500:]}")
-    assert doc["duration_s"] < 180
+    assert doc["duration_s"] < 240  # make demo's target for the whole script: 4 minutes
+
+    # the NCCL plugin's ring ran beside it through the same faults: no error reached it, no byte
+    # was wrong, with the agents' table and (the comparison) alone
+    plugin = doc["nccl_plugin"]
+    assert doc["jobs"] == ["gloo", "nccl-plugin"]
+    assert plugin["steps"] > 100 and plugin["restarts"] == 0 and plugin["wrong_results"] == 0, (plugin, log)
+    assert [f["kind"] for f in plugin["faults"]] == list(SHORT)
+    assert plugin["compare"]["restarts"] == 0 and plugin["compare"]["wrong_results"] == 0, plugin["compare"]
 
     # LinkPass was there for the first run, and not at all for the comparison
     assert seen["during_linkpass"] is not None and all(n > 0 for n in seen["during_linkpass"]), seen
@@ -151,6 +161,7 @@ def test_ctrl_c_mid_run_leaves_nothing_behind_and_the_demo_reruns(tmp_path):
     assert proc.returncode == 130 and "interrupted" in log, log[-3000:]
     assert not build.namespaces_with_prefix(prefix) and not build.root_links_with_prefix(prefix)
     assert not _processes("linkpass.demo.job", f"{tmp_path}"), "training job ranks left running"
+    assert not _processes("lp_allreduce", f"{tmp_path}"), "NCCL-plugin job ranks left running"
     assert not _processes("linkpass.cli agent", f"{tmp_path}"), "agents left running"
     deadline = time.monotonic() + 30  # Ray's processes take a moment to go
     while set(_processes("raylet")) - rays_before and time.monotonic() < deadline:
