@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reliability under hostile input: one function per row, picked by name.
 
-    python sim/bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost,agent-sigkill,coordinator-flood] [--json FILE]
+    python sim/bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost,agent-sigkill,coordinator-flood,actor-kill] [--json FILE]
 
 Rows (ROWS below maps each name to its function; a function takes `quick` and returns its rows):
 
@@ -35,7 +35,17 @@ Rows (ROWS below maps each name to its function; a function takes `quick` and re
   in the same run, without it (the peer); extras: the flood's connections the server closed
   (eviction or timeout), unauthenticated requests refused and rate-limited per second.
 
-Not rows here yet: actor-kill, soak; healthy-saturated and cut-saturated are the failover
+- `actor-kill`: the coordinator as its detached Ray actor (HTTPS, the default testbed's fabric
+  model) under load: 4 agent identities registering and then reporting one path change after
+  another, each retried until answered, and an operator draining and undraining leaf-spine links;
+  the actor's process SIGKILLed at random moments, 20 times (--quick: 3), Ray restarting it.
+  Metrics `lost` (per kill: answered changes, registrations and drains whose events are not in
+  the store, answered undrains without theirs, drained links not as the answers left them, agents
+  whose drains differ from the store's after one more report) and `restart_to_answer` (kill to
+  the first 2xx from the new process); extras: requests that failed during the outages (retried,
+  not errors) and Ray's own restart time.
+
+Not rows here yet: soak; healthy-saturated and cut-saturated are the failover
 benchmark's (sim/bench/failover.py). Others are added as functions of the same shape and an
 entry in ROWS.
 """
@@ -1035,7 +1045,7 @@ def row_actor_kill(quick: bool) -> list[dict]:
               "answered_per_s": round(answered / seconds, 1), "failed_during_outages": sum(failed),
               "failed_per_outage_median": statistics.median(failed) if failed else None,
               "via": "ray_actor (detached, max_restarts=-1), HTTPS, SIGKILL of the actor's process"}
-    return [row("actor-kill", "lost", "count", lost, events_answered=totals["answered_expectations"],
+    return [row("actor-kill", "lost", "count", lost, total=sum(lost), events_answered=totals["answered_expectations"],
                 undrains_answered=sum(run.operator.undrains.values()), missing_events=totals["missing_events"],
                 missing_undrains=totals["missing_undrains"], drains_wrong=totals["drains_wrong"],
                 agents_with_stale_drains=totals["agents_with_stale_drains"], drains_refused=run.operator.refused,
