@@ -262,9 +262,12 @@ class Coordinator:
             self._dirty = self._dirty or is_bad(rec.state)
 
     def _flush(self, changes: _Changes) -> None:
-        self.store.put_paths(changes.paths)
-        self.store.put_states(changes.states)
-        self.store.add_events(changes.events)
+        # one transaction: states stored without their events would stay so after a restart,
+        # since the agent's retry of the same change then changes nothing
+        with self.store.transaction():
+            self.store.put_paths(changes.paths)
+            self.store.put_states(changes.states)
+            self.store.add_events(changes.events)
 
     def _answer(self, name: str, req: RegisterIn | ReportIn, now: float) -> dict:
         """What the agent needs back: drains and its probe plan, when its copies are stale."""
@@ -292,9 +295,10 @@ class Coordinator:
                   "changed": False}
         if dry_run:
             return result
-        self._forget_agent(host)
-        self.store.event("agent", by, host, what="decommissioned", reason=reason, paths=result["paths"],
-                         silent_s=round(now - a.last_seen, 1))
+        with self.store.transaction():
+            self._forget_agent(host)
+            self.store.event("agent", by, host, what="decommissioned", reason=reason, paths=result["paths"],
+                             silent_s=round(now - a.last_seen, 1))
         result["changed"] = True
         return result
 
@@ -535,10 +539,14 @@ class Coordinator:
             return result
         if dry_run:
             return result
+        # the drain, its version and its event in one transaction: a drain stored without its new
+        # version would reach no agent (they hold the old version; the retry finds it drained)
+        with self.store.transaction():
+            self.store.set_drain(name, reason, by, now)
+            self._bump_drains()
+            self.store.event("drain", by, name, reason=reason, hosts=impact["hosts"],
+                             paths_moved=impact["paths_moved"])
         self.drains[name] = {"reason": reason, "by": by, "since": now}
-        self.store.set_drain(name, reason, by, now)
-        self._bump_drains()
-        self.store.event("drain", by, name, reason=reason, hosts=impact["hosts"], paths_moved=impact["paths_moved"])
         result["changed"] = True
         return result
 
@@ -552,10 +560,12 @@ class Coordinator:
                                                                 "stranded": impact["stranded"]}}
         if dry_run:
             return result
-        was = self.drains.pop(name)
-        self.store.clear_drain(name)
-        self._bump_drains()
-        self.store.event("undrain", by, name, drained_by=was["by"], drained_for_s=round(now - was["since"], 1))
+        was = self.drains[name]
+        with self.store.transaction():
+            self.store.clear_drain(name)
+            self._bump_drains()
+            self.store.event("undrain", by, name, drained_by=was["by"], drained_for_s=round(now - was["since"], 1))
+        del self.drains[name]
         result["changed"] = True
         return result
 

@@ -9,8 +9,9 @@ waiting for every agent's next summary. Revocations are stored so that they outl
 host (SQLite serialises the two writers), and the running coordinator reads them every tick.
 
 WAL mode with synchronous=NORMAL: a committed transaction survives the process being killed (the
-failure this store is for); only a power loss can drop the last few. One connection, used under
-the caller's lock (the coordinator serialises calls).
+failure this store is for); only a power loss can drop the last few. What one request writes is
+one transaction (`transaction()`), so a kill leaves a request's writes all there or none. One
+connection, used under the caller's lock (the coordinator serialises calls).
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ class Store:
     def __init__(self, path: str):
         self.path = path
         self._data_version: int | None = None  # written_elsewhere's last look
+        self._tx_depth = 0  # transactions open on the connection (an inner one joins the outer)
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         try:
@@ -229,20 +231,32 @@ class Store:
         with self._tx():
             self.db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
 
-    def _tx(self, immediate: bool = False):
-        return _Tx(self.db, immediate)
+    def transaction(self) -> "_Tx":
+        """Several writes that commit together or not at all: what one request changes, so a
+        process killed between them leaves none, and the client's retry finds nothing half done
+        (a retried change that found its state stored would write no event). Writes inside join
+        it; an exception that leaves the outermost rolls all of them back."""
+        return _Tx(self)
+
+    def _tx(self, immediate: bool = False) -> "_Tx":
+        return _Tx(self, immediate)
 
 
 class _Tx:
-    """BEGIN ... COMMIT, or ROLLBACK on an exception (autocommit connection). `immediate`: take
-    the write lock at BEGIN, for a read-then-write that another process may run at once."""
+    """BEGIN ... COMMIT, or ROLLBACK on an exception (autocommit connection); inside another, it
+    is part of that one. `immediate`: take the write lock at BEGIN, for a read-then-write that
+    another process may run at once."""
 
-    def __init__(self, db: sqlite3.Connection, immediate: bool = False):
-        self.db = db
+    def __init__(self, store: Store, immediate: bool = False):
+        self.store = store
         self.begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
 
     def __enter__(self):
-        self.db.execute(self.begin)
+        if self.store._tx_depth == 0:
+            self.store.db.execute(self.begin)
+        self.store._tx_depth += 1
 
     def __exit__(self, exc_type, *_):
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        self.store._tx_depth -= 1
+        if self.store._tx_depth == 0:
+            self.store.db.execute("ROLLBACK" if exc_type else "COMMIT")

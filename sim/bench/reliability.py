@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reliability under hostile input: one function per row, picked by name.
 
-    python sim/bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost,agent-sigkill,coordinator-flood] [--json FILE]
+    python sim/bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost,agent-sigkill,coordinator-flood,actor-kill] [--json FILE]
 
 Rows (ROWS below maps each name to its function; a function takes `quick` and returns its rows):
 
@@ -35,7 +35,17 @@ Rows (ROWS below maps each name to its function; a function takes `quick` and re
   in the same run, without it (the peer); extras: the flood's connections the server closed
   (eviction or timeout), unauthenticated requests refused and rate-limited per second.
 
-Not rows here yet: actor-kill, soak; healthy-saturated and cut-saturated are the failover
+- `actor-kill`: the coordinator as its detached Ray actor (HTTPS, the default testbed's fabric
+  model) under load: 4 agent identities registering and then reporting one path change after
+  another, each retried until answered, and an operator draining and undraining leaf-spine links;
+  the actor's process SIGKILLed at random moments, 20 times (--quick: 3), Ray restarting it.
+  Metrics `lost` (per kill: answered changes, registrations and drains whose events are not in
+  the store, answered undrains without theirs, drained links not as the answers left them, agents
+  whose drains differ from the store's after one more report) and `restart_to_answer` (kill to
+  the first 2xx from the new process); extras: requests that failed during the outages (retried,
+  not errors) and Ray's own restart time.
+
+Not rows here yet: soak; healthy-saturated and cut-saturated are the failover
 benchmark's (sim/bench/failover.py). Others are added as functions of the same shape and an
 entry in ROWS.
 """
@@ -643,7 +653,7 @@ def row_coordinator_flood(quick: bool) -> list[dict]:
         tls = build_client_context(lab_paths(lab_dir(state), "ca")[0])  # HTTPS with the lab CA, as agents
         for i in range(4):
             with Client(url, agent_token(secret, host_name(i)), tls=tls) as c:
-                c.post("/v1/register", {"name": host_name(i), "agent_id": i + 1, "service": f"198.18.0.{i + 1}",
+                c.post("/v1/register", {"name": host_name(i), "agent_id": i + 1, "service": f"198.19.0.{i + 1}",
                                         "nics": {}, "paths": []})
         progress(f"no flood: {n} status calls")
         calm, calm_failed = status_latencies(url, reader, n, tls)
@@ -667,12 +677,399 @@ def row_coordinator_flood(quick: bool) -> list[dict]:
                 rate_limited_per_s=round(d.get("rate_limited", 0) / window, 1))]
 
 
+# ---- actor-kill ---------------------------------------------------------------------------------
+# The coordinator as the detached Ray actor (ray_actor.ensure, HTTPS with its lab CA) on the
+# default testbed's fabric model (4 hosts, 2 planes), loaded by 4 agent identities that each
+# register and then post one path change after another (down, up, ...; each with a reason no
+# other change has) and an operator who drains and undrains leaf-spine links now and then. The
+# actor's process is SIGKILLed at a random moment; every client retries the same request until
+# it gets an answer, as agents do. Once Ray has restarted it and the load has run on for a
+# while, the load pauses and what every 2xx answer promised is looked for: the event of each
+# answered change (kind, path, reason), registration and drain; one undrain event per answered
+# undrain; the drained links (`/v1/links`) as the operator's answers left them; and, after one
+# more report each, every agent holding exactly those drains. Anything absent is `lost`.
+
+ACTOR_KILLS, ACTOR_QUICK_KILLS = 20, 3
+ACTOR_KILL_AFTER_S = (0.5, 3.0)  # the kill's moment after the load resumed (uniform)
+ACTOR_HOSTS = 4
+REPORT_GAP_S = 0.01  # between one agent's reports (~100 reports/s from the four)
+RETRY_GAP_S = 0.05  # between a client's attempts while the coordinator does not answer
+DRAIN_GAP_S = (0.2, 1.0)  # between the operator's drains and undrains
+ANSWER_TIMEOUT_S = 5.0
+SETTLE_S = 1.0  # load after the first answer of the new process, before the check
+
+
+class Outage:
+    """One kill: when it was sent, when the old process was gone, the first 2xx to a request
+    sent after that, and the requests that failed meanwhile."""
+
+    def __init__(self, kill_at: float):
+        self.kill_at, self.dead_at, self.first_ok = kill_at, None, None
+        self.failed = 0
+        self.lock = threading.Lock()
+
+    def ok(self, sent_at: float, at: float) -> None:
+        with self.lock:
+            if self.first_ok is None and self.dead_at is not None and sent_at >= self.dead_at:
+                self.first_ok = at
+
+    def fail(self) -> None:
+        with self.lock:
+            self.failed += 1
+
+
+class LoadClient(threading.Thread):
+    """A client that runs `step` until stopped, pausing between steps when `go` is clear; every
+    request is retried until it gets an answer (a refusal other than 5xx is raised)."""
+
+    def __init__(self, name: str, url: str, token: str, tls: ssl.SSLContext, go: threading.Event,
+                 stop: threading.Event, run: "ActorKillRun"):
+        super().__init__(name=name, daemon=True)
+        self.client = Client(url, token, timeout_s=ANSWER_TIMEOUT_S, tls=tls)
+        self.go, self.stop_, self.run_ = go, stop, run
+        self.idle = threading.Event()
+        self.answered = 0
+        self.error: str | None = None
+        self.rng = random.Random(name)
+
+    def call(self, method: str, path: str, body: dict | None = None):
+        while not self.stop_.is_set():
+            sent = time.monotonic()
+            try:
+                doc = self.client.post(path, body) if method == "POST" else self.client.get(path)
+            except Unreachable:
+                self.run_.failed()
+                time.sleep(RETRY_GAP_S)
+                continue
+            except Refusal as exc:
+                if exc.status < 500:
+                    raise
+                self.run_.failed()
+                time.sleep(RETRY_GAP_S)
+                continue
+            self.answered += 1
+            self.run_.ok(sent)
+            return doc
+        raise InterruptedError
+
+    def nap(self, seconds: float) -> None:
+        """Sleep, cut short by a pause or the end."""
+        deadline = time.monotonic() + seconds
+        while self.go.is_set() and not self.stop_.is_set() and time.monotonic() < deadline:
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def run(self) -> None:
+        try:
+            self.setup()
+            while not self.stop_.is_set():
+                if not self.go.is_set():
+                    self.idle.set()
+                    while not self.go.wait(0.1):
+                        if self.stop_.is_set():
+                            return
+                    continue
+                self.step()
+        except InterruptedError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - reported by the row, the others carry on
+            self.error = repr(exc)
+        finally:
+            self.idle.set()
+
+    def setup(self) -> None:
+        pass
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+
+class AgentLoad(LoadClient):
+    """One agent identity: registers, then flips one of its paths per report."""
+
+    def __init__(self, host: str, table: list[dict], identity: dict, *args):
+        super().__init__(host, *args)
+        self.host, self.table, self.identity = host, table, identity
+        self.states = {p["id"]: p["state"] for p in table}
+        self.expected: list[tuple] = []  # (kind, subject, what) an event must carry for each 2xx
+        self.drain_version = self.plan_version = None
+        self.drains: set[str] = set()
+        self.seq = 0
+
+    def take(self, answer: dict) -> None:
+        self.plan_version = answer.get("plan_version")
+        if "drains" in answer:
+            self.drains = {d["link"] for d in answer["drains"]}
+        self.drain_version = answer.get("drain_version")
+
+    def setup(self) -> None:
+        self.take(self.call("POST", "/v1/register", {**self.identity, "paths": self.table}))
+        self.expected.append(("agent", self.host, "registered"))
+
+    def report(self, changes: list[dict]) -> dict:
+        answer = self.call("POST", "/v1/report", {"name": self.host, "changes": changes,
+                                                  "drain_version": self.drain_version,
+                                                  "plan_version": self.plan_version})
+        self.take(answer)
+        return answer
+
+    def step(self) -> None:
+        pid = self.rng.choice(list(self.states))
+        state = "up" if self.states[pid] == "down" else "down"
+        self.seq += 1
+        reason = f"{self.host}-{self.seq}"
+        self.report([{"id": pid, "state": state, "reason": reason}])
+        self.states[pid] = state
+        self.expected.append(("detection" if state == "down" else "recovery", f"{self.host}/{pid}", reason))
+        self.nap(REPORT_GAP_S)
+
+
+class OperatorLoad(LoadClient):
+    """Drains a leaf-spine link of a plane with none drained, or undrains one, now and then."""
+
+    def __init__(self, links_by_plane: dict[int, list[str]], *args):
+        super().__init__("operator", *args)
+        self.links_by_plane = links_by_plane
+        self.drained: dict[int, str] = {}  # plane -> the link drained there, as the answers say
+        self.expected: list[tuple] = []  # ("drain", link, reason)
+        self.undrains: Counter = Counter()  # link -> answered undrains (each one event)
+        self.refused = 0
+        self.seq = 0
+
+    def step(self) -> None:
+        self.nap(self.rng.uniform(*DRAIN_GAP_S))
+        if not self.go.is_set() or self.stop_.is_set():
+            return
+        free = [p for p in self.links_by_plane if p not in self.drained]
+        if self.drained and (not free or self.rng.random() < 0.5):
+            plane = self.rng.choice(sorted(self.drained))
+            link = self.drained[plane]
+            self.call("POST", "/v1/undrain", {"link": link})
+            del self.drained[plane]
+            self.undrains[link] += 1
+            return
+        plane = self.rng.choice(free)
+        link = self.rng.choice(self.links_by_plane[plane])
+        self.seq += 1
+        reason = f"actor-kill drain {self.seq}"
+        try:  # force: the agents' paths come and go, a drain is not refused for stranding one
+            self.call("POST", "/v1/drain", {"link": link, "reason": reason, "force": True})
+        except Refusal:  # the blast-radius guard: not an answer that promised anything
+            self.refused += 1
+            return
+        self.drained[plane] = link
+        self.expected.append(("drain", link, reason))
+
+
+class ActorKillRun:
+    """The clients, the current outage, and what the store has shown so far."""
+
+    def __init__(self, url: str, state: str, model, tls: ssl.SSLContext):
+        from linkpass.core.names import LEAF_SPINE
+
+        self.go, self.stop = threading.Event(), threading.Event()
+        self.outage: Outage | None = None
+        self.failed_total = 0
+        self._lock = threading.Lock()
+        secret = read_agent_secret(os.path.join(state, "agent.secret"))
+        operator = open(os.path.join(state, "operator.token")).read().strip()
+        self.reader = Client(url, open(os.path.join(state, "reader.token")).read().strip(), timeout_s=30, tls=tls)
+        common = (url, None, tls, self.go, self.stop, self)
+        self.agents = []
+        for i, host in enumerate(model.hosts):
+            table, pid = [], 1
+            for peer in model.hosts:
+                for plane in range(model.planes):
+                    if peer == host:
+                        continue
+                    spines = (None,) if model.uplink(host, plane).b == model.uplink(peer, plane).b else (0, 1)
+                    for spine in spines:
+                        hops, dst = model.hops_of(host, peer, plane, spine)
+                        table.append({"id": pid, "peer": peer, "plane": plane, "sport": 49152 + pid, "hops": hops,
+                                      "peer_addr": dst, "state": "up", "reason": None})
+                        pid += 1
+            identity = {"name": host, "agent_id": i + 1, "service": f"198.19.0.{i + 1}",
+                        "nics": {str(p): model.uplink(host, p).a_addr for p in range(model.planes)},
+                        "version": "actor-kill"}
+            args = list(common)
+            args[1] = agent_token(secret, host)
+            self.agents.append(AgentLoad(host, table, identity, *args))
+        by_plane: dict[int, list[str]] = {}
+        for lk in model.links.values():
+            if lk.kind == LEAF_SPINE:
+                by_plane.setdefault(lk.plane, []).append(lk.name)
+        args = list(common)
+        args[1] = operator
+        self.operator = OperatorLoad(by_plane, *args)
+        self.clients: list[LoadClient] = [*self.agents, self.operator]
+        self.seen: set[tuple] = set()  # (kind, subject, what) of every event read so far
+        self.undrain_events: Counter = Counter()
+        self.last_id = 0
+        self.checked: set[tuple] = set()  # expectations judged by an earlier check
+        self.missing_undrains = 0
+
+    def ok(self, sent_at: float) -> None:
+        o = self.outage
+        if o is not None:
+            o.ok(sent_at, time.monotonic())
+
+    def failed(self) -> None:
+        o = self.outage
+        with self._lock:
+            self.failed_total += 1
+        if o is not None:
+            o.fail()
+
+    def start(self) -> None:
+        self.go.set()
+        for c in self.clients:
+            c.start()
+
+    def pause(self) -> None:
+        self.go.clear()
+        for c in self.clients:
+            if not c.idle.wait(120):
+                raise RuntimeError(f"{c.name} did not pause within 120 s")
+
+    def resume(self) -> None:
+        for c in self.clients:
+            c.idle.clear()
+        self.go.set()
+
+    def end(self) -> None:
+        self.stop.set()
+        self.go.set()
+        for c in self.clients:
+            c.join(timeout=30)
+            c.client.close()
+        self.reader.close()
+
+    def read_events(self) -> None:
+        while True:
+            page = self.reader.get("/v1/events", after=self.last_id, limit=10_000)
+            for ev in page:
+                self.last_id = max(self.last_id, ev["id"])
+                d = ev["detail"]
+                if ev["kind"] == "undrain":
+                    self.undrain_events[ev["subject"]] += 1
+                what = d.get("what") if ev["kind"] == "agent" else d.get("reason")
+                self.seen.add((ev["kind"], ev["subject"], what))
+            if len(page) < 10_000:
+                return
+
+    def check(self) -> dict:
+        """With the load paused: what the answers so far promised and the store does not hold."""
+        self.read_events()
+        expected = [e for c in self.clients for e in c.expected]
+        new = [e for e in expected if e not in self.checked]
+        missing = [e for e in new if e not in self.seen]
+        self.checked.update(new)
+        short = sum(max(0, n - self.undrain_events[lk]) for lk, n in self.operator.undrains.items())
+        missing_undrains, self.missing_undrains = short - self.missing_undrains, short
+        drained = {r["link"] for r in self.reader.get("/v1/links") if r["drain"]}
+        want = set(self.operator.drained.values())
+        for a in self.agents:  # one more report each: the drains every agent then holds
+            a.report([])
+        stale = sum(1 for a in self.agents if a.drains != drained)
+        return {"missing_events": len(missing), "missing_undrains": missing_undrains,
+                "drains_wrong": len(drained ^ want), "agents_with_stale_drains": stale, "examples": missing[:5],
+                "answered_expectations": len(new)}
+
+
+def row_actor_kill(quick: bool) -> list[dict]:
+    """The `actor-kill` row: what answered requests lost when the coordinator actor is SIGKILLed."""
+    from linkpass.coordinator import ray_actor
+    from linkpass.core.fabric import rail_optimized
+
+    kills = ACTOR_QUICK_KILLS if quick else ACTOR_KILLS
+    rng = random.Random(3)
+    model = rail_optimized(ACTOR_HOSTS, 2, 2, 2, addressed=True)  # the default testbed's shape
+    work = tempfile.mkdtemp(prefix="linkpass-bench-actorkill-")
+    state = os.path.join(work, "state")
+    settings = {"state_dir": state, "listen": f"127.0.0.1:{free_port()}", "fabric_model": model.to_dict()}
+    ray_actor.connect(num_cpus=2)
+    handle = run = None
+    lost, restart_ms, ray_ms, failed, totals = [], [], [], [], Counter()
+    examples: list = []
+    t_load = time.monotonic()
+    try:
+        if ray_actor.existing() is not None:
+            raise RuntimeError("a coordinator actor already runs in this Ray cluster; the row makes its own")
+        handle, url = ray_actor.ensure(settings)
+        tls = build_client_context(lab_paths(lab_dir(state), "ca")[0])
+        run = ActorKillRun(url, state, model, tls)
+        run.start()
+        for k in range(kills):
+            time.sleep(rng.uniform(*ACTOR_KILL_AFTER_S))
+            pid = ray_actor.actor_pid(handle)
+            outage = Outage(time.monotonic())
+            run.outage = outage
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.001)
+            outage.dead_at = time.monotonic()
+            ray_actor.wait_restarted(handle, pid, timeout_s=120)
+            ray_ms.append((time.monotonic() - outage.kill_at) * 1000)
+            deadline = time.monotonic() + 60
+            while outage.first_ok is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if outage.first_ok is None:
+                raise RuntimeError(f"kill {k + 1}: no request was answered within 60 s of the restart")
+            restart_ms.append(round((outage.first_ok - outage.kill_at) * 1000, 1))
+            time.sleep(SETTLE_S)
+            run.pause()
+            run.outage = None
+            failed.append(outage.failed)
+            got = run.check()
+            bad = got["missing_events"] + got["missing_undrains"] + got["drains_wrong"] + got["agents_with_stale_drains"]
+            lost.append(bad)
+            totals.update({k2: v for k2, v in got.items() if isinstance(v, int)})
+            examples += got["examples"]
+            progress(f"kill {k + 1}/{kills}: answer again after {restart_ms[-1]:.0f} ms (Ray: {ray_ms[-1]:.0f} ms), "
+                     f"{outage.failed} requests failed meanwhile, lost {bad} "
+                     f"({', '.join(f'{n} {v}' for n, v in got.items() if isinstance(v, int) and v)})")
+            run.resume()
+        seconds = time.monotonic() - t_load
+        errors = {c.name: c.error for c in run.clients if c.error}
+        if errors:
+            raise RuntimeError(f"load clients failed: {errors}")
+    finally:
+        if run is not None:
+            run.end()
+        h = ray_actor.existing()
+        if h is not None:
+            ray_actor.stop(h)
+        ray_actor.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    answered = sum(c.answered for c in run.clients)
+    common = {"kills": kills, "agents": ACTOR_HOSTS, "requests_answered": answered,
+              "answered_per_s": round(answered / seconds, 1), "failed_during_outages": sum(failed),
+              "failed_per_outage_median": statistics.median(failed) if failed else None,
+              "via": "ray_actor (detached, max_restarts=-1), HTTPS, SIGKILL of the actor's process"}
+    return [row("actor-kill", "lost", "count", lost, total=sum(lost), events_answered=totals["answered_expectations"],
+                undrains_answered=sum(run.operator.undrains.values()), missing_events=totals["missing_events"],
+                missing_undrains=totals["missing_undrains"], drains_wrong=totals["drains_wrong"],
+                agents_with_stale_drains=totals["agents_with_stale_drains"], drains_refused=run.operator.refused,
+                missing_examples=[list(e) for e in examples[:10]], **common),
+            row("actor-kill", "restart_to_answer", "ms", restart_ms,
+                ray_restart_ms_median=round(statistics.median(ray_ms), 1) if ray_ms else None, **common)]
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie waiting for Ray to reap it does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 ROWS: dict[str, Callable[[bool], list[dict] | dict]] = {
     "fuzz": row_fuzz,
     "spoof": row_spoof,
     "junk-cost": row_junk_cost,
     "agent-sigkill": row_agent_sigkill,
     "coordinator-flood": row_coordinator_flood,
+    "actor-kill": row_actor_kill,
 }
 
 
