@@ -44,8 +44,11 @@ Rows (ROWS below maps each name to its function; a function takes `quick` and re
   whose drains differ from the store's after one more report) and `restart_to_answer` (kill to
   the first 2xx from the new process); extras: requests that failed during the outages (retried,
   not errors) and Ray's own restart time.
+- `soak` (root): the demo's setup with both its jobs (gloo and the NCCL plugin's ring) while
+  faults of every kind, at random, follow one another for 30 minutes (--quick: 2): per job,
+  restarts (failed collectives), wrong results, faults no agent saw; all should be 0.
 
-Not rows here yet: soak; healthy-saturated and cut-saturated are the failover
+healthy-saturated and cut-saturated are the failover
 benchmark's (sim/bench/failover.py). Others are added as functions of the same shape and an
 entry in ROWS.
 """
@@ -524,6 +527,62 @@ def row_agent_sigkill(quick: bool) -> dict:
                uplink_toggles=toggles, reconcile_fixes=fixes, hosts_killed_per_trial=2,
                routes_checked_per_trial=2 * (fab.spec.hosts - 1),
                restart_to_started_ms_median=round(restart_ms[len(restart_ms) // 2], 1) if restart_ms else None)
+
+
+# ---- soak ---------------------------------------------------------------------------------------
+
+SOAK_S = 1800
+
+
+def row_soak(quick: bool) -> list[dict]:
+    """The `soak` rows: the demo's setup (default testbed, coordinator as a Ray actor over mutual
+    TLS, an agent per host) with both of its jobs side by side, the gloo job and the NCCL plugin's
+    ring, while faults of every kind, picked at random (seeded) and aimed at the busiest link of
+    their tier, follow one another for SOAK_S seconds (--quick: 120 s). Per job: restarts (each a
+    collective that failed: an error NCCL would have ended the job with), wrong results; all must
+    be 0."""
+    import argparse as _argparse
+    from contextlib import ExitStack
+
+    from linkpass.demo import timeline
+    from linkpass.demo.run import Demo
+    from linkpass.demo.script import SCRIPT
+
+    seconds = 120 if quick else SOAK_S
+    rng = random.Random(17)
+    work = tempfile.mkdtemp(prefix="linkpass-bench-soak-")
+    dargs = _argparse.Namespace(prefix="lpsoak", keep=False, out=work, output="table", faults=None, size_mb=4.0,
+                                plugin_size_mb=1.0, compute_ms=10.0, job_timeout_s=30.0, interval_ms=5.0,
+                                compare=False, rto_min_ms=10, job="both")
+    with ExitStack() as stack:
+        demo = Demo(dargs, stack)
+        demo.build()
+        demo.start_coordinator()
+        demo.start_agents()
+        jobs = demo.start_jobs("soak", linkpass=True)
+        done: list[timeline.Fault] = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sc = rng.choice(SCRIPT)
+            demo.wait_steady(jobs, True)
+            done.append(demo.inject(jobs, len(done) + 1, sc))
+            if len(done) % 10 == 0:
+                progress(f"soak: {len(done)} faults, {end - time.monotonic():.0f} s to go")
+        demo.wait_steady(jobs, True)
+        runs = demo.finish_run("soak", jobs, done, linkpass=True)
+    kinds = Counter(f.kind for f in done)
+    rows = []
+    for job, run in runs.items():
+        extra = {"job": job, "seconds": seconds, "faults": len(done), "faults_by_kind": dict(kinds), "steps": run.steps,
+                 "stall_ms_median": statistics.median([f.stall_ms for f in run.faults if f.stall_ms is not None] or [0])}
+        rows.append({"case": f"soak-{job}", "metric": "restarts", "unit": "count", "n": len(done),
+                     "median": run.restarts, "p99": None, **extra})
+        rows.append({"case": f"soak-{job}", "metric": "wrong_results", "unit": "count", "n": run.steps,
+                     "median": run.wrong_results, "p99": None, "job": job})
+        rows.append({"case": f"soak-{job}", "metric": "faults_unseen", "unit": "count", "n": len(done),
+                     "median": sum(1 for f in run.faults if f.detect_ms is None), "p99": None, "job": job,
+                     "note": "faults no agent judged a path of (the job may not have crossed them)"})
+    return rows
 
 
 # ---- coordinator-flood ------------------------------------------------------------------------
@@ -1070,6 +1129,7 @@ ROWS: dict[str, Callable[[bool], list[dict] | dict]] = {
     "agent-sigkill": row_agent_sigkill,
     "coordinator-flood": row_coordinator_flood,
     "actor-kill": row_actor_kill,
+    "soak": row_soak,
 }
 
 
@@ -1090,7 +1150,7 @@ def main() -> int:
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         ap.error(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(ROWS)}")
-    if "agent-sigkill" in names and not report.require_root():
+    if {"agent-sigkill", "soak"} & set(names) and not report.require_root():
         return 2
     rows: list[dict] = []
     for name in names:
