@@ -134,14 +134,15 @@ def test_late_answers_on_other_planes_do_not_confirm_a_down():
     assert rig.routes.sets == [("h2", (0, 1))], rig.routes.sets
 
 
+def _rig_with_an_allowance() -> _Rig:
+    """A rig whose peer earned a lateness allowance: one burst of replies up to 20 ms late on
+    every path, then 100 probes on time."""
+    rig = _rig_with_an_allowance()
+    return rig
+
+
 def test_after_an_allowance_a_real_cut_still_moves_the_route_about_one_allowance_later():
-    rig = _Rig()
-    for _ in range(50):
-        rig.tick()
-    for k in range(6):
-        rig.tick(lambda pid: ("late", 20 * MS - k * MS))
-    for _ in range(100):
-        rig.tick()
+    rig = _rig_with_an_allowance()
     allowance = rig.fo.allowance_ns("h2")
     assert allowance > 10 * MS
     cut = rig.seq
@@ -155,13 +156,7 @@ def test_after_an_allowance_a_real_cut_still_moves_the_route_about_one_allowance
 
 
 def test_a_held_down_is_shown_held_and_reported_suspect_until_the_data_path_acts():
-    rig = _Rig()
-    for _ in range(50):
-        rig.tick()
-    for k in range(6):
-        rig.tick(lambda pid: ("late", 20 * MS - k * MS))
-    for _ in range(100):
-        rig.tick()
+    rig = _rig_with_an_allowance()
     assert rig.fo.allowance_ns("h2") > 10 * MS
     seen = []
     for _ in range(200):
