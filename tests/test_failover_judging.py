@@ -137,7 +137,13 @@ def test_late_answers_on_other_planes_do_not_confirm_a_down():
 def _rig_with_an_allowance() -> _Rig:
     """A rig whose peer earned a lateness allowance: one burst of replies up to 20 ms late on
     every path, then 100 probes on time."""
-    rig = _rig_with_an_allowance()
+    rig = _Rig()
+    for _ in range(50):
+        rig.tick()
+    for k in range(6):
+        rig.tick(lambda pid: ("late", 20 * MS - k * MS))
+    for _ in range(100):
+        rig.tick()
     return rig
 
 
