@@ -64,7 +64,7 @@ def client(fleet, role="reader") -> Client:
 
 def healthy(fleet) -> None:
     fab, agents = fleet[0], fleet[1]
-    assert agents.wait_healthy(timeout_s=60), {h: agents.path_states(h) for h in HOSTS}
+    assert agents.wait_healthy(timeout_s=60), agents.not_up()
     c = client(fleet)
     wait_until(lambda: (lambda s: s["paths"] == 40 and s["paths_by_state"].get("up") == 40 and not s["findings"])(
         c.get("/v1/status")), 60, "the coordinator to see 40 healthy paths and no findings",
@@ -99,7 +99,8 @@ def test_uplink_cut_is_localized_to_that_link(fleet):
         assert ev and ev[-1]["subject"].startswith("h1-p0l0:")
     finally:
         faults.clear(fab.prefix)
-    wait_until(lambda: not c.get("/v1/status")["findings"], 60, "the finding to clear")
+    wait_until(lambda: not c.get("/v1/status")["findings"], 60, "the finding to clear",
+               lambda: (c.get("/v1/status")["findings"], fleet[1].not_up()))
     assert c.get("/v1/events", kind="cleared")
     c.close()
 
@@ -119,7 +120,8 @@ def test_one_direction_loss_is_localized_with_its_direction(fleet):
         assert "p1l1-p1s0:down" in {f["directed"], *f.get("alternatives", [])}, st["findings"]
     finally:
         faults.clear(fab.prefix)
-    wait_until(lambda: not c.get("/v1/status")["findings"], 60, "the finding to clear")
+    wait_until(lambda: not c.get("/v1/status")["findings"], 60, "the finding to clear",
+               lambda: (c.get("/v1/status")["findings"], fleet[1].not_up()))
     c.close()
 
 

@@ -89,15 +89,18 @@ def test_demo_keeps_the_job_running_and_compares_without_linkpass(tmp_path):
         # 2.2-2.4 s seen in full-suite runs): a regression shows, noise does not fail CI
         # gray loss: the gloo job's TCP can back off past a second when 20 % loss hits its
         # retransmissions in the ~100 ms before the reroute (1.3-1.5 s seen in single runs; the
-        # benchmark's median is ~0.1 s): a single run is held to less than the 3 s hold, i.e. the
-        # job did not sit the fault out
+        # benchmark's median is ~0.1 s; 2.0 s seen once in CI): a single run is held to less
+        # than the 3 s hold, i.e. the job did not sit the fault out, and to full rate again within
+        # 1.5 s of that backoff (the recovery clock starts at the injection, before the backoff)
         # hard faults: twice the target plus this run's own noise floor (the p90 "stall" of its
         # fault-free windows), which a single run on two shared cores cannot get under
         noise_p90 = (doc["noise_stall_ms"] or {}).get("p90") or 0.0
-        bound = 2 * f["target_stall_ms"] + noise_p90 if f["severity"] == "hard" else 2500.0
-        assert f["stall_ms"] <= bound and f["recovered_s"] <= 3.0, (
+        hard = f["severity"] == "hard"
+        bound = 2 * f["target_stall_ms"] + noise_p90 if hard else 2500.0
+        back_bound = 3.0 if hard else max(3.0, f["stall_ms"] / 1000 + 1.5)
+        assert f["stall_ms"] <= bound and f["recovered_s"] <= back_bound, (
             f"{f['kind']}: stall {f['stall_ms']} ms (bound {bound:.0f}), back to 95 % in "
-            f"{f['recovered_s']} s (bound 3.0), detected {f['detect_ms']} ms, rerouted {f['reroute_ms']} ms; "
+            f"{f['recovered_s']} s (bound {back_bound:.1f}), detected {f['detect_ms']} ms, rerouted {f['reroute_ms']} ms; "
             f"noise {doc['noise_stall_ms']}; fault {f}; agent log tail {log[-1500:]}")
     assert doc["duration_s"] < 180
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from linkpass.core.detector import (TRANSITIONS, Detector, DetectorConfig, Event, PathDetector, Reason,
                                     State, Transition)
+from linkpass.core.states import Direction
 
 pytestmark = pytest.mark.unit
 
@@ -441,9 +442,40 @@ def test_a_miss_while_recovering_restarts_the_good_count():
     rec = run.first(lambda t: t.new is State.RECOVERING)
     up = run.first(lambda t: t.new is State.UP)
     assert up is not None and rec is not None
-    # without the lone loss it would be UP at rec + 100 probes; the loss restarts the count and
-    # is gray evidence (+1.6 on the sensitive SPRT) until ~400 clean probes wash it out
+    # without the lone loss it would be UP at rec + 100 probes; the loss restarts the count
     assert up.at_ns >= lone + 100 * MS > rec.at_ns + 100 * MS
+
+
+def test_a_recovering_path_says_what_it_waits_for():
+    cfg = DetectorConfig(hold_down_ns=500 * MS, recovery_good_probes=100)
+    rng = random.Random(15)
+    d = PathDetector("p", cfg)
+    t0 = warm(d, rng)
+    assert d.waiting_for(t0) == []  # UP waits for nothing
+    heal = t0 + 20 * MS
+    simulate(d, Link(dark=lambda x: x < heal), 60 * MS, rng, start_ns=t0, seq0=10_000)
+    assert d.state is State.RECOVERING
+    now = t0 + 60 * MS
+    waits = d.waiting_for(now)
+    assert waits[0].startswith("hold-down ") and waits[0].endswith(" ms more")
+    assert any(w.endswith("/100 good probes in a row") for w in waits), waits
+    d._sprt[Direction.REV][1].llr = 3.0  # two recent reply losses' worth
+    assert any(w.startswith("rev loss: recent losses still weigh 3.0") for w in d.waiting_for(now))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_background_loss_an_up_path_tolerates_does_not_hold_a_recovering_path_out(seed):
+    # 0.2 % loss at 100 probes/s: below the sensitive test's indifference point (~0.25 %), so an
+    # UP path is never degraded for it; a recovering one must not be held out for it either
+    cfg = DetectorConfig()
+    rng = random.Random(seed)
+    d = PathDetector("p", cfg)
+    t0 = warm(d, rng)
+    heal = t0 + 100 * MS
+    run = simulate(d, Link(dark=lambda x: x < heal, loss_fwd=lambda x: 0.002), 30_000 * MS, rng,
+                   start_ns=t0, interval_ns=10 * MS, seq0=10_000)
+    up = run.first(lambda t: t.new is State.UP)
+    assert up is not None and up.at_ns - heal < 5_000 * MS, (seed, up, d.state)
 
 
 # ---- many paths ---------------------------------------------------------------------------------

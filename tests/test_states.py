@@ -251,3 +251,11 @@ def test_localization_takes_no_more_of_the_time_than_the_cost_clock_allows(tmp_p
     c.tick(1014.0)
     assert c.findings == {}
     store.close()
+
+
+def test_the_wide_table_says_what_a_recovering_path_waits_for():
+    rec = {**local_row("recovering"), "reason": "reply_seen",
+           "waiting_for": ["hold-down 120 ms more", "37/100 good probes in a row"]}
+    text = local_cli.render([rec, local_row("up")], wide=True)
+    assert "waiting for hold-down 120 ms more; 37/100 good probes in a row" in text
+    assert "waiting for" not in local_cli.render([rec], wide=False)

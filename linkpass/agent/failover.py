@@ -437,7 +437,8 @@ class Failover:
         return eff, unconfirmed, held
 
     def path_rows(self) -> list[dict]:
-        """Per path: peer, plane, port, state and the last reason (for the API and metrics)."""
+        """Per path: peer, plane, port, state, the last reason and, while RECOVERING, what it waits
+        for (for the API and metrics)."""
         rows = []
         for pid, info in sorted(list(self.paths.items())):
             d = self.detector[pid]
@@ -445,5 +446,6 @@ class Failover:
             rows.append({"path": pid, "peer": info.peer, "plane": info.plane, "sport": info.sport,
                          "state": d.state.value, "usable": d.state.usable and pid not in self.drained,
                          "drained": pid in self.drained, "rto_ns": d.rto_ns, "held": self.held_back(pid),
-                         "reason": last.reason.value if last else None})
+                         "reason": last.reason.value if last else None,
+                         "waiting_for": d.waiting_for(self._now_ns)})
         return rows

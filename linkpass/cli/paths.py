@@ -123,7 +123,9 @@ def render(rows: list[dict], wide: bool = False) -> str:
                  _ms((r["rtt_ns"] or {}).get("p50")), _ms((r["rtt_ns"] or {}).get("p99")),
                  _ms((r["owd_fwd_ns"] or {}).get("p50")), _ms((r["owd_rev_ns"] or {}).get("p50"))]
         if wide:
-            cells += [r.get("reason") or "-", r["sport"], r["sent"], r["replies"], _ms(r["jitter_ns"])]
+            # a recovering path says what it still waits for: "why is the repaired link not in use?"
+            why = "waiting for " + "; ".join(r["waiting_for"]) if r.get("waiting_for") else r.get("reason") or "-"
+            cells += [why, r["sport"], r["sent"], r["replies"], _ms(r["jitter_ns"])]
         if _window_lossy(r):
             cells[0] = paint(str(cells[0]), "red")
         lines.append(cells)

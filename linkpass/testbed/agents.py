@@ -107,6 +107,24 @@ class Agents:
             time.sleep(0.2)
         return False
 
+    def not_up(self, hosts=None) -> dict[str, list[dict]]:
+        """Per host, the paths its agent does not have UP, as `linkpass paths --local -o json` in
+        the host's namespace shows them (state, reason, what a recovering one waits for): the
+        detail a test prints when paths do not come back."""
+        out: dict[str, list[dict]] = {}
+        for h in hosts or self.hosts:
+            got = subprocess.run(["ip", "netns", "exec", self.fab.netns(host_name(h)), *LINKPASS, "paths", "--local",
+                                  "-o", "json"], capture_output=True, text=True, timeout=30)
+            try:
+                rows = json.loads(got.stdout)
+            except json.JSONDecodeError:
+                out[host_name(h)] = [{"error": (got.stdout + got.stderr)[-300:]}]
+                continue
+            out[host_name(h)] = [{k: r.get(k) for k in ("peer", "plane", "path", "state", "reason", "waiting_for",
+                                                         "window")}
+                                 for r in rows if r.get("state") != "up"]
+        return out
+
     def stop(self, timeout_s: float = 15.0) -> dict[int, int | None]:
         for p in self.procs.values():
             if p.poll() is None:
