@@ -62,12 +62,16 @@ def test_bfd_hook_moves_the_route_off_a_cut_plane_and_back(clean_faults):
         assert hook.installed == {"h3": (0, 1)}, bfd.changes(0)
         assert hook_routes(fab).count("nexthop") == 2 and "rto_min lock 10ms" in hook_routes(fab)
         rec = faults.apply(fab.prefix, FaultSpec("down", "h0-p0l0"))
-        time.sleep(0.3)
+        def moved_off():
+            return [c for c in hook.records() if c.cause and c.mono_ns > rec["effective_mono_ns"] and 0 not in c.planes]
+        wait_for(moved_off, 3.0)
         why = (hook.records(), bfd.changes(0))  # for a failure message
-        off = [c for c in hook.records() if c.cause and c.mono_ns > rec["effective_mono_ns"] and 0 not in c.planes]
+        off = moved_off()
         assert off, why
         took_ms = (off[0].mono_ns - rec["effective_mono_ns"]) / 1e6
-        assert took_ms <= 200, (took_ms, why)  # BFD's 30 ms detection plus the hook's read and replace
+        # BFD's 30 ms detection plus the hook's read and replace; its timing is the benchmark's
+        # (sim/bench/failover.py), a single run on a loaded machine only shows it acted promptly
+        assert took_ms <= 1000, (took_ms, why)
         assert off[0].event_mono_ns <= off[0].seen_mono_ns <= off[0].mono_ns
         # a loaded VM can flap the plane-1 session too; the route then waits for it (never no plane)
         assert wait_for(lambda: hook.installed["h3"] == (1,), 3.0), why

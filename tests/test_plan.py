@@ -110,7 +110,8 @@ def test_16k_gpu_plan_is_fast_and_covers_everything():
     t = time.perf_counter()
     plan = plan_probes(m)
     elapsed = time.perf_counter() - t
-    assert elapsed < 3.0, f"planning the 16k fleet took {elapsed:.2f} s"
+    # ~1 s on this machine; a timed test is no benchmark: the bound only catches a planner gone quadratic
+    assert elapsed < 20.0, f"planning the 16k fleet took {elapsed:.2f} s"
     assert plan.total_paths == 2048 * 8 * 3
     cov = coverage(m, plan)
     assert len(cov) == 2 * len(m.links) and min(cov.values()) >= 2
