@@ -51,3 +51,40 @@ def test_a_silent_plane_is_left_and_rejoined_without_an_error(netns, tmp_path):
     assert "error" not in out
     assert "down: stuck: no answer for" in err, err[-4000:]
     assert int(s["chunks_plane1"]) > 0 and int(s["chunks_resent"]) > 0, out
+
+
+def test_the_entropy_tables_mark_moves_a_silent_planes_chunks_before_the_stuck_bound(netns, tmp_path):
+    """The agent's verdict is faster than the plugin's own: plane 0 black-holed, then marked
+    fail-static in the table while the lanes' stuck bound is 30 s. The chunks its lanes owe leave
+    for plane 1 on the mark (the log says the table moved them), not 30 s later; nothing is lost."""
+    from linkpass.agent.entropy_writer import EntropyWriter
+    from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
+
+    rule = ("add table inet lpnccl; add chain inet lpnccl out { type filter hook output priority 0 ; } ; "
+            "add rule inet lpnccl out ip saddr 127.0.0.1 ip daddr 127.0.0.1 meta l4proto tcp drop")
+    table = EntropyWriter(str(tmp_path / "entropy"), capacity=16)
+    table.update("127.0.0.1", 0, [50000], port_flags=[1])
+    run = HarnessRun(tmp_path, "-s", "4M", "-t", netns=netns,
+                     env={"LINKPASS_LANES": "2", "LINKPASS_STUCK_MS": "30000", "LINKPASS_ENTROPY_TABLE": table.path})
+    try:
+        run.wait_for("steering lanes by it")
+        time.sleep(0.5)  # data flows on plane 0
+        sh("ip", "netns", "exec", netns, "nft", rule)
+        time.sleep(0.2)  # chunks written into the black hole wait for ACKs that never come
+        marked = time.monotonic()
+        table.update("127.0.0.1", 0, [50000], flags=ENTRY_FAIL_STATIC)
+        run.wait_for("down: the entropy table marks plane 0 to the peer unusable", timeout_s=20)
+        moved_s = time.monotonic() - marked
+        sh("ip", "netns", "exec", netns, "nft", "delete table inet lpnccl")
+        table.update("127.0.0.1", 0, [50000], port_flags=[1])
+        run.wait_for("its own plane is usable again")
+    finally:
+        subprocess.run(["ip", "netns", "exec", netns, "nft", "delete table inet lpnccl"], capture_output=True)
+        rc, out, err = run.stop()
+        table.close(unlink=True)
+    assert rc == 0, f"{out}\n{err[-4000:]}"
+    assert moved_s < 20, moved_s  # far inside the 30 s stuck bound: the mark, not the silence, moved them
+    assert "down: stuck" not in err, err[-4000:]
+    t, s = harness_fields(out, "transfer"), harness_fields(out, "stats")
+    assert t["wrong"] == t["bad_sizes"] == "0" and t["messages"] == t["send_done"] == t["recv_done"], out
+    assert int(s["chunks_resent"]) > 0 and int(s["chunks_plane1"]) > 0, out

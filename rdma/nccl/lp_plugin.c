@@ -827,7 +827,27 @@ static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
 
 /* ---- the entropy table ---------------------------------------------------------------------- */
 
-static void comm_steer(struct comm *c) {
+static int lane_usable(const struct lane *l);
+static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The entropy table has just marked plane q unusable: the chunks its lanes still owe (queued,
+ * mid-write or unacknowledged) go to the other planes now instead of after the lanes' own stuck
+ * bound, if another plane has a usable lane. The lanes reconnect in the background (the receiver
+ * drops what arrives twice); idle ones are left as they are. */
+static void plane_evacuate(struct comm *c, int q, uint64_t now) {
+    int elsewhere = 0;
+    for (int j = 0; j < c->nlanes; j++)
+        if (c->lanes[j].plane != q && !c->avoid[c->lanes[j].plane] && lane_usable(&c->lanes[j])) elsewhere++;
+    if (!elsewhere) return;
+    for (int j = 0; j < c->nlanes; j++) {
+        struct lane *l = &c->lanes[j];
+        if (l->plane == q && l->state == L_LIVE && (l->qn || l->cur_active || l->unacked))
+            lane_down(c, l, now, "the entropy table marks plane %d to the peer unusable", q);
+    }
+}
+
+static void comm_steer(struct comm *c, uint64_t now) {
     if (c->kind != K_SEND) return;
     struct lpe_table view = {.entries = G.et_good, .count = G.et_valid ? G.et_count : 0};
     for (int q = 0; q < c->nplanes; q++) {
@@ -845,6 +865,8 @@ static void comm_steer(struct comm *c) {
         }
         c->avoid[q] = bad;
     }
+    for (int q = 0; q < c->nplanes; q++)
+        if (c->avoid[q]) plane_evacuate(c, q, now);
 }
 
 static void entropy_refresh(uint64_t now) {
@@ -858,7 +880,7 @@ static void entropy_refresh(uint64_t now) {
             snprintf(G.et_last_why, sizeof G.et_last_why, "%s", G.et.why);
             lpe_close(&G.et);
             G.et_retry = now + 1000000000ull;
-            if (rc != LPE_STALE && G.et_valid) { G.et_valid = 0; for (struct comm *c = G.comms; c; c = c->next) comm_steer(c); }
+            if (rc != LPE_STALE && G.et_valid) { G.et_valid = 0; for (struct comm *c = G.comms; c; c = c->next) comm_steer(c, now); }
             return;
         }
         G.et_open = 1;
@@ -886,7 +908,7 @@ static void entropy_refresh(uint64_t now) {
         G.et_valid = 1;
         G.et_seq = seq;
     }
-    for (struct comm *c = G.comms; c; c = c->next) comm_steer(c);
+    for (struct comm *c = G.comms; c; c = c->next) comm_steer(c, now);
 }
 
 /* ---- scheduling and timers (sender) ---------------------------------------------------------- */
@@ -1388,7 +1410,7 @@ ncclResult_t lp_connect(void *ctx, int dev, void *handle, void **sendComm) {
                 }
             }
         c->nlanes = n;
-        comm_steer(c);
+        comm_steer(c, now_ns());
         wake_progress();
     }
     if (c->failed) { pthread_mutex_unlock(&G.mu); return ncclSystemError; }

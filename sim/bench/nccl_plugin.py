@@ -135,6 +135,11 @@ def fault_runs(demo: Demo, kinds_run: tuple[str, ...], rounds: int, linkpass: bo
     return {k: (out[k], jobs[k]) for k in kinds_run}
 
 
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 1) if xs else None
+
+
 def per_kind(run: timeline.RunSummary, kind: str) -> list[float]:
     return [f.stall_ms for f in run.faults if f.kind == kind and f.stall_ms is not None]
 
@@ -177,9 +182,13 @@ def main() -> int:
                 target = TARGET_STALL_MS[severity[kind]]
                 for mode, (run, job) in (("with-agent", with_agent), ("plugin-only", alone)):
                     stalls = per_kind(run, kind)
+                    agent = {}
+                    if mode == "with-agent":  # when the agents' verdict came, against which the plugin's own bound races
+                        agent = {f"agent_{k}_median": _median([getattr(f, k) for f in run.faults if f.kind == kind])
+                                 for k in ("detect_ms", "reroute_ms")}
                     rows.append({**row(f"{kind}-{mode}", "stall", "ms", stalls, "single-tcp", per_kind(single[0], kind)),
                                  "target_ms": target if mode == "with-agent" else None,
-                                 "over_target": sum(1 for x in stalls if x > target)})
+                                 "over_target": sum(1 for x in stalls if x > target), **agent})
                     rows.append({"case": f"{kind}-{mode}", "metric": "errors", "unit": "count", "n": len(stalls),
                                  "median": run.restarts, "p99": None, "wrong_results": run.wrong_results,
                                  "note": "errors the plugin returned over the whole run (each one a job restart)"})
