@@ -116,8 +116,37 @@ struct lpe_table {
     char why[512];                   /* what went wrong, for a log line */
 };
 
-/* Open, map and check the static part of the header. On failure t->why says why; the caller
- * still calls lpe_close (it frees whatever was made). */
+/* Whom a reader trusts (docs/entropy-table.md): the table's ports steer this host's traffic, so
+ * the file and its directory must belong to root or to this process's uid and be writable by no
+ * group or other user. 0 trusted; -1 not, with t->why naming which one and why. */
+static inline int lpe_untrusted(const char *where, const struct stat *st, struct lpe_table *t) {
+    if (st->st_uid != 0 && st->st_uid != geteuid()) {
+        snprintf(t->why, sizeof t->why, "%.300s belongs to uid %u, not to root or this process's uid: its ports would "
+                 "steer this host's traffic, so it is not read", where, (unsigned)st->st_uid);
+        return -1;
+    }
+    if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(t->why, sizeof t->why, "%.300s can be written by its group or others (mode %04o): its ports would steer "
+                 "this host's traffic, so it is not read", where, (unsigned)(st->st_mode & 07777));
+        return -1;
+    }
+    return 0;
+}
+
+static inline int lpe_trusted(const char *path, const struct stat *st, struct lpe_table *t) {
+    if (lpe_untrusted(path, st, t) < 0) return -1;
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    struct stat ds;
+    if (stat(dir, &ds) < 0) { snprintf(t->why, sizeof t->why, "%.300s: %s", dir, strerror(errno)); return -1; }
+    return lpe_untrusted(dir, &ds, t);
+}
+
+/* Open, map and check who could have written the file and the static part of the header. On
+ * failure t->why says why; the caller still calls lpe_close (it frees whatever was made). */
 static inline int lpe_open(const char *path, struct lpe_table *t) {
     memset(t, 0, sizeof *t);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -128,6 +157,7 @@ static inline int lpe_open(const char *path, struct lpe_table *t) {
     }
     struct stat st;
     if (fstat(fd, &st) < 0) { close(fd); snprintf(t->why, sizeof t->why, "fstat failed"); return LPE_IO; }
+    if (lpe_trusted(path, &st, t) < 0) { close(fd); return LPE_BAD; }
     if (st.st_size < LPE_HEADER_SIZE) {
         close(fd);
         snprintf(t->why, sizeof t->why, "file: %lld bytes, shorter than the header (truncated)", (long long)st.st_size);

@@ -588,18 +588,22 @@ def test_the_torn_check_has_teeth(tmp_path, reader):
     (lambda p: os.chmod(p.parent, 0o777), "can be written by its group or others (mode 0777)"),
     (lambda p: os.chown(p.parent, 4242, 4242), "belongs to uid 4242"),
 ])
-def test_the_python_reader_refuses_a_table_others_could_have_written(tmp_path, change, words):
+def test_both_readers_refuse_a_table_others_could_have_written(tmp_path, reader, change, words):
     """Its ports steer this host's traffic: a table (or directory) another user could write is
-    refused, named, and not read."""
+    refused, named, and not read, by the Python reader and by the C one (which the NCCL plugin
+    uses): exit 4, as for a table that is not one."""
     d = tmp_path / "run"
     d.mkdir(mode=0o755)
     path = d / "table"
     with W.EntropyWriter(str(path), capacity=8) as w:
         w.publish(TABLES[1])
         assert R.read_table(str(path)).header.count == len(TABLES[1])
+        assert run_c(reader, path).returncode == 0
         change(path)
         with pytest.raises(T.TableUntrusted, match=words.replace("(", r"\(").replace(")", r"\)")):
             R.read_table(str(path))
+        c = run_c(reader, path)
+        assert c.returncode == 4 and words in c.stderr and "is not read" in c.stderr, (c.returncode, c.stderr)
     os.chmod(d, 0o755)  # what pytest removes
 
 

@@ -158,3 +158,15 @@ def test_traffic_leaves_a_plane_the_table_marks_mid_transfer_and_returns_when_it
     assert t["wrong"] == t["bad_sizes"] == "0" and t["send_done"] == t["recv_done"] == t["messages"]
     assert int(s["chunks_plane0"]) > 0 and int(s["chunks_plane1"]) > 0
     assert "plane 0 to 127.0.0.1: the entropy table marks it usable again" in err
+
+
+def test_a_table_others_could_have_written_is_not_steered_by(table):
+    """Its ports and marks would steer this host's traffic: a group/world-writable table is not
+    read (the log says why), so its fail-static mark on plane 0 moves nothing."""
+    table.update("127.0.0.1", 0, [50000, 50001], flags=ENTRY_FAIL_STATIC)
+    os.chmod(table.path, 0o666)
+    r = nccl_harness("transfer", "-s", "2M", "-n", "10", env={"LINKPASS_ENTROPY_TABLE": table.path})
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr[-3000:]}"
+    assert "can be written by its group or others (mode 0666)" in r.stderr and "not used" in r.stderr, r.stderr[-3000:]
+    s = harness_fields(r.stdout, "stats")
+    assert int(s["chunks_plane0"]) >= 40 and s["chunks_plane1"] == "0", r.stdout
