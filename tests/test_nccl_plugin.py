@@ -164,8 +164,9 @@ def test_traffic_stays_on_its_own_plane_while_it_is_healthy():
 # ---- configuration ------------------------------------------------------------------------------
 
 def test_a_bad_variable_is_a_warning_naming_it_and_its_range_then_the_default():
-    r = nccl_harness("info", env={"LINKPASS_LANES": "99", "LINKPASS_CHUNK_KB": "x"})
+    r = nccl_harness("info", env={"LINKPASS_LANES": "99", "LINKPASS_CHUNK_KB": "x", "LINKPASS_TEST_YIELD": "-1"})
     assert r.returncode == 0, r.stderr
+    assert "NCCL WARN NET/LinkPass : LINKPASS_TEST_YIELD=-1 is not valid: it must be an integer 0..1000000" in r.stderr
     assert "NCCL WARN NET/LinkPass : LINKPASS_LANES=99 is not valid: it must be an integer 1..16" in r.stderr
     assert "NCCL WARN NET/LinkPass : LINKPASS_CHUNK_KB=x is not valid: it must be an integer 4..65536" in r.stderr
     assert "lanes: 4 on its own plane" in r.stderr and "chunks of 512 KiB" in r.stderr
