@@ -446,6 +446,31 @@ def test_a_miss_while_recovering_restarts_the_good_count():
     assert up.at_ns >= lone + 100 * MS > rec.at_ns + 100 * MS
 
 
+def test_probes_answered_late_neither_count_nor_break_a_recovery():
+    """A loaded host answers some probes after their deadline: a recovering path still finishes
+    its hold-down (late replies do not restart the good-probe count), while a probe never
+    answered does restart it (test_a_miss_while_recovering_restarts_the_good_count)."""
+    cfg = DetectorConfig(hold_down_ns=500 * MS, recovery_good_probes=100)
+    d = PathDetector("p", cfg)
+    t0 = warm(d, random.Random(16))
+    heal = t0 + 20 * MS
+    simulate(d, Link(dark=lambda x: x < heal), 40 * MS, random.Random(17), start_ns=t0, seq0=10_000)
+    assert d.state is State.RECOVERING
+    t, seq, late_every = t0 + 40 * MS, 20_000, 25  # 4 % of the probes answered 30 ms late
+    up = None
+    for i in range(600):  # 6 s at 10 ms
+        d.on_sent(seq, t)
+        if i % late_every == late_every - 1:
+            d.tick(t + 20 * MS)  # its deadline passes: counted missed...
+            trs = d.on_reply(seq, t + 30 * MS, 30 * MS)  # ...then answered: it was only late
+        else:
+            trs = d.on_reply(seq, t + 200 * US, 200 * US)
+        trs += d.tick(t + 5 * MS)
+        up = up or next((x for x in trs if x.new is State.UP), None)
+        seq, t = seq + 1, t + 10 * MS
+    assert up is not None and up.at_ns - heal < 2_500 * MS, (d.state, d.good_run, d.waiting_for(t))
+
+
 def test_a_recovering_path_says_what_it_waits_for():
     cfg = DetectorConfig(hold_down_ns=500 * MS, recovery_good_probes=100)
     rng = random.Random(15)
@@ -598,7 +623,8 @@ def test_late_streak_is_undone_as_spurious_without_penalty():
     late = d.on_reply(10_000, t0 + 3 * MS, 3 * MS)
     assert [(x.new, x.reason) for x in late] == [(State.UP, Reason.SPURIOUS_DOWN)]
     assert d.penalty(t0 + 3 * MS) <= penalty_before + 1e-9  # the flap penalty was taken back
-    assert d.state is State.UP and d.good_run == 0  # no hold-down; the next probes count afresh
+    # no hold-down; probes answered late neither count nor break the run of good ones
+    assert d.state is State.UP and d.good_run == 500
 
 
 def test_late_streak_is_undone_after_an_older_late_reply_took_the_path_to_recovering():

@@ -175,7 +175,7 @@ class Agent:
         d = self.failover.detector.paths.get(pid)
         last = self.failover.last_transition.get(pid)
         return {"state": d.state.value if d else None, "reason": last.reason.value if last else None,
-                "held": self.failover.held_back(pid)}
+                "held": self.failover.held_back(pid), "waiting_for": self.failover.waiting_for(pid)}
 
     # ---- paths ---------------------------------------------------------------------------
     def _discovery_config(self) -> DiscoveryConfig:

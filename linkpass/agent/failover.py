@@ -436,6 +436,12 @@ class Failover:
             eff[pid] = st
         return eff, unconfirmed, held
 
+    def waiting_for(self, pid: int) -> list[str]:
+        """What still keeps a RECOVERING path out of use, in words (the detector's, as of the newest
+        evidence); empty in any other state."""
+        d = self.detector.paths.get(pid)
+        return d.waiting_for(self._now_ns) if d is not None else []
+
     def path_rows(self) -> list[dict]:
         """Per path: peer, plane, port, state, the last reason and, while RECOVERING, what it waits
         for (for the API and metrics)."""
@@ -447,5 +453,5 @@ class Failover:
                          "state": d.state.value, "usable": d.state.usable and pid not in self.drained,
                          "drained": pid in self.drained, "rto_ns": d.rto_ns, "held": self.held_back(pid),
                          "reason": last.reason.value if last else None,
-                         "waiting_for": d.waiting_for(self._now_ns)})
+                         "waiting_for": self.waiting_for(pid)})
         return rows

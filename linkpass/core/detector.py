@@ -94,8 +94,9 @@ decays to ≤ `flap_reuse` (750). Failures while damped keep adding (capped at
 `flap_max_penalty`).
 
 Recovery. A path leaving DOWN, DAMPED or DEGRADED goes to RECOVERING, and returns to UP only
-after `hold_down_ns` (500 ms) in RECOVERING with ≥ `recovery_good_probes` consecutive on-time
-replies and no gray evidence (both sensitive SPRTs below the weight of one lost probe, both
+after `hold_down_ns` (500 ms) in RECOVERING with ≥ `recovery_good_probes` replies in a row (a
+probe answered after its deadline neither counts nor breaks the run; one never answered breaks
+it) and no gray evidence (both sensitive SPRTs below the weight of one lost probe, both
 CUSUMs below h/2, no MTU misses pending). Any new evidence sends it back to DEGRADED or DOWN.
 One loss is tolerated because the sensitive test restarts from 0 on every decision: a single
 loss puts it at +1.6, which takes 400 clean probes to undo, so "at or below 0" kept paths with
@@ -407,6 +408,7 @@ class PathDetector:
         self._penalty_at = 0
         # recovery
         self.good_run = 0
+        self._run_at_miss = 0
         self._hold_checked_ns = -1
         self.counters: dict[str, int] = {"sent": 0, "replies": 0, "late_replies": 0, "misses": 0,
                                          "size_misses": 0, "transitions": 0}
@@ -501,10 +503,15 @@ class PathDetector:
         u = self._undo
         if u is not None and seq in u.streak and self.state in (State.DOWN, State.DAMPED, State.RECOVERING):
             out += self._spurious(u, seq, rtt_ns, now_ns)  # Eifel-style: a probe counted lost was only late
+        if entry is not None:
+            self.good_run += 1
+        elif seq in self._streak:
+            # answered late: the path delivered, the host (or the queue) was slow; such a probe
+            # neither counts nor breaks the run, or a loaded host would never finish a recovery
+            self.good_run = self._run_at_miss
         self.consecutive_misses = 0
         self._streak.clear()
         self._dark = False
-        self.good_run = self.good_run + 1 if entry is not None else 0
 
         if self.state is State.DOWN:
             out += self._fire(Event.REPLY, Reason.REPLY_SEEN, now_ns, f"seq {seq} answered")
@@ -628,6 +635,8 @@ class PathDetector:
             self.srtt += (rtt - self.srtt) / 8
 
     def _miss(self, seq: int, entry: _Sent, now_ns: int) -> list[Transition]:
+        if self.consecutive_misses == 0 and not entry.size_probe:
+            self._run_at_miss = self.good_run  # restored if this streak's probes are answered late
         self.good_run = 0
         if entry.size_probe:
             self.counters["size_misses"] += 1
@@ -762,9 +771,9 @@ class PathDetector:
 
     def _t_undo(self, reason: Reason, now_ns: int) -> None:
         """DOWN | DAMPED | RECOVERING -> where the streak found the path: the DOWN was spurious and
-        costs no flap penalty (UP needs no hold-down; RECOVERING's runs on, see `_spurious`)."""
+        costs no flap penalty (UP needs no hold-down; RECOVERING's runs on, see `_spurious`, and
+        so does the run of good probes: `on_reply` restores it, the late probes not counted)."""
         self._take_back()
-        self.good_run = 0
 
     def _take_back(self) -> None:
         """The flap penalty as it was before the streak in `_undo`, which is then spent."""
