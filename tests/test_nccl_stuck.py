@@ -14,6 +14,11 @@ from helpers import HarnessRun, harness_fields, prefix_for
 pytestmark = pytest.mark.root
 
 
+# plane 0 (127.0.0.1 -> 127.0.0.1) black-holed: TCP simply vanishes, no reset
+BLACK_HOLE = ("add table inet lpnccl; add chain inet lpnccl out { type filter hook output priority 0 ; } ; "
+              "add rule inet lpnccl out ip saddr 127.0.0.1 ip daddr 127.0.0.1 meta l4proto tcp drop")
+
+
 def sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True)
 
@@ -30,13 +35,11 @@ def netns():
 
 
 def test_a_silent_plane_is_left_and_rejoined_without_an_error(netns, tmp_path):
-    rule = ("add table inet lpnccl; add chain inet lpnccl out { type filter hook output priority 0 ; } ; "
-            "add rule inet lpnccl out ip saddr 127.0.0.1 ip daddr 127.0.0.1 meta l4proto tcp drop")
     run = HarnessRun(tmp_path, "-s", "4M", "-t", env={"LINKPASS_LANES": "2"}, netns=netns)
     try:
         run.wait_for("listening on port")
         time.sleep(0.5)  # data flows on plane 0
-        sh("ip", "netns", "exec", netns, "nft", rule)
+        sh("ip", "netns", "exec", netns, "nft", BLACK_HOLE)
         run.wait_for("traffic to 127.0.0.1 moves from plane 0 (127.0.0.1) to plane 1 (127.0.0.2)")
         time.sleep(1.0)  # plane 0's lanes try to come back into the black hole, and fail
         sh("ip", "netns", "exec", netns, "nft", "delete table inet lpnccl")
@@ -60,8 +63,6 @@ def test_the_entropy_tables_mark_moves_a_silent_planes_chunks_before_the_stuck_b
     from linkpass.agent.entropy_writer import EntropyWriter
     from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
 
-    rule = ("add table inet lpnccl; add chain inet lpnccl out { type filter hook output priority 0 ; } ; "
-            "add rule inet lpnccl out ip saddr 127.0.0.1 ip daddr 127.0.0.1 meta l4proto tcp drop")
     table = EntropyWriter(str(tmp_path / "entropy"), capacity=16)
     table.update("127.0.0.1", 0, [50000], port_flags=[1])
     run = HarnessRun(tmp_path, "-s", "4M", "-t", netns=netns,
@@ -69,12 +70,11 @@ def test_the_entropy_tables_mark_moves_a_silent_planes_chunks_before_the_stuck_b
     try:
         run.wait_for("steering lanes by it")
         time.sleep(0.5)  # data flows on plane 0
-        sh("ip", "netns", "exec", netns, "nft", rule)
+        sh("ip", "netns", "exec", netns, "nft", BLACK_HOLE)
         time.sleep(0.2)  # chunks written into the black hole wait for ACKs that never come
-        marked = time.monotonic()
         table.update("127.0.0.1", 0, [50000], flags=ENTRY_FAIL_STATIC)
+        # within 20 s, far inside the 30 s stuck bound: the mark, not the silence, moves them
         run.wait_for("down: the entropy table marks plane 0 to the peer unusable", timeout_s=20)
-        moved_s = time.monotonic() - marked
         sh("ip", "netns", "exec", netns, "nft", "delete table inet lpnccl")
         table.update("127.0.0.1", 0, [50000], port_flags=[1])
         run.wait_for("its own plane is usable again")
@@ -83,7 +83,6 @@ def test_the_entropy_tables_mark_moves_a_silent_planes_chunks_before_the_stuck_b
         rc, out, err = run.stop()
         table.close(unlink=True)
     assert rc == 0, f"{out}\n{err[-4000:]}"
-    assert moved_s < 20, moved_s  # far inside the 30 s stuck bound: the mark, not the silence, moved them
     assert "down: stuck" not in err, err[-4000:]
     t, s = harness_fields(out, "transfer"), harness_fields(out, "stats")
     assert t["wrong"] == t["bad_sizes"] == "0" and t["messages"] == t["send_done"] == t["recv_done"], out

@@ -445,10 +445,10 @@ class PathDetector:
         if self.good_run < cfg.recovery_good_probes:
             out.append(f"{self.good_run}/{cfg.recovery_good_probes} good probes in a row")
         for d in Direction:
-            slow = self._sprt[d][1]
-            if slow.llr >= slow.inc_lost:
+            if self._loss_pending(d):
+                slow = self._sprt[d][1]
                 out.append(f"{d.short} loss: recent losses still weigh {slow.llr:.1f} (below {slow.inc_lost:.1f} needed)")
-            if self._cusum[d].s >= cfg.latency_h_mad / 2:
+            if self._delay_pending(d):
                 out.append(f"{d.short} delay above baseline (CUSUM {self._cusum[d].s:.0f}, below "
                            f"{cfg.latency_h_mad / 2:.0f} needed)")
         if self.size_misses:
@@ -700,11 +700,18 @@ class PathDetector:
             return []
         return self._fire(Event.CLEAN, Reason.EVIDENCE_CLEARED, now_ns, "loss, delay and MTU back to baseline")
 
+    def _loss_pending(self, d: Direction) -> bool:
+        """The sensitive SPRT holds at least one lost probe's worth of evidence."""
+        slow = self._sprt[d][1]
+        return slow.llr >= slow.inc_lost
+
+    def _delay_pending(self, d: Direction) -> bool:
+        return self._cusum[d].s >= self.cfg.latency_h_mad / 2
+
     def _quiet(self) -> bool:
-        """No gray evidence pending: sensitive SPRTs holding less than one loss's worth of
-        evidence, CUSUMs low, no MTU misses."""
-        h = self.cfg.latency_h_mad / 2
-        return (all(self._sprt[d][1].llr < self._sprt[d][1].inc_lost and self._cusum[d].s < h for d in Direction)
+        """No gray evidence pending (what `waiting_for` words): no loss or delay evidence in either
+        direction, no MTU misses."""
+        return (not any(self._loss_pending(d) or self._delay_pending(d) for d in Direction)
                 and self.size_misses == 0)
 
     def _check_hold(self, now_ns: int) -> list[Transition]:

@@ -831,9 +831,7 @@ static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
 
 /* ---- the entropy table ---------------------------------------------------------------------- */
 
-static int lane_usable(const struct lane *l);
-static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static int lane_usable(const struct lane *l) { return l->state == L_LIVE && !l->suspect; }
 
 /* The entropy table has just marked plane q unusable: the chunks its lanes still owe (queued,
  * mid-write or unacknowledged) go to the other planes now instead of after the lanes' own stuck
@@ -917,7 +915,6 @@ static void entropy_refresh(uint64_t now) {
 
 /* ---- scheduling and timers (sender) ---------------------------------------------------------- */
 
-static int lane_usable(const struct lane *l) { return l->state == L_LIVE && !l->suspect; }
 
 /* The plane chunks go to now (lp_pick_plane: own plane first, the entropy table's marks, usable
  * before merely live lanes). -1: none. */
