@@ -61,6 +61,17 @@ def _transitions_since(ag, host, t0, **match):
             if e["mono_ns"] >= t0 and all(e.get(k) == v for k, v in match.items())]
 
 
+def _logged_since(ag, host, t0, enough, timeout_s=5.0, **match):
+    """The transitions since t0 once `enough(them)` holds: the agent changes routes first and
+    logs after, so a route already moved can be read before its line is written."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = _transitions_since(ag, host, t0, **match)
+        if enough(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
 # ---- every fault kind ---------------------------------------------------------------------------
 
 GRAY = [
@@ -97,8 +108,9 @@ def test_gray_fault_is_detected_with_its_reason_routed_around_and_recovered(fabr
         faults.clear(fabric.prefix)
     wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (0, 1), 30,
                "h0's route to use both planes again after the fault cleared")
-    back = _transitions_since(agents, A, t0, new="up", reason="recovered")
-    assert back, "recovery must go through the hold-down (RECOVERING -> UP)"
+    # the agent changes the route first and logs the transition after it: wait for the line
+    back = _logged_since(agents, A, t0, bool, new="up", reason="recovered")
+    assert back, ("recovery must go through the hold-down (RECOVERING -> UP)", _transitions_since(agents, A, t0))
 
 
 def test_hard_failure_of_an_uplink_moves_routes_at_both_ends_and_the_entropy_table(fabric, agents):
@@ -108,7 +120,8 @@ def test_hard_failure_of_an_uplink_moves_routes_at_both_ends_and_the_entropy_tab
     try:
         wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (1,), 2, "A's route off plane 0")
         wait_until(lambda: routes_of(fabric, B).get(fabric.service_addr(A)) == (1,), 3, "B's route off plane 0")
-        downs = _transitions_since(agents, A, t0, new="down", reason="hard_failure")
+        downs = _logged_since(agents, A, t0, lambda ds: any(e["plane"] == 0 for e in ds), new="down",
+                              reason="hard_failure")
         assert {e["plane"] for e in downs} >= {0}, downs
         # a plane-1 DOWN here can only be a burst of lateness on this loaded machine: undone as such
         wait_until(lambda: {e["path"] for e in downs if e["plane"] == 1}
@@ -131,7 +144,7 @@ def test_spine_link_failure_leaves_only_that_path_out_of_the_entropy_table(fabri
     faults.apply(fabric.prefix, FaultSpec("down", "p0l0-p0s0"))
     try:
         wait_until(lambda: routes_of(fabric, A).get(fabric.service_addr(B)) == (1,), 2, "A's route off plane 0")
-        downs = _transitions_since(agents, A, t0, new="down")
+        downs = _logged_since(agents, A, t0, lambda ds: any(e["plane"] == 0 for e in ds), new="down")
         # on this loaded machine another path may read down for a few ms (a burst of lateness):
         # such DOWNs are undone as late, not lost; the one that lasts is the cut path's
         # (a DOWN is undone by a spurious_down of its path after it: the cut path may have had
