@@ -174,3 +174,27 @@ def test_a_held_down_is_shown_held_and_reported_suspect_until_the_data_path_acts
     assert ("down", True, "suspect") in seen  # within the allowance: traffic not moved, links not blamed
     assert seen[-1] == ("down", False, "down")  # the route moved: now it is evidence
     assert all(rep == "suspect" for st, held, rep in seen if held and st == "down")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_path_out_of_use_is_out_of_the_route_however_it_got_there(seed):
+    """Three probes lost in a row, then 20 % loss: the path goes DOWN and answers again before
+    the route acted on the DOWN (RECOVERING, still counted usable), then turns DEGRADED, DOWN,
+    DAMPED. Whenever it sits in a state the data path must avoid, the route has left its plane:
+    the DEGRADED after an unacted DOWN is acted on then, not at the path's next change of
+    usability (which may come only after the fault)."""
+    import random
+    rng = random.Random(seed)
+    rig = _Rig()
+    for _ in range(50):
+        rig.tick()
+    kept = []
+    for i in range(3000):
+        rig.tick(lambda pid: "lost" if pid == 1 and (i < 3 or (i > 3 and rng.random() < 0.2)) else "ok")
+        st = rig.state(1)
+        if st in (State.DEGRADED, State.DAMPED) or (st is State.DOWN and not rig.fo.held_back(1)):
+            if rig.routes.sets[-1] != ("h2", (1,)):
+                kept.append((rig.seq, st.value, rig.routes.sets[-1]))
+    ours = [(t.old, t.new) for t in rig.transitions if t.path == 1]
+    assert (State.DOWN, State.RECOVERING) in ours and (State.RECOVERING, State.DEGRADED) in ours, ours[:6]
+    assert not kept, (len(kept), kept[:5])

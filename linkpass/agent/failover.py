@@ -317,7 +317,11 @@ class Failover:
             return None
         self.counters[f"transition_{t.new.value}"] += 1
         self.last_transition[t.path] = t
-        if t.reason is Reason.SPURIOUS_DOWN and t.path in self._unacted:
+        # an unacted DOWN (and the RECOVERING after it) counts as usable for the data path, so
+        # whatever it turns into next may change the decision even when the detector's own
+        # usability does not (RECOVERING -> DEGRADED: both unusable to the detector)
+        was_unacted = t.path in self._unacted
+        if t.reason is Reason.SPURIOUS_DOWN and was_unacted:
             self.counters["lateness_absorbed"] += 1  # a DOWN undone before the data path moved for it
         if t.new is State.DOWN:
             self._down_at[t.path] = t.at_ns
@@ -328,7 +332,7 @@ class Failover:
         if t.old is State.DOWN and t.new is not State.DOWN:
             self._down_at.pop(t.path, None)
             self._held.discard(t.path)
-        if t.old.usable != t.new.usable:
+        if t.old.usable != t.new.usable or was_unacted:
             self._pending.add(info.peer)
         if {t.old, t.new} == {State.UP, State.SUSPECT}:
             return None  # a single late probe: counted, not worth a log line each
