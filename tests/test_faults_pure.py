@@ -82,3 +82,13 @@ def test_total_loss_is_a_plain_drop(fab):
     fs = [{"id": 7, "kind": "loss", "link": "h0-p0l0", "direction": None, "params": {"pct": 100}}]
     script = F.render_nft("lp", fab, fs, "p0l0")
     assert "numgen" not in script and script.count('counter drop comment "fault 7"') == 2
+
+
+def test_congestion_leaving_a_soft_roce_guest_is_refused_and_the_other_direction_allowed():
+    spec = T.Spec(hosts=4, planes=2, leaves_per_plane=2, spines_per_plane=2, rdma_hosts=(0,))
+    gfab = T.make_fabric(spec, "g", "198.19.9.0/24")
+    for direction in (None, "h0"):
+        with pytest.raises(TestbedError, match="queues inside that Soft-RoCE guest.*--from p0l0"):
+            F.validate(gfab, F.FaultSpec("congest", "h0-p0l0", direction, {"rate": "10mbit"}))
+    assert F.validate(gfab, F.FaultSpec("congest", "h0-p0l0", "p0l0", {"rate": "10mbit"})).direction == "p0l0"
+    assert F.validate(gfab, F.FaultSpec("congest", "h1-p0l0", None, {"rate": "10mbit"}))  # a namespace host

@@ -179,3 +179,34 @@ def test_prefix_rules(bad):
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(T.TopologyError, match="default"):
         T.preset("nope")
+
+
+# ---- Soft-RoCE guests as hosts ------------------------------------------------------------------
+
+_SHAPE = {"hosts": 4, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2}
+
+
+@pytest.mark.parametrize("value,expected", [([3, 0], (0, 3)), ("0, 3", (0, 3)), ([], ()), ((2,), (2,))])
+def test_rdma_hosts_are_parsed_sorted(value, expected):
+    assert T.parse_spec(dict(_SHAPE, rdma_hosts=value)).rdma_hosts == expected
+
+
+@pytest.mark.parametrize("value,message", [
+    ([4], "rdma_hosts: host 4 does not exist; hosts are 0..3"),
+    ([1, 1], "names a host twice"),
+    ("a,b", "not a list of host indices; use e.g. 0,3"),
+    ([0, 1, 2, 3], "at most 3"),
+    (True, "expected a list of host indices"),
+    ([0.5], "expected a list of host indices"),
+])
+def test_bad_rdma_hosts_name_the_field_and_the_fix(value, message):
+    with pytest.raises(T.TopologyError, match=message):
+        T.parse_spec(dict(_SHAPE, rdma_hosts=value))
+
+
+def test_a_guest_host_is_known_as_one_and_has_no_namespace_in_the_listing():
+    fab = T.make_fabric(T.parse_spec(dict(_SHAPE, rdma_hosts=[3])), "g", "198.19.9.0/24")
+    assert fab.is_guest(3) and fab.is_guest("h3") and not fab.is_guest("h0") and not fab.is_guest("p0l1")
+    hosts = {h["name"]: h for h in fab.as_dict()["host_list"]}
+    assert hosts["h3"]["netns"] is None and hosts["h3"]["kind"] == "soft-roce guest"
+    assert hosts["h0"]["netns"] == "g-h0" and hosts["h0"]["kind"] == "namespace"

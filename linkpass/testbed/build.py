@@ -19,7 +19,7 @@ from pyroute2 import IPRoute, netns as pr_netns
 
 from ..core.names import HOST, host_index, host_name
 from ..kernel import netns as ns_io
-from . import state
+from . import guests, state
 from .topology import Fabric, Route, Spec, TopologyError, mac_of, make_fabric, mgmt_subnet_for_slot
 
 # pyroute2 speaks in route protocol numbers; 4 = "static" marks testbed baseline routes.
@@ -86,14 +86,24 @@ def up(spec: Spec, prefix: str, progress: Progress = _quiet) -> Fabric:
                 f"a testbed with prefix {prefix!r} already exists ({len(existing)} objects); "
                 f"run `linkpass testbed down --prefix {prefix}` first, or choose another --prefix")
         fab = make_fabric(spec, prefix, spec.mgmt_subnet or _pick_mgmt_subnet())
+        image = None
+        if spec.rdma_hosts:
+            progress(f"the Soft-RoCE guest image for hosts {', '.join(map(str, spec.rdma_hosts))} "
+                     f"(built once, minutes; then cached in {guests.IMAGE_CACHE})")
+            try:
+                image = guests.ensure_image(progress)
+            except guests.GuestError as exc:
+                raise TestbedError(str(exc)) from None
         state.save(prefix, {"status": "building", "spec": spec.__dict__, "mgmt_subnet": fab.mgmt_subnet,
                             "faults": [], "next_fault_id": 1})
         try:
-            _build(fab, progress)
+            _build(fab, progress, image)
         except BaseException as exc:
             progress(f"build failed ({exc}); removing what was built")
             _teardown(prefix)
             state.remove(prefix)
+            if isinstance(exc, guests.GuestError):
+                raise TestbedError(str(exc)) from None  # the CLI turns testbed errors into exit codes
             raise
         state.save(prefix, {"status": "up", "spec": spec.__dict__, "mgmt_subnet": fab.mgmt_subnet,
                             "faults": [], "next_fault_id": 1,
@@ -101,8 +111,8 @@ def up(spec: Spec, prefix: str, progress: Progress = _quiet) -> Fabric:
     return fab
 
 
-def _build(fab: Fabric, progress: Progress) -> None:
-    names = list(fab.nodes)
+def _build(fab: Fabric, progress: Progress, image: "guests.Image | None" = None) -> None:
+    names = [n for n in fab.nodes if not fab.is_guest(n)]  # a guest host has no namespace
     progress(f"creating {len(names)} namespaces")
     for node in names:
         ns_io.create_netns(fab.netns(node))
@@ -110,22 +120,48 @@ def _build(fab: Fabric, progress: Progress) -> None:
         ns_io.write_sysctls(fab.netns(node), fab.nodes[node].sysctls)
 
     sockets: dict[str, IPRoute] = {}
+    taps: dict[int, list[int]] = {}
     try:
         for node in names:
             sockets[node] = IPRoute(netns=fab.netns(node))
         progress(f"wiring {len(fab.links)} fabric links")
         for lk in fab.links.values():
+            if fab.is_guest(lk.a):
+                continue  # its leaf port is the guest's TAP, made below
             sockets[lk.a].link("add", ifname=lk.a_if, kind="veth", address=mac_of(lk.a_addr),
                                peer={"ifname": lk.b_if, "net_ns_fd": fab.netns(lk.b),
                                      "address": mac_of(lk.b_addr)})
+        for h in fab.spec.rdma_hosts:
+            taps[h] = guests.open_taps(fab, h)
+            for p in range(fab.spec.planes):
+                lk = fab.links[fab.uplinks[(host_name(h), p)]]
+                ipr = sockets[lk.b]
+                ipr.link("set", index=ipr.link_lookup(ifname=lk.b_if)[0], address=mac_of(lk.b_addr))
         progress("addresses, neighbours and routes")
         for node, ipr in sockets.items():
             _configure_node(fab, node, ipr)
         progress("wiring the management network")
         _build_mgmt(fab, sockets)
+        if taps:
+            assert image is not None
+            _start_guests(fab, image, taps, progress)
     finally:
         for ipr in sockets.values():
             ipr.close()
+        for fds in taps.values():
+            for fd in fds:
+                os.close(fd)  # the guests hold their own copies; a guest that never started takes its TAPs away
+
+
+def _start_guests(fab: Fabric, image: "guests.Image", taps: dict[int, list[int]], progress: Progress) -> None:
+    procs = {h: guests.launch(fab, h, image, fds) for h, fds in taps.items()}
+    progress(f"booting {len(procs)} Soft-RoCE guest(s) ({', '.join(host_name(h) for h in procs)}; "
+             f"emulated, 10-60 s)")
+    t0 = time.monotonic()
+    for h, proc in procs.items():
+        ready = guests.wait_ready(fab.prefix, h, proc)
+        progress(f"{host_name(h)} is up after {time.monotonic() - t0:.0f} s: kernel {ready.get('kernel', '?')}, "
+                 f"RDMA devices {', '.join(ready.get('rdma', [])) or 'none'}")
 
 
 def _ifindexes(ipr: IPRoute) -> dict[str, int]:
@@ -154,6 +190,10 @@ def _build_mgmt(fab: Fabric, sockets: dict[str, IPRoute]) -> None:
         root.addr("add", index=br, address=fab.mgmt_root_addr, prefixlen=net.prefixlen)
         root.link("set", index=br, state="up")
         for i in range(fab.spec.hosts):
+            if fab.is_guest(i):  # its management NIC is a TAP on the bridge; the guest configures its end
+                tap = root.link_lookup(ifname=fab.guest_tap(i))[0]
+                root.link("set", index=tap, master=br, state="up")
+                continue
             root_if = fab.mgmt_root_if(i)
             root.link("add", ifname=root_if, kind="veth",
                       peer={"ifname": "mgmt", "net_ns_fd": fab.netns(host_name(i))})
@@ -245,6 +285,7 @@ def _teardown(prefix: str) -> dict:
                         raise
     for name in namespaces:
         ns_io.remove_netns(name)
+    guests.remove_dirs(prefix)
     return {"processes": len(pids), "links": len(links), "namespaces": len(namespaces)}
 
 
@@ -283,7 +324,7 @@ def load_fabric(prefix: str) -> Fabric:
     if not doc:
         raise TestbedError(f"no testbed with prefix {prefix!r} is up; start one with `linkpass testbed up --prefix {prefix}`")
     try:
-        spec = Spec(**doc["spec"])
+        spec = Spec(**dict(doc["spec"], rdma_hosts=tuple(doc["spec"].get("rdma_hosts", ()))))
     except TypeError as exc:
         raise TestbedError(f"state file {state.state_path(prefix)} is unreadable ({exc}); "
                            f"run `linkpass testbed clean --prefix {prefix}`") from None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -9,7 +10,7 @@ import time
 from ..cli.output import EXIT_CRITICAL, EXIT_OK, FORMATS, emit, paint, table
 from . import build, faults, traffic
 from ..core.names import host_name
-from .topology import Fabric, load_spec_text, preset, check_prefix, PRESETS
+from .topology import Fabric, load_spec_text, parse_rdma_hosts, preset, check_prefix, PRESETS
 
 DEFAULT_PREFIX = os.environ.get("LINKPASS_PREFIX", "lp")
 
@@ -34,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--topology", metavar="FILE", help="YAML topology file")
     src.add_argument("--preset", default=None, choices=sorted(PRESETS), help="named topology (default: default)")
+    p.add_argument("--rdma-hosts", metavar="LIST", default=None,
+                   help="hosts to run as Soft-RoCE guests (QEMU, real verbs), e.g. 0,3; overrides the topology's "
+                        "rdma_hosts; the guest image is built on first use (minutes) and cached")
     common(p)
     p.set_defaults(func=cmd_up)
 
@@ -106,6 +110,8 @@ def _load_spec(args):
 def cmd_up(args) -> int:
     check_prefix(args.prefix)
     spec = _load_spec(args)
+    if args.rdma_hosts is not None:
+        spec = dataclasses.replace(spec, rdma_hosts=parse_rdma_hosts(args.rdma_hosts, spec.hosts, "--rdma-hosts"))
     t0 = time.perf_counter()
     print(f"building testbed {args.prefix!r}: {spec.hosts} hosts × {spec.planes} planes, "
           f"{spec.leaves_per_plane} leaves + {spec.spines_per_plane} spines per plane", file=sys.stderr)
@@ -128,7 +134,8 @@ def _render_show(d: dict, wide: bool) -> str:
            f"management: {d['management']['subnet']} on bridge {d['management']['bridge']} "
            f"(root namespace {d['management']['root_addr']})", ""]
     headers = ["host", "netns", "service", *[f"nic p{p}" for p in range(planes)], "mgmt", "leaves"]
-    rows = [[h["name"], h["netns"], h["service"], *h["nics"].values(), h["mgmt"], ",".join(h["leaves"])]
+    rows = [[h["name"], h["netns"] or "(soft-roce guest)", h["service"], *h["nics"].values(), h["mgmt"],
+             ",".join(h["leaves"])]
             for h in d["host_list"]]
     out += [table(headers, rows), ""]
     link_rows = [[lk["name"], lk["kind"], f"{lk['a']}:{lk['a_if']} {lk['a_addr']}",

@@ -102,6 +102,9 @@ def validate(fab: Fabric, spec: FaultSpec) -> FaultSpec:
             raise TestbedError("congest --rate: must be between 8kbit and 32gbit")
         if not 0.001 <= p["queue_s"] <= 2.0:
             raise TestbedError("congest --queue: must be between 1ms and 2s")
+        if fab.is_guest(lk.a) and "up" in _directions(lk, spec.direction):
+            raise TestbedError(f"congest: traffic leaving {lk.a} queues inside that Soft-RoCE guest, out of the "
+                               f"testbed's reach; shape the other direction with --from {lk.b}, or use loss")
     elif spec.kind == "flap":
         p["period_s"] = parse_duration(p.get("period", "1s"), "flap --period")
         p["duration_s"] = parse_duration(p.get("duration", "600s"), "flap --duration")

@@ -26,8 +26,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
-from ..core.names import (HOST, HOST_LEAF, LEAF_SPINE, PRESET_SHAPES, LeafSpine, host_name, leaf_name, link_name,
-                          plane_of, spine_name)
+from ..core.names import (HOST, HOST_LEAF, LEAF_SPINE, PRESET_SHAPES, LeafSpine, host_index, host_name, leaf_name,
+                          link_name, plane_of, spine_name)
 
 SERVICE_BLOCK = ipaddress.IPv4Network("198.18.0.0/20")
 HOST_LINK_BLOCK = ipaddress.IPv4Network("198.18.64.0/18")
@@ -38,6 +38,7 @@ MAX_PLANES = 8
 MAX_HOSTS_PER_PLANE = 1024  # /21 of /31s
 MAX_LEAF_SPINE_LINKS = 2048  # /20 of /31s
 MAX_HOSTS = 253  # management /24
+MAX_RDMA_HOSTS = 3  # each guest is a TCG-emulated VM with its own core's worth of work
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")
 
 PRESETS: dict[str, dict] = PRESET_SHAPES  # the shapes are the generator's; the testbed adds addresses
@@ -50,6 +51,7 @@ _SPEC_FIELDS = {
     "spines_per_plane": "integer >= 1",
     "mtu": "integer 1280..9000",
     "management": "mapping with optional 'subnet' (a /24 inside 198.19.0.0/16)",
+    "rdma_hosts": f"list of up to {MAX_RDMA_HOSTS} host indices that run as Soft-RoCE guests, e.g. [0, 3]",
 }
 
 
@@ -66,6 +68,7 @@ class Spec:
     name: str = "custom"
     mtu: int = 1500
     mgmt_subnet: str | None = None  # None: pick a free /24 at build time
+    rdma_hosts: tuple[int, ...] = ()  # hosts that are Soft-RoCE guests (QEMU) instead of namespaces
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,19 @@ class Fabric:
     # ---- names -------------------------------------------------------------------------
     def netns(self, node: str) -> str:
         return f"{self.prefix}-{node}"
+
+    def is_guest(self, node: str | int) -> bool:
+        """Whether a host runs as a Soft-RoCE guest (its NICs are TAPs in its leaves; no namespace)."""
+        if isinstance(node, str):
+            info = self.nodes.get(node)
+            if info is None or info.role != HOST:
+                return False
+            node = host_index(node)
+        return node in self.spec.rdma_hosts
+
+    def guest_tap(self, host: int) -> str:
+        """The root-namespace TAP of a guest's management NIC (on the management bridge)."""
+        return f"{self.prefix}-g{host}"
 
     @property
     def mgmt_bridge(self) -> str:
@@ -208,11 +224,13 @@ class Fabric:
             "leaves_per_plane": s.leaves_per_plane,
             "spines_per_plane": s.spines_per_plane,
             "mtu": s.mtu,
+            "rdma_hosts": list(s.rdma_hosts),
             "management": {"subnet": self.mgmt_subnet, "bridge": self.mgmt_bridge, "root_addr": self.mgmt_root_addr},
             "host_list": [
                 {
                     "name": host_name(i),
-                    "netns": self.netns(host_name(i)),
+                    "netns": None if self.is_guest(i) else self.netns(host_name(i)),
+                    "kind": "soft-roce guest" if self.is_guest(i) else "namespace",
                     "service": self.service_addr(i),
                     "mgmt": self.mgmt_addr(i),
                     "nics": {nic_ifname(p): self.nic_addr(i, p) for p in range(s.planes)},
@@ -299,8 +317,30 @@ def parse_spec(raw: object, where: str = "topology") -> Spec:
             raise TopologyError(f"{where}.management: expected a mapping with only 'subnet', got {mgmt!r}")
         if "subnet" in mgmt:
             subnet = _parse_mgmt_subnet(mgmt["subnet"], f"{where}.management.subnet")
+    rdma = parse_rdma_hosts(raw.get("rdma_hosts", ()), hosts, f"{where}.rdma_hosts")
     return Spec(hosts=hosts, planes=planes, leaves_per_plane=leaves, spines_per_plane=spines,
-                name=name, mtu=mtu, mgmt_subnet=subnet)
+                name=name, mtu=mtu, mgmt_subnet=subnet, rdma_hosts=rdma)
+
+
+def parse_rdma_hosts(value: object, hosts: int, where: str = "rdma_hosts") -> tuple[int, ...]:
+    """Host indices to run as Soft-RoCE guests: a list (or "0,3") of distinct indices < hosts."""
+    if isinstance(value, str):
+        parts = [v.strip() for v in value.split(",") if v.strip()]
+        try:
+            value = [int(v) for v in parts]
+        except ValueError:
+            raise TopologyError(f"{where}: {value!r} is not a list of host indices; use e.g. 0,3") from None
+    if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise TopologyError(f"{where}: expected a list of host indices, e.g. [0, 3], got {value!r}")
+    bad = [v for v in value if not 0 <= v < hosts]
+    if bad:
+        raise TopologyError(f"{where}: host {bad[0]} does not exist; hosts are 0..{hosts - 1}")
+    if len(set(value)) != len(value):
+        raise TopologyError(f"{where}: {list(value)} names a host twice")
+    if len(value) > MAX_RDMA_HOSTS:
+        raise TopologyError(f"{where}: {len(value)} guests asked, at most {MAX_RDMA_HOSTS} "
+                            f"(each is an emulated VM; this is sized for a 2-core machine)")
+    return tuple(sorted(value))
 
 
 def _parse_mgmt_subnet(value: object, where: str) -> str:
