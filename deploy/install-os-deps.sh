@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # OS packages LinkPass and its tests need: iproute2 (ip netns), nftables (faults, later the
-# agent's own rules), python3-venv, frr (bfdd, the BFD peer in benchmarks and tests).
+# agent's own rules), python3-venv, frr (bfdd, the BFD peer in benchmarks and tests), and for
+# the testbed's Soft-RoCE guests qemu-system-x86, debootstrap, zstd and cpio.
 # Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
@@ -10,6 +11,11 @@ command -v tc  >/dev/null 2>&1 || need+=(iproute2)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # FRR's bfdd: the BFD peer the failover benchmark and its tests measure LinkPass against
 [[ -x /usr/lib/frr/bfdd ]] || need+=(frr)
+# the testbed's Soft-RoCE hosts: QEMU guests (TCG) whose image is built from Debian packages
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v zstd >/dev/null 2>&1 || need+=(zstd)
+command -v cpio >/dev/null 2>&1 || need+=(cpio)
 if ((${#need[@]} == 0)); then
     exit 0
 fi
