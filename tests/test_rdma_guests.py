@@ -14,16 +14,14 @@ import pytest
 
 from linkpass.core.names import host_name
 from linkpass.kernel import netns as ns_io
-from linkpass.testbed import build, guests, topology
-from linkpass.testbed.capture import Capture
-from linkpass_rdma import steer
+from linkpass.testbed import build, guests, roce_paths, topology
 
 from helpers import prefix_for
 
 pytestmark = pytest.mark.root
 
 GA, GB = 0, 3  # on different leaves: their traffic crosses a spine
-GUEST_ENV = {"PYTHONPATH": "/opt/linkpass/rdma"}  # the project's source, shared read-only
+GUEST_ENV = roce_paths.GUEST_ENV
 
 
 @pytest.fixture(scope="module")
@@ -101,41 +99,40 @@ def test_the_fabric_reaches_guests_like_any_host(rfab, ctl):
             ctl[h].kill("echo")
 
 
-def _spine_ports(fab, host: int, plane: int) -> tuple[str, list[str]]:
-    leaf = fab.leaf_of(host, plane)
-    return leaf, [fab.leaf_spine(leaf, s).a_if for s in range(fab.spec.spines_per_plane)]
+def test_an_rc_qp_carries_the_port_it_was_steered_to_and_keeps_one_spine(rfab, ctl, port_paths):
+    for sport, pp in port_paths.items():
+        assert pp.reported == sport, pp
+        assert len(pp.forward) == 1 and len(pp.reverse) == 1, f"port {sport} was not on exactly one spine: {pp}"
+    assert not next(iter(port_paths.values())).foreign  # no packet of these QPs on a port nobody chose
+    # ECMP spreads the ports: both spines carry some (each port keeps its own)
+    assert {pp.forward[0] for pp in port_paths.values()} == {"s0", "s1"}, port_paths
 
 
-def test_an_rc_qp_carries_the_port_it_was_steered_to_and_keeps_one_spine(rfab, ctl):
+@pytest.fixture(scope="module")
+def port_paths(rfab, ctl):
+    """Eight ports across the RoCE range, each one's spine in both directions, off the wire."""
     ports = [49152, 49153, 49160, 50000, 52017, 58177, 61000, 65535]
-    server = ctl[GB].spawn("rc-serve", ["python3", "-m", "linkpass_rdma.qp", "serve", "--addr",
-                                        rfab.nic_addr(GB, 0), "--connections", str(len(ports))], env=GUEST_ENV)
-    assert server > 0
-    a_leaf, a_ups = _spine_ports(rfab, GA, 0)
-    b_leaf, b_ups = _spine_ports(rfab, GB, 0)
-    a_addr, b_addr = rfab.nic_addr(GA, 0), rfab.nic_addr(GB, 0)
-    seen = {}
-    try:
-        for sport in ports:
-            reverse = steer.SPORT_MIN + (sport * 7919) % (steer.SPORT_MAX - steer.SPORT_MIN)
-            with Capture(rfab.netns(a_leaf), a_ups, steer.ROCE_V2_DPORT) as cap_a, \
-                    Capture(rfab.netns(b_leaf), b_ups, steer.ROCE_V2_DPORT) as cap_b:
-                out = ctl[GA].check(["python3", "-m", "linkpass_rdma.qp", "ping", "--addr", a_addr, "--server",
-                                     f"{b_addr}:18515", "--sport", str(sport), "--reverse-sport", str(reverse),
-                                     "--count", "5"], timeout_s=120, env=GUEST_ENV)
-            res = json.loads(out.strip().splitlines()[-1])
-            assert res["sport"] == sport and res["count"] == 5, res
-            # leaving A's leaf towards a spine: A's requests, every one with the chosen port
-            fwd = {(k[0], k[3]) for k, n in cap_a.by_flow(outgoing=True).items() if k[1] == a_addr and k[2] == b_addr}
-            assert {p for _, p in fwd} == {sport}, (sport, cap_a.by_flow())
-            assert len(fwd) == 1, f"port {sport} took more than one spine: {fwd}"
-            rev = {(k[0], k[3]) for k, n in cap_b.by_flow(outgoing=True).items() if k[1] == b_addr and k[2] == a_addr}
-            assert {p for _, p in rev} == {reverse}, (reverse, cap_b.by_flow())
-            seen[sport] = next(iter(fwd))[0]
-    finally:
-        ctl[GB].kill("rc-serve")
-    # ECMP spreads the ports: with 8 ports both spines carry some (each one's spine is its own)
-    assert len(set(seen.values())) == rfab.spec.spines_per_plane, seen
+    return roce_paths.map_ports(rfab, GA, GB, ports, ctl[GA], ctl[GB])
+
+
+def test_a_channel_moves_to_its_standby_qp_when_its_spine_link_dies(rfab, ctl, port_paths):
+    """The active QP's spine link goes down under a stream of messages: the QP errors after its
+    own short timeout, traffic moves to the standby QP on a port through the other spine (seen on
+    the wire), no message is lost or delivered twice, and the stream finishes."""
+    via = {sp: pp.forward[0] for sp, pp in port_paths.items() if pp.forward == pp.reverse}
+    active = next(sp for sp, s in via.items() if s == "s0")
+    others = [sp for sp, s in via.items() if s == "s1"]
+    assert others, via
+    ports = [active] + others
+    leaf_a, _ = roce_paths.spine_ports(rfab, GA, 0)
+    run = roce_paths.channel_under_fault(rfab, GA, GB, ctl[GA], ctl[GB], ports, rfab.leaf_spine(leaf_a, 0).name)
+    res, served = run.result, run.served
+    assert res["count"] == 300 and served["delivered"] == 300, (res, served)
+    moves = [e for e in res["events"] if e["event"] == "moved"]
+    assert moves and moves[0]["from"] == active and via[moves[0]["to"]] == "s1", res["events"]
+    assert "QP error" in moves[0]["why"], moves
+    # on the wire: A's leaf carried the standby's packets towards spine 1
+    assert ("s1", moves[0]["to"]) in {(p.ifname, p.sport) for p in run.packets}, run.packets[-5:]
 
 
 def test_repathing_a_live_qp_is_refused_on_rxe_with_the_alternative_named(rfab, ctl):

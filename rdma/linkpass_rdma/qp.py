@@ -180,15 +180,30 @@ class SteeredRC:
 
 # ---- a ping-pong over TCP-exchanged connection details -------------------------------------
 
-def _exchange(sock: socket.socket, mine: dict) -> dict:
-    sock.sendall(json.dumps(mine).encode() + b"\n")
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(4096)
-        if not chunk or len(data) > 65536:
-            raise ConnectionError("peer closed during the exchange")
-        data += chunk
-    return json.loads(data)
+class JsonLines:
+    """One JSON object per line over a stream socket (connection details between peers)."""
+
+    MAX_LINE = 1 << 20
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buf = sock, b""
+
+    def send(self, doc: dict) -> None:
+        self.sock.sendall(json.dumps(doc).encode() + b"\n")
+
+    def recv(self) -> dict:
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the peer closed the connection")
+            self.buf += chunk
+            if len(self.buf) > self.MAX_LINE:
+                raise ConnectionError(f"a line over {self.MAX_LINE} bytes from the peer")
+        line, self.buf = self.buf.split(b"\n", 1)
+        doc = json.loads(line)
+        if not isinstance(doc, dict):
+            raise ConnectionError("the peer sent something other than a JSON object")
+        return doc
 
 
 def _pingpong(rc: SteeredRC, count: int, size: int, first: bool) -> int:
@@ -221,9 +236,10 @@ def serve(addr: str, port: int, connections: int) -> int:
                 rc = SteeredRC(dev)
                 for _ in range(4):
                     rc.post_recv()
-                req = _exchange(conn, rc.local())
+                line = JsonLines(conn)
+                req = line.recv()
                 sport = rc.connect(req, req.get("reverse_sport"))
-                conn.sendall(b"ok\n")
+                line.send(rc.local())
                 n = _pingpong(rc, int(req["count"]), int(req["size"]), first=False)
                 print(json.dumps({"served": n, "sport": sport, "qpn": rc.qp.qp_num}), flush=True)
     return 0
@@ -236,10 +252,10 @@ def ping(addr: str, server: str, sport: int | None, count: int, size: int, rever
     for _ in range(4):
         rc.post_recv()
     with socket.create_connection((host, int(port)), timeout=30, source_address=(addr, 0)) as conn:
-        info = dict(rc.local(), count=count, size=size, reverse_sport=reverse_sport)
-        peer = _exchange(conn, info)
+        line = JsonLines(conn)
+        line.send(dict(rc.local(), count=count, size=size, reverse_sport=reverse_sport))
+        peer = line.recv()  # sent once the server's QP is in RTS
         used = rc.connect(peer, sport)
-        conn.recv(3)  # the server's QP is in RTS too
         t0 = time.perf_counter()
         n = _pingpong(rc, count, size, first=True)
         took = time.perf_counter() - t0
@@ -257,16 +273,27 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ping", help="one RC connection on a chosen source port, N ping-pongs")
     p.add_argument("--addr", required=True, help="this host's NIC address")
     p.add_argument("--server", required=True, metavar="ADDR:PORT")
-    p.add_argument("--sport", type=int, default=None, help="UDP source port for this QP (49152..65535)")
-    p.add_argument("--reverse-sport", type=int, default=None, help="ask the server's QP to use this port")
+    p.add_argument("--sport", default=None,
+                   help="UDP source port for the QP (49152..65535); a comma list runs one QP per port in turn")
+    p.add_argument("--reverse-sport", default=None,
+                   help="ask the server's QP to use this port (a comma list pairs with --sport; 'same': each QP's own)")
     p.add_argument("--count", type=int, default=10)
     p.add_argument("--size", type=int, default=256)
     args = ap.parse_args(argv)
     try:
         if args.cmd == "serve":
             return serve(args.addr, args.port, args.connections)
-        print(json.dumps(ping(args.addr, args.server, args.sport, args.count, args.size, args.reverse_sport)),
-              flush=True)
+        sports = [int(x) for x in args.sport.split(",")] if args.sport else [None]
+        if args.reverse_sport == "same":
+            reverse = list(sports)
+        elif args.reverse_sport:
+            reverse = [int(x) for x in args.reverse_sport.split(",")]
+        else:
+            reverse = [None] * len(sports)
+        if len(reverse) != len(sports):
+            raise ValueError(f"--reverse-sport: {len(reverse)} ports for {len(sports)} in --sport")
+        for sport, rev in zip(sports, reverse):
+            print(json.dumps(ping(args.addr, args.server, sport, args.count, args.size, rev)), flush=True)
         return 0
     except (RdmaUnavailable, ValueError) as exc:
         print(f"linkpass_rdma.qp: {exc}", file=sys.stderr)

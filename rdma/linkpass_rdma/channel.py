@@ -1,0 +1,264 @@
+"""A message channel over RC queue pairs that moves to another fabric path when its path dies.
+
+An RC QP is bound to one source port, hence one path through the fabric, from the moment it
+connects. When that path fails, the QP retries until its retry count runs out and then errors;
+with NCCL's settings (timeout 20, retry count 7) that takes about half a minute. A `Channel`
+instead keeps a **standby QP already connected on another healthy port**, and moves its traffic
+there as soon as either
+  * the active QP's port leaves the healthy set (the entropy table the LinkPass agent writes, or
+    any `ports()` callable), before any timeout, or
+  * the active QP reports a failed completion, after its own short timeout (LinkPass's defaults:
+    timeout 14 = 67 ms per try, retry count 3: ~0.3 s),
+resends what was not acknowledged on the standby, and connects a new standby on a port not known
+to be bad. Devices that can re-path a live QP (mlx5) would not need the standby; rxe cannot.
+
+The peers agree on QPs over a control connection (a TCP socket, typically on the management
+network, as NCCL's bootstrap is): one JSON line per request. Messages are numbered; the server
+side delivers each number once and answers every message on the QP it arrived on, so a message
+resent after a move is acknowledged again but not delivered twice.
+
+Run `python3 -m linkpass_rdma.channel serve|stream` for the testbed's tests and benchmark.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable
+
+from .qp import Device, JsonLines, SteeredRC
+from .verbs import RdmaUnavailable
+
+HEADER = struct.Struct("!QI")  # sequence number, payload length
+# 67 ms per try, 4 tries: a dead path errors in ~0.3 s. Shorter trips spuriously on emulated rxe,
+# whose replies are sometimes 50 ms late; real NICs answer in microseconds and can go lower.
+FAST_TIMEOUT, FAST_RETRY = 14, 3
+BAD_HOLD_S = 10.0  # a port that failed is avoided this long unless nothing else is left
+NCCL_TIMEOUT, NCCL_RETRY = 20, 7  # NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT defaults: ~4.3 s per try, 8 tries
+
+
+class Channel:
+    """The client side: send(data) returns when the peer acknowledged it, moving paths as needed."""
+
+    def __init__(self, dev: Device, control: socket.socket, ports: Callable[[], Iterable[int]],
+                 timeout: int = FAST_TIMEOUT, retry: int = FAST_RETRY, log: Callable[[dict], None] | None = None):
+        self.dev, self.ctl = dev, JsonLines(control)
+        self.ports, self.timeout, self.retry = ports, timeout, retry
+        self.log = log or (lambda ev: None)
+        self.bad: dict[int, float] = {}  # port -> until when it is avoided
+        self._retired: list[SteeredRC] = []
+        self.seq = 0
+        self.moves = 0
+        self.active = self._open(self._pick())
+        self.standby: SteeredRC | None = self._open(self._pick(exclude={self.active.sport}))
+
+    # ---- QPs ------------------------------------------------------------------------------
+    def _pick(self, exclude: set[int] = frozenset()) -> int:
+        """The first healthy port (in the order `ports()` gives) not known bad and not excluded."""
+        offered = list(self.ports())
+        now = time.monotonic()
+        healthy = [p for p in offered if self.bad.get(p, 0.0) <= now and p not in exclude]
+        if not healthy:
+            healthy = [p for p in offered if p not in exclude]  # fail static: never nowhere to go
+        if not healthy:
+            raise RdmaUnavailable("no healthy source port to open a QP on")
+        return healthy[0]
+
+    def _open(self, sport: int) -> SteeredRC:
+        rc = SteeredRC(self.dev)
+        for _ in range(8):
+            rc.post_recv()
+        self.ctl.send(dict(rc.local(), op="open", reverse_sport=sport, timeout=self.timeout, retry=self.retry))
+        peer = self.ctl.recv()
+        if "error" in peer:
+            raise RdmaUnavailable(f"peer refused a QP: {peer['error']}")
+        rc.connect(peer, sport, timeout=self.timeout, retry=self.retry)
+        self.ctl.send({"op": "ready", "qpn": peer["qpn"]})
+        self.ctl.recv()
+        self.log({"event": "qp_open", "sport": sport, "qpn": rc.qp.qp_num, "t": time.monotonic()})
+        return rc
+
+    def _move(self, why: str) -> None:
+        """Traffic to the standby now; a new standby once the message in flight is through."""
+        old = self.active
+        self.bad[old.sport] = time.monotonic() + BAD_HOLD_S
+        if self.standby is None:  # a second failure before a new standby was made
+            self.standby = self._open(self._pick(exclude={old.sport}))
+        self.active, self.standby, self.moves = self.standby, None, self.moves + 1
+        self.log({"event": "moved", "why": why, "from": old.sport, "to": self.active.sport, "t": time.monotonic()})
+        self._retired.append(old)
+
+    def _once(self, msg: bytes, give_up: float) -> bytes | None:
+        """One try on the active QP: the echo, or None when the QP failed or its port left the
+        healthy set (the caller moves and tries again)."""
+        rc, e = self.active, self.active._e
+        rc.send(msg)
+        sent, echo = False, None
+        next_check = 0.0
+        while not (sent and echo is not None):
+            n, wcs = rc.cq.poll()
+            for wc in wcs[:n]:
+                if wc.status != e.IBV_WC_SUCCESS:
+                    self._move(f"QP error (completion status {wc.status})")
+                    return None
+                if wc.opcode == e.IBV_WC_SEND:
+                    sent = True
+                elif wc.opcode == e.IBV_WC_RECV:
+                    echo = rc.mr.read(wc.byte_len, 0)
+                    rc.post_recv()
+            now = time.monotonic()
+            if not n:
+                if now > next_check:
+                    next_check = now + 0.001
+                    if rc.sport not in set(self.ports()):
+                        self._move("port left the healthy set")
+                        return None
+                    if now > give_up:
+                        raise TimeoutError(f"message {self.seq} not acknowledged in time")
+                time.sleep(0.0001)
+        return echo
+
+    def send(self, data: bytes, deadline_s: float = 120.0) -> bytes:
+        """Send one message and wait for the peer's echo of it; returns the echo's payload."""
+        self.seq += 1
+        msg = HEADER.pack(self.seq, len(data)) + data
+        give_up = time.monotonic() + deadline_s
+        while True:
+            if self.active.sport not in set(self.ports()):
+                self._move("port left the healthy set")
+            got = self._once(msg, give_up)
+            if got is None:
+                continue
+            seq, n = HEADER.unpack_from(got)
+            if seq != self.seq:
+                continue  # a stale echo of an earlier try
+            if self.standby is None:
+                for old in self._retired:
+                    self.ctl.send({"op": "close", "qpn": old.qp.qp_num})
+                    self.ctl.recv()
+                self._retired.clear()
+                self.standby = self._open(self._pick(exclude={self.active.sport}))
+            return got[HEADER.size:HEADER.size + n]
+
+
+def serve(addr: str, port: int) -> int:
+    """Accept one channel; answer every message on the QP it came on; deliver each number once."""
+    dev = Device.for_address(addr)
+    with socket.create_server(("0.0.0.0", port)) as srv:
+        print(json.dumps({"listening": port, "device": dev.name}), flush=True)
+        conn, _ = srv.accept()
+    ctl = JsonLines(conn)
+    qps: dict[int, SteeredRC] = {}  # by the client's QPN
+    delivered = 0
+    ctl.sock.setblocking(False)
+    while True:
+        try:
+            req = ctl.recv()
+        except BlockingIOError:
+            req = None
+        except ConnectionError:
+            break
+        if req is not None:
+            ctl.sock.setblocking(True)
+            if req["op"] == "open":
+                rc = SteeredRC(dev)
+                for _ in range(8):
+                    rc.post_recv()
+                rc.connect(req, req.get("reverse_sport"), timeout=int(req["timeout"]), retry=int(req["retry"]))
+                qps[int(req["qpn"])] = rc
+                ctl.send(rc.local())
+            elif req["op"] == "ready":
+                ctl.send({"ok": True})
+            elif req["op"] == "close":
+                qps.pop(int(req["qpn"]), None)
+                ctl.send({"ok": True})
+            ctl.sock.setblocking(False)
+        for rc in list(qps.values()):
+            n, wcs = rc.cq.poll()
+            for wc in wcs[:n]:
+                if wc.status != rc._e.IBV_WC_SUCCESS or wc.opcode != rc._e.IBV_WC_RECV:
+                    continue  # our echo's completion, or a failed one on a dead path: the client resends
+                got = rc.mr.read(wc.byte_len, 0)
+                rc.post_recv()
+                seq = HEADER.unpack_from(got)[0]
+                delivered = max(delivered, seq)
+                try:
+                    rc.send(got)
+                except Exception:
+                    pass  # a QP in error: the client moves away from it
+        time.sleep(0.0002)
+    print(json.dumps({"delivered": delivered, "qps": len(qps)}), flush=True)
+    return 0
+
+
+def stream(addr: str, server: str, ports: list[int], count: int, size: int, timeout: int, retry: int,
+           interval_s: float, deadline_s: float = 120.0) -> dict:
+    """Send `count` messages, one at a time; report every move and the longest gap between two
+    acknowledged messages (guest time). A message not through within `deadline_s` ends the stream
+    with "stuck": the gap then counts up to the give-up, a lower bound of the real stall."""
+    dev = Device.for_address(addr)
+    host, _, p = server.rpartition(":")
+    events: list[dict] = []
+    ctl = socket.create_connection((host, int(p)), timeout=60)
+    ch = Channel(dev, ctl, lambda: ports, timeout=timeout, retry=retry, log=events.append)
+    print(json.dumps({"up": True, "active": ch.active.sport, "standby": ch.standby and ch.standby.sport}),
+          file=sys.stderr, flush=True)  # for whoever waits to break a link under a running channel
+    t_start = time.monotonic()
+    acked, stuck = [t_start], False
+    for i in range(count):
+        data = i.to_bytes(8, "big") * (size // 8)
+        try:
+            echo = ch.send(data, deadline_s=deadline_s)
+        except TimeoutError:
+            acked.append(time.monotonic())  # the gap so far: a lower bound
+            stuck = True
+            break
+        if echo != data:
+            raise RuntimeError(f"message {i}: the echo differs")
+        acked.append(time.monotonic())
+        if interval_s:
+            time.sleep(interval_s)
+    gaps = [b - a for a, b in zip(acked, acked[1:])]
+    worst = max(range(len(gaps)), key=gaps.__getitem__) if gaps else None
+    ctl.close()
+    return {"count": len(acked) - 1 - stuck, "stuck": stuck, "moves": ch.moves, "events": events, "ports": ports,
+            "longest_gap_ms": round(gaps[worst] * 1e3, 1) if gaps else None,
+            "longest_gap_at_s": round(acked[worst] - t_start, 3) if gaps else None,
+            "duration_s": round(time.monotonic() - t_start, 3), "first_active": events[0]["sport"] if events else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m linkpass_rdma.channel", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="answer one channel")
+    s.add_argument("--addr", required=True, help="this host's NIC address (picks the RDMA device)")
+    s.add_argument("--port", type=int, default=18520, help="TCP port of the control connection")
+    c = sub.add_parser("stream", help="send messages over a channel, moving paths when one dies")
+    c.add_argument("--addr", required=True)
+    c.add_argument("--server", required=True, metavar="ADDR:PORT", help="the peer's control address")
+    c.add_argument("--ports", required=True, help="healthy source ports, in preference order, e.g. 49152,49160")
+    c.add_argument("--count", type=int, default=100)
+    c.add_argument("--size", type=int, default=256)
+    c.add_argument("--interval", type=float, default=0.01, help="seconds between messages")
+    c.add_argument("--timeout", type=int, default=FAST_TIMEOUT, help=f"QP timeout exponent (default {FAST_TIMEOUT})")
+    c.add_argument("--retry", type=int, default=FAST_RETRY, help=f"QP retry count (default {FAST_RETRY})")
+    c.add_argument("--deadline", type=float, default=120.0,
+                   help="give up (and report the stream stuck) when one message takes longer, seconds")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "serve":
+            return serve(args.addr, args.port)
+        ports = [int(x) for x in args.ports.split(",") if x.strip()]
+        print(json.dumps(stream(args.addr, args.server, ports, args.count, args.size, args.timeout, args.retry,
+                                args.interval, args.deadline)), flush=True)
+        return 0
+    except (RdmaUnavailable, ValueError) as exc:
+        print(f"linkpass_rdma.channel: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
