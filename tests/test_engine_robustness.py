@@ -175,7 +175,9 @@ def test_background_loop_keeps_reflecting_while_python_is_busy(fabric):
         during = sorted(r.t4 for r in records if r.t4 >= t0)
         assert len(during) > 700, len(during)  # ~1 per ms
         gaps_ms = [(y - x) / 1e6 for x, y in zip(during, during[1:])]
-        assert max(gaps_ms) < 50, max(gaps_ms)
+        # a loop that needed the GIL would go quiet for the whole 1 s spin; scheduling on a
+        # loaded 2-core machine alone has shown gaps of tens of ms
+        assert max(gaps_ms) < 400, max(gaps_ms)
         with pytest.raises(RuntimeError, match="background"):
             a.core.run(1_000_000)  # one loop at a time
     finally:
@@ -204,7 +206,7 @@ def test_judging_mode_reports_answers_in_batches_and_every_miss_in_order(fabric)
         answered = [e for e in events if e[0] == EV_ANSWERED]
         assert answered and not [e for e in events if e[0] == EV_MISS], events[:5]
         assert sum(e[3] for e in answered) >= 300  # ~1 per ms (fewer on a loaded machine), in a few batches
-        assert evidence > 0 and abs(time.time_ns() - evidence) < 50_000_000
+        assert evidence > 0 and abs(time.time_ns() - evidence) < 500_000_000  # fresh: this poll's, not stale
         b.close()  # the reflector is gone: from now on every request is missed
         time.sleep(0.4)
         assert a.wait(1.0)  # the eventfd says a miss is waiting

@@ -26,9 +26,10 @@ def test_healthy_flow_has_small_gaps_and_loses_nothing(clean_faults):
     res = tcpflow.measure_stall(fab, 0, 3, 1.0)
     assert not res.broken and res.error == ""
     assert res.sent > 500 and res.received == res.sent
-    # usually < 10 ms; a 2-core VM shared with other testbeds has shown 65 ms, so loose (a stall is >= 200)
-    assert res.max_gap_ms < 100, res.max_gap_ms
-    assert res.max_delay_ms < 100, res.max_delay_ms
+    # usually < 10 ms; a loaded 2-core VM has shown 65 ms and more: the bound is what a lost
+    # segment costs at the least (TCP's 200 ms minimum retransmission timeout), not a speed
+    assert res.max_gap_ms < 200, res.max_gap_ms
+    assert res.max_delay_ms < 200, res.max_delay_ms
     assert tcp_sockets(fab, 0) == [] and tcp_sockets(fab, 3) == []
 
 
