@@ -50,6 +50,8 @@ def map_ports(fab: Fabric, a: int, b: int, ports: list[int], ctl_a: Control, ctl
     leaf_a, ups_a = spine_ports(fab, a, plane)
     leaf_b, ups_b = spine_ports(fab, b, plane)
     try:
+        _wait(lambda: '"listening"' in ctl_b.log("rc-map") or "Error" in ctl_b.log("rc-map"), 120,
+              "the RC server listening", lambda: ctl_b.log("rc-map")[-500:])
         with Capture(fab.netns(leaf_a), ups_a, ROCE_V2_DPORT) as cap_a, \
                 Capture(fab.netns(leaf_b), ups_b, ROCE_V2_DPORT) as cap_b:
             out = ctl_a.check(["python3", "-m", "linkpass_rdma.qp", "ping", "--addr", addr_a, "--server",
@@ -108,6 +110,8 @@ def channel_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Cont
             (["--retry", str(retry)] if retry is not None else []) + ["--deadline", str(deadline_s)]
     ctl_b.spawn("ch-serve", ["python3", "-m", "linkpass_rdma.channel", "serve", "--addr", addr_b,
                              "--port", str(CHANNEL_PORT)], env=GUEST_ENV)
+    _wait(lambda: '"listening"' in ctl_b.log("ch-serve") or "Error" in ctl_b.log("ch-serve"), 120,
+          "the channel server listening", lambda: ctl_b.log("ch-serve")[-500:])
     ctl_a.spawn("ch-stream", ["python3", "-m", "linkpass_rdma.channel", "stream", "--addr", addr_a, "--server",
                               f"{fab.mgmt_addr(b)}:{CHANNEL_PORT}", "--ports", ",".join(map(str, ports)),
                               "--count", str(count), *knobs], env=GUEST_ENV)

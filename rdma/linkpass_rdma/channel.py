@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 
-from .qp import Device, JsonLines, SteeredRC
+from .qp import Device, JsonLines, SteeredRC, connect_retrying
 from .verbs import RdmaUnavailable
 
 HEADER = struct.Struct("!QI")  # sequence number, payload length
@@ -202,7 +202,7 @@ def stream(addr: str, server: str, ports: list[int], count: int, size: int, time
     dev = Device.for_address(addr)
     host, _, p = server.rpartition(":")
     events: list[dict] = []
-    ctl = socket.create_connection((host, int(p)), timeout=60)
+    ctl = connect_retrying((host, int(p)))
     ch = Channel(dev, ctl, lambda: ports, timeout=timeout, retry=retry, log=events.append)
     print(json.dumps({"up": True, "active": ch.active.sport, "standby": ch.standby and ch.standby.sport}),
           file=sys.stderr, flush=True)  # for whoever waits to break a link under a running channel

@@ -180,6 +180,18 @@ class SteeredRC:
 
 # ---- a ping-pong over TCP-exchanged connection details -------------------------------------
 
+def connect_retrying(where: tuple[str, int], wait_s: float = 30.0, **kw) -> socket.socket:
+    """A TCP connection to a peer that may still be starting (refused: try again, bounded)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return socket.create_connection(where, timeout=30, **kw)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 class JsonLines:
     """One JSON object per line over a stream socket (connection details between peers)."""
 
@@ -251,7 +263,7 @@ def ping(addr: str, server: str, sport: int | None, count: int, size: int, rever
     rc = SteeredRC(dev)
     for _ in range(4):
         rc.post_recv()
-    with socket.create_connection((host, int(port)), timeout=30, source_address=(addr, 0)) as conn:
+    with connect_retrying((host, int(port)), source_address=(addr, 0)) as conn:
         line = JsonLines(conn)
         line.send(dict(rc.local(), count=count, size=size, reverse_sport=reverse_sport))
         peer = line.recv()  # sent once the server's QP is in RTS
