@@ -40,6 +40,11 @@ BAD_HOLD_S = 10.0  # a port that failed is avoided this long unless nothing else
 NCCL_TIMEOUT, NCCL_RETRY = 20, 7  # NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT defaults: ~4.3 s per try, 8 tries
 
 
+def qp_give_up_s(timeout: int, retry: int) -> float:
+    """How long an RC QP retries a dead path before it errors: (retry + 1) x 4.096 us x 2^timeout."""
+    return (retry + 1) * 4.096e-6 * (1 << timeout)
+
+
 class Channel:
     """The client side: send(data) returns when the peer acknowledged it, moving paths as needed."""
 
@@ -47,6 +52,7 @@ class Channel:
                  timeout: int = FAST_TIMEOUT, retry: int = FAST_RETRY, log: Callable[[dict], None] | None = None):
         self.dev, self.ctl = dev, JsonLines(control)
         self.ports, self.timeout, self.retry = ports, timeout, retry
+        self.echo_timeout_s = 2 * qp_give_up_s(timeout, retry) + 0.1
         self.log = log or (lambda ev: None)
         self.bad: dict[int, float] = {}  # port -> until when it is avoided
         self._retired: list[SteeredRC] = []
@@ -98,6 +104,10 @@ class Channel:
         rc.send(msg)
         sent, echo = False, None
         next_check = 0.0
+        # our request may get through and its echo not (the path died in between): the peer's
+        # QP errors then, ours never does, so an echo not back within twice the time a QP takes
+        # to give up on a path counts as that path failing
+        echo_by = time.monotonic() + self.echo_timeout_s
         while not (sent and echo is not None):
             n, wcs = rc.cq.poll()
             for wc in wcs[:n]:
@@ -115,6 +125,9 @@ class Channel:
                     next_check = now + 0.001
                     if rc.sport not in set(self.ports()):
                         self._move("port left the healthy set")
+                        return None
+                    if now > echo_by:
+                        self._move(f"no answer within {self.echo_timeout_s:.2f} s")
                         return None
                     if now > give_up:
                         raise TimeoutError(f"message {self.seq} not acknowledged in time")
