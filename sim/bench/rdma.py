@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "rdma"))
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
 from linkpass.cli.output import table  # noqa: E402
+from linkpass.core.names import host_name  # noqa: E402
 from linkpass.testbed import build, guests, roce_paths, topology  # noqa: E402
 from linkpass_rdma import channel  # noqa: E402
 
@@ -50,7 +51,7 @@ def main() -> int:
     build.clean(args.prefix)
     spec = topology.preset("default")
     spec = type(spec)(**{**spec.__dict__, "rdma_hosts": (A, B)})
-    report.progress(f"testbed {args.prefix} with Soft-RoCE guests h{A}, h{B}")
+    report.progress(f"testbed {args.prefix} with Soft-RoCE guests {host_name(A)}, {host_name(B)}")
     fab = build.up(spec, args.prefix, progress=report.progress)
     rows = []
     try:
