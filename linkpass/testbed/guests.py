@@ -93,7 +93,11 @@ def ensure_image(progress: Progress = lambda _: None, cache: str = IMAGE_CACHE) 
             manifest = json.load(f)
     except (OSError, ValueError) as exc:
         raise GuestError(f"the guest image builder named {directory!r}, which has no readable manifest ({exc})") from None
-    return Image(directory, os.path.join(directory, "vmlinuz"), os.path.join(directory, "initrd.img"), manifest)
+    # the uncompressed kernel boots through QEMU's PVH entry, skipping decompression under emulation
+    kernel = os.path.join(directory, "vmlinux")
+    if not os.path.exists(kernel):
+        kernel = os.path.join(directory, "vmlinuz")
+    return Image(directory, kernel, os.path.join(directory, "initrd.img"), manifest)
 
 
 # ---- what a guest is told to be (pure) ----------------------------------------------------
