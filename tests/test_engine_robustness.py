@@ -291,11 +291,12 @@ def test_a_removed_paths_id_is_reused_and_the_new_path_is_answered_at_once(fabri
         a.track(True)
         a.remove_path(1)
         a.add_path(PathSpec(1, "p0", 2, fabric.nic_addr(3, 0), 50002, interval_s=0.001))
-        a.set_rto(1, 5_000_000)
+        a.set_rto(1, 50_000_000)  # generous: a reflector kept waiting by a loaded machine is not the point here
         a.run(0.3)
         events, _ = a.poll(True)
         assert sum(e.count for e in events if e.kind == EV_ANSWERED) > 150
-        assert len([e for e in events if e.kind == EV_MISS]) < 5
+        # a replay window that refused the reused id would miss every probe; a loaded host misses a few
+        assert len([e for e in events if e.kind == EV_MISS]) < 15
     finally:
         a.close()
         b.close()
