@@ -148,3 +148,12 @@ def test_a_guest_command_that_fails_reports_its_exit_code_and_output(ctl):
     assert res.rc == 3 and "oops" in res.stderr
     with pytest.raises(guests.GuestError, match="exited 3"):
         ctl[GA].check(["sh", "-c", "exit 3"])
+
+
+def test_the_namespace_traffic_tools_refuse_a_guest_by_name_and_check_skips_it(rfab):
+    from linkpass.testbed import traffic
+    with pytest.raises(build.TestbedError, match="h0 is a Soft-RoCE guest"):
+        traffic.send_flow(rfab, GA, 1, plane=0, count=1)
+    rows = traffic.reachability(rfab, tries=1)
+    assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    assert {r["src"] for r in rows} | {r["dst"] for r in rows} == {"h1", "h2"}

@@ -189,11 +189,17 @@ def cmd_check(args) -> int:
                 if i == j:
                     cells.append("-")
                     continue
+                if fab.is_guest(i) or fab.is_guest(j):
+                    cells.append(paint("guest", "dim"))  # not checked from here
+                    continue
                 marks = "".join("✓" if index[(host_name(i), host_name(j), p, t)] else "✗"
                                 for p in range(P) for t in ("nic", "service"))
                 cells.append(paint(marks, "green" if "✗" not in marks else "red"))
             grid.append(cells)
         lines.append(table(hdr, grid))
+        if fab.spec.rdma_hosts:
+            lines.append(f"  (Soft-RoCE guests {', '.join(host_name(h) for h in fab.spec.rdma_hosts)} are not "
+                         f"checked from here: they have no namespace to send from)")
         for r in bad:
             lines.append(f"  ✗ {r['src']} → {r['dst']} plane {r['plane']} {r['target']}: "
                          f"{r['received']}/{r['sent']} received, ingress {r['ingress'] or 'none'}")

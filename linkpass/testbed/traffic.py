@@ -17,6 +17,7 @@ from pyroute2 import IPRoute
 from ..kernel import netns as ns_io
 from ..core.constants import ROCE_PORT  # flows hash like RDMA traffic
 from ..core.names import LEAF_SPINE, host_name
+from .build import TestbedError
 from .topology import Fabric, nic_ifname
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -120,7 +121,12 @@ def send_flow(fab: Fabric, src_host: int, dst_host: int, *, plane: int | None = 
     target="nic": to the destination's NIC address on `plane` (from ours on that plane).
     target="service": between service addresses; with `plane` set, pinned to that plane's
     NIC (SO_BINDTODEVICE), otherwise the host's ECMP route chooses by the 5-tuple.
+    Both hosts must be namespace hosts (a Soft-RoCE guest is driven through testbed.guests).
     """
+    for h in (src_host, dst_host):
+        if fab.is_guest(h):
+            raise TestbedError(f"{host_name(h)} is a Soft-RoCE guest: this traffic tool runs in namespace hosts; "
+                               f"drive a guest with linkpass.testbed.guests.Control")
     if not 1 <= count <= MAX_PACKETS:
         raise ValueError(f"count must be 1..{MAX_PACKETS}, got {count}")
     if not 28 + _HDR.size <= size <= fab.spec.mtu:
@@ -185,8 +191,8 @@ def reachability(fab: Fabric, tries: int = 3) -> list[dict]:
     H, P = fab.spec.hosts, fab.spec.planes
     for i in range(H):
         for j in range(H):
-            if i == j:
-                continue
+            if i == j or fab.is_guest(i) or fab.is_guest(j):
+                continue  # guests: tests/test_rdma_guests.py checks their reachability
             for p in range(P):
                 for target in ("nic", "service"):
                     res = send_flow(fab, i, j, plane=p, target=target, sport=41000 + p, count=tries,
