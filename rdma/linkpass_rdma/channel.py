@@ -40,6 +40,38 @@ BAD_HOLD_S = 10.0  # a port that failed is avoided this long unless nothing else
 NCCL_TIMEOUT, NCCL_RETRY = 20, 7  # NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT defaults: ~4.3 s per try, 8 tries
 
 
+def table_ports(peer_addr: str, plane: int, path: str | None = None, fallback: Iterable[int] = (),
+                min_interval_s: float = 0.001) -> Callable[[], tuple[int, ...]]:
+    """A `ports()` for a Channel: the healthy ports of (peer, plane) in the entropy table the
+    LinkPass agent writes, re-read at most every `min_interval_s`. An entry the agent flagged
+    fail-static (no port known healthy), a missing entry or an unreadable table gives `fallback`
+    (the ports the application would use without LinkPass) or, without one, the fail-static
+    entry's ports or the last ones read: the channel never has nowhere to go."""
+    from . import entropy
+    from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
+
+    cached: dict = {"at": -1.0, "ports": tuple(fallback)}
+
+    def ports() -> tuple[int, ...]:
+        now = time.monotonic()
+        if now - cached["at"] >= min_interval_s:
+            cached["at"] = now
+            try:
+                e = entropy.read_table(path or entropy.DEFAULT_PATH).get(peer_addr, plane)
+            except Exception:  # the table is advice: unreadable now, keep going on what we have
+                e = None
+            if e is not None and e.ports and not e.flags & ENTRY_FAIL_STATIC:
+                cached["ports"] = tuple(e.ports)  # what the agent knows to be healthy
+            elif fallback:
+                cached["ports"] = tuple(fallback)
+            elif e is not None and e.ports:
+                cached["ports"] = tuple(e.ports)  # fail static: every port, none known good
+            # else: nothing better known; keep the last ports
+        return cached["ports"]
+
+    return ports
+
+
 def qp_give_up_s(timeout: int, retry: int) -> float:
     """How long an RC QP retries a dead path before it errors: (retry + 1) x 4.096 us x 2^timeout."""
     return (retry + 1) * 4.096e-6 * (1 << timeout)
