@@ -129,10 +129,17 @@ class Channel:
         self.log({"event": "moved", "why": why, "from": old.sport, "to": self.active.sport, "t": time.monotonic()})
         self._retired.append(old)
 
+    def _port_left(self) -> bool:
+        """Move off the active QP if its port is no longer offered as healthy; whether it moved."""
+        if self.active.sport in set(self.ports()):
+            return False
+        self._move("port left the healthy set")
+        return True
+
     def _once(self, msg: bytes, give_up: float) -> bytes | None:
         """One try on the active QP: the echo, or None when the QP failed or its port left the
         healthy set (the caller moves and tries again)."""
-        rc, e = self.active, self.active._e
+        rc = self.active
         rc.send(msg)
         sent, echo = False, None
         next_check = 0.0
@@ -141,22 +148,18 @@ class Channel:
         # to give up on a path counts as that path failing
         echo_by = time.monotonic() + self.echo_timeout_s
         while not (sent and echo is not None):
-            n, wcs = rc.cq.poll()
-            for wc in wcs[:n]:
-                if wc.status != e.IBV_WC_SUCCESS:
-                    self._move(f"QP error (completion status {wc.status})")
-                    return None
-                if wc.opcode == e.IBV_WC_SEND:
-                    sent = True
-                elif wc.opcode == e.IBV_WC_RECV:
-                    echo = rc.mr.read(wc.byte_len, 0)
-                    rc.post_recv()
+            try:
+                n_sent, got = rc.step()
+            except RuntimeError as exc:
+                self._move(f"QP error ({exc})")
+                return None
+            sent = sent or n_sent > 0
+            echo = got[-1] if got else echo
             now = time.monotonic()
-            if not n:
+            if not n_sent and not got:
                 if now > next_check:
                     next_check = now + 0.001
-                    if rc.sport not in set(self.ports()):
-                        self._move("port left the healthy set")
+                    if self._port_left():
                         return None
                     if now > echo_by:
                         self._move(f"no answer within {self.echo_timeout_s:.2f} s")
@@ -172,8 +175,7 @@ class Channel:
         msg = HEADER.pack(self.seq, len(data)) + data
         give_up = time.monotonic() + deadline_s
         while True:
-            if self.active.sport not in set(self.ports()):
-                self._move("port left the healthy set")
+            self._port_left()  # before sending: do not post on a path the agent already took out
             got = self._once(msg, give_up)
             if got is None:
                 continue
@@ -197,7 +199,7 @@ def serve(addr: str, port: int) -> int:
         conn, _ = srv.accept()
     ctl = JsonLines(conn)
     qps: dict[int, SteeredRC] = {}  # by the client's QPN
-    delivered = 0
+    delivered = duplicates = skipped = 0
     ctl.sock.setblocking(False)
     while True:
         try:
@@ -222,20 +224,25 @@ def serve(addr: str, port: int) -> int:
                 ctl.send({"ok": True})
             ctl.sock.setblocking(False)
         for rc in list(qps.values()):
-            n, wcs = rc.cq.poll()
-            for wc in wcs[:n]:
-                if wc.status != rc._e.IBV_WC_SUCCESS or wc.opcode != rc._e.IBV_WC_RECV:
-                    continue  # our echo's completion, or a failed one on a dead path: the client resends
-                got = rc.mr.read(wc.byte_len, 0)
-                rc.post_recv()
+            try:
+                _, arrived = rc.step()
+            except RuntimeError:
+                continue  # our echo failed on a dead path: the client resends elsewhere
+            for got in arrived:
                 seq = HEADER.unpack_from(got)[0]
-                delivered = max(delivered, seq)
+                if seq == delivered + 1:
+                    delivered = seq  # the next message: delivered
+                elif seq <= delivered:
+                    duplicates += 1  # resent after a move: answered again, not delivered again
+                else:
+                    skipped += 1  # a message missing before it: must never happen
                 try:
                     rc.send(got)
                 except Exception:
                     pass  # a QP in error: the client moves away from it
         time.sleep(0.0002)
-    print(json.dumps({"delivered": delivered, "qps": len(qps)}), flush=True)
+    print(json.dumps({"delivered": delivered, "duplicates": duplicates, "skipped": skipped, "qps": len(qps)}),
+          flush=True)
     return 0
 
 

@@ -5,7 +5,7 @@
     rc = qp.SteeredRC(dev)                               # an RC QP in INIT, plus a CQ and a buffer
     info = rc.local()                                    # {"qpn", "gid", "psn"}: send it to the peer
     rc.connect(peer_info, sport=qp.port_from_table(...)) # RTR/RTS with the flow label for that port
-    rc.send(b"...");  rc.recv()
+    rc.send(b"...");  reply = rc.wait(send=True, recv=True)
 
 The port decides the fabric path (the switches hash the 5-tuple); `steer.py` says how a port
 becomes a flow label. A QP's port is fixed once it is in RTR on rxe; on mlx5 a live QP can be
@@ -102,6 +102,8 @@ class SteeredRC:
         self.psn = random.randrange(1 << 24)
         self.sport: int | None = None
         self.flow_label: int | None = None
+        self._sends_done = 0  # completed sends no wait() has claimed yet
+        self._inbox: list[bytes] = []  # arrived messages no wait() has claimed yet
 
     def local(self) -> dict:
         gid = self.ctx.query_gid(self.dev.port, self.dev.gid_index)
@@ -157,25 +159,37 @@ class SteeredRC:
         wr = SendWR(opcode=self._e.IBV_WR_SEND, num_sge=1, sg=[SGE(self.mr.buf + BUF, len(data), self.mr.lkey)])
         self.qp.post_send(wr)
 
-    def poll(self, timeout_s: float = 5.0) -> list:
-        """Completions until at least one arrives; raises on a failed one or after the timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            n, wcs = self.cq.poll()
-            if n:
-                for wc in wcs:
-                    if wc.status != self._e.IBV_WC_SUCCESS:
-                        raise RuntimeError(f"work completion failed: status {wc.status} (QP {self.qp.qp_num})")
-                return wcs
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no completion within {timeout_s} s (QP {self.qp.qp_num}, port {self.sport})")
-            time.sleep(0.0005)
+    def step(self) -> tuple[int, list[bytes]]:
+        """One look at the CQ: how many sends completed and the messages that arrived (their
+        receive buffers posted again). A failed completion raises RuntimeError: the QP is in error."""
+        n, wcs = self.cq.poll(num_entries=8)
+        sent, got = 0, []
+        for wc in wcs[:n]:
+            if wc.status != self._e.IBV_WC_SUCCESS:
+                raise RuntimeError(f"work completion failed: status {wc.status} (QP {self.qp.qp_num})")
+            if wc.opcode == self._e.IBV_WC_SEND:
+                sent += 1
+            elif wc.opcode == self._e.IBV_WC_RECV:
+                got.append(self.mr.read(wc.byte_len, 0))
+                self.post_recv()
+        return sent, got
 
-    def recv(self, length: int, timeout_s: float = 5.0) -> bytes:
-        for wc in self.poll(timeout_s):
-            if wc.opcode == self._e.IBV_WC_RECV:
-                return self.mr.read(min(length, wc.byte_len), 0)
-        return self.recv(length, timeout_s)
+    def wait(self, send: bool = False, recv: bool = False, timeout_s: float = 5.0) -> bytes | None:
+        """Until a posted send has completed (`send`) and/or a message has arrived (`recv`, which
+        is returned). Completions arrive in either order, so what comes before it is wanted is
+        kept for the next call, never dropped."""
+        deadline = time.monotonic() + timeout_s
+        while (send and not self._sends_done) or (recv and not self._inbox):
+            sent, got = self.step()
+            self._sends_done += sent
+            self._inbox += got
+            if not sent and not got:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no completion within {timeout_s} s (QP {self.qp.qp_num}, port {self.sport})")
+                time.sleep(0.0005)
+        if send:
+            self._sends_done -= 1
+        return self._inbox.pop(0) if recv else None
 
 
 # ---- a ping-pong over TCP-exchanged connection details -------------------------------------
@@ -224,14 +238,11 @@ def _pingpong(rc: SteeredRC, count: int, size: int, first: bool) -> int:
     for _ in range(count):
         if first:
             rc.send(msg)
-            rc.poll()
-            got = rc.recv(size)
-            rc.post_recv()
+            got = rc.wait(send=True, recv=True)
         else:
-            got = rc.recv(size)
-            rc.post_recv()
+            got = rc.wait(recv=True)
             rc.send(got)
-            rc.poll()
+            rc.wait(send=True)
         if first and got != msg:
             raise RuntimeError("a reply differs from what was sent")
         done += 1
