@@ -20,17 +20,11 @@ from pyroute2 import IPRoute, netns as pr_netns
 from ..core.names import HOST, host_index, host_name
 from ..kernel import netns as ns_io
 from . import guests, state
-from .topology import Fabric, Route, Spec, TopologyError, mac_of, make_fabric, mgmt_subnet_for_slot
+from .topology import Fabric, Route, Spec, TestbedError, TopologyError, mac_of, make_fabric, mgmt_subnet_for_slot
 
 # pyroute2 speaks in route protocol numbers; 4 = "static" marks testbed baseline routes.
 RTPROT_STATIC = 4
 NUD_PERMANENT = 0x80
-
-
-class TestbedError(RuntimeError):
-    """Building or changing the testbed failed; the message says what to do."""
-
-    __test__ = False  # not a pytest class, despite the name
 
 
 Progress = Callable[[str], None]
@@ -90,10 +84,7 @@ def up(spec: Spec, prefix: str, progress: Progress = _quiet) -> Fabric:
         if spec.rdma_hosts:
             progress(f"the Soft-RoCE guest image for hosts {', '.join(map(str, spec.rdma_hosts))} "
                      f"(built once, minutes; then cached in {guests.IMAGE_CACHE})")
-            try:
-                image = guests.ensure_image(progress)
-            except guests.GuestError as exc:
-                raise TestbedError(str(exc)) from None
+            image = guests.ensure_image(progress)
         state.save(prefix, {"status": "building", "spec": spec.__dict__, "mgmt_subnet": fab.mgmt_subnet,
                             "faults": [], "next_fault_id": 1})
         try:
@@ -102,8 +93,6 @@ def up(spec: Spec, prefix: str, progress: Progress = _quiet) -> Fabric:
             progress(f"build failed ({exc}); removing what was built")
             _teardown(prefix)
             state.remove(prefix)
-            if isinstance(exc, guests.GuestError):
-                raise TestbedError(str(exc)) from None  # the CLI turns testbed errors into exit codes
             raise
         state.save(prefix, {"status": "up", "spec": spec.__dict__, "mgmt_subnet": fab.mgmt_subnet,
                             "faults": [], "next_fault_id": 1,

@@ -35,7 +35,7 @@ from typing import Callable
 from ..core.names import host_name
 from ..kernel.tap import open_tap
 from . import state
-from .topology import Fabric, mac_of, nic_ifname
+from .topology import Fabric, TestbedError, mac_of, nic_ifname
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGE_SCRIPT = os.path.join(REPO, "rdma", "guest", "build-image.sh")
@@ -51,8 +51,9 @@ MGMT_IF = "mgmt"
 Progress = Callable[[str], None]
 
 
-class GuestError(RuntimeError):
-    """A guest could not be built, booted or reached; the message says which and where its log is."""
+class GuestError(TestbedError):
+    """A guest could not be built, booted or reached; the message says which and where its log is
+    (a testbed error: the CLI reports it with the testbed's exit code)."""
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,12 @@ _SPEC_FIELDS = {
 }
 
 
+class TestbedError(RuntimeError):
+    """Building or changing the testbed failed; the message says what to do."""
+
+    __test__ = False  # not a pytest class, despite the name
+
+
 class TopologyError(ValueError):
     """A topology description is invalid. The message names the field and what is allowed."""
 
