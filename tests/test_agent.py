@@ -50,6 +50,9 @@ peers: [{name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}]
     (lambda d: d.update(detect={"hold_down": 5}), "detect.hold_down: unknown field"),
     (lambda d: d.update(probe={"rt_priority": 200}), "probe.rt_priority: expected an integer 0..99"),
     (lambda d: d.update(entropy={"enabled": 1}), "entropy.enabled: expected true or false"),
+    (lambda d: d.update(probe={"engine": "dpdk"}), "probe.engine: 'dpdk' is not a probe engine; use one of auto, "),
+    (lambda d: d.update(probe={"batch_ms": 0}), "probe.batch_ms: expected a number 1..1000"),
+    (lambda d: d.update(detect={"timeout_ceiling_ms": 0}), "detect.timeout_ceiling_ms: expected an integer 1..10000"),
 ])
 def test_config_errors_name_the_field(edit, message):
     doc = yaml.safe_load(GOOD)
@@ -392,3 +395,49 @@ def test_agent_refuses_a_bad_config_with_exit_2(tmp_path):
     out = subprocess.run([*LINKPASS, "agent", "--config", str(bad)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "agent_id: expected an integer" in out.stderr
 
+
+
+@pytest.mark.unit
+def test_a_raised_timeout_floor_moves_the_first_timeout_with_it():
+    """Slow round trips (emulated RDMA hosts) need a floor above the default first timeout; the
+    agent moves the first timeout into [floor, ceiling] rather than refusing the file."""
+    doc = yaml.safe_load(GOOD)
+    doc["detect"] = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 400}
+    cfg = load_text(yaml.safe_dump(doc), "agent.yaml")
+    assert cfg.detect["initial_timeout_ns"] == 100_000_000
+    assert cfg.detect["timeout_ceiling_ns"] == 400_000_000
+
+
+@pytest.mark.unit
+def test_the_probe_engine_is_sockets_where_no_nic_has_an_rdma_device(monkeypatch):
+    from linkpass.agent import daemon
+    from linkpass.kernel import rdma
+
+    cfg = load_text(GOOD, "agent.yaml")
+    assert cfg.engine == "auto"
+    def no_device(addr, sysfs=rdma.SYSFS):
+        raise rdma.RdmaUnavailable(f"no RDMA device has a RoCE v2 GID for {addr}")
+
+    monkeypatch.setattr(daemon.Device, "for_address", no_device)
+    assert daemon.probe_engine_kind(cfg) == "sockets"
+    doc = yaml.safe_load(GOOD)
+    doc["probe"] = {"engine": "verbs"}
+    assert daemon.probe_engine_kind(load_text(yaml.safe_dump(doc), "agent.yaml")) == "verbs"
+
+
+@pytest.mark.root
+def test_an_agent_told_to_probe_through_verbs_without_rdma_exits_2_saying_so(tmp_path):
+    if os.path.exists("/sys/class/infiniband"):
+        pytest.skip("this host has RDMA devices")
+    key = tmp_path / "fleet.key"
+    key.write_text(KEY.hex())
+    os.chmod(key, 0o600)
+    doc = yaml.safe_load(GOOD)
+    doc.update(fleet_key_file=str(key), probe={"engine": "verbs"}, api={"port": free_port()})
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    out = subprocess.run([*LINKPASS, "agent", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out.stderr
+    # no pyverbs here, or no RDMA device: either is named, with the way out
+    assert "linkpass agent: probe engine: " in out.stderr and "probe.engine: sockets" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

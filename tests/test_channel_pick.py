@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from linkpass_rdma import channel
-from linkpass_rdma.verbs import RdmaUnavailable
+from linkpass.kernel.rdma import RdmaUnavailable
 
 pytestmark = pytest.mark.unit
 

@@ -30,7 +30,7 @@ def test_importing_linkpass_does_not_import_pyverbs_or_ray():
 
 
 def test_missing_pyverbs_says_how_to_install(tmp_path, monkeypatch):
-    from linkpass_rdma import verbs
+    from linkpass.kernel import rdma as verbs
 
     monkeypatch.delitem(sys.modules, "pyverbs", raising=False)
     monkeypatch.setattr(importlib, "import_module", _fail_pyverbs(importlib.import_module))
@@ -40,7 +40,7 @@ def test_missing_pyverbs_says_how_to_install(tmp_path, monkeypatch):
 
 def test_system_pyverbs_is_loaded_alone_from_its_directory(tmp_path, monkeypatch):
     """A pyverbs package in a system directory is found without putting that directory on sys.path."""
-    from linkpass_rdma import verbs
+    from linkpass.kernel import rdma as verbs
 
     pkg = tmp_path / "pyverbs"
     pkg.mkdir()

@@ -1,20 +1,23 @@
 """Soft-RoCE guests on the testbed fabric: hosts 0 and 3 of the default shape are QEMU guests
 with rdma_rxe, the others namespaces. The guests boot with one RDMA device per plane, the fabric
 reaches them like any host, an RC queue pair steered to a source port carries exactly that port
-on the wire (both directions), each port keeps to one spine, and the mlx5-only re-path call is
-refused on rxe. The first run builds the guest image (minutes; cached afterwards)."""
+on the wire (both directions), each port keeps to one spine, the mlx5-only re-path call is
+refused on rxe, and LinkPass agents inside the guests probe through verbs (UD QPs) and write an
+entropy table that a channel of RC QPs follows off a dead spine link. The first run builds the
+guest image (minutes; cached afterwards)."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
 from linkpass.core.names import host_name
 from linkpass.kernel import netns as ns_io
-from linkpass.testbed import build, guests, roce_paths, topology
+from linkpass.testbed import agents, build, guests, roce_paths, topology
 
 from helpers import prefix_for
 
@@ -136,7 +139,7 @@ def test_a_channel_moves_to_its_standby_qp_when_its_spine_link_dies(rfab, ctl, p
 
 
 def test_repathing_a_live_qp_is_refused_on_rxe_with_the_alternative_named(rfab, ctl):
-    code = ("import sys; from linkpass_rdma.qp import Device, SteeredRC; from linkpass_rdma.verbs import "
+    code = ("import sys; from linkpass_rdma.qp import Device, SteeredRC; from linkpass.kernel.rdma import "
             "RdmaUnavailable\nrc = SteeredRC(Device.for_address(sys.argv[1]))\ntry:\n    rc.repath(50000)\n"
             "except RdmaUnavailable as e:\n    print('refused:', e)")
     out = ctl[GA].check(["python3", "-c", code, rfab.nic_addr(GA, 0)], env=GUEST_ENV)
@@ -157,3 +160,65 @@ def test_the_namespace_traffic_tools_refuse_a_guest_by_name_and_check_skips_it(r
     rows = traffic.reachability(rfab, tries=1)
     assert rows and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     assert {r["src"] for r in rows} | {r["dst"] for r in rows} == {"h1", "h2"}
+
+
+# agents under emulation: probes every 50 ms, timeouts for round trips of up to a few hundred ms
+GUEST_DETECT = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 400}
+TABLE = f"{agents.GUEST_RUN_DIR}/entropy"
+
+
+def _table(ctl, peer_addr: str) -> dict:
+    code = ("import json, sys; from linkpass_rdma import entropy; t = entropy.read_table(sys.argv[1]); "
+            "print(json.dumps({f'{e.peer}/{e.plane}': [list(e.ports), e.flags] for e in t.entries}))")
+    try:
+        return json.loads(ctl.check(["python3", "-c", code, TABLE], env=GUEST_ENV).strip().splitlines()[-1])
+    except (guests.GuestError, ValueError, IndexError):
+        return {}
+
+
+def test_agents_in_guests_probe_through_verbs_and_a_channel_follows_their_table_off_a_dead_link(
+        rfab, ctl, port_paths):
+    """An agent inside each guest probes its peer through UD queue pairs (rxe takes every RoCEv2
+    packet; no socket could hear a probe), and its entropy table lists the healthy port of each
+    spine. A channel whose QPs keep NCCL's timeouts (they would not error for over a minute here)
+    follows that table: when its spine link dies, the agent's verdict moves it to the other
+    spine's QP, no message lost, and A's agent named the path down as a hard failure."""
+    addr_b = rfab.nic_addr(GB, 0)
+    with agents.GuestAgents(rfab, [GA, GB], interval_ms=50, probe={"batch_ms": 50}, detect=GUEST_DETECT,
+                            controls=dict(ctl)) as ga:
+        for h in (GA, GB):
+            started = ga.events(h, "started")[-1]
+            assert started["probes"]["engine"] == "verbs" and started["probes"]["timestamps"] == "software", started
+            assert set(started["probes"]["nics"]) == {"p0", "p1"} and started["paths"] >= 4, started
+        deadline = time.monotonic() + 90
+        while len((table := _table(ctl[GA], addr_b)).get(f"{addr_b}/0", [[]])[0]) < 2:
+            assert time.monotonic() < deadline, (table, ga.log(GA)[-2000:])
+            time.sleep(1)
+        ports, flags = table[f"{addr_b}/0"]
+        assert flags == 0, table  # healthy, not fail-static
+        spine = {sp: port_paths[sp].forward[0] if sp in port_paths else None for sp in ports}
+        if None in spine.values():  # the agent's ports are its own; map those the fixture did not
+            spine.update({sp: pp.forward[0] for sp, pp in
+                          roce_paths.map_ports(rfab, GA, GB, [p for p in ports if spine[p] is None],
+                                               ctl[GA], ctl[GB]).items()})
+        assert set(spine.values()) == {"s0", "s1"}, spine  # one healthy port per spine
+        active = ports[0]
+        cut = rfab.leaf_spine(roce_paths.spine_ports(rfab, GA, 0)[0], roce_paths.spine_of_if(spine[active])).name
+        from linkpass_rdma import channel
+        run = roce_paths.channel_under_fault(rfab, GA, GB, ctl[GA], ctl[GB], ports, cut, count=300,
+                                             timeout=channel.NCCL_TIMEOUT, retry=channel.NCCL_RETRY,
+                                             deadline_s=30, table=TABLE, lead_s=2.0)
+        res, served = run.result, run.served
+        assert res["count"] == 300 and not res["stuck"] and served["delivered"] == 300, (res, served)
+        moves = [e for e in res["events"] if e["event"] == "moved"]
+        assert moves and moves[0]["from"] == active and moves[0]["why"] == "port left the healthy set", res["events"]
+        assert spine[moves[0]["to"]] != spine[active], (moves, spine)
+        downs = [e for e in ga.events(GA, "path_state") if e["peer"] == host_name(GB) and e["plane"] == 0
+                 and e["sport"] == active and e["new"] == "down"]
+        assert downs and downs[0]["reason"] == "hard_failure", ga.events(GA, "path_state")[-6:]
+        # the move followed the agent's verdict (same guest clock), not a QP timeout
+        assert downs[0]["mono_ns"] / 1e9 <= moves[0]["t"], (downs[0], moves[0])
+        other_if = spine[moves[0]["to"]]
+        assert (other_if, moves[0]["to"]) in {(p.ifname, p.sport) for p in run.packets}, run.packets[-5:]
+    stopped = [e for h in (GA, GB) for e in ga.events(h, "stopped")]
+    assert len(stopped) == 2 and all(e["stats"]["counters"]["replies"] > 0 for e in stopped), stopped

@@ -200,3 +200,60 @@ def test_replay_window_property(seqs, size):
         if expected:
             seen.add(s)
             top = max(top, s)
+
+
+# ---- UD probes (RDMA hosts) ----------------------------------------------------------------
+
+@given(probes.filter(lambda p: p.pad % 4 == 0), ports)
+def test_a_ud_record_round_trips_with_the_port_it_was_sent_with(p, sport):
+    record = codec.encode_ud(p, sport)
+    assert len(record) == W.UD_RECORD_MIN + p.pad and len(record) % 4 == 0
+    assert codec.decode_ud(record) == (p, sport)
+
+
+def test_a_ud_record_is_refused_when_anything_under_its_tag_changes():
+    record = bytearray(codec.encode_ud(W.Probe(W.KIND_REQUEST, 1, 2, 3, 4, t1=5), 49152))
+    for at in (0, 1, 10, W.UD_RECORD_MIN - W.TAG_LEN - 1):  # the port, the header, the last covered byte
+        bad = bytearray(record)
+        bad[at] ^= 1
+        with pytest.raises(W.WireError) as err:
+            codec.decode_ud(bytes(bad))
+        assert err.value.reason in ("bad_tag", "bad_magic", "bad_version", "bad_kind", "bad_length")
+    with pytest.raises(W.WireError, match="short"):
+        codec.decode_ud(bytes(record[:W.UD_RECORD_MIN - 1]))
+    with pytest.raises(W.WireError, match="bad_length"):
+        codec.decode_ud(bytes(record) + b"\0\0\0\0")
+    with pytest.raises(W.WireError, match="bad_tag"):
+        W.Codec(bytes(32)).decode_ud(bytes(record))
+
+
+def test_a_ud_packet_is_a_roce_ud_send_to_the_peer_qp_with_a_valid_icrc():
+    record = codec.encode_ud(W.Probe(W.KIND_REQUEST, 1, 2, 3, 4), 50000)
+    pkt = W.ud_packet(record, "198.18.64.1", "198.18.64.7", 50000, dest_qpn=0x123456, src_qpn=0x11, psn=7)
+    assert pkt[0] == W.BTH_OPCODE_UD_SEND_ONLY and pkt[5:8] == bytes.fromhex("123456")
+    assert pkt[12:16] == W.LINKPASS_QKEY.to_bytes(4, "big") and pkt[17:20] == bytes.fromhex("000011")
+    assert pkt[20:-4] == record
+    assert pkt[-4:] == W.icrc("198.18.64.1", "198.18.64.7", 50000, W.ROCE_PORT, pkt[:-4])
+    with pytest.raises(ValueError, match="multiple of 4"):
+        W.ud_packet(record + b"x", "198.18.64.1", "198.18.64.7", 50000, 1, 1)
+
+
+def test_ud_padding_fills_an_ip_packet_to_at_most_the_size_asked():
+    for size in (136, 1076, 1500, 1501):
+        pad = W.ud_pad_for_ip_size(size)
+        total = W.IPV4_LEN + W.UDP_LEN + W.UD_MIN_PAYLOAD + pad
+        assert pad % 4 == 0 and size - 4 < total <= size
+    with pytest.raises(ValueError):
+        W.ud_pad_for_ip_size(100)
+
+
+def test_a_hello_round_trips_and_a_forged_or_altered_one_is_refused():
+    ask = codec.encode_hello(W.HELLO_ASK, 7, 0, 2**64 - 1)
+    assert codec.decode_hello(ask) == (W.HELLO_ASK, 7, 0, 2**64 - 1)
+    answer = codec.encode_hello(W.HELLO_ANSWER, 8, 0x1234, 99)
+    assert codec.decode_hello(answer) == (W.HELLO_ANSWER, 8, 0x1234, 99)
+    for bad, reason in ((answer[:-1], "bad_length"), (W.Codec(bytes(32)).encode_hello(W.HELLO_ANSWER, 8, 1, 99), "bad_tag"),
+                        (answer[:8] + bytes([answer[8] ^ 1]) + answer[9:], "bad_tag")):
+        with pytest.raises(W.WireError) as err:
+            codec.decode_hello(bad)
+        assert err.value.reason == reason

@@ -16,9 +16,12 @@
       size_probe_every: 100          # every Nth probe is full-size (MTU black holes); 0 = never
       mtu: 1500                      # IP size of those probes
       rt_priority: 10                # SCHED_FIFO for the probe thread (0 = off): replies on time on busy hosts
+      engine: auto                   # sockets | verbs | auto (verbs where every NIC has a RoCE v2 RDMA device)
+      batch_ms: 10                   # on-time replies are taken this often (misses at once); more is cheaper
     detect:                          # linkpass/core/detector.py explains each
       miss_threshold: 3              # consecutive misses that declare a path down
       timeout_floor_us: 250          # the adaptive timeout never goes below this
+      timeout_ceiling_ms: 50         # ... nor above this (raise it where round trips are slower)
       hold_down_ms: 500              # a recovered path waits this long before it is used again
       recovery_good_probes: 100      # ... and needs this many good probes in a row
       flap_half_life_ms: 10000       # flap damping: a DOWN's penalty halves this fast
@@ -48,7 +51,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import MISSING, dataclass, field
 
-from ..core.constants import AGENT_API_PORT, ENTROPY_PATH
+from ..core.constants import AGENT_API_PORT, BATCH_S, ENTROPY_PATH
 from ..core.detector import DetectorConfig
 from ..core.wire import FLEET_KEY_MAX, FLEET_KEY_MIN
 
@@ -104,6 +107,8 @@ class AgentConfig:
     size_probe_every: int = 100
     mtu: int = 1500
     rt_priority: int = 10  # SCHED_FIFO priority of the probe thread; 0 = normal scheduling
+    engine: str = "auto"  # how probes are sent and received: PROBE_ENGINES
+    batch_ms: float = BATCH_S * 1000  # how often the loop takes on-time replies (misses wake it at once)
     api_port: int = AGENT_API_PORT
     routes_enabled: bool = False
     rto_min_ms: int = 10
@@ -185,7 +190,10 @@ TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe"
        "coordinator"}
 # section key -> AgentConfig field
 PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "ports_per_path", "discovery_ports", "size_probe_every",
-                        "mtu", "rt_priority")}
+                        "mtu", "rt_priority", "engine", "batch_ms")}
+# sockets: the C core on raw and UDP sockets; verbs: UD queue pairs (an RDMA NIC takes every
+# packet to 4791 before a socket could); auto: verbs where every NIC has an RDMA device
+PROBE_ENGINES = ("auto", "sockets", "verbs")
 API = {"port": "api_port"}
 ROUTES = {"enabled": "routes_enabled", "rto_min_ms": "rto_min_ms", "journal": "routes_journal",
           "max_changes_per_s": "max_route_changes_per_s"}
@@ -197,6 +205,7 @@ COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "fo
 # noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
 DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "timeout_floor_us": ("timeout_floor_ns", 1000, 10, 1_000_000, None),
+          "timeout_ceiling_ms": ("timeout_ceiling_ns", 1_000_000, 1, 10_000, None),
           "hold_down_ms": ("hold_down_ns", 1_000_000, 0, 600_000, None),
           "recovery_good_probes": ("recovery_good_probes", 1, 1, 100_000, None),
           "flap_half_life_ms": ("flap_half_life_ns", 1_000_000, 100, 3_600_000, None),
@@ -265,7 +274,15 @@ def _probe(raw) -> dict:
             "discovery_ports": _int(*s.get("discovery_ports"), 1, 1024),
             "size_probe_every": _int(*s.get("size_probe_every"), 0, 1_000_000),
             "mtu": _int(*s.get("mtu"), 124, 9000),
-            "rt_priority": _int(*s.get("rt_priority"), 0, 99)}
+            "rt_priority": _int(*s.get("rt_priority"), 0, 99),
+            "engine": _engine(*s.get("engine")),
+            "batch_ms": _num(*s.get("batch_ms"), 1, 1000)}
+
+
+def _engine(value, where: str) -> str:
+    if value not in PROBE_ENGINES:
+        raise ConfigError(f"{where}: {value!r} is not a probe engine; use one of {', '.join(PROBE_ENGINES)}")
+    return value
 
 
 def _detect(raw) -> dict:
@@ -277,6 +294,12 @@ def _detect(raw) -> dict:
             detect[field_name] = _int(given[key], f"detect.{key}", lo, hi) * factor
         elif default is not None:
             detect[field_name] = default * factor
+    # the first timeout (before any round trip is measured) follows a floor or ceiling moved past it
+    first = DetectorConfig.initial_timeout_ns
+    lo, hi = detect.get("timeout_floor_ns", DetectorConfig.timeout_floor_ns), \
+        detect.get("timeout_ceiling_ns", DetectorConfig.timeout_ceiling_ns)
+    if lo <= hi and not lo <= first <= hi:
+        detect["initial_timeout_ns"] = min(max(first, lo), hi)
     try:
         DetectorConfig(**detect)
     except ValueError as exc:

@@ -1,7 +1,9 @@
 """`linkpass agent`: the per-host daemon.
 
 It discovers the ECMP paths to every configured peer, probes them with the C probe core (a
-native thread that sends, reflects and timestamps without waiting for Python), judges every
+native thread that sends, reflects and timestamps without waiting for Python) or, on an RDMA
+host, where the NIC takes every RoCEv2 packet before a socket could, through UD queue pairs
+(`probe/verbs_engine.py`; config `probe.engine`), judges every
 path with the detector, and rewrites the data path: the routes to peers' service addresses
 (whole planes; `routes.py`) and the healthy source ports per (peer, plane) in the entropy table
 (single paths; `entropy_writer.py`). `failover.py` is the loop between the two.
@@ -28,9 +30,10 @@ import time
 import traceback
 from collections import Counter
 
-from ..core.constants import BATCH_S, ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
+from ..core.constants import ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
 from ..core.entropy_table import EntropyError
+from ..kernel.rdma import Device, RdmaUnavailable
 from ..core.probe_event import EV_MISS
 from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, Target, discover
@@ -103,7 +106,27 @@ class LoopErrors:
 
 # fields a reload cannot change: they shape sockets, identities or the detector's state
 FIXED_ON_RELOAD = ("agent_id", "name", "nics", "service", "detect", "rt_priority", "routes_enabled", "routes_journal",
-                   "entropy_enabled", "entropy_path")
+                   "entropy_enabled", "entropy_path", "engine")
+
+
+def probe_engine_kind(cfg: AgentConfig) -> str:
+    """"verbs" or "sockets": the config's choice, or for `auto`, verbs where every NIC address
+    has a RoCE v2 RDMA device (there, sockets would never see a probe)."""
+    if cfg.engine != "auto":
+        return cfg.engine
+    try:
+        for nic in cfg.nics:
+            Device.for_address(nic.addr)
+    except RdmaUnavailable:
+        return "sockets"
+    return "verbs"
+
+
+def make_engine(cfg: AgentConfig, key: bytes):
+    if probe_engine_kind(cfg) == "verbs":
+        from ..probe.verbs_engine import VerbsProbeEngine
+        return VerbsProbeEngine(cfg.agent_id, key)
+    return CoreProbeEngine(cfg.agent_id, key)
 
 
 def distinct_paths(found):
@@ -123,7 +146,7 @@ class Agent:
         self.cfg = cfg
         self.key = key
         self.dry_run = dry_run
-        self.engine = CoreProbeEngine(cfg.agent_id, key)
+        self.engine = make_engine(cfg, key)
         self.labels: dict[int, PathLabels] = {}
         self.paths_of_peer: dict[str, list[int]] = {}
         for nic in cfg.nics:
@@ -243,7 +266,8 @@ class Agent:
                                         self._take_plan, log, rules=self.answer_rules()).start()
         log("started", agent_id=self.cfg.agent_id, name=self.cfg.name, api_port=self.api.port,
             paths=len(self.labels), nics=[n.ifname for n in self.cfg.nics], routes=self.routes is not None,
-            entropy=self.entropy is not None, dry_run=self.dry_run)
+            entropy=self.entropy is not None, dry_run=self.dry_run,
+            probes=self.engine.info())
 
     def health_counters(self) -> dict:
         """The agent's own faults, for /metrics: loop errors by step, coordinator answers refused."""
@@ -362,7 +386,7 @@ class Agent:
                 run("drains", self.apply_drains, drains)
             polled = run("poll", self._poll)
             if polled is None:
-                self.stopping.wait(BATCH_S)  # a failing engine must not turn this loop into a spin
+                self.stopping.wait(self.cfg.batch_ms / 1000)  # a failing engine must not turn this loop into a spin
                 continue
             run("decide", self.failover.step, *polled, time.monotonic_ns())
             if self.entropy is not None and time.monotonic() >= self._next_beat:
@@ -387,7 +411,7 @@ class Agent:
         now = time.monotonic()
         batch = now >= self._next_batch  # on-time replies come in batches; misses at once
         if batch:
-            self._next_batch = now + BATCH_S
+            self._next_batch = now + self.cfg.batch_ms / 1000
         events, evidence = self.engine.poll(batch or decide_ns is not None)
         if not batch and any(e.kind == EV_MISS for e in events):
             # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)
@@ -430,6 +454,10 @@ def main(config_path: str, max_seconds: float | None = None, dry_run: bool = Fal
         agent = Agent(cfg, key, dry_run=dry_run)
     except EntropyError as exc:  # a table directory others can write, or a live writer on it
         print(f"linkpass agent: entropy table: {exc}", file=sys.stderr)
+        return 2
+    except RdmaUnavailable as exc:  # probe.engine: verbs without a usable RDMA device
+        print(f"linkpass agent: probe engine: {exc} (set probe.engine: sockets on a host without RDMA)",
+              file=sys.stderr)
         return 2
 
     def on_term(_sig, _frm):

@@ -18,6 +18,18 @@ invariant CRC covers as arguments.
   fleet key. The BTH and ICRC are outside the tag because switches may legally set FECN/BECN.
 - **Replays.** `ReplayWindow` keeps a sliding bitmap of sequence numbers per (peer, path).
 
+On RDMA hosts the NIC (or rxe) takes every packet to UDP 4791 before the kernel does, so probes
+there are **UD SENDs** that a LinkPass UD QP receives (linkpass/probe/verbs_engine.py):
+
+    IPv4 | UDP (dport 4791) | BTH (UD SEND_ONLY, dest QP) | DETH (Q_Key, src QP) | UD record | ICRC
+    UD record: sport (2) | reserved (2) | LinkPass header (64) | padding | tag (16)
+
+The QP hands over only the UD record (and the IPv4 header in its GRH slot; the device checked
+the ICRC), so the record names the source port the request was sent with: the reply goes back
+with the same port, over the same ECMP path as an RC QP's packets with that port. The tag
+covers the port. A peer's probe QP is learned with a **hello** (`encode_hello`): a plain
+authenticated UDP exchange on `HELLO_PORT`, since a QP number changes with every start.
+
 Decoding raises `WireError` for anything it does not accept, and only that: its `reason` is one
 of `DROP_REASONS`, which the caller counts before dropping the packet, so garbage costs a
 counter, not the agent.
@@ -36,6 +48,10 @@ VERSION = 1
 MAGIC = b"LP"
 LINKPASS_QPN = 0x4C5001  # "LP" + 1: the destination QP that marks a LinkPass probe
 BTH_OPCODE_RC_SEND_ONLY = 0x04
+BTH_OPCODE_UD_SEND_ONLY = 0x64
+# the Q_Key of LinkPass probe QPs (high bit clear: an unprivileged process may use it)
+LINKPASS_QKEY = 0x4C500001
+HELLO_PORT = 4792  # UD probe QPs are announced here (UDP, beside RoCEv2's 4791)
 PKEY_DEFAULT = 0xFFFF
 
 KIND_REQUEST = 1
@@ -52,6 +68,14 @@ TAG_LEN = 16
 ICRC_LEN = 4
 IPV4_LEN, UDP_LEN = 20, 8
 MIN_PAYLOAD = BTH_LEN + HEADER_LEN + TAG_LEN + ICRC_LEN  # UDP payload of an unpadded probe (96)
+_DETH = struct.Struct("!II")  # Q_Key, reserved(8)/source QP(24)
+_UD_PREFIX = struct.Struct("!HH")  # the request's source port, reserved
+DETH_LEN = _DETH.size
+UD_RECORD_MIN = _UD_PREFIX.size + HEADER_LEN + TAG_LEN  # what a UD QP receives of an unpadded probe (84)
+UD_MIN_PAYLOAD = BTH_LEN + DETH_LEN + UD_RECORD_MIN + ICRC_LEN  # its UDP payload (108)
+_HELLO = struct.Struct("!2sBB II Q")  # magic, version, kind, agent id, QP number, nonce
+HELLO_ASK, HELLO_ANSWER = 1, 2
+HELLO_LEN = _HELLO.size + TAG_LEN
 MAX_PAD = 9000
 
 DROP_REASONS = ("short", "not_roce", "bad_magic", "bad_version", "bad_kind", "bad_length", "bad_icrc",
@@ -91,6 +115,28 @@ def pad_for_ip_size(ip_size: int) -> int:
     if not 0 <= pad <= MAX_PAD:
         raise ValueError(f"ip_size must be {IPV4_LEN + UDP_LEN + MIN_PAYLOAD}..{IPV4_LEN + UDP_LEN + MIN_PAYLOAD + MAX_PAD}")
     return pad
+
+
+def ud_pad_for_ip_size(ip_size: int) -> int:
+    """Padding that makes a UD probe's IPv4 packet at most `ip_size` bytes (a multiple of 4 below
+    it: a UD payload is whole 32-bit words here, so the BTH needs no pad count)."""
+    pad = (ip_size - IPV4_LEN - UDP_LEN - UD_MIN_PAYLOAD) & ~3
+    if not 0 <= pad <= MAX_PAD:
+        raise ValueError(f"ip_size must be {IPV4_LEN + UDP_LEN + UD_MIN_PAYLOAD}.."
+                         f"{IPV4_LEN + UDP_LEN + UD_MIN_PAYLOAD + MAX_PAD}")
+    return pad
+
+
+def ud_packet(record: bytes, src: str | bytes, dst: str | bytes, sport: int, dest_qpn: int, src_qpn: int,
+              qkey: int = LINKPASS_QKEY, psn: int = 0) -> bytes:
+    """The UDP payload of a RoCEv2 UD SEND carrying `record` from src_qpn to dest_qpn: what a UD
+    QP would put on the wire, built here so that any source port can be chosen (a UD QP's own
+    port is fixed by the device). `record` must be whole 32-bit words."""
+    if len(record) % 4:
+        raise ValueError(f"UD record of {len(record)} bytes: must be a multiple of 4")
+    bth = _BTH.pack(BTH_OPCODE_UD_SEND_ONLY, 0, PKEY_DEFAULT, dest_qpn & 0xFFFFFF, psn & 0xFFFFFF)
+    roce = bth + _DETH.pack(qkey, src_qpn & 0xFFFFFF) + record
+    return roce + icrc(src, dst, sport, ROCE_PORT, roce)
 
 
 def _ip4(addr: str | bytes) -> bytes:
@@ -166,6 +212,60 @@ class Codec:
         if not hmac.compare_digest(self._tag(roce[BTH_LEN:body_end]), data[body_end: n - ICRC_LEN]):
             raise WireError("bad_tag", "not signed with this fleet's key")
         return Probe(kind, sender, reflector, path, seq, t1, t2, t3, t4, rx_count, flags, pad)
+
+
+    # ---- UD probes (RDMA hosts) ---------------------------------------------------------------
+    def encode_ud(self, p: Probe, sport: int) -> bytes:
+        """The UD record of probe `p` sent with UDP source port `sport` (ud_packet() frames it)."""
+        if not 0 <= p.pad <= MAX_PAD or p.pad % 4:
+            raise ValueError(f"pad: {p.pad} bytes; a UD probe's padding is 0..{MAX_PAD}, a multiple of 4")
+        body = _UD_PREFIX.pack(sport, 0) + _HDR.pack(MAGIC, VERSION, p.kind, p.flags, 0, p.pad, p.sender,
+                                                     p.reflector, p.path, p.rx_count, p.seq, p.t1, p.t2, p.t3,
+                                                     p.t4) + bytes(p.pad)
+        return body + self._tag(body)
+
+    def decode_ud(self, data: bytes | memoryview) -> tuple[Probe, int]:
+        """(probe, the source port it was sent with) from a UD record a probe QP received; raises
+        WireError(reason) for anything not accepted (the device already checked the ICRC)."""
+        n = len(data)
+        if n < UD_RECORD_MIN:
+            raise WireError("short", f"{n} bytes, a UD probe has at least {UD_RECORD_MIN}")
+        sport, _ = _UD_PREFIX.unpack_from(data)
+        (magic, version, kind, flags, _res, pad, sender, reflector, path, rx_count,
+         seq, t1, t2, t3, t4) = _HDR.unpack_from(data, _UD_PREFIX.size)
+        if magic != MAGIC:
+            raise WireError("bad_magic")
+        if version != VERSION:
+            raise WireError("bad_version", f"version {version}, this agent speaks {VERSION}")
+        if kind not in (KIND_REQUEST, KIND_REPLY):
+            raise WireError("bad_kind", str(kind))
+        if pad > MAX_PAD or n != UD_RECORD_MIN + pad:
+            raise WireError("bad_length", f"{n} bytes for padding {pad}")
+        body = memoryview(data)[: n - TAG_LEN]
+        if not hmac.compare_digest(self._tag(body), bytes(data[n - TAG_LEN:])):
+            raise WireError("bad_tag", "not signed with this fleet's key")
+        return Probe(kind, sender, reflector, path, seq, t1, t2, t3, t4, rx_count, flags, pad), sport
+
+    def encode_hello(self, kind: int, agent_id: int, qpn: int, nonce: int) -> bytes:
+        """An ask (qpn 0: "which QP do you probe with?") or an answer naming the probe QP; the
+        answer repeats the ask's nonce, so a recorded answer cannot be replayed to a new ask."""
+        body = _HELLO.pack(MAGIC, VERSION, kind, agent_id, qpn, nonce)
+        return body + self._tag(body)
+
+    def decode_hello(self, data: bytes) -> tuple[int, int, int, int]:
+        """(kind, agent id, qpn, nonce) of a hello; WireError for anything else."""
+        if len(data) != HELLO_LEN:
+            raise WireError("bad_length", f"hello of {len(data)} bytes, expected {HELLO_LEN}")
+        magic, version, kind, agent_id, qpn, nonce = _HELLO.unpack_from(data)
+        if magic != MAGIC:
+            raise WireError("bad_magic")
+        if version != VERSION:
+            raise WireError("bad_version", f"version {version}, this agent speaks {VERSION}")
+        if kind not in (HELLO_ASK, HELLO_ANSWER):
+            raise WireError("bad_kind", str(kind))
+        if not hmac.compare_digest(self._tag(data[:_HELLO.size]), data[_HELLO.size:]):
+            raise WireError("bad_tag", "not signed with this fleet's key")
+        return kind, agent_id, qpn, nonce
 
 
 class ReplayWindow:

@@ -249,6 +249,10 @@ class CoreProbeEngine:
     def telemetry(self, path_id: int) -> PathTelemetry:
         return self.paths[path_id].telemetry
 
+    def info(self) -> dict:
+        """What the agent logs at start: the engine and its timestamps."""
+        return {"engine": "sockets", "timestamps": "kernel receive stamps (SO_TIMESTAMPNS)", "nics": sorted(self.nics)}
+
     def close(self) -> None:
         if self.background:
             self.stop_background()

@@ -241,3 +241,131 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
             yaml.safe_dump(doc, f, sort_keys=False)
         out[i] = path
     return out
+
+
+GUEST_AGENT_DIR = "/lp/agent"  # inside a guest: its share of the run directory (guests.guest_dir(...)/lp/agent)
+GUEST_RUN_DIR = "/run/linkpass"  # the guest's own tmpfs: the entropy table (shared memory) and route journal
+
+
+@dataclass
+class GuestAgents:
+    """`linkpass agent` inside Soft-RoCE guests (`Spec.rdma_hosts`): the same daemon, started
+    through each guest's control port from the project's read-only share, probing through verbs
+    (probe.engine: verbs: on rxe, as on a RoCE NIC, sockets never see a RoCEv2 packet). Each
+    guest's config, key and log live in its 9p share (the host reads the log there); its entropy
+    table is in the guest's own /run, where the guest's RDMA applications read it."""
+
+    fab: Fabric
+    hosts: list[int]
+    key: bytes = bytes(range(32))
+    interval_ms: float = 10.0
+    detect: dict | None = None
+    probe: dict | None = None
+    controls: dict = field(default_factory=dict)  # host -> guests.Control: pass the caller's (one per guest at a time)
+    _own: set = field(default_factory=set)
+
+    PYTHONPATH = "/opt/linkpass/rdma:/opt/linkpass"
+
+    def _dir(self, host: int) -> str:
+        from .guests import guest_dir
+
+        return os.path.join(guest_dir(self.fab.prefix, host), "lp", "agent")
+
+    def start(self, wait_s: float = 120.0) -> "GuestAgents":
+        """Write each guest's config, start its agent and wait until every one has logged `started`
+        (discovery under emulation takes seconds)."""
+        from .guests import Control
+
+        probe = {"engine": "verbs", "rt_priority": 0, "size_probe_every": 0, "idle_interval_ms": self.interval_ms,
+                 **(self.probe or {})}
+        pids = {}
+        for h in self.hosts:
+            d = self._dir(h)
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            cfg = write_agent_configs(self.fab, d, self.key, interval_ms=self.interval_ms, detect=self.detect,
+                                      hosts=self.hosts, probe=probe, entropy=True)[h]
+            with open(cfg) as f:
+                text = f.read().replace(d, GUEST_AGENT_DIR)
+            doc = yaml_load(text)
+            doc["entropy"]["path"] = f"{GUEST_RUN_DIR}/entropy"
+            doc["routes"]["journal"] = f"{GUEST_RUN_DIR}/routes.journal"
+            with open(os.path.join(d, "agent.yaml"), "w") as f:
+                f.write(yaml_dump(doc))
+            ctl = self.controls.get(h)
+            if ctl is None:
+                ctl = self.controls[h] = Control(self.fab.prefix, h)
+                self._own.add(h)
+            ctl.check(["mkdir", "-p", GUEST_RUN_DIR])
+            pids[h] = ctl.spawn("agent", ["python3", "-m", "linkpass.cli", "agent", "--config", f"{GUEST_AGENT_DIR}/agent.yaml"],
+                      env={"PYTHONPATH": self.PYTHONPATH, "PYTHONDONTWRITEBYTECODE": "1"})
+        deadline = time.monotonic() + wait_s
+        for h in self.hosts:
+            while not self.events(h, "started"):
+                gone = self.controls[h].run(["sh", "-c", f"kill -0 {pids[h]}"]).rc != 0
+                if gone or time.monotonic() > deadline:
+                    why = "exited" if gone else f"did not start within {wait_s} s"
+                    raise RuntimeError(f"agent in guest {host_name(h)} {why}: {self.log(h)[-2000:]}")
+                time.sleep(0.5)
+        return self
+
+    def log(self, host: int) -> str:
+        from .guests import guest_dir
+
+        try:
+            with open(os.path.join(guest_dir(self.fab.prefix, host), "lp", "agent.log")) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def events(self, host: int, kind: str | None = None) -> list[dict]:
+        out = []
+        for line in self.log(host).splitlines():
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(ev, dict) and (kind is None or ev.get("event") == kind):
+                out.append(ev)
+        return out
+
+    def wait_for(self, host: int, kind: str, pred=lambda ev: True, timeout_s: float = 10.0) -> dict | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for ev in self.events(host, kind):
+                if pred(ev):
+                    return ev
+            time.sleep(0.05)
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM each agent (a clean stop withdraws its entropy table); the controls stay open."""
+        for ctl in self.controls.values():
+            try:
+                ctl.kill("agent")
+            except Exception:  # noqa: BLE001 - a guest already gone has no agent left to stop
+                pass
+
+    def close(self) -> None:
+        """Stop the agents; close the control connections this object opened."""
+        self.stop()
+        for h in self._own:
+            self.controls.pop(h).close()
+        self._own.clear()
+
+    def __enter__(self) -> "GuestAgents":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def yaml_load(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def yaml_dump(doc) -> str:
+    import yaml
+
+    return yaml.safe_dump(doc, sort_keys=False)

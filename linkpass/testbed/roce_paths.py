@@ -17,7 +17,7 @@ from .capture import Capture
 from .guests import Control
 from .topology import Fabric
 
-GUEST_ENV = {"PYTHONPATH": "/opt/linkpass/rdma"}  # the project's source, shared read-only
+GUEST_ENV = {"PYTHONPATH": "/opt/linkpass/rdma:/opt/linkpass"}  # the project's source, shared read-only
 ROCE_V2_DPORT = 4791
 RC_PORT = 18515
 
@@ -98,16 +98,20 @@ def _wait(pred, timeout_s: float, what: str, detail) -> None:
 
 def channel_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control, ports: list[int], cut: str,
                         count: int = 300, timeout: int | None = None, retry: int | None = None,
-                        lead_s: float = 1.0, limit_s: float = 180.0, deadline_s: float = 120.0) -> ChannelRun:
+                        lead_s: float = 1.0, limit_s: float = 180.0, deadline_s: float = 120.0,
+                        table: str | None = None) -> ChannelRun:
     """Stream `count` messages from a to b over a channel on `ports` (first = active); `lead_s`
-    after it is up, take link `cut` down; wait for the stream to finish; clear the fault."""
+    after it is up, take link `cut` down; wait for the stream to finish; clear the fault. With
+    `table` (the guest's entropy table, written by its agent) the channel follows it, `ports`
+    being only the fallback."""
     from . import faults
     from .faults import FaultSpec
 
     addr_a, addr_b = fab.nic_addr(a, 0), fab.nic_addr(b, 0)
     leaf_a, ups_a = spine_ports(fab, a, 0)
     knobs = (["--timeout", str(timeout)] if timeout is not None else []) + \
-            (["--retry", str(retry)] if retry is not None else []) + ["--deadline", str(deadline_s)]
+            (["--retry", str(retry)] if retry is not None else []) + ["--deadline", str(deadline_s)] + \
+            (["--table", table, "--peer", addr_b, "--plane", "0"] if table else [])
     ctl_b.spawn("ch-serve", ["python3", "-m", "linkpass_rdma.channel", "serve", "--addr", addr_b,
                              "--port", str(CHANNEL_PORT)], env=GUEST_ENV)
     _wait(lambda: '"listening"' in ctl_b.log("ch-serve") or "Error" in ctl_b.log("ch-serve"), 120,

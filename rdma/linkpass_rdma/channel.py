@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from .qp import Device, JsonLines, SteeredRC, connect_retrying
-from .verbs import RdmaUnavailable
+from linkpass.kernel.rdma import RdmaUnavailable
 
 HEADER = struct.Struct("!QI")  # sequence number, payload length
 # 67 ms per try, 4 tries: a dead path errors in ~0.3 s. Shorter trips spuriously on emulated rxe,
@@ -91,7 +91,7 @@ class Channel:
         self.seq = 0
         self.moves = 0
         self.active = self._open(self._pick())
-        self.standby: SteeredRC | None = self._open(self._pick(exclude={self.active.sport}))
+        self.standby: SteeredRC | None = self._new_standby()
 
     # ---- QPs ------------------------------------------------------------------------------
     def _pick(self, exclude: set[int] = frozenset()) -> int:
@@ -104,6 +104,16 @@ class Channel:
         if not healthy:
             raise RdmaUnavailable("no healthy source port to open a QP on")
         return healthy[0]
+
+    def _new_standby(self) -> SteeredRC | None:
+        """A standby QP on the first healthy port other than the active one; None while the
+        table offers no other (one healthy path left): asked again after every message."""
+        try:
+            return self._open(self._pick(exclude={self.active.sport}))
+        except RdmaUnavailable as exc:
+            if "no healthy source port" not in str(exc):
+                raise
+            return None
 
     def _open(self, sport: int) -> SteeredRC:
         rc = SteeredRC(self.dev)
@@ -187,7 +197,7 @@ class Channel:
                     self.ctl.send({"op": "close", "qpn": old.qp.qp_num})
                     self.ctl.recv()
                 self._retired.clear()
-                self.standby = self._open(self._pick(exclude={self.active.sport}))
+                self.standby = self._new_standby()
             return got[HEADER.size:HEADER.size + n]
 
 
@@ -247,15 +257,17 @@ def serve(addr: str, port: int) -> int:
 
 
 def stream(addr: str, server: str, ports: list[int], count: int, size: int, timeout: int, retry: int,
-           interval_s: float, deadline_s: float = 120.0) -> dict:
+           interval_s: float, deadline_s: float = 120.0,
+           ports_fn: Callable[[], Iterable[int]] | None = None) -> dict:
     """Send `count` messages, one at a time; report every move and the longest gap between two
     acknowledged messages (guest time). A message not through within `deadline_s` ends the stream
-    with "stuck": the gap then counts up to the give-up, a lower bound of the real stall."""
+    with "stuck": the gap then counts up to the give-up, a lower bound of the real stall.
+    `ports_fn` (e.g. table_ports()) offers the healthy ports instead of the fixed `ports`."""
     dev = Device.for_address(addr)
     host, _, p = server.rpartition(":")
     events: list[dict] = []
     ctl = connect_retrying((host, int(p)))
-    ch = Channel(dev, ctl, lambda: ports, timeout=timeout, retry=retry, log=events.append)
+    ch = Channel(dev, ctl, ports_fn or (lambda: ports), timeout=timeout, retry=retry, log=events.append)
     print(json.dumps({"up": True, "active": ch.active.sport, "standby": ch.standby and ch.standby.sport}),
           file=sys.stderr, flush=True)  # for whoever waits to break a link under a running channel
     t_start = time.monotonic()
@@ -299,13 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--retry", type=int, default=FAST_RETRY, help=f"QP retry count (default {FAST_RETRY})")
     c.add_argument("--deadline", type=float, default=120.0,
                    help="give up (and report the stream stuck) when one message takes longer, seconds")
+    c.add_argument("--table", metavar="PATH", help="follow the LinkPass agent's entropy table at PATH "
+                   "(--ports is then the fallback when it has nothing for this peer)")
+    c.add_argument("--peer", metavar="ADDR", help="with --table: the peer's NIC address, its key in the table")
+    c.add_argument("--plane", type=int, default=0, help="with --table: the plane of that NIC (default 0)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "serve":
             return serve(args.addr, args.port)
         ports = [int(x) for x in args.ports.split(",") if x.strip()]
+        if args.table and not args.peer:
+            raise ValueError("--table needs --peer: the peer's NIC address, which keys its entry")
+        ports_fn = table_ports(args.peer, args.plane, args.table, fallback=ports) if args.table else None
         print(json.dumps(stream(args.addr, args.server, ports, args.count, args.size, args.timeout, args.retry,
-                                args.interval, args.deadline)), flush=True)
+                                args.interval, args.deadline, ports_fn)), flush=True)
         return 0
     except (RdmaUnavailable, ValueError) as exc:
         print(f"linkpass_rdma.channel: {exc}", file=sys.stderr)

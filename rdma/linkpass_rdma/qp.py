@@ -26,54 +26,11 @@ import sys
 import time
 
 from . import steer
-from .verbs import RdmaUnavailable, load_pyverbs
+from linkpass.kernel.rdma import Device, RdmaUnavailable, ipv4_gid, load_pyverbs  # noqa: F401 (API)
 
-SYSFS = "/sys/class/infiniband"
-ROCE_V2 = "RoCE v2"
 DEFAULT_TIMEOUT = 14  # 4.096 us * 2^14 = 67 ms per try: emulated rxe answers in ~8 ms
 DEFAULT_RETRY = 7
 BUF = 4096
-
-
-def ipv4_gid(addr: str) -> str:
-    """The RoCEv2 GID of an IPv4 address (::ffff:a.b.c.d), in the kernel's sysfs spelling."""
-    b = socket.inet_aton(addr)
-    return f"0000:0000:0000:0000:0000:ffff:{b[0]:02x}{b[1]:02x}:{b[2]:02x}{b[3]:02x}"
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-class Device:
-    """An RDMA device and the GID index of one of its IPv4 addresses (RoCE v2)."""
-
-    def __init__(self, name: str, gid_index: int, addr: str, port: int = 1):
-        self.name, self.gid_index, self.addr, self.port = name, gid_index, addr, port
-
-    @classmethod
-    def for_address(cls, addr: str, sysfs: str = SYSFS) -> "Device":
-        want = ipv4_gid(addr)
-        try:
-            names = sorted(os.listdir(sysfs))
-        except FileNotFoundError:
-            raise RdmaUnavailable(f"no RDMA devices ({sysfs} is missing): this host has no RDMA driver; "
-                                  "on a Soft-RoCE host run `rdma link add rxe0 type rxe netdev IFACE`") from None
-        for name in names:
-            gids = os.path.join(sysfs, name, "ports", "1", "gids")
-            try:
-                indices = sorted(int(i) for i in os.listdir(gids))
-            except (FileNotFoundError, ValueError):
-                continue
-            for i in indices:
-                if _read(os.path.join(gids, str(i))) == want and \
-                        _read(os.path.join(sysfs, name, "ports", "1", "gid_attrs", "types", str(i))) == ROCE_V2:
-                    return cls(name, i, addr)
-        raise RdmaUnavailable(f"no RDMA device has a RoCE v2 GID for {addr} (looked at {', '.join(names) or 'none'})")
 
 
 class SteeredRC:

@@ -11,6 +11,10 @@ is guest time under emulation, far slower than a real NIC; the rows say so). Row
                 leaf), n of n, both directions
   spine-cut     longest gap between two acknowledged messages of a stream whose active QP's
                 spine link is taken down: LinkPass channel vs NCCL-default QP (peer)
+  spine-cut-agents  the same fault with LinkPass agents in both guests (probing through UD QPs):
+                a channel whose QPs keep NCCL's timeouts but follow the agent's entropy table,
+                vs the NCCL-default QP of the same run; and how long after the agent's verdict
+                the channel moved (detect-to-move)
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
 from linkpass.cli.output import table  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
-from linkpass.testbed import build, guests, roce_paths, topology  # noqa: E402
+from linkpass.testbed import agents, build, guests, roce_paths, topology  # noqa: E402
 from linkpass_rdma import channel  # noqa: E402
 
 A, B = 0, 3
@@ -90,6 +94,7 @@ def main() -> int:
                      "stuck": stuck, "stuck_note": f"a stuck stream gave up after {STUCK_S:.0f} s without its QP "
                      "erroring or moving: its gap is a lower bound",
                      "settings": f"timeout {channel.FAST_TIMEOUT}, retry {channel.FAST_RETRY}, standby QP"})
+        rows += agents_phase(fab, ca, cb, trials, peer, {**via, **{p: pp.forward[0] for p, pp in paths.items()}})
     finally:
         build.down(args.prefix)
     doc = report.document("rdma", rows, trials=trials, ports=len(ports), seconds=round(time.monotonic() - t0))
@@ -98,6 +103,63 @@ def main() -> int:
                 [[r["case"], f"{r['metric']} ({r['unit']})", r["n"], r["median"], r["p99"], r.get("peer", ""),
                   r.get("peer_median", ""), r.get("ratio", "")] for r in rows]))
     return 0
+
+
+AGENT_INTERVAL_MS = 50
+AGENT_DETECT = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 400}
+TABLE = f"{agents.GUEST_RUN_DIR}/entropy"
+
+
+def _table_ports(ctl, peer_addr: str) -> list[int]:
+    code = ("import sys; from linkpass_rdma import entropy; e = entropy.read_table(sys.argv[1]).get(sys.argv[2], 0); "
+            "print(','.join(map(str, e.ports)) if e and not e.flags else '')")
+    try:
+        out = ctl.check(["python3", "-c", code, TABLE, peer_addr], env=roce_paths.GUEST_ENV).strip()
+    except guests.GuestError:
+        return []
+    return [int(p) for p in out.splitlines()[-1].split(",")] if out else []
+
+
+def agents_phase(fab, ca, cb, trials: int, peer: list, spine_of: dict) -> list[dict]:
+    """Agents in both guests; per trial, a table-following channel (NCCL's QP timeouts) under the
+    cut of its active port's spine link."""
+    gaps, detect_to_move, moved_ok = [], [], 0
+    addr_b = fab.nic_addr(B, 0)
+    report.progress(f"agents in {host_name(A)} and {host_name(B)}: probes through UD QPs every {AGENT_INTERVAL_MS} ms")
+    with agents.GuestAgents(fab, [A, B], interval_ms=AGENT_INTERVAL_MS, probe={"batch_ms": 50},
+                            detect=AGENT_DETECT, controls={A: ca, B: cb}) as ga:
+        leaf_a, _ = roce_paths.spine_ports(fab, A, 0)
+        for i in range(trials):
+            deadline = time.monotonic() + 120
+            while len(ports := _table_ports(ca, addr_b)) < 2:  # both spines healthy again
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the table never listed both spines' ports: {ga.log(A)[-1500:]}")
+                time.sleep(1)
+            missing = [p for p in ports if p not in spine_of]
+            if missing:
+                spine_of.update({p: pp.forward[0] for p, pp in roce_paths.map_ports(fab, A, B, missing, ca, cb).items()})
+            active = ports[i % len(ports)]
+            cut = fab.leaf_spine(leaf_a, roce_paths.spine_of_if(spine_of[active])).name
+            report.progress(f"trial {i + 1}/{trials} agents: active port {active} via {spine_of[active]}, cut {cut}")
+            run = roce_paths.channel_under_fault(fab, A, B, ca, cb, ports, cut, count=200, limit_s=STUCK_S + 60,
+                                                 deadline_s=STUCK_S, timeout=channel.NCCL_TIMEOUT,
+                                                 retry=channel.NCCL_RETRY, table=TABLE, lead_s=2.0)
+            gaps.append(run.result["longest_gap_ms"])
+            moves = [e for e in run.result["events"] if e["event"] == "moved"]
+            downs = [e for e in ga.events(A, "path_state") if e["plane"] == 0 and e["sport"] == active
+                     and e["new"] == "down" and moves and e["mono_ns"] / 1e9 <= moves[0]["t"]]
+            if moves and moves[0]["why"] == "port left the healthy set" and \
+                    spine_of.get(moves[0]["to"]) != spine_of[active] and run.served.get("delivered") == 200:
+                moved_ok += 1
+            if moves and downs:
+                detect_to_move.append((moves[0]["t"] - downs[-1]["mono_ns"] / 1e9) * 1e3)
+            report.progress(f"  longest gap {run.result['longest_gap_ms']} ms, moves {run.result['moves']}")
+    return [{**row("spine-cut-agents", "longest_gap", "ms", gaps, PEER, peer), "emulated": EMULATED,
+             "moved_by_table": f"{moved_ok} of {trials}",
+             "settings": f"QP timeout {channel.NCCL_TIMEOUT}, retry {channel.NCCL_RETRY} (NCCL's), following the "
+             f"agent's entropy table; agents probe every {AGENT_INTERVAL_MS} ms through UD QPs, software stamps"},
+            {**row("detect-to-move", "agent_down_to_channel_move", "ms", detect_to_move), "emulated": EMULATED,
+             "note": "from the agent's DOWN verdict to the channel's move, both on the guest's monotonic clock"}]
 
 
 if __name__ == "__main__":

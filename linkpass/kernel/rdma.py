@@ -1,4 +1,4 @@
-"""Finding pyverbs, lazily.
+"""RDMA on this host: finding pyverbs, lazily, and the RDMA device of a NIC address.
 
 pyverbs is not a PyPI dependency: the PyPI sdist bundles rdma-core, fails to build with
 Cython >= 3.1 and then needs matching rdma-core libraries at run time. It comes from the
@@ -15,9 +15,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import socket
 import sys
 from types import ModuleType
 
+SYSFS = "/sys/class/infiniband"
+ROCE_V2 = "RoCE v2"
 SYSTEM_DIRS = ("/usr/lib/python3/dist-packages", "/usr/local/lib/python3/dist-packages")
 
 
@@ -64,3 +67,44 @@ def device_names() -> list[str]:
         raise RdmaUnavailable(f"no RDMA devices: {exc} (kernel without RDMA support, or no rdma_rxe/mlx5 device)") from exc
     del pv
     return [d.name.decode() if isinstance(d.name, bytes) else str(d.name) for d in devices]
+
+
+def ipv4_gid(addr: str) -> str:
+    """The RoCEv2 GID of an IPv4 address (::ffff:a.b.c.d), in the kernel's sysfs spelling."""
+    b = socket.inet_aton(addr)
+    return f"0000:0000:0000:0000:0000:ffff:{b[0]:02x}{b[1]:02x}:{b[2]:02x}{b[3]:02x}"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class Device:
+    """An RDMA device and the GID index of one of its IPv4 addresses (RoCE v2)."""
+
+    def __init__(self, name: str, gid_index: int, addr: str, port: int = 1):
+        self.name, self.gid_index, self.addr, self.port = name, gid_index, addr, port
+
+    @classmethod
+    def for_address(cls, addr: str, sysfs: str = SYSFS) -> "Device":
+        want = ipv4_gid(addr)
+        try:
+            names = sorted(os.listdir(sysfs))
+        except FileNotFoundError:
+            raise RdmaUnavailable(f"no RDMA devices ({sysfs} is missing): this host has no RDMA driver; "
+                                  "on a Soft-RoCE host run `rdma link add rxe0 type rxe netdev IFACE`") from None
+        for name in names:
+            gids = os.path.join(sysfs, name, "ports", "1", "gids")
+            try:
+                indices = sorted(int(i) for i in os.listdir(gids))
+            except (FileNotFoundError, ValueError):
+                continue
+            for i in indices:
+                if _read(os.path.join(gids, str(i))) == want and \
+                        _read(os.path.join(sysfs, name, "ports", "1", "gid_attrs", "types", str(i))) == ROCE_V2:
+                    return cls(name, i, addr)
+        raise RdmaUnavailable(f"no RDMA device has a RoCE v2 GID for {addr} (looked at {', '.join(names) or 'none'})")
