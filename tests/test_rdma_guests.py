@@ -17,7 +17,8 @@ import pytest
 
 from linkpass.core.names import host_name
 from linkpass.kernel import netns as ns_io
-from linkpass.testbed import agents, build, guests, roce_paths, topology
+from linkpass.testbed import agents, build, faults, guests, roce_paths, topology
+from linkpass.testbed.faults import FaultSpec
 
 from helpers import prefix_for
 
@@ -176,49 +177,109 @@ def _table(ctl, peer_addr: str) -> dict:
         return {}
 
 
+@pytest.fixture(scope="module")
+def guest_agents(rfab, ctl):
+    """A LinkPass agent in each guest, probing its peer through UD QPs (plane 0 and 1, both spines)."""
+    ga = agents.GuestAgents(rfab, [GA, GB], interval_ms=50, probe={"batch_ms": 50}, detect=GUEST_DETECT,
+                            controls=dict(ctl)).start()
+    try:
+        yield ga
+    finally:
+        ga.close()
+    stopped = [e for h in (GA, GB) for e in ga.events(h, "stopped")]
+    assert len(stopped) == 2 and all(e["stats"]["counters"]["replies"] > 0 for e in stopped), stopped
+
+
 def test_agents_in_guests_probe_through_verbs_and_a_channel_follows_their_table_off_a_dead_link(
-        rfab, ctl, port_paths):
+        rfab, ctl, port_paths, guest_agents):
     """An agent inside each guest probes its peer through UD queue pairs (rxe takes every RoCEv2
     packet; no socket could hear a probe), and its entropy table lists the healthy port of each
     spine. A channel whose QPs keep NCCL's timeouts (they would not error for over a minute here)
     follows that table: when its spine link dies, the agent's verdict moves it to the other
     spine's QP, no message lost, and A's agent named the path down as a hard failure."""
+    ga = guest_agents
     addr_b = rfab.nic_addr(GB, 0)
-    with agents.GuestAgents(rfab, [GA, GB], interval_ms=50, probe={"batch_ms": 50}, detect=GUEST_DETECT,
-                            controls=dict(ctl)) as ga:
-        for h in (GA, GB):
-            started = ga.events(h, "started")[-1]
-            assert started["probes"]["engine"] == "verbs" and started["probes"]["timestamps"] == "software", started
-            assert set(started["probes"]["nics"]) == {"p0", "p1"} and started["paths"] >= 4, started
+    for h in (GA, GB):
+        started = ga.events(h, "started")[-1]
+        assert started["probes"]["engine"] == "verbs" and started["probes"]["timestamps"] == "software", started
+        assert set(started["probes"]["nics"]) == {"p0", "p1"} and started["paths"] >= 4, started
+    deadline = time.monotonic() + 90
+    while len((table := _table(ctl[GA], addr_b)).get(f"{addr_b}/0", [[]])[0]) < 2:
+        assert time.monotonic() < deadline, (table, ga.log(GA)[-2000:])
+        time.sleep(1)
+    ports, flags = table[f"{addr_b}/0"]
+    assert flags == 0, table  # healthy, not fail-static
+    spine = {sp: port_paths[sp].forward[0] if sp in port_paths else None for sp in ports}
+    if None in spine.values():  # the agent's ports are its own; map those the fixture did not
+        spine.update({sp: pp.forward[0] for sp, pp in
+                      roce_paths.map_ports(rfab, GA, GB, [p for p in ports if spine[p] is None],
+                                           ctl[GA], ctl[GB]).items()})
+    assert set(spine.values()) == {"s0", "s1"}, spine  # one healthy port per spine
+    active = ports[0]
+    cut = rfab.leaf_spine(roce_paths.spine_ports(rfab, GA, 0)[0], roce_paths.spine_of_if(spine[active])).name
+    from linkpass_rdma import channel
+    run = roce_paths.channel_under_fault(rfab, GA, GB, ctl[GA], ctl[GB], ports, cut, count=300,
+                                         timeout=channel.NCCL_TIMEOUT, retry=channel.NCCL_RETRY,
+                                         deadline_s=30, table=TABLE, lead_s=2.0)
+    res, served = run.result, run.served
+    assert res["count"] == 300 and not res["stuck"] and served["delivered"] == 300, (res, served)
+    moves = [e for e in res["events"] if e["event"] == "moved"]
+    assert moves and moves[0]["from"] == active and moves[0]["why"] == "port left the healthy set", res["events"]
+    assert spine[moves[0]["to"]] != spine[active], (moves, spine)
+    downs = [e for e in ga.events(GA, "path_state") if e["peer"] == host_name(GB) and e["plane"] == 0
+             and e["sport"] == active and e["new"] == "down"]
+    assert downs and downs[0]["reason"] == "hard_failure", ga.events(GA, "path_state")[-6:]
+    # the move followed the agent's verdict (same guest clock), not a QP timeout
+    assert downs[0]["mono_ns"] / 1e9 <= moves[0]["t"], (downs[0], moves[0])
+    other_if = spine[moves[0]["to"]]
+    assert (other_if, moves[0]["to"]) in {(p.ifname, p.sport) for p in run.packets}, run.packets[-5:]
+
+
+def _plane_paths_up(ga, host: int, plane: int) -> bool:
+    last = {}
+    for e in ga.events(host, "path_state"):
+        if e["plane"] == plane:
+            last[e["path"]] = e["new"]
+    return all(state == "up" for state in last.values())
+
+
+# (fault on A's plane-1 uplink, the reason A's agent must give for its paths to B, and B's for its paths to A)
+VERBS_FAULTS = [
+    (lambda fab: FaultSpec("down", fab.uplink(host_name(GA), 1).name), "down", "hard_failure", "hard_failure"),
+    (lambda fab: FaultSpec("loss", fab.uplink(host_name(GA), 1).name, host_name(GA), {"pct": 30.0}), "degraded",
+     "gray_loss_fwd", "gray_loss_rev"),  # leaving A: A's requests and A's replies to B
+    (lambda fab: FaultSpec("loss", fab.uplink(host_name(GA), 1).name, fab.leaf_of(GA, 1), {"pct": 30.0}),
+     "degraded", "gray_loss_rev", "gray_loss_fwd"),  # towards A: B's replies to A and B's requests
+]
+
+
+@pytest.mark.parametrize("make,state,reason_a,reason_b", VERBS_FAULTS, ids=["uplink-down", "loss-from-a", "loss-to-a"])
+def test_agents_in_guests_detect_each_fault_through_verbs_with_its_reason_and_direction(
+        rfab, guest_agents, make, state, reason_a, reason_b):
+    """The same verdicts as on namespace hosts (tests/test_failover.py), from probes that only a
+    UD QP could receive: a cut uplink is a hard failure at both ends; 30 % loss one way is gray
+    loss forward at the sender's end and in reverse at the other's."""
+    ga = guest_agents
+    for h in (GA, GB):  # the previous fault's paths back in use first
         deadline = time.monotonic() + 90
-        while len((table := _table(ctl[GA], addr_b)).get(f"{addr_b}/0", [[]])[0]) < 2:
-            assert time.monotonic() < deadline, (table, ga.log(GA)[-2000:])
+        while not _plane_paths_up(ga, h, 1):
+            assert time.monotonic() < deadline, ga.events(h, "path_state")[-6:]
             time.sleep(1)
-        ports, flags = table[f"{addr_b}/0"]
-        assert flags == 0, table  # healthy, not fail-static
-        spine = {sp: port_paths[sp].forward[0] if sp in port_paths else None for sp in ports}
-        if None in spine.values():  # the agent's ports are its own; map those the fixture did not
-            spine.update({sp: pp.forward[0] for sp, pp in
-                          roce_paths.map_ports(rfab, GA, GB, [p for p in ports if spine[p] is None],
-                                               ctl[GA], ctl[GB]).items()})
-        assert set(spine.values()) == {"s0", "s1"}, spine  # one healthy port per spine
-        active = ports[0]
-        cut = rfab.leaf_spine(roce_paths.spine_ports(rfab, GA, 0)[0], roce_paths.spine_of_if(spine[active])).name
-        from linkpass_rdma import channel
-        run = roce_paths.channel_under_fault(rfab, GA, GB, ctl[GA], ctl[GB], ports, cut, count=300,
-                                             timeout=channel.NCCL_TIMEOUT, retry=channel.NCCL_RETRY,
-                                             deadline_s=30, table=TABLE, lead_s=2.0)
-        res, served = run.result, run.served
-        assert res["count"] == 300 and not res["stuck"] and served["delivered"] == 300, (res, served)
-        moves = [e for e in res["events"] if e["event"] == "moved"]
-        assert moves and moves[0]["from"] == active and moves[0]["why"] == "port left the healthy set", res["events"]
-        assert spine[moves[0]["to"]] != spine[active], (moves, spine)
-        downs = [e for e in ga.events(GA, "path_state") if e["peer"] == host_name(GB) and e["plane"] == 0
-                 and e["sport"] == active and e["new"] == "down"]
-        assert downs and downs[0]["reason"] == "hard_failure", ga.events(GA, "path_state")[-6:]
-        # the move followed the agent's verdict (same guest clock), not a QP timeout
-        assert downs[0]["mono_ns"] / 1e9 <= moves[0]["t"], (downs[0], moves[0])
-        other_if = spine[moves[0]["to"]]
-        assert (other_if, moves[0]["to"]) in {(p.ifname, p.sport) for p in run.packets}, run.packets[-5:]
-    stopped = [e for h in (GA, GB) for e in ga.events(h, "stopped")]
-    assert len(stopped) == 2 and all(e["stats"]["counters"]["replies"] > 0 for e in stopped), stopped
+    seen = {h: len(ga.events(h, "path_state")) for h in (GA, GB)}
+    spec = make(rfab)
+    faults.apply(rfab.prefix, spec)
+    try:
+        for h, peer, reason in ((GA, GB, reason_a), (GB, GA, reason_b)):
+            ev = None
+            deadline = time.monotonic() + 60
+            while ev is None and time.monotonic() < deadline:
+                ev = next((e for e in ga.events(h, "path_state")[seen[h]:] if e["new"] == state
+                           and e["peer"] == host_name(peer)), None)
+                time.sleep(0.2)
+            assert ev is not None, (spec, host_name(h), ga.events(h, "path_state")[seen[h]:][-6:])
+            assert ev["reason"] == reason and ev["plane"] == 1, (spec, host_name(h), ev)
+            # the healthy plane is not blamed: no plane-0 path went bad for this fault
+            bad0 = [e for e in ga.events(h, "path_state")[seen[h]:] if e["plane"] == 0 and e["new"] in ("degraded",)]
+            assert not bad0, bad0
+    finally:
+        faults.clear(rfab.prefix)

@@ -138,7 +138,7 @@ def agents_phase(fab, ca, cb, trials: int, peer: list, spine_of: dict) -> list[d
             missing = [p for p in ports if p not in spine_of]
             if missing:
                 spine_of.update({p: pp.forward[0] for p, pp in roce_paths.map_ports(fab, A, B, missing, ca, cb).items()})
-            active = ports[i % len(ports)]
+            active = ports[0]  # the channel starts on the table's first healthy port
             cut = fab.leaf_spine(leaf_a, roce_paths.spine_of_if(spine_of[active])).name
             report.progress(f"trial {i + 1}/{trials} agents: active port {active} via {spine_of[active]}, cut {cut}")
             run = roce_paths.channel_under_fault(fab, A, B, ca, cb, ports, cut, count=200, limit_s=STUCK_S + 60,
