@@ -180,8 +180,9 @@ def _table(ctl, peer_addr: str) -> dict:
 @pytest.fixture(scope="module")
 def guest_agents(rfab, ctl):
     """A LinkPass agent in each guest, probing its peer through UD QPs (plane 0 and 1, both spines)."""
-    ga = agents.GuestAgents(rfab, [GA, GB], interval_ms=50, probe={"batch_ms": 50}, detect=GUEST_DETECT,
-                            controls=dict(ctl)).start()
+    # every 10th probe as large as a UD message can be (1076 IP bytes on rxe): MTU black holes
+    ga = agents.GuestAgents(rfab, [GA, GB], interval_ms=50, probe={"batch_ms": 50, "size_probe_every": 10},
+                            detect=GUEST_DETECT, controls=dict(ctl)).start()
     try:
         yield ga
     finally:
@@ -250,15 +251,22 @@ VERBS_FAULTS = [
      "gray_loss_fwd", "gray_loss_rev"),  # leaving A: A's requests and A's replies to B
     (lambda fab: FaultSpec("loss", fab.uplink(host_name(GA), 1).name, fab.leaf_of(GA, 1), {"pct": 30.0}),
      "degraded", "gray_loss_rev", "gray_loss_fwd"),  # towards A: B's replies to A and B's requests
+    # below the size of an RC packet with a 1024-byte payload: a real black hole for RDMA traffic
+    (lambda fab: FaultSpec("mtu", fab.uplink(host_name(GA), 1).name, params={"bytes": 1000}), "degraded",
+     "mtu_blackhole", "mtu_blackhole"),
+    # last: a flapped path stays damped for a while after the flapping stops
+    (lambda fab: FaultSpec("flap", fab.uplink(host_name(GA), 1).name, params={"period": "1s"}), "damped",
+     "flapping", "flapping"),
 ]
 
 
-@pytest.mark.parametrize("make,state,reason_a,reason_b", VERBS_FAULTS, ids=["uplink-down", "loss-from-a", "loss-to-a"])
+@pytest.mark.parametrize("make,state,reason_a,reason_b", VERBS_FAULTS, ids=["uplink-down", "loss-from-a", "loss-to-a", "mtu", "flap"])
 def test_agents_in_guests_detect_each_fault_through_verbs_with_its_reason_and_direction(
         rfab, guest_agents, make, state, reason_a, reason_b):
     """The same verdicts as on namespace hosts (tests/test_failover.py), from probes that only a
     UD QP could receive: a cut uplink is a hard failure at both ends; 30 % loss one way is gray
-    loss forward at the sender's end and in reverse at the other's."""
+    loss forward at the sender's end and in reverse at the other's; an MTU below RDMA's packets is
+    a black hole; a flapping link is damped."""
     ga = guest_agents
     for h in (GA, GB):  # the previous fault's paths back in use first
         deadline = time.monotonic() + 90

@@ -53,6 +53,10 @@ HELLO_ASK_EVERY_S = 0.5  # while a peer's QP is unknown
 HELLO_REASK_SILENT_S = 1.0  # a peer silent this long may have restarted with a new QP
 HELLO_ANSWERS_PER_S = 200  # answers given, all askers together: a flood costs a counter
 IDLE_WAKE_NS = 100_000_000  # the loop sleeps at most this long (a change of paths wakes it at once)
+# requests due within this window go out together: a wake-up costs far more than a packet in
+# Python (the C core coalesces likewise), and it moves a probe by at most this much
+COALESCE_NS = 5_000_000
+HOUSEKEEPING_NS = 100_000_000  # hellos and the reflector's idle sweep, at most this often
 DEFAULT_RTO_NS = 200_000_000
 _IP_UDP = struct.Struct("!BBHHHBBH4s4sHHHH")
 _IB_MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
@@ -154,6 +158,7 @@ class VerbsProbeEngine:
         for fd in (self._wake_r, self._wake_w, self._kick_r, self._kick_w):
             os.set_blocking(fd, False)
         self._answers = (0, 0)  # (second, answers given in it)
+        self._housekeeping_ns = 0  # when hellos and the sweep are next due
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.background = False
@@ -312,7 +317,10 @@ class VerbsProbeEngine:
         now = time.monotonic_ns()
         with self._lock:
             next_ns = self._send_due(now)
-            self._ask_peers(now)
+            if now >= self._housekeeping_ns:
+                self._housekeeping_ns = now + HOUSEKEEPING_NS
+                self._ask_peers(now)
+                self._sweep_reflector(time.time_ns())
         wait_ns = max(0, min(next_ns - time.monotonic_ns(), int(max_wait_s * 1e9)))
         fds = [self._kick_r] + [n.channel_fd for n in self.nics.values() if n.channel_fd is not None]
         fds += [n.hello.fileno() for n in self.nics.values()]
@@ -336,11 +344,10 @@ class VerbsProbeEngine:
                 drained &= self._drain_cq(nic)
             if nic.hello.fileno() in ready:
                 self._hellos(nic)
-        with self._lock:
-            if drained:
+        if drained:
+            with self._lock:
                 self._evidence_ns = t_check
                 self._expire(t_check)
-            self._sweep_reflector(t_check)
 
     def _send_due(self, now: int) -> int:
         """Send every due request; the monotonic time the next one is due (or a deadline falls)."""
@@ -348,7 +355,7 @@ class VerbsProbeEngine:
         wall = time.time_ns()
         mono_minus_wall = now - wall
         for path in self.paths.values():
-            if path.next_due_ns <= now:
+            if path.next_due_ns <= now + COALESCE_NS:
                 self._send_request(path)
                 iv = int(path.spec.interval_s * 1e9)
                 path.next_due_ns = max(now, path.next_due_ns + int(iv * (1 + self.jitter * (2 * self._rand.random() - 1))))
@@ -456,7 +463,8 @@ class VerbsProbeEngine:
         entry[0] += 1
         entry[2] = t2
         self._reflected.move_to_end(key)
-        reply = req.reply(t2=t2, t3=time.time_ns(), rx_count=entry[0])
+        reply = wire.Probe(wire.KIND_REPLY, req.sender, req.reflector, req.path, req.seq, req.t1, t2, time.time_ns(),
+                           0, entry[0], req.flags, req.pad)
         record = self.codec.encode_ud(reply, sport)
         pkt = self._ip(nic, src_b, sport, wire.ud_packet(record, nic.addr_b, src_b, sport, src_qpn, nic.qp.qp_num,
                                                          psn=req.seq))
@@ -519,7 +527,7 @@ class VerbsProbeEngine:
                 self._push(path, ProbeEvent.miss(path.spec.path_id, seq, size, t1, deadline))
 
     def _sweep_reflector(self, now_wall: int) -> None:
-        for _ in range(4):
+        for _ in range(64):
             if not self._reflected:
                 return
             key, entry = next(iter(self._reflected.items()))
