@@ -20,7 +20,7 @@ from linkpass.kernel import netns as ns_io
 from linkpass.testbed import agents, build, faults, guests, roce_paths, topology
 from linkpass.testbed.faults import FaultSpec
 
-from helpers import prefix_for
+from helpers import coordinator_client, free_port, prefix_for, wait_until
 
 pytestmark = pytest.mark.root
 
@@ -178,11 +178,39 @@ def _table(ctl, peer_addr: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def guest_agents(rfab, ctl):
-    """A LinkPass agent in each guest, probing its peer through UD QPs (plane 0 and 1, both spines)."""
+def guest_coordinator(rfab, tmp_path_factory):
+    """The coordinator as a Ray actor on this host, HTTPS with mutual TLS on the management
+    network: what the guests' agents report to. (settings, url, state dir)"""
+    from linkpass.coordinator import ray_actor
+    from linkpass.core.fabric import from_testbed
+
+    d = tmp_path_factory.mktemp("guest-coordinator")
+    port = free_port()
+    settings = {"state_dir": str(d / "state"), "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(rfab).to_dict(),
+                "tls_san": [rfab.mgmt_root_addr], "require_client_cert": True}
+    ray_actor.connect(num_cpus=1)
+    try:
+        ray_actor.ensure(settings)
+        yield settings, f"https://{rfab.mgmt_root_addr}:{port}", d
+    finally:
+        h = ray_actor.existing()
+        if h is not None:
+            ray_actor.stop(h)
+        ray_actor.shutdown()
+
+
+@pytest.fixture(scope="module")
+def guest_agents(rfab, ctl, guest_coordinator):
+    """A LinkPass agent in each guest, probing its peer through UD QPs (plane 0 and 1, both spines)
+    and reporting to the coordinator over the management network."""
+    from linkpass.coordinator.tls import lab_dir
+
+    settings, url, d = guest_coordinator
+    link = {"url": url, "agent_secret_file": str(d / "state" / "agent.secret"), "report_ms": 200, "summary_s": 5}
     # every 10th probe as large as a UD message can be (1076 IP bytes on rxe): MTU black holes
     ga = agents.GuestAgents(rfab, [GA, GB], interval_ms=50, probe={"batch_ms": 50, "size_probe_every": 10},
-                            detect=GUEST_DETECT, controls=dict(ctl)).start()
+                            detect=GUEST_DETECT, coordinator=link, tls_dir=lab_dir(settings["state_dir"]),
+                            controls=dict(ctl)).start()
     try:
         yield ga
     finally:
@@ -234,6 +262,27 @@ def test_agents_in_guests_probe_through_verbs_and_a_channel_follows_their_table_
     assert downs[0]["mono_ns"] / 1e9 <= moves[0]["t"], (downs[0], moves[0])
     other_if = spine[moves[0]["to"]]
     assert (other_if, moves[0]["to"]) in {(p.ifname, p.sport) for p in run.packets}, run.packets[-5:]
+
+
+def test_agents_in_guests_report_their_verbs_probed_paths_to_the_coordinator(rfab, guest_agents, guest_coordinator):
+    """Over the management network, with mutual TLS and each agent's own token: the coordinator
+    lists both guests' agents and maps their paths onto the fabric's links."""
+    settings, url, d = guest_coordinator
+    token = (d / "state" / "reader.token").read_text().strip()
+    c = coordinator_client(url, token, settings["state_dir"], client_cert="cli")
+    try:
+        names = (host_name(GA), host_name(GB))
+
+        def paths_reported() -> dict:
+            return {a["name"]: a["paths"] for a in c.get("/v1/agents") if a["name"] in names}
+
+        wait_until(lambda: (lambda seen: len(seen) == 2 and min(seen.values()) >= 4)(paths_reported()), 120,
+                   "both guests' agents registered with their paths", lambda: (paths_reported(),
+                                                                               guest_agents.log(GA)[-1500:]))
+        rows = c.get("/v1/paths", host=host_name(GA), peer=host_name(GB))
+        assert len(rows) >= 4 and all(r["links"] for r in rows), rows
+    finally:
+        c.close()
 
 
 def _plane_paths_up(ga, host: int, plane: int) -> bool:

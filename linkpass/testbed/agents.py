@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -252,8 +253,9 @@ class GuestAgents:
     """`linkpass agent` inside Soft-RoCE guests (`Spec.rdma_hosts`): the same daemon, started
     through each guest's control port from the project's read-only share, probing through verbs
     (probe.engine: verbs: on rxe, as on a RoCE NIC, sockets never see a RoCEv2 packet). Each
-    guest's config, key and log live in its 9p share (the host reads the log there); its entropy
-    table is in the guest's own /run, where the guest's RDMA applications read it."""
+    guest's config, key, token, certificates and log live in its 9p share (the host reads the log
+    there); its entropy table is in the guest's own /run, where the guest's RDMA applications
+    read it. With `coordinator`, the agents report over the management network."""
 
     fab: Fabric
     hosts: list[int]
@@ -261,6 +263,8 @@ class GuestAgents:
     interval_ms: float = 10.0
     detect: dict | None = None
     probe: dict | None = None
+    coordinator: dict | None = None  # the agents' `coordinator:` section, as `Agents` takes it
+    tls_dir: str | None = None  # the coordinator's lab CA (see write_agent_configs)
     controls: dict = field(default_factory=dict)  # host -> guests.Control: pass the caller's (one per guest at a time)
     _own: set = field(default_factory=set)
 
@@ -283,10 +287,18 @@ class GuestAgents:
             d = self._dir(h)
             os.makedirs(d, mode=0o700, exist_ok=True)
             cfg = write_agent_configs(self.fab, d, self.key, interval_ms=self.interval_ms, detect=self.detect,
-                                      hosts=self.hosts, probe=probe, entropy=True)[h]
+                                      hosts=self.hosts, probe=probe, entropy=True, coordinator=self.coordinator,
+                                      tls_dir=self.tls_dir)[h]
             with open(cfg) as f:
                 text = f.read().replace(d, GUEST_AGENT_DIR)
             doc = yaml_load(text)
+            for k in ("ca_file", "cert_file", "key_file"):  # the lab CA's files, into the guest's share
+                src = (doc.get("coordinator") or {}).get(k)
+                if src and not src.startswith(GUEST_AGENT_DIR):
+                    dst = os.path.join(d, os.path.basename(src))
+                    shutil.copyfile(src, dst)
+                    os.chmod(dst, 0o600)
+                    doc["coordinator"][k] = f"{GUEST_AGENT_DIR}/{os.path.basename(src)}"
             doc["entropy"]["path"] = f"{GUEST_RUN_DIR}/entropy"
             doc["routes"]["journal"] = f"{GUEST_RUN_DIR}/routes.journal"
             with open(os.path.join(d, "agent.yaml"), "w") as f:
