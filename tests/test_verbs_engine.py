@@ -150,3 +150,17 @@ def test_size_probes_are_capped_at_the_largest_ud_message_the_device_takes(engin
     pkt = engine.nics["p0"].tx.sent[0][0]
     assert len(pkt) <= wire.IPV4_LEN + wire.UDP_LEN + wire.BTH_LEN + wire.DETH_LEN + 1024 + wire.ICRC_LEN
     assert _sent_record(pkt)[5].flags & wire.FLAG_MTU_PROBE
+
+
+def test_a_removed_paths_pending_events_are_dropped_with_it(engine):
+    path = engine.paths[1]
+    engine._send_request(path)
+    engine._expire(time_ns_after(path))
+    engine.remove_path(1)
+    events, _ = engine.poll()
+    assert events == [] and 1 not in engine.paths
+
+
+def time_ns_after(path) -> int:
+    """An evidence time past every deadline of the path's requests in flight."""
+    return max(deadline for _, deadline, _ in path.out.values()) + 1

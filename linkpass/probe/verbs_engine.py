@@ -244,6 +244,7 @@ class VerbsProbeEngine:
         with self._lock:
             path = self.paths.pop(path_id)
             self.path_ids.release(path_id)
+            self._events = [ev for ev in self._events if ev.path_id != path_id]  # judged for a path now gone
             if not any(p.spec.peer_addr == path.spec.peer_addr for p in self.paths.values()):
                 self.peers.pop(path.spec.peer_addr, None)
             self._seq_floor = max(self._seq_floor, path.next_seq)
@@ -623,9 +624,11 @@ class VerbsProbeEngine:
         return dict(self.drop_counts)
 
     def info(self) -> dict:
-        """What the agent logs at start: the engine, its timestamps, each NIC's device and probe QP."""
+        """What the agent logs at start: the engine, its timestamps, each NIC's device and probe QP
+        (and the loop's last exception, if one was counted as `loop_error`)."""
         return {"engine": self.kind, "timestamps": TIMESTAMPS,
-                "nics": {n.name: {"device": n.dev.name, "qpn": n.qp.qp_num, "ud_mtu": n.mtu} for n in self.nics.values()}}
+                "nics": {n.name: {"device": n.dev.name, "qpn": n.qp.qp_num, "ud_mtu": n.mtu} for n in self.nics.values()},
+                **({"last_loop_error": self._last_error} if self._last_error else {})}
 
     def telemetry(self, path_id: int) -> PathTelemetry:
         return self.paths[path_id].telemetry
