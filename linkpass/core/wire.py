@@ -163,6 +163,16 @@ def icrc(src: str | bytes, dst: str | bytes, sport: int, dport: int, roce: bytes
     return struct.pack("<I", crc)
 
 
+def _check_header(magic: bytes, version: int, kind: int, kinds: tuple[int, ...]) -> None:
+    """What every LinkPass record starts with: the magic, this version, a kind it may have."""
+    if magic != MAGIC:
+        raise WireError("bad_magic")
+    if version != VERSION:
+        raise WireError("bad_version", f"version {version}, this agent speaks {VERSION}")
+    if kind not in kinds:
+        raise WireError("bad_kind", str(kind))
+
+
 class Codec:
     """Encoder/decoder bound to a fleet key. Thread-compatible (no mutable state)."""
 
@@ -195,12 +205,7 @@ class Codec:
             raise WireError("not_roce", "BTH is not a LinkPass probe")
         (magic, version, kind, flags, _res, pad, sender, reflector, path, rx_count,
          seq, t1, t2, t3, t4) = _HDR.unpack_from(data, BTH_LEN)
-        if magic != MAGIC:
-            raise WireError("bad_magic")
-        if version != VERSION:
-            raise WireError("bad_version", f"version {version}, this agent speaks {VERSION}")
-        if kind not in (KIND_REQUEST, KIND_REPLY):
-            raise WireError("bad_kind", str(kind))
+        _check_header(magic, version, kind, (KIND_REQUEST, KIND_REPLY))
         if pad > MAX_PAD:  # bounded before the length is trusted: a reply is as long as its request
             raise WireError("bad_length", f"padding {pad} > {MAX_PAD}")
         if n != MIN_PAYLOAD + pad:
@@ -233,12 +238,7 @@ class Codec:
         sport, _ = _UD_PREFIX.unpack_from(data)
         (magic, version, kind, flags, _res, pad, sender, reflector, path, rx_count,
          seq, t1, t2, t3, t4) = _HDR.unpack_from(data, _UD_PREFIX.size)
-        if magic != MAGIC:
-            raise WireError("bad_magic")
-        if version != VERSION:
-            raise WireError("bad_version", f"version {version}, this agent speaks {VERSION}")
-        if kind not in (KIND_REQUEST, KIND_REPLY):
-            raise WireError("bad_kind", str(kind))
+        _check_header(magic, version, kind, (KIND_REQUEST, KIND_REPLY))
         if pad > MAX_PAD or n != UD_RECORD_MIN + pad:
             raise WireError("bad_length", f"{n} bytes for padding {pad}")
         body = memoryview(data)[: n - TAG_LEN]
@@ -257,12 +257,7 @@ class Codec:
         if len(data) != HELLO_LEN:
             raise WireError("bad_length", f"hello of {len(data)} bytes, expected {HELLO_LEN}")
         magic, version, kind, agent_id, qpn, nonce = _HELLO.unpack_from(data)
-        if magic != MAGIC:
-            raise WireError("bad_magic")
-        if version != VERSION:
-            raise WireError("bad_version", f"version {version}, this agent speaks {VERSION}")
-        if kind not in (HELLO_ASK, HELLO_ANSWER):
-            raise WireError("bad_kind", str(kind))
+        _check_header(magic, version, kind, (HELLO_ASK, HELLO_ANSWER))
         if not hmac.compare_digest(self._tag(data[:_HELLO.size]), data[_HELLO.size:]):
             raise WireError("bad_tag", "not signed with this fleet's key")
         return kind, agent_id, qpn, nonce

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from ..core import wire
 from ..core.probe_event import EV_LATE, EV_MISS, ProbeEvent
 from ..core.telemetry import PathTelemetry, feed_events
-from ..kernel.rdma import Device, RdmaUnavailable, load_pyverbs
+from ..kernel.rdma import Device, load_pyverbs
 from .common import SO_BINDTODEVICE, PathIds, PathSpec, ProbedPath, check_engine_args
 
 TIMESTAMPS = "software"  # how t2 and t4 are taken (see the module doc)
@@ -648,5 +648,3 @@ class VerbsProbeEngine:
         for fd in (self._wake_r, self._wake_w, self._kick_r, self._kick_w):
             os.close(fd)
 
-
-__all__ = ["VerbsProbeEngine", "TIMESTAMPS", "RdmaUnavailable"]

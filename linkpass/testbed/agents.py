@@ -278,6 +278,8 @@ class GuestAgents:
     def start(self, wait_s: float = 120.0) -> "GuestAgents":
         """Write each guest's config, start its agent and wait until every one has logged `started`
         (discovery under emulation takes seconds)."""
+        import yaml
+
         from .guests import Control
 
         probe = {"engine": "verbs", "rt_priority": 0, "size_probe_every": 0, "idle_interval_ms": self.interval_ms,
@@ -291,7 +293,7 @@ class GuestAgents:
                                       tls_dir=self.tls_dir)[h]
             with open(cfg) as f:
                 text = f.read().replace(d, GUEST_AGENT_DIR)
-            doc = yaml_load(text)
+            doc = yaml.safe_load(text)
             for k in ("ca_file", "cert_file", "key_file"):  # the lab CA's files, into the guest's share
                 src = (doc.get("coordinator") or {}).get(k)
                 if src and not src.startswith(GUEST_AGENT_DIR):
@@ -302,7 +304,7 @@ class GuestAgents:
             doc["entropy"]["path"] = f"{GUEST_RUN_DIR}/entropy"
             doc["routes"]["journal"] = f"{GUEST_RUN_DIR}/routes.journal"
             with open(os.path.join(d, "agent.yaml"), "w") as f:
-                f.write(yaml_dump(doc))
+                yaml.safe_dump(doc, f, sort_keys=False)
             ctl = self.controls.get(h)
             if ctl is None:
                 ctl = self.controls[h] = Control(self.fab.prefix, h)
@@ -370,14 +372,3 @@ class GuestAgents:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def yaml_load(text: str):
-    import yaml
-
-    return yaml.safe_load(text)
-
-
-def yaml_dump(doc) -> str:
-    import yaml
-
-    return yaml.safe_dump(doc, sort_keys=False)
