@@ -1,13 +1,21 @@
 /*
  * lp_plugin.c: LinkPass's NCCL net plugin, the one implementation (lp_shims.c exports it as
- * ncclNetPlugin_v8 .. v12). Host memory only; C, libc and pthreads.
+ * ncclNetPlugin_v8 .. v12). Host memory only; C, libc and pthreads (libibverbs loaded at run
+ * time for verbs lanes, lp_verbs.c).
  *
  * Model (docs/nccl-plugin.md):
  * - A device is a LinkPass plane (LINKPASS_NICS, in plane order). The plugin listens on every
- *   plane's address; a listen handle carries all of them and a token.
- * - A send comm made on device p owns lanes: LINKPASS_LANES TCP connections from plane p's address
- *   to the peer's plane-p address (each its own source port, so its own ECMP path) and
- *   LINKPASS_STANDBY_LANES on every other plane. The receiver's recv comm holds the same lanes.
+ *   plane's address; a listen handle carries all of them, a token and whether this host offers
+ *   verbs lanes.
+ * - A send comm made on device p owns lanes: LINKPASS_LANES from plane p's address to the peer's
+ *   plane-p address (each its own source port, so its own ECMP path) and LINKPASS_STANDBY_LANES on
+ *   every other plane. The receiver's recv comm holds the same lanes.
+ * - Two kinds of lane, one protocol: a TCP lane carries its frames on its socket; a verbs lane is
+ *   an RC queue pair whose RoCEv2 source port is chosen from the entropy table's healthy ports for
+ *   (peer, plane), and carries every frame as one SEND after a handshake on a TCP socket that
+ *   stays open only to tell each end when the other closed the lane. Everything below this
+ *   line is the same for both: what a lane carries, how chunks are acknowledged, resent and
+ *   de-duplicated, how a lane is judged and moved.
  * - Flow control is receiver-driven: irecv sends a CTS (sequence, posted size) on every lane; the
  *   sender puts a message on the wire only after its CTS, split into chunks (sequence, offset).
  *   The receiver writes a chunk straight into the posted buffer, keeps one bit per chunk, and ACKs
@@ -53,6 +61,7 @@
 #include "../entropy_table.h"
 #include "lp_plugin.h"
 #include "lp_policy.h"
+#include "lp_verbs.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "lp_plugin.c: the lane protocol is little-endian; big-endian hosts need byte swaps"
@@ -70,6 +79,10 @@
 #define LP_PENDING_NS 5000000000ull
 #define LP_READ_BUDGET (4u << 20)
 #define LP_MAX_BYTES MAX_NET_SIZE /* test() reports sizes as int: keep messages <= 1 GiB */
+#define LP_VWIN 4                 /* verbs lane: chunks in flight (the receiver posts this many slots and more) */
+#define LP_VRECV_SPARE 4          /* receive slots beyond the window: the ping, and slack */
+#define LP_VCTL 256               /* verbs lane: control frames in flight (ACK, CTS, PONG; PING) */
+#define LP_VCTL_SIZE 64           /* their slots */
 
 /* ---- logging through NCCL's logger -------------------------------------------------------- */
 
@@ -105,6 +118,9 @@ struct lp_nic {
     int speed;                     /* Mbps */
 };
 
+enum { LP_T_AUTO, LP_T_TCP, LP_T_VERBS };
+static const char *const transport_name[] = {"auto", "tcp", "verbs"};
+
 static struct {
     int nplanes;
     struct lp_nic nic[LP_MAX_PLANES];
@@ -113,6 +129,10 @@ static struct {
     uint64_t stuck_ns, giveup_ns;
     size_t chunk;
     unsigned test_yield;
+    int transport;      /* LINKPASS_TRANSPORT */
+    int verbs;          /* verbs lanes are offered and used with peers that offer them too */
+    char no_verbs[256]; /* why not, when auto chose TCP */
+    int qp_timeout, qp_retry;
 } cfg;
 
 static long env_long(const char *name, long lo, long hi, long def, const char *unit) {
@@ -181,6 +201,19 @@ static void config_load(void) {
     cfg.chunk = (size_t)env_long("LINKPASS_CHUNK_KB", 4, 65536, 512, "KiB per chunk") * 1024;
     cfg.test_yield = (unsigned)env_long("LINKPASS_TEST_YIELD", 0, 1000000, 16,
                                         "open requests tested before the testing thread yields its CPU (0: never)");
+    cfg.qp_timeout = (int)env_long("LINKPASS_QP_TIMEOUT", 1, 31, 14, "verbs lanes' QP ack timeout, 4.096 us x 2^value");
+    cfg.qp_retry = (int)env_long("LINKPASS_QP_RETRY", 0, 7, 7, "verbs lanes' QP retry count");
+    cfg.transport = LP_T_AUTO;
+    const char *tr = getenv("LINKPASS_TRANSPORT");
+    if (tr && *tr) {
+        int k = -1;
+        for (int i = 0; i < 3; i++) if (strcmp(tr, transport_name[i]) == 0) k = i;
+        if (k < 0)
+            LP_WARN("LINKPASS_TRANSPORT=%s is not valid: it must be auto (verbs lanes where every plane has a RoCE v2 "
+                    "device, else TCP), tcp or verbs; using auto", tr);
+        else
+            cfg.transport = k;
+    }
 
     const char *nics = getenv("LINKPASS_NICS");
     if (!nics || !*nics) {
@@ -223,23 +256,27 @@ struct frame { /* 32 bytes, little-endian */
 _Static_assert(sizeof(struct frame) == 32, "lane frame header is 32 bytes");
 
 #define LP_HELLO_MAGIC 0x314c43434e50504cull /* "LPPNCCL1" */
-struct hello { /* payload of F_HELLO: the first frame on every lane, sender to receiver */
+enum { LK_TCP = 0, LK_VERBS = 1 }; /* lane kinds */
+struct hello { /* payload of F_HELLO: the first frame on every lane's socket, sender to receiver */
     uint64_t magic;
     uint64_t token;  /* the listen handle's */
     uint64_t nonce;  /* the send comm's */
     uint32_t chunk;
     uint16_t plane, lane;
     uint32_t epoch;  /* reconnects of this lane */
-    uint32_t reserved;
+    uint32_t kind;   /* LK_TCP, or LK_VERBS: a struct lpv_info (the sender's QP) follows */
 };
 _Static_assert(sizeof(struct hello) == 40, "hello is 40 bytes");
+/* F_HELLO_OK carries no payload on a TCP lane, the receiver's struct lpv_info on a verbs lane. */
+#define LP_BOOT_MAX (sizeof(struct frame) + sizeof(struct hello) + sizeof(struct lpv_info))
 
 #define LP_HANDLE_MAGIC 0x4c504e31u /* "LPN1" */
+#define LP_HF_VERBS 0x1u           /* the listener takes verbs lanes */
 struct handle { /* what listen() writes into NCCL's 128-byte handle */
     uint32_t magic;
     uint16_t version;
     uint8_t nplanes;
-    uint8_t reserved;
+    uint8_t flags;
     uint64_t token;
     struct { uint32_t addr; uint16_t port; uint16_t reserved; } ep[LP_MAX_PLANES];
 };
@@ -257,8 +294,16 @@ struct req;
 
 struct lane {
     int fd, state, plane, id;
-    uint16_t sport, prev_sport;
+    uint16_t sport, prev_sport; /* the TCP socket's */
     uint32_t epoch;
+    /* verbs lanes: the queue pair, its RoCEv2 source port, the handshake bytes for the socket */
+    struct lpv_lane *v;
+    uint16_t rsport, prev_rsport;
+    int qp_up;                  /* frames go on the QP: sender after its RTS, receiver after the first frame */
+    uint32_t credits;           /* sender: messages the receiver has slots for */
+    uint32_t qpn;
+    uint8_t boot[LP_BOOT_MAX];
+    size_t boot_len, boot_off;
     /* tx */
     uint8_t *ctl;
     size_t ctl_len, ctl_off, ctl_cap;
@@ -286,7 +331,7 @@ struct lane {
     int ctl_overflow; /* a control frame did not fit: the peer stopped reading */
     short revents;    /* from the last poll: a lane is read only when it has something, written when it can take more */
     int rx_more, tx_blocked;
-    char cause[128];
+    char cause[256];
 };
 
 struct req {
@@ -308,6 +353,9 @@ struct req {
 
 struct comm {
     int kind, closing, accepted, failed, dev, nplanes;
+    int verbs;    /* its lanes are verbs lanes */
+    int tclass;   /* NCCL's traffic class for the comm (-1: none) */
+    int respread; /* a verbs lane came up: see whether the plane's lanes are spread over its healthy paths */
     struct comm *next;
     uint64_t token, nonce;
     struct { struct in_addr addr; uint16_t port; } peer[LP_MAX_PLANES];
@@ -323,7 +371,7 @@ struct comm {
     uint64_t nolane_since, last_rx;
     char peer_name[64];
     /* counters, reported by linkpass_nccl_stats */
-    uint64_t lanes_down, lanes_up, chunks_resent, dup_chunks, bad_frames;
+    uint64_t lanes_down, lanes_up, chunks_resent, dup_chunks, bad_frames, table_moves;
 };
 
 struct lcomm {
@@ -332,7 +380,7 @@ struct lcomm {
     struct lcomm *next;
 };
 
-struct pending { int fd; uint64_t since; size_t got; uint8_t buf[sizeof(struct frame) + sizeof(struct hello)]; };
+struct pending { int fd; uint64_t since; size_t got; uint8_t buf[LP_BOOT_MAX]; };
 
 struct ctx { uint64_t commId; int trafficClass; };
 
@@ -356,8 +404,10 @@ static struct {
     uint8_t *et_good;
     uint32_t et_count;
     char et_last_why[512];
-    uint64_t totals[5];
+    uint64_t totals[6]; /* lanes down, up, chunks resent, duplicates, bad frames, lanes moved by the table */
     uint64_t chunks_plane[LP_MAX_PLANES]; /* chunks written per plane, every send comm */
+    uint64_t rng;                         /* random RoCEv2 source ports for lanes the table has no port for */
+    int warned_verbs_peer;
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
 
 static uint8_t scratch[256 * 1024]; /* discarded payload lands here (progress thread only) */
@@ -432,10 +482,16 @@ static void send_req_maybe_done(struct req *rq) {
     }
 }
 
-/* Close a lane's socket; its work goes back to the comm (send: chunks to re-queue; recv: claims). */
+/* Close a lane's socket and queue pair; its work goes back to the comm (send: chunks to re-queue;
+ * recv: claims). */
 static void lane_close(struct comm *c, struct lane *l) {
     if (l->fd >= 0) close(l->fd);
     l->fd = -1;
+    lpv_close(l->v);
+    l->v = NULL;
+    l->qp_up = 0;
+    l->credits = 0;
+    l->boot_len = l->boot_off = 0;
     if (c->kind == K_SEND) {
         uint32_t moved = 0;
         if (l->cur_active) l->q[l->qh].rq->writing--;
@@ -485,11 +541,23 @@ static void lane_event(struct lane *l, int event) {
 
 static uint64_t lane_bound(const struct lane *l) { return lp_stuck_bound(&l->health, cfg.stuck_ns, 1); }
 
+/* How a lane is named in log lines: "lane 0.1 (sport 41233) to 198.18.64.3:40123" for a TCP lane,
+ * "lane 0.1 (QP 17, RoCE source port 49160) to 198.18.64.3" for a verbs lane. */
+static const char *lane_desc(const struct comm *c, const struct lane *l, char *buf, size_t n) {
+    char a[INET_ADDRSTRLEN];
+    addr_str(c->peer[l->plane].addr, a);
+    if (c->verbs)
+        snprintf(buf, n, "lane %d.%d (QP %u, RoCE source port %u) to %s", l->plane, l->id, l->qpn, l->rsport, a);
+    else
+        snprintf(buf, n, "lane %d.%d (sport %u) to %s:%u", l->plane, l->id, l->sport, a, c->peer[l->plane].port);
+    return buf;
+}
+
 /* A send lane goes down: socket closed, chunks re-queued, hold-out from its penalty. */
 static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *fmt, ...) {
-    char why[128];
+    char why[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
@@ -503,13 +571,69 @@ static void lane_down(struct comm *c, struct lane *l, uint64_t now, const char *
     if (was == L_LIVE) {
         c->lanes_down++;
         G.totals[0]++;
-        char a[INET_ADDRSTRLEN];
-        LP_INFO("lane %d.%d (sport %u) to %s:%u on plane %d down: %s; %llu chunks move to other lanes; retry in %llu ms",
-                l->plane, l->id, l->sport, addr_str(c->peer[l->plane].addr, a), c->peer[l->plane].port, l->plane, why,
-                (unsigned long long)(c->chunks_resent - before), (unsigned long long)((l->hold_until - now) / 1000000));
+        char d[160];
+        LP_INFO("%s on plane %d down: %s; %llu chunks move to other lanes; retry in %llu ms", lane_desc(c, l, d, sizeof d),
+                l->plane, why, (unsigned long long)(c->chunks_resent - before),
+                (unsigned long long)((l->hold_until - now) / 1000000));
     } else {
         LP_TRACE("lane %d.%d %s failed: %s", l->plane, l->id, lp_lane_state_name[was], why);
     }
+}
+
+/* A live verbs lane is re-made on another path although nothing failed (its path is healthy but
+ * crowded): closed without a penalty, reconnecting at once. */
+static void lane_retire(struct comm *c, struct lane *l, uint64_t now, const char *why) {
+    char d[160];
+    uint64_t before = c->chunks_resent;
+    lane_desc(c, l, d, sizeof d);
+    snprintf(l->cause, sizeof l->cause, "%s", why);
+    lane_close(c, l);
+    lane_event(l, LP_EV_FAIL);
+    l->hold_until = now;
+    LP_INFO("%s on plane %d is re-made: %s; %llu chunks move to other lanes", d, l->plane, why,
+            (unsigned long long)(c->chunks_resent - before));
+}
+
+/* ---- the entropy table's ports for a peer -------------------------------------------------- */
+
+struct tports { int have, fail_static, n; uint16_t port[LPE_MAX_PORTS]; };
+
+static void table_ports(const struct comm *c, int q, struct tports *t) {
+    memset(t, 0, sizeof *t);
+    struct lpe_table view = {.entries = G.et_good, .count = G.et_valid ? G.et_count : 0};
+    uint8_t a[16] = {0};
+    memcpy(a, &c->peer[q].addr, 4);
+    const uint8_t *e = lpe_find(&view, 4, a, (unsigned)q);
+    if (!e) return;
+    t->have = 1;
+    t->fail_static = (lpe_get32(e + LPE_E_FLAGS) & LPE_ENTRY_FAIL_STATIC) != 0;
+    t->n = e[LPE_E_NPORTS] < LPE_MAX_PORTS ? e[LPE_E_NPORTS] : LPE_MAX_PORTS;
+    for (int i = 0; i < t->n; i++) t->port[i] = lpe_get16(e + LPE_E_PORTS + 2 * (size_t)i);
+}
+
+static uint64_t rng_next(void) {
+    G.rng ^= G.rng << 13;
+    G.rng ^= G.rng >> 7;
+    G.rng ^= G.rng << 17;
+    return G.rng;
+}
+
+/* The RoCEv2 source port a verbs lane connects on: one of the table's healthy ports for its
+ * (peer, plane), spread over the plane's lanes (lp_pick_port), or a random one without an entry. */
+static uint16_t lane_pick_port(struct comm *c, struct lane *l) {
+    struct tports t;
+    table_ports(c, l->plane, &t);
+    uint16_t used[LP_MAX_LANES];
+    int nused = 0;
+    unsigned key = 0;
+    for (int j = 0; j < c->nlanes; j++) {
+        const struct lane *o = &c->lanes[j];
+        if (o->plane != l->plane || o == l) continue;
+        if (j < l->id) key++;
+        if (o->state != L_DOWN && o->rsport) used[nused++] = o->rsport;
+    }
+    uint16_t fallback = (uint16_t)(LP_SPORT_MIN | (rng_next() & 0x3FFF));
+    return lp_pick_port(t.port, t.n, used, nused, l->prev_rsport, key, fallback);
 }
 
 /* ---- sender: connecting lanes ------------------------------------------------------------ */
@@ -538,6 +662,21 @@ static void lane_connect(struct comm *c, struct lane *l, uint64_t now) {
         getsockname(fd, (struct sockaddr *)&got, &gl);
         uint16_t sport = ntohs(got.sin_port);
         if (sport == l->prev_sport && attempt == 0) { close(fd); continue; } /* a fresh port: a fresh path */
+        if (c->verbs) {
+            char why[160];
+            uint16_t rsport = lane_pick_port(c, l);
+            size_t msg = sizeof(struct frame) + c->chunk;
+            l->v = lpv_open(l->plane, rsport, msg, LP_VWIN + LP_VRECV_SPARE, LP_VCTL_SIZE, LP_VCTL, why, sizeof why);
+            if (!l->v) {
+                snprintf(l->cause, sizeof l->cause, "queue pair: %s", why);
+                close(fd);
+                break;
+            }
+            struct lpv_info me;
+            lpv_local(l->v, &me);
+            l->qpn = me.qpn;
+            l->rsport = l->prev_rsport = rsport;
+        }
         l->fd = fd;
         l->sport = sport;
         l->prev_sport = sport;
@@ -559,24 +698,87 @@ static void lane_connected(struct comm *c, struct lane *l, uint64_t now) {
     socklen_t pl = sizeof pa;
     if (getpeername(l->fd, (struct sockaddr *)&pa, &pl) < 0) return; /* still in progress */
     struct hello h = {.magic = LP_HELLO_MAGIC, .token = c->token, .nonce = c->nonce, .chunk = (uint32_t)c->chunk,
-                      .plane = (uint16_t)l->plane, .lane = (uint16_t)l->id, .epoch = l->epoch};
+                      .plane = (uint16_t)l->plane, .lane = (uint16_t)l->id, .epoch = l->epoch,
+                      .kind = l->v ? LK_VERBS : LK_TCP};
     struct frame f = {.type = F_HELLO, .lane = (uint16_t)l->id, .len = sizeof h};
-    ctl_push(l, &f, &h, sizeof h);
+    struct lpv_info me;
+    if (l->v) {
+        lpv_local(l->v, &me);
+        me.tclass = (uint8_t)(c->tclass > 0 ? c->tclass : 0);
+        f.len += sizeof me;
+    }
+    memcpy(l->boot, &f, sizeof f);
+    memcpy(l->boot + sizeof f, &h, sizeof h);
+    if (l->v) memcpy(l->boot + sizeof f + sizeof h, &me, sizeof me);
+    l->boot_len = sizeof f + f.len;
+    l->boot_off = 0;
     lane_event(l, LP_EV_CONNECTED);
 }
 
 /* ---- tx ----------------------------------------------------------------------------------- */
 
-/* Write what a lane owes: control frames first (whole), then queued chunks. 0 ok, -1 error. */
 static int blocked(struct lane *l) {
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        snprintf(l->cause, sizeof l->cause, "send: %s", strerror(errno));
+        return -1;
+    }
     l->tx_blocked = 1;
     return 0;
 }
 
+/* A verbs lane's frames, each one SEND on its QP: control frames first (a PING needs a receive
+ * slot at the peer, so a credit), then queued chunks while the receiver has slots for them.
+ * 0 ok, -1 error (cause set). */
+static int verbs_write(struct comm *c, struct lane *l, uint64_t now) {
+    if (!l->v || !l->qp_up) return 0;
+    char why[160];
+    while (l->ctl_off + sizeof(struct frame) <= l->ctl_len) {
+        struct frame f;
+        memcpy(&f, l->ctl + l->ctl_off, sizeof f);
+        int ping = f.type == F_PING;
+        if (ping && !l->credits) break;
+        int rc = lpv_send(l->v, &f, sizeof f, NULL, 0, why, sizeof why);
+        if (rc == 1) break;
+        if (rc < 0) { snprintf(l->cause, sizeof l->cause, "%s", why); return -1; }
+        if (ping) l->credits--;
+        l->ctl_off += sizeof f;
+    }
+    if (l->ctl_off == l->ctl_len) l->ctl_off = l->ctl_len = 0;
+    if (c->kind != K_SEND || l->state != L_LIVE) return 0;
+    while (l->qn && l->credits) {
+        struct req *rq = l->q[l->qh].rq;
+        uint32_t i = l->q[l->qh].chunk;
+        if (rq->cstate[i] != C_ACKED) {
+            struct frame hdr = {.type = F_DATA, .lane = (uint16_t)l->id, .seq = rq->seq, .off = (uint64_t)i * c->chunk,
+                                .arg = rq->size, .len = (uint32_t)chunk_len(rq, i, c->chunk)};
+            int rc = lpv_send(l->v, &hdr, sizeof hdr, rq->data + hdr.off, hdr.len, why, sizeof why);
+            if (rc == 1) break;
+            if (rc < 0) { snprintf(l->cause, sizeof l->cause, "%s", why); return -1; }
+            l->credits--;
+            G.chunks_plane[l->plane]++;
+            if (rq->cstate[i] == C_QUEUED) {
+                rq->cstate[i] = C_WRITTEN;
+                l->unacked++;
+                if (!l->expect_since) l->expect_since = now;
+            }
+        }
+        l->qh = (l->qh + 1) % LP_LANE_Q;
+        l->qn--;
+    }
+    return 0;
+}
+
+/* Write what a lane owes: its handshake, then (TCP) control frames, whole, then queued chunks, or
+ * (verbs) the same on its QP. 0 ok, -1 error (cause set). */
 static int lane_write(struct comm *c, struct lane *l, uint64_t now) {
-    if (l->tx_blocked && !(l->revents & (POLLOUT | POLLERR | POLLHUP))) return 0;
+    if (l->tx_blocked && !(l->revents & (POLLOUT | POLLERR | POLLHUP))) return verbs_write(c, l, now);
     l->tx_blocked = 0;
+    while (l->boot_off < l->boot_len) {
+        ssize_t n = send(l->fd, l->boot + l->boot_off, l->boot_len - l->boot_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) return blocked(l) < 0 ? -1 : verbs_write(c, l, now);
+        l->boot_off += (size_t)n;
+    }
+    if (l->v) return verbs_write(c, l, now);
     for (;;) {
         if (!l->cur_active && l->ctl_off < l->ctl_len) {
             ssize_t n = send(l->fd, l->ctl + l->ctl_off, l->ctl_len - l->ctl_off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -642,23 +844,33 @@ static struct req *req_of(struct comm *c, uint64_t seq, int kind) {
 
 static void bad_frame(struct comm *c) { c->bad_frames++; G.totals[4]++; }
 
+/* A send lane's handshake has crossed its path both ways: it carries data from now on. */
+static void lane_live(struct comm *c, struct lane *l, uint64_t now) {
+    lane_event(l, LP_EV_HELLO_OK);
+    l->live_since = now;
+    lp_health_up(&l->health, now);
+    l->next_ping = now + (l->v ? LP_PING_NS : 0); /* a verbs lane's handshake ended with a ping */
+    c->lanes_up++;
+    G.totals[1]++;
+    char d[160];
+    if (l->cause[0]) {
+        LP_INFO("%s on plane %d is back (after: %s)", lane_desc(c, l, d, sizeof d), l->plane, l->cause);
+    } else if (l->v) {
+        struct tports t;
+        table_ports(c, l->plane, &t);
+        LP_INFO("%s on plane %d is up (%s)", lane_desc(c, l, d, sizeof d), l->plane,
+                t.n ? "a port from the entropy table" : "a random port: the entropy table has none for the peer");
+    }
+    if (l->v) c->respread = 1;
+}
+
 /* Sender side: the header-only frames a receiver sends. -1 = protocol error. */
 static int send_side_frame(struct comm *c, struct lane *l, const struct frame *f, uint64_t now) {
     if (f->len) return -1;
     switch (f->type) {
-    case F_HELLO_OK:
-        if (l->state != L_HELLO) return -1;
-        lane_event(l, LP_EV_HELLO_OK);
-        l->live_since = now;
-        lp_health_up(&l->health, now);
-        l->next_ping = now;
-        c->lanes_up++;
-        G.totals[1]++;
-        if (l->cause[0]) {
-            char a[INET_ADDRSTRLEN];
-            LP_INFO("lane %d.%d (sport %u) to %s:%u on plane %d is back (after: %s)", l->plane, l->id, l->sport,
-                    addr_str(c->peer[l->plane].addr, a), c->peer[l->plane].port, l->plane, l->cause);
-        }
+    case F_HELLO_OK: /* a verbs lane's comes on its socket, with the receiver's QP (tcp_read) */
+        if (l->state != L_HELLO || l->v) return -1;
+        lane_live(c, l, now);
         return 0;
     case F_ACK: {
         struct req *rq = req_of(c, f->seq, K_SEND);
@@ -701,27 +913,29 @@ static int send_side_frame(struct comm *c, struct lane *l, const struct frame *f
             lp_health_rtt(&l->health, rtt);
             l->ping_sent = 0;
         }
+        if (l->v && l->state == L_HELLO && l->qp_up) lane_live(c, l, now); /* the first frame back on the QP */
         return 0;
     default:
         return -1;
     }
 }
 
-/* Receiver side: a DATA header is in; decide where its payload goes. */
-static void recv_data_header(struct comm *c, struct lane *l, const struct frame *f) {
+/* Receiver side: a DATA header is in; decide where its payload goes (l->rx_dst, NULL: discard).
+ * 0: the payload is wanted; 1: not (a duplicate, ACKed again, or a failed receive); -1: a bad frame. */
+static int recv_data_header(struct comm *c, struct lane *l, const struct frame *f) {
     l->rx_payload = 1;
     l->rx_len = f->len;
     l->rx_got = 0;
     l->rx_dst = NULL;
     l->rx_rq = NULL;
-    if (f->len > c->chunk) { bad_frame(c); return; }
-    if (f->seq >= c->next_seq) { bad_frame(c); return; } /* no CTS for it was ever sent */
+    if (f->len > c->chunk) { bad_frame(c); return -1; }
+    if (f->seq >= c->next_seq) { bad_frame(c); return -1; } /* no CTS for it was ever sent */
     struct req *rq = req_of(c, f->seq, K_RECV);
     if (!rq || rq->state != REQ_ACTIVE) { /* a duplicate of a finished message: ACK it again */
         c->dup_chunks++;
         G.totals[3]++;
         ctl_frame(l, F_ACK, f->seq, f->off, 0);
-        return;
+        return 1;
     }
     if (rq->msg_size == SIZE_MAX) {
         if (f->arg > rq->size) {
@@ -729,21 +943,21 @@ static void recv_data_header(struct comm *c, struct lane *l, const struct frame 
             req_finish(rq, REQ_ERROR);
             LP_WARN("a message of %llu bytes from %s does not fit the posted receive of %zu bytes",
                     (unsigned long long)f->arg, c->peer_name, rq->size);
-            return;
+            return 1;
         }
         rq->msg_size = f->arg;
         rq->nchunks = rq->msg_size ? (uint32_t)((rq->msg_size + c->chunk - 1) / c->chunk) : 1;
     }
-    if (f->arg != rq->msg_size || f->off % c->chunk || f->off / c->chunk >= rq->nchunks) { bad_frame(c); return; }
+    if (f->arg != rq->msg_size || f->off % c->chunk || f->off / c->chunk >= rq->nchunks) { bad_frame(c); return -1; }
     uint32_t i = (uint32_t)(f->off / c->chunk);
     size_t want = rq->msg_size - f->off < c->chunk ? rq->msg_size - f->off : c->chunk;
-    if (f->len != want) { bad_frame(c); return; }
+    if (f->len != want) { bad_frame(c); return -1; }
     rq->cts_seen = 1;
     if (rq->cstate[i]) { /* arrived before, on another lane */
         c->dup_chunks++;
         G.totals[3]++;
         ctl_frame(l, F_ACK, f->seq, f->off, 0);
-        return;
+        return 1;
     }
     int16_t holder = rq->clane[i];
     if (holder >= 0 && holder != l->id && c->lanes[holder].rx_rq == rq && c->lanes[holder].rx_chunk == i) {
@@ -754,6 +968,7 @@ static void recv_data_header(struct comm *c, struct lane *l, const struct frame 
     l->rx_rq = rq;
     l->rx_chunk = i;
     l->rx_dst = (uint8_t *)rq->data + f->off;
+    return 0;
 }
 
 static void recv_data_done(struct comm *c, struct lane *l) {
@@ -770,8 +985,11 @@ static void recv_data_done(struct comm *c, struct lane *l) {
     if (rq->ndone == rq->nchunks) req_finish(rq, REQ_DONE);
 }
 
-/* Read what a lane has. 0 ok, -1 error (cause set). */
-static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
+static int verbs_hello_ok(struct comm *c, struct lane *l, uint64_t now);
+
+/* Read what a lane's socket has. 0 ok, -1 error (cause set). A verbs lane's socket carries the
+ * receiver's HELLO_OK (with its QP) and then nothing: its end is the end of the lane. */
+static int tcp_read(struct comm *c, struct lane *l, uint64_t now) {
     if (!(l->revents & (POLLIN | POLLERR | POLLHUP)) && !l->rx_more) return 0;
     l->revents &= (short)~POLLIN;
     l->rx_more = 1; /* until a read comes back empty */
@@ -790,6 +1008,20 @@ static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
             if (l->rxh_got < sizeof l->rxh) continue;
             l->rxh_got = 0;
             const struct frame *f = &l->rxh.f;
+            if (l->v && c->kind == K_SEND && f->type == F_HELLO_OK && f->len == sizeof(struct lpv_info) &&
+                l->state == L_HELLO && !l->qp_up) {
+                l->rx_payload = 1; /* the receiver's QP: read into rx_small, then verbs_hello_ok */
+                l->rx_len = f->len;
+                l->rx_got = 0;
+                l->rx_dst = l->rx_small;
+                l->rx_rq = NULL;
+                continue;
+            }
+            if (l->v) {
+                bad_frame(c);
+                snprintf(l->cause, sizeof l->cause, "protocol: frame type %u on a verbs lane's socket", f->type);
+                return -1;
+            }
             if (c->kind == K_SEND) {
                 if (send_side_frame(c, l, f, now) < 0) {
                     bad_frame(c);
@@ -824,7 +1056,102 @@ static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
         l->last_rx = c->last_rx = now;
         l->rx_got += (size_t)n;
         budget -= (size_t)n;
-        if (l->rx_got == l->rx_len) recv_data_done(c, l);
+        if (l->rx_got == l->rx_len) {
+            if (c->kind == K_RECV) recv_data_done(c, l);
+            else if (verbs_hello_ok(c, l, now) < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+/* The receiver's HELLO_OK on a verbs lane: connect our QP to its QP, then ping over the QP; the
+ * lane is live when the answer comes back on it (send_side_frame, F_PONG). */
+static int verbs_hello_ok(struct comm *c, struct lane *l, uint64_t now) {
+    struct lpv_info peer;
+    char why[160];
+    memcpy(&peer, l->rx_small, sizeof peer);
+    l->rx_payload = 0;
+    l->rx_dst = NULL;
+    if (peer.sport != l->rsport) {
+        bad_frame(c);
+        snprintf(l->cause, sizeof l->cause, "handshake: the peer's QP is on source port %u, not %u", peer.sport, l->rsport);
+        return -1;
+    }
+    if (lpv_connect(l->v, &peer, cfg.qp_timeout, cfg.qp_retry, c->tclass, why, sizeof why) < 0) {
+        snprintf(l->cause, sizeof l->cause, "queue pair: %s", why);
+        return -1;
+    }
+    l->credits = peer.nrecv;
+    l->qp_up = 1;
+    l->ping_sent = now;
+    ctl_frame(l, F_PING, 0, 0, now);
+    return 0;
+}
+
+/* One message off a verbs lane's QP: a frame, and for DATA its payload. -1 = protocol error
+ * (cause set; the lane is closed). */
+struct vmsg { struct comm *c; struct lane *l; uint64_t now; int failed; };
+
+static int verbs_msg(void *arg, uint8_t *msg, size_t len) {
+    struct vmsg *x = arg;
+    struct comm *c = x->c;
+    struct lane *l = x->l;
+    struct frame f;
+    x->failed = 1;
+    if (len < sizeof f) {
+        bad_frame(c);
+        snprintf(l->cause, sizeof l->cause, "protocol: a %zu-byte message on the QP", len);
+        return -1;
+    }
+    memcpy(&f, msg, sizeof f);
+    if (len != sizeof f + f.len) {
+        bad_frame(c);
+        snprintf(l->cause, sizeof l->cause, "protocol: a frame of %u bytes in a message of %zu", f.len, len);
+        return -1;
+    }
+    l->last_rx = c->last_rx = x->now;
+    if (c->kind == K_SEND) {
+        if (f.type == F_ACK || f.type == F_PONG) l->credits++; /* the receiver read one of ours */
+        if (send_side_frame(c, l, &f, x->now) < 0) {
+            bad_frame(c);
+            snprintf(l->cause, sizeof l->cause, "protocol: unexpected frame type %u", f.type);
+            return -1;
+        }
+        x->failed = 0;
+        return 0;
+    }
+    l->qp_up = 1; /* the sender's QP is ready: our frames can go */
+    if (f.type == F_PING && f.len == 0) {
+        ctl_frame(l, F_PONG, 0, 0, f.arg);
+    } else if (f.type == F_DATA) {
+        int r = recv_data_header(c, l, &f);
+        if (r < 0) {
+            snprintf(l->cause, sizeof l->cause, "protocol: a chunk that does not belong to its message");
+            return -1;
+        }
+        if (r == 0) {
+            if (f.len) memcpy(l->rx_dst, msg + sizeof f, f.len);
+            l->rx_got = f.len;
+            recv_data_done(c, l);
+        }
+        l->rx_payload = 0;
+    } else {
+        bad_frame(c);
+        snprintf(l->cause, sizeof l->cause, "protocol: unexpected frame type %u", f.type);
+        return -1;
+    }
+    x->failed = 0;
+    return 0;
+}
+
+static int lane_read(struct comm *c, struct lane *l, uint64_t now) {
+    if (tcp_read(c, l, now) < 0) return -1;
+    if (!l->v) return 0;
+    struct vmsg x = {c, l, now, 0};
+    char why[200];
+    if (lpv_poll(l->v, verbs_msg, &x, why, sizeof why) < 0) {
+        if (!x.failed) snprintf(l->cause, sizeof l->cause, "%s", why);
+        return -1;
     }
     return 0;
 }
@@ -849,6 +1176,46 @@ static void plane_evacuate(struct comm *c, int q, uint64_t now) {
     }
 }
 
+/* Verbs lanes follow the table path by path: a lane whose source port left the healthy set of its
+ * (peer, plane) is re-made on a healthy port (the last usable lane stays), and once a path is back
+ * the plane's lanes are spread over the healthy paths again, one lane at a time. */
+static void comm_paths(struct comm *c, uint64_t now) {
+    if (c->kind != K_SEND || !c->verbs) return;
+    for (int j = 0; j < c->nlanes; j++) {
+        struct lane *l = &c->lanes[j];
+        if (l->state == L_DOWN || !l->rsport) continue;
+        struct tports t;
+        table_ports(c, l->plane, &t);
+        if (lp_port_verdict(t.port, t.n, t.have, t.fail_static, l->rsport) != LP_PORT_LEFT) continue;
+        int others = 0;
+        for (int k = 0; k < c->nlanes; k++) others += k != j && lane_usable(&c->lanes[k]);
+        if (l->state == L_LIVE && !others) continue; /* the last usable lane is never closed */
+        c->table_moves++;
+        G.totals[5]++;
+        lane_down(c, l, now, "its source port %u left the entropy table's healthy set for plane %d to %s", l->rsport,
+                  l->plane, c->peer_name);
+    }
+    for (int q = 0; q < c->nplanes; q++) {
+        struct tports t;
+        table_ports(c, q, &t);
+        if (!t.have || t.fail_static || t.n < 2) continue;
+        uint16_t ports[LP_MAX_LANES];
+        int idx[LP_MAX_LANES], n = 0, settling = 0;
+        for (int j = 0; j < c->nlanes; j++) {
+            const struct lane *l = &c->lanes[j];
+            if (l->plane != q) continue;
+            if (l->state == L_CONNECTING || l->state == L_HELLO) settling = 1;
+            if (l->state == L_LIVE) { ports[n] = l->rsport; idx[n++] = j; }
+        }
+        int k = settling ? -1 : lp_pick_rebalance(ports, n, t.port, t.n);
+        if (k < 0) continue;
+        char why[128];
+        snprintf(why, sizeof why, "spreading plane %d's lanes over its healthy paths again (port %u carries more)", q,
+                 ports[k]);
+        lane_retire(c, &c->lanes[idx[k]], now, why);
+    }
+}
+
 static void comm_steer(struct comm *c, uint64_t now) {
     if (c->kind != K_SEND) return;
     struct lpe_table view = {.entries = G.et_good, .count = G.et_valid ? G.et_count : 0};
@@ -869,6 +1236,7 @@ static void comm_steer(struct comm *c, uint64_t now) {
     }
     for (int q = 0; q < c->nplanes; q++)
         if (c->avoid[q]) plane_evacuate(c, q, now);
+    comm_paths(c, now);
 }
 
 static void entropy_refresh(uint64_t now) {
@@ -1015,6 +1383,10 @@ static void send_progress(struct comm *c, uint64_t now) {
             continue;
         }
     }
+    if (c->respread) {
+        c->respread = 0;
+        comm_paths(c, now);
+    }
     schedule(c);
     for (int j = 0; j < c->nlanes; j++) {
         struct lane *l = &c->lanes[j];
@@ -1024,7 +1396,7 @@ static void send_progress(struct comm *c, uint64_t now) {
             l->next_ping = now + LP_PING_NS;
             ctl_frame(l, F_PING, 0, 0, now);
         }
-        if (lane_write(c, l, now) < 0) { lane_down(c, l, now, "send: %s", strerror(errno)); continue; }
+        if (lane_write(c, l, now) < 0) { lane_down(c, l, now, "%s", l->cause); continue; }
         if (l->ctl_overflow) {
             lane_down(c, l, now, "control backlog full (the peer stopped reading)");
             continue;
@@ -1067,8 +1439,7 @@ static void recv_progress(struct comm *c, uint64_t now) {
         if (l->fd < 0) continue;
         l->cause[0] = 0;
         if (lane_read(c, l, now) < 0 || lane_write(c, l, now) < 0 || l->ctl_overflow) {
-            if (!l->cause[0])
-                snprintf(l->cause, sizeof l->cause, "%s", l->ctl_overflow ? "control backlog full" : strerror(errno));
+            if (!l->cause[0]) snprintf(l->cause, sizeof l->cause, "control backlog full");
             LP_TRACE("receive lane %d.%d closed: %s", l->plane, l->id, l->cause);
             lane_close(c, l);
             l->state = L_DOWN;
@@ -1096,13 +1467,34 @@ static struct comm *comm_new(int kind) {
     return c;
 }
 
+/* The bytes of a socket's first frame, once its header says how long it is (a HELLO on a TCP
+ * lane, or one with the sender's QP on a verbs lane; anything else is refused at full length). */
+static size_t pending_want(const struct pending *p) {
+    if (p->got < sizeof(struct frame)) return sizeof(struct frame);
+    uint32_t len;
+    memcpy(&len, p->buf + offsetof(struct frame, len), sizeof len);
+    return sizeof(struct frame) + (len == sizeof(struct hello) + sizeof(struct lpv_info) ? len : sizeof(struct hello));
+}
+
 static void pending_hello(struct pending *p, uint64_t now) {
-    const struct frame *f = (const struct frame *)p->buf;
+    struct frame f;
     struct hello h;
-    memcpy(&h, p->buf + sizeof *f, sizeof h);
-    if (f->type != F_HELLO || f->len != sizeof h || h.magic != LP_HELLO_MAGIC || h.lane >= LP_MAX_LANES ||
-        h.plane >= cfg.nplanes || h.chunk < 4096 || h.chunk > (64u << 20)) {
+    struct lpv_info qp = {0};
+    memcpy(&f, p->buf, sizeof f);
+    memcpy(&h, p->buf + sizeof f, sizeof h);
+    int verbs = f.len == sizeof h + sizeof qp;
+    if (verbs) memcpy(&qp, p->buf + sizeof f + sizeof h, sizeof qp);
+    if (f.type != F_HELLO || (f.len != sizeof h && !verbs) || h.kind != (verbs ? LK_VERBS : LK_TCP) ||
+        h.magic != LP_HELLO_MAGIC || h.lane >= LP_MAX_LANES || h.plane >= cfg.nplanes || h.chunk < 4096 ||
+        h.chunk > (64u << 20)) {
         G.totals[4]++;
+        close(p->fd);
+        return;
+    }
+    if (verbs && !cfg.verbs) {
+        if (!G.warned_verbs_peer++)
+            LP_WARN("a peer asked for verbs lanes, but this host uses TCP lanes (%s); its lanes are refused: set "
+                    "LINKPASS_TRANSPORT the same on every host", cfg.no_verbs[0] ? cfg.no_verbs : "LINKPASS_TRANSPORT=tcp");
         close(p->fd);
         return;
     }
@@ -1117,6 +1509,7 @@ static void pending_hello(struct pending *p, uint64_t now) {
         if (!c) { close(p->fd); return; }
         c->token = h.token;
         c->nonce = h.nonce;
+        c->verbs = verbs;
         c->dev = lc->dev;
         c->chunk = h.chunk;
         c->nplanes = cfg.nplanes;
@@ -1128,7 +1521,22 @@ static void pending_hello(struct pending *p, uint64_t now) {
         if (getpeername(p->fd, (struct sockaddr *)&pa, &pl) == 0) addr_str(pa.sin_addr, a);
         snprintf(c->peer_name, sizeof c->peer_name, "%s", a);
     }
-    if (h.chunk != c->chunk) { G.totals[4]++; close(p->fd); return; }
+    if (h.chunk != c->chunk || c->verbs != verbs) { G.totals[4]++; close(p->fd); return; }
+    struct lpv_lane *v = NULL;
+    if (verbs) { /* our QP on the sender's port, connected to its QP before we answer */
+        char why[200] = "";
+        if (qp.sport >= LP_SPORT_MIN)
+            v = lpv_open(h.plane, qp.sport, LP_VCTL_SIZE, LP_VCTL, sizeof(struct frame) + c->chunk,
+                         LP_VWIN + LP_VRECV_SPARE, why, sizeof why);
+        else
+            snprintf(why, sizeof why, "source port %u is outside the RoCEv2 range", qp.sport);
+        if (!v || lpv_connect(v, &qp, cfg.qp_timeout, cfg.qp_retry, qp.tclass, why, sizeof why) < 0) {
+            LP_INFO("lane %d.%d from %s refused: no queue pair: %s", h.plane, h.lane, c->peer_name, why);
+            lpv_close(v);
+            close(p->fd);
+            return;
+        }
+    }
     struct lane *l = &c->lanes[h.lane];
     if (l->fd >= 0) lane_close(c, l); /* the sender re-made this lane: the old socket is dead to it */
     l->fd = p->fd;
@@ -1137,7 +1545,22 @@ static void pending_hello(struct pending *p, uint64_t now) {
     l->state = L_LIVE;
     l->cause[0] = 0;
     l->last_rx = c->last_rx = now;
-    ctl_frame(l, F_HELLO_OK, 0, 0, 0);
+    struct frame ok = {.type = F_HELLO_OK, .lane = h.lane};
+    memcpy(l->boot, &ok, sizeof ok);
+    l->boot_len = sizeof ok;
+    l->boot_off = 0;
+    if (v) {
+        struct lpv_info me;
+        lpv_local(v, &me);
+        me.tclass = qp.tclass;
+        ok.len = sizeof me;
+        memcpy(l->boot, &ok, sizeof ok);
+        memcpy(l->boot + sizeof ok, &me, sizeof me);
+        l->boot_len += sizeof me;
+        l->v = v;
+        l->rsport = qp.sport;
+        l->qpn = me.qpn;
+    }
     for (int s = 0; s < LP_NREQ; s++) { /* a new lane may be the only one left: repeat every open CTS */
         struct req *rq = &c->reqs[s];
         if (rq->kind == K_RECV && rq->state == REQ_ACTIVE) ctl_frame(l, F_CTS, rq->seq, 0, rq->size);
@@ -1165,13 +1588,19 @@ static void acceptor(uint64_t now) {
     }
     for (int i = 0; i < G.npend;) {
         struct pending *p = &G.pend[i];
-        ssize_t n = recv(p->fd, p->buf + p->got, sizeof p->buf - p->got, MSG_DONTWAIT);
-        int drop = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
-                   now - p->since > LP_PENDING_NS;
-        if (n > 0) p->got += (size_t)n;
-        if (!drop && p->got == sizeof p->buf) pending_hello(p, now);
+        ssize_t n = 0;
+        int drop = 0;
+        for (int k = 0; k < 2 && p->got < pending_want(p); k++) { /* the header says how much follows */
+            n = recv(p->fd, p->buf + p->got, pending_want(p) - p->got, MSG_DONTWAIT);
+            if (n <= 0) break;
+            p->got += (size_t)n;
+        }
+        drop = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
+               now - p->since > LP_PENDING_NS;
+        int whole = p->got > sizeof(struct frame) && p->got == pending_want(p);
+        if (whole) pending_hello(p, now);
         else if (drop) close(p->fd);
-        if (drop || p->got == sizeof p->buf) G.pend[i] = G.pend[--G.npend];
+        if (drop || whole) G.pend[i] = G.pend[--G.npend];
         else i++;
     }
 }
@@ -1181,6 +1610,7 @@ static void acceptor(uint64_t now) {
 static void comm_free(struct comm *c) {
     for (int j = 0; j < LP_MAX_LANES; j++) {
         if (c->lanes[j].fd >= 0) close(c->lanes[j].fd);
+        lpv_close(c->lanes[j].v);
         free(c->lanes[j].ctl);
     }
     for (int s = 0; s < LP_NREQ; s++) { free(c->reqs[s].cstate); free(c->reqs[s].clane); }
@@ -1222,7 +1652,7 @@ static void *progress_main(void *arg) {
             else recv_progress(c, now);
         }
         size_t need = 1 + (size_t)cfg.nplanes + (size_t)G.npend;
-        for (struct comm *c = G.comms; c; c = c->next) need += (size_t)c->nlanes;
+        for (struct comm *c = G.comms; c; c = c->next) need += 2 * (size_t)c->nlanes; /* a socket and a QP's channel */
         if (need > cap) {
             struct pollfd *p = realloc(fds, need * sizeof *fds);
             struct lane **o = realloc(owner, need * sizeof *owner);
@@ -1242,9 +1672,12 @@ static void *progress_main(void *arg) {
                     struct lane *l = &c->lanes[j];
                     if (l->fd < 0 || l->state == L_DOWN) continue;
                     short ev = l->state == L_CONNECTING ? POLLOUT : POLLIN;
-                    if (l->ctl_off < l->ctl_len || l->cur_active || l->qn) ev |= POLLOUT;
+                    /* a verbs lane's frames go on its QP: its socket is written only for the handshake */
+                    if (l->boot_off < l->boot_len || (!l->v && (l->ctl_off < l->ctl_len || l->cur_active || l->qn)))
+                        ev |= POLLOUT;
                     owner[n] = l;
                     fds[n++] = (struct pollfd){.fd = l->fd, .events = ev};
+                    if (l->v) fds[n++] = (struct pollfd){.fd = lpv_fd(l->v), .events = POLLIN}; /* every pass polls it */
                 }
         }
         G.wake_pending = 0;
@@ -1264,8 +1697,31 @@ static void *progress_main(void *arg) {
     return NULL;
 }
 
+/* Verbs lanes where LINKPASS_TRANSPORT allows them and every plane's address is a RoCE v2 GID. */
+static void transport_init(void) {
+    if (!cfg.nplanes || cfg.transport == LP_T_TCP) {
+        if (cfg.transport == LP_T_TCP) snprintf(cfg.no_verbs, sizeof cfg.no_verbs, "LINKPASS_TRANSPORT=tcp");
+        return;
+    }
+    struct in_addr a[LP_MAX_PLANES];
+    char why[256];
+    for (int q = 0; q < cfg.nplanes; q++) a[q] = cfg.nic[q].addr;
+    if (lpv_setup(cfg.nplanes, a, why, sizeof why) == 0) {
+        cfg.verbs = 1;
+        return;
+    }
+    if (cfg.transport == LP_T_VERBS) {
+        LP_WARN("LINKPASS_TRANSPORT=verbs, but %s; no devices (set LINKPASS_TRANSPORT=auto to use TCP lanes there)", why);
+        for (int q = 0; q < cfg.nplanes; q++) free(cfg.nic[q].pci);
+        cfg.nplanes = 0;
+        return;
+    }
+    snprintf(cfg.no_verbs, sizeof cfg.no_verbs, "%s", why);
+}
+
 static void global_init(void) {
     config_load();
+    transport_init();
     if (pipe2(G.wake, O_CLOEXEC | O_NONBLOCK) < 0) { G.wake[0] = G.wake[1] = -1; return; }
     for (int q = 0; q < LP_MAX_PLANES; q++) G.listen_fd[q] = -1;
     for (int q = 0; q < cfg.nplanes; q++) {
@@ -1287,6 +1743,7 @@ static void global_init(void) {
     FILE *f = fopen("/dev/urandom", "rb");
     if (f) { if (fread(&seed, sizeof seed, 1, f) != 1) seed ^= (uint64_t)(uintptr_t)&seed; fclose(f); }
     G.token_next = seed | 1;
+    G.rng = (seed * 0x9E3779B97F4A7C15ull) | 1;
     if (pthread_create(&G.thread, NULL, progress_main, NULL) != 0) return;
     G.inited = 1;
     char s[INET_ADDRSTRLEN];
@@ -1297,6 +1754,14 @@ static void global_init(void) {
             "%llu ms; chunks of %zu KiB; entropy table %s", cfg.lanes, cfg.standby,
             (unsigned long long)(cfg.stuck_ns / 1000000), (unsigned long long)(cfg.giveup_ns / 1000000),
             cfg.chunk / 1024, cfg.entropy_path);
+    if (cfg.verbs) {
+        for (int q = 0; q < cfg.nplanes; q++) LP_INFO("plane %d: verbs lanes on %s", q, lpv_describe(q));
+        LP_INFO("lanes are RC queue pairs (verbs) with peers that offer them, TCP otherwise; QP timeout %d (%.1f ms), "
+                "retry count %d; source ports from the entropy table", cfg.qp_timeout,
+                4.096e-3 * (double)(1u << cfg.qp_timeout), cfg.qp_retry);
+    } else if (cfg.nplanes) {
+        LP_INFO("lanes are TCP connections (verbs lanes not used: %s)", cfg.no_verbs);
+    }
 }
 
 __attribute__((destructor)) static void global_fini(void) {
@@ -1349,7 +1814,8 @@ ncclResult_t lp_listen(void *ctx, int dev, void *handle, void **listenComm) {
     if (dev < 0 || dev >= cfg.nplanes) return ncclInvalidArgument;
     struct lcomm *lc = calloc(1, sizeof *lc);
     if (!lc) return ncclSystemError;
-    struct handle h = {.magic = LP_HANDLE_MAGIC, .version = 1, .nplanes = (uint8_t)cfg.nplanes};
+    struct handle h = {.magic = LP_HANDLE_MAGIC, .version = 1, .nplanes = (uint8_t)cfg.nplanes,
+                       .flags = cfg.verbs ? LP_HF_VERBS : 0};
     pthread_mutex_lock(&G.mu);
     G.token_next = G.token_next * 6364136223846793005ull + 1442695040888963407ull;
     lc->token = h.token = G.token_next;
@@ -1368,7 +1834,6 @@ ncclResult_t lp_listen(void *ctx, int dev, void *handle, void **listenComm) {
 }
 
 ncclResult_t lp_connect(void *ctx, int dev, void *handle, void **sendComm) {
-    (void)ctx;
     *sendComm = NULL;
     if (dev < 0 || dev >= cfg.nplanes) return ncclInvalidArgument;
     struct handle h;
@@ -1391,6 +1856,8 @@ ncclResult_t lp_connect(void *ctx, int dev, void *handle, void **sendComm) {
         c->dev = dev;
         c->cur_plane = dev; /* where traffic belongs: leaving it is logged, also on the first chunk */
         c->chunk = cfg.chunk;
+        c->verbs = cfg.verbs && (h.flags & LP_HF_VERBS);
+        c->tclass = ctx ? ((struct ctx *)ctx)->trafficClass : -1;
         c->nplanes = h.nplanes < cfg.nplanes ? h.nplanes : cfg.nplanes;
         if (dev >= c->nplanes) c->dev = c->cur_plane = 0;
         for (int q = 0; q < c->nplanes; q++) {
@@ -1399,6 +1866,15 @@ ncclResult_t lp_connect(void *ctx, int dev, void *handle, void **sendComm) {
         }
         char a[INET_ADDRSTRLEN];
         snprintf(c->peer_name, sizeof c->peer_name, "%s", addr_str(c->peer[c->dev].addr, a));
+        if (cfg.transport == LP_T_VERBS && !c->verbs) {
+            LP_WARN("connect to %s: LINKPASS_TRANSPORT=verbs, but the peer offers TCP lanes only (its "
+                    "LINKPASS_TRANSPORT, or no RoCE v2 device for its planes); set LINKPASS_TRANSPORT the same on every "
+                    "host", c->peer_name);
+            c->failed = 1;
+            c->closing = 1;
+            pthread_mutex_unlock(&G.mu);
+            return ncclInvalidUsage;
+        }
         int n = 0;
         for (int pass = 0; pass < 2; pass++)
             for (int q = 0; q < c->nplanes; q++) {
@@ -1591,9 +2067,11 @@ ncclResult_t lp_finalize(void *ctx) {
 /* Not part of NCCL's ABI: counters for the harness and for operators (dlsym "linkpass_nccl_stats"). */
 __attribute__((visibility("default"))) int linkpass_nccl_stats(char *buf, size_t n) {
     pthread_mutex_lock(&G.mu);
-    int k = snprintf(buf, n, "lanes_down=%llu lanes_up=%llu chunks_resent=%llu dup_chunks=%llu bad_frames=%llu",
+    int k = snprintf(buf, n, "lanes_down=%llu lanes_up=%llu chunks_resent=%llu dup_chunks=%llu bad_frames=%llu "
+                     "table_moves=%llu lane_kind=%s",
                      (unsigned long long)G.totals[0], (unsigned long long)G.totals[1], (unsigned long long)G.totals[2],
-                     (unsigned long long)G.totals[3], (unsigned long long)G.totals[4]);
+                     (unsigned long long)G.totals[3], (unsigned long long)G.totals[4], (unsigned long long)G.totals[5],
+                     cfg.verbs ? "verbs" : "tcp");
     for (int q = 0; q < cfg.nplanes && k >= 0 && (size_t)k < n; q++)
         k += snprintf(buf + k, n - (size_t)k, " chunks_plane%d=%llu", q, (unsigned long long)G.chunks_plane[q]);
     pthread_mutex_unlock(&G.mu);

@@ -13,6 +13,9 @@
  * - The plane chunks go to: the own plane first, then the others in order; a plane marked
  *   unusable by the entropy table is skipped while another has a usable lane; with no usable
  *   lane anywhere, any live (slow) lane still carries the data.
+ * - Verbs lanes' paths: the RoCEv2 source port a lane's queue pairs carry (and the flow label that
+ *   yields it), the port a lane takes when it (re)connects, whether the entropy table says its port
+ *   left the healthy set, and which lane moves when a healthy port carries too few lanes.
  */
 #ifndef LINKPASS_LP_POLICY_H
 #define LINKPASS_LP_POLICY_H
@@ -51,5 +54,33 @@ uint64_t lp_stuck_bound(const struct lp_health *h, uint64_t stuck_min_ns, int ca
 /* The plane for the next chunk: own first, then 0..nplanes-1 skipping own. usable[q] / live[q]
  * count plane q's usable and live lanes; avoid[q] is the entropy table's mark. -1: no live lane. */
 int lp_pick_plane(int own, int nplanes, const int *avoid, const int *usable, const int *live);
+
+/* ---- verbs lanes: RoCEv2 source ports ---- */
+
+#define LP_SPORT_MIN 0xC000u /* the range a GRH flow label reaches: 0xC000..0xFFFF */
+
+/* The kernel's mapping (rdma_flow_label_to_udp_sport): port = 0xC000 | (fl[13:0] ^ fl[19:14]). */
+uint16_t lp_sport_of_flow_label(uint32_t flow_label);
+/* A non-zero flow label that yields sport (0 would let the kernel pick one from the QP numbers);
+ * 0 for a port below 0xC000, which no flow label reaches. */
+uint32_t lp_flow_label_for_sport(uint16_t sport);
+
+enum { LP_PORT_KEEP, LP_PORT_LEFT };
+/* What the entropy table says of a lane's port: LEFT when the peer's entry lists healthy ports and
+ * this is not one of them; KEEP when it is one, or when there is no entry, the entry is
+ * fail-static (every path bad: the last usable ports, keep what works) or lists no port. */
+int lp_port_verdict(const uint16_t *healthy, int nhealthy, int have_entry, int fail_static, uint16_t port);
+
+/* The port a lane takes when it (re)connects: a healthy port no other lane of its plane uses,
+ * trying them in the table's order from index key % nhealthy, not prev if another will do; else
+ * the healthy port the fewest other lanes use (not prev if possible); with no healthy port,
+ * fallback (a fresh random port of the range: a fresh path). used[] are the other lanes' ports. */
+uint16_t lp_pick_port(const uint16_t *healthy, int nhealthy, const uint16_t *used, int nused, uint16_t prev,
+                      unsigned key, uint16_t fallback);
+
+/* Spreading lanes over healthy paths again (after one came back): the index into ports[] (one
+ * per lane of a plane) of a lane to re-make, when some healthy port carries at least two lanes
+ * fewer than another healthy port; -1 when the lanes are spread within one. */
+int lp_pick_rebalance(const uint16_t *ports, int nlanes, const uint16_t *healthy, int nhealthy);
 
 #endif

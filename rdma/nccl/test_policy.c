@@ -64,6 +64,45 @@ int main(void) {
     int z[4] = {0};
     CHECK(lp_pick_plane(3, 4, none, z, l) == 3);      /* nothing usable: a live (slow) lane still carries */
     CHECK(lp_pick_plane(0, 4, none, z, z) == -1);
+
+    /* RoCEv2 source ports: every port of the range has a flow label that yields it, and the
+     * mapping is the kernel's (values captured from rxe: 0x12345 -> 58177, 0xABCDE -> 64756) */
+    CHECK(lp_sport_of_flow_label(0x12345) == 58177 && lp_sport_of_flow_label(0xABCDE) == 64756);
+    CHECK(lp_sport_of_flow_label(0x00001) == 49153);
+    for (unsigned p = LP_SPORT_MIN; p <= 0xFFFF; p++) {
+        uint32_t fl = lp_flow_label_for_sport((uint16_t)p);
+        CHECK(fl != 0 && fl <= 0xFFFFF && lp_sport_of_flow_label(fl) == p);
+    }
+    CHECK(lp_flow_label_for_sport(4791) == 0 && lp_flow_label_for_sport(0xBFFF) == 0);
+
+    /* the table's verdict on a lane's port */
+    uint16_t hp[3] = {50000, 50001, 50002};
+    CHECK(lp_port_verdict(hp, 3, 1, 0, 50001) == LP_PORT_KEEP);
+    CHECK(lp_port_verdict(hp, 3, 1, 0, 50009) == LP_PORT_LEFT);
+    CHECK(lp_port_verdict(hp, 3, 0, 0, 50009) == LP_PORT_KEEP);   /* no entry: nothing known */
+    CHECK(lp_port_verdict(hp, 3, 1, 1, 50009) == LP_PORT_KEEP);   /* fail-static: keep what works */
+    CHECK(lp_port_verdict(hp, 0, 1, 0, 50009) == LP_PORT_KEEP);   /* no healthy port: the plane mark decides */
+
+    /* a (re)connecting lane's port */
+    uint16_t used1[1] = {50000}, used2[2] = {50000, 50001}, used3[3] = {50000, 50001, 50002};
+    CHECK(lp_pick_port(hp, 3, NULL, 0, 0, 0, 60000) == 50000);         /* the table's order from key */
+    CHECK(lp_pick_port(hp, 3, NULL, 0, 0, 4, 60000) == 50001);
+    CHECK(lp_pick_port(hp, 3, used1, 1, 0, 0, 60000) == 50001);        /* an unused healthy port first */
+    CHECK(lp_pick_port(hp, 3, used2, 2, 50002, 0, 60000) == 50000);    /* not the port it failed on... */
+    CHECK(lp_pick_port(hp, 1, used1, 1, 50000, 0, 60000) == 50000);    /* ...unless it is the only one */
+    CHECK(lp_pick_port(hp, 3, used3, 3, 0, 1, 60000) == 50001);        /* all in use: the least used */
+    CHECK(lp_pick_port(hp, 0, used3, 3, 0, 1, 60000) == 60000);        /* no table: a fresh random port */
+
+    /* spreading lanes again once a path is back */
+    uint16_t two[2] = {50000, 50001}, lanes4[4] = {50000, 50000, 50000, 50000}, lanes4b[4] = {50000, 50001, 50000, 50001};
+    CHECK(lp_pick_rebalance(lanes4, 4, two, 2) >= 0);                  /* 4 on one path, 0 on the other */
+    CHECK(lp_pick_rebalance(lanes4b, 4, two, 2) == -1);                /* 2 and 2 */
+    uint16_t lanes2[2] = {50000, 50000}, lanes3[3] = {50000, 50000, 50001};
+    CHECK(lp_pick_rebalance(lanes2, 2, two, 2) >= 0);                  /* 2 and 0 */
+    CHECK(lp_pick_rebalance(lanes3, 3, two, 2) == -1);                 /* 2 and 1: within one */
+    CHECK(lp_pick_rebalance(lanes2, 2, two, 1) == -1);                 /* one healthy path: nowhere to go */
+    uint16_t gone[2] = {50007, 50007};
+    CHECK(lp_pick_rebalance(gone, 2, two, 2) == -1);                   /* ports that left: not this rule's */
     printf("ok %d\n", checks);
     return 0;
 }
