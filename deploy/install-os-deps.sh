@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # OS packages LinkPass and its tests need: iproute2 (ip netns), nftables (faults, later the
 # agent's own rules), python3-venv, frr (bfdd, the BFD peer in benchmarks and tests), and for
-# the testbed's Soft-RoCE guests qemu-system-x86, debootstrap, zstd and cpio.
+# the testbed's Soft-RoCE guests qemu-system-x86, debootstrap, zstd and cpio, and libibverbs-dev
+# to build the NCCL plugin's verbs lanes.
 # Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
@@ -16,6 +17,8 @@ command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
 command -v cpio >/dev/null 2>&1 || need+=(cpio)
+# the NCCL plugin's verbs lanes are built against the verbs headers (libibverbs itself is loaded at run time)
+[[ -f /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
 if ((${#need[@]} == 0)); then
     exit 0
 fi

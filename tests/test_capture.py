@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from linkpass.testbed.capture import udp_of
+from linkpass.testbed.capture import roce_bth, udp_of
 
 pytestmark = pytest.mark.unit
 
@@ -34,3 +34,18 @@ def test_other_protocols_fragments_and_truncated_frames_give_none():
         assert udp_of(whole[:cut]) is None, cut
     arp = b"\x02" * 12 + b"\x08\x06" + b"\0" * 28
     assert udp_of(arp) is None
+
+
+@pytest.mark.parametrize("vlan,ihl", [(False, 5), (True, 5), (False, 7)])
+def test_a_roce_frame_gives_the_opcode_and_destination_qp_of_its_bth(vlan, ihl):
+    bth = bytes([0x04, 0x40, 0xFF, 0xFF, 0x00, 0x01, 0x23, 0x45, 0x80, 0x00, 0x00, 0x07])  # RC SEND only to QP 0x12345
+    assert roce_bth(_frame(vlan=vlan, ihl=ihl, payload=bth)) == (0x04, 0x12345)
+    ud = bytes([0x64]) + bth[1:]  # a UD SEND, as LinkPass's verbs probes are
+    assert roce_bth(_frame(payload=ud)) == (0x64, 0x12345)
+
+
+def test_no_qp_for_other_ports_or_a_payload_shorter_than_a_bth():
+    bth = bytes(12)
+    assert roce_bth(_frame(dport=4792, payload=bth)) is None
+    assert roce_bth(_frame(payload=bth[:11])) is None
+    assert roce_bth(_frame(proto=6, payload=bth)) is None

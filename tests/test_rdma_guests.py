@@ -2,9 +2,11 @@
 with rdma_rxe, the others namespaces. The guests boot with one RDMA device per plane, the fabric
 reaches them like any host, an RC queue pair steered to a source port carries exactly that port
 on the wire (both directions), each port keeps to one spine, the mlx5-only re-path call is
-refused on rxe, and LinkPass agents inside the guests probe through verbs (UD QPs) and write an
-entropy table that a channel of RC QPs follows off a dead spine link. The first run builds the
-guest image (minutes; cached afterwards)."""
+refused on rxe, LinkPass agents inside the guests probe through verbs (UD QPs) and write an
+entropy table that a channel of RC QPs follows off a dead spine link, and the NCCL plugin's
+verbs lanes carry a ring all-reduce between the guests through an uplink cut, a leaf-spine link
+down and 30 % one-way loss, moving its traffic to other queue pairs and back. The first run
+builds the guest image (minutes; cached afterwards)."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +19,7 @@ import pytest
 
 from linkpass.core.names import host_name
 from linkpass.kernel import netns as ns_io
-from linkpass.testbed import agents, build, faults, guests, roce_paths, topology
+from linkpass.testbed import agents, build, faults, guest_ring, guests, roce_paths, topology
 from linkpass.testbed.faults import FaultSpec
 
 from helpers import coordinator_client, free_port, prefix_for, wait_until
@@ -163,9 +165,11 @@ def test_the_namespace_traffic_tools_refuse_a_guest_by_name_and_check_skips_it(r
     assert {r["src"] for r in rows} | {r["dst"] for r in rows} == {"h1", "h2"}
 
 
-# agents under emulation: probes every 50 ms, timeouts for round trips of up to a few hundred ms
-GUEST_DETECT = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 400}
-TABLE = f"{agents.GUEST_RUN_DIR}/entropy"
+# agents under emulation: probes every 50 ms, timeouts for round trips of up to a few hundred ms,
+# and one-way delays judged only beyond 50 ms of noise (an emulated NIC carrying a ring all-reduce
+# queues that much on its own)
+GUEST_DETECT = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 400, "latency_floor_us": 50_000}
+TABLE = agents.GUEST_TABLE
 
 
 def _table(ctl, peer_addr: str) -> dict:
@@ -340,3 +344,107 @@ def test_agents_in_guests_detect_each_fault_through_verbs_with_its_reason_and_di
             assert not bad0, bad0
     finally:
         faults.clear(rfab.prefix)
+
+
+# ---- the NCCL plugin's verbs lanes --------------------------------------------------------------
+
+HARNESS = "/opt/linkpass/rdma/nccl/build/lp_harness"
+
+
+def _harness(ctl, *args: str, env: dict | None = None, timeout_s: float = 240) -> tuple[dict, dict, str]:
+    """lp_harness transfer in a guest over the plugin's verbs lanes: (transfer fields, stats, log)."""
+    res = ctl.run([HARNESS, "-l", guest_ring.PLUGIN, "transfer", *args],
+                  env={"LINKPASS_NICS": "p0,p1", **guest_ring.GUEST_PLUGIN_ENV, **(env or {})}, timeout_s=timeout_s)
+    out = res.stdout + res.stderr
+    assert res.rc == 0, out[-3000:]
+    fields = {}
+    for line in res.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        fields[word] = dict(kv.split("=", 1) for kv in rest.split() if "=" in kv)
+    return fields["transfer"], fields["stats"], out
+
+
+def test_the_plugins_verbs_lanes_pass_the_harness_in_a_guest(ctl):
+    """Every check the TCP lanes pass, on RC queue pairs over rxe: sizes around the chunk boundary
+    in posting order, 0-byte messages, receives posted larger than the send, 32 outstanding
+    requests, sizes == NULL, the request preset to 0x1, two threads; and a lane whose socket is
+    reset under load (its QP goes with it) resends what it owed on other lanes, no byte lost."""
+    t, stats, log = _harness(ctl[GA], "-s", "0,1,65535,65536,65537,200000,1M", "-n", "2", "-w", "32", "-x", "100",
+                             "-N", "-p", "-t", "-T", "200")
+    assert t["wrong"] == t["bad_sizes"] == "0" and t["messages"] == t["send_done"] == t["recv_done"] == "14", log[-2000:]
+    assert stats["lane_kind"] == "verbs", stats
+    assert "lanes are RC queue pairs (verbs)" in log and "verbs lanes on rxe_p0 port 1" in log, log[-2000:]
+    # a verbs lane's socket queues no bytes, so the harness resets one after its 2 s wait for a busy one
+    t, stats, log = _harness(ctl[GA], "-s", "4M", "-n", "20", "-k", "400:2", "-T", "200")
+    assert t["wrong"] == "0" and t["send_done"] == t["recv_done"] == "20" and int(t["lanes_killed"]) >= 1, log[-2000:]
+    assert int(stats["lanes_down"]) >= 1 and "is back" in log, log[-2000:]
+
+
+def _aimed(fab, kind: str):
+    """The fault for the ring: A's plane-1 uplink, or the link from A's plane-0 leaf to the spine
+    that carried most of the ring's chunks so far (cut, or 30 % loss leaving the leaf)."""
+    if kind == "uplink-cut":
+        return FaultSpec("down", fab.uplink(host_name(GA), 1).name)
+    leaf, _ = roce_paths.spine_ports(fab, GA, 0)
+
+    def aim(packets):
+        port = guest_ring.busiest_port(packets, fab.nic_addr(GA, 0), fab.nic_addr(GB, 0))
+        assert port is not None, "the ring carried nothing on plane 0 before the fault"
+        link = fab.leaf_spine(leaf, roce_paths.spine_of_if(port)).name
+        return FaultSpec("down", link) if kind == "spine-link-down" else FaultSpec("loss", link, leaf, {"pct": 30.0})
+    return aim
+
+
+@pytest.mark.parametrize("kind", ["uplink-cut", "spine-link-down", "loss-30pct-one-way"])
+def test_a_verbs_ring_all_reduce_moves_to_other_qps_through_each_fault_and_back(rfab, ctl, guest_agents, kind):
+    """The plugin's ring all-reduce between the guests, every lane an RC queue pair on a port from
+    the agent's entropy table: under the fault the ring gets no error and no wrong byte, its chunks
+    stop crossing the broken path and cross another on a queue pair that carried none before (seen
+    on the wire at A's leaf), and once the agents list the path again, traffic crosses it again."""
+    ga = guest_agents
+    plane = 1 if kind == "uplink-cut" else 0
+    addr_b = rfab.nic_addr(GB, plane)
+    for h in (GA, GB):  # the previous fault's paths back in use first
+        deadline = time.monotonic() + 120
+        while not (_plane_paths_up(ga, h, 0) and _plane_paths_up(ga, h, 1)):
+            assert time.monotonic() < deadline, ga.events(h, "path_state")[-6:]
+            time.sleep(1)
+    aimed = _aimed(rfab, kind)
+    chosen = []
+    fault = (lambda pk: chosen.append(aimed(pk)) or chosen[-1]) if callable(aimed) else aimed
+    run = guest_ring.ring_under_fault(
+        rfab, GA, GB, ctl[GA], ctl[GB], fault, lead_s=5, hold_s=20, after_s=10, heal_timeout_s=150,
+        healed=lambda: len(roce_paths.healthy_ports(ctl[GA], addr_b, plane)) >= 2, tag=f"ring-{kind}")
+    why = guest_ring.describe(run)
+    assert run.rc == [0, 0], why
+    assert all(sm and sm["errors"] == 0 and sm["wrong"] == 0 and sm["lane_kind"] == "verbs" for sm in run.summary), why
+    src, dst = rfab.nic_addr(GA, plane), addr_b
+    t0, t1 = run.phases["fault"]
+    before = guest_ring.data_paths(run.packets, src, dst, *run.phases["before"])
+    late = (t0 + (t1 - t0) / 2, t1)  # the agents have judged the path by then
+    after = guest_ring.data_paths(run.packets, src, dst, *run.phases["after"])
+    if kind == "uplink-cut":
+        # plane 1 carried chunks before and after, none while its uplink was down; plane 0 took them
+        # on a queue pair (the standby lane's) that had carried none
+        assert before and after, why
+        assert not guest_ring.data_paths(run.packets, src, dst, *late), why
+        p0 = (rfab.nic_addr(GA, 0), rfab.nic_addr(GB, 0))
+        moved = guest_ring.data_qps(guest_ring.data_paths(run.packets, *p0, *late)) - \
+            guest_ring.data_qps(guest_ring.data_paths(run.packets, *p0, *run.phases["before"]))
+        assert moved, why
+    else:
+        victim = _victim_port(rfab, chosen[0])
+        during = guest_ring.data_paths(run.packets, src, dst, *late)
+        assert guest_ring.data_qps(before, victim), why
+        assert not guest_ring.data_qps(during, victim), (victim, dict(during), why)
+        assert guest_ring.data_qps(during) - guest_ring.data_qps(before), (dict(before), dict(during), why)
+        assert guest_ring.data_qps(after, victim), (victim, dict(after), why)
+    downs = [e for e in run.lanes(0) if e.what == "down"]
+    assert downs, why
+    assert all(any(k in e.why for k in ("entropy table", "stuck", "QP", "connect", "closed")) for e in downs), why
+
+
+def _victim_port(fab, spec: FaultSpec) -> str:
+    """A's plane-0 leaf's port on the link a spine fault hit."""
+    leaf, ports = roce_paths.spine_ports(fab, GA, 0)
+    return next(p for s, p in enumerate(ports) if fab.leaf_spine(leaf, s).name == spec.link)

@@ -246,6 +246,7 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
 
 GUEST_AGENT_DIR = "/lp/agent"  # inside a guest: its share of the run directory (guests.guest_dir(...)/lp/agent)
 GUEST_RUN_DIR = "/run/linkpass"  # the guest's own tmpfs: the entropy table (shared memory) and route journal
+GUEST_TABLE = f"{GUEST_RUN_DIR}/entropy"  # where the guest's RDMA applications and the NCCL plugin read it
 
 
 @dataclass
@@ -301,7 +302,7 @@ class GuestAgents:
                     shutil.copyfile(src, dst)
                     os.chmod(dst, 0o600)
                     doc["coordinator"][k] = f"{GUEST_AGENT_DIR}/{os.path.basename(src)}"
-            doc["entropy"]["path"] = f"{GUEST_RUN_DIR}/entropy"
+            doc["entropy"]["path"] = GUEST_TABLE
             doc["routes"]["journal"] = f"{GUEST_RUN_DIR}/routes.journal"
             with open(os.path.join(d, "agent.yaml"), "w") as f:
                 yaml.safe_dump(doc, f, sort_keys=False)

@@ -32,11 +32,33 @@ class UdpPacket:
     dport: int
     length: int  # of the IP packet
     outgoing: bool  # sent by this interface (else received on it)
+    qpn: int | None = None  # RoCEv2 (UDP 4791): the destination queue pair in its BTH
+    t: float = 0.0  # time.monotonic() when it was read
+    opcode: int | None = None  # RoCEv2: the BTH opcode (0x00-0x1f reliable connected, 0x64 a UD SEND)
+
+
+ROCE_V2_DPORT = 4791
+BTH_LEN = 12
 
 
 def udp_of(frame: bytes) -> tuple[str, str, int, int, int] | None:
     """(src, dst, sport, dport, ip_length) of an Ethernet frame carrying IPv4/UDP; None for
     anything else, and for a frame too short for the headers it claims."""
+    got = _udp(frame)
+    return got[:5] if got else None
+
+
+def roce_bth(frame: bytes) -> tuple[int, int] | None:
+    """(opcode, destination QP) from the BTH of a RoCEv2 frame (UDP to 4791); None for anything
+    else or a frame too short for a BTH."""
+    got = _udp(frame)
+    if got is None or got[3] != ROCE_V2_DPORT or len(frame) < got[5] + BTH_LEN:
+        return None
+    return frame[got[5]], int.from_bytes(frame[got[5] + 5:got[5] + 8], "big")
+
+
+def _udp(frame: bytes) -> tuple[str, str, int, int, int, int] | None:
+    """udp_of's fields and the offset of the UDP payload in the frame."""
     if len(frame) < 14:
         return None
     off, ethertype = 14, struct.unpack_from("!H", frame, 12)[0]
@@ -56,14 +78,17 @@ def udp_of(frame: bytes) -> tuple[str, str, int, int, int] | None:
     total = struct.unpack_from("!H", frame, off + 2)[0]
     src, dst = socket.inet_ntoa(frame[off + 12:off + 16]), socket.inet_ntoa(frame[off + 16:off + 20])
     sport, dport = struct.unpack_from("!HH", frame, off + ihl)
-    return src, dst, sport, dport, total
+    return src, dst, sport, dport, total, off + ihl + 8
 
 
 class Capture:
-    """UDP packets (to `dport`, if given) on `ifnames` of namespace `netns`, from start() to stop()."""
+    """UDP packets (to `dport`, and from `sources`, if given) on `ifnames` of namespace `netns`,
+    from start() to stop(); at most `limit` are kept."""
 
-    def __init__(self, netns: str, ifnames: list[str], dport: int | None = None, limit: int = 200_000):
+    def __init__(self, netns: str, ifnames: list[str], dport: int | None = None, limit: int = 200_000,
+                 sources: set[str] | None = None):
         self.netns, self.ifnames, self.dport, self.limit = netns, list(ifnames), dport, limit
+        self.sources = set(sources) if sources is not None else None
         self.packets: list[UdpPacket] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -91,10 +116,14 @@ class Capture:
                 except BlockingIOError:
                     break
                 got = udp_of(frame)
-                if got is None or (self.dport is not None and got[3] != self.dport):
+                if got is None or (self.dport is not None and got[3] != self.dport) or \
+                        (self.sources is not None and got[0] not in self.sources):
                     continue
                 if len(self.packets) < self.limit:
-                    self.packets.append(UdpPacket(ifname, *got, outgoing=addr[2] == socket.PACKET_OUTGOING))
+                    bth = roce_bth(frame)
+                    self.packets.append(UdpPacket(ifname, *got, outgoing=addr[2] == socket.PACKET_OUTGOING,
+                                                  qpn=bth[1] if bth else None, t=time.monotonic(),
+                                                  opcode=bth[0] if bth else None))
 
     def stop(self) -> list[UdpPacket]:
         time.sleep(0.1)  # what is in flight lands in the socket buffers

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ..core.names import host_name
+from .agents import GUEST_TABLE
 from .capture import Capture
 from .guests import Control
 from .topology import Fabric
@@ -74,6 +75,17 @@ def map_ports(fab: Fabric, a: int, b: int, ports: list[int], ctl_a: Control, ctl
     if stray:  # packets on a port nobody asked for: the steering is wrong somewhere
         result = {p: PortPath(pp.sport, pp.forward, pp.reverse, pp.reported, stray) for p, pp in result.items()}
     return result
+
+
+def healthy_ports(ctl: Control, peer_addr: str, plane: int = 0, table: str = GUEST_TABLE) -> list[int]:
+    """The healthy ports a guest's entropy table lists for (peer, plane): [] when the entry is
+    missing, fail-static, or the table cannot be read (yet)."""
+    code = ("import sys; from linkpass_rdma import entropy; "
+            "e = entropy.read_table(sys.argv[1]).get(sys.argv[2], int(sys.argv[3])); "
+            "print(','.join(map(str, e.ports)) if e and not e.flags else '-')")
+    res = ctl.run(["python3", "-c", code, table, peer_addr, str(plane)], env=GUEST_ENV)
+    last = res.stdout.strip().splitlines()[-1] if res.rc == 0 and res.stdout.strip() else "-"
+    return [int(p) for p in last.split(",")] if last != "-" else []
 
 
 CHANNEL_PORT = 18520

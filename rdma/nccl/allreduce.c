@@ -28,7 +28,8 @@
  * filesystem); each rank writes its listen handles there and reads its next neighbour's.
  *
  * Output: nccl-tests' columns (size, count, type, redop, time us, algbw GB/s, busbw GB/s, #wrong)
- * on stdout from rank 0, and a last line "# errors E wrong W". Exit codes: 0 every byte right and
+ * on stdout from rank 0, and a last line "# errors E wrong W". The plugin's log lines go to stderr,
+ * each after "[SECONDS]" of CLOCK_MONOTONIC. Exit codes: 0 every byte right and
  * no error from the plugin, 1 wrong bytes, 2 usage, 3 the plugin returned an error, 4 set-up failed.
  *
  * The data: rank r contributes (r + 1) * f(i, iter) to element i (uint32, wrapping), so the sum is
@@ -394,7 +395,8 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char *fil
     if (level > NCCL_LOG_INFO) return;
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s ", level == NCCL_LOG_WARN ? "NCCL WARN" : "NCCL INFO");
+    /* the host's monotonic seconds first, the clock LinkPass agents stamp their verdicts with */
+    fprintf(stderr, "[%.6f] %s ", (double)now_ns() / 1e9, level == NCCL_LOG_WARN ? "NCCL WARN" : "NCCL INFO");
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);

@@ -1190,10 +1190,11 @@ static void comm_paths(struct comm *c, uint64_t now) {
         int others = 0;
         for (int k = 0; k < c->nlanes; k++) others += k != j && lane_usable(&c->lanes[k]);
         if (l->state == L_LIVE && !others) continue; /* the last usable lane is never closed */
+        char a[INET_ADDRSTRLEN];
         c->table_moves++;
         G.totals[5]++;
-        lane_down(c, l, now, "its source port %u left the entropy table's healthy set for plane %d to %s", l->rsport,
-                  l->plane, c->peer_name);
+        lane_down(c, l, now, "its source port %u left the entropy table's healthy set for %s on plane %d", l->rsport,
+                  addr_str(c->peer[l->plane].addr, a), l->plane);
     }
     for (int q = 0; q < c->nplanes; q++) {
         struct tports t;

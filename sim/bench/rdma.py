@@ -107,17 +107,7 @@ def main() -> int:
 
 AGENT_INTERVAL_MS = 50
 AGENT_DETECT = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 400}
-TABLE = f"{agents.GUEST_RUN_DIR}/entropy"
-
-
-def _table_ports(ctl, peer_addr: str) -> list[int]:
-    code = ("import sys; from linkpass_rdma import entropy; e = entropy.read_table(sys.argv[1]).get(sys.argv[2], 0); "
-            "print(','.join(map(str, e.ports)) if e and not e.flags else '')")
-    try:
-        out = ctl.check(["python3", "-c", code, TABLE, peer_addr], env=roce_paths.GUEST_ENV).strip()
-    except guests.GuestError:
-        return []
-    return [int(p) for p in out.splitlines()[-1].split(",")] if out else []
+TABLE = agents.GUEST_TABLE
 
 
 def agents_phase(fab, ca, cb, trials: int, peer: list, spine_of: dict) -> list[dict]:
@@ -131,7 +121,7 @@ def agents_phase(fab, ca, cb, trials: int, peer: list, spine_of: dict) -> list[d
         leaf_a, _ = roce_paths.spine_ports(fab, A, 0)
         for i in range(trials):
             deadline = time.monotonic() + 120
-            while len(ports := _table_ports(ca, addr_b)) < 2:  # both spines healthy again
+            while len(ports := roce_paths.healthy_ports(ca, addr_b)) < 2:  # both spines healthy again
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the table never listed both spines' ports: {ga.log(A)[-1500:]}")
                 time.sleep(1)
