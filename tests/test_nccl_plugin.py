@@ -172,6 +172,35 @@ def test_a_bad_variable_is_a_warning_naming_it_and_its_range_then_the_default():
     assert "lanes: 4 on its own plane" in r.stderr and "chunks of 512 KiB" in r.stderr
 
 
+def test_verbs_lanes_asked_for_on_a_host_without_rdma_give_no_devices_and_say_why():
+    """LINKPASS_TRANSPORT=verbs is a demand: where no plane address is a RoCE v2 GID (this host has
+    no RDMA at all) the plugin offers no device, so NCCL moves on to its next net, and says why."""
+    r = nccl_harness("info", env={"LINKPASS_TRANSPORT": "verbs"})
+    assert r.returncode == 0, r.stderr
+    assert "devices=0" in r.stdout
+    warn = [ln for ln in r.stderr.splitlines() if "NCCL WARN" in ln and "LINKPASS_TRANSPORT=verbs, but" in ln]
+    assert warn and "no RDMA device" in warn[0] and "LINKPASS_TRANSPORT=auto" in warn[0], r.stderr
+
+
+def test_by_default_lanes_are_tcp_where_the_host_has_no_rdma_and_the_log_says_why():
+    r = nccl_harness("info")
+    assert r.returncode == 0, r.stderr
+    assert "devices=2" in r.stdout
+    assert "lanes are TCP connections (verbs lanes not used: no RDMA device" in r.stderr, r.stderr
+    r = nccl_harness("info", env={"LINKPASS_TRANSPORT": "tcp"})
+    assert "lanes are TCP connections (verbs lanes not used: LINKPASS_TRANSPORT=tcp)" in r.stderr, r.stderr
+
+
+def test_bad_transport_and_queue_pair_settings_are_named_with_what_they_accept():
+    r = nccl_harness("info", env={"LINKPASS_TRANSPORT": "rdma", "LINKPASS_QP_TIMEOUT": "40", "LINKPASS_QP_RETRY": "9"})
+    assert r.returncode == 0, r.stderr
+    assert "LINKPASS_TRANSPORT=rdma is not valid: it must be auto (verbs lanes where every plane has a RoCE v2 " \
+           "device, else TCP), tcp or verbs; using auto" in r.stderr
+    assert "LINKPASS_QP_TIMEOUT=40 is not valid: it must be an integer 1..31" in r.stderr
+    assert "LINKPASS_QP_RETRY=9 is not valid: it must be an integer 0..7" in r.stderr
+    assert "devices=2" in r.stdout
+
+
 def test_nics_that_do_not_exist_give_no_devices_and_say_why():
     r = nccl_harness("info", env={"LINKPASS_NICS": "127.0.0.1,nosuchif0"})
     assert r.returncode == 0, r.stderr
