@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from linkpass.testbed.capture import UdpPacket
-from linkpass.testbed.guest_ring import busiest_port, data_paths, data_qps, lane_events, longest_gap_ms, summary_of
+from linkpass.testbed.guest_ring import (busiest_port, data_paths, data_qps, lane_events, longest_gap_ms, move_cause,
+                                         summary_of)
 
 pytestmark = pytest.mark.unit
 
@@ -27,6 +28,10 @@ def test_lane_lines_give_when_which_qp_and_port_did_what_and_why():
     assert ev[1].t == pytest.approx(446.962412) and ev[1].plane == 0 and ev[1].lane == 0 and ev[1].peer == "198.18.64.7"
     assert ev[1].why.startswith("its source port 49152 left the entropy table's healthy set")
     assert ev[2].why == "after: connect timed out"
+    assert move_cause(ev[1]) == "table"
+    assert move_cause(ev[1].__class__(**{**ev[1].__dict__, "why": "stuck: no answer for 1001 ms"})) == "stuck"
+    assert move_cause(ev[1].__class__(**{**ev[1].__dict__, "why": "QP 7 send failed: transport retry counter exceeded"})) == "qp-error"
+    assert move_cause(ev[1].__class__(**{**ev[1].__dict__, "why": "closed by the peer"})) == "other"
 
 
 def test_a_ranks_summary_line_with_the_plugins_counters():
@@ -58,3 +63,40 @@ def test_data_paths_count_rc_chunks_per_path_and_qp_leaving_acks_probes_and_othe
     assert data_qps(got) == {32, 38} and data_qps(got, "s1") == {38}
     assert busiest_port(pk, "198.18.64.1", "198.18.64.7") == "s0"
     assert busiest_port([], "198.18.64.1", "198.18.64.7") is None
+
+
+def _run(packets):
+    from linkpass.testbed.guest_ring import RingRun
+    return RingRun(rc=[0, 0], summary=[None, None], steps=[[], []], log=["", ""], packets=packets,
+                   phases={"before": (0, 10), "fault": (10, 30), "healing": (30, 40), "after": (40, 50)})
+
+
+ADDRS = {0: ("198.18.64.1", "198.18.64.7"), 1: ("198.18.72.1", "198.18.72.7")}
+
+
+def test_the_wire_shows_a_spine_fault_moved_to_another_qp_and_back():
+    from linkpass.testbed.guest_ring import wire_verdict
+    good = [_p("s0", 49152, 32, t=5), _p("s1", 49153, 38, t=25), _p("s0", 49152, 43, t=45)]
+    v = wire_verdict(_run(good), ADDRS, 0, "s0")
+    assert v.moved and v.back, v.detail
+    # still on the broken spine late in the fault: not moved; never back on it: not back
+    v = wire_verdict(_run(good + [_p("s0", 49152, 32, t=26)]), ADDRS, 0, "s0")
+    assert not v.moved and v.back
+    v = wire_verdict(_run(good[:2]), ADDRS, 0, "s0")
+    assert v.moved and not v.back
+    # moved off the spine, but on a QP that already carried data: no new QP, so not shown to move
+    v = wire_verdict(_run([_p("s0", 49152, 32, t=5), _p("s1", 49153, 38, t=6), _p("s1", 49153, 38, t=25)]),
+                     ADDRS, 0, "s0")
+    assert not v.moved
+
+
+def test_the_wire_shows_an_uplink_fault_moved_to_the_other_planes_standby_qp_and_back():
+    from linkpass.testbed.guest_ring import wire_verdict
+    a1, b1 = ADDRS[1]
+    pk = [_p("s1", 49153, 41, t=5, src=a1, dst=b1), _p("s0", 49152, 32, t=5),
+          _p("s0", 49152, 35, t=25),  # plane 0's standby lane for plane 1's traffic
+          _p("s1", 49153, 48, t=45, src=a1, dst=b1)]
+    v = wire_verdict(_run(pk), ADDRS, 1, None)
+    assert v.moved and v.back, v.detail
+    v = wire_verdict(_run(pk + [_p("s1", 49153, 41, t=29, src=a1, dst=b1)]), ADDRS, 1, None)
+    assert not v.moved

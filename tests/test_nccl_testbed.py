@@ -36,7 +36,7 @@ def demo_on(fab, out: str, stack: ExitStack) -> Demo:
 
 def counters(step: dict) -> dict[str, int]:
     """The plugin's counters a ring step logged: lanes_down=.. chunks_plane0=.. and so on."""
-    return {k: int(v) for k, v in (kv.split("=") for kv in step.get("plugin", "").split())}
+    return {k: int(v) for k, v in (kv.split("=") for kv in step.get("plugin", "").split()) if v.isdigit()}
 
 
 def plane_sent(job, rank: int, plane: int, t0_ns: int, t1_ns: int) -> int:

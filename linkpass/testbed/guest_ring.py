@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from .capture import ROCE_V2_DPORT, Capture, UdpPacket
 from .guests import Control, guest_dir
+from .roce_paths import wait_until
 from .topology import Fabric, nic_ifname
 
 PLUGIN = "/opt/linkpass/rdma/nccl/build/libnccl-net-linkpass.so"  # the source tree, shared read-only
@@ -62,6 +63,19 @@ def lane_events(log: str) -> list[LaneEvent]:
             out.append(LaneEvent(float(m["t"]), int(m["plane"]), int(m["lane"]), int(m["qpn"]), int(m["sport"]),
                                  m["peer"], m["what"], m["why"].rstrip(")")))
     return out
+
+
+def move_cause(ev: LaneEvent) -> str:
+    """Which detector took a lane down: "table" (the agent's entropy table: its port left the healthy
+    set, or its plane was marked), "stuck" (the lane's own progress bound), "qp-error" (a failed
+    completion after the QP's own timeout), or "other" (the socket closed, a handshake timed out)."""
+    if "entropy table" in ev.why:
+        return "table"
+    if ev.why.startswith("stuck"):
+        return "stuck"
+    if ev.why.startswith("QP "):
+        return "qp-error"
+    return "other"
 
 
 def summary_of(log: str) -> dict | None:
@@ -105,6 +119,38 @@ def busiest_port(packets: list[UdpPacket], src: str, dst: str) -> str | None:
 def data_qps(paths: Counter, ifname: str | None = None) -> set[int]:
     """The destination QPs in data_paths() (on one spine port, if given)."""
     return {q for (i, _, q) in paths if ifname is None or i == ifname}
+
+
+@dataclass(frozen=True)
+class WireVerdict:
+    moved: bool  # late in the fault, no chunk crossed the broken path and a QP that had carried none did
+    back: bool   # once healed, chunks crossed the broken path again
+    detail: str
+
+
+def wire_verdict(run: "RingRun", addrs: dict, plane: int, victim: str | None) -> WireVerdict:
+    """What a's leaves saw of a fault on `plane` (addrs[p] = (a's address, b's address) on plane p):
+    with `victim` (a's leaf's spine port on a broken leaf-spine link) the path is that port, else
+    the whole plane (its uplink) and the chunks must move to another plane. "Late" is the second
+    half of the fault, when the agents have judged the path."""
+    t0, t1 = run.phases["fault"]
+    late = (t0 + (t1 - t0) / 2, t1)
+    src, dst = addrs[plane]
+    before = data_paths(run.packets, src, dst, *run.phases["before"])
+    during = data_paths(run.packets, src, dst, *late)
+    after = data_paths(run.packets, src, dst, *run.phases["after"])
+    if victim is None:
+        other = next(p for p in addrs if p != plane)
+        new = data_qps(data_paths(run.packets, *addrs[other], *late)) - \
+            data_qps(data_paths(run.packets, *addrs[other], *run.phases["before"]))
+        moved = bool(before) and not during and bool(new)
+        back = bool(after)
+    else:
+        new = data_qps(during) - data_qps(before)
+        moved = bool(data_qps(before, victim)) and not data_qps(during, victim) and bool(new)
+        back = bool(data_qps(after, victim))
+    detail = f"before {dict(before)}; late in the fault {dict(during)} (new QPs {sorted(new)}); after {dict(after)}"
+    return WireVerdict(moved, back, detail)
 
 
 @dataclass
@@ -151,14 +197,6 @@ def _read_trace(path: str) -> list[dict]:
     return out
 
 
-def _wait(pred, timeout_s: float, what: str, detail) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not happen within {timeout_s:.0f} s: {detail()}")
-        time.sleep(0.2)
-
-
 def ring_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control, fault=None, lead_s: float = 5.0,
                      hold_s: float = 20.0, healed=None, heal_timeout_s: float = 120.0, after_s: float = 10.0,
                      size: str = "256K", warm_steps: int = 20, compute_ms: float = 20.0, env: dict | None = None,
@@ -192,7 +230,7 @@ def ring_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control
             ctl.spawn(name, [ALLREDUCE, "--plugin", PLUGIN, "--rank", str(r), "--nranks", "2", "--dir", f"/lp/{tag}",
                              "--sizes", size, "--stop-file", f"/lp/{tag}/stop", "--trace", f"/lp/{tag}/trace",
                              "--timeout-ms", "120000", "--compute-ms", f"{compute_ms:g}"], env=plugin_env)
-        _wait(lambda: len(_read_trace(os.path.join(dirs[0], "trace"))) >= warm_steps or
+        wait_until(lambda: len(_read_trace(os.path.join(dirs[0], "trace"))) >= warm_steps or
               any(ctl.kill(name, 0) is not None for ctl in ctls), 180, f"{warm_steps} steps of the ring",
               lambda: ctl_a.log(name)[-1500:] + ctl_b.log(name)[-800:])
         for p in range(fab.spec.planes):
@@ -215,13 +253,13 @@ def ring_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control
     try:
         t = time.monotonic()
         if healed is not None:
-            _wait(healed, heal_timeout_s, "the fabric healing", lambda: "")
+            wait_until(healed, heal_timeout_s, "the fabric healing", poll_s=2.0)
         phases["healing"] = (t, time.monotonic())
         t = time.monotonic()
         time.sleep(after_s)
         phases["after"] = (t, time.monotonic())
         open(os.path.join(dirs[0], "stop"), "w").close()
-        _wait(lambda: all(ctl.kill(name, 0) is not None for ctl in ctls), 120, "the ring stopping",
+        wait_until(lambda: all(ctl.kill(name, 0) is not None for ctl in ctls), 120, "the ring stopping",
               lambda: ctl_a.log(name)[-800:])
     finally:
         stop.set()

@@ -51,7 +51,7 @@ def map_ports(fab: Fabric, a: int, b: int, ports: list[int], ctl_a: Control, ctl
     leaf_a, ups_a = spine_ports(fab, a, plane)
     leaf_b, ups_b = spine_ports(fab, b, plane)
     try:
-        _wait(lambda: '"listening"' in ctl_b.log("rc-map") or "Error" in ctl_b.log("rc-map"), 120,
+        wait_until(lambda: '"listening"' in ctl_b.log("rc-map") or "Error" in ctl_b.log("rc-map"), 120,
               "the RC server listening", lambda: ctl_b.log("rc-map")[-500:])
         with Capture(fab.netns(leaf_a), ups_a, ROCE_V2_DPORT) as cap_a, \
                 Capture(fab.netns(leaf_b), ups_b, ROCE_V2_DPORT) as cap_b:
@@ -77,15 +77,18 @@ def map_ports(fab: Fabric, a: int, b: int, ports: list[int], ctl_a: Control, ctl
     return result
 
 
+ENTROPY_READER = "/opt/linkpass/rdma/nccl/build/entropy_reader"  # C: milliseconds where Python takes seconds
+
+
 def healthy_ports(ctl: Control, peer_addr: str, plane: int = 0, table: str = GUEST_TABLE) -> list[int]:
     """The healthy ports a guest's entropy table lists for (peer, plane): [] when the entry is
     missing, fail-static, or the table cannot be read (yet)."""
-    code = ("import sys; from linkpass_rdma import entropy; "
-            "e = entropy.read_table(sys.argv[1]).get(sys.argv[2], int(sys.argv[3])); "
-            "print(','.join(map(str, e.ports)) if e and not e.flags else '-')")
-    res = ctl.run(["python3", "-c", code, table, peer_addr, str(plane)], env=GUEST_ENV)
-    last = res.stdout.strip().splitlines()[-1] if res.rc == 0 and res.stdout.strip() else "-"
-    return [int(p) for p in last.split(",")] if last != "-" else []
+    res = ctl.run([ENTROPY_READER, "-p", table])
+    for line in res.stdout.splitlines() if res.rc == 0 else []:
+        f = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+        if line.startswith("entry ") and f.get("peer") == peer_addr and f.get("plane") == str(plane):
+            return [int(p) for p in f["ports"].split(",") if p] if int(f["flags"], 16) == 0 else []
+    return []
 
 
 CHANNEL_PORT = 18520
@@ -100,22 +103,25 @@ class ChannelRun:
     packets: list  # A's leaf's captured RoCE packets (towards the spines) while it ran
 
 
-def _wait(pred, timeout_s: float, what: str, detail) -> None:
+def wait_until(pred, timeout_s: float, what: str, detail=lambda: "", poll_s: float = 0.1) -> None:
+    """Poll pred() every poll_s until it is true; RuntimeError naming `what` (and detail()) after
+    timeout_s. A pred that runs a command in a guest wants a poll_s of seconds: each costs the
+    guest's one emulated CPU a process."""
     deadline = time.monotonic() + timeout_s
     while not pred():
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not happen within {timeout_s:.0f} s: {detail()}")
-        time.sleep(0.1)
+        time.sleep(poll_s)
 
 
-def channel_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control, ports: list[int], cut: str,
+def channel_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control, ports: list[int], cut,
                         count: int = 300, timeout: int | None = None, retry: int | None = None,
                         lead_s: float = 1.0, limit_s: float = 180.0, deadline_s: float = 120.0,
                         table: str | None = None) -> ChannelRun:
     """Stream `count` messages from a to b over a channel on `ports` (first = active); `lead_s`
-    after it is up, take link `cut` down; wait for the stream to finish; clear the fault. With
-    `table` (the guest's entropy table, written by its agent) the channel follows it, `ports`
-    being only the fallback."""
+    after it is up, take link `cut` down (or apply `cut`, a faults.FaultSpec); wait for the stream
+    to finish; clear the fault. With `table` (the guest's entropy table, written by its agent) the
+    channel follows it, `ports` being only the fallback."""
     from . import faults
     from .faults import FaultSpec
 
@@ -126,18 +132,18 @@ def channel_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Cont
             (["--table", table, "--peer", addr_b, "--plane", "0"] if table else [])
     ctl_b.spawn("ch-serve", ["python3", "-m", "linkpass_rdma.channel", "serve", "--addr", addr_b,
                              "--port", str(CHANNEL_PORT)], env=GUEST_ENV)
-    _wait(lambda: '"listening"' in ctl_b.log("ch-serve") or "Error" in ctl_b.log("ch-serve"), 120,
+    wait_until(lambda: '"listening"' in ctl_b.log("ch-serve") or "Error" in ctl_b.log("ch-serve"), 120,
           "the channel server listening", lambda: ctl_b.log("ch-serve")[-500:])
     ctl_a.spawn("ch-stream", ["python3", "-m", "linkpass_rdma.channel", "stream", "--addr", addr_a, "--server",
                               f"{fab.mgmt_addr(b)}:{CHANNEL_PORT}", "--ports", ",".join(map(str, ports)),
                               "--count", str(count), *knobs], env=GUEST_ENV)
     log = lambda: ctl_a.log("ch-stream")  # noqa: E731
     try:
-        _wait(lambda: '"up"' in log() or "Error" in log(), 120, "the channel coming up", lambda: log()[-500:])
+        wait_until(lambda: '"up"' in log() or "Error" in log(), 120, "the channel coming up", lambda: log()[-500:])
         with Capture(fab.netns(leaf_a), ups_a, ROCE_V2_DPORT) as cap:
             time.sleep(lead_s)
-            faults.apply(fab.prefix, FaultSpec("down", cut))
-            _wait(lambda: '"count"' in log() or "Error" in log(), limit_s, "the stream finishing",
+            faults.apply(fab.prefix, cut if isinstance(cut, FaultSpec) else FaultSpec("down", cut))
+            wait_until(lambda: '"count"' in log() or "Error" in log(), limit_s, "the stream finishing",
                   lambda: log()[-800:])
     finally:
         faults.clear(fab.prefix)

@@ -301,6 +301,7 @@ struct lane {
     uint16_t rsport, prev_rsport;
     int qp_up;                  /* frames go on the QP: sender after its RTS, receiver after the first frame */
     uint32_t credits;           /* sender: messages the receiver has slots for */
+    uint32_t credits_max;       /* sender: the slots it said it posted (a peer cannot raise it) */
     uint32_t qpn;
     uint8_t boot[LP_BOOT_MAX];
     size_t boot_len, boot_off;
@@ -1081,7 +1082,7 @@ static int verbs_hello_ok(struct comm *c, struct lane *l, uint64_t now) {
         snprintf(l->cause, sizeof l->cause, "queue pair: %s", why);
         return -1;
     }
-    l->credits = peer.nrecv;
+    l->credits = l->credits_max = peer.nrecv < LP_VCTL ? peer.nrecv : LP_VCTL;
     l->qp_up = 1;
     l->ping_sent = now;
     ctl_frame(l, F_PING, 0, 0, now);
@@ -1111,7 +1112,8 @@ static int verbs_msg(void *arg, uint8_t *msg, size_t len) {
     }
     l->last_rx = c->last_rx = x->now;
     if (c->kind == K_SEND) {
-        if (f.type == F_ACK || f.type == F_PONG) l->credits++; /* the receiver read one of ours */
+        if ((f.type == F_ACK || f.type == F_PONG) && l->credits < l->credits_max)
+            l->credits++; /* the receiver read one of ours */
         if (send_side_frame(c, l, &f, x->now) < 0) {
             bad_frame(c);
             snprintf(l->cause, sizeof l->cause, "protocol: unexpected frame type %u", f.type);

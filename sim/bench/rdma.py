@@ -15,6 +15,12 @@ is guest time under emulation, far slower than a real NIC; the rows say so). Row
                 a channel whose QPs keep NCCL's timeouts but follow the agent's entropy table,
                 vs the NCCL-default QP of the same run; and how long after the agent's verdict
                 the channel moved (detect-to-move)
+  ring-*        the NCCL plugin's ring all-reduce between the guests on verbs lanes (RC QPs on
+                ports from the agents' tables) under an uplink cut, a leaf-spine link down and
+                30 % one-way loss on the spine the ring uses: the ring's longest stall, vs a QP
+                with NCCL's defaults on the same fault in the same run; whether the wire showed
+                the chunks on another QP and back after the fault; which detector moved the
+                lane first; and the ring's longest stall without a fault (ring-no-fault)
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
 from linkpass.cli.output import table  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
-from linkpass.testbed import agents, build, guests, roce_paths, topology  # noqa: E402
+from linkpass.testbed import agents, build, guest_ring, guests, roce_paths, topology  # noqa: E402
+from linkpass.testbed.faults import FaultSpec  # noqa: E402
 from linkpass_rdma import channel  # noqa: E402
 
 A, B = 0, 3
@@ -44,6 +51,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 trial each, 8 ports")
     ap.add_argument("--trials", type=int, default=None, help="fault trials per side (default 5; quick 1)")
+    ap.add_argument("--ring-trials", type=int, default=None, help="ring trials per fault (default 3; quick 1)")
     ap.add_argument("--prefix", default="rb")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
@@ -95,6 +103,7 @@ def main() -> int:
                      "erroring or moving: its gap is a lower bound",
                      "settings": f"timeout {channel.FAST_TIMEOUT}, retry {channel.FAST_RETRY}, standby QP"})
         rows += agents_phase(fab, ca, cb, trials, peer, {**via, **{p: pp.forward[0] for p, pp in paths.items()}})
+        rows += ring_phase(fab, ca, cb, args.ring_trials or (1 if args.quick else 3), s0, s1)
     finally:
         build.down(args.prefix)
     doc = report.document("rdma", rows, trials=trials, ports=len(ports), seconds=round(time.monotonic() - t0))
@@ -106,7 +115,8 @@ def main() -> int:
 
 
 AGENT_INTERVAL_MS = 50
-AGENT_DETECT = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 400}
+# one-way delays are judged only beyond 50 ms of noise: an emulated NIC carrying the ring queues that much
+AGENT_DETECT = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 400, "latency_floor_us": 50_000}
 TABLE = agents.GUEST_TABLE
 
 
@@ -150,6 +160,84 @@ def agents_phase(fab, ca, cb, trials: int, peer: list, spine_of: dict) -> list[d
              f"agent's entropy table; agents probe every {AGENT_INTERVAL_MS} ms through UD QPs, software stamps"},
             {**row("detect-to-move", "agent_down_to_channel_move", "ms", detect_to_move), "emulated": EMULATED,
              "note": "from the agent's DOWN verdict to the channel's move, both on the guest's monotonic clock"}]
+
+
+RING_KINDS = ("uplink-cut", "spine-link-down", "loss-30pct-one-way")
+
+
+def _ring_fault(fab, kind: str, plane_of_ring: bool, spine: int):
+    """The fault of a kind: on the ring's plane 1 uplink, or on the link from A's plane-0 leaf to
+    `spine` (cut, or 30 % loss leaving the leaf). The peer QP runs on plane 0, so its uplink fault
+    is plane 0's."""
+    leaf, _ = roce_paths.spine_ports(fab, A, 0)
+    if kind == "uplink-cut":
+        return FaultSpec("down", fab.uplink(host_name(A), 1 if plane_of_ring else 0).name)
+    link = fab.leaf_spine(leaf, spine).name
+    return FaultSpec("down", link) if kind == "spine-link-down" else FaultSpec("loss", link, leaf, {"pct": 30.0})
+
+
+def ring_phase(fab, ca, cb, trials: int, s0: list[int], s1: list[int]) -> list[dict]:
+    """The plugin's ring between the guests, agents in both, per fault kind `trials` times; beside
+    each trial a stream on a QP with NCCL's defaults (no table) under the same fault."""
+    addrs = {p: (fab.nic_addr(A, p), fab.nic_addr(B, p)) for p in range(fab.spec.planes)}
+    leaf, ports = roce_paths.spine_ports(fab, A, 0)
+    rows = []
+    report.progress(f"the NCCL plugin's ring between {host_name(A)} and {host_name(B)} on verbs lanes, agents in both")
+    with agents.GuestAgents(fab, [A, B], interval_ms=AGENT_INTERVAL_MS, probe={"batch_ms": 50},
+                            detect=AGENT_DETECT, controls={A: ca, B: cb}) as ga:
+        def healed(plane):
+            return lambda: len(roce_paths.healthy_ports(ca, addrs[plane][1], plane)) >= 2
+
+        for plane in (0, 1):
+            roce_paths.wait_until(healed(plane), 120, "the agents listing both spines", poll_s=2.0)
+        base = guest_ring.ring_under_fault(fab, A, B, ca, cb, None, lead_s=5, hold_s=20, after_s=5, tag="ring-base")
+        rows.append({**row("ring-no-fault", "longest_stall", "ms", [guest_ring.longest_gap_ms(base.steps[0], 5)]),
+                     "emulated": EMULATED, "iterations": base.summary[0]["iterations"] if base.summary[0] else None,
+                     "note": "the same ring for 30 s without a fault: the stalls this emulated host has anyway"})
+        for kind in RING_KINDS:
+            plane = 1 if kind == "uplink-cut" else 0
+            stalls, peer_gaps, moved, back, ok, causes = [], [], 0, 0, 0, {}
+            for i in range(trials):
+                roce_paths.wait_until(healed(plane), 150, "the agents listing both spines again", poll_s=2.0)
+                aimed = []
+
+                def aim(packets, kind=kind, aimed=aimed):
+                    port = guest_ring.busiest_port(packets, *addrs[0]) or ports[0]
+                    aimed.append(port)
+                    return _ring_fault(fab, kind, True, ports.index(port))
+
+                report.progress(f"ring {kind} trial {i + 1}/{trials}")
+                run = guest_ring.ring_under_fault(fab, A, B, ca, cb, aim if plane == 0 else _ring_fault(fab, kind, True, 0),
+                                                  lead_s=5, hold_s=20, after_s=10, healed=healed(plane),
+                                                  heal_timeout_s=150, tag=f"ring-{kind}")
+                stalls.append(guest_ring.longest_gap_ms(run.steps[0], 5))
+                ok += run.rc == [0, 0] and all(s and s["errors"] == 0 and s["wrong"] == 0 for s in run.summary)
+                wire = guest_ring.wire_verdict(run, addrs, plane, aimed[0] if aimed else None)
+                moved += wire.moved
+                back += wire.back
+                downs = [e for e in run.lanes(0) if e.what == "down"]
+                cause = guest_ring.move_cause(downs[0]) if downs else "none"
+                causes[cause] = causes.get(cause, 0) + 1
+                report.progress(f"  longest stall {stalls[-1]:.0f} ms, moved on the wire {wire.moved}, back {wire.back}, "
+                                f"first move by {cause}")
+                # the peer: a stream on a QP with NCCL's defaults, no table, under the same fault (plane 0)
+                spine = 0 if not aimed else ports.index(aimed[0])
+                use = ([s0[i % len(s0)]] + s1) if spine == 0 else ([s1[i % len(s1)]] + s0)
+                report.progress(f"  peer: a QP with NCCL's defaults on port {use[0]}")
+                pr = roce_paths.channel_under_fault(fab, A, B, ca, cb, use, _ring_fault(fab, kind, False, spine),
+                                                    count=200, limit_s=STUCK_S + 60, deadline_s=STUCK_S,
+                                                    timeout=channel.NCCL_TIMEOUT, retry=channel.NCCL_RETRY, lead_s=2.0)
+                peer_gaps.append(pr.result["longest_gap_ms"])
+                report.progress(f"  peer longest gap {peer_gaps[-1]} ms{' (stuck)' if pr.result.get('stuck') else ''}")
+            rows.append({**row(f"ring-{kind}", "longest_stall", "ms", stalls, PEER, peer_gaps), "emulated": EMULATED,
+                         "no_error_no_wrong_byte": f"{ok} of {trials}", "moved_to_another_qp_on_the_wire":
+                         f"{moved} of {trials}", "back_on_the_path_after": f"{back} of {trials}",
+                         "first_move_by": causes,
+                         "settings": "verbs lanes (2 per plane + 1 standby), ports from the agents' entropy tables, "
+                         f"lane stuck bound {guest_ring.GUEST_PLUGIN_ENV['LINKPASS_STUCK_MS']} ms, QP timeout "
+                         f"{guest_ring.GUEST_PLUGIN_ENV['LINKPASS_QP_TIMEOUT']}; 256 KiB all-reduce, 20 ms compute "
+                         "per step; peer: a stream on one RC QP with timeout 20, retry 7, no table"})
+    return rows
 
 
 if __name__ == "__main__":
