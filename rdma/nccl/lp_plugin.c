@@ -727,6 +727,24 @@ static int blocked(struct lane *l) {
     return 0;
 }
 
+/* The DATA header of chunk i of a send. */
+static struct frame data_header(const struct comm *c, const struct lane *l, const struct req *rq, uint32_t i) {
+    return (struct frame){.type = F_DATA, .lane = (uint16_t)l->id, .seq = rq->seq, .off = (uint64_t)i * c->chunk,
+                          .arg = rq->size, .len = (uint32_t)chunk_len(rq, i, c->chunk)};
+}
+
+/* The chunk at the head of a lane's queue is on the wire: it leaves the queue and waits for its ACK. */
+static void chunk_sent(struct lane *l, struct req *rq, uint32_t i, uint64_t now) {
+    G.chunks_plane[l->plane]++;
+    if (rq->cstate[i] == C_QUEUED) {
+        rq->cstate[i] = C_WRITTEN;
+        l->unacked++;
+        if (!l->expect_since) l->expect_since = now;
+    }
+    l->qh = (l->qh + 1) % LP_LANE_Q;
+    l->qn--;
+}
+
 /* A verbs lane's frames, each one SEND on its QP: control frames first (a PING needs a receive
  * slot at the peer, so a credit), then queued chunks while the receiver has slots for them.
  * 0 ok, -1 error (cause set). */
@@ -749,22 +767,17 @@ static int verbs_write(struct comm *c, struct lane *l, uint64_t now) {
     while (l->qn && l->credits) {
         struct req *rq = l->q[l->qh].rq;
         uint32_t i = l->q[l->qh].chunk;
-        if (rq->cstate[i] != C_ACKED) {
-            struct frame hdr = {.type = F_DATA, .lane = (uint16_t)l->id, .seq = rq->seq, .off = (uint64_t)i * c->chunk,
-                                .arg = rq->size, .len = (uint32_t)chunk_len(rq, i, c->chunk)};
-            int rc = lpv_send(l->v, &hdr, sizeof hdr, rq->data + hdr.off, hdr.len, why, sizeof why);
-            if (rc == 1) break;
-            if (rc < 0) { snprintf(l->cause, sizeof l->cause, "%s", why); return -1; }
-            l->credits--;
-            G.chunks_plane[l->plane]++;
-            if (rq->cstate[i] == C_QUEUED) {
-                rq->cstate[i] = C_WRITTEN;
-                l->unacked++;
-                if (!l->expect_since) l->expect_since = now;
-            }
+        if (rq->cstate[i] == C_ACKED) { /* ACKed meanwhile, through another lane */
+            l->qh = (l->qh + 1) % LP_LANE_Q;
+            l->qn--;
+            continue;
         }
-        l->qh = (l->qh + 1) % LP_LANE_Q;
-        l->qn--;
+        struct frame hdr = data_header(c, l, rq, i);
+        int rc = lpv_send(l->v, &hdr, sizeof hdr, rq->data + hdr.off, hdr.len, why, sizeof why);
+        if (rc == 1) break;
+        if (rc < 0) { snprintf(l->cause, sizeof l->cause, "%s", why); return -1; }
+        l->credits--;
+        chunk_sent(l, rq, i, now);
     }
     return 0;
 }
@@ -797,9 +810,7 @@ static int lane_write(struct comm *c, struct lane *l, uint64_t now) {
             if (!l->qn) return 0;
             struct req *rq = l->q[l->qh].rq;
             uint32_t i = l->q[l->qh].chunk;
-            l->cur_hdr = (struct frame){.type = F_DATA, .lane = (uint16_t)l->id, .seq = rq->seq,
-                                        .off = (uint64_t)i * c->chunk, .arg = rq->size,
-                                        .len = (uint32_t)chunk_len(rq, i, c->chunk)};
+            l->cur_hdr = data_header(c, l, rq, i);
             l->cur_active = 1;
             l->cur_done = 0;
             rq->writing++;
@@ -821,17 +832,9 @@ static int lane_write(struct comm *c, struct lane *l, uint64_t now) {
         if (n < 0) return blocked(l);
         l->cur_done += (size_t)n;
         if (l->cur_done < total) { l->tx_blocked = 1; return 0; }
-        /* the chunk is on the wire: it waits for its ACK */
         l->cur_active = 0;
         rq->writing--;
-        G.chunks_plane[l->plane]++;
-        if (rq->cstate[i] == C_QUEUED) {
-            rq->cstate[i] = C_WRITTEN;
-            l->unacked++;
-            if (!l->expect_since) l->expect_since = now;
-        }
-        l->qh = (l->qh + 1) % LP_LANE_Q;
-        l->qn--;
+        chunk_sent(l, rq, i, now);
         send_req_maybe_done(rq);
     }
 }
