@@ -81,7 +81,9 @@
 #define LP_MAX_BYTES MAX_NET_SIZE /* test() reports sizes as int: keep messages <= 1 GiB */
 #define LP_VWIN 4                 /* verbs lane: chunks in flight (the receiver posts this many slots and more) */
 #define LP_VRECV_SPARE 4          /* receive slots beyond the window: the ping, and slack */
-#define LP_VCTL 256               /* verbs lane: control frames in flight (ACK, CTS, PONG; PING) */
+#define LP_VCTL 256               /* verbs lane: control frames the sender can receive at once (ACK, CTS, PONG) */
+#define LP_VCTL_OUT 32            /* ... and the receiver keeps in flight; more wait in the lane's queue, so a
+                                     QP whose peer is gone retransmits at most this many per timeout */
 #define LP_VCTL_SIZE 64           /* their slots */
 
 /* ---- logging through NCCL's logger -------------------------------------------------------- */
@@ -1532,7 +1534,7 @@ static void pending_hello(struct pending *p, uint64_t now) {
     if (verbs) { /* our QP on the sender's port, connected to its QP before we answer */
         char why[200] = "";
         if (qp.sport >= LP_SPORT_MIN)
-            v = lpv_open(h.plane, qp.sport, LP_VCTL_SIZE, LP_VCTL, sizeof(struct frame) + c->chunk,
+            v = lpv_open(h.plane, qp.sport, LP_VCTL_SIZE, LP_VCTL_OUT, sizeof(struct frame) + c->chunk,
                          LP_VWIN + LP_VRECV_SPARE, why, sizeof why);
         else
             snprintf(why, sizeof why, "source port %u is outside the RoCEv2 range", qp.sport);

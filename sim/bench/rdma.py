@@ -223,15 +223,17 @@ def ring_phase(fab, ca, cb, trials: int, s0: list[int], s1: list[int]) -> list[d
                 # the peer: a stream on a QP with NCCL's defaults, no table, under the same fault (plane 0)
                 spine = 0 if not aimed else ports.index(aimed[0])
                 use = ([s0[i % len(s0)]] + s1) if spine == 0 else ([s1[i % len(s1)]] + s0)
-                # under loss the peer's stream crawls rather than stops: fewer messages; one that does not
-                # finish in time has no gap to report (counted as unfinished)
-                count, limit = (40, STUCK_S + 240) if kind.startswith("loss") else (200, STUCK_S + 60)
+                # under loss the peer's stream crawls rather than stops (every lost packet waits for the
+                # QP's 4.3 s timeout): fewer messages, the fault right after the stream is up; one that
+                # does not finish in time has no gap to report (counted as unfinished)
+                lossy = kind.startswith("loss")
+                count, limit, lead = (60, STUCK_S + 240, 0.3) if lossy else (200, STUCK_S + 60, 2.0)
                 report.progress(f"  peer: a QP with NCCL's defaults on port {use[0]}, {count} messages")
                 try:
                     pr = roce_paths.channel_under_fault(fab, A, B, ca, cb, use, _ring_fault(fab, kind, False, spine),
                                                         count=count, limit_s=limit, deadline_s=STUCK_S,
                                                         timeout=channel.NCCL_TIMEOUT, retry=channel.NCCL_RETRY,
-                                                        lead_s=2.0)
+                                                        lead_s=lead)
                     peer_gaps.append(pr.result["longest_gap_ms"])
                     peer_stuck += bool(pr.result.get("stuck"))
                 except RuntimeError as exc:
