@@ -120,6 +120,14 @@ def test_zero_byte_messages_complete_with_size_zero():
     assert t["bytes"] == str(5 * 20)
 
 
+def test_zero_byte_messages_with_no_buffer_at_all_complete():
+    """-z: a 0-byte send and receive posted with a NULL buffer (nothing to point at) complete like
+    any other; a receive that took its NULL destination for "discard" would never finish."""
+    r, t = transfer("-s", "0,0,5,0", "-n", "20", "-z", "-T", "20")
+    ok(r, t)
+    assert t["messages"] == "80" and t["bytes"] == str(5 * 20)
+
+
 @pytest.mark.parametrize("version", [8, 12])
 def test_a_receive_posted_larger_than_the_send_reports_the_senders_size(version):
     """-x: every receive is posted 4097 bytes larger; test() must report the sent size and the

@@ -15,6 +15,7 @@
  *       -w WINDOW     outstanding requests per side, 1..32 (32: NCCL's NCCL_NET_MAX_REQUESTS)
  *       -x EXTRA      post each receive EXTRA bytes larger than the send (0); the excess must stay untouched
  *       -N            test() receives with sizes == NULL (as NCCL does for flushes)
+ *       -z            post 0-byte sends and receives with a NULL buffer
  *       -p            preset *request to NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1) before every irecv
  *       -B            bandwidth only: do not fill or check the buffers (sizes are still checked)
  *       -t            sender and receiver on two threads (NCCL's progress threads), connections on a third
@@ -77,7 +78,7 @@ struct xfer {
     struct lpn *p;
     void *sc, *rc, *smh, *rmh;
     size_t *sizes;
-    int nsizes, window, null_sizes, preset, no_check;
+    int nsizes, window, null_sizes, preset, no_check, null_zero;
     size_t extra, maxsize, total;
     unsigned char *sbuf, *rbuf;
     void *sreq[NCCL_NET_MAX_REQUESTS], *rreq[NCCL_NET_MAX_REQUESTS];
@@ -119,7 +120,7 @@ static int send_step(struct xfer *x) {
         unsigned char *b = x->sbuf + (i % (size_t)x->window) * x->maxsize;
         if (!x->no_check) for (size_t k = 0; k < n; k++) b[k] = pattern(i, k);
         void *req = NULL;
-        int rc = lpn_isend(x->p, x->sc, b, n, 0, x->smh, &req);
+        int rc = lpn_isend(x->p, x->sc, x->null_zero && n == 0 ? NULL : b, n, 0, x->smh, &req);
         if (!rc && req) { x->sreq[i % (size_t)x->window] = req; x->s_posted++; }
         pthread_mutex_unlock(&x->post_mu);
         if (rc) { fail(x, rc, "isend"); return -1; }
@@ -150,7 +151,7 @@ static int recv_step(struct xfer *x) {
         unsigned char *b = x->rbuf + (i % (size_t)x->window) * slot;
         if (!x->no_check) memset(b, CANARY, n + x->extra);
         void *req = x->preset ? (void *)NCCL_NET_OPTIONAL_RECV_COMPLETION : NULL;
-        int rc = lpn_irecv(x->p, x->rc, b, n + x->extra, 0, x->rmh, &req);
+        int rc = lpn_irecv(x->p, x->rc, x->null_zero && n + x->extra == 0 ? NULL : b, n + x->extra, 0, x->rmh, &req);
         int preset_left = req == (void *)NCCL_NET_OPTIONAL_RECV_COMPLETION;
         if (!rc && req && !preset_left) { x->rreq[i % (size_t)x->window] = req; x->r_posted++; }
         pthread_mutex_unlock(&x->post_mu);
@@ -303,6 +304,7 @@ static size_t parse_size(const char *s) {
 
 struct opts {
     int dev, rounds, window, null_sizes, preset, no_check, threads, kill_every_ms, kill_count, kill_all_ms, timeout_s;
+    int null_zero;
     size_t extra;
     const char *sizes, *role, *hfile, *stop_file;
 };
@@ -345,6 +347,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
     x.p = p;
     x.window = o->window;
     x.null_sizes = o->null_sizes;
+    x.null_zero = o->null_zero;
     x.preset = o->preset;
     x.no_check = o->no_check;
     x.extra = o->extra;
@@ -504,7 +507,7 @@ static int cmd_nonblocking(struct lpn *p, const struct opts *o) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: lp_harness [-l LIB] [-v 8..12] info | nonblocking -H FILE | transfer [-d DEV] [-s SIZES] [-n ROUNDS] [-w WINDOW] "
+    fprintf(stderr, "usage: lp_harness [-l LIB] [-v 8..12] info | nonblocking -H FILE | transfer [-d DEV] [-s SIZES] [-n ROUNDS] [-w WINDOW] [-z] "
                     "[-x EXTRA] [-N] [-p] [-B] [-t] [-k MS[:N]] [-K MS] [-T SECONDS] [-S FILE] [-r send|recv -H FILE]\n");
     return 3;
 }
@@ -513,7 +516,7 @@ int main(int argc, char **argv) {
     const char *lib = getenv("LP_HARNESS_PLUGIN") ? getenv("LP_HARNESS_PLUGIN") : "libnccl-net-linkpass.so";
     int version = 0, opt;
     struct opts o = {.rounds = 1, .window = NCCL_NET_MAX_REQUESTS, .kill_count = 1, .timeout_s = 60, .sizes = "1048576"};
-    while ((opt = getopt(argc, argv, "l:v:d:s:n:w:x:NpBtK:k:T:r:H:S:")) != -1) {
+    while ((opt = getopt(argc, argv, "l:v:d:s:n:w:x:NzpBtK:k:T:r:H:S:")) != -1) {
         switch (opt) {
         case 'l': lib = optarg; break;
         case 'v': version = atoi(optarg); if (version < 8 || version > 12) return usage(); break;
@@ -523,6 +526,7 @@ int main(int argc, char **argv) {
         case 'w': o.window = atoi(optarg); if (o.window < 1 || o.window > NCCL_NET_MAX_REQUESTS) return usage(); break;
         case 'x': o.extra = parse_size(optarg); if (o.extra == (size_t)-1) return usage(); break;
         case 'N': o.null_sizes = 1; break;
+        case 'z': o.null_zero = 1; break;
         case 'p': o.preset = 1; break;
         case 'B': o.no_check = 1; break;
         case 't': o.threads = 1; break;

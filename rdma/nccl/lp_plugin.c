@@ -978,9 +978,9 @@ static int recv_data_header(struct comm *c, struct lane *l, const struct frame *
 }
 
 static void recv_data_done(struct comm *c, struct lane *l) {
-    struct req *rq = l->rx_rq;
+    struct req *rq = l->rx_rq; /* NULL: the payload was discarded (rx_dst may be NULL for a 0-byte receive) */
     l->rx_payload = 0;
-    if (!rq || !l->rx_dst) return;
+    if (!rq) return;
     uint32_t i = l->rx_chunk;
     l->rx_rq = NULL;
     l->rx_dst = NULL;
