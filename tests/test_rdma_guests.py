@@ -380,54 +380,33 @@ def test_the_plugins_verbs_lanes_pass_the_harness_in_a_guest(ctl):
     assert int(stats["lanes_down"]) >= 1 and "is back" in log, log[-2000:]
 
 
-def _aimed(fab, kind: str):
-    """The fault for the ring: A's plane-1 uplink, or the link from A's plane-0 leaf to the spine
-    that carried most of the ring's chunks so far (cut, or 30 % loss leaving the leaf)."""
-    if kind == "uplink-cut":
-        return FaultSpec("down", fab.uplink(host_name(GA), 1).name)
-    leaf, _ = roce_paths.spine_ports(fab, GA, 0)
-
-    def aim(packets):
-        port = guest_ring.busiest_port(packets, fab.nic_addr(GA, 0), fab.nic_addr(GB, 0))
-        assert port is not None, "the ring carried nothing on plane 0 before the fault"
-        link = fab.leaf_spine(leaf, roce_paths.spine_of_if(port)).name
-        return FaultSpec("down", link) if kind == "spine-link-down" else FaultSpec("loss", link, leaf, {"pct": 30.0})
-    return aim
-
-
-@pytest.mark.parametrize("kind", ["uplink-cut", "spine-link-down", "loss-30pct-one-way"])
+@pytest.mark.parametrize("kind", guest_ring.FAULT_KINDS)
 def test_a_verbs_ring_all_reduce_moves_to_other_qps_through_each_fault_and_back(rfab, ctl, guest_agents, kind):
     """The plugin's ring all-reduce between the guests, every lane an RC queue pair on a port from
     the agent's entropy table: under the fault the ring gets no error and no wrong byte, its chunks
     stop crossing the broken path and cross another on a queue pair that carried none before (seen
     on the wire at A's leaf), and once the agents list the path again, traffic crosses it again."""
     ga = guest_agents
-    plane = 1 if kind == "uplink-cut" else 0
+    aim = guest_ring.AimedFault(rfab, GA, GB, kind)  # A's plane-1 uplink, or the spine the ring's chunks cross
+    plane = aim.plane
     addr_b = rfab.nic_addr(GB, plane)
     for h in (GA, GB):  # the previous fault's paths back in use first
         deadline = time.monotonic() + 120
         while not (_plane_paths_up(ga, h, 0) and _plane_paths_up(ga, h, 1)):
             assert time.monotonic() < deadline, ga.events(h, "path_state")[-6:]
             time.sleep(1)
-    aimed = _aimed(rfab, kind)
-    chosen = []
-    fault = (lambda pk: chosen.append(aimed(pk)) or chosen[-1]) if callable(aimed) else aimed
     run = guest_ring.ring_under_fault(
-        rfab, GA, GB, ctl[GA], ctl[GB], fault, lead_s=5, hold_s=20, after_s=10, heal_timeout_s=150,
+        rfab, GA, GB, ctl[GA], ctl[GB], aim, lead_s=5, hold_s=20, after_s=10, heal_timeout_s=150,
         healed=lambda: len(roce_paths.healthy_ports(ctl[GA], addr_b, plane)) >= 2, tag=f"ring-{kind}")
     why = guest_ring.describe(run)
+    assert plane == 1 or aim.seen, "the ring carried nothing on plane 0 before the fault"
     assert run.rc == [0, 0], why
     assert all(sm and sm["errors"] == 0 and sm["wrong"] == 0 and sm["lane_kind"] == "verbs" for sm in run.summary), why
     addrs = {p: (rfab.nic_addr(GA, p), rfab.nic_addr(GB, p)) for p in range(rfab.spec.planes)}
-    wire = guest_ring.wire_verdict(run, addrs, plane, _victim_port(rfab, chosen[0]) if chosen else None)
+    wire = guest_ring.wire_verdict(run, addrs, plane, aim.victim)
     assert wire.moved, f"{wire.detail}\n{why}"
     assert wire.back, f"{wire.detail}\n{why}"
     # the first lane to leave was moved by a designed detector: the agent's table or its own progress
     downs = [e for e in run.lanes(0) if e.what == "down"]
     assert downs and guest_ring.move_cause(downs[0]) in ("table", "stuck", "qp-error"), why
 
-
-def _victim_port(fab, spec: FaultSpec) -> str:
-    """A's plane-0 leaf's port on the link a spine fault hit."""
-    leaf, ports = roce_paths.spine_ports(fab, GA, 0)
-    return next(p for s, p in enumerate(ports) if fab.leaf_spine(leaf, s).name == spec.link)

@@ -22,9 +22,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..core.names import host_name
 from .capture import ROCE_V2_DPORT, Capture, UdpPacket
+from .faults import FaultSpec
 from .guests import Control, guest_dir
-from .roce_paths import wait_until
+from .roce_paths import spine_of_if, spine_ports, wait_until
 from .topology import Fabric, nic_ifname
 
 PLUGIN = "/opt/linkpass/rdma/nccl/build/libnccl-net-linkpass.so"  # the source tree, shared read-only
@@ -119,6 +121,41 @@ def busiest_port(packets: list[UdpPacket], src: str, dst: str) -> str | None:
 def data_qps(paths: Counter, ifname: str | None = None) -> set[int]:
     """The destination QPs in data_paths() (on one spine port, if given)."""
     return {q for (i, _, q) in paths if ifname is None or i == ifname}
+
+
+FAULT_KINDS = ("uplink-cut", "spine-link-down", "loss-30pct-one-way")
+
+
+def fault_of(fab: Fabric, host: int, kind: str, plane: int, spine: int = 0) -> FaultSpec:
+    """A fault of `kind` at `host`: its plane-`plane` uplink cut, or the link from its plane-`plane`
+    leaf to spine `spine` down, or 30 % loss leaving that leaf towards the spine."""
+    if kind == "uplink-cut":
+        return FaultSpec("down", fab.uplink(host_name(host), plane).name)
+    leaf, _ = spine_ports(fab, host, plane)
+    link = fab.leaf_spine(leaf, spine).name
+    return FaultSpec("down", link) if kind == "spine-link-down" else FaultSpec("loss", link, leaf, {"pct": 30.0})
+
+
+class AimedFault:
+    """The fault of `kind` aimed at what the ring between a and b uses, for ring_under_fault: a's
+    plane-1 uplink, or the link from a's plane-0 leaf to the spine its chunks to b crossed most
+    before the fault. `plane` is the plane it breaks; `victim` the leaf port it hit (None for the
+    uplink); `seen` whether the wire showed chunks to aim at (else spine 0 was taken)."""
+
+    def __init__(self, fab: Fabric, a: int, b: int, kind: str):
+        self.fab, self.a, self.b, self.kind = fab, a, b, kind
+        self.plane = 1 if kind == "uplink-cut" else 0
+        self.victim: str | None = None
+        self.seen = False
+
+    def __call__(self, packets: list[UdpPacket]) -> FaultSpec:
+        if self.kind == "uplink-cut":
+            return fault_of(self.fab, self.a, self.kind, self.plane)
+        _, ports = spine_ports(self.fab, self.a, self.plane)
+        port = busiest_port(packets, self.fab.nic_addr(self.a, self.plane), self.fab.nic_addr(self.b, self.plane))
+        self.seen = port is not None
+        self.victim = port or ports[0]
+        return fault_of(self.fab, self.a, self.kind, self.plane, spine_of_if(self.victim))
 
 
 @dataclass(frozen=True)

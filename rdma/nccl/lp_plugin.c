@@ -301,6 +301,7 @@ struct lane {
     /* verbs lanes: the queue pair, its RoCEv2 source port, the handshake bytes for the socket */
     struct lpv_lane *v;
     uint16_t rsport, prev_rsport;
+    int rsport_from_table;      /* the port was one of the table's healthy ports (else a random one) */
     int qp_up;                  /* frames go on the QP: sender after its RTS, receiver after the first frame */
     uint32_t credits;           /* sender: messages the receiver has slots for */
     uint32_t credits_max;       /* sender: the slots it said it posted (a peer cannot raise it) */
@@ -636,6 +637,7 @@ static uint16_t lane_pick_port(struct comm *c, struct lane *l) {
         if (o->state != L_DOWN && o->rsport) used[nused++] = o->rsport;
     }
     uint16_t fallback = (uint16_t)(LP_SPORT_MIN | (rng_next() & 0x3FFF));
+    l->rsport_from_table = t.n > 0;
     return lp_pick_port(t.port, t.n, used, nused, l->prev_rsport, key, fallback);
 }
 
@@ -862,10 +864,9 @@ static void lane_live(struct comm *c, struct lane *l, uint64_t now) {
     if (l->cause[0]) {
         LP_INFO("%s on plane %d is back (after: %s)", lane_desc(c, l, d, sizeof d), l->plane, l->cause);
     } else if (l->v) {
-        struct tports t;
-        table_ports(c, l->plane, &t);
         LP_INFO("%s on plane %d is up (%s)", lane_desc(c, l, d, sizeof d), l->plane,
-                t.n ? "a port from the entropy table" : "a random port: the entropy table has none for the peer");
+                l->rsport_from_table ? "a port from the entropy table"
+                                     : "a random port: the entropy table has none for the peer");
     }
     if (l->v) c->respread = 1;
 }

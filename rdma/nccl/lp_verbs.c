@@ -46,7 +46,6 @@ int lpv_connect(struct lpv_lane *v, const struct lpv_info *peer, int timeout, in
     return -1;
 }
 int lpv_fd(const struct lpv_lane *v) { (void)v; return -1; }
-uint32_t lpv_free_slots(const struct lpv_lane *v) { (void)v; return 0; }
 int lpv_send(struct lpv_lane *v, const void *a, size_t alen, const void *b, size_t blen, char *why, size_t n) {
     (void)v; (void)a; (void)alen; (void)b; (void)blen;
     snprintf(why, n, "no verbs support in this build");
@@ -387,8 +386,6 @@ int lpv_connect(struct lpv_lane *v, const struct lpv_info *peer, int timeout, in
 }
 
 int lpv_fd(const struct lpv_lane *v) { return v && v->ch ? v->ch->fd : -1; }
-
-uint32_t lpv_free_slots(const struct lpv_lane *v) { return v ? v->nfree : 0; }
 
 int lpv_send(struct lpv_lane *v, const void *a, size_t alen, const void *b, size_t blen, char *why, size_t n) {
     if (alen + blen > v->send_size) {

@@ -50,8 +50,6 @@ int lpv_connect(struct lpv_lane *v, const struct lpv_info *peer, int timeout, in
                 size_t n);
 /* The completion channel's fd (readable when a completion may be waiting). */
 int lpv_fd(const struct lpv_lane *v);
-/* Send slots not in use. */
-uint32_t lpv_free_slots(const struct lpv_lane *v);
 /* Copy a (alen bytes) then b (blen) into a free send slot and post it as one SEND.
  * 0 posted, 1 no free slot (nothing done), -1 error (why). */
 int lpv_send(struct lpv_lane *v, const void *a, size_t alen, const void *b, size_t blen, char *why, size_t n);

@@ -38,7 +38,6 @@ from linkpass_sim.report import row  # noqa: E402
 from linkpass.cli.output import table  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
 from linkpass.testbed import agents, build, guest_ring, guests, roce_paths, topology  # noqa: E402
-from linkpass.testbed.faults import FaultSpec  # noqa: E402
 from linkpass_rdma import channel  # noqa: E402
 
 A, B = 0, 3
@@ -162,29 +161,15 @@ def agents_phase(fab, ca, cb, trials: int, peer: list, spine_of: dict) -> list[d
              "note": "from the agent's DOWN verdict to the channel's move, both on the guest's monotonic clock"}]
 
 
-RING_KINDS = ("uplink-cut", "spine-link-down", "loss-30pct-one-way")
-
-
-def _ring_fault(fab, kind: str, plane_of_ring: bool, spine: int):
-    """The fault of a kind: on the ring's plane 1 uplink, or on the link from A's plane-0 leaf to
-    `spine` (cut, or 30 % loss leaving the leaf). The peer QP runs on plane 0, so its uplink fault
-    is plane 0's."""
-    leaf, _ = roce_paths.spine_ports(fab, A, 0)
-    if kind == "uplink-cut":
-        return FaultSpec("down", fab.uplink(host_name(A), 1 if plane_of_ring else 0).name)
-    link = fab.leaf_spine(leaf, spine).name
-    return FaultSpec("down", link) if kind == "spine-link-down" else FaultSpec("loss", link, leaf, {"pct": 30.0})
-
-
 def ring_phase(fab, ca, cb, trials: int, s0: list[int], s1: list[int]) -> list[dict]:
     """The plugin's ring between the guests, agents in both, per fault kind `trials` times; beside
     each trial a stream on a QP with NCCL's defaults (no table) under the same fault."""
     addrs = {p: (fab.nic_addr(A, p), fab.nic_addr(B, p)) for p in range(fab.spec.planes)}
-    leaf, ports = roce_paths.spine_ports(fab, A, 0)
+    _, ports = roce_paths.spine_ports(fab, A, 0)
     rows = []
     report.progress(f"the NCCL plugin's ring between {host_name(A)} and {host_name(B)} on verbs lanes, agents in both")
     with agents.GuestAgents(fab, [A, B], interval_ms=AGENT_INTERVAL_MS, probe={"batch_ms": 50},
-                            detect=AGENT_DETECT, controls={A: ca, B: cb}) as ga:
+                            detect=AGENT_DETECT, controls={A: ca, B: cb}):
         def healed(plane):
             return lambda: len(roce_paths.healthy_ports(ca, addrs[plane][1], plane)) >= 2
 
@@ -194,25 +179,18 @@ def ring_phase(fab, ca, cb, trials: int, s0: list[int], s1: list[int]) -> list[d
         rows.append({**row("ring-no-fault", "longest_stall", "ms", [guest_ring.longest_gap_ms(base.steps[0], 5)]),
                      "emulated": EMULATED, "iterations": base.summary[0]["iterations"] if base.summary[0] else None,
                      "note": "the same ring for 30 s without a fault: the stalls this emulated host has anyway"})
-        for kind in RING_KINDS:
-            plane = 1 if kind == "uplink-cut" else 0
+        for kind in guest_ring.FAULT_KINDS:
+            plane = guest_ring.AimedFault(fab, A, B, kind).plane
             stalls, peer_gaps, moved, back, ok, causes, peer_stuck, peer_unfinished = [], [], 0, 0, 0, {}, 0, 0
             for i in range(trials):
                 roce_paths.wait_until(healed(plane), 150, "the agents listing both spines again", poll_s=2.0)
-                aimed = []
-
-                def aim(packets, kind=kind, aimed=aimed):
-                    port = guest_ring.busiest_port(packets, *addrs[0]) or ports[0]
-                    aimed.append(port)
-                    return _ring_fault(fab, kind, True, ports.index(port))
-
+                aim = guest_ring.AimedFault(fab, A, B, kind)
                 report.progress(f"ring {kind} trial {i + 1}/{trials}")
-                run = guest_ring.ring_under_fault(fab, A, B, ca, cb, aim if plane == 0 else _ring_fault(fab, kind, True, 0),
-                                                  lead_s=5, hold_s=20, after_s=10, healed=healed(plane),
+                run = guest_ring.ring_under_fault(fab, A, B, ca, cb, aim, lead_s=5, hold_s=20, after_s=10, healed=healed(plane),
                                                   heal_timeout_s=150, tag=f"ring-{kind}")
                 stalls.append(guest_ring.longest_gap_ms(run.steps[0], 5))
                 ok += run.rc == [0, 0] and all(s and s["errors"] == 0 and s["wrong"] == 0 for s in run.summary)
-                wire = guest_ring.wire_verdict(run, addrs, plane, aimed[0] if aimed else None)
+                wire = guest_ring.wire_verdict(run, addrs, plane, aim.victim)
                 moved += wire.moved
                 back += wire.back
                 downs = [e for e in run.lanes(0) if e.what == "down"]
@@ -220,8 +198,8 @@ def ring_phase(fab, ca, cb, trials: int, s0: list[int], s1: list[int]) -> list[d
                 causes[cause] = causes.get(cause, 0) + 1
                 report.progress(f"  longest stall {stalls[-1]:.0f} ms, moved on the wire {wire.moved}, back {wire.back}, "
                                 f"first move by {cause}")
-                # the peer: a stream on a QP with NCCL's defaults, no table, under the same fault (plane 0)
-                spine = 0 if not aimed else ports.index(aimed[0])
+                # the peer: a stream on a QP with NCCL's defaults, no table, under the same fault on plane 0
+                spine = ports.index(aim.victim) if aim.victim else 0
                 use = ([s0[i % len(s0)]] + s1) if spine == 0 else ([s1[i % len(s1)]] + s0)
                 # under loss the peer's stream crawls rather than stops (every lost packet waits for the
                 # QP's 4.3 s timeout): fewer messages, the fault right after the stream is up; one that
@@ -230,7 +208,7 @@ def ring_phase(fab, ca, cb, trials: int, s0: list[int], s1: list[int]) -> list[d
                 count, limit, lead = (60, STUCK_S + 240, 0.3) if lossy else (200, STUCK_S + 60, 2.0)
                 report.progress(f"  peer: a QP with NCCL's defaults on port {use[0]}, {count} messages")
                 try:
-                    pr = roce_paths.channel_under_fault(fab, A, B, ca, cb, use, _ring_fault(fab, kind, False, spine),
+                    pr = roce_paths.channel_under_fault(fab, A, B, ca, cb, use, guest_ring.fault_of(fab, A, kind, 0, spine),
                                                         count=count, limit_s=limit, deadline_s=STUCK_S,
                                                         timeout=channel.NCCL_TIMEOUT, retry=channel.NCCL_RETRY,
                                                         lead_s=lead)
