@@ -11,18 +11,18 @@ BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/probe
                 $(wildcard rdma/nccl/*.c rdma/nccl/*.h) rdma/nccl/Makefile
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-unit lint-imports bench deps nccl-plugin clean
+.PHONY: demo test test-unit lint-imports bench deps nccl-plugin prometheus clean
 
 # exit 1 = the job was unharmed but a timing target was missed on this machine: reported, not a failure
-demo: deps
+demo: deps prometheus
 	$(VENV)/bin/linkpass demo --compare || [ $$? -eq 1 ]
 
 # the layer contracts first (pyproject.toml [tool.importlinter]), then every test of every tier
-test: lint-imports
+test: lint-imports prometheus
 	$(PY) -m pytest -q
 
 # the unit tier: no root, no service (tests/conftest.py defines the tiers)
-test-unit: deps
+test-unit: deps prometheus
 	$(PY) -m pytest -q -m unit
 
 lint-imports: deps
@@ -33,6 +33,11 @@ bench: deps
 	for b in sim/bench/*.py; do $(PY) $$b --json out/bench-$$(basename $$b .py).json || exit 1; done
 
 deps: $(STAMP) nccl-plugin
+
+# Prometheus and promtool for the demo and the tests: Debian's package unpacked into a private
+# folder (deploy/install-prometheus.sh), no service installed; a no-op once there
+prometheus:
+	@bash deploy/install-prometheus.sh >/dev/null
 
 # the NCCL net plugin: rdma/nccl/build/libnccl-net-linkpass.so (+ its harness); a no-op when up to date
 nccl-plugin: $(STAMP)

@@ -11,13 +11,16 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
 
+from linkpass.agent.api import ProbeProgress
 from linkpass.agent.config import ConfigError, load_text, read_fleet_key
 from linkpass.agent.keyfile import load_fleet_key
-from linkpass.core.constants import AGENT_API_PORT
+from linkpass.core.constants import AGENT_API_PORT, AGENT_METRICS_PORT
 from linkpass.testbed.agents import Agents, write_agent_configs
 
 from helpers import FAB, LogDrain, free_port, routes_of
@@ -53,6 +56,9 @@ peers: [{name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}]
     (lambda d: d.update(probe={"engine": "dpdk"}), "probe.engine: 'dpdk' is not a probe engine; use one of auto, "),
     (lambda d: d.update(probe={"batch_ms": 0}), "probe.batch_ms: expected a number 1..1000"),
     (lambda d: d.update(detect={"timeout_ceiling_ms": 0}), "detect.timeout_ceiling_ms: expected an integer 1..10000"),
+    (lambda d: d.update(metrics={"address": "mgmt0"}), "metrics.address: 'mgmt0' is not an IP address"),
+    (lambda d: d.update(metrics={"port": 70000}), "metrics.port: expected an integer 0..65535"),
+    (lambda d: d.update(metrics={"per_path": "yes"}), "metrics.per_path: expected true or false"),
 ])
 def test_config_errors_name_the_field(edit, message):
     doc = yaml.safe_load(GOOD)
@@ -172,6 +178,27 @@ def loop_under_test(engine, logs):
 
 
 @pytest.mark.unit
+def test_healthz_says_503_when_the_probe_thread_stops_moving():
+    class Engine:  # stands in for the probe engine: only its counters and path table are read
+        stats = {"sent": 0, "received": 0, "reflected": 0}
+        paths = {1: object()}
+
+    now = [100.0]
+    progress = ProbeProgress(Engine, stall_s=3.0, clock=lambda: now[0])
+    for step in range(5):  # counters moving: healthy
+        Engine.stats = {**Engine.stats, "sent": step}
+        progress.tick()
+        now[0] += 1.0
+        assert progress.health() == (200, b"ok\n")
+    now[0] += 3.5  # no progress for 4.5 s
+    progress.tick()
+    status, body = progress.health()
+    assert status == 503 and b"probe thread stalled" in body and b"for 4 s while 1 paths" in body
+    Engine.paths = {}  # nothing to probe: nothing to expect
+    assert progress.health()[0] == 200
+
+
+@pytest.mark.unit
 def test_the_main_loop_survives_any_one_step_raising(monkeypatch):
     from linkpass.agent import daemon as D
     from linkpass.agent.answer import Drain, PlanAnswer
@@ -242,6 +269,14 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
         assert {k: len(v) for k, v in by_peer.items()} == {"h1": 2, "h2": 4, "h3": 4}
         assert all(r["replies"] > 300 and r["lost_fwd"] == 0 and r["lost_rev"] == 0 for r in rows)
         sent_before = {(r["peer"], r["plane"], r["path"]): r["sent"] for r in rows}
+        # what Prometheus reads: /metrics and /healthz on the management address, from outside the host
+        scrape = f"http://{fab.mgmt_addr(0)}:{AGENT_METRICS_PORT}"
+        body = urllib.request.urlopen(f"{scrape}/metrics", timeout=5).read().decode()
+        assert 'linkpass_build_info{engine="sockets"' in body and "process_cpu_seconds_total" in body, body[:2000]
+        assert 'linkpass_peer_paths{peer="h3",plane="1",state="up"} 2.0' in body
+        assert urllib.request.urlopen(f"{scrape}/healthz", timeout=5).read() == b"ok\n"
+        with pytest.raises(urllib.error.HTTPError, match="404"):  # the /v1 routes stay on 127.0.0.1
+            urllib.request.urlopen(f"{scrape}/v1/paths", timeout=5)
         ids_of_h3 = sorted(r["path_id"] for r in by_peer["h3"])
         original = open(configs[0]).read()
 

@@ -15,9 +15,11 @@ import time
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from linkpass.coordinator import runner
 from linkpass.coordinator.client import Refusal
+from linkpass.observe.prometheus import promtool
 
 from helpers import MODEL, agent_tokens, coordinator_client, identity, lab_ca_file, table_of, wait_until
 
@@ -209,6 +211,15 @@ def test_garbage_is_answered_and_counted(server):
     metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
     assert 'linkpass_coordinator_request_errors_total{kind="bad_request"}' in metrics
     assert 'linkpass_coordinator_agents{status="reporting"} 4.0' in metrics
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    timed = {s.labels["path"]: s.value for s in families["linkpass_coordinator_request_duration_seconds"].samples
+             if s.name.endswith("_count")}
+    assert timed["/v1/report"] >= 4 and "/v1/nowhere" not in timed  # refused bodies are timed too
+    assert [s.value for s in families["linkpass_coordinator_agent_up"].samples] == [1.0] * 4
+    assert families["linkpass_coordinator_requests_pending"].samples[0].value == 1  # this scrape itself
+    assert "process_cpu_seconds" in families and "linkpass_build_info" in families
+    lint = promtool("check", "metrics", stdin=metrics)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
     agent.close()
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from linkpass.agent.api import LocalApi, PathLabels, TelemetryView
+from linkpass.agent.api import LocalApi, PathLabels, TelemetryView, metrics_registry
 from linkpass.testbed import faults
 from linkpass.testbed.faults import FaultSpec
 from linkpass.testbed.mesh import Mesh
@@ -26,14 +26,17 @@ def h0_api(clean_faults):
     fab = clean_faults
     paths = [(0, b, p, sp) for b in (1, 2, 3) for p in (0, 1) for sp in (50000, 50001)]
     mesh = Mesh.start(fab, paths, KEY, interval_s=0.002)
-    labels = {pid: PathLabels(f"h{mp.dst}", mp.plane, mp.sport - 50000, mp.sport) for pid, mp in mesh.paths.items()}
-    view = TelemetryView(mesh.engines[0], labels, offset_ns=lambda peer: 0.0, window_s=0.5)
+    view = TelemetryView(mesh.engines[0], labels_of(mesh), offset_ns=lambda peer: 0.0, window_s=0.5)
     api = LocalApi(view, netns=fab.netns("h0"), port=0)
     try:
         yield fab, mesh, api
     finally:
         api.close()
         mesh.close()
+
+
+def labels_of(mesh) -> dict[int, PathLabels]:
+    return {pid: PathLabels(f"h{mp.dst}", mp.plane, mp.sport - 50000, mp.sport) for pid, mp in mesh.paths.items()}
 
 
 def cli(fab, *args):
@@ -68,23 +71,45 @@ def test_no_agent_is_exit_3_with_a_hint(fabric):
     assert out.returncode == 3 and "no agent answers" in out.stdout
 
 
-def test_prometheus_exposition_has_bounded_labels(h0_api):
+def test_prometheus_exposition_is_per_peer_and_plane_by_default(h0_api):
     fab, mesh, api = h0_api
     mesh.run(0.5)
     text = cli_get(fab, api.port, "/metrics")
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("linkpass_probe_requests", "linkpass_probe_replies", "linkpass_probe_lost",
-                 "linkpass_path_loss_ratio", "linkpass_probe_rtt_seconds", "linkpass_path_one_way_delay_seconds"):
+                 "linkpass_peer_loss_ratio", "linkpass_probe_rtt_seconds", "linkpass_peer_one_way_delay_p99_seconds",
+                 "process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
         assert name in families, sorted(families)
-    allowed = {"peer", "plane", "path", "direction", "quantile", "le", "reason"}
+    assert not [n for n in families if n.startswith("linkpass_path_")], "per-path series without metrics.per_path"
+    allowed = {"peer", "plane", "direction", "le", "reason", "kind"}
     for fam in families.values():
-        for s in fam.samples:
-            assert set(s.labels) <= allowed, (fam.name, s.labels)
-            assert "sport" not in s.labels and "seq" not in s.labels
+        if fam.name.startswith("linkpass_"):
+            for s in fam.samples:
+                assert set(s.labels) <= allowed, (fam.name, s.labels)
+    # 12 paths (3 peers x 2 planes x 2 ports): 6 series, each the sum of its plane's two paths
     reqs = [s for s in families["linkpass_probe_requests"].samples if s.name.endswith("_total")]
-    assert len(reqs) == 12 and all(s.value > 50 for s in reqs)
+    assert len(reqs) == 6 and all(s.value > 100 for s in reqs)
+    per_path = sum(r["sent"] for r in api.view.rows() if r["peer"] == "h1" and r["plane"] == 0)
+    got = next(s.value for s in reqs if s.labels == {"peer": "h1", "plane": "0"})
+    assert abs(got - per_path) <= 0.05 * per_path + 10  # probes keep going between the two reads
     buckets = [s for s in families["linkpass_probe_rtt_seconds"].samples if s.name.endswith("_bucket")]
-    assert buckets and all(b.labels["le"] for b in buckets)
+    assert {b.labels["plane"] for b in buckets} == {"0", "1"} and all(b.labels["le"] for b in buckets)
+    owd = families["linkpass_peer_one_way_delay_p99_seconds"].samples
+    assert {(s.labels["peer"], s.labels["direction"]) for s in owd} >= {("h1", "forward"), ("h3", "reverse")}
+
+
+def test_per_path_series_come_on_request(h0_api):
+    fab, mesh, _ = h0_api
+    mesh.run(0.5)
+    view = TelemetryView(mesh.engines[0], labels_of(mesh), offset_ns=lambda peer: 0.0)
+    api = LocalApi(view, netns=fab.netns("h0"), port=0, registry=metrics_registry(view, per_path=lambda: True))
+    try:
+        families = {f.name: f for f in text_string_to_metric_families(cli_get(fab, api.port, "/metrics"))}
+    finally:
+        api.close()
+    reqs = [s for s in families["linkpass_path_probe_requests"].samples if s.name.endswith("_total")]
+    assert len(reqs) == 12 and {s.labels["path"] for s in reqs} == {"0", "1"}
+    assert "linkpass_path_rtt_seconds" in families and "linkpass_probe_requests" in families
 
 
 def cli_get(fab, port, path):

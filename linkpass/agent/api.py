@@ -6,7 +6,10 @@ plain rows. `LocalApi` serves them over HTTP on 127.0.0.1 inside the host's name
     GET /metrics      Prometheus exposition (linkpass/agent/metrics.py)
     GET /v1/paths     JSON rows, one per probed path (what `linkpass paths -o json` prints)
     GET /v1/counters  engine counters and drops by reason
-    GET /healthz      "ok"
+    GET /healthz      "ok", or 503 saying why when the probe thread has stalled
+
+The agent serves /metrics and /healthz a second time on `metrics.address:metrics.port` (the
+host's management address, for a Prometheus elsewhere); the /v1 routes stay on 127.0.0.1.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector,
+                               generate_latest)
 
 from ..kernel import netns as ns_io
 from ..core.constants import AGENT_API_PORT
@@ -106,52 +110,115 @@ class TelemetryView:
         return {"stats": dict(self.engine.stats), "drops": dict(self.engine.drops)}
 
 
+class ProbeProgress:
+    """Whether the probe thread is alive: with paths to probe, its packet counters must move
+    within `stall_s` (every path sends at least at its idle rate). Sampled by the API's ticker;
+    what /healthz answers and linkpass_agent_probe_thread_up shows."""
+
+    def __init__(self, engine, stall_s: float = 3.0, clock=time.monotonic):
+        self.engine, self.stall_s, self.clock = engine, stall_s, clock
+        self._last: tuple[int, ...] | None = None
+        self._moved = clock()
+
+    def tick(self) -> None:
+        stats = self.engine.stats
+        now = tuple(stats.get(k, 0) for k in ("sent", "received", "reflected"))
+        if now != self._last:
+            self._last, self._moved = now, self.clock()
+
+    def stalled_s(self) -> float | None:
+        """Seconds without progress while there are paths to probe; None when it is fine."""
+        if not self.engine.paths:
+            return None
+        idle = self.clock() - self._moved
+        return idle if idle >= self.stall_s else None
+
+    def health(self) -> tuple[int, bytes]:
+        idle = self.stalled_s()
+        if idle is None:
+            return 200, b"ok\n"
+        return 503, (f"probe thread stalled: no probe sent or received for {idle:.0f} s while "
+                     f"{len(self.engine.paths)} paths are configured\n").encode()
+
+
+def metrics_registry(view: TelemetryView, collectors=(), per_path: Callable[[], bool] = lambda: False):
+    """The agent's exposition: its own collectors, plus the process's CPU, memory and file
+    descriptors and the Python runtime (what node-level dashboards expect of every daemon)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TelemetryCollector(view, per_path))
+    for c in collectors:
+        registry.register(c)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+Route = Callable[[], tuple[int, bytes, str]]  # status, body, content type
+
+
+def serve(host: str, port: int, routes: dict[str, Route], netns: str | None = None,
+          name: str = "http") -> ThreadingHTTPServer:
+    """A small HTTP server for `routes` (GET only) on (host, port), in `netns` if given, its
+    thread started. Unknown paths are 404 naming the known ones."""
+    known = ", ".join(sorted(routes))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            route = routes.get(self.path.split("?")[0])
+            if route is None:
+                self.send_error(404, f"unknown path; try {known}")
+                return
+            status, body, ctype = route()
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # requests are not worth a log line each
+            pass
+
+    make = lambda: ThreadingHTTPServer((host, port), Handler)  # noqa: E731
+    server = ns_io.run_in_netns(netns, make) if netns else make()
+    threading.Thread(target=server.serve_forever, daemon=True, name=name).start()
+    return server
+
+
+def metrics_routes(registry, progress: ProbeProgress | None) -> dict[str, Route]:
+    def health():
+        status, body = progress.health() if progress is not None else (200, b"ok\n")
+        return status, body, "text/plain"
+
+    return {"/metrics": lambda: (200, generate_latest(registry), CONTENT_TYPE_LATEST), "/healthz": health}
+
+
 class LocalApi:
-    """HTTP on 127.0.0.1:`port` inside `netns` (or here); a ticker snapshots loss counters."""
+    """HTTP on 127.0.0.1:`port` inside `netns` (or here); a ticker snapshots loss counters and
+    samples the probe thread's progress."""
 
     def __init__(self, view: TelemetryView, netns: str | None = None, port: int = AGENT_API_PORT,
-                 host: str = "127.0.0.1", collectors=(), extra_routes: dict | None = None):
+                 host: str = "127.0.0.1", collectors=(), extra_routes: dict | None = None,
+                 registry=None, progress: ProbeProgress | None = None):
         self.view = view
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(TelemetryCollector(view))
-        for c in collectors:
-            self.registry.register(c)
-        extra = {path: (lambda fn=fn: (json.dumps(fn()).encode(), "application/json"))
-                 for path, fn in (extra_routes or {}).items()}
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                routes = {"/metrics": lambda: (generate_latest(api.registry), "text/plain; version=0.0.4"),
-                          "/v1/paths": lambda: (json.dumps(api.view.rows()).encode(), "application/json"),
-                          "/v1/counters": lambda: (json.dumps(api.view.counters()).encode(), "application/json"),
-                          "/healthz": lambda: (b"ok\n", "text/plain"), **extra}
-                route = routes.get(self.path.split("?")[0])
-                if route is None:
-                    self.send_error(404, "unknown path; try /v1/paths, /v1/counters or /metrics")
-                    return
-                body, ctype = route()
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):  # requests are not worth a log line each
-                pass
-
-        make = lambda: ThreadingHTTPServer((host, port), Handler)  # noqa: E731
-        self.server = ns_io.run_in_netns(netns, make) if netns else make()
+        self.registry = registry if registry is not None else metrics_registry(view, collectors)
+        self.progress = progress
+        routes: dict[str, Route] = {
+            **metrics_routes(self.registry, progress),
+            "/v1/paths": lambda: (200, json.dumps(self.view.rows()).encode(), "application/json"),
+            "/v1/counters": lambda: (200, json.dumps(self.view.counters()).encode(), "application/json"),
+            **{path: (lambda fn=fn: (200, json.dumps(fn()).encode(), "application/json"))
+               for path, fn in (extra_routes or {}).items()}}
+        self.server = serve(host, port, routes, netns, name="local-api")
         self.port = self.server.server_address[1]
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self.server.serve_forever, daemon=True, name="local-api"),
-                         threading.Thread(target=self._tick, daemon=True, name="telemetry-ticker")]
-        for t in self._threads:
-            t.start()
+        threading.Thread(target=self._tick, daemon=True, name="telemetry-ticker").start()
 
     def _tick(self) -> None:
         while not self._stop.wait(self.view.snapshot_every_s):
             self.view.tick()
+            if self.progress is not None:
+                self.progress.tick()
 
     def close(self) -> None:
         self._stop.set()

@@ -27,7 +27,11 @@
       flap_half_life_ms: 10000       # flap damping: a DOWN's penalty halves this fast
       latency_floor_us: 50           # delay noise below this is not judged (software timestamps)
       latency_alarm_mads: 200        # CUSUM alarm level, in units of that noise (~30 ms of +0.5 ms)
-    api: {port: 9471}                # local query API and /metrics on 127.0.0.1
+    api: {port: 9471}                # local query API (and /metrics) on 127.0.0.1: the CLI, doctor
+    metrics:                         # /metrics and /healthz for Prometheus (docs/observability.md)
+      address: 127.0.0.1             # listen here: the host's management address, for a scraper elsewhere
+      port: 9472
+      per_path: false                # true: every discovered path's own series too (~16 more per path)
     routes: {enabled: false, rto_min_ms: 10, journal: /run/linkpass/routes.journal,
              max_changes_per_s: 1000}
     entropy: {enabled: false, path: /run/linkpass/entropy}   # ports per (peer, plane), docs/entropy-table.md;
@@ -51,7 +55,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import MISSING, dataclass, field
 
-from ..core.constants import AGENT_API_PORT, BATCH_S, ENTROPY_PATH
+from ..core.constants import AGENT_API_PORT, AGENT_METRICS_PORT, BATCH_S, ENTROPY_PATH
 from ..core.detector import DetectorConfig
 from ..core.wire import FLEET_KEY_MAX, FLEET_KEY_MIN
 
@@ -110,6 +114,9 @@ class AgentConfig:
     engine: str = "auto"  # how probes are sent and received: PROBE_ENGINES
     batch_ms: float = BATCH_S * 1000  # how often the loop takes on-time replies (misses wake it at once)
     api_port: int = AGENT_API_PORT
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = AGENT_METRICS_PORT
+    metrics_per_path: bool = False  # per-(peer, plane) aggregates always; each path's own series only on request
     routes_enabled: bool = False
     rto_min_ms: int = 10
     routes_journal: str = "/run/linkpass/routes.journal"
@@ -186,8 +193,8 @@ class _Section:
         return default, where
 
 
-TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe", "detect", "api", "routes", "entropy",
-       "coordinator"}
+TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe", "detect", "api", "metrics", "routes",
+       "entropy", "coordinator"}
 # section key -> AgentConfig field
 PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "ports_per_path", "discovery_ports", "size_probe_every",
                         "mtu", "rt_priority", "engine", "batch_ms")}
@@ -195,6 +202,7 @@ PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "ports_per_path", "di
 # packet to 4791 before a socket could); auto: verbs where every NIC has an RDMA device
 PROBE_ENGINES = ("auto", "sockets", "verbs")
 API = {"port": "api_port"}
+METRICS = {"address": "metrics_address", "port": "metrics_port", "per_path": "metrics_per_path"}
 ROUTES = {"enabled": "routes_enabled", "rto_min_ms": "rto_min_ms", "journal": "routes_journal",
           "max_changes_per_s": "max_route_changes_per_s"}
 ENTROPY = {"enabled": "entropy_enabled", "path": "entropy_path"}
@@ -220,7 +228,8 @@ def parse(raw: object) -> AgentConfig:
     nics = _nics(_need(top, "nics", ""))
     return AgentConfig(**identity, nics=nics, peers=_peers(top.get("peers") or [], identity["agent_id"]),
                        **_probe(top.get("probe") or {}), detect=_detect(top.get("detect") or {}),
-                       **_api(top.get("api") or {}), **_routes(top.get("routes") or {}, nics),
+                       **_api(top.get("api") or {}), **_metrics(top.get("metrics") or {}),
+                       **_routes(top.get("routes") or {}, nics),
                        **_entropy(top.get("entropy") or {}), coordinator=_coordinator(top.get("coordinator")))
 
 
@@ -310,6 +319,12 @@ def _detect(raw) -> dict:
 def _api(raw) -> dict:
     s = _Section(raw, "api", AgentConfig, API)
     return {"api_port": _int(*s.get("port"), 0, 65535)}
+
+
+def _metrics(raw) -> dict:
+    s = _Section(raw, "metrics", AgentConfig, METRICS)
+    return {"metrics_address": _addr(*s.get("address")), "metrics_port": _int(*s.get("port"), 0, 65535),
+            "metrics_per_path": _bool(*s.get("per_path"))}
 
 
 def _routes(raw, nics: tuple[Nic, ...]) -> dict:

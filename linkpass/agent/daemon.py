@@ -39,7 +39,7 @@ from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import CoreProbeEngine
 from .answer import AnswerRules, Drain, PlanAnswer
-from .api import LocalApi, PathLabels, TelemetryView
+from .api import LocalApi, PathLabels, ProbeProgress, TelemetryView, metrics_registry, metrics_routes, serve
 from .config import AgentConfig, ConfigError, load_text
 from .coordinator_link import CoordinatorLink, tls_context
 from .decide import PathInfo, crosses
@@ -106,7 +106,7 @@ class LoopErrors:
 
 # fields a reload cannot change: they shape sockets, identities or the detector's state
 FIXED_ON_RELOAD = ("agent_id", "name", "nics", "service", "detect", "rt_priority", "routes_enabled", "routes_journal",
-                   "entropy_enabled", "entropy_path", "engine")
+                   "entropy_enabled", "entropy_path", "engine", "metrics_address", "metrics_port")
 
 
 def probe_engine_kind(cfg: AgentConfig) -> str:
@@ -147,6 +147,7 @@ class Agent:
         self.key = key
         self.dry_run = dry_run
         self.engine = make_engine(cfg, key)
+        self.engine_kind = self.engine.info()["engine"]
         self.labels: dict[int, PathLabels] = {}
         self.paths_of_peer: dict[str, list[int]] = {}
         for nic in cfg.nics:
@@ -168,6 +169,8 @@ class Agent:
                                  set_rto=self.engine.set_rto)
         self.view = TelemetryView(self.engine, self.labels, offset_ns=self._offset_of_peer, state_of=self._state_of)
         self.api: LocalApi | None = None
+        self.metrics_server = None
+        self.progress = ProbeProgress(self.engine)
         self.stopping = threading.Event()
         self.reload_requested = False
         self.hops: dict[int, tuple] = {}  # path -> routers on the way (for the coordinator's fleet view)
@@ -258,13 +261,18 @@ class Agent:
             log("rt_priority_refused", priority=self.cfg.rt_priority, error=refused,
                 note="probe thread runs at normal priority: on a busy host, expect late replies")
         self.add_peers(self.cfg.peers)
-        self.api = LocalApi(self.view, port=self.cfg.api_port, collectors=[DecisionCollector(lambda: self.failover),
-                                                                          AgentCollector(self.health_counters)],
+        per_path = lambda: self.cfg.metrics_per_path  # noqa: E731 - a reload may change it
+        registry = metrics_registry(self.view, [DecisionCollector(lambda: self.failover, per_path),
+                                                AgentCollector(self.health_counters)], per_path)
+        self.api = LocalApi(self.view, port=self.cfg.api_port, registry=registry, progress=self.progress,
                             extra_routes={"/v1/state": self.failover.path_rows})
+        self.metrics_server = serve(self.cfg.metrics_address, self.cfg.metrics_port,
+                                    metrics_routes(registry, self.progress), name="metrics")
         if self.cfg.coordinator is not None:
             self.link = CoordinatorLink(self.cfg.coordinator, self.identity, self.report_rows, self._take_drains,
                                         self._take_plan, log, rules=self.answer_rules()).start()
         log("started", agent_id=self.cfg.agent_id, name=self.cfg.name, api_port=self.api.port,
+            metrics=f"{self.cfg.metrics_address}:{self.metrics_server.server_address[1]}",
             paths=len(self.labels), nics=[n.ifname for n in self.cfg.nics], routes=self.routes is not None,
             entropy=self.entropy is not None, dry_run=self.dry_run,
             probes=self.engine.info())
@@ -272,7 +280,10 @@ class Agent:
     def health_counters(self) -> dict:
         """The agent's own faults, for /metrics: loop errors by step, coordinator answers refused."""
         return {"loop_errors": dict(self.errors.counts),
-                "answers_rejected": self.link.stats["answers_rejected"] if self.link is not None else 0}
+                "answers_rejected": self.link.stats["answers_rejected"] if self.link is not None else 0,
+                "probe_thread_up": self.progress.stalled_s() is None,
+                "coordinator_up": (self.link.registered and self.link.reachable) if self.link is not None else None,
+                "engine": self.engine_kind}
 
     # ---- the coordinator ---------------------------------------------------------------
     def identity(self) -> dict:
@@ -435,6 +446,9 @@ class Agent:
             self.entropy.close(unlink=True)
         if self.api:
             self.api.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
         self.engine.close()
         log("stopped", stats=self.engine_stats(), decisions=dict(self.failover.counters),
             loop_errors={k: v for k, v in self.errors.counts.items() if v},

@@ -1,16 +1,24 @@
 """The agent's Prometheus metrics: every name, type, help text and label set is defined once, in
 SPECS; the collectors read plain state at scrape time (never update metric objects per probe).
 
-    TelemetryCollector   per-path probe counters, loss, one-way delay, RTT histogram, drops
-    DecisionCollector    path states, transitions, route changes, fail static
-    AgentCollector       the agent's own faults: main-loop errors, coordinator answers refused
+    TelemetryCollector   probe counters, loss, one-way delay, RTT histogram, drops
+    DecisionCollector    paths by state, transitions, route changes, fail static
+    AgentCollector       the agent itself: build, probe thread, coordinator link, main-loop errors
 
-Names follow `linkpass_<subsystem>_<name>_<unit>`; labels are bounded: peer, plane and path (the
-discovered path's index towards that peer), state, direction and drop reason, never a port or a
-sequence number.
+Series stay bounded on a host of any size. By default the probe figures are per (peer, plane):
+counters summed over the plane's discovered paths, window figures (loss, one-way delay) those of
+the plane's worst path, and the RTT histogram per plane. Each path's own series
+(`linkpass_path_*`, labelled with the path's index towards that peer) come only with
+`metrics.per_path: true`, for a host under investigation. docs/observability.md counts them.
+
+Names follow `linkpass_<subsystem>_<name>_<unit>`; labels never carry a port or a sequence number.
+One-way delay percentiles are gauges over the sliding window (`_p50_seconds`, `_p99_seconds`): the
+offset between two clocks moves as clock sync learns it, so a cumulative histogram of one-way
+delays would mix offsets; RTT needs no offset and is a real histogram.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Callable, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -18,8 +26,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from ..core.states import Direction, State
 from ..core.telemetry import RTT_BUCKETS_NS
 
+_PLANE = ("peer", "plane")
 _PATH = ("peer", "plane", "path")
 FWD, REV = Direction.FWD.value, Direction.REV.value  # the direction label values
+ANY = "any"  # loss with no direction: probes that got no answer at all
 
 
 class Spec(NamedTuple):
@@ -29,21 +39,44 @@ class Spec(NamedTuple):
 
 
 SPECS: dict[str, Spec] = {
-    # telemetry (the probe engine)
-    "linkpass_probe_requests": Spec(CounterMetricFamily, "Probe requests sent", _PATH),
-    "linkpass_probe_replies": Spec(CounterMetricFamily, "Authenticated replies received", _PATH),
-    "linkpass_probe_lost": Spec(CounterMetricFamily, "Probes lost, by direction of the loss", _PATH + ("direction",)),
-    "linkpass_path_loss_ratio": Spec(GaugeMetricFamily,
-                                     "Loss over the sliding window: forward, reverse, or any (incl. unanswered)",
-                                     _PATH + ("direction",)),
-    "linkpass_path_one_way_delay_seconds": Spec(GaugeMetricFamily,
-                                                "One-way delay percentiles over the sliding window (needs clock sync)",
-                                                _PATH + ("direction", "quantile")),
-    "linkpass_probe_rtt_seconds": Spec(HistogramMetricFamily, "Round-trip time without reflector residence", _PATH),
+    # telemetry, per (peer, plane): always
+    "linkpass_probe_requests": Spec(CounterMetricFamily, "Probe requests sent, over the plane's paths", _PLANE),
+    "linkpass_probe_replies": Spec(CounterMetricFamily, "Authenticated replies received, over the plane's paths",
+                                   _PLANE),
+    "linkpass_probe_lost": Spec(CounterMetricFamily, "Probes lost, by direction of the loss, over the plane's paths",
+                                _PLANE + ("direction",)),
+    "linkpass_peer_loss_ratio": Spec(GaugeMetricFamily,
+                                     "Loss over the sliding window on the plane's worst path: forward, reverse, "
+                                     "or any (incl. unanswered)", _PLANE + ("direction",)),
+    "linkpass_peer_one_way_delay_p50_seconds": Spec(
+        GaugeMetricFamily, "Median one-way delay over the sliding window, the plane's worst path (needs clock sync)",
+        _PLANE + ("direction",)),
+    "linkpass_peer_one_way_delay_p99_seconds": Spec(
+        GaugeMetricFamily, "99th percentile one-way delay over the sliding window, the plane's worst path "
+        "(needs clock sync)", _PLANE + ("direction",)),
+    "linkpass_probe_rtt_seconds": Spec(HistogramMetricFamily,
+                                       "Round-trip time without reflector residence, every path of the plane",
+                                       ("plane",)),
     "linkpass_probe_dropped_packets": Spec(CounterMetricFamily, "Received or sent packets dropped, by reason",
                                            ("reason",)),
+    "linkpass_probe_packets": Spec(CounterMetricFamily,
+                                   "Packets of the probe thread: sent (requests), reflected (answers to peers), "
+                                   "received", ("kind",)),
+    # telemetry, per path: only with metrics.per_path
+    "linkpass_path_probe_requests": Spec(CounterMetricFamily, "Probe requests sent on the path", _PATH),
+    "linkpass_path_probe_replies": Spec(CounterMetricFamily, "Authenticated replies received on the path", _PATH),
+    "linkpass_path_probe_lost": Spec(CounterMetricFamily, "Probes lost on the path, by direction",
+                                     _PATH + ("direction",)),
+    "linkpass_path_loss_ratio": Spec(GaugeMetricFamily, "Loss over the sliding window on the path", _PATH + ("direction",)),
+    "linkpass_path_one_way_delay_p50_seconds": Spec(GaugeMetricFamily, "Median one-way delay over the window",
+                                                    _PATH + ("direction",)),
+    "linkpass_path_one_way_delay_p99_seconds": Spec(GaugeMetricFamily, "99th percentile one-way delay over the window",
+                                                    _PATH + ("direction",)),
+    "linkpass_path_rtt_seconds": Spec(HistogramMetricFamily, "Round-trip time on the path", _PATH),
+    "linkpass_path_state": Spec(GaugeMetricFamily, "1 for the state the path is in", _PATH + ("state",)),
     # decisions (the failover loop)
-    "linkpass_path_state": Spec(GaugeMetricFamily, "1 for the state each path is in", _PATH + ("state",)),
+    "linkpass_peer_paths": Spec(GaugeMetricFamily, "Discovered paths towards the peer on the plane, by state",
+                                _PLANE + ("state",)),
     "linkpass_path_transitions": Spec(CounterMetricFamily, "Path state changes, by new state", ("to",)),
     "linkpass_route_changes": Spec(CounterMetricFamily, "Route rewrites applied (or logged, in dry run)"),
     "linkpass_route_changes_deferred": Spec(CounterMetricFamily, "Route rewrites held back by the rate limit"),
@@ -59,6 +92,13 @@ SPECS: dict[str, Spec] = {
     "linkpass_downs_absorbed": Spec(CounterMetricFamily,
                                     "DOWNs undone by their late replies before the data path moved for them"),
     # the agent itself
+    "linkpass_build_info": Spec(GaugeMetricFamily, "1, labelled with the running LinkPass's version and probe engine",
+                                ("version", "engine")),
+    "linkpass_agent_probe_thread_up": Spec(GaugeMetricFamily,
+                                           "1 while the probe thread makes progress (what /healthz answers)"),
+    "linkpass_agent_coordinator_up": Spec(GaugeMetricFamily,
+                                          "1 while the coordinator answers this agent; 0 while it is away "
+                                          "(absent without a coordinator)"),
     "linkpass_agent_loop_errors": Spec(CounterMetricFamily,
                                        "Exceptions in a step of the agent's main loop (logged; the loop goes on)",
                                        ("step",)),
@@ -74,64 +114,145 @@ def family(name: str):
     return spec.kind(name, spec.help, labels=list(spec.labels))
 
 
-class TelemetryCollector:
-    """Reads a `linkpass.agent.api.TelemetryView` at scrape time."""
+def _worst(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
-    def __init__(self, view):
+
+class _Plane:
+    """What the paths towards one peer on one plane add up to (bounded per host)."""
+
+    __slots__ = ("sent", "replies", "lost_fwd", "lost_rev", "loss", "p50", "p99", "rtt", "rtt_sum")
+
+    def __init__(self):
+        self.sent = self.replies = self.lost_fwd = self.lost_rev = 0
+        self.loss = {ANY: None, FWD: None, REV: None}
+        self.p50 = {FWD: None, REV: None}
+        self.p99 = {FWD: None, REV: None}
+
+
+def _window_loss(w: dict) -> dict:
+    """The window's loss ratios by direction label (None: nothing to judge it on)."""
+    pct = {ANY: w["loss_pct"], FWD: w["loss_fwd_pct"], REV: w["loss_rev_pct"]}
+    return {d: None if v is None else v / 100 for d, v in pct.items()}
+
+
+def _histogram(counts, sum_ns: int) -> tuple[list, float]:
+    acc, buckets = 0, []
+    for bound, count in zip(list(RTT_BUCKETS_NS) + [float("inf")], counts):
+        acc += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound / 1e9), acc))
+    return buckets, sum_ns / 1e9
+
+
+class TelemetryCollector:
+    """Reads a `linkpass.agent.api.TelemetryView` at scrape time; `per_path()` says whether each
+    path's own series are wanted too (the config's metrics.per_path, which a reload may change)."""
+
+    def __init__(self, view, per_path: Callable[[], bool] = lambda: False):
         self.view = view
+        self.per_path = per_path
 
     def collect(self):
-        sent, replies, lost, loss_ratio, owd, rtt, drops = (family(n) for n in (
-            "linkpass_probe_requests", "linkpass_probe_replies", "linkpass_probe_lost", "linkpass_path_loss_ratio",
-            "linkpass_path_one_way_delay_seconds", "linkpass_probe_rtt_seconds", "linkpass_probe_dropped_packets"))
+        per_path = self.per_path()
+        planes: dict[tuple[str, str], _Plane] = defaultdict(_Plane)
+        rtt: dict[str, list] = {}  # plane -> [bucket counts, sum ns]
+        names = ("linkpass_path_probe_requests", "linkpass_path_probe_replies", "linkpass_path_probe_lost",
+                 "linkpass_path_loss_ratio", "linkpass_path_one_way_delay_p50_seconds",
+                 "linkpass_path_one_way_delay_p99_seconds", "linkpass_path_rtt_seconds")
+        p_sent, p_replies, p_lost, p_loss, p_p50, p_p99, p_rtt = (family(n) for n in names)
         for row in self.view.rows():
-            lv = [row["peer"], str(row["plane"]), str(row["path"])]
-            sent.add_metric(lv, row["sent"])
-            replies.add_metric(lv, row["replies"])
-            lost.add_metric(lv + [FWD], row["lost_fwd"])
-            lost.add_metric(lv + [REV], row["lost_rev"])
-            w = row["window"]
-            if w["loss_pct"] is not None:
-                loss_ratio.add_metric(lv + ["any"], w["loss_pct"] / 100)
-            if w["loss_fwd_pct"] is not None:
-                loss_ratio.add_metric(lv + [FWD], w["loss_fwd_pct"] / 100)
-            if w["loss_rev_pct"] is not None:
-                loss_ratio.add_metric(lv + [REV], w["loss_rev_pct"] / 100)
-            for direction, key in ((FWD, "owd_fwd_ns"), (REV, "owd_rev_ns")):
-                summary = row[key]
-                if summary and summary["p50"] is not None:
-                    owd.add_metric(lv + [direction, "0.5"], summary["p50"] / 1e9)
-                    owd.add_metric(lv + [direction, "0.99"], summary["p99"] / 1e9)
             path = self.view.engine.paths.get(row["path_id"])
             if path is None:  # removed since rows() was taken
                 continue
+            plane = str(row["plane"])
+            agg = planes[(row["peer"], plane)]
+            agg.sent += row["sent"]
+            agg.replies += row["replies"]
+            agg.lost_fwd += row["lost_fwd"]
+            agg.lost_rev += row["lost_rev"]
+            loss = _window_loss(row["window"])
+            for d, v in loss.items():
+                agg.loss[d] = _worst(agg.loss[d], v)
+            owd = {}
+            for d, key in ((FWD, "owd_fwd_ns"), (REV, "owd_rev_ns")):
+                s = row[key]
+                if s and s["p50"] is not None:
+                    owd[d] = (s["p50"] / 1e9, s["p99"] / 1e9)
+                    agg.p50[d] = _worst(agg.p50[d], owd[d][0])
+                    agg.p99[d] = _worst(agg.p99[d], owd[d][1])
             tel = path.telemetry
-            acc, buckets = 0, []
-            for bound, count in zip(list(RTT_BUCKETS_NS) + [float("inf")], tel.rtt_counts):
-                acc += count
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound / 1e9), acc))
-            rtt.add_metric(lv, buckets, tel.rtt_sum_ns / 1e9)
-        for reason, n in sorted(self.view.counters()["drops"].items()):
+            acc = rtt.setdefault(plane, [[0] * len(tel.rtt_counts), 0])
+            acc[0] = [a + b for a, b in zip(acc[0], tel.rtt_counts)]
+            acc[1] += tel.rtt_sum_ns
+            if per_path:
+                lv = [row["peer"], plane, str(row["path"])]
+                p_sent.add_metric(lv, row["sent"])
+                p_replies.add_metric(lv, row["replies"])
+                p_lost.add_metric(lv + [FWD], row["lost_fwd"])
+                p_lost.add_metric(lv + [REV], row["lost_rev"])
+                for d, v in loss.items():
+                    if v is not None:
+                        p_loss.add_metric(lv + [d], v)
+                for d, (p50, p99) in owd.items():
+                    p_p50.add_metric(lv + [d], p50)
+                    p_p99.add_metric(lv + [d], p99)
+                p_rtt.add_metric(lv, *_histogram(tel.rtt_counts, tel.rtt_sum_ns))
+        names = ("linkpass_probe_requests", "linkpass_probe_replies", "linkpass_probe_lost", "linkpass_peer_loss_ratio",
+                 "linkpass_peer_one_way_delay_p50_seconds", "linkpass_peer_one_way_delay_p99_seconds",
+                 "linkpass_probe_rtt_seconds")
+        sent, replies, lost, loss_ratio, p50, p99, rtt_h = (family(n) for n in names)
+        for (peer, plane), agg in sorted(planes.items()):
+            lv = [peer, plane]
+            sent.add_metric(lv, agg.sent)
+            replies.add_metric(lv, agg.replies)
+            lost.add_metric(lv + [FWD], agg.lost_fwd)
+            lost.add_metric(lv + [REV], agg.lost_rev)
+            for d, v in agg.loss.items():
+                if v is not None:
+                    loss_ratio.add_metric(lv + [d], v)
+            for fam, values in ((p50, agg.p50), (p99, agg.p99)):
+                for d, v in values.items():
+                    if v is not None:
+                        fam.add_metric(lv + [d], v)
+        for plane, (counts, sum_ns) in sorted(rtt.items()):
+            rtt_h.add_metric([plane], *_histogram(counts, sum_ns))
+        drops, packets = family("linkpass_probe_dropped_packets"), family("linkpass_probe_packets")
+        counters = self.view.counters()
+        for reason, n in sorted(counters["drops"].items()):
             drops.add_metric([reason], n)
-        yield from (sent, replies, lost, loss_ratio, owd, rtt, drops)
+        for kind in ("sent", "reflected", "received"):
+            if kind in counters["stats"]:
+                packets.add_metric([kind], counters["stats"][kind])
+        yield from (sent, replies, lost, loss_ratio, p50, p99, rtt_h, drops, packets)
+        if per_path:
+            yield from (p_sent, p_replies, p_lost, p_loss, p_p50, p_p99, p_rtt)
 
 
 class DecisionCollector:
     """Reads the agent's `Failover` at scrape time (through `failover()`: a reload replaces it)."""
 
-    def __init__(self, failover: Callable[[], object]):
+    def __init__(self, failover: Callable[[], object], per_path: Callable[[], bool] = lambda: False):
         self.failover = failover
+        self.per_path = per_path
 
     def collect(self):
         fo = self.failover()
-        state, trans, changes, deferred, static, entered, planes = (family(n) for n in (
-            "linkpass_path_state", "linkpass_path_transitions", "linkpass_route_changes",
-            "linkpass_route_changes_deferred", "linkpass_fail_static_peers", "linkpass_fail_static_events",
-            "linkpass_route_planes"))
+        names = ("linkpass_peer_paths", "linkpass_path_state", "linkpass_path_transitions", "linkpass_route_changes",
+                 "linkpass_route_changes_deferred", "linkpass_fail_static_peers", "linkpass_fail_static_events",
+                 "linkpass_route_planes")
+        paths, state, trans, changes, deferred, static, entered, planes = (family(n) for n in names)
+        per_path = self.per_path()
+        by_plane: dict[tuple[str, str], dict[str, int]] = {}
         for row in fo.path_rows():
-            for s in State:
-                state.add_metric([row["peer"], str(row["plane"]), str(row["path"]), s.value],
-                                 1.0 if row["state"] == s.value else 0.0)
+            key = (row["peer"], str(row["plane"]))
+            counts = by_plane.setdefault(key, dict.fromkeys((s.value for s in State), 0))
+            counts[row["state"]] += 1
+            if per_path:
+                for s in State:
+                    state.add_metric([*key, str(row["path"]), s.value], 1.0 if row["state"] == s.value else 0.0)
+        for key, counts in sorted(by_plane.items()):
+            for s, n in counts.items():
+                paths.add_metric([*key, s], n)
         for s in State:
             trans.add_metric([s.value], fo.counters.get(f"transition_{s.value}", 0))
         changes.add_metric([], fo.counters.get("route_changes", 0))
@@ -146,18 +267,31 @@ class DecisionCollector:
             allowance.add_metric([peer], fo.allowance_ns(peer) / 1e9)
         held.add_metric([], fo.counters.get("down_held_for_lateness", 0))
         absorbed.add_metric([], fo.counters.get("lateness_absorbed", 0))
-        yield from (state, trans, changes, deferred, static, entered, planes, allowance, held, absorbed)
+        yield from (paths, trans, changes, deferred, static, entered, planes, allowance, held, absorbed)
+        if per_path:
+            yield state
 
 
 class AgentCollector:
-    """Reads the agent's own fault counters at scrape time: `counters()` returns
-    {"loop_errors": {step: n}, "answers_rejected": n}."""
+    """Reads the agent's own state at scrape time: `counters()` returns {"loop_errors": {step: n},
+    "answers_rejected": n, "probe_thread_up": bool, "coordinator_up": bool | None, "engine": str}."""
 
     def __init__(self, counters: Callable[[], dict]):
         self.counters = counters
 
     def collect(self):
+        from .. import __version__
+
         c = self.counters()
+        build = family("linkpass_build_info")
+        build.add_metric([__version__, c["engine"]], 1.0)
+        thread = family("linkpass_agent_probe_thread_up")
+        thread.add_metric([], 1.0 if c["probe_thread_up"] else 0.0)
+        yield from (build, thread)
+        if c["coordinator_up"] is not None:
+            coord = family("linkpass_agent_coordinator_up")
+            coord.add_metric([], 1.0 if c["coordinator_up"] else 0.0)
+            yield coord
         errors, rejected = family("linkpass_agent_loop_errors"), family("linkpass_agent_coordinator_answers_rejected")
         for step, n in c["loop_errors"].items():
             errors.add_metric([step], n)

@@ -42,6 +42,7 @@ COORDINATOR_TICK_S, writes those summaries, and never dies (an exception is coun
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import json
 import re
@@ -55,9 +56,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlparse
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from .. import __version__
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
 from .auth import NEEDS, Caller, Revoked, Tokens
 from .coordinator import Coordinator
@@ -103,6 +105,7 @@ class CoordinatorServer:
                                      "tls", "revoked"), 0)
         self.requests = 0
         self.reports = 0
+        self.pending = 0  # requests past the max_pending gate (the loop's own count)
         self._count_lock = threading.Lock()
         self._refusals = _Refusals(self.limits)
         self._stop = threading.Event()
@@ -112,8 +115,11 @@ class CoordinatorServer:
         self.refresh_revocations()
         self._conns: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="coordinator-worker")
-        self.registry = CollectorRegistry()
+        self.latency = RequestLatency(p for _, p in _ROUTES)
+        self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Metrics(self))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.address = sock.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
@@ -321,11 +327,13 @@ class CoordinatorServer:
             return await self._refuse(writer, remote, 413, "too_large",
                                       f"body of {req.length} bytes is over this coordinator's max_body_bytes "
                                       f"({lim.max_body_bytes})", close=True)
+        started = time.perf_counter()
         try:
             await _within(self._pending.acquire(), lim.read_timeout_s)
         except asyncio.TimeoutError:
             return await self._refuse(writer, remote, 503, "busy", "the coordinator is busy; retry", close=True,
                                       limited=False)
+        self.pending += 1
         try:
             if req.expect_continue and req.length:
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -346,7 +354,9 @@ class CoordinatorServer:
                 status, doc = await self._loop.run_in_executor(self._pool, self._serve, route, req, raw, caller,
                                                                remote)
         finally:
+            self.pending -= 1
             self._pending.release()
+        self.latency.observe(req.path, time.perf_counter() - started)
         if status in (401, 403):
             self._refusals.note(remote)
         writer.write(_response(status, doc, req.close))
@@ -719,6 +729,40 @@ def _log(event: str, **fields) -> None:
     print(json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str), file=sys.stderr, flush=True)
 
 
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class RequestLatency:
+    """Time from a request's head read to its answer ready, per endpoint path (a bounded set: the
+    routes; anything else is not timed), as cumulative histogram counts. Called from the loop."""
+
+    def __init__(self, paths):
+        self._lock = threading.Lock()
+        self._by_path = {p: [[0] * (len(LATENCY_BUCKETS_S) + 1), 0.0] for p in paths}
+
+    def observe(self, path: str, seconds: float) -> None:
+        h = self._by_path.get(path)
+        if h is None:
+            return
+        with self._lock:
+            h[0][bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+            h[1] += seconds
+
+    def family(self) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily("linkpass_coordinator_request_duration_seconds",
+                                    "Time from a request's head to its answer (waiting for a worker included), "
+                                    "by endpoint", labels=["path"])
+        with self._lock:
+            rows = [(p, list(c), total) for p, (c, total) in sorted(self._by_path.items())]
+        for path, counts, total in rows:
+            acc, buckets = 0, []
+            for bound, n in zip(LATENCY_BUCKETS_S + (float("inf"),), counts):
+                acc += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+            fam.add_metric([path], buckets, total)
+        return fam
+
+
 class _Metrics:
     """Prometheus view, read at scrape time."""
 
@@ -735,6 +779,8 @@ class _Metrics:
             for rec in c.paths.values():
                 states[rec.state] = states.get(rec.state, 0) + 1
             findings, drains = len(c.findings), len(c.drains)
+            findings_now = [dict(fd) for fd in c.findings.values()]
+            agents_now = sorted((a.name, a.lost) for a in c.agents.values())
         g = GaugeMetricFamily("linkpass_coordinator_agents", "Registered agents", labels=["status"])
         g.add_metric(["reporting"], agents - lost)
         g.add_metric(["lost"], lost)
@@ -754,4 +800,24 @@ class _Metrics:
             e.add_metric([k], v)
         o = GaugeMetricFamily("linkpass_coordinator_connections", "Open client connections")
         o.add_metric([], len(s._conns))
-        yield from (g, p, f, d, r, e, o)
+        q = GaugeMetricFamily("linkpass_coordinator_requests_pending",
+                              "Requests holding a body, waiting for or in a worker (beyond the limit: 503)")
+        q.add_metric([], s.pending)
+        ql = GaugeMetricFamily("linkpass_coordinator_requests_pending_limit", "The endpoint's max_pending")
+        ql.add_metric([], s.limits.max_pending)
+        n = CounterMetricFamily("linkpass_coordinator_requests", "Requests whose head was read")
+        n.add_metric([], s.requests)
+        b = GaugeMetricFamily("linkpass_build_info", "1, labelled with the running LinkPass's version",
+                              labels=["version"])
+        b.add_metric([__version__], 1.0)
+        yield from (g, p, f, d, r, e, o, q, ql, n, s.latency.family(), b)
+        lf = GaugeMetricFamily("linkpass_coordinator_link_fault",
+                               "Confidence of each directed link localized as faulty (direction: forward, reverse "
+                               "or either)", labels=["link", "direction", "a", "b"])
+        for fd in findings_now:
+            lf.add_metric([fd["link"], fd["direction"], fd["a"], fd["b"]], fd["confidence"])
+        au = GaugeMetricFamily("linkpass_coordinator_agent_up", "1 for each registered agent reporting, 0 when lost",
+                               labels=["host"])
+        for host, is_lost in agents_now:
+            au.add_metric([host], 0.0 if is_lost else 1.0)
+        yield from (lf, au)

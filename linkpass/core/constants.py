@@ -9,7 +9,8 @@ from __future__ import annotations
 ROCE_PORT = 4791  # RoCEv2's UDP destination port: probes and discovery hash like RDMA traffic
 PROBE_PORT_BASE = 49152  # the agent's probe and discovery source ports start here (mlx5: 0xC000 | 14 bits)
 DISCOVERY_PORTS = 32  # source ports swept per (NIC, peer) by default
-AGENT_API_PORT = 9471  # the agent's local query API and /metrics
+AGENT_API_PORT = 9471  # the agent's local query API (127.0.0.1 only) and /metrics
+AGENT_METRICS_PORT = 9472  # the agent's /metrics and /healthz for Prometheus, on `metrics.address`
 COORDINATOR_PORT = 9470
 COORDINATOR_LISTEN = f"127.0.0.1:{COORDINATOR_PORT}"
 COORDINATOR_URL = f"https://{COORDINATOR_LISTEN}"  # HTTPS by default (coordinator/tls.py)

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..core.constants import AGENT_API_PORT
+from ..core.constants import AGENT_API_PORT, AGENT_METRICS_PORT
 from ..core.names import host_name
 from ..core.states import USABLE, state_of
 from .topology import Fabric, nic_ifname
@@ -220,6 +220,8 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
             "peers": [{"name": host_name(j), "agent_id": j + 1, "service": fab.service_addr(j),
                        "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in chosen if j != i],
             "probe": {"interval_ms": interval_ms, **(probe or {})}, "api": {"port": api_port},
+            # Prometheus scrapes over the management network, as in a fleet
+            "metrics": {"address": fab.mgmt_addr(i), "port": AGENT_METRICS_PORT},
             "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-{host_name(i)}.journal"),
                        **(route_options or {})},
             "entropy": {"enabled": entropy, "path": os.path.join(directory, f"entropy-{host_name(i)}")},

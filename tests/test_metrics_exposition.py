@@ -1,0 +1,98 @@
+"""The agent's exposition, byte for byte against a golden file (names, types, help texts and
+label sets are an interface: dashboards and alert rules depend on them), and through
+`promtool check metrics`, the linter Prometheus ships."""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from linkpass import __version__
+from linkpass.agent.api import PathLabels, TelemetryView
+from linkpass.agent.decide import PathInfo
+from linkpass.agent.failover import Failover
+from linkpass.agent.metrics import SPECS, AgentCollector, DecisionCollector, TelemetryCollector
+from linkpass.core.detector import Detector, DetectorConfig
+from linkpass.core.telemetry import PathTelemetry
+from linkpass.observe.prometheus import promtool
+from linkpass.probe.common import PathSpec, ProbedPath
+
+pytestmark = pytest.mark.unit
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "agent_metrics.txt")
+
+
+class Engine:
+    """Stands in for the probe engine: what TelemetryView and the collectors read of it."""
+
+    def __init__(self):
+        self.paths: dict[int, ProbedPath] = {}
+        self.stats = {"sent": 40, "reflected": 38, "replies": 36, "received": 74}
+        self.drops = {"replay": 2, "bad_tag": 1}
+
+
+def agent_exposition(per_path: bool) -> str:
+    """Two peers x two planes, two paths on one of them; replies with known delays and losses."""
+    engine, labels = Engine(), {}
+    fo = Failover(Detector(DetectorConfig()), lambda pid: engine.paths[pid].telemetry.loss, lambda *a, **k: None)
+    layout = [("h1", 0, 0), ("h1", 0, 1), ("h1", 1, 0), ("h2", 0, 0), ("h2", 1, 0)]
+    for pid, (peer, plane, path) in enumerate(layout, start=1):
+        tel = PathTelemetry()
+        for seq in range(10):
+            tel.on_sent()
+            if seq in (3, 7) and pid == 2:  # path 2 loses two replies on the way back
+                continue
+            t1 = 1_000_000 * seq
+            # reflector clock 500 ns ahead; 10 µs out, 12 µs back (+1 µs per path)
+            t2 = t1 + 10_000 + 500 + 1_000 * pid
+            t3 = t2 + 2_000
+            t4 = t3 - 500 + 12_000 + 1_000 * pid
+            tel.on_reply(seq, t1, t2, t3, t4, rx_count=seq + 1)
+        engine.paths[pid] = ProbedPath(PathSpec(pid, f"p{plane}", 2 if peer == "h1" else 3, "198.18.64.9", 49152 + path),
+                                       tel)
+        labels[pid] = PathLabels(peer, plane, path, 49152 + path)
+        fo.add_path(PathInfo(pid, peer, plane, 49152 + path, "198.18.64.9"))
+    view = TelemetryView(engine, labels, offset_ns=lambda peer_id: 500.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TelemetryCollector(view, lambda: per_path))
+    registry.register(DecisionCollector(lambda: fo, lambda: per_path))
+    registry.register(AgentCollector(lambda: {"loop_errors": {"poll": 0, "decide": 1}, "answers_rejected": 0,
+                                              "probe_thread_up": True, "coordinator_up": True, "engine": "sockets"}))
+    return generate_latest(registry).decode().replace(f'version="{__version__}"', 'version="VERSION"')
+
+
+def test_the_agent_exposition_matches_the_golden_file():
+    text = agent_exposition(per_path=True)
+    if os.environ.get("LINKPASS_UPDATE_GOLDEN"):
+        with open(GOLDEN, "w") as f:
+            f.write(text)
+    with open(GOLDEN) as f:
+        assert text == f.read(), "exposition changed: review, then rerun with LINKPASS_UPDATE_GOLDEN=1"
+
+
+def test_every_family_of_specs_is_exported_with_per_path_detail():
+    text = agent_exposition(per_path=True)
+    missing = [n for n in SPECS if f"# TYPE {n} " not in text and f"# TYPE {n}_total " not in text]
+    assert not missing
+
+
+def test_default_exposition_has_no_per_path_series_and_fewer_of_them():
+    default, detail = agent_exposition(per_path=False), agent_exposition(per_path=True)
+    series = lambda t: [ln for ln in t.splitlines() if ln and not ln.startswith("#")]  # noqa: E731
+    per_path = [n for n, spec in SPECS.items() if "path" in spec.labels]
+    assert per_path and not [n for n in per_path if f"# TYPE {n}" in default] and 'path="' not in default
+    assert len(series(default)) < len(series(detail))
+
+
+@pytest.mark.parametrize("per_path", [False, True])
+def test_promtool_check_metrics_passes(per_path):
+    out = promtool("check", "metrics", stdin=agent_exposition(per_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_promtool_would_catch_a_quantile_label_on_a_gauge():
+    """The linter is live: the mistake this exposition used to make is reported."""
+    bad = '# HELP x_seconds d\n# TYPE x_seconds gauge\nx_seconds{quantile="0.5"} 1\n'
+    out = promtool("check", "metrics", stdin=bad)
+    assert out.returncode != 0 and "quantile" in out.stdout + out.stderr
