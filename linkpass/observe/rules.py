@@ -48,8 +48,9 @@ class RulesConfig:
 
 
 PRODUCTION = RulesConfig()
-LAB = replace(PRODUCTION, rate_window="20s", path_down_for="2s", plane_down_for="2s", flapping_for="2s",
-              gray_loss_for="2s", fail_static_for="2s", link_localized_for="2s", agent_down_for="10s",
+# the demo's faults last 2-3 s: a state must hold for two evaluations (1 s apart), not minutes
+LAB = replace(PRODUCTION, rate_window="20s", path_down_for="1s", plane_down_for="1s", flapping_for="1s",
+              gray_loss_for="1s", fail_static_for="1s", link_localized_for="1s", agent_down_for="10s",
               probe_thread_for="5s", coordinator_away_for="10s", route_storm_for="10s", overload_for="1m",
               forged_for="10s")
 
