@@ -107,6 +107,12 @@ def test_demo_keeps_the_job_running_and_compares_without_linkpass(tmp_path):
             f"{f['recovered_s']} s (bound {back_bound:.1f}), detected {f['detect_ms']} ms, rerouted {f['reroute_ms']} ms; "
             f"noise {doc['noise_stall_ms']}; fault {f}; agent log tail {log[-1500:]}")
     assert doc["duration_s"] < 180
+    # a real Prometheus watched the run: each fault fired one of its alerts, and every alert that
+    # fired had cleared by the end
+    for f in doc["faults"]:
+        assert f["alert"] in f["alerts"] and 0 < f["alert_ms"] < (f["cleared_ns"] - f["injected_ns"]) / 1e6 + 10_000, f
+    assert doc["alerts"] and all(a["cleared"] for a in doc["alerts"]), doc["alerts"]
+    assert {f["alert"] for f in doc["faults"]} <= {a["alert"] for a in doc["alerts"]}
 
     # LinkPass was there for the first run, and not at all for the comparison
     assert seen["during_linkpass"] is not None and all(n > 0 for n in seen["during_linkpass"]), seen
@@ -168,6 +174,7 @@ def test_ctrl_c_mid_run_leaves_nothing_behind_and_the_demo_reruns(tmp_path):
     assert not _processes("linkpass.demo.job", f"{tmp_path}"), "training job ranks left running"
     assert not _processes("lp_allreduce", f"{tmp_path}"), "NCCL-plugin job ranks left running"
     assert not _processes("linkpass.cli agent", f"{tmp_path}"), "agents left running"
+    assert not _processes("prometheus", "linkpass-prometheus-"), "the demo's Prometheus left running"
     deadline = time.monotonic() + 30  # Ray's processes take a moment to go
     while set(_processes("raylet")) - rays_before and time.monotonic() < deadline:
         time.sleep(0.5)

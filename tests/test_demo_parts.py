@@ -121,6 +121,20 @@ def test_detect_reroute_and_localize_come_from_the_first_matching_events():
 
 
 @pytest.mark.unit
+def test_the_alert_column_is_the_first_of_the_faults_alerts_to_fire_in_its_window():
+    f = fault(1000, hold_ms=2000)
+    f.alerts = ("LinkPassPlaneDown", "LinkPassPathDown")
+    at = lambda ms: (T0 + ms * MS) / 1e9  # noqa: E731 - epoch seconds, as Prometheus says them
+    spans = {"LinkPassPathDown": [(at(3500), at(6000))], "LinkPassPlaneDown": [(at(500), at(900)), (at(3900), at(5000))],
+             "LinkPassGrayLoss": [(at(1100), at(2000))]}
+    # PlaneDown's first span came before the fault: not this fault's; GrayLoss is not its alert
+    assert timeline.first_alert(f, spans) == (2500.0, "LinkPassPathDown")
+    assert timeline.first_alert(f, {"LinkPassPathDown": [(at(14000), at(15000))]}) == (None, None)  # too late
+    r = timeline.analyse_fault(f, steady_steps(200), [], [], 2, spans)
+    assert (r.alert_ms, r.alert) == (2500.0, "LinkPassPathDown")
+
+
+@pytest.mark.unit
 def test_summary_counts_and_the_verdict():
     steps = steady_steps(200)
     seen = [{"event": "path_state", "new": "down", "ts": (T0 + 4010 * MS) / 1e9},

@@ -73,3 +73,33 @@ def write_png(path: str, runs: list[tuple[str, list[dict], list[Fault], list[int
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_alerts_png(path: str, spans: dict[str, list[tuple[float, float]]], faults: list[Fault], t0_s: float,
+                     eval_s: float = 1.0) -> str:
+    """The alerts Prometheus fired, one lane per alert (bars: firing), over the faults (shaded),
+    in seconds since `t0_s` (epoch). Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(spans, key=lambda n: spans[n][0][0], reverse=True)  # the first to fire on top
+    fig, ax = plt.subplots(figsize=(12, 0.45 * max(3, len(names)) + 1.2))
+    for f in faults:
+        a, b = f.injected_ns / 1e9 - t0_s, f.cleared_ns / 1e9 - t0_s
+        ax.axvspan(a, b, color="#d62728" if f.severity == "hard" else "#ff7f0e", alpha=0.15)
+        ax.text(a, len(names) - 0.4, f"{f.index} {f.kind}", fontsize=8, va="bottom")
+    for i, name in enumerate(names):
+        # a span is the evaluations that saw it firing: each stands for one evaluation interval
+        ax.broken_barh([(a - t0_s, b - a + eval_s) for a, b in spans[name]], (i - 0.3, 0.6), color="#9467bd")
+    ax.set_yticks(range(len(names)), [n.removeprefix("LinkPass") for n in names], fontsize=9)
+    ax.set_ylim(-0.7, len(names) + 0.3)
+    ax.set_xlabel("seconds since the demo started (shaded: fault on; red hard, orange gray)")
+    ax.set_title("Prometheus alerts firing (LinkPass's rules, lab durations), read from Prometheus' API",
+                 loc="left", fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

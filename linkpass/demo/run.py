@@ -82,6 +82,9 @@ class Demo:
         self.coordinator_url = None
         self.reader_token = None
         self.tls_dir = None  # the coordinator's lab CA
+        self.prom = None  # the demo's Prometheus (linkpass.observe.prometheus), when it could start
+        self.alerts: dict[str, list[tuple[float, float]]] = {}  # alertname -> firing spans, LinkPass on
+        self.t0_wall = time.time()
         self.t0 = time.monotonic()
         self.runs: list[tuple] = []  # (panel name, steps, faults, restart times) for the plot
 
@@ -185,6 +188,50 @@ class Demo:
                                f"the agents' logs are in {self.out}/agents")
         self.progress(f"{expected} paths (every ECMP path to every peer, both planes) probed and up, "
                       "as the coordinator sees them")
+
+    def start_prometheus(self) -> None:
+        """Prometheus scraping every agent over the management network and the coordinator over
+        mutual TLS, the project's rules loaded at lab durations; its alerts join the timeline."""
+        from ..core.constants import AGENT_METRICS_PORT
+        from ..observe.prometheus import PrometheusMissing, for_lab
+        from ..observe.rules import LAB, alerts
+
+        self.step("starting Prometheus (Debian's package, a private data dir removed on exit): scraping the agents "
+                  "and the coordinator, with LinkPass's alert rules")
+        coordinator = self.coordinator_url.split("://", 1)[1] if self.coordinator_url else None
+        try:
+            self.prom = for_lab([f"{self.fab.mgmt_addr(h)}:{AGENT_METRICS_PORT}" for h in HOSTS], coordinator,
+                                self.tls_dir)
+        except (PrometheusMissing, RuntimeError) as exc:
+            self.progress(paint(f"no Prometheus ({exc}); the ALERT column stays empty", "yellow", self.stream))
+            return
+        self.stack.callback(self.stop_prometheus)
+        deadline = time.monotonic() + 30
+        while not (len(up := self.prom.targets_up()) == len(HOSTS) + 1 and all(up.values())):
+            if time.monotonic() > deadline:
+                down = [u for u, ok in up.items() if not ok]
+                self.progress(paint(f"Prometheus cannot scrape {', '.join(down) or 'its targets'}; going on",
+                                    "yellow", self.stream))
+                break
+            time.sleep(0.5)
+        else:
+            self.progress(f"Prometheus at {self.prom.url}: {len(HOSTS)} agents and the coordinator scraped every "
+                          f"second, {len(alerts(LAB))} alert rules")
+
+    def take_alerts(self) -> None:
+        """The alerts that fired while LinkPass ran, once what still fires has had time to clear."""
+        if self.prom is None:
+            return
+        deadline = time.monotonic() + 20
+        while self.prom.firing() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.alerts = self.prom.firing_spans(self.t0_wall, time.time())
+        self.still_firing = sorted(self.prom.firing())
+
+    def stop_prometheus(self) -> None:
+        if self.prom is not None:
+            self.prom.close()
+            self.prom = None
 
     def wait_coordinator(self, pred, timeout_s: float) -> dict | None:
         """The coordinator's status once pred(status) holds, or None at the timeout."""
@@ -291,7 +338,7 @@ class Demo:
         cleared = max((g.get("cleared_mono_ns") or 0 for g in gone), default=0) or time.monotonic_ns()
         return timeline.Fault(index=index, kind=sc.kind, label=sc.label, link=link, direction=frm,
                               severity=sc.severity, load_mbps=round(rate / 1e6, 1), injected_ns=injected,
-                              cleared_ns=cleared + time.time_ns() - time.monotonic_ns())
+                              cleared_ns=cleared + time.time_ns() - time.monotonic_ns(), alerts=sc.alerts)
 
     def run_script(self, jobs: dict, linkpass: bool) -> list[timeline.Fault]:
         done = []
@@ -320,12 +367,14 @@ class Demo:
         """Stop the jobs; kind -> RunSummary, and a plot panel per job."""
         agent_events = self.agent_events() if linkpass else []
         coordinator_events = self.coordinator_events() if linkpass else []
+        if linkpass:
+            self.take_alerts()
         out = {}
         for kind, job in jobs.items():
             job.stop()
             out[kind] = timeline.summarise("linkpass" if linkpass else "off", job.steps(), job.wrong_results(),
                                            job.restarts, faults, agent_events, coordinator_events,
-                                           self.fab.spec.planes)
+                                           self.fab.spec.planes, self.alerts if linkpass else None)
             panel = name + {GLOO: "", PLUGIN: " · NCCL plugin" + ("" if linkpass else " alone"),
                             BASELINE: " · single TCP"}[kind]
             self.runs.append((panel, job.steps(), faults, job.restart_at_ns))
@@ -341,6 +390,16 @@ def _fmt_s(v: float | None) -> str:
     return "never" if v is None else f"{v:.2f} s"
 
 
+def alert_summary(spans: dict[str, list[tuple[float, float]]], t0: float, still_firing: list[str]) -> list[dict]:
+    """Per alert that fired during the run: how often, when (s after the demo's start), cleared?"""
+    return [{"alert": name, "fired": len(sp), "spans_s": [[round(a - t0, 1), round(b - t0, 1)] for a, b in sp],
+             "cleared": name not in still_firing} for name, sp in sorted(spans.items(), key=lambda kv: kv[1][0][0])]
+
+
+def _short(alert: str | None) -> str:
+    return (alert or "").removeprefix("LinkPass")
+
+
 def render_run(run: timeline.RunSummary, title: str, sparkline: tuple[str, str] | None) -> str:
     rows = []
     for f in run.faults:
@@ -348,11 +407,13 @@ def render_run(run: timeline.RunSummary, title: str, sparkline: tuple[str, str] 
         named = "—" if f.localized_ms is None else \
             f"{_fmt_ms(f.localized_ms)} ({f.localized_as.split(':')[0]}{'' if f.localized_as.startswith(f.link) else ' twin'})"
         verdict = paint("✓", "green") if f.met else paint("✗", "red")
+        alert = "—" if f.alert_ms is None else f"{f.alert_ms / 1000:.1f} s ({_short(f.alert)})"
         rows.append([f.index, f.label, where, f"{f.load_mbps:.0f}", _fmt_ms(f.detect_ms), named, _fmt_ms(f.reroute_ms),
-                     _fmt_ms(f.stall_ms), _fmt_s(f.recovered_s), f"≤ {f.target_stall_ms:.0f} ms, ≤ 1 s", verdict])
+                     _fmt_ms(f.stall_ms), _fmt_s(f.recovered_s), alert, f"≤ {f.target_stall_ms:.0f} ms, ≤ 1 s",
+                     verdict])
     out = [paint(title, "bold"),
            table(["#", "FAULT", "LINK", "MB/S", "DETECTED", "LOCALIZED", "REROUTED", "STALL", "BACK TO 95 %",
-                  "TARGET", ""], rows),
+                  "ALERT FIRED", "TARGET", ""], rows),
            f"  steps {run.steps} · wrong results {run.wrong_results} · restarts {run.restarts} · "
            f"all-reduce p50 {_fmt_ms(run.step_ms_p50)}, p99 {_fmt_ms(run.step_ms_p99)}"]
     if run.noise_stall_ms:
@@ -382,6 +443,7 @@ def run(args) -> int:
             demo.build()
             demo.start_coordinator()
             demo.start_agents()
+            demo.start_prometheus()
             jobs = demo.start_jobs("linkpass", linkpass=True)
             demo.step(f"breaking the fabric under the {'jobs' if len(jobs) > 1 else 'job'}, one fault at a time "
                       f"({len(demo.script)} faults)")
@@ -391,6 +453,7 @@ def run(args) -> int:
             without = None
             if args.compare:
                 demo.step("--compare: LinkPass off (agents stopped, their routes removed, coordinator stopped)")
+                demo.stop_prometheus()  # its alerts are taken; with the agents gone, all would be "down"
                 demo.stop_agents()
                 demo.stop_coordinator()
                 without = _check_linkpass_absent(demo.fab, HOSTS)
@@ -406,6 +469,12 @@ def run(args) -> int:
             plot = write_png(os.path.join(demo.out, "timeline.png"), demo.runs,
                              "all-reduce time per step while links fail (4 ranks: "
                              + " and ".join("torch gloo" if k == GLOO else "the NCCL plugin's ring" for k in kinds) + ")")
+            alerts_png = None
+            if demo.alerts:
+                from .plot import write_alerts_png
+
+                alerts_png = write_alerts_png(os.path.join(demo.out, "alerts.png"), demo.alerts, faults,
+                                              demo.t0_wall)
             ok = all(timeline.targets_met(r) for r in on_all.values())
             unharmed = all(timeline.job_unharmed(r) for r in on_all.values())
             code = EXIT_OK if ok else EXIT_WARNING if unharmed else EXIT_CRITICAL
@@ -424,6 +493,8 @@ def run(args) -> int:
                             "recovered_s": timeline.TARGET_RECOVERED_S, "duration_s": 180},
                 **{k: v for k, v in on.as_dict().items() if k != "mode"},
                 "compare": None if off is None else {**off.as_dict(), **without},
+                "alerts": alert_summary(demo.alerts, demo.t0_wall, getattr(demo, "still_firing", [])),
+                "alerts_plot": alerts_png and os.path.abspath(alerts_png),
             }
             if len(kinds) > 1:
                 p_on, p_off = on_all[PLUGIN], off_all.get(PLUGIN)
@@ -492,6 +563,15 @@ def _print_report(demo: Demo, on_all: dict, off_all: dict, plot: str, code: int,
             demo.say(render_run(off, "The NCCL plugin alone (--compare): no agents, no entropy table; the plugin "
                                      "finds stuck lanes itself", sparkline(*runs["LinkPass off · NCCL plugin alone"])))
     demo.say()
+    fired = alert_summary(demo.alerts, demo.t0_wall, getattr(demo, "still_firing", []))
+    if demo.alerts or getattr(demo, "still_firing", None):
+        demo.say(paint("Prometheus alerts while LinkPass ran (lab rules; runbooks in docs/runbooks.md):", "bold"))
+        for a in fired:
+            state = paint("cleared", "green") if a["cleared"] else paint("STILL FIRING", "red")
+            demo.say(f"  {a['alert']:<30} fired {a['fired']}× (first {a['spans_s'][0][0]:.0f} s into the demo), {state}")
+        demo.say(f"  over time: {os.path.join(demo.out, 'alerts.png')}")
+    else:
+        demo.say("no Prometheus alerts (Prometheus did not run, or nothing fired: see above)")
     demo.say(f"plot: {plot}")
     demo.say(f"summary: {os.path.join(demo.out, 'summary.json')} (the same as `-o json`)")
     missed = sum(1 for on in on_all.values() for f in on.faults if not f.met)

@@ -6,7 +6,8 @@ Inputs, all on the wall clock (CLOCK_REALTIME is shared by every namespace of th
   stall is the collective's, not the simulated compute's);
 - faults: one `Fault` per scripted fault, with when it took effect and when it was cleared;
 - agent events: the agents' JSON log lines (`path_state`, `route_change`, with `ts` in seconds);
-- coordinator events: `/v1/events` rows (`localization` with `subject` "link:direction", `ts`).
+- coordinator events: `/v1/events` rows (`localization` with `subject` "link:direction", `ts`);
+- alert spans: {alertname: [(first, last) time seen firing, epoch s]} from the demo's Prometheus.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ RATE_WINDOW = 10  # steps per throughput window
 RECOVERED_FRACTION = 0.95
 TARGET_STALL_MS = {"hard": 100.0, "gray": 500.0}
 TARGET_RECOVERED_S = 1.0
+ALERT_LATE_S = 10.0  # an alert may fire this long after its fault was cleared (scrape, evaluation, hold-down)
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Fault:
     load_mbps: float  # the job's traffic through the link (that way) just before the fault, MB/s
     injected_ns: int  # wall clock, so anyone can line the step logs up again
     cleared_ns: int
+    alerts: tuple[str, ...] = field(default=(), kw_only=True)  # the Prometheus alerts that report this fault
 
 
 @dataclass
@@ -51,6 +54,8 @@ class FaultResult(Fault):
     recovered_s: float | None  # until a window of steps runs at ≥ 95 % of the pre-fault rate
     target_stall_ms: float
     met: bool
+    alert_ms: float | None = None  # first of the fault's alerts firing in Prometheus
+    alert: str | None = None  # ... which one
 
 
 @dataclass
@@ -114,6 +119,17 @@ def first_localization(fault: Fault, coordinator_events: list[dict]) -> tuple[fl
     return None, None
 
 
+def first_alert(fault: Fault, alert_spans: dict[str, list[tuple[float, float]]]) -> tuple[float | None, str | None]:
+    """ms from injection to the first of the fault's alerts seen firing, and its name: it must
+    start firing within the fault's window (or ALERT_LATE_S after)."""
+    hits = [(start, name) for name in fault.alerts for start, _ in alert_spans.get(name, ())
+            if fault.injected_ns <= start * 1e9 <= fault.cleared_ns + ALERT_LATE_S * 1e9]
+    if not hits:
+        return None, None
+    start, name = min(hits)
+    return _ms(start * 1e9, fault.injected_ns), name
+
+
 def baseline(steps: list[dict], before_ns: int) -> list[dict]:
     return [s for s in steps if before_ns - BASELINE_S * 1e9 <= s["end_ns"] < before_ns]
 
@@ -148,15 +164,16 @@ def recovered(fault: Fault, steps: list[dict]) -> float | None:
 
 
 def analyse_fault(fault: Fault, steps: list[dict], agent_events: list[dict], coordinator_events: list[dict],
-                  planes: int) -> FaultResult:
+                  planes: int, alert_spans: dict | None = None) -> FaultResult:
     stall_ms, longest = stall(fault, steps)
+    alert_ms, alert = first_alert(fault, alert_spans or {})
     localized_ms, named = first_localization(fault, coordinator_events)
     back = recovered(fault, steps)
     target = TARGET_STALL_MS[fault.severity]
     result = FaultResult(
         **asdict(fault), detect_ms=first_verdict(fault, agent_events), localized_ms=localized_ms, localized_as=named,
         reroute_ms=first_reroute(fault, agent_events, planes), stall_ms=stall_ms, longest_step_ms=longest,
-        recovered_s=back, target_stall_ms=target, met=False)
+        recovered_s=back, target_stall_ms=target, met=False, alert_ms=alert_ms, alert=alert)
     result.met = stall_within_target(result) and recovered_within_target(result)
     return result
 
@@ -202,7 +219,8 @@ def noise_stalls(steps: list[dict], faults: list[Fault], window_s: float = 2.5, 
 
 
 def summarise(mode: str, steps: list[dict], wrong_results: int, restarts: int, faults: list[Fault],
-              agent_events: list[dict], coordinator_events: list[dict], planes: int) -> RunSummary:
+              agent_events: list[dict], coordinator_events: list[dict], planes: int,
+              alert_spans: dict | None = None) -> RunSummary:
     durations = [allreduce_ms(s) for s in steps]
     p50 = _percentile(durations, 0.5)
     p99 = _percentile(durations, 0.99)
@@ -210,7 +228,8 @@ def summarise(mode: str, steps: list[dict], wrong_results: int, restarts: int, f
     return RunSummary(mode=mode, steps=len(steps), wrong_results=wrong_results, restarts=restarts,
                       step_ms_p50=None if p50 is None else round(p50, 1),
                       step_ms_p99=None if p99 is None else round(p99, 1),
-                      faults=[analyse_fault(f, steps, agent_events, coordinator_events, planes) for f in faults],
+                      faults=[analyse_fault(f, steps, agent_events, coordinator_events, planes, alert_spans)
+                              for f in faults],
                       noise_stall_ms={"windows": len(noise), "median": _percentile(noise, 0.5),
                                       "p90": _percentile(noise, 0.9)} if noise else None)
 
