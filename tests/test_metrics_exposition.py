@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from linkpass import __version__
-from linkpass.agent.api import PathLabels, TelemetryView
+from linkpass.agent.api import PathLabels, TelemetryView, metrics_registry
+from linkpass.agent.daemon import LOOP_STEPS
 from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
 from linkpass.agent.metrics import SPECS, AgentCollector, DecisionCollector, TelemetryCollector
@@ -32,11 +33,13 @@ class Engine:
         self.drops = {"replay": 2, "bad_tag": 1}
 
 
-def agent_exposition(per_path: bool) -> str:
-    """Two peers x two planes, two paths on one of them; replies with known delays and losses."""
+def agent_exposition(per_path: bool, layout=(("h1", 0, 0), ("h1", 0, 1), ("h1", 1, 0), ("h2", 0, 0), ("h2", 1, 0)),
+                     process: bool = False) -> str:
+    """An agent's /metrics over `layout` (peer, plane, path index) — by default two peers x two
+    planes, two paths on one of them — fed with replies of known delays and losses; with
+    `process`, the process and runtime collectors too (not golden: their values vary)."""
     engine, labels = Engine(), {}
     fo = Failover(Detector(DetectorConfig()), lambda pid: engine.paths[pid].telemetry.loss, lambda *a, **k: None)
-    layout = [("h1", 0, 0), ("h1", 0, 1), ("h1", 1, 0), ("h2", 0, 0), ("h2", 1, 0)]
     for pid, (peer, plane, path) in enumerate(layout, start=1):
         tel = PathTelemetry()
         for seq in range(10):
@@ -54,11 +57,15 @@ def agent_exposition(per_path: bool) -> str:
         labels[pid] = PathLabels(peer, plane, path, 49152 + path)
         fo.add_path(PathInfo(pid, peer, plane, 49152 + path, "198.18.64.9"))
     view = TelemetryView(engine, labels, offset_ns=lambda peer_id: 500.0)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(TelemetryCollector(view, lambda: per_path))
-    registry.register(DecisionCollector(lambda: fo, lambda: per_path))
-    registry.register(AgentCollector(lambda: {"loop_errors": {"poll": 0, "decide": 1}, "answers_rejected": 0,
-                                              "probe_thread_up": True, "coordinator_up": True, "engine": "sockets"}))
+    agent = AgentCollector(lambda: {"loop_errors": dict.fromkeys(LOOP_STEPS, 0), "answers_rejected": 0,
+                                    "probe_thread_up": True, "coordinator_up": True, "engine": "sockets"})
+    decisions = DecisionCollector(lambda: fo, lambda: per_path)
+    if process:
+        registry = metrics_registry(view, [decisions, agent], lambda: per_path)
+    else:
+        registry = CollectorRegistry(auto_describe=False)
+        for c in (TelemetryCollector(view, lambda: per_path), decisions, agent):
+            registry.register(c)
     return generate_latest(registry).decode().replace(f'version="{__version__}"', 'version="VERSION"')
 
 
@@ -96,3 +103,28 @@ def test_promtool_would_catch_a_quantile_label_on_a_gauge():
     bad = '# HELP x_seconds d\n# TYPE x_seconds gauge\nx_seconds{quantile="0.5"} 1\n'
     out = promtool("check", "metrics", stdin=bad)
     assert out.returncode != 0 and "quantile" in out.stdout + out.stderr
+
+
+def series(text: str) -> int:
+    return sum(1 for ln in text.splitlines() if ln and not ln.startswith("#"))
+
+
+def fleet_host(ecmp_paths: int) -> list[tuple[str, int, int]]:
+    """A host of the 16 384-GPU simulation: its 2 ring neighbours on 8 planes over `ecmp_paths`
+    ports each, plus the coordinator's plan (3 peers per plane, one path each)."""
+    ring = [(peer, plane, k) for peer in ("r1", "r2") for plane in range(8) for k in range(ecmp_paths)]
+    return ring + [(f"c{plane}-{i}", plane, 0) for plane in range(8) for i in range(3)]
+
+
+def test_default_series_grow_with_peer_planes_not_with_paths():
+    """What docs/observability.md counts: per agent ~17 series per (peer, plane) plus ~20 per
+    plane and the process's, whatever the number of ECMP paths; each path adds 37 with per_path."""
+    one, four = (agent_exposition(False, fleet_host(k), process=True) for k in (1, 4))
+    assert series(one) == series(four)
+    peer_planes, planes, peers = 2 * 8 + 24, 8, 2 + 24
+    fixed = series(agent_exposition(False, (), process=True))
+    # per peer: the lateness allowance (and, once routes are decided, the planes it uses: one more)
+    assert series(four) - fixed == 17 * peer_planes + 20 * planes + peers
+    detail = agent_exposition(True, fleet_host(4), process=True)
+    assert series(detail) - series(four) == 37 * len(fleet_host(4))
+    assert series(four) < 1100 and fixed < 100, (series(four), fixed)

@@ -31,7 +31,7 @@
     metrics:                         # /metrics and /healthz for Prometheus (docs/observability.md)
       address: 127.0.0.1             # listen here: the host's management address, for a scraper elsewhere
       port: 9472
-      per_path: false                # true: every discovered path's own series too (~16 more per path)
+      per_path: false                # true: each discovered path's own series too (37 more per path)
     routes: {enabled: false, rto_min_ms: 10, journal: /run/linkpass/routes.journal,
              max_changes_per_s: 1000}
     entropy: {enabled: false, path: /run/linkpass/entropy}   # ports per (peer, plane), docs/entropy-table.md;
