@@ -334,9 +334,13 @@ def test_agents_probe_the_fabric_reload_and_stop(clean_faults, tmp_path):
         logs = {i: d.text() for i, d in drains.items()}
     for i, p in procs.items():
         assert p.returncode == 0, logs[i][-2000:]
-    events = [json.loads(line)["event"] for line in logs[0].splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in logs[0].splitlines() if line.startswith("{")]
+    events = [r["event"] for r in records]
     assert "reloaded" in events and "reload_rejected" in events and events[-1] == "stopped", \
         [e for e in events if e != "path_state"]
+    assert {r["component"] for r in records} == {"agent"}
+    assert [r["level"] for r in records if r["event"] == "reload_rejected"] == ["warning"]
+    assert not any(KEY.hex() in text for text in logs.values())  # the fleet key never reaches a log line
 
 
 class BadCoordinator:

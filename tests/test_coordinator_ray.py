@@ -49,11 +49,20 @@ def wait_answering(client: Client, timeout_s: float = 60.0) -> dict:
             time.sleep(0.2)
 
 
+def actor_log(settings) -> list[dict]:
+    """The actor's log lines, from its file in the state directory (not Ray's worker files)."""
+    with open(os.path.join(settings["state_dir"], "coordinator.log")) as f:
+        return [json.loads(line) for line in f]
+
+
 def test_ensure_returns_the_running_actor(actor):
     handle, url, settings = actor
     again, url2 = ray_actor.ensure({**settings, "listen": "127.0.0.1:1"})  # settings of a second call are ignored
     assert url2 == url
     assert ray_actor.actor_pid(again) == ray_actor.actor_pid(handle)
+    started = [e for e in actor_log(settings) if e["event"] == "started"]
+    assert [(e["component"], e["level"], e["url"], e["pid"]) for e in started] == \
+        [("coordinator", "info", url, ray_actor.actor_pid(handle))]
 
 
 def test_killed_actor_restarts_and_loses_nothing(actor):
@@ -77,6 +86,8 @@ def test_killed_actor_restarts_and_loses_nothing(actor):
         assert after[k] == before[k], k
     events_after = op.get("/v1/events", since=0)
     assert events_after[:len(events_before)] == events_before
+    # the new process logs into the same file, after the old one's lines
+    assert [e["pid"] for e in actor_log(settings) if e["event"] == "started"][-2:] == [old, new]
     assert events_after[-1]["kind"] == "coordinator" and events_after[-1]["detail"]["recovered_paths"] == 40
     # agents carry on against the new process
     answer = agents["h0"].post("/v1/report", {"name": "h0", "drain_version": None})

@@ -4,7 +4,6 @@ label sets are an interface: dashboards and alert rules depend on them), and thr
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest

@@ -14,7 +14,8 @@ closed, API down. SIGHUP re-reads the config and applies what can change without
 or detector state (peers added or removed, probe rates); what cannot
 (agent id, fleet key, NICs, detector settings) is logged and left as it was. SIGKILL leaves the
 routes as they were; the next start reconciles them with the journal. `--dry-run` decides and
-logs everything and touches no route and no table. Logs are JSON lines on stderr, one event each.
+logs everything and touches no route and no table. Logs are JSON lines on stderr, one event each,
+with a level (observe/log.py, docs/logs.md).
 
 The main loop survives any one step raising (`LoopErrors`: logged, counted by step); the
 coordinator's answers are checked whole before any of them is applied (`answer.py`).
@@ -22,9 +23,7 @@ coordinator's answers are checked whole before any of them is applied (`answer.p
 from __future__ import annotations
 
 import faulthandler
-import json
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -35,6 +34,7 @@ from ..core.detector import Detector, DetectorConfig
 from ..core.entropy_table import EntropyError
 from ..kernel.rdma import Device, RdmaUnavailable
 from ..core.probe_event import EV_MISS
+from ..observe.log import Logger, level_from_env, say
 from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import CoreProbeEngine
@@ -48,18 +48,9 @@ from .keyfile import load_fleet_key
 from .metrics import AgentCollector, DecisionCollector
 from .routes import PeerRoutes, RouteActuator
 
-
-
-_LOG_LOCK = threading.Lock()
-
-
-def log(event: str, **fields) -> None:
-    """One JSON line per event on stderr. The coordinator thread logs too: one locked write per
-    line, or two threads' lines interleave (seen: a `started` line glued to another, unparsable)."""
-    line = json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str) + "\n"
-    with _LOG_LOCK:
-        sys.stderr.write(line)
-        sys.stderr.flush()
+# one JSON line per event on stderr, with its level (observe/log.py); the coordinator thread logs
+# too, and the Logger writes each line in one locked write so two threads' lines never interleave
+log = Logger("agent")
 
 
 def load(path: str) -> tuple[AgentConfig, bytes]:
@@ -458,20 +449,25 @@ class Agent:
         return {"counters": self.engine.stats, "drops": self.engine.drops}
 
 
-def main(config_path: str, max_seconds: float | None = None, dry_run: bool = False) -> int:
+def main(config_path: str, max_seconds: float | None = None, dry_run: bool = False,
+         log_level: str | None = None) -> int:
+    try:
+        log.set_level(level_from_env(log_level))
+    except ValueError as exc:
+        say(f"linkpass agent: {exc}")
+        return 2
     try:
         cfg, key = load(config_path)
     except ConfigError as exc:
-        print(f"linkpass agent: config error: {exc}", file=sys.stderr)
+        say(f"linkpass agent: config error: {exc}")
         return 2
     try:
         agent = Agent(cfg, key, dry_run=dry_run)
     except EntropyError as exc:  # a table directory others can write, or a live writer on it
-        print(f"linkpass agent: entropy table: {exc}", file=sys.stderr)
+        say(f"linkpass agent: entropy table: {exc}")
         return 2
     except RdmaUnavailable as exc:  # probe.engine: verbs without a usable RDMA device
-        print(f"linkpass agent: probe engine: {exc} (set probe.engine: sockets on a host without RDMA)",
-              file=sys.stderr)
+        say(f"linkpass agent: probe engine: {exc} (set probe.engine: sockets on a host without RDMA)")
         return 2
 
     def on_term(_sig, _frm):

@@ -24,6 +24,7 @@ from .output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, EXIT_W
                      paint_level, table)
 from ..core.fabric import DOWN, UP
 from ..core.states import BAD, Level, health_of, state_of, worst
+from ..observe.log import RANK
 
 # a link's health (the coordinator's `links` rows) as a level, like a path's state
 _LINK_HEALTH = {"ok": Level.OK, "drained": Level.WARNING, "unwatched": Level.WARNING, "faulty": Level.CRITICAL}
@@ -72,6 +73,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="largest request body accepted; larger ones get 413 (default 4194304)")
     co.add_argument("--stop", action="store_true", help="stop the running coordinator actor (with --address)")
     co.add_argument("--max-seconds", type=float, default=None, help="stop by itself after this long (foreground)")
+    co.add_argument("--log-level", choices=tuple(RANK), default=None,
+                    help="the coordinator writes log lines of this level and above (default $LINKPASS_LOG_LEVEL or "
+                         "info); in the foreground they are copied from <state-dir>/coordinator.log to stderr")
     tls = co.add_argument_group("TLS", "HTTPS by default; without --tls-cert, a lab CA in <state-dir>/tls is made on "
                                        "first start (docs/security.md, TLS set-up)")
     tls.add_argument("--tls-cert", metavar="FILE", help="the endpoint's certificate (PEM; with --tls-key)")
@@ -547,18 +551,20 @@ def _tls_settings(args) -> dict:
 
 def run_coordinator(args) -> int:
     from ..coordinator import ray_actor
-    from ..coordinator.runner import DEFAULT_STATE_DIR
+    from ..coordinator.runner import DEFAULT_STATE_DIR, log_path
     from ..coordinator.tls import SERVER, lab_dir, lab_paths
+    from ..observe.log import Follower, level_from_env
 
     try:
         tls = _tls_settings(args)
-    except _Usage as exc:
+        log_level = level_from_env(args.log_level)  # resolved here: the actor's process has another environment
+    except (_Usage, ValueError) as exc:
         print(f"linkpass: {exc}", file=sys.stderr)
         return EXIT_UNKNOWN
     settings = {"state_dir": args.state_dir or DEFAULT_STATE_DIR, "fabric": args.fabric,
                 "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
                 "listen": args.listen or (f"0.0.0.0:{COORDINATOR_PORT}" if args.testbed else COORDINATOR_LISTEN),
-                "max_drain_share": args.max_drain_share, **tls}
+                "max_drain_share": args.max_drain_share, "log_level": log_level, **tls}
     for name in ("agent_timeout_s", "agent_expire_s", "event_retention_count", "max_body_bytes"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
@@ -574,6 +580,7 @@ def run_coordinator(args) -> int:
         return EXIT_UNKNOWN
     print(f"starting {'a local Ray instance' if not args.address else 'on Ray at ' + args.address} ...", flush=True)
     ray_actor.connect(args.address)
+    follower = None
     try:
         if args.stop:
             handle = ray_actor.existing()
@@ -583,6 +590,10 @@ def run_coordinator(args) -> int:
             ray_actor.stop(handle)
             print("coordinator stopped")
             return EXIT_OK
+        if not args.address:
+            # the actor's log lines from now on, copied to this process's stderr (under systemd, its
+            # journal); detached on a cluster (--address), they stay in that file on the actor's node
+            follower = Follower(log_path(settings)).start()
         handle, url = ray_actor.ensure(settings)
         print(f"coordinator up: {url} (Ray actor {ray_actor.NAMESPACE}/{ray_actor.ACTOR_NAME}, pid "
               f"{ray_actor.actor_pid(handle)})")
@@ -610,5 +621,7 @@ def run_coordinator(args) -> int:
         ray_actor.stop(handle)
         return EXIT_OK
     finally:
+        if follower is not None:
+            follower.stop()  # after the actor stopped: its last lines too
         if not args.address:
             ray_actor.shutdown()

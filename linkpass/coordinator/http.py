@@ -48,7 +48,6 @@ import json
 import re
 import socket
 import ssl
-import sys
 import threading
 import time
 import traceback
@@ -60,6 +59,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .. import __version__
+from ..observe.log import Logger
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
 from .auth import NEEDS, Caller, Revoked, Tokens
 from .coordinator import Coordinator
@@ -99,7 +99,7 @@ class CoordinatorServer:
         self.tokens = tokens
         self.limits = limits or Limits()
         self.lock = threading.RLock()  # re-entered by a request the loop runs itself (see _one_request)
-        self.log = log or _log
+        self.log = log or Logger("coordinator")  # observe/log.py: JSON lines on stderr
         self.errors = dict.fromkeys(("bad_request", "unauthenticated", "forbidden", "too_large", "length_required",
                                      "rate_limited", "timeout", "evicted", "busy", "not_found", "internal", "tick",
                                      "tls", "revoked"), 0)
@@ -142,6 +142,8 @@ class CoordinatorServer:
         for t in self._threads:
             t.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self.log("stopped", url=self.url, requests=self.requests, reports=self.reports,
+                 errors={k: v for k, v in self.errors.items() if v})
 
     def refresh_revocations(self) -> None:
         """The lowest agent-token epoch per host, from the store (where `linkpass coordinator token
@@ -723,10 +725,6 @@ class _Refusals:
                 self._recorded = self._unrecorded = 0
                 self._window_start = now
         return out
-
-
-def _log(event: str, **fields) -> None:
-    print(json.dumps({"ts": round(time.time(), 6), "event": event, **fields}, default=str), file=sys.stderr, flush=True)
 
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -5,6 +5,9 @@ One bootstrap path: `ensure(settings)` returns the running actor if there is one
 Ray starts a new one with the same settings; it reopens the same SQLite database and listens on
 the same address, so agents and the CLI carry on after a few failed requests. Agents are ordinary
 daemons and never talk to Ray: they use the actor's HTTP endpoint.
+
+The actor's log lines go to <state_dir>/coordinator.log (runner.actor_log), not to Ray's worker
+files (`log_to_driver=False`): `linkpass coordinator` copies that file to its own stderr.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ ACTOR_NAME = "coordinator"
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
 class CoordinatorActor:
     def __init__(self, settings: dict):
-        from .runner import start  # noqa: PLC0415 (imported in the actor's process)
+        from .runner import actor_log, start  # noqa: PLC0415 (imported in the actor's process)
 
         # Ray starts workers at nice 15 (batch work); the coordinator answers agents and on-call
         # and must not starve behind a busy host's batch jobs. Lowering needs CAP_SYS_NICE.
@@ -29,13 +32,17 @@ class CoordinatorActor:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except OSError:
             pass
-        self.server = start(settings)
+        self.server = start(settings, log=actor_log(settings))
 
     def endpoint(self) -> str:
         return self.server.url
 
     def pid(self) -> int:
         return os.getpid()
+
+    def close(self) -> None:
+        """Stop serving, as a clean stop does (its `stopped` log line); `stop()` ends the process."""
+        self.server.close()
 
 
 _FORK_GUARD = []
@@ -81,8 +88,12 @@ def existing():
         return None
 
 
-def stop(handle) -> None:
-    """Kill the actor for good (no restart)."""
+def stop(handle, timeout_s: float = 15.0) -> None:
+    """Stop the actor for good (no restart): its server closes first, then its process is killed."""
+    try:
+        ray.get(handle.close.remote(), timeout=timeout_s)
+    except ray.exceptions.RayError:  # dead, restarting or stuck: the kill ends it all the same
+        pass
     ray.kill(handle, no_restart=True)
 
 

@@ -26,6 +26,11 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     require_client_cert   mutual TLS: refuse clients without a certificate the CA signed
     insecure_http    serve plain HTTP instead (tokens then cross the network in cleartext; a
                      warning is logged). HTTPS is the default.
+    log_level        debug, info, warning or error: log lines below it are not written (default
+                     $LINKPASS_LOG_LEVEL of the process that starts it, or info)
+
+Log lines (observe/log.py) go to stderr; inside the Ray actor, to <state_dir>/coordinator.log
+(`actor_log`), which `linkpass coordinator` copies to its own stderr.
 
 Every setting is checked before anything starts; an unknown or out-of-range one is refused with
 its name.
@@ -41,6 +46,7 @@ import time
 
 from ..core.fabric import FabricError, FabricModel
 from ..core.constants import COORDINATOR_LISTEN
+from ..observe.log import RANK, LogFile, Logger
 from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
 from .http import CoordinatorServer, Limits
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
@@ -49,6 +55,7 @@ from .requests import is_decimal
 from .tls import LOCAL_CLIENT, SERVER, TlsError, build_server_context, lab_dir, lab_paths
 
 DEFAULT_STATE_DIR = "/var/lib/linkpass/coordinator"
+LOG_FILE = "coordinator.log"  # in the state directory: the actor's log lines (actor_log)
 
 
 def load_model(settings: dict) -> FabricModel | None:
@@ -141,7 +148,7 @@ _NUMBERS = {
 
 def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
     """The coordinator's and the endpoint's settings, each checked; refusals name the setting."""
-    known = _PATHS + _FLAGS + ("tls_san",) + tuple(_NUMBERS)
+    known = _PATHS + _FLAGS + ("tls_san", "log_level") + tuple(_NUMBERS)
     unknown = sorted(set(settings) - set(known))
     if unknown:
         raise CoordinatorError(f"settings.{unknown[0]}: not a coordinator setting; known: "
@@ -149,6 +156,9 @@ def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
     for name in _FLAGS:
         if settings.get(name) is not None and not isinstance(settings[name], bool):
             raise CoordinatorError(f"settings.{name}: expected true or false, got {settings[name]!r}")
+    level = settings.get("log_level")
+    if level is not None and level not in RANK:
+        raise CoordinatorError(f"settings.log_level: expected one of {', '.join(RANK)}, got {level!r}")
     san = settings.get("tls_san")
     if san is not None and not (isinstance(san, (list, tuple)) and all(isinstance(x, str) and x for x in san)):
         raise CoordinatorError(f"settings.tls_san: expected a list of host names or addresses, got {san!r}")
@@ -186,8 +196,24 @@ def _open_files_for(limits: Limits) -> Limits:
     return limits
 
 
-def start(settings: dict) -> CoordinatorServer:
+def log_path(settings: dict) -> str:
+    """Where the coordinator actor writes its log lines."""
+    return os.path.join(settings.get("state_dir") or DEFAULT_STATE_DIR, LOG_FILE)
+
+
+def actor_log(settings: dict) -> Logger:
+    """The log of the coordinator as a Ray actor: its stderr is one of Ray's worker files, which
+    nobody reads, so its lines go to log_path(settings) (bounded; `linkpass coordinator` copies
+    them to its own stderr, and so to its journal)."""
+    path = log_path(settings)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # as private as the tokens beside it
+    return Logger("coordinator", stream=LogFile(path), level=settings.get("log_level"))
+
+
+def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
+    """The coordinator serving, as `settings` say; `log`: where its log lines go (default stderr)."""
     config, limits = check_settings(settings)
+    log = log or Logger("coordinator", level=settings.get("log_level"))
     state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
     host, port = parse_listen(settings.get("listen") or COORDINATOR_LISTEN)
     tls = server_context(settings, state_dir, host)  # first: a bad TLS setting starts nothing
@@ -204,8 +230,10 @@ def start(settings: dict) -> CoordinatorServer:
     store = Store(os.path.join(state_dir, DB_FILE))
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
     coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
-    server = CoordinatorServer(coordinator, tokens, host, port, limits=_open_files_for(limits), tls=tls)
+    server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls)
+    log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, agents=len(coordinator.agents),
+        paths=len(coordinator.paths), tls=tls is not None, client_certs=server.mutual)
     if tls is None:
-        server.log("insecure_http", url=server.url,
-                   warning="plain HTTP (insecure_http): tokens and reports cross the network in cleartext")
+        log("insecure_http", url=server.url,
+            warning="plain HTTP (insecure_http): tokens and reports cross the network in cleartext")
     return server
