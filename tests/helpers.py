@@ -205,6 +205,17 @@ def lab_ca_file(state_dir) -> str:
     return lab_paths(lab_dir(str(state_dir)), "ca")[0]
 
 
+def coordinator_on_testbed(fabric, state_dir: str, port: int) -> tuple[dict, dict]:
+    """(settings, the agents' `coordinator:` section) of a coordinator for the testbed's agents:
+    HTTPS with mutual TLS, the certificate naming the address the namespaced agents use, the
+    fabric's model; each agent gets its own token derived from the agent secret."""
+    settings = {"state_dir": state_dir, "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(fabric).to_dict(),
+                "tls_san": [fabric.mgmt_root_addr], "require_client_cert": True}
+    link = {"url": f"https://{fabric.mgmt_root_addr}:{port}", "report_ms": 100, "summary_s": 5,
+            "agent_secret_file": os.path.join(state_dir, "agent.secret")}
+    return settings, link
+
+
 def coordinator_client(url: str, token: str | None, state_dir, client_cert: str | None = None, **kw):
     """A client of the coordinator at `url` that verifies it against its lab CA, as agents and the
     CLI do; `client_cert`: the name of a lab client certificate to show (mutual TLS)."""

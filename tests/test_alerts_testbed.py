@@ -13,13 +13,12 @@ import pytest
 from linkpass.coordinator import runner
 from linkpass.coordinator.tls import lab_dir
 from linkpass.core.constants import AGENT_METRICS_PORT
-from linkpass.core.fabric import from_testbed
 from linkpass.observe.prometheus import for_lab
 from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
 
-from helpers import free_port, wait_until
+from helpers import free_port, coordinator_on_testbed, wait_until
 
 pytestmark = pytest.mark.root
 HOSTS = [0, 1, 2, 3]
@@ -30,13 +29,10 @@ def lab(fabric, tmp_path_factory):
     faults.clear(fabric.prefix)
     d = tmp_path_factory.mktemp("alerts")
     port = free_port()
-    settings = {"state_dir": str(d / "state"), "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(fabric).to_dict(),
-                "tls_san": [fabric.mgmt_root_addr], "require_client_cert": True}
+    settings, link = coordinator_on_testbed(fabric, str(d / "state"), port)
     server = runner.start(settings)
     agents = prom = None
     try:
-        link = {"url": f"https://{fabric.mgmt_root_addr}:{port}", "report_ms": 100, "summary_s": 5,
-                "agent_secret_file": str(d / "state" / "agent.secret")}
         agents = Agents(fabric, str(d / "agents"), HOSTS, interval_ms=10.0, coordinator=link,
                         detect={"flap_half_life_ms": 2000}, tls_dir=lab_dir(settings["state_dir"])).start()
         prom = for_lab([f"{fabric.mgmt_addr(h)}:{AGENT_METRICS_PORT}" for h in HOSTS],

@@ -16,12 +16,11 @@ import pytest
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client
 from linkpass.coordinator.tls import lab_dir
-from linkpass.core.fabric import from_testbed
 from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
 
-from helpers import coordinator_client, free_port, routes_of, wait_until
+from helpers import coordinator_client, free_port, routes_of, coordinator_on_testbed, wait_until
 
 pytestmark = pytest.mark.root
 HOSTS = [0, 1, 2, 3]
@@ -31,16 +30,12 @@ HOSTS = [0, 1, 2, 3]
 def fleet(fabric, tmp_path_factory):
     faults.clear(fabric.prefix)
     d = tmp_path_factory.mktemp("fleet")
-    port = free_port()
-    # HTTPS with mutual TLS, the certificate naming the address the namespaced agents use
-    settings = {"state_dir": str(d / "state"), "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(fabric).to_dict(),
-                "tls_san": [fabric.mgmt_root_addr], "require_client_cert": True}
+    settings, link = coordinator_on_testbed(fabric, str(d / "state"), free_port())
     ray_actor.connect(num_cpus=2)
     agents = None
     try:
         ray_actor.ensure(settings)
-        url = f"https://{fabric.mgmt_root_addr}:{port}"
-        link = {"url": url, "agent_secret_file": str(d / "state" / "agent.secret"), "report_ms": 100, "summary_s": 5}
+        url = link["url"]
         agents = Agents(fabric, str(d / "agents"), HOSTS, interval_ms=10.0, coordinator=link,
                         detect={"flap_half_life_ms": 2000}, tls_dir=lab_dir(settings["state_dir"]))
         agents.start()
