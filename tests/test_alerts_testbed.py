@@ -95,6 +95,8 @@ def test_each_fault_fires_its_alert_and_clears_after(lab, fault, alert):
     finally:
         faults.clear(fab.prefix)
     wait_until(lambda: alert not in prom.firing(), 90, f"{alert} to clear", prom.alerts)
-    spans = prom.firing_spans(t0, time.time())
+    now = time.time()
+    spans, instances = prom.firing_spans(t0, now), prom.firing_spans(t0, now, merge=False)
     assert alert in spans and spans[alert][0][0] >= t0 - 1, spans
+    assert len(instances[alert]) >= len(spans[alert]) and instances[alert][0][0] == spans[alert][0][0], instances
     print(f"{fault.kind} {fault.link}: {alert} fired {fired_after:.1f} s after the fault; spans {spans}")

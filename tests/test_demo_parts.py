@@ -130,6 +130,9 @@ def test_the_alert_column_is_the_first_of_the_faults_alerts_to_fire_in_its_windo
     # PlaneDown's first span came before the fault: not this fault's; GrayLoss is not its alert
     assert timeline.first_alert(f, spans) == (2500.0, "LinkPassPathDown")
     assert timeline.first_alert(f, {"LinkPassPathDown": [(at(14000), at(15000))]}) == (None, None)  # too late
+    # another instance (another peer or plane) firing since before the fault does not hide this one's start
+    assert timeline.first_alert(f, {"LinkPassPathDown": [(at(0), at(9000)), (at(3500), at(6000))]}) == \
+        (2500.0, "LinkPassPathDown")
     r = timeline.analyse_fault(f, steady_steps(200), [], [], 2, spans)
     assert (r.alert_ms, r.alert) == (2500.0, "LinkPassPathDown")
 

@@ -180,3 +180,28 @@ def test_every_alert_has_severity_summary_and_a_runbook_section():
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
         url = rule["annotations"]["runbook_url"]
         assert url.startswith(R.PRODUCTION.runbook_base + "#") and url.split("#")[1] in anchors, (name, sorted(anchors))
+
+
+def test_loss_right_after_an_outage_is_not_gray_loss(tmp_path):
+    """Probes lost while a plane's paths were down stay in the agent's loss window (10 s) after
+    they are back: that is the outage (LinkPassPathDown), and LinkPassGrayLoss keeps quiet about
+    it; the same loss with no outage fires. At the lab's durations, where the window outlasts `for:`."""
+    rules = tmp_path / "lab.yml"
+    rules.write_text(R.render(R.LAB))
+    loss = {"series": f'linkpass_peer_loss_ratio{{{A},peer="h1",plane="0",direction="forward"}}',
+            "values": "0 0 0 0.4x9 0x30"}
+    after_outage = [*paths("h1", 0, up="2 0 0 2x40", down="0 2 2 0x40"), loss]
+    no_outage = [*paths("h1", 0, up="2x40"), loss]
+    doc = {"rule_files": [str(rules)], "evaluation_interval": "1s", "tests": [
+        {"interval": "1s", "input_series": series, "alert_rule_test": [
+            {"eval_time": "8s", "alertname": "LinkPassGrayLoss", "exp_alerts": expected}]}
+        for series, expected in (
+            (after_outage, []),
+            (no_outage, [{"exp_labels": {"severity": "warning", **AL, "peer": "h1", "plane": "0",
+                                         "direction": "forward"},
+                          "exp_annotations": annotations("LinkPassGrayLoss",
+                                                         "h0:9472 → h1, plane 0: 40% forward loss on its worst path")}]))]}
+    f = tmp_path / "quiet.test.yml"
+    f.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
+    out = promtool("test", "rules", str(f), timeout=120)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

@@ -84,6 +84,7 @@ class Demo:
         self.tls_dir = None  # the coordinator's lab CA
         self.prom = None  # the demo's Prometheus (linkpass.observe.prometheus), when it could start
         self.alerts: dict[str, list[tuple[float, float]]] = {}  # alertname -> firing spans, LinkPass on
+        self.alert_instances: dict[str, list[tuple[float, float]]] = {}  # ... each instance's own
         self.t0_wall = time.time()
         self.t0 = time.monotonic()
         self.runs: list[tuple] = []  # (panel name, steps, faults, restart times) for the plot
@@ -225,7 +226,9 @@ class Demo:
         deadline = time.monotonic() + 20
         while self.prom.firing() and time.monotonic() < deadline:
             time.sleep(0.5)
-        self.alerts = self.prom.firing_spans(self.t0_wall, time.time())
+        end = time.time()
+        self.alerts = self.prom.firing_spans(self.t0_wall, end)
+        self.alert_instances = self.prom.firing_spans(self.t0_wall, end, merge=False)
         self.still_firing = sorted(self.prom.firing())
 
     def stop_prometheus(self) -> None:
@@ -374,7 +377,7 @@ class Demo:
             job.stop()
             out[kind] = timeline.summarise("linkpass" if linkpass else "off", job.steps(), job.wrong_results(),
                                            job.restarts, faults, agent_events, coordinator_events,
-                                           self.fab.spec.planes, self.alerts if linkpass else None)
+                                           self.fab.spec.planes, self.alert_instances if linkpass else None)
             panel = name + {GLOO: "", PLUGIN: " · NCCL plugin" + ("" if linkpass else " alone"),
                             BASELINE: " · single TCP"}[kind]
             self.runs.append((panel, job.steps(), faults, job.restart_at_ns))

@@ -7,7 +7,8 @@ Inputs, all on the wall clock (CLOCK_REALTIME is shared by every namespace of th
 - faults: one `Fault` per scripted fault, with when it took effect and when it was cleared;
 - agent events: the agents' JSON log lines (`path_state`, `route_change`, with `ts` in seconds);
 - coordinator events: `/v1/events` rows (`localization` with `subject` "link:direction", `ts`);
-- alert spans: {alertname: [(first, last) time seen firing, epoch s]} from the demo's Prometheus.
+- alert spans: {alertname: [(first, last) time seen firing, epoch s]} from the demo's Prometheus,
+  each instance of an alert (host, peer, plane, ...) its own spans.
 """
 from __future__ import annotations
 

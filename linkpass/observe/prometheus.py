@@ -128,10 +128,13 @@ class Prometheus:
         """scrape URL -> whether its last scrape worked."""
         return {t["scrapeUrl"]: t["health"] == "up" for t in self.api("targets")["activeTargets"]}
 
-    def firing_spans(self, start: float, end: float, step_s: float = 1.0) -> dict[str, list[tuple[float, float]]]:
+    def firing_spans(self, start: float, end: float, step_s: float = 1.0,
+                     merge: bool = True) -> dict[str, list[tuple[float, float]]]:
         """alertname -> [(first, last) evaluation time it was seen firing] between start and end
-        (epoch s), from the ALERTS series Prometheus writes for its own alerts; the spans of an
-        alert's instances (one per peer, plane, ...) are joined where they overlap or touch."""
+        (epoch s), from the ALERTS series Prometheus writes for its own alerts. With `merge`, the
+        spans of an alert's instances (one per peer, plane, ...) are joined where they overlap or
+        touch (how long the alert was on at all); without, each instance's spans are kept (when a
+        new instance started, also while another one was firing)."""
         data = self.api("query_range", query='ALERTS{alertstate="firing"}', start=f"{start:.3f}", end=f"{end:.3f}",
                         step=f"{step_s:g}")
         out: dict[str, list[tuple[float, float]]] = {}
@@ -146,7 +149,7 @@ class Prometheus:
                 last = t
             if first is not None:
                 spans.append((first, last))
-        return {k: _union(v, 1.5 * step_s) for k, v in out.items() if v}
+        return {k: _union(v, 1.5 * step_s) if merge else sorted(v) for k, v in out.items() if v}
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

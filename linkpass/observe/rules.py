@@ -33,6 +33,9 @@ class RulesConfig:
     flapping_for: str = "5m"
     gray_loss_ratio: float = 0.005  # 0.5 % on one direction of one path: RoCE's goodput collapses near 1 %
     gray_loss_for: str = "2m"
+    # probes lost while a path was down read as loss for the agent's window (10 s) after it is back:
+    # the outage (LinkPassPathDown), not a gray link
+    gray_after_down: str = "2m"
     fail_static_for: str = "1m"
     link_localized_for: str = "1m"
     agent_down_for: str = "2m"
@@ -50,7 +53,7 @@ class RulesConfig:
 PRODUCTION = RulesConfig()
 # the demo's faults last 2-3 s: a state must hold for two evaluations (1 s apart), not minutes
 LAB = replace(PRODUCTION, rate_window="20s", path_down_for="1s", plane_down_for="1s", flapping_for="1s",
-              gray_loss_for="1s", fail_static_for="1s", link_localized_for="1s", agent_down_for="10s",
+              gray_loss_for="1s", gray_after_down="15s", fail_static_for="1s", link_localized_for="1s", agent_down_for="10s",
               probe_thread_for="5s", coordinator_away_for="10s", route_storm_for="10s", overload_for="1m",
               forged_for="10s")
 
@@ -114,11 +117,14 @@ def alerts(c: RulesConfig) -> list[dict]:
                "The path went down and up repeatedly; it stays out of use until its flap penalty decays."),
         _alert(c, "LinkPassGrayLoss",
                f"max by (job, instance, peer, plane, direction) "
-               f"(linkpass_peer_loss_ratio{{{a},direction=~\"forward|reverse\"}}) > {c.gray_loss_ratio}",
+               f"(linkpass_peer_loss_ratio{{{a},direction=~\"forward|reverse\"}}) > {c.gray_loss_ratio} "
+               f"unless on (job, instance, peer, plane) max_over_time(sum by (job, instance, peer, plane) "
+               f"(linkpass_peer_paths{{{a},state=\"down\"}})[{c.gray_after_down}:]) > 0",
                c.gray_loss_for, "warning",
                f"{at_peer}: {{{{ $value | humanizePercentage }}}} {{{{ $labels.direction }}}} loss on its worst path",
                "Probes are lost in one direction only (forward: on the way to the peer; reverse: on the way "
-               "back): a gray link that fails nothing outright but stalls collectives."),
+               "back): a gray link that fails nothing outright but stalls collectives. Not raised for a while "
+               "after a path of the plane was down: probes lost during an outage are LinkPassPathDown's."),
         _alert(c, "LinkPassFailStatic", f"linkpass_fail_static_peers{{{a}}} > 0", c.fail_static_for, "critical",
                "{{ $labels.instance }}: {{ $value }} peer(s) with no usable path on any plane",
                "The agent found no usable path to these peers on any plane and left their routes as they "
