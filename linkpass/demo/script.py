@@ -21,18 +21,19 @@ class Scripted:
     directed: bool = False  # one direction only (aimed at the busier one)
     severity: str = "hard"  # "hard" (the link passes nothing) | "gray" (it passes some)
     hold_s: float = 2.0  # how long the fault stays before the script clears it
-    alerts: tuple[str, ...] = ()  # the Prometheus alerts that report this fault (deploy/prometheus)
+    # the Prometheus alerts that report this fault (deploy/prometheus); heavy loss also flaps paths
+    alerts: tuple[str, ...] = ()
 
 
 SCRIPT = (
     Scripted("uplink-cut", "host uplink cut", HOST_LEAF, "down", alerts=("LinkPassPlaneDown",)),
     Scripted("link-down", "leaf–spine link down", LEAF_SPINE, "down", alerts=("LinkPassPathDown",)),
     Scripted("gray-loss", "20 % gray loss on a spine link", LEAF_SPINE, "loss", {"pct": 20}, severity="gray",
-             hold_s=3.0, alerts=("LinkPassGrayLoss", "LinkPassPathDegraded")),
+             hold_s=3.0, alerts=("LinkPassGrayLoss", "LinkPassPathDegraded", "LinkPassPathFlapping")),
     Scripted("flap", "flapping link (down/up every 100 ms)", HOST_LEAF, "flap", {"period": "200ms", "duration": "10s"},
              hold_s=1.5, alerts=("LinkPassPathFlapping", "LinkPassPlaneDown")),
     Scripted("one-way-loss", "30 % loss, one direction only", LEAF_SPINE, "loss", {"pct": 30}, directed=True,
-             severity="gray", hold_s=3.0, alerts=("LinkPassGrayLoss", "LinkPassPathDegraded")),
+             severity="gray", hold_s=3.0, alerts=("LinkPassGrayLoss", "LinkPassPathDegraded", "LinkPassPathFlapping")),
     Scripted("mtu-blackhole", "MTU black hole (packets > 1200 B dropped)", LEAF_SPINE, "mtu", {"bytes": 1200},
              severity="gray", hold_s=3.0, alerts=("LinkPassPathDegraded",)),
 )

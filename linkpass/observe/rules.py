@@ -33,8 +33,8 @@ class RulesConfig:
     flapping_for: str = "5m"
     gray_loss_ratio: float = 0.005  # 0.5 % on one direction of one path: RoCE's goodput collapses near 1 %
     gray_loss_for: str = "2m"
-    # probes lost while a path was down read as loss for the agent's window (10 s) after it is back:
-    # the outage (LinkPassPathDown), not a gray link
+    # probes lost while a path was down (or flapping) read as loss for the agent's window (10 s)
+    # after it is back: the outage (LinkPassPathDown, LinkPassPathFlapping), not a gray link
     gray_after_down: str = "2m"
     fail_static_for: str = "1m"
     link_localized_for: str = "1m"
@@ -119,12 +119,13 @@ def alerts(c: RulesConfig) -> list[dict]:
                f"max by (job, instance, peer, plane, direction) "
                f"(linkpass_peer_loss_ratio{{{a},direction=~\"forward|reverse\"}}) > {c.gray_loss_ratio} "
                f"unless on (job, instance, peer, plane) max_over_time(sum by (job, instance, peer, plane) "
-               f"(linkpass_peer_paths{{{a},state=\"down\"}})[{c.gray_after_down}:]) > 0",
+               f"(linkpass_peer_paths{{{a},state=~\"down|damped\"}})[{c.gray_after_down}:]) > 0",
                c.gray_loss_for, "warning",
                f"{at_peer}: {{{{ $value | humanizePercentage }}}} {{{{ $labels.direction }}}} loss on its worst path",
                "Probes are lost in one direction only (forward: on the way to the peer; reverse: on the way "
                "back): a gray link that fails nothing outright but stalls collectives. Not raised for a while "
-               "after a path of the plane was down: probes lost during an outage are LinkPassPathDown's."),
+               "after a path of the plane was down or flapping: probes lost during an outage are "
+               "LinkPassPathDown's or LinkPassPathFlapping's."),
         _alert(c, "LinkPassFailStatic", f"linkpass_fail_static_peers{{{a}}} > 0", c.fail_static_for, "critical",
                "{{ $labels.instance }}: {{ $value }} peer(s) with no usable path on any plane",
                "The agent found no usable path to these peers on any plane and left their routes as they "
