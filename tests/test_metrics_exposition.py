@@ -51,8 +51,8 @@ def agent_exposition(per_path: bool, layout=(("h1", 0, 0), ("h1", 0, 1), ("h1", 
             t3 = t2 + 2_000
             t4 = t3 - 500 + 12_000 + 1_000 * pid
             tel.on_reply(seq, t1, t2, t3, t4, rx_count=seq + 1)
-        engine.paths[pid] = ProbedPath(PathSpec(pid, f"p{plane}", 2 if peer == "h1" else 3, "198.18.64.9", 49152 + path),
-                                       tel)
+        spec = PathSpec(pid, f"p{plane}", 2 if peer == "h1" else 3, "198.18.64.9", 49152 + path)
+        engine.paths[pid] = ProbedPath(spec, tel)
         labels[pid] = PathLabels(peer, plane, path, 49152 + path)
         fo.add_path(PathInfo(pid, peer, plane, 49152 + path, "198.18.64.9"))
     view = TelemetryView(engine, labels, offset_ns=lambda peer_id: 500.0)

@@ -54,8 +54,9 @@ FIRES = {
                           "h0:9472 → h1, plane 0: no usable path on this plane; traffic runs on the other planes"),
     "LinkPassPathDown": (paths("h1", 0, up="2 1x40", down="0 1x40"), 5, {**AL, "peer": "h1", "plane": "0"},
                          "h0:9472 → h1, plane 0: 1 path(s) down; traffic moved to the plane's other paths"),
-    "LinkPassPathDegraded": (paths("h1", 1, up="2 1x40", degraded="0 1x40"), 5, {**AL, "peer": "h1", "plane": "1"},
-                             "h0:9472 → h1, plane 1: 1 path(s) degraded (gray loss, delay or MTU); traffic moved off"),
+    "LinkPassPathDegraded": (
+        paths("h1", 1, up="2 1x40", degraded="0 1x40"), 5, {**AL, "peer": "h1", "plane": "1"},
+        "h0:9472 → h1, plane 1: 1 path(s) degraded (gray loss, delay or MTU); traffic moved off"),
     "LinkPassPathFlapping": (paths("h1", 1, up="2 1x40", damped="0 1x40"), 8, {**AL, "peer": "h1", "plane": "1"},
                              "h0:9472 → h1, plane 1: 1 path(s) flapping and held out (damped)"),
     "LinkPassGrayLoss": ([{"series": f'linkpass_peer_loss_ratio{{{A},peer="h1",plane="0",direction="reverse"}}',
@@ -192,15 +193,13 @@ def test_loss_right_after_an_outage_is_not_gray_loss(tmp_path):
             "values": "0 0 0 0.4x9 0x30"}
     after_outage = [*paths("h1", 0, up="2 0 0 2x40", down="0 2 2 0x40"), loss]
     no_outage = [*paths("h1", 0, up="2x40"), loss]
+    fires = {"exp_labels": {"severity": "warning", **AL, "peer": "h1", "plane": "0", "direction": "forward"},
+             "exp_annotations": annotations("LinkPassGrayLoss",
+                                            "h0:9472 → h1, plane 0: 40% forward loss on its worst path")}
     doc = {"rule_files": [str(rules)], "evaluation_interval": "1s", "tests": [
         {"interval": "1s", "input_series": series, "alert_rule_test": [
             {"eval_time": "8s", "alertname": "LinkPassGrayLoss", "exp_alerts": expected}]}
-        for series, expected in (
-            (after_outage, []),
-            (no_outage, [{"exp_labels": {"severity": "warning", **AL, "peer": "h1", "plane": "0",
-                                         "direction": "forward"},
-                          "exp_annotations": annotations("LinkPassGrayLoss",
-                                                         "h0:9472 → h1, plane 0: 40% forward loss on its worst path")}]))]}
+        for series, expected in ((after_outage, []), (no_outage, [fires]))]}
     f = tmp_path / "quiet.test.yml"
     f.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     out = promtool("test", "rules", str(f), timeout=120)

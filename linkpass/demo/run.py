@@ -571,7 +571,8 @@ def _print_report(demo: Demo, on_all: dict, off_all: dict, plot: str, code: int,
         demo.say(paint("Prometheus alerts while LinkPass ran (lab rules; runbooks in docs/runbooks.md):", "bold"))
         for a in fired:
             state = paint("cleared", "green") if a["cleared"] else paint("STILL FIRING", "red")
-            demo.say(f"  {a['alert']:<30} fired {a['fired']}× (first {a['spans_s'][0][0]:.0f} s into the demo), {state}")
+            first = a["spans_s"][0][0]
+            demo.say(f"  {a['alert']:<30} fired {a['fired']}× (first {first:.0f} s into the demo), {state}")
         demo.say(f"  over time: {os.path.join(demo.out, 'alerts.png')}")
     else:
         demo.say("no Prometheus alerts (Prometheus did not run, or nothing fired: see above)")

@@ -53,7 +53,8 @@ class RulesConfig:
 PRODUCTION = RulesConfig()
 # the demo's faults last 2-3 s: a state must hold for two evaluations (1 s apart), not minutes
 LAB = replace(PRODUCTION, rate_window="20s", path_down_for="1s", plane_down_for="1s", flapping_for="1s",
-              gray_loss_for="1s", gray_after_down="15s", fail_static_for="1s", link_localized_for="1s", agent_down_for="10s",
+              gray_loss_for="1s", gray_after_down="15s", fail_static_for="1s", link_localized_for="1s",
+              agent_down_for="10s",
               probe_thread_for="5s", coordinator_away_for="10s", route_storm_for="10s", overload_for="1m",
               forged_for="10s")
 
@@ -67,7 +68,8 @@ def recording(c: RulesConfig) -> list[dict]:
          "expr": f"count by (job) (sum by (job, instance, peer, plane) (linkpass_peer_paths{{{c.agent},{USABLE}}}) "
                  f"== 0) or sum by (job) (up{{{c.agent}}}) * 0"},
         {"record": "job:linkpass_agents_up:ratio", "expr": f"avg by (job) (up{{{c.agent}}})"},
-        {"record": "job:linkpass_fail_static_peers:sum", "expr": f"sum by (job) (linkpass_fail_static_peers{{{c.agent}}})"},
+        {"record": "job:linkpass_fail_static_peers:sum",
+         "expr": f"sum by (job) (linkpass_fail_static_peers{{{c.agent}}})"},
         {"record": "job:linkpass_peer_loss_ratio:max",
          "expr": f"max by (job, direction) (linkpass_peer_loss_ratio{{{c.agent}}})"},
         {"record": "instance:linkpass_route_changes:rate" + w,
