@@ -49,8 +49,9 @@ def test_every_event_logged_has_a_level_in_the_table_and_every_entry_is_logged()
         if first.value not in L.EVENTS:
             wrong.append(f"{where}: event {first.value!r} is not in observe/log.py EVENTS (give it a level there)")
         for kw in keywords:
-            if kw.arg == "level" and not (isinstance(kw.value, ast.Constant) and kw.value.value in L.RANK):
-                wrong.append(f"{where}: level= must be one of {', '.join(L.RANK)}")
+            if kw.arg == "level":  # the override: a literal level
+                if not (isinstance(kw.value, ast.Constant) and kw.value.value in L.RANK):
+                    wrong.append(f"{where}: level= must be one of {', '.join(L.RANK)}")
             elif kw.arg in L.ENVELOPE:
                 wrong.append(f"{where}: field {kw.arg!r} is one of the envelope's own keys; name it otherwise")
     assert not wrong, "\n".join(wrong)
@@ -261,3 +262,32 @@ def test_a_follower_of_a_file_not_written_yet_copies_it_from_its_start(tmp_path)
     L.Logger("coordinator", stream=L.LogFile(path))("started", url="https://127.0.0.1:9470")
     follower.stop()
     assert [e["event"] for e in lines_of(copied)] == ["started"]
+
+
+def test_the_coordinators_history_reaches_its_log_once_committed(tmp_path):
+    """Localizations, drains and agents lost are in the coordinator's own log (its journal), once
+    the store has committed them; a rolled-back transaction logs nothing, per-path events stay
+    in the store only."""
+    from linkpass.coordinator.runner import log_history
+    from linkpass.coordinator.store import Store
+
+    lines = io.StringIO()
+    log = L.Logger("coordinator", stream=lines)
+    store = Store(str(tmp_path / "coordinator.db"), on_committed=lambda events: log_history(log, events))
+    try:
+        store.event("localization", "coordinator", "p0l0-p0s1:forward", confidence=0.9)
+        store.event("detection", "h0", "h0>h2 plane 0", state="down")
+        with pytest.raises(RuntimeError):
+            with store._tx():
+                store.event("drain", "alice", "p0l0-p0s1", reason="optic")
+                raise RuntimeError("the request failed after writing")
+        store.event("agent", "coordinator", "h3", what="lost")
+        store.event("agent", "h1", "h1", what="registered")
+        recs = [json.loads(line) for line in lines.getvalue().splitlines()]
+        assert [(r["event"], r["level"], r["subject"]) for r in recs] == [
+            ("localized", "warning", "p0l0-p0s1:forward"), ("agent_changed", "warning", "h3"),
+            ("agent_changed", "info", "h1")]
+        assert recs[0]["confidence"] == 0.9 and recs[0]["component"] == "coordinator"
+        assert store.events(kinds=["drain"]) == []  # rolled back: neither stored nor logged
+    finally:
+        store.close()

@@ -210,6 +210,29 @@ def actor_log(settings: dict) -> Logger:
     return Logger("coordinator", stream=LogFile(path), level=settings.get("log_level"))
 
 
+def log_history(log: Logger, events: list[tuple]) -> None:
+    """The committed history events on-call wants in the coordinator's own log (the journal) too,
+    one line each: the rare, fleet-level ones. Per-path detections and recoveries stay in the
+    store (`linkpass events`)."""
+    for ts, kind, actor, subject, detail in events:
+        f = {"subject": subject, "actor": actor, "at": round(ts, 6),
+             **{k: v for k, v in (detail or {}).items() if k not in ("subject", "actor", "at", "level")}}
+        if kind == "localization":
+            log("localized", **f)
+        elif kind == "cleared":
+            log("localization_cleared", **f)
+        elif kind == "drain":
+            log("link_drained", **f)
+        elif kind == "undrain":
+            log("link_undrained", **f)
+        elif kind == "agent" and f.get("what") == "lost":
+            log("agent_changed", level="warning", **f)
+        elif kind == "agent":
+            log("agent_changed", **f)
+        elif kind == "refused":
+            log("request_refused", **f)
+
+
 def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
     """The coordinator serving, as `settings` say; `log`: where its log lines go (default stderr)."""
     config, limits = check_settings(settings)
@@ -227,7 +250,7 @@ def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
         raise CoordinatorError(f"{exc.filename}: {exc.strerror}") from None
     except AuthError as exc:
         raise CoordinatorError(str(exc)) from None
-    store = Store(os.path.join(state_dir, DB_FILE))
+    store = Store(os.path.join(state_dir, DB_FILE), on_committed=lambda events: log_history(log, events))
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
     coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
     server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls)

@@ -19,7 +19,7 @@ import json
 import os
 import sqlite3
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 DB_FILE = "coordinator.db"  # in the state directory
 SCHEMA_VERSION = 2  # 2: agent_epochs (a version-1 database is upgraded in place: the table is new)
@@ -75,8 +75,12 @@ class StoreError(RuntimeError):
 
 
 class Store:
-    def __init__(self, path: str):
+    def __init__(self, path: str, on_committed: Callable[[list[tuple]], None] | None = None):
+        """`on_committed(events)`: called with the events of each transaction once it has committed
+        (never for one rolled back): what the coordinator's log shows of its history."""
         self.path = path
+        self.on_committed = on_committed
+        self._uncommitted: list[tuple] = []  # events of the open transaction
         self._data_version: int | None = None  # written_elsewhere's last look
         self._tx_depth = 0  # transactions open on the connection (an inner one joins the outer)
         if path != ":memory:":
@@ -102,10 +106,13 @@ class Store:
 
     # ---- events ------------------------------------------------------------------------
     def add_events(self, events: Iterable[tuple[float, str, str, str, dict]]) -> None:
+        events = list(events)
         rows = [(ts, kind, actor, subject, json.dumps(detail, sort_keys=True)) for ts, kind, actor, subject, detail in events]
         if rows:
             with self._tx():
                 self.db.executemany("INSERT INTO events (ts, kind, actor, subject, detail) VALUES (?,?,?,?,?)", rows)
+                if self.on_committed is not None:
+                    self._uncommitted.extend(events)
 
     def event(self, kind: str, actor: str, subject: str, **detail) -> None:
         self.add_events([(time.time(), kind, actor, subject, detail)])
@@ -260,3 +267,6 @@ class _Tx:
         self.store._tx_depth -= 1
         if self.store._tx_depth == 0:
             self.store.db.execute("ROLLBACK" if exc_type else "COMMIT")
+            done, self.store._uncommitted = self.store._uncommitted, []
+            if done and not exc_type and self.store.on_committed is not None:
+                self.store.on_committed(done)

@@ -73,6 +73,13 @@ EVENTS = {
     "coordinator_link_error": "error",
     # the coordinator (coordinator/http.py, coordinator/runner.py)
     "insecure_http": "warning",
+    # the coordinator's history, as it commits it (coordinator/runner.py: log_history)
+    "localized": "warning",
+    "localization_cleared": "info",
+    "link_drained": "warning",
+    "link_undrained": "info",
+    "agent_changed": "info",  # registered, returned, decommissioned, expired; "lost" is logged at warning
+    "request_refused": "warning",
     "request_failed": "error",
     "connection_failed": "error",
     "tick_failed": "error",
