@@ -204,3 +204,25 @@ def test_loss_right_after_an_outage_is_not_gray_loss(tmp_path):
     f.write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     out = promtool("test", "rules", str(f), timeout=120)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_the_example_prometheus_config_is_valid_and_names_the_rules_jobs(tmp_path):
+    """deploy/prometheus/prometheus.yml passes `promtool check config` (its rule file included),
+    with its /etc paths pointed at files made here, and scrapes the jobs the rules select."""
+    src = os.path.join(ROOT, "deploy", "prometheus")
+    etc = tmp_path / "etc" / "prometheus"
+    (etc / "linkpass").mkdir(parents=True)
+    (etc / "linkpass-agents").mkdir()
+    for name in ("ca.crt", "prometheus.crt", "prometheus.key"):
+        (etc / "linkpass" / name).write_text("")
+    (etc / "linkpass-agents" / "rack1.yml").write_text('- targets: ["198.19.0.2:9472"]\n')
+    with open(os.path.join(src, "prometheus.yml")) as f:
+        text = f.read()
+    doc = yaml.safe_load(text)
+    assert [j["job_name"] for j in doc["scrape_configs"]] == ["linkpass-agent", "linkpass-coordinator"]
+    assert f'job="{doc["scrape_configs"][0]["job_name"]}"' == R.PRODUCTION.agent
+    assert f'job="{doc["scrape_configs"][1]["job_name"]}"' == R.PRODUCTION.coordinator
+    (tmp_path / "prometheus.yml").write_text(text.replace("/etc/prometheus/", f"{etc}/"))
+    (tmp_path / "linkpass-rules.yml").write_text(open(RULES_FILE).read())
+    out = promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert out.returncode == 0 and "1 rule files found" in out.stdout, out.stdout + out.stderr
