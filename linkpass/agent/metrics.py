@@ -121,7 +121,7 @@ def _worst(a: float | None, b: float | None) -> float | None:
 class _Plane:
     """What the paths towards one peer on one plane add up to (bounded per host)."""
 
-    __slots__ = ("sent", "replies", "lost_fwd", "lost_rev", "loss", "p50", "p99", "rtt", "rtt_sum")
+    __slots__ = ("sent", "replies", "lost_fwd", "lost_rev", "loss", "p50", "p99")
 
     def __init__(self):
         self.sent = self.replies = self.lost_fwd = self.lost_rev = 0

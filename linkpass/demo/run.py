@@ -85,6 +85,7 @@ class Demo:
         self.prom = None  # the demo's Prometheus (linkpass.observe.prometheus), when it could start
         self.alerts: dict[str, list[tuple[float, float]]] = {}  # alertname -> firing spans, LinkPass on
         self.alert_instances: dict[str, list[tuple[float, float]]] = {}  # ... each instance's own
+        self.fired: list[dict] = []  # alert_summary of the run with LinkPass
         self.t0_wall = time.time()
         self.t0 = time.monotonic()
         self.runs: list[tuple] = []  # (panel name, steps, faults, restart times) for the plot
@@ -229,7 +230,7 @@ class Demo:
         end = time.time()
         self.alerts = self.prom.firing_spans(self.t0_wall, end)
         self.alert_instances = self.prom.firing_spans(self.t0_wall, end, merge=False)
-        self.still_firing = sorted(self.prom.firing())
+        self.fired = alert_summary(self.alerts, self.t0_wall, sorted(self.prom.firing()))
 
     def stop_prometheus(self) -> None:
         if self.prom is not None:
@@ -496,7 +497,7 @@ def run(args) -> int:
                             "recovered_s": timeline.TARGET_RECOVERED_S, "duration_s": 180},
                 **{k: v for k, v in on.as_dict().items() if k != "mode"},
                 "compare": None if off is None else {**off.as_dict(), **without},
-                "alerts": alert_summary(demo.alerts, demo.t0_wall, getattr(demo, "still_firing", [])),
+                "alerts": demo.fired,
                 "alerts_plot": alerts_png and os.path.abspath(alerts_png),
             }
             if len(kinds) > 1:
@@ -566,10 +567,9 @@ def _print_report(demo: Demo, on_all: dict, off_all: dict, plot: str, code: int,
             demo.say(render_run(off, "The NCCL plugin alone (--compare): no agents, no entropy table; the plugin "
                                      "finds stuck lanes itself", sparkline(*runs["LinkPass off · NCCL plugin alone"])))
     demo.say()
-    fired = alert_summary(demo.alerts, demo.t0_wall, getattr(demo, "still_firing", []))
-    if demo.alerts or getattr(demo, "still_firing", None):
+    if demo.fired:
         demo.say(paint("Prometheus alerts while LinkPass ran (lab rules; runbooks in docs/runbooks.md):", "bold"))
-        for a in fired:
+        for a in demo.fired:
             state = paint("cleared", "green") if a["cleared"] else paint("STILL FIRING", "red")
             first = a["spans_s"][0][0]
             demo.say(f"  {a['alert']:<30} fired {a['fired']}× (first {first:.0f} s into the demo), {state}")

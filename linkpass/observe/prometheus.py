@@ -61,6 +61,7 @@ class Prometheus:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+        self.log = None  # Prometheus' own output, in the folder
         try:
             with open(os.path.join(self.dir, "rules.yml"), "w") as f:
                 f.write(rules_text)
@@ -159,7 +160,7 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        if getattr(self, "log", None) is not None:
+        if self.log is not None:
             self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
