@@ -122,9 +122,11 @@ def port_paths(rfab, ctl):
 
 
 def test_a_channel_moves_to_its_standby_qp_when_its_spine_link_dies(rfab, ctl, port_paths):
-    """The active QP's spine link goes down under a stream of messages: the QP errors after its
-    own short timeout, traffic moves to the standby QP on a port through the other spine (seen on
-    the wire), no message is lost or delivered twice, and the stream finishes."""
+    """The active QP's spine link goes down under a stream of messages: the path's failure is seen
+    (the QP errors after its own short timeout, or, when the request got through and only its echo
+    was lost, the echo is not back within twice that), traffic moves to the standby QP on a port
+    through the other spine (seen on the wire), no message is lost or delivered twice, and the
+    stream finishes."""
     via = {sp: pp.forward[0] for sp, pp in port_paths.items() if pp.forward == pp.reverse}
     active = next(sp for sp, s in via.items() if s == "s0")
     others = [sp for sp, s in via.items() if s == "s1"]
@@ -136,7 +138,9 @@ def test_a_channel_moves_to_its_standby_qp_when_its_spine_link_dies(rfab, ctl, p
     assert res["count"] == 300 and served["delivered"] == 300, (res, served)
     moves = [e for e in res["events"] if e["event"] == "moved"]
     assert moves and moves[0]["from"] == active and via[moves[0]["to"]] == "s1", res["events"]
-    assert "QP error" in moves[0]["why"], moves
+    # either sign of the dead path (channel.py, _once); which comes first is a race with the cut
+    # under emulation (a CI run saw the echo timeout win)
+    assert moves[0]["why"].startswith(("QP error", "no answer within")), moves
     # on the wire: A's leaf carried the standby's packets towards spine 1
     assert ("s1", moves[0]["to"]) in {(p.ifname, p.sport) for p in run.packets}, run.packets[-5:]
 
