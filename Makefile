@@ -2,16 +2,19 @@
 #   make demo   - the main job on the embedded default
 #   make test   - the layer contracts, then the whole test suite
 # Both install what they need first, idempotently: OS packages, then a .venv with the project.
+# That environment is for development (tests, demo, benchmarks): it carries FRR, QEMU, torch and
+# Ray. A production host gets the wheel or the Debian package instead (`make wheel`, `make deb`;
+# docs/install.md), with the agent's few dependencies only.
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 # the stamp names a checksum of everything the install builds from, so a change to the C core rebuilds it
-BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh linkpass/probe/_probecore.c \
+BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh deploy/install-test-deps.sh linkpass/probe/_probecore.c \
                 linkpass/probe/probe_wire.h linkpass/probe/probe_rx.h rdma/entropy_table.h \
                 $(wildcard rdma/nccl/*.c rdma/nccl/*.h) rdma/nccl/Makefile
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-unit lint-imports bench deps nccl-plugin prometheus clean
+.PHONY: demo test test-unit lint-imports bench deps nccl-plugin prometheus wheel deb clean
 
 # exit 1 = the job was unharmed but a timing target was missed on this machine: reported, not a failure
 demo: deps prometheus
@@ -45,12 +48,21 @@ nccl-plugin: $(STAMP)
 
 $(STAMP): $(BUILD_INPUTS)
 	@bash deploy/install-os-deps.sh
+	@bash deploy/install-test-deps.sh
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@echo "installing Python packages into $(VENV) (first time: ~2 min, torch's CPU build is ~1 GB)"
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,demo,sim]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
+# the wheel (the probe core compiled, manylinux-tagged by auditwheel) into dist/
+wheel: deps
+	@$(PY) deploy/package.py wheel --out dist
+
+# the Debian package (a venv under /opt/linkpass, the units, sysctl.d, examples, docs) into dist/
+deb: deps
+	@$(PY) deploy/package.py deb --out dist
+
 # remove leftovers of crashed testbeds (every prefix), then the venv
 clean:
 	-@test -x $(VENV)/bin/linkpass && $(VENV)/bin/linkpass testbed clean --all
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out dist .pytest_cache

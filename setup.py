@@ -4,6 +4,7 @@
 - the NCCL net plugin and its harness (rdma/nccl/, plain C built by its own Makefile into
   rdma/nccl/build/libnccl-net-linkpass.so and rdma/nccl/build/lp_harness; docs/nccl-plugin.md).
 """
+import os
 import subprocess
 from pathlib import Path
 
@@ -14,11 +15,16 @@ NCCL_DIR = Path(__file__).resolve().parent / "rdma" / "nccl"
 
 
 class BuildExtAndPlugin(build_ext):
-    """build_ext, then the NCCL plugin: `pip install` (and `make deps`) leave both built."""
+    """build_ext, then the NCCL plugin: `pip install` (and `make deps`) leave both built.
+
+    The plugin is a separate library, not part of the wheel (the Debian package carries it):
+    LINKPASS_SKIP_NCCL_PLUGIN=1 builds the probe core alone, for a wheel made on a host without the
+    verbs headers."""
 
     def run(self):
         super().run()
-        subprocess.run(["make", "-s", "-C", str(NCCL_DIR)], check=True)
+        if os.environ.get("LINKPASS_SKIP_NCCL_PLUGIN") != "1" and (NCCL_DIR / "Makefile").exists():
+            subprocess.run(["make", "-s", "-C", str(NCCL_DIR)], check=True)
 
 
 setup(ext_modules=[Extension("linkpass.probe._probecore", sources=["linkpass/probe/_probecore.c"],

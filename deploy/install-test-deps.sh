@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# OS packages only the tests, the namespace testbed, the benchmarks and the demo need — never
+# install them on a production host:
+#   frr              bfdd, the BFD peer the failover benchmark and its tests measure LinkPass against
+#   qemu-system-x86, debootstrap, zstd, cpio
+#                    the testbed's Soft-RoCE hosts: QEMU guests whose image is built from Debian packages
+#   libibverbs-dev   the verbs headers the NCCL plugin's queue-pair lanes are built against
+# Installs only what is missing. A service is never stopped or reconfigured unless this script
+# installed it in the same run: FRR, when installed here, is kept from starting while it is
+# installed and then disabled, because LinkPass runs bfdd only inside testbed namespaces. An FRR
+# that was already on the host is left exactly as it was.
+set -euo pipefail
+need=()
+[[ -x /usr/lib/frr/bfdd ]] || need+=(frr)
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v zstd >/dev/null 2>&1 || need+=(zstd)
+command -v cpio >/dev/null 2>&1 || need+=(cpio)
+[[ -f /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
+if ((${#need[@]} == 0)); then
+    exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+    echo "missing OS packages for the tests: ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
+    exit 1
+fi
+installing_frr=false
+[[ " ${need[*]} " == *" frr "* ]] && installing_frr=true
+policy=/usr/sbin/policy-rc.d
+made_policy=false
+if $installing_frr && [[ ! -e $policy ]]; then
+    # policy-rc.d (invoke-rc.d's hook) answering 101 keeps the new package's daemons from starting
+    printf '#!/bin/sh\n# written by LinkPass install-test-deps.sh for the length of one apt-get run\nexit 101\n' > "$policy"
+    chmod 0755 "$policy"
+    made_policy=true
+    trap 'rm -f "$policy"' EXIT
+fi
+echo "installing OS packages for the tests: ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if $made_policy; then
+    rm -f "$policy"
+    trap - EXIT
+fi
+if $installing_frr && command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    # the unit this run installed (and only it): not enabled at boot, not running
+    systemctl disable --now frr.service >/dev/null 2>&1 || true
+    echo "installed FRR for the tests and left its service disabled (LinkPass runs bfdd in testbed namespaces only)"
+fi
