@@ -1,6 +1,7 @@
 """Build of the compiled parts; everything else is declared in pyproject.toml.
 
 - the probe core, a CPython extension (linkpass/probe/_probecore.c);
+- a memory barrier for the entropy table's seqlock, a CPython extension (linkpass/kernel/_barrier.c);
 - the NCCL net plugin and its harness (rdma/nccl/, plain C built by its own Makefile into
   rdma/nccl/build/libnccl-net-linkpass.so and rdma/nccl/build/lp_harness; docs/nccl-plugin.md).
 """
@@ -30,5 +31,8 @@ class BuildExtAndPlugin(build_ext):
 setup(ext_modules=[Extension("linkpass.probe._probecore", sources=["linkpass/probe/_probecore.c"],
                              depends=["linkpass/probe/probe_wire.h", "linkpass/probe/probe_rx.h"],
                              extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
-                                                 "-Wno-unused-parameter", "-Wno-cast-function-type"])],
+                                                 "-Wno-unused-parameter", "-Wno-cast-function-type"]),
+                   # the entropy table's seqlock on weakly ordered CPUs (aarch64): a memory barrier
+                   Extension("linkpass.kernel._barrier", sources=["linkpass/kernel/_barrier.c"],
+                             depends=["linkpass/kernel/barrier.h"], extra_compile_args=["-O2", "-Wall", "-Wextra"])],
       cmdclass={"build_ext": BuildExtAndPlugin})

@@ -5,6 +5,9 @@
 #   qemu-system-x86, debootstrap, zstd, cpio
 #                    the testbed's Soft-RoCE hosts: QEMU guests whose image is built from Debian packages
 #   libibverbs-dev   the verbs headers the NCCL plugin's queue-pair lanes are built against
+#   gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user (on x86-64 hosts)
+#                    the C readers of the entropy table and the NCCL plugin cross-built for aarch64
+#                    (GH200/GB200 hosts) and run under qemu-user; no binfmt handler is registered
 # Installs only what is missing. A service is never stopped or reconfigured unless this script
 # installed it in the same run: FRR, when installed here, is kept from starting while it is
 # installed and then disabled, because LinkPass runs bfdd only inside testbed namespaces. An FRR
@@ -17,6 +20,11 @@ command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
 command -v cpio >/dev/null 2>&1 || need+=(cpio)
 [[ -f /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
+if [[ $(uname -m) == x86_64 ]]; then
+    command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
+    [[ -d /usr/aarch64-linux-gnu/include ]] || need+=(libc6-dev-arm64-cross)
+    command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user)
+fi
 if ((${#need[@]} == 0)); then
     exit 0
 fi

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -116,13 +117,28 @@ struct lpe_table {
     char why[512];                   /* what went wrong, for a log line */
 };
 
+/* The system user the packaged agent runs as (deploy/systemd): a table it owns is trusted too. */
+#ifndef LPE_AGENT_USER
+#define LPE_AGENT_USER "linkpass"
+#endif
+
+/* Whether uid is LPE_AGENT_USER's. Looked up only for an owner that is neither root nor this
+ * process, so the usual root- or self-owned table costs no user-database query. */
+static inline int lpe_is_agent_user(uid_t uid) {
+    struct passwd pw, *found = NULL;
+    char buf[1024];
+    return getpwnam_r(LPE_AGENT_USER, &pw, buf, sizeof buf, &found) == 0 && found != NULL && found->pw_uid == uid;
+}
+
 /* Whom a reader trusts (docs/entropy-table.md): the table's ports steer this host's traffic, so
- * the file and its directory must belong to root or to this process's uid and be writable by no
- * group or other user. 0 trusted; -1 not, with t->why naming which one and why. */
+ * the file and its directory must belong to root, to this process's uid or to the agent's system
+ * user, and be writable by no group or other user. 0 trusted; -1 not, with t->why naming which
+ * one and why. */
 static inline int lpe_untrusted(const char *where, const struct stat *st, struct lpe_table *t) {
-    if (st->st_uid != 0 && st->st_uid != geteuid()) {
-        snprintf(t->why, sizeof t->why, "%.300s belongs to uid %u, not to root or this process's uid: its ports would "
-                 "steer this host's traffic, so it is not read", where, (unsigned)st->st_uid);
+    if (st->st_uid != 0 && st->st_uid != geteuid() && !lpe_is_agent_user(st->st_uid)) {
+        snprintf(t->why, sizeof t->why, "%.300s belongs to uid %u, not to root, this process's uid or the agent's user "
+                 "(" LPE_AGENT_USER "): its ports would steer this host's traffic, so it is not read", where,
+                 (unsigned)st->st_uid);
         return -1;
     }
     if (st->st_mode & (S_IWGRP | S_IWOTH)) {

@@ -44,6 +44,31 @@ def reader(tmp_path_factory):
     shutil.rmtree(d, ignore_errors=True)
 
 
+AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"  # Debian's libc6-arm64-cross
+
+
+def build_aarch64_reader(d: Path, *defines: str) -> str:
+    """The C reader cross-built for aarch64, behind a wrapper that runs it under qemu-user: a
+    command run_c can call like the native one. Skips where the cross tools are absent
+    (deploy/install-test-deps.sh installs them on x86-64)."""
+    if not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64") and os.path.isdir(AARCH64_SYSROOT)):
+        pytest.skip("the aarch64 cross compiler and qemu-user are needed (deploy/install-test-deps.sh)")
+    binary = d / "entropy_reader.aarch64"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", *defines,
+                    "-o", str(binary), str(SOURCE)], check=True)
+    wrapper = d / "entropy_reader_aarch64"
+    wrapper.write_text(f'#!/bin/sh\nexec qemu-aarch64 -L {AARCH64_SYSROOT} {binary} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.fixture(scope="session")
+def aarch64_reader(tmp_path_factory):
+    d = tmp_path_factory.mktemp("entropy-reader-aarch64")
+    yield build_aarch64_reader(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _no_leftovers(tmp_path):
     """Tables live in the test's tmp dir only, and are removed after the test."""
@@ -155,7 +180,9 @@ TABLES = [
 ]
 
 
-def test_c_reader_reads_exactly_what_python_wrote(tmp_path, reader):
+@pytest.mark.parametrize("arch", ["native", "aarch64"])
+def test_c_reader_reads_exactly_what_python_wrote(tmp_path, arch, request):
+    reader = request.getfixturevalue("reader" if arch == "native" else "aarch64_reader")
     path = tmp_path / "table"
     with W.EntropyWriter(str(path), capacity=64) as w:
         gen = 0
@@ -521,7 +548,13 @@ def stop_writer(w: subprocess.Popen, kill: bool = False) -> int:
             w.wait()
 
 
-def test_readers_never_see_a_torn_table_while_the_writer_runs(tmp_path, reader):
+@pytest.mark.parametrize("arch", ["native", "aarch64"])
+def test_readers_never_see_a_torn_table_while_the_writer_runs(tmp_path, arch, request):
+    """The C reader natively and cross-built for aarch64 (under qemu-user, which runs it on this
+    host's memory model: it proves the aarch64 build reads the layout right and retries torn
+    copies, not that aarch64's weaker ordering is handled -- the barriers do that, see
+    test_the_barrier_is_a_real_fence_on_both_architectures)."""
+    reader = request.getfixturevalue("reader" if arch == "native" else "aarch64_reader")
     path = tmp_path / "table"
     seconds = 3.0
     w = start_writer(path, seconds)
@@ -616,3 +649,75 @@ def test_a_table_of_a_dedicated_agent_user_is_read_when_that_uid_is_trusted(tmp_
             R.read_table(str(path))
         with R.EntropyReader(str(path), trusted_uids=(0, 4242)) as r:
             assert r.read().header.count == len(TABLES[1])
+
+
+def test_both_readers_trust_a_table_of_the_agents_system_user_by_default(tmp_path, reader):
+    """The packaged agent runs as a system user (`linkpass`); readers of any uid trust a table it
+    owns, and still refuse any other owner. `nobody` stands in for that user here (a test must
+    not add users to this machine): the C reader built with LPE_AGENT_USER="nobody", the Python
+    reader's defaults for that name."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+    d = tmp_path / "run"
+    d.mkdir(mode=0o755)
+    path = d / "table"
+    with W.EntropyWriter(str(path), capacity=8) as w:
+        w.publish(TABLES[1])
+    os.chown(path, nobody, nobody)
+    os.chown(d, nobody, nobody)
+    # the default agent user (`linkpass`, absent here) is not `nobody`: refused by both
+    assert run_c(reader, path).returncode == BAD
+    with pytest.raises(T.TableUntrusted, match="agent's user linkpass"):
+        R.read_table(str(path))
+    as_nobody = Path(build_variant(tmp_path, '-DLPE_AGENT_USER="nobody"'))
+    r = run_c(str(as_nobody), path)
+    assert r.returncode == OK, r.stderr
+    assert parse(r.stdout)[0]["count"] == len(TABLES[1])
+    assert nobody in R.default_trusted_uids("nobody")
+    with R.EntropyReader(str(path), trusted_uids=R.default_trusted_uids("nobody")) as py:
+        assert py.read().header.count == len(TABLES[1])
+    os.chown(path, 4242, 4242)  # any other owner: still refused
+    assert run_c(str(as_nobody), path).returncode == BAD
+
+
+def build_variant(d: Path, *defines: str) -> str:
+    out = d / "entropy_reader_variant"
+    subprocess.run(["gcc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", *defines, "-o", str(out), str(SOURCE)],
+                   check=True)
+    return str(out)
+
+
+@pytest.mark.parametrize("arch, cc, objdump, fence", [
+    ("x86_64", "gcc", "objdump", r"\bmfence\b|\block or"),  # gcc emits a locked or: a full barrier
+    ("aarch64", "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-objdump", r"\bdmb\s+ish\b"),
+])
+def test_the_barrier_is_a_real_fence_on_both_architectures(tmp_path, arch, cc, objdump, fence):
+    """The Python writer and reader order the seqlock's steps with linkpass.kernel._barrier.fence();
+    its body (linkpass/kernel/barrier.h), compiled for each architecture, is a hardware barrier."""
+    import re
+
+    if arch == "x86_64" and os.uname().machine != "x86_64":
+        pytest.skip("the x86-64 check runs on x86-64 hosts")
+    if shutil.which(cc) is None or shutil.which(objdump) is None:
+        pytest.skip(f"{cc} is needed (deploy/install-test-deps.sh installs the aarch64 cross tools)")
+    src = tmp_path / "fence.c"
+    src.write_text('#include "barrier.h"\nvoid lp_fence_probe(void) { lp_full_barrier(); }\n')
+    obj = tmp_path / "fence.o"
+    subprocess.run([cc, "-O2", "-c", "-I", str(ROOT / "linkpass" / "kernel"), "-o", str(obj), str(src)], check=True)
+    dis = subprocess.run([objdump, "-d", str(obj)], capture_output=True, text=True, check=True).stdout
+    assert re.search(fence, dis), dis
+    # the extension this interpreter loaded is built from the same header
+    from linkpass.kernel import _barrier
+
+    assert _barrier.fence() is None
+
+
+def test_writer_runs_on_any_architecture(tmp_path, monkeypatch):
+    """No refusal by architecture: the barrier makes the writer correct on weakly ordered CPUs."""
+    import platform
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    with W.EntropyWriter(str(tmp_path / "table"), capacity=8) as w:
+        assert w.publish(TABLES[1]) == 1
+    assert R.read_table(str(tmp_path / "table")).header.count == len(TABLES[1])

@@ -1,30 +1,26 @@
 """The entropy table's single writer (layout: linkpass.core.entropy_table; docs/entropy-table.md).
 
-On memory ordering (what Python does and does not guarantee). Python has no fences and no
-atomics. The writer relies on three facts, and refuses to run where they do not hold:
+On memory ordering. Python has no fences and no atomics; the writer relies on two facts and one
+barrier:
   1. Counters (seq, generation, heartbeat, ...) are stored through a memoryview cast to 'Q'. CPython
      packs such an item with a fixed-size 8-byte memcpy, which the compiler emits as one 8-byte
      store; the fields are 8-byte aligned in a page-aligned mapping, so the store is single-copy
-     atomic on x86-64. (A plain `mm[a:b] = bytes` of 8 bytes would go through a general memcpy,
-     which promises nothing about store width.)
-  2. x86-64 is TSO: stores become visible to other cores in program order, and loads are not
-     reordered with other loads. The interpreter executes our statements in order and each one
-     finishes its stores before the next begins, so "seq odd ; data ; seq even" reaches a reader
-     in that order, and a reader's "seq ; copy ; seq" loads happen in that order. The one x86
-     exception, non-temporal stores (glibc memcpy uses them for very large copies), is closed by
-     the sfence glibc issues at the end of such a copy, and our slot writes are 192 bytes anyway.
-  3. Nothing here is guaranteed by the Python language: it is CPython on x86-64 (checked at
-     writer open: on other architectures, e.g. aarch64, stores can be reordered and a writer
-     needs real barriers -- write it in C with __atomic builtins like the reader).
-The C reader does use acquire loads and an acquire fence, which is what a reader needs on any
-architecture.
+     atomic on x86-64 and aarch64. (A plain `mm[a:b] = bytes` of 8 bytes would go through a
+     general memcpy, which promises nothing about store width.)
+  2. The interpreter executes our statements in order and each one finishes its stores before the
+     next begins.
+  3. Between the seqlock's steps ("write_begin ; seq odd ; slots and header ; seq even") the
+     writer calls `linkpass.kernel._barrier.fence()`, a full CPU barrier (a locked instruction on x86-64, dmb ish
+     on aarch64), so the steps reach other cores in that order on weakly ordered CPUs too. x86-64
+     would keep them in order without it (TSO); the three calls cost ~50 ns per publish there.
+Readers pair it with acquire loads and fences (the C reader, rdma/entropy_table.h) or with the
+same barrier (the Python reader, linkpass_rdma.entropy).
 """
 from __future__ import annotations
 
 import fcntl
 import mmap
 import os
-import platform
 import stat
 import struct
 import time
@@ -36,10 +32,8 @@ from ..core.entropy_table import (DEFAULT_CAPACITY, DEFAULT_PATH, ENTRY_SIZE, HE
                                   TABLE_RETIRED, check_entry, decode_header, decode_snapshot, encode_entry,
                                   encode_header, EntropyError, Entry, EntryError, normalize, Snapshot, table_size,
                                   TableBad, TableBusy)
+from ..kernel._barrier import fence
 from ..kernel.proc import pid_namespace
-
-def _tso() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 class EntropyWriter:
@@ -58,9 +52,6 @@ class EntropyWriter:
 
     def __init__(self, path: str = DEFAULT_PATH, capacity: int = DEFAULT_CAPACITY, *, keep: bool = False,
                  mono_ns: Callable[[], int] = time.monotonic_ns, realtime_ns: Callable[[], int] = time.time_ns):
-        if not _tso():
-            raise EntropyError(f"the Python writer relies on x86-64 store ordering; this is {platform.machine()} "
-                               "(see the module docstring)")
         self.path = path
         self.capacity = capacity
         self.size = table_size(capacity)
@@ -247,14 +238,17 @@ class EntropyWriter:
         seq = self._u64(OFF_SEQ)
         # write_begin first: a reader that sees seq odd must not see an old begin time (false stale)
         self._u64(OFF_WRITE_BEGIN, self._mono())
+        fence()
         if seq % 2 == 0:
             seq += 1
             self._u64(OFF_SEQ, seq)  # odd: readers retry from here on
         # (seq already odd: a killed writer's section; we finish it)
+        fence()  # seq odd is visible before any slot changes
         return seq
 
     def _end(self, seq: int) -> None:
-        self._u64(OFF_SEQ, seq + 1)  # even: every store above is visible before this one (TSO)
+        fence()  # every store of the section is visible before seq turns even
+        self._u64(OFF_SEQ, seq + 1)
 
     # -- public API
     def publish(self, entries: Iterable[Entry]) -> int:

@@ -21,6 +21,8 @@ from typing import Iterable
 from .constants import ENTROPY_PATH
 
 DEFAULT_PATH = ENTROPY_PATH
+# the system user the packaged agent runs as (deploy/systemd): readers trust a table it owns
+AGENT_USER = "linkpass"
 
 MAGIC = b"LPENTRPY"
 VERSION = 1
@@ -105,10 +107,11 @@ class TableBusy(EntropyError):
 
 def trust_problem(mode: int, uid: int, trusted_uids: tuple[int, ...]) -> str | None:
     """Why a reader must not trust a table file or directory with this mode and owner, or None.
-    Trusted: owned by one of `trusted_uids` (root and the reader's own uid by default; the agent
-    runs as root) and writable by no group or other user."""
+    Trusted: owned by one of `trusted_uids` (by default root, the reader's own uid and the agent's
+    system user, AGENT_USER) and writable by no group or other user."""
     if uid not in trusted_uids:
-        return f"belongs to uid {uid}, not to root or this process's uid (trusted: {', '.join(map(str, trusted_uids))})"
+        return (f"belongs to uid {uid}, not to root, this process's uid or the agent's user {AGENT_USER} "
+                f"(trusted: {', '.join(map(str, trusted_uids))})")
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"can be written by its group or others (mode {stat.S_IMODE(mode):04o})"
     return None

@@ -6,21 +6,24 @@ A transport that picks its own UDP source ports reads the healthy ones per (peer
 `python -m linkpass_rdma.entropy` prints the table with the same output and exit codes as the
 C reader, rdma/entropy_reader.c.
 
-The reader's loads are ordered on x86-64 (TSO: loads are not reordered with other loads); the
-C reader uses acquire loads and an acquire fence, which is what a reader needs on any architecture.
+The reader puts a full barrier (`linkpass.kernel._barrier.fence`) after its first load of seq and
+before its second, so its loads stay in order on weakly ordered CPUs (aarch64) too; the C reader
+uses acquire loads and an acquire fence to the same end.
 """
 from __future__ import annotations
 
 import mmap
 import os
+import pwd
 import struct
 import time
 from typing import Callable
 
-from linkpass.core.entropy_table import (DEFAULT_PATH, DEFAULT_RETRIES, DEFAULT_STALE_NS, HEADER_SIZE, OFF_SEQ,
+from linkpass.core.entropy_table import (AGENT_USER, DEFAULT_PATH, DEFAULT_RETRIES, DEFAULT_STALE_NS, HEADER_SIZE, OFF_SEQ,
                                          OFF_TABLE_FLAGS, OFF_COUNT, ENTRY_SIZE, TABLE_RETIRED, EntropyError,
                                          EntryError, Snapshot, TableBad, TableBusy, TableMissing, TableStale, TableUntrusted,
                                          pack_addr, decode_header, decode_snapshot, trust_problem)
+from linkpass.kernel._barrier import fence
 from linkpass.kernel.proc import pid_dead
 
 def _read_mapped(mm, *, retries: int = DEFAULT_RETRIES, stale_ns: int = DEFAULT_STALE_NS,
@@ -34,7 +37,8 @@ def _read_mapped(mm, *, retries: int = DEFAULT_RETRIES, stale_ns: int = DEFAULT_
     try:
         odd_seq, odd_spins = None, 0
         for attempt in range(max(1, retries)):
-            s0 = seq_cell[0]  # x86-64: loads are not reordered with loads (module docstring, fact 2)
+            s0 = seq_cell[0]
+            fence()  # the copy's loads come after this load of seq
             if s0 & 1:
                 odd_spins = odd_spins + 1 if s0 == odd_seq else 1
                 odd_seq = s0
@@ -51,6 +55,7 @@ def _read_mapped(mm, *, retries: int = DEFAULT_RETRIES, stale_ns: int = DEFAULT_
             head = bytes(mm[:HEADER_SIZE])
             count = struct.unpack_from("<I", head, OFF_COUNT)[0]
             body = bytes(mm[HEADER_SIZE:HEADER_SIZE + min(count, cap) * ENTRY_SIZE])
+            fence()  # ... and before the second load of seq
             if seq_cell[0] != s0:
                 if attempt % 16 == 15:
                     os.sched_yield()
@@ -68,15 +73,25 @@ def _read_mapped(mm, *, retries: int = DEFAULT_RETRIES, stale_ns: int = DEFAULT_
     raise TableBusy(f"no consistent copy in {retries} attempts (writer pid {h.writer_pid} busy)")
 
 
+def default_trusted_uids(agent_user: str = AGENT_USER) -> tuple[int, ...]:
+    """Root, this process's uid and the agent's system user (when the host has one)."""
+    uids = {0, os.geteuid()}
+    try:
+        uids.add(pwd.getpwnam(agent_user).pw_uid)
+    except KeyError:
+        pass
+    return tuple(sorted(uids))
+
+
 class EntropyReader:
     """Keeps the table mapped read-only; `read()` returns a consistent Snapshot. Re-opens the path when
     the mapped file was RETIRED (a writer replaced it)."""
 
     def __init__(self, path: str = DEFAULT_PATH, trusted_uids: tuple[int, ...] | None = None):
-        """`trusted_uids`: who may own the table and its directory (default root and this
-        process's uid); a table others could have written is refused (TableUntrusted)."""
+        """`trusted_uids`: who may own the table and its directory (default `default_trusted_uids()`);
+        a table others could have written is refused (TableUntrusted)."""
         self.path = path
-        self.trusted_uids = trusted_uids if trusted_uids is not None else tuple(sorted({0, os.geteuid()}))
+        self.trusted_uids = trusted_uids if trusted_uids is not None else default_trusted_uids()
         self._mm: mmap.mmap | None = None
         self._open()
 

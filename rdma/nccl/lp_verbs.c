@@ -259,7 +259,7 @@ int lpv_setup(int nplanes, const struct in_addr *addrs, char *why, size_t n) {
         x->gid[10] = x->gid[11] = 0xff;
         memcpy(x->gid + 12, &addrs[q], 4);
         x->mtu = pa.active_mtu;
-        snprintf(x->desc, sizeof x->desc, "%s port %d GID %d, MTU %d", dev[q], port[q], index[q],
+        snprintf(x->desc, sizeof x->desc, "%.48s port %d GID %d, MTU %d", dev[q], port[q], index[q],
                  128 << (int)pa.active_mtu);
         why[0] = 0;
     }
