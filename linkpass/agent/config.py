@@ -1,12 +1,18 @@
 """The agent's configuration file (YAML), validated: every error names the field and what is allowed.
 
-    agent_id: 1                      # 1..2^32-1, unique in the fleet
-    name: h0                         # how peers and people call this host
+    agent_id: 1                      # 1..2^32-1, unique in the fleet; auto: from the service address
+    name: h0                         # how peers and people call this host; auto: $LINKPASS_HOST_NAME or the host name
     fleet_key_file: /etc/linkpass/fleet.key   # 32-64 random bytes, hex or raw, same on every host
-    service: 198.18.0.1              # this host's service address
-    nics:                            # one per plane
+    service: 198.18.0.1              # this host's service address; auto: its address in host.service_subnet
+    nics:                            # one per plane; auto: found by host.planes
       - {plane: 0, ifname: p0, addr: 198.18.64.1, gateway: 198.18.64.0}   # gateway: for routes
-    peers:
+    host:                            # what the `auto` values are derived from: one config serves a fleet
+      service_subnet: 198.18.0.0/24  # the host's one address in it is its service address
+      management_subnet: 198.19.0.0/24   # metrics.address: auto takes the host's address in it
+      planes:                        # each plane's NIC: the interface with an address in its subnet;
+        - {plane: 0, subnet: 198.18.64.0/18}   # gateway: the other end of a /31 (or /30), else the
+                                                # next hop of the interface's routes when there is one
+    peers:                           # a fleet-wide list may name this host too: it is left out
       - {name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}
     probe:
       interval_ms: 1                 # active paths
@@ -29,7 +35,8 @@
       latency_alarm_mads: 200        # CUSUM alarm level, in units of that noise (~30 ms of +0.5 ms)
     api: {port: 9471}                # local query API (and /metrics) on 127.0.0.1: the CLI, doctor
     metrics:                         # /metrics and /healthz for Prometheus (docs/observability.md)
-      address: 127.0.0.1             # listen here: the host's management address, for a scraper elsewhere
+      address: 127.0.0.1             # listen here: the host's management address, for a scraper elsewhere;
+                                     # auto: its address in host.management_subnet
       port: 9472
       per_path: false                # true: each discovered path's own series too (37 more per path)
     routes: {enabled: false, rto_min_ms: 10, journal: /run/linkpass/routes.journal,
@@ -48,7 +55,8 @@
       follow_plan: true              # probe the peers the coordinator's probe plan names
       max_plan_peers: 1024           # a plan naming more peers is refused whole (linkpass/agent/answer.py)
 
-Pure: parsing and validation only; reading the files is the daemon's.
+Pure: parsing and validation only; reading the files and the host's addresses (`HostFacts`,
+agent/hostfacts.py) is the daemon's.
 """
 from __future__ import annotations
 
@@ -78,6 +86,17 @@ class Peer:
     agent_id: int
     service: str
     nics: dict[int, str]  # plane -> address
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What this host shows of itself, for the config's `auto` values (read by agent/hostfacts.py)."""
+    hostname: str
+    addrs: tuple[tuple[str, str], ...]  # (ifname, "address/prefixlen") of every address
+    next_hops: tuple[tuple[str, str], ...] = ()  # (ifname, gateway) of every route with a gateway
+
+
+AUTO = "auto"
 
 
 # The field defaults of CoordinatorLinkConfig and AgentConfig are the only ones: `parse` takes a
@@ -193,8 +212,8 @@ class _Section:
         return default, where
 
 
-TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "peers", "probe", "detect", "api", "metrics", "routes",
-       "entropy", "coordinator"}
+TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "host", "peers", "probe", "detect", "api", "metrics",
+       "routes", "entropy", "coordinator"}
 # section key -> AgentConfig field
 PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "ports_per_path", "discovery_ports", "size_probe_every",
                         "mtu", "rt_priority", "engine", "batch_ms")}
@@ -221,16 +240,128 @@ DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "latency_alarm_mads": ("latency_h_mad", 1, 1, 100_000, 200)}
 
 
-def parse(raw: object) -> AgentConfig:
-    """The whole file: each section checked in the order the file's docstring lists them."""
+def parse(raw: object, host: HostFacts | None = None) -> AgentConfig:
+    """The whole file: each section checked in the order the file's docstring lists them. `auto`
+    values are derived from `host` (refused, naming the field, without it)."""
     top = _mapping(raw if raw is not None else {}, "", TOP)
+    top = _resolve_auto(top, host)
     identity = _identity(top)
     nics = _nics(_need(top, "nics", ""))
-    return AgentConfig(**identity, nics=nics, peers=_peers(top.get("peers") or [], identity["agent_id"]),
+    return AgentConfig(**identity, nics=nics, peers=_peers(_not_self(top.get("peers") or [], identity),
+                                                           identity["agent_id"]),
                        **_probe(top.get("probe") or {}), detect=_detect(top.get("detect") or {}),
                        **_api(top.get("api") or {}), **_metrics(top.get("metrics") or {}),
                        **_routes(top.get("routes") or {}, nics),
                        **_entropy(top.get("entropy") or {}), coordinator=_coordinator(top.get("coordinator")))
+
+
+def _resolve_auto(top: dict, host: HostFacts | None) -> dict:
+    """The file with each `auto` replaced by what the host shows (host.* says where to look)."""
+    autos = [k for k in ("name", "service", "agent_id", "nics") if top.get(k) == AUTO]
+    spec = _host_section(top.get("host"))
+    metrics_auto = isinstance(top.get("metrics"), dict) and top["metrics"].get("address") == AUTO
+    if not autos and not metrics_auto:
+        return top
+    if host is None:
+        raise ConfigError(f"{autos[0] if autos else 'metrics.address'}: auto is derived from this host's addresses, "
+                          "which only the agent reads; run `linkpass agent --config FILE --check-config` on the host "
+                          "to see what it finds")
+    out = dict(top)
+    if "name" in autos:
+        if not host.hostname:
+            raise ConfigError("name: auto, but this host has no host name; set name: explicitly")
+        out["name"] = host.hostname
+    if "service" in autos:
+        if spec["service_subnet"] is None:
+            raise ConfigError("service: auto needs host.service_subnet (the subnet of the service addresses, "
+                              "e.g. 198.18.0.0/24)")
+        out["service"] = _one_address_in("service", spec["service_subnet"], host)[1]
+    if "agent_id" in autos:
+        out["agent_id"] = agent_id_of(_addr(_need(out, "service", ""), "service"))
+    if metrics_auto:
+        if spec["management_subnet"] is None:
+            raise ConfigError("metrics.address: auto needs host.management_subnet (where Prometheus scrapes from)")
+        out["metrics"] = dict(top["metrics"],
+                              address=_one_address_in("metrics.address", spec["management_subnet"], host)[1])
+    if "nics" in autos:
+        if not spec["planes"]:
+            raise ConfigError("nics: auto needs host.planes (each plane's subnet, e.g. [{plane: 0, subnet: "
+                              "198.18.64.0/18}])")
+        out["nics"] = [_nic_of(plane, subnet, host) for plane, subnet in spec["planes"]]
+    return out
+
+
+def agent_id_of(service: str) -> int:
+    """An agent id from the service address: an IPv4 address as a 32-bit number, an IPv6
+    address's low 32 bits. Unique in the fleet as long as the service addresses are (IPv6: as
+    long as they differ in their low 32 bits)."""
+    n = int(ipaddress.ip_address(service)) & 0xFFFFFFFF
+    if n == 0:
+        raise ConfigError(f"agent_id: auto gives 0 for service {service}; set agent_id: explicitly")
+    return n
+
+
+def _host_section(raw) -> dict:
+    spec = {"service_subnet": None, "management_subnet": None, "planes": []}
+    if raw is None:
+        return spec
+    raw = _mapping(raw, "host", {"service_subnet", "management_subnet", "planes"})
+    for key in ("service_subnet", "management_subnet"):
+        if key in raw:
+            spec[key] = _net(raw[key], f"host.{key}")
+    planes = raw.get("planes") or []
+    if not isinstance(planes, list):
+        raise ConfigError("host.planes: expected a list of {plane, subnet}")
+    for k, p in enumerate(planes):
+        w = f"host.planes[{k}]"
+        p = _mapping(p, w, {"plane", "subnet"})
+        spec["planes"].append((_int(_need(p, "plane", w + "."), f"{w}.plane", 0, 63),
+                               _net(_need(p, "subnet", w + "."), f"{w}.subnet")))
+    seen = [pl for pl, _ in spec["planes"]]
+    if len(set(seen)) != len(seen):
+        raise ConfigError(f"host.planes: plane listed twice ({seen}); one subnet per plane")
+    return spec
+
+
+def _net(value, where: str):
+    try:
+        return ipaddress.ip_network(str(value), strict=False)
+    except ValueError:
+        raise ConfigError(f"{where}: {value!r} is not a subnet (e.g. 198.18.64.0/18)") from None
+
+
+def _one_address_in(field_name: str, subnet, host: HostFacts) -> tuple[str, str, int]:
+    """(ifname, address, prefix length) of the host's one address in `subnet`."""
+    found = []
+    for ifname, cidr in host.addrs:
+        iface = ipaddress.ip_interface(cidr)
+        if iface.ip in subnet:
+            found.append((ifname, str(iface.ip), iface.network.prefixlen))
+    if len(found) != 1:
+        seen = ", ".join(f"{i} {a}" for i, a in host.addrs) or "none"
+        what = "no address" if not found else f"{len(found)} addresses ({', '.join(f'{i} {a}' for i, a, _ in found)})"
+        raise ConfigError(f"{field_name}: auto found {what} in {subnet} on this host (its addresses: {seen}); "
+                          f"fix the subnet or set {field_name} explicitly")
+    return found[0]
+
+
+def _nic_of(plane: int, subnet, host: HostFacts) -> dict:
+    ifname, addr, prefix = _one_address_in(f"nics (plane {plane})", subnet, host)
+    ip = ipaddress.ip_address(addr)
+    gateway = None
+    if (ip.version, prefix) in ((4, 31), (6, 127)):
+        gateway = str(ipaddress.ip_address(int(ip) ^ 1))  # the other end of the point-to-point link
+    elif (ip.version, prefix) == (4, 30):
+        net = ipaddress.ip_network(f"{addr}/30", strict=False)
+        gateway = next(str(h) for h in net.hosts() if h != ip)
+    else:
+        hops = sorted({gw for i, gw in host.next_hops if i == ifname})
+        if len(hops) == 1:
+            gateway = hops[0]
+    nic = {"plane": plane, "ifname": ifname, "addr": addr}
+    if gateway is not None:
+        nic["gateway"] = gateway
+    return nic
 
 
 def _identity(top: dict) -> dict:
@@ -254,6 +385,22 @@ def _nics(raw) -> tuple[Nic, ...]:
     if len(set(planes)) != len(planes):
         raise ConfigError(f"nics: plane listed twice ({planes}); one NIC per plane")
     return tuple(nics)
+
+
+def _not_self(raw, identity: dict):
+    """The peers without this host itself: a fleet-wide config lists every host, this one too
+    (recognized by its service address)."""
+    if not isinstance(raw, list):
+        raise ConfigError("peers: expected a list of {name, agent_id, service, nics}")
+    own = identity["service"]
+
+    def is_self(p) -> bool:
+        try:
+            return isinstance(p, dict) and str(ipaddress.ip_address(str(p.get("service")))) == own
+        except ValueError:
+            return False
+
+    return [p for p in raw if not is_self(p)]
 
 
 def _peers(raw, own_id: int) -> tuple[Peer, ...]:
@@ -385,7 +532,7 @@ def _optional_str(value, where: str) -> str | None:
     return None if value is None else _str(value, where)
 
 
-def load_text(text: str, where: str) -> AgentConfig:
+def load_text(text: str, where: str, host: HostFacts | None = None) -> AgentConfig:
     import yaml
 
     try:
@@ -393,7 +540,7 @@ def load_text(text: str, where: str) -> AgentConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {exc}") from None
     try:
-        return parse(raw)
+        return parse(raw, host)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
