@@ -185,7 +185,8 @@ def test_deb_carries_the_venv_units_plugin_docs_and_safe_scripts(dist, tmp_path)
             "/opt/linkpass/lib/libnccl-net-linkpass.so", "/lib/systemd/system/linkpass-agent.service",
             "/lib/systemd/system/linkpass-coordinator.service", "/usr/share/doc/linkpass/copyright",
             "/usr/share/doc/linkpass/failover.md", "/usr/share/linkpass/prometheus/linkpass-rules.yml",
-            "/usr/share/linkpass/grafana/linkpass-fleet.json"}
+            "/usr/share/linkpass/grafana/linkpass-fleet.json", "/usr/share/doc/linkpass/examples/agent-fleet.yaml",
+            "/usr/share/doc/linkpass/install.md"}
     assert want <= paths, want - paths
     assert not any(re.search(r"/site-packages/(ray|torch|scapy|cryptography|numpy)/", p) for p in paths)
     assert "/usr/bin/linkpass -> /opt/linkpass/bin/linkpass" in listing
@@ -226,3 +227,20 @@ def test_package_script_reports_a_failing_step_in_one_line_and_exits_1(tmp_path)
     assert run.stderr.startswith("package: error: ") and "missing.whl" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
     assert not list(tmp_path.glob("*.deb"))
+
+
+@pytest.mark.unit
+def test_example_configs_are_valid_for_the_hosts_they_describe():
+    from linkpass.agent.config import HostFacts, load_text, parse
+
+    examples = REPO / "deploy" / "examples"
+    fleet = yaml.safe_load((examples / "agent-fleet.yaml").read_text())
+    for i in (1, 7, 300):
+        a, b = divmod(i, 256)
+        addrs = [("lo", f"198.18.{a}.{b}/32"), ("bond0", f"198.19.{a}.{b}/16")]
+        addrs += [(f"ens{p}f0", f"198.18.{16 * (p + 1) + a}.{(2 * b + 1) % 256}/31") for p in range(8)]
+        cfg = parse(fleet, HostFacts(f"gpu-{i}", tuple(addrs)))
+        assert len(cfg.nics) == 8 and all(n.gateway for n in cfg.nics) and cfg.name == f"gpu-{i}"
+        assert cfg.metrics_address == f"198.19.{a}.{b}" and cfg.coordinator.follow_plan
+    one = load_text((examples / "agent-one-host.yaml").read_text(), "agent-one-host.yaml")
+    assert (one.name, len(one.nics), len(one.peers), one.coordinator) == ("gpu-a11", 2, 2, None)
