@@ -329,3 +329,54 @@ def test_plan_after_plan_the_path_ids_stay_as_few_as_the_paths():
             ids.claim(pid)
             live.add(pid)
         assert max(live) == 300 == len(ids)
+
+
+NEXT_KEY = bytes(range(100, 132))
+
+
+def test_a_key_rotation_accepts_the_other_key_signs_with_the_current_and_counts_it():
+    """Mid-rotation (docs/security.md) a core accepts requests signed with either key, replies
+    with its own key, and counts what the other key authenticated; a third key stays forged.
+    set_keys takes effect at once, without a new core."""
+    c = _probecore.Core(KEY, 7, accept_key=NEXT_KEY)
+    assert reflected(c, request(seq=1, key=NEXT_KEY)).seq == 1   # signed with the next key: accepted
+    assert reflected(c, request(seq=2)).seq == 2                 # with the current one: accepted
+    assert c.receive_test(request(seq=3, key=WRONG_KEY), PEER, ME, 50000, T0) == "bad_tag"
+    assert c.counters()["other_key"] == 1
+    c.set_keys(NEXT_KEY, KEY)  # the switch: sign with the next key, still accept the old one
+    out = c.receive_test(request(seq=4), PEER, ME, 50000, T0)
+    assert W.Codec(NEXT_KEY).decode(out[28:], ME, PEER, 50000).seq == 4  # the reply is signed with the new key
+    with pytest.raises(W.WireError):
+        codec.decode(out[28:], ME, PEER, 50000)
+    c.set_keys(NEXT_KEY)  # rotation over: the old key is refused
+    assert c.receive_test(request(seq=5), PEER, ME, 50000, T0) == "bad_tag"
+    assert c.counters()["other_key"] == 2
+    with pytest.raises(ValueError, match="fleet key must be"):
+        c.set_keys(KEY, b"short")
+    with pytest.raises(ValueError, match="fleet key must be"):
+        _probecore.Core(KEY, 7, accept_key=b"x" * 65)
+
+
+def test_a_forged_packet_mid_rotation_costs_its_source_two_checks():
+    """With a second key every forged packet is hashed twice: the source's budget pays for both,
+    so forgery costs the receiver no more CPU than before a rotation."""
+    one, two = fresh(), _probecore.Core(KEY, 7, accept_key=NEXT_KEY)
+    for c in (one, two):
+        c.set_budget(10_000, 10_000, 10**9, 10**9)
+    forged = request(key=WRONG_KEY)
+    verdicts = {id(c): Counter(c.receive_test(forged, PEER, ME, 50000, T0) for _ in range(400)) for c in (one, two)}
+    checked_one, checked_two = verdicts[id(one)]["bad_tag"], verdicts[id(two)]["bad_tag"]
+    assert checked_one > 0 and abs(checked_two * 2 - checked_one) <= 2, verdicts
+
+
+def test_python_codec_accepts_the_other_key_during_a_rotation():
+    p = W.Probe(W.KIND_REQUEST, 3, 7, 1, 9)
+    mid = W.Codec(KEY, NEXT_KEY)
+    assert mid.decode(W.Codec(NEXT_KEY).encode(p, PEER, ME, 50000), PEER, ME, 50000) == p
+    assert mid.decode(codec.encode(p, PEER, ME, 50000), PEER, ME, 50000) == p
+    assert mid.other_key_ok == 1
+    with pytest.raises(W.WireError, match="bad_tag"):
+        mid.decode(W.Codec(WRONG_KEY).encode(p, PEER, ME, 50000), PEER, ME, 50000)
+    assert mid.encode(p, PEER, ME, 50000) == codec.encode(p, PEER, ME, 50000)  # signs with its own key
+    with pytest.raises(ValueError, match="the other fleet key must be"):
+        W.Codec(KEY, b"short")

@@ -3,6 +3,8 @@
     agent_id: 1                      # 1..2^32-1, unique in the fleet; auto: from the service address
     name: h0                         # how peers and people call this host; auto: $LINKPASS_HOST_NAME or the host name
     fleet_key_file: /etc/linkpass/fleet.key   # 32-64 random bytes, hex or raw, same on every host
+    fleet_key_accept_file: /etc/linkpass/fleet-next.key   # optional, during a key rotation: accepted
+                                     # too, never sent with (docs/security.md, rotating the fleet key)
     service: 198.18.0.1              # this host's service address; auto: its address in host.service_subnet
     nics:                            # one per plane; auto: found by host.planes
       - {plane: 0, ifname: p0, addr: 198.18.64.1, gateway: 198.18.64.0}   # gateway: for routes
@@ -123,6 +125,7 @@ class AgentConfig:
     service: str
     nics: tuple[Nic, ...]
     peers: tuple[Peer, ...]
+    fleet_key_accept_file: str | None = None  # during a key rotation: a second key accepted, never sent with
     interval_ms: float = 1.0
     idle_interval_ms: float = 10.0  # not applied yet: no idle-path policy in the agent
     ports_per_path: int = 1
@@ -212,7 +215,7 @@ class _Section:
         return default, where
 
 
-TOP = {"agent_id", "name", "fleet_key_file", "service", "nics", "host", "peers", "probe", "detect", "api", "metrics",
+TOP = {"agent_id", "name", "fleet_key_file", "fleet_key_accept_file", "service", "nics", "host", "peers", "probe", "detect", "api", "metrics",
        "routes", "entropy", "coordinator"}
 # section key -> AgentConfig field
 PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "ports_per_path", "discovery_ports", "size_probe_every",
@@ -368,6 +371,7 @@ def _identity(top: dict) -> dict:
     return {"agent_id": _int(_need(top, "agent_id", ""), "agent_id", 1, 2**32 - 1),
             "name": _str(_need(top, "name", ""), "name"),
             "fleet_key_file": _str(_need(top, "fleet_key_file", ""), "fleet_key_file"),
+            "fleet_key_accept_file": _optional_str(top.get("fleet_key_accept_file"), "fleet_key_accept_file"),
             "service": _addr(_need(top, "service", ""), "service")}
 
 

@@ -35,19 +35,26 @@ def mode_problem(mode: int, uid: int, euid: int) -> str | None:
     return None
 
 
-def load_fleet_key(path: str) -> bytes:
-    """The key in `path`, or ConfigError naming the file and the fix."""
+def load_fleet_key(path: str, field: str = "fleet_key_file") -> bytes:
+    """The key in `path`, or ConfigError naming the config field, the file and the fix."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(f"fleet_key_file: cannot read {path} ({exc.strerror})") from None
+        raise ConfigError(f"{field}: cannot read {path} ({exc.strerror})") from None
     try:
         st = os.fstat(fd)
         problem = mode_problem(st.st_mode, st.st_uid, os.geteuid())
         if problem:
             fix = f"chmod 600 {path}" if "owner only" in problem else "replace it with a file only its owner can read"
-            raise ConfigError(f"fleet_key_file: {path} {problem}: {fix}")
+            raise ConfigError(f"{field}: {path} {problem}: {fix}")
         data = os.read(fd, MAX_FILE_BYTES + 1)
     finally:
         os.close(fd)
-    return read_fleet_key(data, path)
+    return read_fleet_key(data, f"{field}: {path}")
+
+
+def load_fleet_keys(key_file: str, accept_file: str | None) -> tuple[bytes, bytes | None]:
+    """(the key to sign with, the other key accepted during a rotation or None)."""
+    key = load_fleet_key(key_file)
+    other = load_fleet_key(accept_file, "fleet_key_accept_file") if accept_file else None
+    return key, (other if other != key else None)

@@ -173,17 +173,34 @@ def _check_header(magic: bytes, version: int, kind: int, kinds: tuple[int, ...])
         raise WireError("bad_kind", str(kind))
 
 
+def _check_key(key, what: str) -> bytes:
+    if not isinstance(key, (bytes, bytearray)) or not FLEET_KEY_MIN <= len(key) <= FLEET_KEY_MAX:
+        raise ValueError(f"{what} must be {FLEET_KEY_MIN}..{FLEET_KEY_MAX} bytes (BLAKE2b key); generate one with "
+                         "`python -c 'import secrets; print(secrets.token_hex(32))'`")
+    return bytes(key)
+
+
 class Codec:
-    """Encoder/decoder bound to a fleet key. Thread-compatible (no mutable state)."""
+    """Encoder/decoder bound to a fleet key: it signs with `key` and accepts what `key` or, during
+    a key rotation, `accept_key` signed (docs/security.md, rotating the fleet key). Its one piece
+    of mutable state is the count of packets the other key authenticated (`other_key_ok`)."""
 
-    def __init__(self, key: bytes):
-        if not isinstance(key, (bytes, bytearray)) or not FLEET_KEY_MIN <= len(key) <= FLEET_KEY_MAX:
-            raise ValueError(f"fleet key must be {FLEET_KEY_MIN}..{FLEET_KEY_MAX} bytes (BLAKE2b key); generate one with "
-                             "`python -c 'import secrets; print(secrets.token_hex(32))'`")
-        self._key = bytes(key)
+    def __init__(self, key: bytes, accept_key: bytes | None = None):
+        self._key = _check_key(key, "fleet key")
+        self._other = _check_key(accept_key, "the other fleet key") if accept_key else None
+        self.other_key_ok = 0
 
-    def _tag(self, data: bytes | memoryview) -> bytes:
-        return hashlib.blake2b(data, key=self._key, digest_size=TAG_LEN).digest()
+    def _tag(self, data: bytes | memoryview, key: bytes | None = None) -> bytes:
+        return hashlib.blake2b(data, key=key or self._key, digest_size=TAG_LEN).digest()
+
+    def _signed(self, data: bytes | memoryview, tag: bytes | memoryview) -> bool:
+        """Whether `tag` is `data`'s under the fleet key or the other key accepted."""
+        if hmac.compare_digest(self._tag(data), bytes(tag)):
+            return True
+        if self._other is not None and hmac.compare_digest(self._tag(data, self._other), bytes(tag)):
+            self.other_key_ok += 1
+            return True
+        return False
 
     def encode(self, p: Probe, src: str | bytes, dst: str | bytes, sport: int, dport: int = ROCE_PORT) -> bytes:
         """UDP payload (BTH .. ICRC) of probe `p` sent from src:sport to dst:dport."""
@@ -214,7 +231,7 @@ class Codec:
         if icrc(src, dst, sport, dport, bytes(roce)) != data[n - ICRC_LEN:]:
             raise WireError("bad_icrc")
         body_end = n - ICRC_LEN - TAG_LEN
-        if not hmac.compare_digest(self._tag(roce[BTH_LEN:body_end]), data[body_end: n - ICRC_LEN]):
+        if not self._signed(roce[BTH_LEN:body_end], data[body_end: n - ICRC_LEN]):
             raise WireError("bad_tag", "not signed with this fleet's key")
         return Probe(kind, sender, reflector, path, seq, t1, t2, t3, t4, rx_count, flags, pad)
 
@@ -242,7 +259,7 @@ class Codec:
         if pad > MAX_PAD or n != UD_RECORD_MIN + pad:
             raise WireError("bad_length", f"{n} bytes for padding {pad}")
         body = memoryview(data)[: n - TAG_LEN]
-        if not hmac.compare_digest(self._tag(body), bytes(data[n - TAG_LEN:])):
+        if not self._signed(body, data[n - TAG_LEN:]):
             raise WireError("bad_tag", "not signed with this fleet's key")
         return Probe(kind, sender, reflector, path, seq, t1, t2, t3, t4, rx_count, flags, pad), sport
 
@@ -258,7 +275,7 @@ class Codec:
             raise WireError("bad_length", f"hello of {len(data)} bytes, expected {HELLO_LEN}")
         magic, version, kind, agent_id, qpn, nonce = _HELLO.unpack_from(data)
         _check_header(magic, version, kind, (HELLO_ASK, HELLO_ANSWER))
-        if not hmac.compare_digest(self._tag(data[:_HELLO.size]), data[_HELLO.size:]):
+        if not self._signed(data[:_HELLO.size], data[_HELLO.size:]):
             raise WireError("bad_tag", "not signed with this fleet's key")
         return kind, agent_id, qpn, nonce
 

@@ -501,22 +501,26 @@ static PyObject *Core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     } while (0)
 
 static int Core_init(Core *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"key", "agent_id", "ring", "seed", "jitter_ppm", NULL};
-    Py_buffer key;
+    static char *kwlist[] = {"key", "agent_id", "ring", "seed", "jitter_ppm", "accept_key", NULL};
+    Py_buffer key, other = {0};
     unsigned int agent_id, ring = XRING_DEFAULT, jitter = 100000;
     unsigned long long seed = 1;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Core is initialised once; make a new one");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*I|IKI", kwlist, &key, &agent_id, &ring, &seed, &jitter)) return -1;
-    if (key.len < FLEET_KEY_MIN || key.len > FLEET_KEY_MAX) {
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*I|IKIy*", kwlist, &key, &agent_id, &ring, &seed, &jitter, &other))
+        return -1;
+    if (key.len < FLEET_KEY_MIN || key.len > FLEET_KEY_MAX ||
+        (other.buf && other.len && (other.len < FLEET_KEY_MIN || other.len > FLEET_KEY_MAX))) {
         PyBuffer_Release(&key);
+        if (other.buf) PyBuffer_Release(&other);
         PyErr_Format(PyExc_ValueError, "fleet key must be %d..%d bytes", FLEET_KEY_MIN, FLEET_KEY_MAX);
         return -1;
     }
     if (agent_id == 0 || ring < 16 || jitter >= 1000000) {
         PyBuffer_Release(&key);
+        if (other.buf) PyBuffer_Release(&other);
         PyErr_SetString(PyExc_ValueError, "agent_id must be > 0, ring >= 16, jitter_ppm < 1000000");
         return -1;
     }
@@ -533,11 +537,14 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     }
     if (efd < 0) { /* nothing was kept: release what this call took, and only that */
         PyBuffer_Release(&key);
+        if (other.buf) PyBuffer_Release(&other);
         PyMem_Free(paths); PyMem_Free(reflect); PyMem_Free(xring); PyMem_Free(evring);
         return -1;
     }
     rx_init(&self->rx, key.buf, (size_t)key.len, agent_id, reflect, seed);
+    if (other.buf && other.len) rx_set_keys(&self->rx, key.buf, (size_t)key.len, other.buf, (size_t)other.len);
     PyBuffer_Release(&key);
+    if (other.buf) PyBuffer_Release(&other);
     self->agent_id = agent_id;
     self->paths = paths;
     self->ring = xring;
@@ -862,13 +869,33 @@ static PyObject *Core_set_size_probe(Core *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_keys(key, accept_key=b""): sign with `key` from now on, accept `accept_key` too (empty:
+ * no other key). Taken under the loop's lock, so a packet is checked against one pair or the other. */
+static PyObject *Core_set_keys(Core *self, PyObject *args) {
+    NEED_READY(self);
+    Py_buffer key, other = {0};
+    if (!PyArg_ParseTuple(args, "y*|y*", &key, &other)) return NULL;
+    int bad = key.len < FLEET_KEY_MIN || key.len > FLEET_KEY_MAX ||
+              (other.buf && other.len && (other.len < FLEET_KEY_MIN || other.len > FLEET_KEY_MAX));
+    if (!bad) {
+        pthread_mutex_lock(&self->mu);
+        rx_set_keys(&self->rx, key.buf, (size_t)key.len, other.buf && other.len ? other.buf : NULL,
+                    other.buf ? (size_t)other.len : 0);
+        pthread_mutex_unlock(&self->mu);
+    }
+    PyBuffer_Release(&key);
+    if (other.buf) PyBuffer_Release(&other);
+    if (bad) return PyErr_Format(PyExc_ValueError, "fleet key must be %d..%d bytes", FLEET_KEY_MIN, FLEET_KEY_MAX);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
     NEED_READY(self);
     uint64_t drops_now[D_COUNT];
     pthread_mutex_lock(&self->mu);
     memcpy(drops_now, self->rx.drops, sizeof drops_now);
-    uint64_t v[8] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
-                     self->rx.reflect_used, self->rx.expired};
+    uint64_t v[9] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
+                     self->rx.reflect_used, self->rx.expired, self->rx.other_key_ok};
     pthread_mutex_unlock(&self->mu);
     PyObject *drops = PyDict_New();
     if (!drops) return NULL;
@@ -878,9 +905,9 @@ static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
         if (!n || PyDict_SetItemString(drops, DROP_NAMES[i], n) < 0) { Py_XDECREF(n); Py_DECREF(drops); return NULL; }
         Py_DECREF(n);
     }
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0], "reflected", v[1], "replies", v[2],
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0], "reflected", v[1], "replies", v[2],
                          "received", v[3], "wakeups", v[4], "evidence_updates", v[5], "reflector_entries", v[6],
-                         "reflector_expired", v[7], "drops", drops);
+                         "reflector_expired", v[7], "other_key", v[8], "drops", drops);
 }
 
 static PyObject *Core_declare_pads(Core *self, PyObject *args) {
@@ -1063,6 +1090,8 @@ static PyMethodDef Core_methods[] = {
     {"set_rto", (PyCFunction)Core_set_rto, METH_VARARGS, "set_rto(path_id, rto_ns): deadline of the next requests"},
     {"set_size_probe", (PyCFunction)Core_set_size_probe, METH_VARARGS,
      "set_size_probe(path_id, every, pad): every Nth probe carries `pad` bytes (0: off)"},
+    {"set_keys", (PyCFunction)Core_set_keys, METH_VARARGS,
+     "set_keys(key[, accept_key]): sign with key, accept accept_key too (a fleet key rotation; b'' = none)"},
     {"counters", (PyCFunction)Core_counters, METH_NOARGS,
      "sent/reflected/replies/received, reflector entries (now) and expired, and drops by reason"},
     {"declare_pads", (PyCFunction)Core_declare_pads, METH_VARARGS,

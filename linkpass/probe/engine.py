@@ -49,18 +49,20 @@ class CoreProbeEngine:
     EVENT = struct.Struct("<IIQIIIIqqqq")  # ev_t: ProbeEvent's fields, in its order
     MAX_KEPT = 1_000_000
     # the counters `stats` reports (drop counters by reason: `drops`); reflector_entries is a level
-    STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired")
+    # other_key: packets authenticated with the other fleet key accepted during a key rotation
+    STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired", "other_key")
 
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None,
                  clock_segment: Callable[[int], tuple[int, int, int]] | None = None, seed: int = 1,
                  jitter: float = 0.1, slice_s: float = 0.05,
-                 on_exchange: Callable[[ExchangeRecord], None] | None = None):
+                 on_exchange: Callable[[ExchangeRecord], None] | None = None, accept_key: bytes | None = None):
         from . import _probecore
 
         check_engine_args(agent_id, jitter)
         self.agent_id = agent_id
         self.netns = netns
-        self.core = _probecore.Core(key, agent_id, seed=seed or 1, jitter_ppm=int(jitter * 1e6))
+        self.core = _probecore.Core(key, agent_id, seed=seed or 1, jitter_ppm=int(jitter * 1e6),
+                                    accept_key=accept_key or b"")
         self.clock_segment = clock_segment
         self.slice_s = slice_s
         self.on_exchange = on_exchange
@@ -236,6 +238,11 @@ class CoreProbeEngine:
             for pid, path in self.paths.items():
                 path.telemetry.sent = self.core.path_sent(pid)
         return events, evidence
+
+    def set_keys(self, key: bytes, accept_key: bytes | None = None) -> None:
+        """Sign with `key` from now on and accept `accept_key` too (None: only `key`): the steps
+        of a fleet key rotation (docs/security.md), taken without stopping the probes."""
+        self.core.set_keys(key, accept_key or b"")
 
     @property
     def stats(self) -> dict:

@@ -62,7 +62,10 @@ typedef struct {
 } bucket_t;
 
 typedef struct {
-    b2_t keyed;
+    b2_t keyed;         /* the fleet key: every packet sent is signed with it */
+    b2_t keyed_other;   /* during a key rotation, the other key accepted too (has_other) */
+    int has_other;
+    uint64_t other_key_ok; /* packets the other key authenticated */
     uint32_t agent_id;
     uint32_t salt;
     uint8_t pad_ok[MAX_PAD + 1]; /* 1: a packet with this padding is one we expect */
@@ -90,6 +93,15 @@ static void rx_init(rx_t *r, const uint8_t *key, size_t keylen, uint32_t agent_i
     r->reflect = table;
     memset(table, 0, REFLECT_SLOTS * sizeof(reflect_t));
     r->idle_ns = REFLECT_IDLE_NS;
+}
+
+/* The keys: `key` signs and verifies; `other` (NULL: none) verifies too, while a fleet rotates
+ * from one key to the next (docs/security.md). */
+static void rx_set_keys(rx_t *r, const uint8_t *key, size_t keylen, const uint8_t *other, size_t otherlen) {
+    b2_keyed_init(&r->keyed, key, keylen);
+    r->has_other = other != NULL;
+    if (other) b2_keyed_init(&r->keyed_other, other, otherlen);
+    else memset(&r->keyed_other, 0, sizeof r->keyed_other);
 }
 
 /* ---- budgets ----------------------------------------------------------------------------- */
@@ -205,9 +217,15 @@ static int rx_handle(rx_t *r, const uint8_t *d, size_t n, const uint8_t src[4], 
     if (!trust) bucket_refill(&r->shared, r->shared_rate, r->shared_burst, now);
     if ((b && b->tokens <= 0) || (!trust && r->shared.tokens <= 0)) return rx_drop(r, D_OVER_BUDGET);
     why = decode_verify(&r->keyed, d, n, pad, src, dst, sport, ROCE_PORT, p);
+    int64_t cost = (int64_t)n;
+    if (why == D_BAD_TAG && r->has_other) { /* mid-rotation: a peer may still (or already) sign with the other key */
+        why = decode_verify(&r->keyed_other, d, n, pad, src, dst, sport, ROCE_PORT, p);
+        if (why < 0) r->other_key_ok++;
+        cost *= 2; /* a forged packet cost two checks */
+    }
     if (why >= 0) {
-        if (b) b->tokens -= (int64_t)n;
-        if (!trust) r->shared.tokens -= (int64_t)n;
+        if (b) b->tokens -= cost;
+        if (!trust) r->shared.tokens -= cost;
         return rx_drop(r, why);
     }
     if (b) b->ok_ns = now ? now : 1;

@@ -132,13 +132,15 @@ class VerbsProbeEngine:
     """One agent's probes and reflector through UD queue pairs; CoreProbeEngine's interface."""
 
     kind = "verbs"
-    STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired")
+    STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired", "other_key")
 
-    def __init__(self, agent_id: int, key: bytes, seed: int = 1, jitter: float = 0.1):
+    def __init__(self, agent_id: int, key: bytes, seed: int = 1, jitter: float = 0.1,
+                 accept_key: bytes | None = None):
         check_engine_args(agent_id, jitter)
         load_pyverbs()
         self.agent_id = agent_id
-        self.codec = wire.Codec(key)
+        self.codec = wire.Codec(key, accept_key)
+        self._other_key_before = 0  # other-key packets counted by codecs replaced since
         self.jitter = jitter
         self._rand = random.Random(seed)
         self.nics: dict[str, _Nic] = {}
@@ -617,7 +619,16 @@ class VerbsProbeEngine:
         with self._lock:
             c = dict(self.counters)
             c["reflector_entries"] = len(self._reflected)
+            c["other_key"] = self._other_key_before + self.codec.other_key_ok
         return {k: c.get(k, 0) for k in self.STATS}
+
+    def set_keys(self, key: bytes, accept_key: bytes | None = None) -> None:
+        """Sign with `key`, accept `accept_key` too (a fleet key rotation, docs/security.md). The
+        loop picks the new codec up at its next packet (one attribute, replaced whole)."""
+        codec = wire.Codec(key, accept_key)
+        with self._lock:
+            self._other_key_before += self.codec.other_key_ok
+            self.codec = codec
 
     @property
     def drops(self) -> dict:
