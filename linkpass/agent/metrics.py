@@ -62,6 +62,9 @@ SPECS: dict[str, Spec] = {
     "linkpass_probe_packets": Spec(CounterMetricFamily,
                                    "Packets of the probe thread: sent (requests), reflected (answers to peers), "
                                    "received", ("kind",)),
+    "linkpass_probe_other_key_packets": Spec(CounterMetricFamily,
+                                            "Packets authenticated with the second fleet key accepted during a key "
+                                            "rotation (fleet_key_accept_file): peers still, or already, signing with it"),
     # telemetry, per path: only with metrics.per_path
     "linkpass_path_probe_requests": Spec(CounterMetricFamily, "Probe requests sent on the path", _PATH),
     "linkpass_path_probe_replies": Spec(CounterMetricFamily, "Authenticated replies received on the path", _PATH),
@@ -99,6 +102,8 @@ SPECS: dict[str, Spec] = {
     "linkpass_agent_coordinator_up": Spec(GaugeMetricFamily,
                                           "1 while the coordinator answers this agent; 0 while it is away "
                                           "(absent without a coordinator)"),
+    "linkpass_agent_fleet_keys": Spec(GaugeMetricFamily,
+                                      "Fleet keys this agent accepts: 1, or 2 during a key rotation"),
     "linkpass_agent_loop_errors": Spec(CounterMetricFamily,
                                        "Exceptions in a step of the agent's main loop (logged; the loop goes on)",
                                        ("step",)),
@@ -223,7 +228,9 @@ class TelemetryCollector:
         for kind in ("sent", "reflected", "received"):
             if kind in counters["stats"]:
                 packets.add_metric([kind], counters["stats"][kind])
-        yield from (sent, replies, lost, loss_ratio, p50, p99, rtt_h, drops, packets)
+        other_key = family("linkpass_probe_other_key_packets")
+        other_key.add_metric([], counters["stats"].get("other_key", 0))
+        yield from (sent, replies, lost, loss_ratio, p50, p99, rtt_h, drops, packets, other_key)
         if per_path:
             yield from (p_sent, p_replies, p_lost, p_loss, p_p50, p_p99, p_rtt)
 
@@ -274,7 +281,8 @@ class DecisionCollector:
 
 class AgentCollector:
     """Reads the agent's own state at scrape time: `counters()` returns {"loop_errors": {step: n},
-    "answers_rejected": n, "probe_thread_up": bool, "coordinator_up": bool | None, "engine": str}."""
+    "answers_rejected": n, "probe_thread_up": bool, "coordinator_up": bool | None, "engine": str,
+    "fleet_keys": 1 or 2}."""
 
     def __init__(self, counters: Callable[[], dict]):
         self.counters = counters
@@ -287,7 +295,9 @@ class AgentCollector:
         build.add_metric([__version__, c["engine"]], 1.0)
         thread = family("linkpass_agent_probe_thread_up")
         thread.add_metric([], 1.0 if c["probe_thread_up"] else 0.0)
-        yield from (build, thread)
+        keys = family("linkpass_agent_fleet_keys")
+        keys.add_metric([], c.get("fleet_keys", 1))
+        yield from (build, thread, keys)
         if c["coordinator_up"] is not None:
             coord = family("linkpass_agent_coordinator_up")
             coord.add_metric([], 1.0 if c["coordinator_up"] else 0.0)
