@@ -9,8 +9,11 @@ coordinator said (drained link addresses, the probe plan) for the main loop to a
     every summary_s            POST /v1/report    the whole table again (heals lost reports)
     quiet for 1 s              POST /v1/report    a heartbeat (no changes)
 
-While the coordinator is unreachable the thread retries with backoff (0.5 s doubling to 5 s) and
-logs once when it goes away and once when it is back. Every answer is checked whole first
+While the coordinator is unreachable the thread retries with backoff (0.5 s doubling to 5 s, each
+wait drawn between half and all of it: `Backoff`) and logs once when it goes away and once when it
+is back. A coordinator that comes back without the fleet's state (404: not registered) is
+registered with again after a random wait of up to `REREGISTER_SPREAD_S`, so thousands of agents
+do not arrive in the same second. Every answer is checked whole first
 (`answer.parse_answer`): a refused one is counted, logged once per distinct fault, and applied not
 at all; the versions stay, so the coordinator sends its drains and plan again. HTTPS, verified
 against coordinator.ca_file and showing this host's certificate when one is configured
@@ -31,6 +34,7 @@ start from the version held is dropped the same way, and the rest of its answer 
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 import time
 from typing import Callable
@@ -55,10 +59,39 @@ def tls_context(cfg: CoordinatorLinkConfig):
 
 
 
+# a fleet's agents re-register over this many seconds after the coordinator lost its state (a
+# registration carries the whole path table: ~2 000 of them in one second would queue up)
+REREGISTER_SPREAD_S = 5.0
+
+
+class Backoff:
+    """Waits between retries: doubling from `first` to `cap`, each drawn uniformly between half of
+    the current step and all of it, so agents that failed together retry apart."""
+
+    def __init__(self, first: float = 0.5, cap: float = 5.0, rng: random.Random | None = None):
+        self.first, self.cap = first, cap
+        self.rng = rng or random.Random()
+        self.step = first
+
+    def next(self) -> float:
+        wait = self.rng.uniform(self.step / 2, self.step)
+        self.step = min(self.step * 2, self.cap)
+        return wait
+
+    def reset(self) -> None:
+        self.step = self.first
+
+    def spread(self, window: float) -> float:
+        """A wait anywhere in [0, window): when many agents must do the same thing once."""
+        return self.rng.uniform(0.0, window)
+
+
 class CoordinatorLink:
     def __init__(self, cfg: CoordinatorLinkConfig, identity: Callable[[], dict], rows: Callable[[], list[dict]],
-                 on_drains: Callable[[tuple], None], on_plan: Callable[[object], None], log, *, rules: AnswerRules):
+                 on_drains: Callable[[tuple], None], on_plan: Callable[[object], None], log, *, rules: AnswerRules,
+                 rng: random.Random | None = None):
         self.cfg = cfg
+        self.backoff = Backoff(rng=rng)
         self.rules = rules  # what answers are checked against (the daemon replaces it on reload)
         self._rejection: str | None = None
         self.identity = identity  # name, agent_id, service, nics, api_port, version
@@ -92,7 +125,6 @@ class CoordinatorLink:
         self.client.close()
 
     def _run(self) -> None:
-        backoff = 0.5
         last_sent = last_summary = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
@@ -120,7 +152,7 @@ class CoordinatorLink:
                 if not self.reachable:
                     self.reachable = True
                     self.log("coordinator_back", url=self.cfg.url)
-                backoff = 0.5
+                self.backoff.reset()
                 self._stop.wait(self.cfg.report_ms / 1000)
             except Unreachable as exc:
                 self.stats["failures"] += 1
@@ -129,13 +161,15 @@ class CoordinatorLink:
                     self.log("coordinator_unreachable", url=self.cfg.url, error=str(exc),
                              note="detection and failover go on locally; reports resume when it is back")
                 self.registered = False  # it may come back without our state: register again
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                self._stop.wait(self.backoff.next())
             except Refusal as exc:
                 self.stats["refusals"] += 1
                 self.registered = False
                 if exc.status == 404 and "has not registered" in str(exc):
-                    continue  # a coordinator that lost its memory: register again at once
+                    # a coordinator that lost its memory: every agent hears this at once; register
+                    # again within the spread, not all in the same second
+                    self._stop.wait(self.backoff.spread(REREGISTER_SPREAD_S))
+                    continue
                 if exc.status == 401 and self._token_replaced():
                     continue  # a new token in token_file (its host's old one revoked): use it at once
                 self.log("coordinator_refused", status=exc.status, error=str(exc))
