@@ -236,7 +236,7 @@ def test_cli_against_the_endpoint(server):
     assert out.returncode == 0, out.stderr
     assert "fleet ok: 4 agents (0 lost), 40 paths" in out.stdout
     out = cli(srv, tokens["reader"], "drain", "p0l0-p0s0", "--reason", "x")
-    assert out.returncode == 2 and "needs role 'operator'" in out.stderr
+    assert out.returncode == 3 and "needs role 'operator'" in out.stderr  # an auth refusal: UNKNOWN (docs/cli.md)
     out = cli(srv, tokens["operator"], "drain", "h3-p0l1", "--reason", "optic", "--dry-run")
     assert out.returncode == 0 and "would drain h3-p0l1" in out.stdout and "(10 paths)" in out.stdout
     out = cli(srv, tokens["operator"], "drain", "h3-p0l1", "--reason", "optic", "-o", "json")
@@ -359,7 +359,7 @@ def test_deep_json_and_odd_queries_are_400s(server):
 def test_decommission_over_http_and_the_cli(server):
     srv, tokens = server
     out = cli(srv, tokens["reader"], "coordinator", "decommission", "h3", "--reason", "retired")
-    assert out.returncode == 2 and "needs role 'operator'" in out.stderr
+    assert out.returncode == 3 and "needs role 'operator'" in out.stderr
     out = cli(srv, tokens["operator"], "coordinator", "decommission", "h3", "--reason", "retired", "--dry-run")
     assert out.returncode == 0 and "would forget agent h3 and the 10 paths" in out.stdout
     assert "h3" in srv.coordinator.agents

@@ -68,7 +68,7 @@ def test_paths_json_and_exit_codes_follow_the_fabric(h0_api):
 def test_no_agent_is_exit_3_with_a_hint(fabric):
     out = subprocess.run(["ip", "netns", "exec", fabric.netns("h3"), *LINKPASS, "paths", "--port", "9"],
                          capture_output=True, text=True, timeout=30)
-    assert out.returncode == 3 and "no agent answers" in out.stdout
+    assert out.returncode == 3 and "no agent answers" in out.stderr and out.stdout == ""
 
 
 def test_prometheus_exposition_is_per_peer_and_plane_by_default(h0_api):

@@ -1,12 +1,12 @@
-"""The on-call commands that ask the coordinator: status, links, paths HOST, events, drain, undrain,
-and `linkpass coordinator` itself.
+"""The on-call commands that ask the coordinator: status, agents, links, paths HOST, events, drain,
+undrain, and `linkpass coordinator` itself.
 
-Every command: `-o table|wide|json|yaml`, `--coordinator URL` ($LINKPASS_COORDINATOR, default
-https://127.0.0.1:9470), `--token-file` ($LINKPASS_TOKEN; on the coordinator's host the local
-read-only token is used by default; drains need an operator token), `--ca-file` and, for mutual
-TLS, `--cert-file`/`--key-file` (on the coordinator's host its lab CA's by default),
-`--insecure-http` to allow an http:// URL. Exit codes: 0 ok, 1 warning, 2 critical or refused,
-3 unknown (coordinator unreachable, TLS failed, bad usage).
+Every command: `-o table|wide|json|yaml`, `--coordinator URL`, `--token-file FILE`, `--ca-file`
+and, for mutual TLS, `--cert-file`/`--key-file`, each also from the environment and a context of
+the CLI's config file (`--context`, `--config-file`; settings.py has the precedence), and
+`--insecure-http` to allow an http:// URL. Drains need an operator token. Exit codes: 0 ok,
+1 warning, 2 critical (a write the coordinator's guard refused, too), 3 unknown (coordinator
+unreachable, TLS or token refused, bad usage or config).
 Renderers are pure functions of the JSON documents (and `now`), checked against golden files.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import sys
 import time
 
 from ..core.constants import COORDINATOR_LISTEN, COORDINATOR_PORT, COORDINATOR_URL
-from .output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint,
-                     paint_level, table)
+from .output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, CliError, emit,
+                     error, paint, paint_level, table, warn)
 from ..core.fabric import DOWN, UP
 from ..core.states import BAD, Level, health_of, state_of, worst
 from ..observe.log import RANK
@@ -39,11 +39,10 @@ def _level(word: str) -> Level | None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     def common(p, watch: bool = True):
-        p.add_argument("-o", "--output", choices=FORMATS, default="table")
-        p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint (default $LINKPASS_COORDINATOR "
-                                                            f"or {COORDINATOR_URL})")
-        p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
-        tls_args(p)
+        p.add_argument("-o", "--output", choices=FORMATS, default="table", metavar="FORMAT",
+                       help="table (default), wide (more columns), json or yaml: a document on stdout, "
+                            "errors on stderr")
+        client_args(p)
         if watch:
             p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
                            help="redraw every SECONDS (default 2) until Ctrl-C")
@@ -98,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "coordinator within a second, a restarted one too) and the new one printed; "
                                         "an agent reads its token_file again when refused, so replacing the file is "
                                         "enough. Exit 0 done, 3 no secret, bad host name or usage.")
-    tk.add_argument("host", help="the agent's name, as in its config (e.g. h3)")
+    tk.add_argument("host", help="the agent's name, as in its config (e.g. h3)").complete = "hosts"
     tk.add_argument("--state-dir", default=None, help="the coordinator's state (default /var/lib/linkpass/coordinator)")
     tk.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600) instead of printing it")
     tk.add_argument("--revoke", action="store_true",
@@ -107,9 +106,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tk.set_defaults(func=_token)
     dc = actions.add_parser("decommission", help="forget an agent and its paths (operators only)",
                             description="Removes HOST's agent and the paths it reported from the coordinator (a host "
-                                        "that still runs an agent registers again). Exit 0 done, 2 refused, "
-                                        "3 unreachable or unknown host.")
-    dc.add_argument("host", help="the agent's name (`linkpass status -o wide` lists lost agents)")
+                                        "that still runs an agent registers again). Exit 0 done, 3 coordinator "
+                                        "unreachable, token refused (an operator's is needed) or unknown host.")
+    dc.add_argument("host", help="the agent's name (`linkpass agents --lost` lists lost agents)").complete = "hosts"
     dc.add_argument("--reason", required=True, help="why (recorded with your name)")
     dc.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
     common(dc, watch=False)
@@ -117,18 +116,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     st = sub.add_parser("status", help="fleet health at a glance (from the coordinator)",
                         description="Agents, paths by state, localized faults, drains. Exit 0 healthy, 1 degraded, "
-                                    "2 a localized fault or a lost agent, 3 coordinator unreachable.")
+                                    "2 a localized fault or a lost agent, 3 coordinator unreachable or token refused.")
     common(st)
     st.set_defaults(func=lambda a: _watch(a, _status))
 
+    ag = sub.add_parser("agents", help="every agent the coordinator knows: up or lost, last report, paths, version",
+                        description="One row per registered agent. An agent is lost when it has not reported for "
+                                    "the coordinator's --agent-timeout-s (it keeps failing over locally if it runs, "
+                                    "but the coordinator no longer sees its paths). Exit 0 every agent up, 2 an agent "
+                                    "lost (as `linkpass status` counts it), 3 coordinator unreachable or token "
+                                    "refused.")
+    common(ag)
+    ag.add_argument("--lost", action="store_true", help="only lost agents")
+    ag.set_defaults(func=lambda a: _watch(a, _agents))
+
     lk = sub.add_parser("links", help="per fabric link: health, localized faults (with direction), drains",
                         description="Exit 2 if a link is localized as faulty, 1 if one is drained or not watched "
-                                    "by any probe in some direction.")
+                                    "by any probe in some direction, 3 coordinator unreachable or token refused.")
     common(lk)
     lk.add_argument("--problems", action="store_true", help="only links that are not ok")
     lk.set_defaults(func=lambda a: _watch(a, _links))
 
-    ev = sub.add_parser("events", help="history: detections, localizations, drains, refusals (who, why, when)")
+    ev = sub.add_parser("events", help="history: detections, localizations, drains, refusals (who, why, when)",
+                        description="The coordinator's history, oldest first. Exit 0, or 3 coordinator unreachable, "
+                                    "token refused or a bad --since.")
     common(ev, watch=False)
     ev.add_argument("--since", default="1h", help="how far back: 30s, 15m, 2h, 7d, or an ISO time (default 1h)")
     ev.add_argument("--kind", default="", help="only these kinds, comma-separated (detection, recovery, "
@@ -140,9 +151,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     for verb in ("drain", "undrain"):
         d = sub.add_parser(verb, help=("steer every agent away from a link (operators only; guarded)" if verb == "drain"
                                        else "let agents use a drained link again (operators only)"),
-                           description="Exit 0 done, 1 --dry-run found it would be refused, 2 refused (guard, role "
-                                       "or token), 3 coordinator unreachable.")
-        d.add_argument("link", help="link name, e.g. p0l0-p0s1 or h3-p1l1 (`linkpass links` lists them)")
+                           description="Exit 0 done, 1 --dry-run found it would be refused, 2 refused by the "
+                                       "coordinator's guard (blast radius, a host pair left without a path), "
+                                       "3 coordinator unreachable, token refused (an operator's is needed) or "
+                                       "unknown link.")
+        d.add_argument("link", help="link name, e.g. p0l0-p0s1 or h3-p1l1 (`linkpass links` lists them)"
+                       ).complete = "links"
         if verb == "drain":
             d.add_argument("--reason", required=True, help="why (recorded with your name; on-call reads it later)")
             d.add_argument("--force", action="store_true",
@@ -154,65 +168,122 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_coordinator_paths_args(p: argparse.ArgumentParser) -> None:
     """`linkpass paths HOST [PEER]` asks the coordinator (the local form is `linkpass paths [--peer]`)."""
-    p.add_argument("--coordinator", metavar="URL", help="coordinator endpoint, for `paths HOST`")
-    p.add_argument("--token-file", help="file holding your token (default $LINKPASS_TOKEN)")
-    tls_args(p)
+    client_args(p, for_what=" (for `paths HOST`)")
     p.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS", help="redraw every SECONDS")
 
 
+def client_args(p: argparse.ArgumentParser, for_what: str = "") -> None:
+    """Where the coordinator is and who you are to it: flag, else environment, else the config
+    file's context, else the default (settings.py)."""
+    p.add_argument("--coordinator", metavar="URL", help=f"coordinator endpoint{for_what} (default "
+                                                        "$LINKPASS_COORDINATOR, the context's, or "
+                                                        f"{COORDINATOR_URL})")
+    p.add_argument("--token-file", metavar="FILE", help="file holding your token (default: $LINKPASS_TOKEN, "
+                                                        "the context's token-file, ~/.config/linkpass/token, or on "
+                                                        "the coordinator's host its reader.token)")
+    p.add_argument("--context", metavar="NAME", help="a context of the config file: its coordinator, token and "
+                                                     "TLS files (default $LINKPASS_CONTEXT or current-context)")
+    p.add_argument("--config-file", metavar="FILE", help="the CLI's config file (default $LINKPASS_CONFIG or "
+                                                         "~/.config/linkpass/config.yaml)")
+    tls_args(p)
+
+
 def tls_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ca-file", help="CA the coordinator's certificate must chain to (default $LINKPASS_CA_FILE; on "
-                                     "its host its lab CA; else the system's)")
-    p.add_argument("--cert-file", help="your client certificate, for mutual TLS (default $LINKPASS_CERT_FILE)")
-    p.add_argument("--key-file", help="its private key (default $LINKPASS_KEY_FILE)")
+    p.add_argument("--ca-file", metavar="FILE", help="CA the coordinator's certificate must chain to (default "
+                                                     "$LINKPASS_CA_FILE, the context's; on its host its lab CA; "
+                                                     "else the system's)")
+    p.add_argument("--cert-file", metavar="FILE", help="your client certificate, for mutual TLS (default "
+                                                       "$LINKPASS_CERT_FILE, the context's)")
+    p.add_argument("--key-file", metavar="FILE", help="its private key (default $LINKPASS_KEY_FILE, the context's)")
     p.add_argument("--insecure-http", action="store_true",
                    help="allow an http:// coordinator URL (your token crosses the network in cleartext)")
 
 
 # ---- plumbing ---------------------------------------------------------------------------
-def _client(args):
-    from ..coordinator.client import Client, cli_tls, cli_token, cli_url
+def _client(args, timeout_s: float = 5.0):
+    """A client for the coordinator the settings name (flag > environment > context > default);
+    raises ValueError (settings.ConfigError, tls.TlsError, _Usage) with a one-line reason."""
+    from ..coordinator.auth import read_token
+    from ..coordinator.client import Client
+    from ..coordinator.tls import build_client_context
+    from .settings import from_args
 
-    token_file = getattr(args, "token_file", None)
-    if token_file and not os.path.exists(token_file):
-        raise _Usage(f"--token-file {token_file}: no such file")
-    url = cli_url(getattr(args, "coordinator", None))
+    s = from_args(args)
+    token = s.token.value
+    if s.token_file.value:
+        try:
+            token = read_token(s.token_file.value)
+        except OSError as exc:
+            raise _Usage(f"{_label(s.token_file, '--token-file')} {s.token_file.value}: cannot read it "
+                         f"({exc.strerror})") from None
+    url = s.coordinator.value
     insecure = bool(getattr(args, "insecure_http", False))
-    tls = None if url.startswith("http://") else cli_tls(args.ca_file, args.cert_file, args.key_file)
-    client = Client(url, cli_token(token_file), tls=tls, insecure_http=insecure)
+    tls = None
+    if not url.startswith("http://"):
+        tls = build_client_context(s.ca_file.value, s.cert_file.value, s.key_file.value,
+                                   names=(_label(s.ca_file, "--ca-file"), _label(s.cert_file, "--cert-file"),
+                                          _label(s.key_file, "--key-file")))
+    client = Client(url, token, timeout_s=timeout_s, tls=tls, insecure_http=insecure)
+    client.settings = s  # where each setting came from, for the hints of a failure
     if client.tls is None:
-        print(f"linkpass: {paint('warning:', 'yellow', sys.stderr)} plain HTTP to {url} (--insecure-http): your "
-              "token crosses the network in cleartext", file=sys.stderr)
+        warn(f"plain HTTP to {url} (--insecure-http): your token crosses the network in cleartext")
     return client
 
 
-class _Usage(Exception):
+def _label(setting, flag: str) -> str:
+    """How a message names a setting: the flag, the variable or the context it came from."""
+    return flag if setting.source in (flag, "default") else setting.source
+
+
+class _Usage(ValueError):
     pass
 
 
-def _call(args, fn):
-    """Run fn(client) -> exit code, turning the usual failures into one clear line each."""
-    from ..coordinator.client import Refusal, TlsFailure, Unreachable
+def _call(args, fn, write: bool = False):
+    """Run fn(client) -> exit code, turning the usual failures into one line on stderr each.
+    Whatever fails, the fleet's health is unknown (3); only a write (`write`) the coordinator
+    refused on purpose (409: its blast-radius guard, a stranded host pair) is critical (2): what
+    on-call asked for did not happen, for a reason about the fleet."""
+    from ..coordinator.client import AnswerTooLarge, Refusal, TlsFailure, Unreachable
 
     try:
         client = _client(args)
-    except (_Usage, ValueError) as exc:  # tls.TlsError is a ValueError too
-        print(f"linkpass: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
+    except ValueError as exc:  # settings.ConfigError, tls.TlsError, _Usage, a malformed URL
+        return error(str(exc))
     try:
         return fn(client)
-    except TlsFailure as exc:
-        print(f"linkpass: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
+    except (TlsFailure, AnswerTooLarge) as exc:
+        return error(str(exc))
     except Unreachable as exc:
-        print(f"linkpass: {exc}. Is it running (`linkpass coordinator`)? Set --coordinator or $LINKPASS_COORDINATOR "
-              "to its address.", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return error(f"{exc}; {_where_hint(client.settings)}")
     except Refusal as exc:
-        print(f"linkpass: {paint('refused:', 'red', sys.stderr)} {exc} (HTTP {exc.status})", file=sys.stderr)
-        return EXIT_CRITICAL if exc.status in (401, 403, 409) else EXIT_UNKNOWN
+        if exc.status in (401, 403):
+            return error(f"refused (HTTP {exc.status}): {exc}{_auth_hint(exc, client.settings)}")
+        if write and exc.status == 409:
+            return error(f"{paint('refused:', 'red', sys.stderr)} {exc} (HTTP 409)", EXIT_CRITICAL)
+        return error(f"{exc} (HTTP {exc.status})")
     finally:
         client.close()
+
+
+def _where_hint(s) -> str:
+    source = ("the default address" if s.coordinator.source == "default"
+              else f"the address is from {s.coordinator.source}")
+    return (f"{source}. Is the coordinator running (`linkpass coordinator`)? Point at it with --coordinator, "
+            "$LINKPASS_COORDINATOR or a context (--context)")
+
+
+def _auth_hint(exc, s) -> str:
+    """What to do about a refused token, naming where this one came from and files that exist."""
+    reader, operator = os.path.join(s.state_dir, "reader.token"), os.path.join(s.state_dir, "operator.token")
+    if exc.status == 403 and "needs role 'operator'" in str(exc):
+        return (f"; {s.token_source()}; this needs an operator token: --token-file {operator} on the "
+                "coordinator's host, or an operator entry of its tokens.yaml (docs/security.md, Roles and tokens)")
+    if exc.status == 401:
+        return (f"; {s.token_source()}; give a valid one with --token-file FILE, $LINKPASS_TOKEN or a context's "
+                f"token-file: on the coordinator's host, {reader} (reads) or {operator} (drain, undrain, "
+                "decommission)")
+    return ""
 
 
 def _watch(args, fn) -> int:
@@ -224,16 +295,19 @@ def _watch(args, fn) -> int:
             if sys.stdout.isatty():
                 print("\033[2J\033[H", end="")
             code = _call(args, lambda c: fn(args, c, time.time()))
-            print(paint(f"every {args.watch:g} s, Ctrl-C to stop - {time.strftime('%H:%M:%S')}", "dim"))
+            if args.output in ("table", "wide"):  # JSON and YAML stay documents only
+                print(paint(f"every {args.watch:g} s, Ctrl-C to stop - {time.strftime('%H:%M:%S')}", "dim"))
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return code
 
 
 def _age(now: float, ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    s = max(0.0, now - ts)
+    return "-" if ts is None else _span(now - ts)
+
+
+def _span(seconds: float) -> str:
+    s = max(0.0, seconds)
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h" if s < 172800 else f"{s / 86400:.0f}d"
 
 
@@ -287,6 +361,36 @@ def _status(args, client, now: float) -> int:
     emit(doc, args.output, lambda d: render_status(d, now, args.output == "wide"))
     level = _level(doc["health"])
     return EXIT_UNKNOWN if level is None else EXIT_OF_LEVEL[level]
+
+
+# ---- agents -----------------------------------------------------------------------------
+def render_agents(rows: list[dict], wide: bool = False) -> str:
+    """The coordinator's /v1/agents rows; `last_seen_s` is already an age (the coordinator's clock)."""
+    headers = ["host", "state", "last seen", "paths", "version"] + (["agent id", "service"] if wide else [])
+    out = []
+    for r in rows:
+        state = paint("lost", "red") if r["lost"] else paint("up", "green")
+        cells = [r["name"], state, _span(r["last_seen_s"]) + " ago", r["paths"], r.get("version") or "-"]
+        if wide:
+            cells += [r.get("agent_id", "-"), r.get("service") or "-"]
+        out.append(cells)
+    lost = sum(1 for r in rows if r["lost"])
+    summary = f"{len(rows)} agents, {lost} lost" if rows else "no agent has registered"
+    return table(headers, out) + "\n" + summary
+
+
+def agents_exit(rows: list[dict]) -> int:
+    """A lost agent is critical, as for the fleet's health (`linkpass status`): the coordinator
+    no longer sees that host's paths, so it can neither localize through them nor plan for it."""
+    return EXIT_CRITICAL if any(r["lost"] for r in rows) else EXIT_OK
+
+
+def _agents(args, client, now: float) -> int:
+    rows = client.get("/v1/agents")
+    if args.lost:
+        rows = [r for r in rows if r["lost"]]
+    emit(rows, args.output, lambda d: render_agents(d, args.output == "wide"))
+    return agents_exit(rows)
 
 
 # ---- links ------------------------------------------------------------------------------
@@ -386,8 +490,7 @@ def _events(args) -> int:
     try:
         since = parse_since(args.since, time.time())
     except _Usage as exc:
-        print(f"linkpass: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return error(str(exc))
 
     def run(client):
         rows = client.get("/v1/events", since=since, limit=args.limit, kind=args.kind or None)
@@ -444,7 +547,7 @@ def _drain(args) -> int:
         doc = client.post(f"/v1/{args.verb}", body)
         emit(doc, args.output, lambda d: render_drain(d, args.verb))
         return EXIT_WARNING if doc.get("refused") else EXIT_OK
-    return _call(args, run)
+    return _call(args, run, write=True)
 
 
 # ---- decommission, agent tokens ----------------------------------------------------------
@@ -461,7 +564,7 @@ def _decommission(args) -> int:
         doc = client.post("/v1/decommission", body)
         emit(doc, args.output, render_decommission)
         return EXIT_OK
-    return _call(args, run)
+    return _call(args, run, write=True)
 
 
 def _token(args) -> int:
@@ -474,8 +577,7 @@ def _token(args) -> int:
     from ..coordinator.store import DB_FILE, Store, StoreError
 
     if args.reason is not None and not args.revoke:
-        print("linkpass: --reason: only with --revoke (it says why the host's tokens were revoked)", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return error("--reason: only with --revoke (it says why the host's tokens were revoked)")
     state = args.state_dir or DEFAULT_STATE_DIR
     path, db = os.path.join(state, SECRET_FILE), os.path.join(state, DB_FILE)
     store = None
@@ -491,12 +593,10 @@ def _token(args) -> int:
             epoch = store.agent_epochs().get(args.host, 0) if store is not None else 0
         token = agent_token(secret, args.host, epoch)
     except OSError as exc:
-        print(f"linkpass: {exc.filename or path}: {exc.strerror}; run this where the coordinator keeps its state "
-              "(--state-dir), after it has started once", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return error(f"{exc.filename or path}: {exc.strerror}; run this where the coordinator keeps its state "
+                     "(--state-dir), after it has started once")
     except (AuthError, StoreError) as exc:
-        print(f"linkpass: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return error(str(exc))
     finally:
         if store is not None:
             store.close()
@@ -549,6 +649,60 @@ def _tls_settings(args) -> dict:
             "tls_san": sans, "require_client_cert": args.require_client_cert}
 
 
+def _join_ray(address: str | None) -> None:
+    """Join the Ray cluster at `address` (or start a local Ray); a failure is one line naming the
+    address and what to check, never Ray's traceback."""
+    from ..coordinator import ray_actor
+
+    if address:
+        _ray_answers(address)
+    try:
+        ray_actor.connect(address)
+    except Exception as exc:  # Ray raises ValueError, ConnectionError, RuntimeError, ... by case
+        text = str(exc)
+        if not address:
+            why = (f"could not start a local Ray instance ({_first_line(exc)}): check free memory and disk in "
+                   "/tmp/ray, and that no stale Ray runs (`ray stop` ends it)")
+        elif "ray[client]" in text:
+            why = (f"--address {address}: a ray:// address needs the Ray Client (pip install 'ray[client]'); on a "
+                   "node of the cluster, give the head's GCS address HOST:6379 instead")
+        elif "Could not find any running Ray instance" in text:
+            why = (f"--address {address}: no Ray instance runs on this host; start one (`ray start --head`) or "
+                   "give the head's address, HOST:6379")
+        else:
+            why = (f"could not join Ray at {address} ({_first_line(exc)}): check the address (HOST:6379, "
+                   "ray://HOST:10001 or auto) and that the Ray head runs (`ray status` on it)")
+        raise CliError(why) from exc
+
+
+def _ray_answers(address: str, timeout_s: float = 3.0) -> None:
+    """Something listens at a HOST:PORT or ray://HOST:PORT address: Ray itself would retry an
+    address nobody answers on for minutes, printing its own warnings."""
+    import socket
+    from urllib.parse import urlparse
+
+    if "://" in address:
+        u = urlparse(address)
+        host, port = u.hostname, (u.port if u.netloc.rpartition(":")[2].isdigit() else None)
+    else:
+        host, _, port_text = address.rpartition(":")
+        host, port = host.strip("[]"), int(port_text) if port_text.isdigit() else None
+    if not host or port is None:
+        return  # auto, local, or a form Ray itself will judge
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        raise CliError(f"--address {address}: nothing answers at {host}:{port} ({why}); check that the Ray "
+                       "head runs there (`ray status` on it) and that this is its GCS port (6379 by default), "
+                       "or its Ray Client port (10001) for ray://") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0][:200] if lines else "") or type(exc).__name__
+
+
 def run_coordinator(args) -> int:
     from ..coordinator import ray_actor
     from ..coordinator.runner import DEFAULT_STATE_DIR, log_path
@@ -558,9 +712,8 @@ def run_coordinator(args) -> int:
     try:
         tls = _tls_settings(args)
         log_level = level_from_env(args.log_level)  # resolved here: the actor's process has another environment
-    except (_Usage, ValueError) as exc:
-        print(f"linkpass: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
+    except ValueError as exc:  # _Usage, a bad --log-level in the environment
+        return error(str(exc))
     settings = {"state_dir": args.state_dir or DEFAULT_STATE_DIR, "fabric": args.fabric,
                 "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
                 "listen": args.listen or (f"0.0.0.0:{COORDINATOR_PORT}" if args.testbed else COORDINATOR_LISTEN),
@@ -576,10 +729,9 @@ def run_coordinator(args) -> int:
     try:
         check_settings(settings)  # refused here, by name, rather than inside the Ray actor
     except CoordinatorError as exc:
-        print(f"linkpass: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return error(str(exc))
     print(f"starting {'a local Ray instance' if not args.address else 'on Ray at ' + args.address} ...", flush=True)
-    ray_actor.connect(args.address)
+    _join_ray(args.address)
     follower = None
     try:
         if args.stop:
@@ -594,7 +746,11 @@ def run_coordinator(args) -> int:
             # the actor's log lines from now on, copied to this process's stderr (under systemd, its
             # journal); detached on a cluster (--address), they stay in that file on the actor's node
             follower = Follower(log_path(settings)).start()
-        handle, url = ray_actor.ensure(settings)
+        try:
+            handle, url = ray_actor.ensure(settings)
+        except Exception as exc:  # Ray's own errors, a timeout: the actor's log says more
+            raise CliError(f"the coordinator actor did not come up ({_first_line(exc)}); its log: "
+                           f"{log_path(settings)}") from exc
         print(f"coordinator up: {url} (Ray actor {ray_actor.NAMESPACE}/{ray_actor.ACTOR_NAME}, pid "
               f"{ray_actor.actor_pid(handle)})")
         print(f"tokens: {settings['state_dir']}/{{reader,operator}}.token; agents: `linkpass coordinator token "
@@ -613,11 +769,9 @@ def run_coordinator(args) -> int:
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, on_term)
-        try:
-            while end is None or time.monotonic() < end:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
+        from ..coordinator.foreground import hold  # READY=1, WATCHDOG=1, STOPPING=1 under systemd
+
+        hold(url, settings, end)  # until `end`, SIGTERM or Ctrl-C
         ray_actor.stop(handle)
         return EXIT_OK
     finally:

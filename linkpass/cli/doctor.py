@@ -1,16 +1,15 @@
 """`linkpass doctor`: is this host (or this network namespace) ready for the LinkPass agent?
-The checks and what each reads: linkpass/doctor/."""
+The checks and what each reads are in the doctor package."""
 from __future__ import annotations
 
 import argparse
 import os
 import socket
-import sys
 
 from ..core.constants import AGENT_API_PORT
 from ..doctor.checks import FAIL, OK, SKIP, WARN, Check, report, run_checks
 from ..doctor.gather import gather
-from .output import EXIT_CRITICAL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, emit, paint, table
+from .output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
 
 
 def exit_code(checks: list[Check]) -> int:
@@ -54,7 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--netns", metavar="NAME", help="run every check inside this network namespace (e.g. lp-h0)")
     p.add_argument("--api-port", type=int, default=None, help=f"agent API port (default: the config's, else "
                                                              f"{AGENT_API_PORT})")
-    p.add_argument("-o", "--output", choices=FORMATS, default="table")
+    p.add_argument("-o", "--output", choices=FORMATS, default="table", metavar="FORMAT",
+                   help="table (default), wide (more columns), json or yaml: a document on stdout, errors "
+                        "on stderr")
     p.set_defaults(func=run)
 
 
@@ -63,12 +64,9 @@ def run(args) -> int:
         from ..kernel import netns as ns_io
 
         if not os.path.exists(ns_io.netns_path(args.netns)):
-            print(f"linkpass: error: no network namespace {args.netns!r} (`ip netns list` shows them)",
-                  file=sys.stderr)
-            return EXIT_UNKNOWN
+            return error(f"no network namespace {args.netns!r} (`ip netns list` shows them)")
         if os.geteuid() != 0:
-            print("linkpass: error: --netns needs root (entering a namespace needs CAP_SYS_ADMIN)", file=sys.stderr)
-            return EXIT_UNKNOWN
+            return error("--netns needs root (entering a namespace needs CAP_SYS_ADMIN)")
     facts = gather(args.netns, args.config, args.api_port)
     checks = run_checks(facts)
     doc = report(checks, socket.gethostname(), args.netns, args.config)

@@ -13,8 +13,12 @@ from ..core.states import Level
 
 FORMATS = ("table", "wide", "json", "yaml")
 
-# exit codes shared by all commands, for scripts and monitoring
+# exit codes shared by all commands, for scripts and monitoring (the Nagios plugin convention);
+# docs/cli.md has the table, and tests/test_cli_docs.py holds it to this one
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM, as a shell reports a process killed by SIGINT
+EXIT_MEANING = {EXIT_OK: "ok", EXIT_WARNING: "warning", EXIT_CRITICAL: "critical", EXIT_UNKNOWN: "unknown",
+                EXIT_INTERRUPTED: "interrupted"}
 # every command's exit code and colour for a health level (`core.states`)
 EXIT_OF_LEVEL = {Level.OK: EXIT_OK, Level.WARNING: EXIT_WARNING, Level.CRITICAL: EXIT_CRITICAL}
 COLOUR_OF_LEVEL = {Level.OK: "green", Level.WARNING: "yellow", Level.CRITICAL: "red"}
@@ -71,3 +75,24 @@ def emit(doc: Any, fmt: str, render_table) -> None:
         print(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False), end="")
     else:
         print(render_table(doc))
+
+
+class CliError(Exception):
+    """A failure the command explains in one line on stderr (`linkpass: error: ...`), with the way
+    out where one is known; `code` is the exit code (unknown by default: the command could not
+    tell how the fleet is)."""
+
+    def __init__(self, message: str, code: int = EXIT_UNKNOWN):
+        super().__init__(message)
+        self.code = code
+
+
+def error(message: str, code: int = EXIT_UNKNOWN) -> int:
+    """Print `linkpass: error: MESSAGE` on stderr (stdout stays for the output proper, empty on
+    error, so `-o json` stays parseable); returns `code`."""
+    print(f"{paint('linkpass: error:', 'red', sys.stderr)} {message}", file=sys.stderr)
+    return code
+
+
+def warn(message: str) -> None:
+    print(f"{paint('linkpass: warning:', 'yellow', sys.stderr)} {message}", file=sys.stderr)

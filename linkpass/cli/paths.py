@@ -11,7 +11,7 @@ import json
 import urllib.error
 import urllib.request
 
-from .output import EXIT_OF_LEVEL, EXIT_UNKNOWN, FORMATS, emit, paint, paint_level, table
+from .output import EXIT_OF_LEVEL, FORMATS, emit, error, paint, paint_level, table
 from ..core.constants import AGENT_API_PORT
 from ..core.states import DARK, HELD_OUT, Level, State, health_of, state_of, worst
 
@@ -32,15 +32,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(127.0.0.1:PORT/v1/paths); `linkpass paths HOST [PEER]` asks the coordinator "
                                    "for HOST's paths and the links they cross. A single PEER with --port or "
                                    "--local is read as a peer of the local agent. "
-                                   f"Exit 0 ok, 1 if a path lost > {LOSSY_PCT:g} % in the window or is "
+                                   f"Exit 0 ok, 1 if a path lost more than {LOSSY_PCT:g}% in the window or is "
                                    f"{_any_of(_states_at(Level.WARNING))}, 2 if a path is "
-                                   f"{_any_of(['dark', *_states_at(Level.CRITICAL)])}, 3 if nothing answers.")
-    p.add_argument("host", nargs="?", help="a host of the fleet (asks the coordinator)")
-    p.add_argument("peer", nargs="?", help="only paths to this peer")
+                                   f"{_any_of(['dark', *_states_at(Level.CRITICAL)])}, 3 if nothing answers "
+                                   "(or the coordinator refuses the token).")
+    p.add_argument("host", nargs="?", help="a host of the fleet (asks the coordinator)").complete = "hosts"
+    p.add_argument("peer", nargs="?", help="only paths to this peer").complete = "hosts"
     p.add_argument("--local", action="store_true", help="the local agent, whatever the arguments")
-    p.add_argument("--peer", dest="peer_opt", help="only paths to this peer (local agent)")
+    p.add_argument("--peer", dest="peer_opt", metavar="PEER", help="only paths to this peer (local agent)"
+                   ).complete = "hosts"
     p.add_argument("--port", type=int, default=None, help=f"local agent's API port (default {AGENT_API_PORT})")
-    p.add_argument("-o", "--output", choices=FORMATS, default="table")
+    p.add_argument("-o", "--output", choices=FORMATS, default="table", metavar="FORMAT",
+                   help="table (default), wide (more columns), json or yaml: a document on stdout, errors "
+                        "on stderr")
     from .coordinator import add_coordinator_paths_args
 
     add_coordinator_paths_args(p)
@@ -71,9 +75,8 @@ def run(args) -> int:
         with urllib.request.urlopen(url, timeout=3) as resp:
             rows = json.load(resp)
     except (urllib.error.URLError, OSError) as exc:
-        print(f"linkpass: no agent answers on {url} ({getattr(exc, 'reason', exc)}); is the LinkPass agent running "
-              "on this host (in this network namespace)?")
-        return EXIT_UNKNOWN
+        return error(f"no agent answers on {url} ({getattr(exc, 'reason', exc)}); is the LinkPass agent running "
+                     "on this host (in this network namespace)? `linkpass doctor` checks it")
     if args.peer:
         rows = [r for r in rows if r["peer"] == args.peer]
     emit(rows, args.output, lambda rs: render(rs, args.output == "wide"))

@@ -1,5 +1,5 @@
 """`linkpass tls init`: a lab CA and the certificates the coordinator, its agents and the CLI
-need for HTTPS and mutual TLS (linkpass/coordinator/lab_ca.py makes them).
+need for HTTPS and mutual TLS.
 
     linkpass tls init --dir /etc/linkpass/tls --hosts h0,h1,h2 --san 198.19.0.1,coord.lab
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .output import EXIT_OK, EXIT_UNKNOWN, paint
+from .output import EXIT_OK, EXIT_UNKNOWN, error
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "are always in)")
     i.add_argument("--force", action="store_true", help="make a new CA even if DIR holds a valid one")
     i.set_defaults(func=run_init)
-    t.set_defaults(func=lambda a: (t.print_help(), EXIT_UNKNOWN)[1])
+    t.set_defaults(func=lambda a: (t.print_help(sys.stderr), EXIT_UNKNOWN)[1])
 
 
 def run_init(args) -> int:
@@ -39,8 +39,7 @@ def run_init(args) -> int:
     try:
         done = lab_ca.ensure(args.dir, clients=[*hosts, LOCAL_CLIENT], sans=args.san.split(","), force=args.force)
     except lab_ca.LabCaError as exc:
-        print(f"linkpass: {paint('error:', 'red', sys.stderr)} {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return error(str(exc))
     for name, what in done.items():
         print(f"{what:8} {lab_paths(args.dir, name)[0]}")
     ca = lab_paths(args.dir, "ca")[0]

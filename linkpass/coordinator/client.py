@@ -11,14 +11,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import ssl
 from urllib.parse import urlencode, urlparse
-
-from .auth import read_token
-from ..core.constants import COORDINATOR_URL
-from .runner import DEFAULT_STATE_DIR
-from .tls import LOCAL_CLIENT, build_client_context, lab_dir, lab_paths
 
 
 class Unreachable(ConnectionError):
@@ -133,34 +127,3 @@ class Client:
             raise AnswerTooLarge(f"coordinator at {self.url} sent more than {self.max_answer_bytes} bytes: "
                                  "dropped (a broken or hostile server?)")
         return data
-
-
-def cli_url(explicit: str | None = None) -> str:
-    return explicit or os.environ.get("LINKPASS_COORDINATOR") or COORDINATOR_URL
-
-
-def cli_tls(ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None):
-    """The CLI's TLS context: --ca-file / $LINKPASS_CA_FILE, --cert-file and --key-file /
-    $LINKPASS_CERT_FILE and $LINKPASS_KEY_FILE (mutual TLS); on the coordinator's host the lab
-    CA's ca.crt and cli.crt/cli.key in the state dir. Raises tls.TlsError naming the flag."""
-    lab = lab_dir(os.environ.get("LINKPASS_STATE_DIR", DEFAULT_STATE_DIR))
-    local_ca = lab_paths(lab, "ca")[0]
-    local_cert, local_key = lab_paths(lab, LOCAL_CLIENT)
-    ca = ca_file or os.environ.get("LINKPASS_CA_FILE") or (local_ca if os.access(local_ca, os.R_OK) else None)
-    cert = cert_file or os.environ.get("LINKPASS_CERT_FILE")
-    key = key_file or os.environ.get("LINKPASS_KEY_FILE")
-    if not cert and not key and os.access(local_cert, os.R_OK) and os.access(local_key, os.R_OK):
-        cert, key = local_cert, local_key
-    return build_client_context(ca, cert, key, names=("--ca-file", "--cert-file", "--key-file"))
-
-
-def cli_token(explicit_file: str | None = None) -> str | None:
-    """The caller's token: $LINKPASS_TOKEN, --token-file, ~/.config/linkpass/token, or on the
-    coordinator's own host the local read-only token (drains need an operator token)."""
-    if os.environ.get("LINKPASS_TOKEN"):
-        return os.environ["LINKPASS_TOKEN"].strip()
-    for path in (explicit_file, os.path.expanduser("~/.config/linkpass/token"),
-                 os.path.join(os.environ.get("LINKPASS_STATE_DIR", DEFAULT_STATE_DIR), "reader.token")):
-        if path and os.path.exists(path):
-            return read_token(path)
-    return None
