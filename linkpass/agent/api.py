@@ -6,7 +6,9 @@ plain rows. `LocalApi` serves them over HTTP on 127.0.0.1 inside the host's name
     GET /metrics      Prometheus exposition (linkpass/agent/metrics.py)
     GET /v1/paths     JSON rows, one per probed path (what `linkpass paths -o json` prints)
     GET /v1/counters  engine counters and drops by reason
-    GET /healthz      "ok", or 503 saying why when the probe thread has stalled
+    GET /healthz      "ok", or 503 saying why when the probe thread has stalled (liveness)
+    GET /readyz       "ready ...", or 503 saying what it waits for: the probe thread stalled, or
+                      the coordinator's first probe plan when the agent has no peers of its own
 
 The agent serves /metrics and /healthz a second time on `metrics.address:metrics.port` (the
 host's management address, for a Prometheus elsewhere); the /v1 routes stay on 127.0.0.1.
@@ -185,6 +187,25 @@ def serve(host: str, port: int, routes: dict[str, Route], netns: str | None = No
     return server
 
 
+# what a service manager or Kubernetes asks: alive (the probe thread moves) and ready (it also
+# probes the peers it should; a peer's paths are discovered before the API listens)
+PROBE_PATHS = ("/healthz", "/readyz")
+
+
+def readiness_route(waiting_for: Callable[[], str | None], progress: ProbeProgress | None) -> Route:
+    """/readyz: 200 "ready", or 503 naming what the agent waits for (`waiting_for()`, or a stalled
+    probe thread)."""
+    def ready():
+        if progress is not None and progress.stalled_s() is not None:
+            return 503, progress.health()[1], "text/plain"
+        why = waiting_for()
+        if why:
+            return 503, f"not ready: {why}\n".encode(), "text/plain"
+        return 200, b"ready\n", "text/plain"
+
+    return ready
+
+
 def metrics_routes(registry, progress: ProbeProgress | None) -> dict[str, Route]:
     def health():
         status, body = progress.health() if progress is not None else (200, b"ok\n")
@@ -199,12 +220,14 @@ class LocalApi:
 
     def __init__(self, view: TelemetryView, netns: str | None = None, port: int = AGENT_API_PORT,
                  host: str = "127.0.0.1", collectors=(), extra_routes: dict | None = None,
-                 registry=None, progress: ProbeProgress | None = None):
+                 registry=None, progress: ProbeProgress | None = None,
+                 waiting_for: Callable[[], str | None] = lambda: None):
         self.view = view
         self.registry = registry if registry is not None else metrics_registry(view, collectors)
         self.progress = progress
         routes: dict[str, Route] = {
             **metrics_routes(self.registry, progress),
+            "/readyz": readiness_route(waiting_for, progress),
             "/v1/paths": lambda: (200, json.dumps(self.view.rows()).encode(), "application/json"),
             "/v1/counters": lambda: (200, json.dumps(self.view.counters()).encode(), "application/json"),
             **{path: (lambda fn=fn: (200, json.dumps(fn()).encode(), "application/json"))

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import MISSING, dataclass, field
+from typing import Callable
 
 from ..core.constants import AGENT_API_PORT, AGENT_METRICS_PORT, BATCH_S, ENTROPY_PATH
 from ..core.detector import DetectorConfig
@@ -243,9 +244,10 @@ DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "latency_alarm_mads": ("latency_h_mad", 1, 1, 100_000, 200)}
 
 
-def parse(raw: object, host: HostFacts | None = None) -> AgentConfig:
+def parse(raw: object, host: "HostFacts | Callable[[], HostFacts] | None" = None) -> AgentConfig:
     """The whole file: each section checked in the order the file's docstring lists them. `auto`
-    values are derived from `host` (refused, naming the field, without it)."""
+    values are derived from `host`, or from what `host()` returns when some value is `auto`
+    (refused, naming the field, without it)."""
     top = _mapping(raw if raw is not None else {}, "", TOP)
     top = _resolve_auto(top, host)
     identity = _identity(top)
@@ -265,6 +267,8 @@ def _resolve_auto(top: dict, host: HostFacts | None) -> dict:
     metrics_auto = isinstance(top.get("metrics"), dict) and top["metrics"].get("address") == AUTO
     if not autos and not metrics_auto:
         return top
+    if callable(host):
+        host = host()  # read off the host only when something asks for it
     if host is None:
         raise ConfigError(f"{autos[0] if autos else 'metrics.address'}: auto is derived from this host's addresses, "
                           "which only the agent reads; run `linkpass agent --config FILE --check-config` on the host "
@@ -536,7 +540,7 @@ def _optional_str(value, where: str) -> str | None:
     return None if value is None else _str(value, where)
 
 
-def load_text(text: str, where: str, host: HostFacts | None = None) -> AgentConfig:
+def load_text(text: str, where: str, host: "HostFacts | Callable[[], HostFacts] | None" = None) -> AgentConfig:
     import yaml
 
     try:

@@ -19,6 +19,12 @@ with a level (observe/log.py, docs/logs.md).
 
 The main loop survives any one step raising (`LoopErrors`: logged, counted by step); the
 coordinator's answers are checked whole before any of them is applied (`answer.py`).
+
+Under systemd (Type=notify, docs/systemd.md) it says READY=1 once the probe thread runs, the
+peers' paths are probed and the API listens; RELOADING=1 ... READY=1 around a SIGHUP reload;
+STOPPING=1 when it stops; a STATUS= line with its paths; and WATCHDOG=1 from the main loop only
+while the probe thread makes progress, so a hung prober (or loop) is restarted by systemd. It
+needs no root: CAP_NET_RAW and CAP_NET_ADMIN (`capability_refusal` says when each is needed).
 """
 from __future__ import annotations
 
@@ -32,9 +38,12 @@ from collections import Counter
 from ..core.constants import ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
 from ..core.entropy_table import EntropyError
+from ..kernel import caps
 from ..kernel.rdma import Device, RdmaUnavailable
 from ..core.probe_event import EV_MISS
+from ..core.states import DARK, HELD_OUT
 from ..observe.log import Logger, level_from_env, say
+from ..observe.sdnotify import Notifier, Watchdog
 from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, Target, discover
 from ..probe.engine import CoreProbeEngine
@@ -44,7 +53,8 @@ from .config import AgentConfig, ConfigError, load_text
 from .coordinator_link import CoordinatorLink, tls_context
 from .decide import PathInfo, crosses
 from .failover import Failover, reported_state
-from .keyfile import load_fleet_key
+from .hostfacts import read_host_facts
+from .keyfile import load_fleet_keys
 from .metrics import AgentCollector, DecisionCollector
 from .routes import PeerRoutes, RouteActuator
 
@@ -53,15 +63,18 @@ from .routes import PeerRoutes, RouteActuator
 log = Logger("agent")
 
 
-def load(path: str) -> tuple[AgentConfig, bytes]:
+def load(path: str) -> tuple[AgentConfig, bytes, bytes | None]:
+    """The config (its `auto` values read off this host), the fleet key and the other key accepted
+    during a rotation (or None); ConfigError naming the field for anything wrong."""
     try:
         with open(path) as f:
-            cfg = load_text(f.read(), path)
+            text = f.read()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror})") from None
+    cfg = load_text(text, path, read_host_facts)
     if cfg.coordinator is not None:
         tls_context(cfg.coordinator)  # a bad CA or certificate file stops the start, with its field named
-    return cfg, load_fleet_key(cfg.fleet_key_file)
+    return (cfg, *load_fleet_keys(cfg.fleet_key_file, cfg.fleet_key_accept_file))
 
 
 LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "entropy")  # the main loop's steps, in order
@@ -113,11 +126,34 @@ def probe_engine_kind(cfg: AgentConfig) -> str:
     return "verbs"
 
 
-def make_engine(cfg: AgentConfig, key: bytes):
+def capability_refusal(cfg: AgentConfig, dry_run: bool, cap_eff: int | None, engine_kind: str) -> str | None:
+    """Why this agent cannot start with the effective capabilities `cap_eff`, in one line that
+    says how to grant them, or None. CAP_NET_RAW always (the probes leave through raw sockets);
+    CAP_NET_ADMIN for the socket engine's receive buffers (SO_RCVBUFFORCE) and for route changes
+    (unless dry run). CAP_SYS_NICE is not required: without it (or a high enough RLIMIT_RTPRIO)
+    the probe thread runs at normal priority, which `rt_priority_refused` reports."""
+    if cap_eff is None:
+        return None  # not readable here: the kernel refuses what is missing, with its own error
+    need: dict[int, list[str]] = {caps.CAP_NET_RAW: ["raw probe sockets"]}
+    if engine_kind == "sockets":
+        need.setdefault(caps.CAP_NET_ADMIN, []).append("probe receive buffers")
+    if cfg.routes_enabled and not dry_run:
+        need.setdefault(caps.CAP_NET_ADMIN, []).append("route changes")
+    missing = [(cap, why) for cap, why in sorted(need.items(), key=lambda kv: -kv[0]) if not caps.has(cap_eff, cap)]
+    if not missing:
+        return None
+    names = ", ".join(f"{caps.NAMES[c]} ({' and '.join(w)})" for c, w in missing)
+    short = ",".join(f"+{caps.NAMES[c][4:].lower()}" for c, _ in missing)
+    return (f"missing {names}: run it under the shipped unit (linkpass-agent.service grants them "
+            f"to the linkpass user as ambient capabilities), as root, or from root with `setpriv --reuid=linkpass "
+            f"--regid=linkpass --init-groups --inh-caps={short} --ambient-caps={short} linkpass agent ...`")
+
+
+def make_engine(cfg: AgentConfig, key: bytes, accept_key: bytes | None = None):
     if probe_engine_kind(cfg) == "verbs":
         from ..probe.verbs_engine import VerbsProbeEngine
-        return VerbsProbeEngine(cfg.agent_id, key)
-    return CoreProbeEngine(cfg.agent_id, key)
+        return VerbsProbeEngine(cfg.agent_id, key, accept_key=accept_key)
+    return CoreProbeEngine(cfg.agent_id, key, accept_key=accept_key)
 
 
 def distinct_paths(found):
@@ -132,12 +168,94 @@ def distinct_paths(found):
     return list(best.values())
 
 
+class AgentService:
+    """The agent's side of the service manager's protocol (observe/sdnotify.py; docs/systemd.md):
+    READY=1 when started, RELOADING=1 / READY=1 around a reload, STOPPING=1, a STATUS= line of
+    its paths every few seconds, and WATCHDOG=1 from the main loop only while the probe thread
+    makes progress (`ProbeProgress`). Without $NOTIFY_SOCKET every call does nothing."""
+
+    STATUS_EVERY_S = 5.0
+
+    def __init__(self, agent: "Agent", notifier: Notifier | None = None, clock=time.monotonic):
+        self.agent, self.clock = agent, clock
+        self.notifier = notifier if notifier is not None else Notifier()
+        self.watchdog = Watchdog(self.notifier, self._problem, clock, on_withheld=self._withheld,
+                                 on_resumed=self._resumed)
+        self._next_status = 0.0
+        self._status: str | None = None
+
+    @property
+    def watchdog_s(self) -> float | None:
+        return self.notifier.watchdog_s
+
+    def _problem(self) -> str | None:
+        idle = self.agent.progress.stalled_s()
+        if idle is None:
+            return None
+        return (f"probe thread stalled: no probe sent or received for {idle:.0f} s while "
+                f"{len(self.agent.engine.paths)} paths are configured")
+
+    def _withheld(self, why: str) -> None:
+        log("watchdog_withheld", reason=why, watchdog_s=self.watchdog_s,
+            note="no more watchdog pings: systemd restarts the agent when its watchdog timeout runs out")
+        self._set_status(f"{why}; watchdog pings withheld")
+
+    def _resumed(self) -> None:
+        log("watchdog_resumed", note="the probe thread moves again; watchdog pings resumed")
+
+    def status_line(self) -> str:
+        """What `systemctl status` shows: paths, peers, and how many are down or held out."""
+        a = self.agent
+        detectors = a.failover.detector.paths
+        states = [d.state for d in (detectors.get(pid) for pid in list(a.labels)) if d is not None]
+        peers = sum(1 for ids in list(a.paths_of_peer.values()) if ids)
+        paths = len(a.labels)
+        line = (f"probing {paths} path{'' if paths == 1 else 's'} to {peers} peer{'' if peers == 1 else 's'}, "
+                f"{sum(s in DARK for s in states)} down")
+        held = sum(s in HELD_OUT for s in states)
+        if held:
+            line += f", {held} held out"
+        return line + (" (dry run)" if a.dry_run else "")
+
+    def _set_status(self, text: str) -> None:
+        if text != self._status:
+            self._status = text
+            self.notifier.status(text)
+
+    def ready(self) -> None:
+        if not self.notifier.enabled:
+            return
+        self._status = self.status_line()
+        self.notifier.ready(self._status)
+        self._next_status = self.clock() + self.STATUS_EVERY_S
+
+    def reloading(self) -> None:
+        self.notifier.reloading()
+
+    def stopping(self) -> None:
+        self._status = "stopping: routes stay as decided, the entropy table is withdrawn"
+        self.notifier.stopping(self._status)
+
+    def tick(self) -> None:
+        """Called on every pass of the main loop: a due watchdog ping, a changed STATUS line."""
+        if not self.notifier.enabled:
+            return
+        self.watchdog.tick()
+        now = self.clock()
+        if now >= self._next_status and self.watchdog.withheld is None:
+            self._next_status = now + self.STATUS_EVERY_S
+            self._set_status(self.status_line())
+
+
 class Agent:
-    def __init__(self, cfg: AgentConfig, key: bytes, dry_run: bool = False):
+    service: AgentService | None = None  # the service manager's protocol, once main() attaches it
+    plan_applied = False  # a coordinator probe plan was taken (what an agent without peers of its own waits for)
+
+    def __init__(self, cfg: AgentConfig, key: bytes, dry_run: bool = False, accept_key: bytes | None = None):
         self.cfg = cfg
-        self.key = key
+        self.key, self.accept_key = key, accept_key
         self.dry_run = dry_run
-        self.engine = make_engine(cfg, key)
+        self.engine = make_engine(cfg, key, accept_key)
         self.engine_kind = self.engine.info()["engine"]
         self.labels: dict[int, PathLabels] = {}
         self.paths_of_peer: dict[str, list[int]] = {}
@@ -249,14 +367,17 @@ class Agent:
         # the reflector runs before discovery: peers probing us meanwhile must not see us dark
         refused = self.engine.start_background(self.cfg.rt_priority)
         if refused:
+            fix = (None if self.engine_kind == "verbs" else
+                   f"grant CAP_SYS_NICE or an RLIMIT_RTPRIO of at least {self.cfg.rt_priority} (the unit's "
+                   "LimitRTPRIO=), or set probe.rt_priority: 0")
             log("rt_priority_refused", priority=self.cfg.rt_priority, error=refused,
-                note="probe thread runs at normal priority: on a busy host, expect late replies")
+                note="probe thread runs at normal priority: on a busy host, expect late replies", fix=fix)
         self.add_peers(self.cfg.peers)
         per_path = lambda: self.cfg.metrics_per_path  # noqa: E731 - a reload may change it
         registry = metrics_registry(self.view, [DecisionCollector(lambda: self.failover, per_path),
                                                 AgentCollector(self.health_counters)], per_path)
         self.api = LocalApi(self.view, port=self.cfg.api_port, registry=registry, progress=self.progress,
-                            extra_routes={"/v1/state": self.failover.path_rows})
+                            extra_routes={"/v1/state": self.failover.path_rows}, waiting_for=self.waiting_for)
         self.metrics_server = serve(self.cfg.metrics_address, self.cfg.metrics_port,
                                     metrics_routes(registry, self.progress), name="metrics")
         if self.cfg.coordinator is not None:
@@ -266,7 +387,15 @@ class Agent:
             metrics=f"{self.cfg.metrics_address}:{self.metrics_server.server_address[1]}",
             paths=len(self.labels), nics=[n.ifname for n in self.cfg.nics], routes=self.routes is not None,
             entropy=self.entropy is not None, dry_run=self.dry_run,
-            probes=self.engine.info())
+            probes=self.engine.info(), watchdog_s=self.service.watchdog_s if self.service is not None else None)
+
+    def waiting_for(self) -> str | None:
+        """What keeps the agent from being ready (/readyz), or None. Its own peers' paths are
+        discovered before the API listens; an agent with none waits for the coordinator's plan."""
+        follows = self.cfg.coordinator is not None and self.cfg.coordinator.follow_plan
+        if not self.config_peers and follows and not self.plan_applied:
+            return "no peers yet: waiting for the coordinator's probe plan"
+        return None
 
     def health_counters(self) -> dict:
         """The agent's own faults, for /metrics: loop errors by step, coordinator answers refused."""
@@ -274,7 +403,7 @@ class Agent:
                 "answers_rejected": self.link.stats["answers_rejected"] if self.link is not None else 0,
                 "probe_thread_up": self.progress.stalled_s() is None,
                 "coordinator_up": (self.link.registered and self.link.reachable) if self.link is not None else None,
-                "engine": self.engine_kind}
+                "engine": self.engine_kind, "fleet_keys": 2 if self.accept_key else 1}
 
     # ---- the coordinator ---------------------------------------------------------------
     def identity(self) -> dict:
@@ -331,6 +460,7 @@ class Agent:
         gone = [n for n in have if n not in want]
         new = [p for n, p in want.items() if have.get(n) != p]
         if not gone and not new:
+            self.plan_applied = True
             return
         for n in gone:
             self.remove_peer(n)
@@ -343,12 +473,16 @@ class Agent:
         self.cfg = AgentConfig(**{**self.cfg.__dict__, "peers": tuple(want.values())})
         if self.drain_addrs:
             self.apply_drains(self.drain_addrs)
+        self.plan_applied = True
         log("plan_applied", version=plan.version, peers=len(want), added=[p.name for p in new], removed=gone)
 
-    def reload(self, new: AgentConfig, key: bytes) -> None:
+    def reload(self, new: AgentConfig, key: bytes, accept_key: bytes | None = None) -> None:
         fixed = [f for f in FIXED_ON_RELOAD if getattr(new, f) != getattr(self.cfg, f)]
-        if key != self.key:
-            fixed.append("fleet_key_file (contents)")
+        if (key, accept_key) != (self.key, self.accept_key):
+            # a round of a key rotation (docs/security.md): the probe loop switches under its lock
+            self.engine.set_keys(key, accept_key)
+            log("fleet_keys_changed", signing_key_changed=key != self.key, keys_accepted=2 if accept_key else 1)
+            self.key, self.accept_key = key, accept_key
         if fixed:
             log("reload_partial", needs_restart=fixed, note="these fields change only on a restart; kept as they were")
         old_peers = {p.name: p for p in self.cfg.peers}
@@ -377,9 +511,15 @@ class Agent:
         self._next_beat = self._next_batch = 0.0
         run = self.errors.run
         while not self.stopping.is_set() and (end is None or time.monotonic() < end):
+            if self.service is not None:  # the watchdog pings from here: a hung loop stops them too
+                run("service", self.service.tick)  # (counted as step "service" only if it ever fails)
             if self.reload_requested:
                 self.reload_requested = False
+                if self.service is not None:
+                    self.service.reloading()
                 run("reload", self._reload, config_path)
+                if self.service is not None:
+                    self.service.ready()  # also after a refused config: the agent runs on with the old one
             if self.pending_plan is not None:
                 plan, self.pending_plan = self.pending_plan, None
                 run("plan", self.apply_plan, plan)
@@ -457,12 +597,16 @@ def main(config_path: str, max_seconds: float | None = None, dry_run: bool = Fal
         say(f"linkpass agent: {exc}")
         return 2
     try:
-        cfg, key = load(config_path)
+        cfg, key, accept_key = load(config_path)
     except ConfigError as exc:
         say(f"linkpass agent: config error: {exc}")
         return 2
+    refusal = capability_refusal(cfg, dry_run, caps.read_cap_eff(), probe_engine_kind(cfg))
+    if refusal:
+        say(f"linkpass agent: {refusal}")
+        return 2
     try:
-        agent = Agent(cfg, key, dry_run=dry_run)
+        agent = Agent(cfg, key, dry_run=dry_run, accept_key=accept_key)
     except EntropyError as exc:  # a table directory others can write, or a live writer on it
         say(f"linkpass agent: entropy table: {exc}")
         return 2
@@ -480,9 +624,14 @@ def main(config_path: str, max_seconds: float | None = None, dry_run: bool = Fal
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGHUP, on_hup)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` prints every thread's stack: for a stuck agent
+    faulthandler.enable()  # and so does the SIGABRT systemd's watchdog sends a hung agent, into the journal
+    agent.service = service = AgentService(agent)
     try:
         agent.start()
+        service.ready()
         agent.run(config_path, max_seconds)
     finally:
+        service.stopping()
         agent.stop()
+        service.notifier.close()
     return 0

@@ -15,7 +15,8 @@ What each check reads:
     sysctl.rp_filter        net.ipv4.conf.{all,<fabric NIC>}.rp_filter (all/default without --config)
     sysctl.icmp_errors      net.ipv4.icmp_errors_use_inbound_ifaddr, net.ipv4.ip_forward
     sysctl.port_range       net.ipv4.ip_local_port_range, net.ipv4.ip_local_reserved_ports
-    cap.*                   CapEff in /proc/self/status (this process's effective capabilities)
+    cap.*                   CapEff in /proc/self/status (this process's effective capabilities);
+                            for SCHED_FIFO also RLIMIT_RTPRIO (the unit's LimitRTPRIO= instead of CAP_SYS_NICE)
     config                  the --config file (parsed like the agent does), its fleet key file
     nic.<ifname>            `ip -j link/addr show`, `ip -j neigh show`, `ip -j route get <gateway>`
     rdma                    /sys/class/infiniband/*/ports/*/state and gid_attrs/ndevs/0

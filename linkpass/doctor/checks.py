@@ -52,6 +52,8 @@ class Facts:
     netns: str | None = None
     sysctl: dict[str, str | None] = field(default_factory=dict)  # dotted key -> value (None: absent)
     cap_eff: int | None = None
+    rtprio: int | None = None  # soft RLIMIT_RTPRIO: SCHED_FIFO up to this priority without CAP_SYS_NICE
+    rt_priority: int = 10  # the config's probe.rt_priority (the agent's default without --config)
     uid: int = 0
     config_path: str | None = None
     config_error: str | None = None
@@ -204,8 +206,9 @@ def check_port_range(f: Facts) -> Check:
                  + f"  (or set {key} to end below {a_lo})", reads)
 
 
-_CAPS = ((CAP_NET_ADMIN, "net_admin", FAIL, "the agent cannot change routes (failover) or bind sockets to NICs"),
-         (CAP_NET_RAW, "net_raw", FAIL, "the agent cannot bind probe sockets to a NIC (SO_BINDTODEVICE)"),
+_CAPS = ((CAP_NET_ADMIN, "net_admin", FAIL, "the agent cannot size its probe sockets' receive buffers "
+          "(SO_RCVBUFFORCE) or change routes (failover)"),
+         (CAP_NET_RAW, "net_raw", FAIL, "the agent cannot open its raw probe sockets"),
          (CAP_SYS_NICE, "sys_nice", WARN, "the probe thread cannot run SCHED_FIFO: on a busy host replies come "
           "late and paths look slow (or set probe.rt_priority: 0)"))
 
@@ -218,10 +221,19 @@ def check_caps(f: Facts) -> list[Check]:
             out.append(Check(cname, SKIP, "CapEff not readable in /proc/self/status", "", "/proc/self/status"))
         elif f.cap_eff >> bit & 1:
             out.append(Check(cname, OK, f"CAP_{name.upper()} held (uid {f.uid})", "", "/proc/self/status CapEff"))
+        elif bit == CAP_SYS_NICE and f.rt_priority == 0:
+            out.append(Check(cname, OK, f"CAP_SYS_NICE not needed: probe.rt_priority is 0 (uid {f.uid})", "",
+                             "/proc/self/status CapEff"))
+        elif bit == CAP_SYS_NICE and f.rtprio is not None and f.rtprio >= f.rt_priority:
+            # what the systemd unit does: LimitRTPRIO= allows SCHED_FIFO up to it, without the capability
+            out.append(Check(cname, OK, f"CAP_SYS_NICE not held, but RLIMIT_RTPRIO {f.rtprio} allows SCHED_FIFO at "
+                             f"the probe thread's priority {f.rt_priority} (uid {f.uid})", "",
+                             "/proc/self/status CapEff, getrlimit(RLIMIT_RTPRIO)"))
         else:
             out.append(Check(cname, bad, f"CAP_{name.upper()} missing for this process (uid {f.uid}): {why}",
                              f"run the agent as root or grant it: AmbientCapabilities=CAP_{name.upper()} "
-                             "in its systemd unit (doctor checks its own process: run it like the agent)",
+                             "in its systemd unit" + (f" or LimitRTPRIO={f.rt_priority}" if bit == CAP_SYS_NICE else "")
+                             + " (doctor checks its own process: run it like the agent, docs/systemd.md)",
                              "/proc/self/status CapEff"))
     return out
 

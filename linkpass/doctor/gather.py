@@ -8,6 +8,7 @@ import socket
 import subprocess
 from typing import Any, Callable
 
+from ..kernel.caps import read_cap_eff, rtprio_limit
 from .checks import RDMA_DIR, Facts, NicCfg, PeerCfg
 
 
@@ -31,17 +32,6 @@ def read_clock() -> dict:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return {"state": state, "status": tx.status, "esterror_us": tx.esterror, "maxerror_us": tx.maxerror}
-
-
-def read_cap_eff(path: str = "/proc/self/status") -> int | None:
-    try:
-        with open(path) as fh:
-            for line in fh:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
-    except OSError:
-        return None
-    return None
 
 
 def read_rdma(root: str = RDMA_DIR) -> list[dict] | None:
@@ -190,6 +180,7 @@ def gather(netns: str | None = None, config_path: str | None = None, api_port: i
         f.api_port = api_port
     f.sysctl = _read_sysctls(netns, SYSCTLS + [f"net.ipv4.conf.{n.ifname}.rp_filter" for n in f.nics])
     f.cap_eff = read_cap_eff()
+    f.rtprio = rtprio_limit()
     if f.nics:
         _link_facts(f, netns, ip_json)
     if f.peers:
@@ -206,7 +197,6 @@ def _config_facts(f: Facts, config_path: str):
     """The agent's config (NICs, peers, ports, coordinator) and whether its fleet key reads; the
     config, or None when it does not parse."""
     from ..agent.config import ConfigError, load_text
-    from ..agent.keyfile import load_fleet_key
 
     try:
         with open(config_path) as fh:
@@ -224,11 +214,38 @@ def _config_facts(f: Facts, config_path: str):
     f.agent_name = cfg.name
     if cfg.coordinator is not None:
         f.coordinator_url = cfg.coordinator.url
-    try:
-        load_fleet_key(cfg.fleet_key_file)
-    except ConfigError as exc:
-        f.key_error = str(exc)
+    f.rt_priority = cfg.rt_priority
+    f.key_error = fleet_key_problem(cfg.fleet_key_file)
     return cfg
+
+
+def fleet_key_problem(path: str) -> str | None:
+    """Why the agent would refuse its fleet key file, or None. Run as root, doctor judges a key
+    that another uid owns as that uid reads it: the systemd unit runs the agent as the key's
+    owner (the linkpass user), and the agent accepts a key owned by its own uid."""
+    from ..agent.config import ConfigError, read_fleet_key
+    from ..agent.keyfile import MAX_FILE_BYTES, load_fleet_key, mode_problem
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if os.geteuid() != 0 or st is None or st.st_uid == 0:
+        try:
+            load_fleet_key(path)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+    problem = mode_problem(st.st_mode, st.st_uid, st.st_uid)
+    if problem:
+        fix = f"chmod 600 {path}" if "owner only" in problem else "replace it with a file only its owner can read"
+        return f"fleet_key_file: {path} {problem}: {fix}"
+    try:
+        with open(path, "rb") as fh:
+            read_fleet_key(fh.read(MAX_FILE_BYTES + 1), f"fleet_key_file: {path}")
+    except (OSError, ConfigError) as exc:
+        return str(exc)
+    return None
 
 
 def _link_facts(f: Facts, netns: str | None, ip_json: Callable[..., Any]) -> None:
