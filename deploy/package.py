@@ -5,7 +5,7 @@
                                           repaired to a manylinux tag by auditwheel
     package.py deb --out DIR [--wheel F]  a .deb: a venv of the OS's python3 under /opt/linkpass
                                           with the wheel and its three dependencies, the systemd
-                                          units, sysusers/tmpfiles/sysctl files, the NCCL plugin,
+                                          units, sysusers and sysctl files, the NCCL plugin,
                                           example configs, Prometheus rules, dashboards and docs
 
 Run by `make wheel` / `make deb` with the development venv's Python (it has `build`, `auditwheel`
@@ -87,8 +87,6 @@ def deb_layout() -> list[tuple[str, str, int]]:
             rows.append((f, f"/lib/systemd/system/{f.name}", 0o644))
         elif f.suffix == ".sysusers":
             rows.append((f, "/usr/lib/sysusers.d/linkpass.conf", 0o644))
-        elif f.suffix == ".tmpfiles":
-            rows.append((f, "/usr/lib/tmpfiles.d/linkpass.conf", 0o644))
         elif f.suffix == ".conf":  # sysctl.d
             rows.append((f, f"/usr/lib/sysctl.d/{f.name}", 0o644))
     for sub, dest in (("prometheus", "/usr/share/linkpass/prometheus"), ("grafana", "/usr/share/linkpass/grafana"),
@@ -121,22 +119,21 @@ Description: network-level link failover for AI-training fabrics
  (extra Python dependencies: Ray) localizes faults and drains links.
  .
  Installs /opt/linkpass (a venv of the OS's python3), /usr/bin/linkpass, the
- linkpass-agent and linkpass-coordinator units (not enabled), the linkpass
- system user, a sysctl.d file, example configs, rules and dashboards.
+ linkpass-agent and linkpass-coordinator units (not enabled), their system
+ users, a sysctl.d file, example configs, rules and dashboards.
 """
 
-# configure: the system user and the runtime/config directories; the sysctl file applied; units
+# configure: the system users and the config directory; the sysctl file applied; units
 # known to systemd but neither enabled nor started (the agent needs its config and key first)
 POSTINST = """#!/bin/sh
 set -e
 if [ "$1" = configure ]; then
     if command -v systemd-sysusers >/dev/null 2>&1; then
         systemd-sysusers linkpass.conf
-    elif ! getent passwd linkpass >/dev/null; then
-        adduser --system --group --no-create-home --home /nonexistent linkpass >/dev/null
-    fi
-    if command -v systemd-tmpfiles >/dev/null 2>&1; then
-        systemd-tmpfiles --create linkpass.conf || true
+    else
+        for u in linkpass linkpass-coordinator; do
+            getent passwd "$u" >/dev/null || adduser --system --group --no-create-home --home /nonexistent "$u" >/dev/null
+        done
     fi
     install -d -m 0750 -o root -g linkpass /etc/linkpass
     sysctl -q -p /usr/lib/sysctl.d/90-linkpass.conf >/dev/null 2>&1 || \\
@@ -201,7 +198,7 @@ def build_deb(out: Path, wheel: Path | None) -> Path:
         os.symlink("../venv/bin/linkpass", root / PREFIX.lstrip("/") / "bin" / "linkpass")
         (root / "usr" / "bin").mkdir(parents=True)
         os.symlink(f"{PREFIX}/bin/linkpass", root / "usr" / "bin" / "linkpass")
-        step("adding the units, sysusers/tmpfiles/sysctl files, the NCCL plugin, examples, rules, dashboards, docs")
+        step("adding the units, sysusers and sysctl files, the NCCL plugin, examples, rules, dashboards, docs")
         for src, dest, mode in deb_layout():
             target = root / dest.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -186,7 +186,8 @@ def test_deb_carries_the_venv_units_plugin_docs_and_safe_scripts(dist, tmp_path)
             "/lib/systemd/system/linkpass-coordinator.service", "/usr/share/doc/linkpass/copyright",
             "/usr/share/doc/linkpass/failover.md", "/usr/share/linkpass/prometheus/linkpass-rules.yml",
             "/usr/share/linkpass/grafana/linkpass-fleet.json", "/usr/share/doc/linkpass/examples/agent-fleet.yaml",
-            "/usr/share/doc/linkpass/install.md"}
+            "/usr/share/doc/linkpass/install.md", "/usr/lib/sysusers.d/linkpass.conf",
+            "/usr/lib/sysctl.d/90-linkpass.conf"}
     assert want <= paths, want - paths
     assert not any(re.search(r"/site-packages/(ray|torch|scapy|cryptography|numpy)/", p) for p in paths)
     assert "/usr/bin/linkpass -> /opt/linkpass/bin/linkpass" in listing
@@ -244,3 +245,24 @@ def test_example_configs_are_valid_for_the_hosts_they_describe():
         assert cfg.metrics_address == f"198.19.{a}.{b}" and cfg.coordinator.follow_plan
     one = load_text((examples / "agent-one-host.yaml").read_text(), "agent-one-host.yaml")
     assert (one.name, len(one.nics), len(one.peers), one.coordinator) == ("gpu-a11", 2, 2, None)
+
+
+@pytest.mark.unit
+def test_a_command_that_needs_an_extra_says_which_in_one_line(tmp_path):
+    """On an agent host (no Ray, no cryptography) `linkpass coordinator` and `linkpass tls init`
+    name the extra to install instead of a traceback: simulated by hiding both packages."""
+    hide = ("import sys, importlib.abc\n"
+            "class Hide(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('ray', 'cryptography'):\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+            "from linkpass.cli.main import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    for args in (["coordinator", "--state-dir", str(tmp_path / "s"), "--max-seconds", "1"],
+                 ["tls", "init", "--dir", str(tmp_path / "tls")]):
+        run = subprocess.run([sys.executable, "-c", hide, *args], capture_output=True, text=True, timeout=60,
+                             cwd=REPO)
+        assert run.returncode == 3, (args, run.stderr)
+        assert "pip install 'linkpass[coordinator]'" in run.stderr and "Traceback" not in run.stderr, run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
