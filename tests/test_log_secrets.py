@@ -79,7 +79,7 @@ def test_no_secret_reaches_a_log_line(tmp_path, capfd, monkeypatch):
         seen.append(wrong)
         token_file.write_text(wrong + "\n")
         os.chmod(token_file, 0o600)
-        cfg, key = daemon.load(agent_config(tmp_path, srv.url, lab, key_file, token_file))
+        cfg, key, _accept_key = daemon.load(agent_config(tmp_path, srv.url, lab, key_file, token_file))
         assert key == fleet_key
         # ... and the same refused at start: readable by others, too short, a key for another certificate
         os.chmod(key_file, 0o644)
