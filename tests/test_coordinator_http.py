@@ -569,3 +569,24 @@ def test_an_agent_takes_the_new_token_put_in_its_token_file(server, tmp_path):
         wait_until(lambda: link.stats["registrations"] >= 2 and link.registered, 20, "the agent registering again")
     finally:
         link.stop()
+
+
+def test_a_timed_drain_and_the_history_of_one_link_through_the_cli(server):
+    srv, tokens = server
+    out = cli(srv, tokens["operator"], "drain", "p0l0-p0s1", "--reason", "optic swap", "--for", "2h")
+    assert out.returncode == 0, out.stderr
+    assert "drain p0l0-p0s1, until " in out.stdout and "(then undrained by itself)" in out.stdout
+    with srv.lock:
+        d = srv.coordinator.drains["p0l0-p0s1"]
+        assert 7190 < d["until"] - d["since"] <= 7200
+    out = cli(srv, tokens["operator"], "drain", "p1l0-p1s1", "--reason", "x", "--for", "soon")
+    assert out.returncode == 3 and "--for 'soon': use a duration such as 30m" in out.stderr and out.stdout == ""
+    out = cli(srv, tokens["operator"], "drain", "p1l0-p1s1", "--reason", "x", "--for", "10s")
+    assert out.returncode == 3 and "for_s: a timed drain lasts 60 s" in out.stderr
+    out = cli(srv, tokens["reader"], "events", "--link", "p0l0-p0s1", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [e["kind"] for e in rows] == ["drain"] and rows[0]["detail"]["for_s"] == 7200
+    out = cli(srv, tokens["reader"], "events", "--host", "h2", "-o", "json")
+    assert out.returncode == 0 and all(e["actor"] == "h2" or e["subject"].split("/")[0] == "h2"
+                                       for e in json.loads(out.stdout))

@@ -137,10 +137,10 @@ def test_a_database_of_the_previous_schema_is_upgraded_and_a_newer_one_refused(t
                      "INSERT INTO meta VALUES ('schema', '1');")
     db.close()
     s = Store(str(old))
-    assert s.get_meta("schema") == str(SCHEMA_VERSION) == "2" and s.agent_epochs() == {}
-    s.set_meta("schema", "3")
+    assert s.get_meta("schema") == str(SCHEMA_VERSION) == "3" and s.agent_epochs() == {}
+    s.set_meta("schema", "4")
     s.close()
-    with pytest.raises(StoreError, match="schema version 3"):
+    with pytest.raises(StoreError, match="schema version 4"):
         Store(str(old))
 
 

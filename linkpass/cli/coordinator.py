@@ -144,6 +144,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--since", default="1h", help="how far back: 30s, 15m, 2h, 7d, or an ISO time (default 1h)")
     ev.add_argument("--kind", default="", help="only these kinds, comma-separated (detection, recovery, "
                                                "localization, cleared, drain, undrain, refused, agent, coordinator)")
+    ev.add_argument("--link", help="only events about this link (e.g. p0l0-p0s1)").complete = "links"
+    ev.add_argument("--host", help="only events by or about this host and its paths (e.g. h3)").complete = "hosts"
     ev.add_argument("--limit", type=int, default=200)
     ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events until Ctrl-C")
     ev.set_defaults(func=_events)
@@ -161,6 +163,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             d.add_argument("--reason", required=True, help="why (recorded with your name; on-call reads it later)")
             d.add_argument("--force", action="store_true",
                            help="record the drain even if some host pair would be left without a usable path")
+            d.add_argument("--for", dest="for_", metavar="DURATION",
+                           help="undrain by itself after this long: 30m, 4h, 2d (1 minute to 30 days); the "
+                                "coordinator records the undrain")
         d.add_argument("--dry-run", action="store_true", help="show which hosts and paths would move; change nothing")
         common(d, watch=False)
         d.set_defaults(func=_drain, verb=verb)
@@ -448,10 +453,20 @@ def paths_from_coordinator(args) -> int:
 
 
 # ---- events -----------------------------------------------------------------------------
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in `30s`, `15m`, `2h`, `7d` (a decimal number and one unit), or None."""
+    if text and text[-1] in _UNITS and text.isascii() and text[:-1].replace(".", "", 1).isdigit():
+        return float(text[:-1]) * _UNITS[text[-1]]
+    return None
+
+
 def parse_since(text: str, now: float) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text and text[-1] in units and text.isascii() and text[:-1].replace(".", "", 1).isdigit():
-        return now - float(text[:-1]) * units[text[-1]]
+    ago = parse_duration(text)
+    if ago is not None:
+        return now - ago
     try:
         t = dt.datetime.fromisoformat(text)
     except ValueError:
@@ -470,9 +485,12 @@ def _summary(e: dict) -> str:
         return f"faulty {_arrow(d)}, confidence {d.get('confidence', 0):.2f}, {d.get('bad_paths')} bad paths " \
                f"from {len(d.get('reporters', ()))} reporters" + (f"; {d['note']}" if d.get("note") else "")
     if k == "drain":
-        return f"drained: {d.get('reason')} ({d.get('paths_moved')} paths on {len(d.get('hosts', []))} hosts move)"
+        timed = f", for {_span(d['for_s'])}" if d.get("for_s") else ""
+        return (f"drained: {d.get('reason')} ({d.get('paths_moved')} paths on {len(d.get('hosts', []))} hosts "
+                f"move{timed})")
     if k == "undrain":
-        return f"undrained after {d.get('drained_for_s')} s (drained by {d.get('drained_by')})"
+        return (f"undrained after {d.get('drained_for_s')} s (drained by {d.get('drained_by')})"
+                + (f"; {d['note']}" if d.get("note") else ""))
     if k == "refused":
         return f"{d.get('action')} refused: {d.get('why')}"
     return ", ".join(f"{a}={b}" for a, b in sorted(d.items()))
@@ -493,7 +511,8 @@ def _events(args) -> int:
         return error(str(exc))
 
     def run(client):
-        rows = client.get("/v1/events", since=since, limit=args.limit, kind=args.kind or None)
+        rows = client.get("/v1/events", since=since, limit=args.limit, kind=args.kind or None, link=args.link,
+                          host=args.host)
         if not args.follow:
             emit(rows, args.output, lambda d: render_events(d, args.output == "wide"))
             return EXIT_OK
@@ -502,7 +521,8 @@ def _events(args) -> int:
         try:
             while True:
                 time.sleep(1.0)
-                new = client.get("/v1/events", after=last, limit=1000, kind=args.kind or None)
+                new = client.get("/v1/events", after=last, limit=1000, kind=args.kind or None, link=args.link,
+                                 host=args.host)
                 if new:
                     last = new[-1]["id"]
                     _print_stream(new, args.output, header=False)
@@ -526,7 +546,7 @@ def render_drain(doc: dict, verb: str) -> str:
     imp = doc.get("impact", {})
     head = (f"{'would ' if doc.get('dry_run') else ''}{verb} {doc['link']}" if doc.get("changed", doc.get("dry_run"))
             else f"{doc['link']}: nothing to do (already {'drained' if verb == 'drain' else 'in use'})")
-    lines = [head]
+    lines = [head + (f", until {_when(doc['until'])} (then undrained by itself)" if doc.get("until") else "")]
     if doc.get("refused"):
         lines = [paint(f"would be REFUSED: {doc['refused']}", "red")]
     if imp:
@@ -542,6 +562,11 @@ def _drain(args) -> int:
     body = {"link": args.link, "dry_run": args.dry_run}
     if args.verb == "drain":
         body.update(reason=args.reason, force=args.force)
+        if args.for_ is not None:
+            for_s = parse_duration(args.for_)
+            if for_s is None:
+                return error(f"--for {args.for_!r}: use a duration such as 30m, 4h or 2d")
+            body["for_s"] = for_s
 
     def run(client):
         doc = client.post(f"/v1/{args.verb}", body)

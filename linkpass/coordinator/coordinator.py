@@ -333,6 +333,10 @@ class Coordinator:
                 self.store.event("agent", "coordinator", a.name, what="lost",
                                  silent_s=round(now - a.last_seen, 1),
                                  note="no report from this agent: it keeps failing over locally if it runs")
+        for name, d in sorted(self.drains.items()):
+            if d.get("until") is not None and now >= d["until"]:  # a timed drain ran out
+                self.undrain(name, "coordinator", now,
+                             note=f"drain --for ran out (drained by {d['by']}: {d['reason']})")
         if now - self._touched_at >= TOUCH_S:  # last-seen times reach the disk coarsely
             self._touched_at = now
             self.store.touch_agents({a.name: a.last_seen for a in self.agents.values()})
@@ -506,7 +510,10 @@ class Coordinator:
         return {"hosts": sorted(moved), "paths": {h: v for h, v in sorted(moved.items())},
                 "paths_moved": sum(len(v) for v in moved.values()), "stranded": stranded}
 
-    def drain(self, link: str, reason: str, by: str, now: float, dry_run: bool = False, force: bool = False) -> dict:
+    def drain(self, link: str, reason: str, by: str, now: float, dry_run: bool = False, force: bool = False,
+              for_s: float | None = None) -> dict:
+        """Steer every agent off `link` (guarded; recorded with `by` and `reason`). `for_s`: the
+        drain ends by itself that long from now (the tick undrains it, recorded as the coordinator's)."""
         name = self._link(link)
         if not reason or not reason.strip():
             raise CoordinatorError("a drain needs --reason (it goes into the history on-call reads later)")
@@ -529,8 +536,9 @@ class Coordinator:
             problem = (f"draining {name} would leave {len(impact['stranded'])} host pairs without a usable path "
                        f"({', '.join(impact['stranded'][:5])}); agents never remove a last path, so these would keep "
                        "using it anyway. Fix or undrain the other links first (or --force to record it regardless)")
+        until = None if for_s is None else now + for_s
         result = {"link": name, "kind": lk.kind, "plane": lk.plane, "dry_run": dry_run, "impact": impact,
-                  "limit": limit, "drained_in_tier": sorted(drained_here)}
+                  "limit": limit, "drained_in_tier": sorted(drained_here), "until": until}
         if problem:
             self.store.event("refused", by, name, action="drain", reason=reason, why=problem, dry_run=dry_run)
             if not dry_run:
@@ -542,15 +550,16 @@ class Coordinator:
         # the drain, its version and its event in one transaction: a drain stored without its new
         # version would reach no agent (they hold the old version; the retry finds it drained)
         with self.store.transaction():
-            self.store.set_drain(name, reason, by, now)
+            self.store.set_drain(name, reason, by, now, until)
             self._bump_drains()
             self.store.event("drain", by, name, reason=reason, hosts=impact["hosts"],
-                             paths_moved=impact["paths_moved"])
-        self.drains[name] = {"reason": reason, "by": by, "since": now}
+                             paths_moved=impact["paths_moved"], **({} if for_s is None else {"for_s": for_s,
+                                                                                             "until": until}))
+        self.drains[name] = {"reason": reason, "by": by, "since": now, "until": until}
         result["changed"] = True
         return result
 
-    def undrain(self, link: str, by: str, now: float, dry_run: bool = False) -> dict:
+    def undrain(self, link: str, by: str, now: float, dry_run: bool = False, note: str | None = None) -> dict:
         name = self._link(link)
         if name not in self.drains:
             return {"link": name, "changed": False, "dry_run": dry_run}
@@ -564,7 +573,8 @@ class Coordinator:
         with self.store.transaction():
             self.store.clear_drain(name)
             self._bump_drains()
-            self.store.event("undrain", by, name, drained_by=was["by"], drained_for_s=round(now - was["since"], 1))
+            self.store.event("undrain", by, name, drained_by=was["by"], drained_for_s=round(now - was["since"], 1),
+                             **({"note": note} if note else {}))
         del self.drains[name]
         result["changed"] = True
         return result

@@ -3,9 +3,9 @@
     GET  /v1/healthz                      no token: liveness for probes and load balancers
     GET  /v1/whoami                       the caller's name, role and host (any valid token)
     GET  /v1/status | /v1/links[?problems=1] | /v1/paths[?host=&peer=] | /v1/agents
-         /v1/events[?since=&after=&limit=&kind=] | /v1/plan?host=        role reader, agent or operator
+         /v1/events[?since=&after=&limit=&kind=&link=&host=] | /v1/plan?host=   role reader, agent or operator
     POST /v1/register | /v1/report                                      role agent, as its own host
-    POST /v1/drain | /v1/undrain   {link, reason, dry_run, force}       role operator
+    POST /v1/drain | /v1/undrain   {link, reason, dry_run, force, for_s} role operator
     POST /v1/decommission          {host, reason, dry_run}              role operator
     GET  /metrics                                                       Prometheus (no token)
 
@@ -437,7 +437,7 @@ class CoordinatorServer:
         q = parse_events_query(req.query, EVENT_KINDS, self.limits.events_limit_max)
         with self.lock:
             return 200, self.coordinator.store.events(since=q.since, after_id=q.after_id, limit=q.limit,
-                                                      kinds=q.kinds)
+                                                      kinds=q.kinds, link=q.link, host=q.host)
 
     def _get_whoami(self, req, body, caller, remote):
         return 200, {"name": caller.name, "role": caller.role, "host": caller.host}
@@ -468,7 +468,7 @@ class CoordinatorServer:
         d = parse_drain(body)
         with self.lock:
             return 200, self.coordinator.drain(d.link, d.reason, caller.name, time.time(), dry_run=d.dry_run,
-                                               force=d.force)
+                                               force=d.force, for_s=d.for_s)
 
     def _post_undrain(self, req, body, caller, remote):
         d = parse_drain(body, undrain=True)

@@ -27,6 +27,7 @@ MAX_ID = 2**31 - 1  # path ids
 MAX_AGENT_ID = 2**32 - 1  # as the agent's config allows
 MAX_VERSION = 2**62  # drain/plan versions are counters
 MAX_EVENT_ID = 2**62
+MIN_DRAIN_FOR_S, MAX_DRAIN_FOR_S = 60.0, 30 * 86400.0  # `drain --for`: a minute to a month
 
 
 class CoordinatorError(ValueError):
@@ -94,6 +95,7 @@ class DrainIn:
     reason: str
     dry_run: bool
     force: bool
+    for_s: float | None = None  # a drain that ends by itself after this long (`drain --for`)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class EventsQuery:
     after_id: int
     limit: int
     kinds: tuple[str, ...]
+    link: str | None = None  # events about this link only
+    host: str | None = None  # events by or about this host only
 
 
 def is_decimal(text: str) -> bool:
@@ -166,7 +170,15 @@ def parse_drain(body, undrain: bool = False) -> DrainIn:
     if not isinstance(link, str) or not link or len(link) > MAX_TEXT:
         raise CoordinatorError("link: required, a link name such as p0l0-p0s1 (`linkpass links` lists them)")
     reason = "" if undrain else _text(body.get("reason", ""), "reason", MAX_DRAIN_REASON)
-    return DrainIn(link, reason, _bool(body, "dry_run"), False if undrain else _bool(body, "force"))
+    for_s = None
+    if not undrain and body.get("for_s") is not None:
+        v = body["for_s"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not MIN_DRAIN_FOR_S <= v <= MAX_DRAIN_FOR_S:
+            raise CoordinatorError(f"for_s: a timed drain lasts {MIN_DRAIN_FOR_S:g} s to {MAX_DRAIN_FOR_S:g} s "
+                                   f"(30 days), got {v!r}")
+        for_s = float(v)
+    return DrainIn(link, reason, _bool(body, "dry_run"), False if undrain else _bool(body, "force"), for_s)
 
 
 def parse_decommission(body) -> DecommissionIn:
@@ -194,7 +206,10 @@ def parse_events_query(q: dict, kinds_known: tuple[str, ...], limit_max: int) ->
     if unknown:
         raise CoordinatorError(f"kind: {', '.join(map(repr, unknown))} is not an event kind; "
                                f"one of {', '.join(kinds_known)}")
-    return EventsQuery(since, int(after), int(limit), kinds)
+    link = q.get("link") or None
+    if link is not None and len(link) > MAX_TEXT:
+        raise CoordinatorError(f"link: at most {MAX_TEXT} characters, a link name such as p0l0-p0s1")
+    return EventsQuery(since, int(after), int(limit), kinds, link, query_host(q, "host"))
 
 
 def query_host(q: dict, name: str, required: bool = False) -> str | None:

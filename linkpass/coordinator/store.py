@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable, Iterable
 
 DB_FILE = "coordinator.db"  # in the state directory
-SCHEMA_VERSION = 2  # 2: agent_epochs (a version-1 database is upgraded in place: the table is new)
+SCHEMA_VERSION = 3  # 2: agent_epochs; 3: drains.until (older databases are upgraded in place)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS drains (
     link TEXT PRIMARY KEY,
     reason TEXT NOT NULL,
     by TEXT NOT NULL,
-    since REAL NOT NULL
+    since REAL NOT NULL,
+    until REAL                   -- a timed drain (`drain --for`) ends by itself then; NULL: until undrained
 );
 CREATE TABLE IF NOT EXISTS agents (
     name TEXT PRIMARY KEY,
@@ -94,9 +95,12 @@ class Store:
             raise StoreError(f"{path}: cannot open the coordinator database ({exc}); move it aside to start "
                              "afresh (history is lost) or restore a backup") from None
         row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None or row[0] == "1":
-            # version 1 lacks only agent_epochs, which the script above made; a coordinator of
-            # version 1 then refuses this database rather than accept tokens revoked here
+        if row is None or row[0] in ("1", "2"):
+            # version 1 lacks agent_epochs, which the script above made, and versions 1 and 2 the
+            # drains' until column, added here; an older coordinator then refuses this database
+            # rather than accept tokens revoked here or keep a timed drain for ever
+            if "until" not in {r[1] for r in self.db.execute("PRAGMA table_info(drains)")}:
+                self.db.execute("ALTER TABLE drains ADD COLUMN until REAL")
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif row[0] != str(SCHEMA_VERSION):
             raise StoreError(f"{path}: schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
@@ -117,13 +121,22 @@ class Store:
     def event(self, kind: str, actor: str, subject: str, **detail) -> None:
         self.add_events([(time.time(), kind, actor, subject, detail)])
 
-    def events(self, since: float = 0.0, after_id: int = 0, limit: int = 1000, kinds: Iterable[str] | None = None) -> list[dict]:
+    def events(self, since: float = 0.0, after_id: int = 0, limit: int = 1000, kinds: Iterable[str] | None = None,
+               link: str | None = None, host: str | None = None) -> list[dict]:
+        """The newest `limit` events matching, oldest first. `link`: about that link; `host`: by that
+        host (its agent) or about it or one of its paths (subject `host/<path id>`)."""
         q = "SELECT id, ts, kind, actor, subject, detail FROM events WHERE ts >= ? AND id > ?"
         args: list[Any] = [since, after_id]
         kinds = list(kinds or ())
         if kinds:
             q += f" AND kind IN ({','.join('?' * len(kinds))})"
             args += kinds
+        if link:
+            q += " AND subject = ?"
+            args.append(link)
+        if host:
+            q += " AND (actor = ? OR subject = ? OR substr(subject, 1, ?) = ?)"
+            args += [host, host, len(host) + 1, host + "/"]
         # the newest `limit`, returned oldest first
         q = f"SELECT * FROM ({q} ORDER BY id DESC LIMIT ?) ORDER BY id"
         args.append(limit)
@@ -144,16 +157,18 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
 
     # ---- drains ------------------------------------------------------------------------
-    def set_drain(self, link: str, reason: str, by: str, since: float) -> None:
+    def set_drain(self, link: str, reason: str, by: str, since: float, until: float | None = None) -> None:
         with self._tx():
-            self.db.execute("INSERT OR REPLACE INTO drains VALUES (?,?,?,?)", (link, reason, by, since))
+            self.db.execute("INSERT OR REPLACE INTO drains (link, reason, by, since, until) VALUES (?,?,?,?,?)",
+                            (link, reason, by, since, until))
 
     def clear_drain(self, link: str) -> None:
         with self._tx():
             self.db.execute("DELETE FROM drains WHERE link=?", (link,))
 
     def drains(self) -> dict[str, dict]:
-        return {lk: {"reason": r, "by": b, "since": s} for lk, r, b, s in self.db.execute("SELECT * FROM drains")}
+        return {lk: {"reason": r, "by": b, "since": s, "until": u}
+                for lk, r, b, s, u in self.db.execute("SELECT link, reason, by, since, until FROM drains")}
 
     # ---- agents ------------------------------------------------------------------------
     def upsert_agent(self, name: str, agent_id: int, info: dict, now: float) -> None:
