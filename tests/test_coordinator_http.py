@@ -590,3 +590,59 @@ def test_a_timed_drain_and_the_history_of_one_link_through_the_cli(server):
     out = cli(srv, tokens["reader"], "events", "--host", "h2", "-o", "json")
     assert out.returncode == 0 and all(e["actor"] == "h2" or e["subject"].split("/")[0] == "h2"
                                        for e in json.loads(out.stdout))
+
+
+def test_a_person_gets_an_operator_token_their_drains_carry_their_name_and_revoking_it_works(server, tmp_path):
+    """`token create alice --role operator` on the coordinator's host: the running coordinator takes
+    it at its next tick (no restart), alice's drain is recorded as alice's, `token list` shows her
+    without any hash, and `token revoke alice` makes her token refused again."""
+    srv, tokens = server
+    state = str(srv.state_dir)
+
+    def token(*args):
+        return subprocess.run([*LINKPASS, "coordinator", "token", *args, "--state-dir", state], capture_output=True,
+                              text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+    made = token("create", "alice", "--role", "operator")
+    assert made.returncode == 0, made.stderr
+    alice = made.stdout.strip()
+    assert len(alice) >= 40 and "shown once" in made.stderr
+    assert token("create", "alice", "--role", "reader").returncode == 3  # one token per name
+    bad = token("create", "bob smith", "--role", "operator")
+    assert bad.returncode == 3 and "is not a token name" in bad.stderr
+    assert token("create", "bob").returncode == 3  # --role is required
+    wait_until(lambda: cli(srv, alice, "status").returncode == 0, 10, "the coordinator taking alice's token")
+    out = cli(srv, alice, "drain", "p0l0-p0s1", "--reason", "optic swap")
+    assert out.returncode == 0, out.stderr
+    drain = [e for e in srv.coordinator.store.events(kinds=["drain"])][-1]
+    assert drain["actor"] == "alice"
+    listed = token("list", "-o", "json")
+    doc = json.loads(listed.stdout)
+    assert {"name": "alice", "role": "operator", "host": None} in doc["listed"]
+    assert "sha256" not in listed.stdout and alice not in listed.stdout
+    gone = token("revoke", "alice")
+    assert gone.returncode == 0 and "revoked alice's operator token" in gone.stdout
+    wait_until(lambda: cli(srv, alice, "status").returncode == 3, 10, "alice's token refused")
+    assert token("revoke", "alice").returncode == 3
+    assert cli(srv, tokens["reader"], "status").returncode == 0  # nobody else is touched
+
+
+def test_a_broken_tokens_file_is_refused_and_the_tokens_in_use_kept(server):
+    srv, tokens = server
+    path = os.path.join(srv.state_dir, "tokens.yaml")
+    good = open(path).read()
+    logged = []
+    srv.log = lambda event, **f: logged.append((event, f))
+    with open(path, "w") as f:
+        f.write("tokens: [{name: x, role: admin, sha256: 00}]\n")
+    wait_until(lambda: any(e == "tokens_reload_refused" for e, _ in logged), 10, "the reload refused")
+    assert "role: 'admin' is not a role" in dict(logged)["tokens_reload_refused"]["error"]
+    assert cli(srv, tokens["reader"], "status").returncode == 0  # still the tokens it had
+    from linkpass.coordinator.auth import AuthError, remove_listed_token
+
+    with open(path, "w") as f:
+        f.write(good)
+    for entry in ("local-reader",):
+        remove_listed_token(path, entry)
+    with pytest.raises(AuthError, match="last listed token"):
+        remove_listed_token(path, "local-operator")

@@ -89,15 +89,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     co.set_defaults(func=run_coordinator)
     actions = co.add_subparsers(dest="coordinator_action", metavar="ACTION",
                                 title="actions (without one, the coordinator itself runs)")
-    tk = actions.add_parser("token", help="make the token that lets the agent on HOST register and report as HOST",
-                            description="Derives HOST's agent token from the fleet's agent secret, at HOST's current "
-                                        "epoch (run it where the coordinator's state directory is). The token speaks "
-                                        "for HOST only: put it in that host's agent token_file, mode 0600. With "
-                                        "--revoke, every token HOST had so far is refused from now on (the running "
-                                        "coordinator within a second, a restarted one too) and the new one printed; "
-                                        "an agent reads its token_file again when refused, so replacing the file is "
-                                        "enough. Exit 0 done, 3 no secret, bad host name or usage.")
-    tk.add_argument("host", help="the agent's name, as in its config (e.g. h3)").complete = "hosts"
+    tk = actions.add_parser("token", help="tokens: an agent host's (token HOST), people's and systems' "
+                                          "(token create NAME --role R | list | revoke NAME)",
+                            usage="linkpass coordinator token HOST [--out FILE] [--revoke [--reason R]]\n"
+                                  "       linkpass coordinator token create NAME --role reader|operator [--out FILE]\n"
+                                  "       linkpass coordinator token list [-o table|json]\n"
+                                  "       linkpass coordinator token revoke NAME",
+                            description="Run where the coordinator's state directory is (--state-dir); works with "
+                                        "the coordinator down. `token HOST` derives HOST's agent token from the "
+                                        "fleet's agent secret, at HOST's current epoch: it speaks for HOST only; put "
+                                        "it in that host's agent token_file, mode 0600. With --revoke every token "
+                                        "HOST had so far is refused from now on (the running coordinator within a "
+                                        "second) and the new one printed. `token create NAME --role operator` makes "
+                                        "a token for a person (or a system, role reader), listed in tokens.yaml by "
+                                        "its hash, printed once: drains and decommissions are recorded with NAME. "
+                                        "`token list` shows the listed tokens and revoked hosts; `token revoke NAME` "
+                                        "removes a listed token (refused from the coordinator's next tick). Exit 0 "
+                                        "done, 3 no state, bad name or usage.")
+    tk.add_argument("target", nargs="+", metavar="HOST | create NAME | list | revoke NAME",
+                    help="an agent host (e.g. h3), or an action on listed tokens").complete = "hosts"
+    tk.add_argument("--role", choices=("reader", "operator"), help="with create: what the token may do")
+    tk.add_argument("-o", "--output", choices=("table", "json"), default="table", help="with list")
     tk.add_argument("--state-dir", default=None, help="the coordinator's state (default /var/lib/linkpass/coordinator)")
     tk.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600) instead of printing it")
     tk.add_argument("--revoke", action="store_true",
@@ -593,6 +605,72 @@ def _decommission(args) -> int:
 
 
 def _token(args) -> int:
+    """`token HOST`, or the listed tokens' actions (create, list, revoke)."""
+    words = args.target
+    if words[0] in ("create", "list", "revoke"):
+        return _listed_token(args, words[0], words[1:])
+    if len(words) != 1:
+        return error(f"token: {' '.join(words)!r}: give one HOST, or `create NAME --role R`, `list`, `revoke NAME`")
+    if args.role is not None:
+        return error("--role: only with `token create NAME` (an agent host's token has no role to choose)")
+    args.host = words[0]
+    return _agent_token(args)
+
+
+def _listed_token(args, action: str, rest: list[str]) -> int:
+    from ..coordinator.auth import AuthError, create_listed_token, listed_tokens, remove_listed_token, write_private
+    from ..coordinator.runner import DEFAULT_STATE_DIR
+    from ..coordinator.store import DB_FILE, Store, StoreError
+
+    want = {"create": 1, "list": 0, "revoke": 1}[action]
+    if len(rest) != want:
+        return error(f"token {action}: expected {'NAME' if want else 'no argument'}, got {' '.join(rest) or 'none'}")
+    if args.revoke or args.reason:
+        return error(f"--revoke/--reason: for an agent host's tokens (`token HOST --revoke`); `token {action}` "
+                     "takes neither")
+    if action == "create" and args.role is None:
+        return error("token create: --role reader or --role operator is required")
+    state = args.state_dir or DEFAULT_STATE_DIR
+    path = os.path.join(state, "tokens.yaml")
+    try:
+        if action == "create":
+            token = create_listed_token(path, rest[0], args.role)
+            if args.out:
+                write_private(args.out, token + "\n")
+                print(f"wrote {rest[0]}'s {args.role} token to {args.out}")
+            else:
+                print(token)
+            print(f"{rest[0]} may act as {args.role} from the coordinator's next tick; the token is shown once "
+                  "(only its hash is kept)", file=sys.stderr)
+        elif action == "revoke":
+            gone = remove_listed_token(path, rest[0])
+            print(f"revoked {gone['name']}'s {gone['role']} token: refused from the coordinator's next tick")
+        else:
+            rows = listed_tokens(path)
+            revoked = {}
+            db = os.path.join(state, DB_FILE)
+            if os.path.exists(db):
+                store = Store(db)
+                try:
+                    revoked = store.agent_epochs()
+                finally:
+                    store.close()
+            doc = {"listed": rows, "agent_hosts_revoked": revoked}
+            if args.output == "json":
+                print(json.dumps(doc, indent=2))
+            else:
+                print(table(["name", "role", "host"], [[r["name"], r["role"], r["host"] or "-"] for r in rows]))
+                print(f"agent tokens are derived per host; {len(revoked)} host(s) had theirs revoked"
+                      + (f": {', '.join(f'{h} (epoch {e})' for h, e in sorted(revoked.items()))}" if revoked else ""))
+    except OSError as exc:
+        return error(f"{exc.filename or path}: {exc.strerror}; run this where the coordinator keeps its state "
+                     "(--state-dir), after it has started once")
+    except (AuthError, StoreError) as exc:
+        return error(str(exc))
+    return EXIT_OK
+
+
+def _agent_token(args) -> int:
     """Local to the coordinator's host, like issuing: who may revoke is who holds the state
     directory (and so the secret that mints every token), and it works with the coordinator down.
     The revocation goes into the coordinator's store, which the running coordinator reads every

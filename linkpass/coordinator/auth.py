@@ -140,6 +140,17 @@ class Tokens:
         # so the endpoint's loop reads it without a lock while the tick thread refreshes it
         self._min_epochs: dict[str, int] = {}
 
+    def __len__(self) -> int:
+        """How many tokens the file lists (derived agent tokens are not counted)."""
+        return len(self._by_hash)
+
+    def with_entries_of(self, other: "Tokens") -> "Tokens":
+        """A Tokens with `other`'s listed entries and this one's secret and epochs (a reload of the
+        tokens file)."""
+        fresh = Tokens(other._by_hash, self._secret)
+        fresh._min_epochs = self._min_epochs
+        return fresh
+
     def set_min_epochs(self, epochs: dict[str, int]) -> None:
         """The lowest epoch accepted per host, as the store holds it."""
         self._min_epochs = dict(epochs)
@@ -214,6 +225,81 @@ class Tokens:
                                                         token.encode()):
                 found = Caller(host, "agent", host, epoch)
         return found
+
+
+# a listed token's name: a person (alice, alice@example.com) or a system (grafana); the history
+# records it as who drained, undrained or decommissioned
+TOKEN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}")
+
+
+def listed_tokens(path: str) -> list[dict]:
+    """The tokens file's entries (name, role, host), checked as the coordinator checks them;
+    never the hashes."""
+    with open(path) as f:
+        text = f.read()
+    Tokens.parse(text, path)  # refuses what the coordinator would
+    return [{"name": e["name"], "role": e["role"], "host": e.get("host")}
+            for e in (yaml.safe_load(text) or {})["tokens"]]
+
+
+def create_listed_token(path: str, name: str, role: str) -> str:
+    """A new reader or operator token for `name` (a person, or a system such as grafana), listed in
+    the tokens file by its hash; returns the token, which nothing stores."""
+    if not isinstance(name, str) or not TOKEN_NAME_RE.fullmatch(name):
+        raise AuthError(f"name: {name!r} is not a token name: letters, digits and . _ @ + -, up to 64 "
+                        "(a person's, e.g. alice, so the history says who drained)")
+    if role not in ("reader", "operator"):
+        raise AuthError(f"--role: {role!r}; a listed token is a reader's or an operator's (an agent's token "
+                        "comes from `linkpass coordinator token HOST`)")
+    with _locked(path):
+        with open(path) as f:
+            raw = yaml.safe_load(f.read()) or {}
+        entries = list(raw.get("tokens") or [])
+        if any(e.get("name") == name for e in entries):
+            raise AuthError(f"name: {name!r} already has a token; revoke it first (`linkpass coordinator token "
+                            f"revoke {name}`) or pick another name")
+        token = new_token()
+        entries.append({"name": name, "role": role, "sha256": token_hash(token)})
+        text = yaml.safe_dump({**raw, "tokens": entries}, sort_keys=False)
+        Tokens.parse(text, path)
+        write_private(path, text)
+    return token
+
+
+def remove_listed_token(path: str, name: str) -> dict:
+    """Remove `name`'s entry from the tokens file (its token is refused from the coordinator's next
+    tick on); returns what was removed. The last entry is kept: a file without tokens is refused."""
+    with _locked(path):
+        with open(path) as f:
+            raw = yaml.safe_load(f.read()) or {}
+        entries = list(raw.get("tokens") or [])
+        gone = [e for e in entries if e.get("name") == name]
+        if not gone:
+            raise AuthError(f"{name!r} has no listed token (`linkpass coordinator token list` shows them; an agent "
+                            f"host's tokens are revoked with `linkpass coordinator token HOST --revoke`)")
+        rest = [e for e in entries if e.get("name") != name]
+        if not rest:
+            raise AuthError(f"{name!r} is the last listed token; make another first (the coordinator refuses a "
+                            "tokens file without any)")
+        write_private(path, yaml.safe_dump({**raw, "tokens": rest}, sort_keys=False))
+    return {"name": name, "role": gone[0].get("role"), "host": gone[0].get("host")}
+
+
+class _locked:
+    """An exclusive lock beside the tokens file: two CLIs editing it at once do not lose an entry."""
+
+    def __init__(self, path: str):
+        self.path = f"{path}.lock"
+
+    def __enter__(self):
+        import fcntl
+
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # releases the lock
 
 
 def new_token() -> str:

@@ -45,6 +45,7 @@ import asyncio
 import bisect
 import collections
 import json
+import os
 import re
 import socket
 import ssl
@@ -61,7 +62,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from .. import __version__
 from ..observe.log import Logger
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
-from .auth import NEEDS, Caller, Revoked, Tokens
+from .auth import NEEDS, AuthError, Caller, Revoked, Tokens
 from .coordinator import Coordinator
 from .requests import (CoordinatorError, is_decimal, parse_decommission, parse_drain, parse_events_query, parse_register,
                        parse_report, query_host)
@@ -94,9 +95,13 @@ class Limits:
 
 class CoordinatorServer:
     def __init__(self, coordinator: Coordinator, tokens: Tokens, host: str = "127.0.0.1", port: int = COORDINATOR_PORT,
-                 log=None, limits: Limits | None = None, tls: ssl.SSLContext | None = None):
+                 log=None, limits: Limits | None = None, tls: ssl.SSLContext | None = None,
+                 tokens_path: str | None = None):
         self.coordinator = coordinator
         self.tokens = tokens
+        # the tokens file, re-read at a tick after it changed (`linkpass coordinator token create|revoke`)
+        self.tokens_path = tokens_path
+        self._tokens_stamp = self._stamp()
         self.limits = limits or Limits()
         self.lock = threading.RLock()  # re-entered by a request the loop runs itself (see _one_request)
         self.log = log or Logger("coordinator")  # observe/log.py: JSON lines on stderr
@@ -155,6 +160,30 @@ class CoordinatorServer:
             epochs = self.coordinator.store.agent_epochs()
         self.tokens.set_min_epochs(epochs)
 
+    def _stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.tokens_path) if self.tokens_path else None
+        except OSError:
+            return None
+        return None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def refresh_tokens(self) -> None:
+        """Take the tokens file again when it changed: a listed token created or revoked works or
+        is refused from the next tick on, without a restart. A file that does not parse is logged
+        and the tokens in use are kept."""
+        stamp = self._stamp()
+        if stamp is None or stamp == self._tokens_stamp:
+            return
+        self._tokens_stamp = stamp
+        try:
+            with open(self.tokens_path) as f:
+                fresh = Tokens.parse(f.read(), self.tokens_path)
+        except (OSError, AuthError) as exc:
+            self.log("tokens_reload_refused", error=str(exc), note="the tokens in use are kept")
+            return
+        self.tokens = self.tokens.with_entries_of(fresh)  # one reference, swapped whole
+        self.log("tokens_reloaded", path=self.tokens_path, listed=len(fresh))
+
     def count(self, kind: str, n: int = 1) -> None:
         with self._count_lock:
             self.errors[kind] += n
@@ -184,6 +213,7 @@ class CoordinatorServer:
                 with self.lock:
                     self.coordinator.tick(time.time())
                     self.refresh_revocations()
+                    self.refresh_tokens()
                     self._write_refusals(final=time.monotonic() >= next_summary)
                 if time.monotonic() >= next_summary:
                     next_summary = time.monotonic() + self.limits.refusal_summary_s

@@ -253,7 +253,8 @@ def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
     store = Store(os.path.join(state_dir, DB_FILE), on_committed=lambda events: log_history(log, events))
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
     coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
-    server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls)
+    server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
+                               tokens_path=tokens_path)
     log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, agents=len(coordinator.agents),
         paths=len(coordinator.paths), tls=tls is not None, client_certs=server.mutual)
     if tls is None:

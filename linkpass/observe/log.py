@@ -50,6 +50,8 @@ EVENTS = {
     "plan_applied": "info",
     "reloaded": "info",
     "fleet_keys_changed": "warning",
+    "tokens_reloaded": "info",
+    "tokens_reload_refused": "error",
     "reload_partial": "warning",
     "reload_rejected": "warning",
     "rt_priority_refused": "warning",
