@@ -90,6 +90,7 @@ def deb_layout() -> list[tuple[str, str, int]]:
         elif f.suffix == ".conf":  # sysctl.d
             rows.append((f, f"/usr/lib/sysctl.d/{f.name}", 0o644))
     for sub, dest in (("prometheus", "/usr/share/linkpass/prometheus"), ("grafana", "/usr/share/linkpass/grafana"),
+                      ("schema", "/usr/share/linkpass/schema"),
                       ("examples", "/usr/share/doc/linkpass/examples")):
         d = REPO / "deploy" / sub
         if d.is_dir():

@@ -244,6 +244,61 @@ DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "latency_alarm_mads": ("latency_h_mad", 1, 1, 100_000, 200)}
 
 
+# Every scalar field of the sections: (JSON type, low, high) for numbers, (type,) otherwise; the
+# parser checks values by it (`_checked`) and `schema()` is made from it, so the two cannot differ.
+# "address" is an IP address, "string" a non-empty string, "optional" a string or null.
+SCALARS: dict[str, tuple] = {
+    "probe.interval_ms": ("number", 0.1, 60_000),
+    "probe.idle_interval_ms": ("number", 0.1, 60_000),  # and at least probe.interval_ms
+    "probe.ports_per_path": ("integer", 1, 16),
+    "probe.discovery_ports": ("integer", 1, 1024),
+    "probe.size_probe_every": ("integer", 0, 1_000_000),
+    "probe.mtu": ("integer", 124, 9000),
+    "probe.rt_priority": ("integer", 0, 99),
+    "probe.engine": ("engine",),
+    "probe.batch_ms": ("number", 1, 1000),
+    "api.port": ("integer", 0, 65535),
+    "metrics.address": ("address",),
+    "metrics.port": ("integer", 0, 65535),
+    "metrics.per_path": ("boolean",),
+    "routes.enabled": ("boolean",),
+    "routes.rto_min_ms": ("integer", 1, 1000),
+    "routes.journal": ("string",),
+    "routes.max_changes_per_s": ("number", 1, 100_000),
+    "entropy.enabled": ("boolean",),
+    "entropy.path": ("string",),
+    "coordinator.url": ("string",),
+    "coordinator.token_file": ("string",),
+    "coordinator.report_ms": ("integer", 10, 60_000),
+    "coordinator.summary_s": ("number", 1, 3600),
+    "coordinator.follow_plan": ("boolean",),
+    "coordinator.max_plan_peers": ("integer", 1, 65536),
+    "coordinator.ca_file": ("optional",),
+    "coordinator.cert_file": ("optional",),
+    "coordinator.key_file": ("optional",),
+    "coordinator.insecure_http": ("boolean",),
+}
+
+
+def _checked(s: "_Section", key: str):
+    """Section `s`'s `key` (or its default), checked as SCALARS says."""
+    value, where = s.get(key)
+    kind, *bounds = SCALARS[where]
+    if kind == "number":
+        return _num(value, where, *bounds)
+    if kind == "integer":
+        return _int(value, where, *bounds)
+    if kind == "boolean":
+        return _bool(value, where)
+    if kind == "address":
+        return _addr(value, where)
+    if kind == "engine":
+        return _engine(value, where)
+    if kind == "optional":
+        return _optional_str(value, where)
+    return _str(value, where)
+
+
 def parse(raw: object, host: "HostFacts | Callable[[], HostFacts] | None" = None) -> AgentConfig:
     """The whole file: each section checked in the order the file's docstring lists them. `auto`
     values are derived from `host`, or from what `host()` returns when some value is `auto`
@@ -431,16 +486,11 @@ def _peers(raw, own_id: int) -> tuple[Peer, ...]:
 
 def _probe(raw) -> dict:
     s = _Section(raw, "probe", AgentConfig, PROBE)
-    interval = _num(*s.get("interval_ms"), 0.1, 60_000)
-    return {"interval_ms": interval,
-            "idle_interval_ms": _num(*s.get("idle_interval_ms"), interval, 60_000),
-            "ports_per_path": _int(*s.get("ports_per_path"), 1, 16),
-            "discovery_ports": _int(*s.get("discovery_ports"), 1, 1024),
-            "size_probe_every": _int(*s.get("size_probe_every"), 0, 1_000_000),
-            "mtu": _int(*s.get("mtu"), 124, 9000),
-            "rt_priority": _int(*s.get("rt_priority"), 0, 99),
-            "engine": _engine(*s.get("engine")),
-            "batch_ms": _num(*s.get("batch_ms"), 1, 1000)}
+    out = {key: _checked(s, key) for key in PROBE}
+    if out["idle_interval_ms"] < out["interval_ms"]:
+        raise ConfigError(f"probe.idle_interval_ms: {out['idle_interval_ms']:g} is below probe.interval_ms "
+                          f"({out['interval_ms']:g}); an idle path is probed at most as often as an active one")
+    return out
 
 
 def _engine(value, where: str) -> str:
@@ -473,32 +523,28 @@ def _detect(raw) -> dict:
 
 def _api(raw) -> dict:
     s = _Section(raw, "api", AgentConfig, API)
-    return {"api_port": _int(*s.get("port"), 0, 65535)}
+    return {"api_port": _checked(s, "port")}
 
 
 def _metrics(raw) -> dict:
     s = _Section(raw, "metrics", AgentConfig, METRICS)
-    return {"metrics_address": _addr(*s.get("address")), "metrics_port": _int(*s.get("port"), 0, 65535),
-            "metrics_per_path": _bool(*s.get("per_path"))}
+    return {field_name: _checked(s, key) for key, field_name in METRICS.items()}
 
 
 def _routes(raw, nics: tuple[Nic, ...]) -> dict:
     s = _Section(raw, "routes", AgentConfig, ROUTES)
-    enabled = _bool(*s.get("enabled"))
+    enabled = _checked(s, "enabled")
     if enabled:
         for k, n in enumerate(nics):
             if n.gateway is None:
                 raise ConfigError(f"nics[{k}].gateway: required when routes.enabled is true (the next hop of "
                                   f"plane {n.plane}'s routes, e.g. the leaf's address on {n.ifname})")
-    return {"routes_enabled": enabled,
-            "rto_min_ms": _int(*s.get("rto_min_ms"), 1, 1000),
-            "routes_journal": _str(*s.get("journal")),
-            "max_route_changes_per_s": _num(*s.get("max_changes_per_s"), 1, 100_000)}
+    return {field_name: _checked(s, key) for key, field_name in ROUTES.items()}
 
 
 def _entropy(raw) -> dict:
     s = _Section(raw, "entropy", AgentConfig, ENTROPY)
-    return {"entropy_enabled": _bool(*s.get("enabled")), "entropy_path": _str(*s.get("path"))}
+    return {field_name: _checked(s, key) for key, field_name in ENTROPY.items()}
 
 
 def _coordinator(raw) -> CoordinatorLinkConfig | None:
@@ -506,13 +552,10 @@ def _coordinator(raw) -> CoordinatorLinkConfig | None:
     if raw is None:
         return None
     s = _Section(raw, "coordinator", CoordinatorLinkConfig, COORDINATOR)
-    url = _str(*s.get("url"))
-    insecure = _bool(*s.get("insecure_http"))
-    files = {k: _optional_str(*s.get(k)) for k in ("ca_file", "cert_file", "key_file")}
-    _coordinator_transport(url, insecure, files)
-    return CoordinatorLinkConfig(url, _str(*s.get("token_file")), _int(*s.get("report_ms"), 10, 60_000),
-                                 _num(*s.get("summary_s"), 1, 3600), _bool(*s.get("follow_plan")),
-                                 _int(*s.get("max_plan_peers"), 1, 65536), insecure_http=insecure, **files)
+    values = {key: _checked(s, key) for key in COORDINATOR}
+    _coordinator_transport(values["url"], values["insecure_http"],
+                           {k: values[k] for k in ("ca_file", "cert_file", "key_file")})
+    return CoordinatorLinkConfig(**values)
 
 
 def _coordinator_transport(url: str, insecure: bool, files: dict) -> None:
@@ -565,3 +608,88 @@ def read_fleet_key(data: bytes, where: str) -> bytes:
         raise ConfigError(f"{where}: a fleet key is {FLEET_KEY_MIN}..{FLEET_KEY_MAX} bytes (raw, or hex text); this file holds {len(key)}. "
                           "Make one with `python -c 'import secrets; print(secrets.token_hex(32))'`")
     return key
+
+
+# ---- the config's JSON Schema -----------------------------------------------------------------
+_SECTIONS = {"probe": (PROBE, AgentConfig), "api": (API, AgentConfig), "metrics": (METRICS, AgentConfig),
+             "routes": (ROUTES, AgentConfig), "entropy": (ENTROPY, AgentConfig),
+             "coordinator": (COORDINATOR, CoordinatorLinkConfig)}
+_AUTO = {"const": AUTO, "description": "derived from this host's addresses (host: says where)"}
+_ADDRESS = {"type": "string", "description": "an IPv4 or IPv6 address"}
+_SUBNET = {"type": "string", "description": "an IPv4 or IPv6 subnet, e.g. 198.18.64.0/18"}
+
+
+def _scalar_schema(where: str) -> dict:
+    kind, *bounds = SCALARS[where]
+    if kind in ("number", "integer"):
+        return {"type": kind, "minimum": bounds[0], "maximum": bounds[1]}
+    if kind == "boolean":
+        return {"type": "boolean"}
+    if kind == "address":
+        return dict(_ADDRESS)
+    if kind == "engine":
+        return {"enum": list(PROBE_ENGINES)}
+    if kind == "optional":
+        return {"type": ["string", "null"], "minLength": 1}
+    return {"type": "string", "minLength": 1}
+
+
+def schema() -> dict:
+    """The agent config file's JSON Schema (draft 2020-12), made from the tables the parser checks
+    by (SCALARS, DETECT, the sections' field maps and the dataclasses' defaults). It describes the
+    file as JSON sees it (mapping keys are strings, so a peer's nics key is "0"); what it cannot
+    say — a plane listed twice, a gateway required by routes.enabled, coordinator TLS files that
+    go together — the parser still checks. `linkpass agent --schema` prints it."""
+    def section(name: str) -> dict:
+        fields, cls = _SECTIONS[name]
+        props = {}
+        for key, field_name in fields.items():
+            prop = _scalar_schema(f"{name}.{key}")
+            default = cls.__dataclass_fields__[field_name].default
+            if default is not MISSING:
+                prop["default"] = default
+            props[key] = prop
+        required = [k for k, f in fields.items() if cls.__dataclass_fields__[f].default is MISSING]
+        return {"type": ["object", "null"], "additionalProperties": False, "properties": props,
+                **({"required": required} if required else {})}
+
+    plane = {"type": "integer", "minimum": 0, "maximum": 63}
+    agent_id = {"type": "integer", "minimum": 1, "maximum": 2**32 - 1}
+    sections = {name: section(name) for name in _SECTIONS}
+    sections["metrics"]["properties"]["address"] = {"anyOf": [_AUTO, _ADDRESS], "default": "127.0.0.1"}
+    detect = {"type": ["object", "null"], "additionalProperties": False,
+              "properties": {key: {"type": "integer", "minimum": lo, "maximum": hi}
+                             for key, (_f, _factor, lo, hi, _d) in DETECT.items()}}
+    nic = {"type": "object", "additionalProperties": False, "required": ["plane", "ifname", "addr"],
+           "properties": {"plane": plane, "ifname": {"type": "string", "minLength": 1}, "addr": _ADDRESS,
+                          "gateway": _ADDRESS}}
+    peer = {"type": "object", "additionalProperties": False, "required": ["name", "agent_id", "service", "nics"],
+            "properties": {"name": {"type": "string", "minLength": 1}, "agent_id": agent_id, "service": _ADDRESS,
+                           "nics": {"type": "object", "minProperties": 1, "additionalProperties": False,
+                                    "patternProperties": {"^[0-9]{1,2}$": _ADDRESS}}}}
+    host = {"type": "object", "additionalProperties": False,
+            "properties": {"service_subnet": _SUBNET, "management_subnet": _SUBNET,
+                           "planes": {"type": "array", "items": {
+                               "type": "object", "additionalProperties": False, "required": ["plane", "subnet"],
+                               "properties": {"plane": plane, "subnet": _SUBNET}}}}}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://github.com/linkpass/linkpass/blob/main/deploy/schema/agent-config.schema.json",
+        "title": "LinkPass agent config",
+        "description": "The file `linkpass agent --config` reads (docs/failover.md; one file for a fleet: "
+                       "docs/install.md). Made by linkpass.agent.config.schema().",
+        "type": "object", "additionalProperties": False,
+        "required": ["agent_id", "name", "fleet_key_file", "service", "nics"],
+        "properties": {
+            "agent_id": {"anyOf": [_AUTO, agent_id]},
+            "name": {"type": "string", "minLength": 1, "description": "this host's name, or auto"},
+            "fleet_key_file": {"type": "string", "minLength": 1},
+            "fleet_key_accept_file": {"type": ["string", "null"], "minLength": 1},
+            "service": {"anyOf": [_AUTO, _ADDRESS]},
+            "nics": {"anyOf": [_AUTO, {"type": "array", "minItems": 1, "items": nic}]},
+            "host": host,
+            "peers": {"type": ["array", "null"], "items": peer},
+            "detect": detect,
+            **sections,
+        },
+    }

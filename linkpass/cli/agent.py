@@ -14,11 +14,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Run the LinkPass agent on this host (in this network namespace). It needs "
                                     "CAP_NET_RAW and CAP_NET_ADMIN (root has them; the systemd unit grants them to "
                                     "the linkpass user) and, for SCHED_FIFO, CAP_SYS_NICE or an RLIMIT_RTPRIO.")
-    ag.add_argument("--config", required=True, metavar="FILE",
+    ag.add_argument("--config", metavar="FILE",
                     help="YAML config (every field: docs/failover.md; one file for a fleet: docs/install.md)")
     ag.add_argument("--check-config", action="store_true",
                     help="check the config, its key and TLS files and the capabilities here, show what `auto` "
                          "found on this host, and exit: 0 it would start, 2 it would not")
+    ag.add_argument("--schema", action="store_true",
+                    help="print the config file's JSON Schema (deploy/schema/agent-config.schema.json) and exit")
     ag.add_argument("-o", "--output", choices=("table", "json"), default="table",
                     help="with --check-config: table for people, json for scripts")
     ag.add_argument("--max-seconds", type=float, default=None, help="stop by itself after this long")
@@ -30,6 +32,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args) -> int:
+    if args.schema:
+        import json
+
+        from ..agent.config import schema
+
+        print(json.dumps(schema(), indent=2))
+        return 0
+    if not args.config:
+        from .output import error
+
+        return error("agent: --config FILE is required (or --schema to print the config's JSON Schema)")
     if args.check_config:
         return check_config(args.config, args.dry_run, args.output)
     from ..agent.daemon import main  # the daemon's imports (pyroute2, the C core) only when it runs
