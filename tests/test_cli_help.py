@@ -86,7 +86,7 @@ def complete_in_bash(tmp_path, line: str) -> list[str]:
 
 @pytest.mark.parametrize("line,want", [
     ("linkpass st", ["status"]),
-    ("linkpass coordinator ", ["token", "decommission"]),
+    ("linkpass coordinator ", ["token", "openapi", "decommission"]),
     ("linkpass coordinator to", ["token"]),
     ("linkpass status --out", ["--output"]),
     ("linkpass status -o ", ["table", "wide", "json", "yaml"]),
@@ -164,7 +164,7 @@ probe linkpass st
     out = subprocess.run(["zsh", "-f", "-c", program], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     coordinator, output, token_file, top = out.stdout.split("---\n")[:4]
-    assert set(coordinator.split()) == {"token", "decommission"}
+    assert set(coordinator.split()) == {"token", "openapi", "decommission"}
     assert set(output.split()) == {"table", "wide", "json", "yaml"}
     assert token_file.split() == ["FILES"]
     assert "status" in top.split() and "agents" in top.split()

@@ -116,6 +116,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="refuse every earlier token of HOST (stolen, leaked, host rebuilt) and print the new one")
     tk.add_argument("--reason", help="why you revoke (recorded in the history with your user name)")
     tk.set_defaults(func=_token)
+    oa = actions.add_parser("openapi", help="print the coordinator's HTTP API as OpenAPI 3.1 (JSON)",
+                            description="The same document the coordinator serves at /v1/openapi.json, made from "
+                                        "its route table; needs no coordinator. Exit 0.")
+    oa.set_defaults(func=_openapi)
     dc = actions.add_parser("decommission", help="forget an agent and its paths (operators only)",
                             description="Removes HOST's agent and the paths it reported from the coordinator (a host "
                                         "that still runs an agent registers again). Exit 0 done, 3 coordinator "
@@ -592,6 +596,13 @@ def render_decommission(doc: dict) -> str:
     verb = "would forget" if doc.get("dry_run") else "forgot"
     return (f"{verb} agent {doc['host']} and the {doc['paths']} paths it reported"
             + (" (it was lost)" if doc.get("was_lost") else " (it was still reporting: if it runs, it registers again)"))
+
+
+def _openapi(args) -> int:
+    from ..coordinator.openapi import spec
+
+    print(json.dumps(spec(), indent=2))
+    return EXIT_OK
 
 
 def _decommission(args) -> int:

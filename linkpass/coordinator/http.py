@@ -8,6 +8,7 @@
     POST /v1/drain | /v1/undrain   {link, reason, dry_run, force, for_s} role operator
     POST /v1/decommission          {host, reason, dry_run}              role operator
     GET  /metrics                                                       Prometheus (no token)
+    GET  /v1/openapi.json                                               this API as OpenAPI 3.1 (no token; openapi.py)
 
 One asyncio loop owns every connection. Requests against the `Coordinator` are serialised by
 one lock: a small one the loop runs itself when the lock is free, the rest a few worker threads
@@ -64,8 +65,8 @@ from ..observe.log import Logger
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
 from .auth import NEEDS, AuthError, Caller, Revoked, Tokens
 from .coordinator import Coordinator
-from .requests import (CoordinatorError, is_decimal, parse_decommission, parse_drain, parse_events_query, parse_register,
-                       parse_report, query_host)
+from .requests import (CoordinatorError, DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal,
+                       parse_decommission, parse_drain, parse_events_query, parse_register, parse_report, query_host)
 from .store import EVENT_KINDS
 from .tls import HANDSHAKE_TIMEOUT_S, certificate_names, mutual, names_host
 
@@ -478,6 +479,11 @@ class CoordinatorServer:
     def _get_healthz(self, req, body, caller, remote):
         return 200, {"ok": True}
 
+    def _get_openapi(self, req, body, caller, remote):
+        from .openapi import spec
+
+        return 200, spec()
+
     def _post_register(self, req, body, caller, remote):
         r = parse_register(body)  # the whole body is checked before the lock, and before anything changes
         self._as_itself(caller, r.name, remote, req.path)
@@ -513,25 +519,45 @@ class CoordinatorServer:
 
 @dataclass(frozen=True)
 class _Route:
+    """One endpoint: who may call it, its handler, and what openapi.py publishes of it."""
     action: str | None  # what auth.py calls it; None: no token needed
     fn: object
+    summary: str = ""
+    query: tuple[tuple[str, str, bool], ...] = ()  # (name, JSON type, required) the handler reads
+    body: type | None = None  # the request dataclass its parser (requests.py) makes
 
 
+_HOST_Q = ("host", "string", False)
 _ROUTES = {
-    ("GET", "/v1/healthz"): _Route(None, CoordinatorServer._get_healthz),
-    ("GET", "/metrics"): _Route(None, CoordinatorServer._get_metrics),
-    ("GET", "/v1/whoami"): _Route("read", CoordinatorServer._get_whoami),
-    ("GET", "/v1/status"): _Route("read", CoordinatorServer._get_status),
-    ("GET", "/v1/links"): _Route("read", CoordinatorServer._get_links),
-    ("GET", "/v1/paths"): _Route("read", CoordinatorServer._get_paths),
-    ("GET", "/v1/agents"): _Route("read", CoordinatorServer._get_agents),
-    ("GET", "/v1/plan"): _Route("read", CoordinatorServer._get_plan),
-    ("GET", "/v1/events"): _Route("read", CoordinatorServer._get_events),
-    ("POST", "/v1/register"): _Route("report", CoordinatorServer._post_register),
-    ("POST", "/v1/report"): _Route("report", CoordinatorServer._post_report),
-    ("POST", "/v1/drain"): _Route("drain", CoordinatorServer._post_drain),
-    ("POST", "/v1/undrain"): _Route("drain", CoordinatorServer._post_undrain),
-    ("POST", "/v1/decommission"): _Route("decommission", CoordinatorServer._post_decommission),
+    ("GET", "/v1/healthz"): _Route(None, CoordinatorServer._get_healthz, "liveness, for probes and load balancers"),
+    ("GET", "/metrics"): _Route(None, CoordinatorServer._get_metrics, "Prometheus exposition"),
+    ("GET", "/v1/openapi.json"): _Route(None, CoordinatorServer._get_openapi, "this API, as OpenAPI 3.1"),
+    ("GET", "/v1/whoami"): _Route("read", CoordinatorServer._get_whoami, "the caller's name, role and host"),
+    ("GET", "/v1/status"): _Route("read", CoordinatorServer._get_status,
+                                  "fleet health: agents, paths by state, localized faults, drains"),
+    ("GET", "/v1/links"): _Route("read", CoordinatorServer._get_links,
+                                 "per fabric link: health, faults with direction, drain",
+                                 query=(("problems", "string", False),)),
+    ("GET", "/v1/paths"): _Route("read", CoordinatorServer._get_paths, "reported paths, by reporter and peer",
+                                 query=(_HOST_Q, ("peer", "string", False))),
+    ("GET", "/v1/agents"): _Route("read", CoordinatorServer._get_agents, "agents: up or lost, last report, paths"),
+    ("GET", "/v1/plan"): _Route("read", CoordinatorServer._get_plan, "the probe plan of one host",
+                                query=(("host", "string", True),)),
+    ("GET", "/v1/events"): _Route("read", CoordinatorServer._get_events, "the history, oldest first",
+                                  query=(("since", "number", False), ("after", "integer", False),
+                                         ("limit", "integer", False), ("kind", "string", False),
+                                         ("link", "string", False), _HOST_Q)),
+    ("POST", "/v1/register"): _Route("report", CoordinatorServer._post_register,
+                                     "an agent's identity and whole path table, as its own host", body=RegisterIn),
+    ("POST", "/v1/report"): _Route("report", CoordinatorServer._post_report,
+                                   "an agent's changed paths (or whole table), as its own host", body=ReportIn),
+    ("POST", "/v1/drain"): _Route("drain", CoordinatorServer._post_drain,
+                                  "steer every agent off a link (guarded; recorded with the caller's name)",
+                                  body=DrainIn),
+    ("POST", "/v1/undrain"): _Route("drain", CoordinatorServer._post_undrain, "let agents use a drained link again",
+                                    body=DrainIn),
+    ("POST", "/v1/decommission"): _Route("decommission", CoordinatorServer._post_decommission,
+                                         "forget an agent and its paths", body=DecommissionIn),
 }
 
 

@@ -105,6 +105,13 @@ class DecommissionIn:
     dry_run: bool
 
 
+# the fields each parser below refuses a request without (the rest have defaults); openapi.py
+# publishes them as required, and tests/test_openapi.py checks each parser against this
+REQUIRED = {RegisterIn: ("name", "agent_id", "service", "nics", "paths"), ReportIn: ("name",),
+            DrainIn: ("link",), DecommissionIn: ("host", "reason"), PathIn: ("id", "peer", "plane", "state"),
+            ChangeIn: ("id", "state")}
+
+
 @dataclass(frozen=True)
 class EventsQuery:
     since: float
