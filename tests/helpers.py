@@ -10,6 +10,8 @@ each other (tests/test_layout.py checks).
 - coordinator_client, lab_ca_file: a client of a real coordinator over HTTPS, trusting the lab CA
   it made in its state dir;
 - healthy (NICS, PEERS, BASELINE, ...): doctor's facts of a host where every check passes;
+- four_agents_registered: a Coordinator with h0..h3 registered (no Ray, no sockets);
+- stop_processes: SIGTERM processes, then kill what does not exit;
 - signed_probe: a probe's bytes signed with a key, whatever its padding (encoders refuse > MAX_PAD);
 - nccl_build, nccl_harness, harness_fields, HarnessRun: the NCCL plugin and its harness, built where
   the project's build puts them (rdma/nccl/build/), the harness run with LinkPass's variables, and a
@@ -362,3 +364,31 @@ class HarnessRun:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def stop_processes(procs) -> None:
+    """SIGTERM every process (agents: a clean stop), then wait; kill what has not exited in 20 s."""
+    import subprocess
+
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def four_agents_registered(db_path: str):
+    """A Coordinator (no Ray, no sockets) on the shared model with h0..h3 registered at t=1000,
+    and its Store, which the caller closes."""
+    from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
+    from linkpass.coordinator.store import Store
+
+    store = Store(db_path)
+    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=0.05), now=1000.0)
+    for i in range(4):
+        c.register({**identity(i), "paths": table_of(i)}, 1000.0)
+    return c, store
+

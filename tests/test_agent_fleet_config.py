@@ -17,7 +17,7 @@ from linkpass.agent.config import agent_id_of
 from linkpass.core.names import host_name
 from linkpass.testbed.topology import host_link_addrs, nic_ifname, plane_host_block
 
-from helpers import LogDrain, free_port
+from helpers import LogDrain, free_port, stop_processes
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 HOSTS = range(4)
@@ -84,14 +84,7 @@ def test_one_config_file_serves_every_testbed_host(clean_faults, tmp_path):
             time.sleep(0.5)
         assert {r["peer"] for r in rows} == {"h1", "h2", "h3"} and all(r["replies"] > 50 for r in rows), rows
     finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs.values())
 
 
 class _Progress:

@@ -7,17 +7,14 @@ import pytest
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig, CoordinatorError, NotFound, Refused
 from linkpass.coordinator.store import Store
 
-from helpers import FAB, MODEL, bare, fail_paths, identity, table_of
+from helpers import FAB, MODEL, bare, fail_paths, four_agents_registered, identity, table_of
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
 def coord(tmp_path):
-    store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=0.05), now=1000.0)
-    for i in range(4):
-        c.register({**identity(i), "paths": table_of(i)}, 1000.0)
+    c, store = four_agents_registered(str(tmp_path / "c.db"))
     yield c
     store.close()
 

@@ -13,17 +13,14 @@ from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.coordinator.requests import CoordinatorError, parse_drain, parse_events_query
 from linkpass.coordinator.store import EVENT_KINDS, Store
 
-from helpers import MODEL, fail_paths, identity, table_of
+from helpers import MODEL, fail_paths, four_agents_registered
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
 def coord(tmp_path):
-    store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=0.05), now=1000.0)
-    for i in range(4):
-        c.register({**identity(i), "paths": table_of(i)}, 1000.0)
+    c, store = four_agents_registered(str(tmp_path / "c.db"))
     yield c
     store.close()
 

@@ -21,7 +21,7 @@ import yaml
 from linkpass import __version__
 from linkpass.testbed.agents import write_agent_configs
 
-from helpers import LogDrain, free_port
+from helpers import LogDrain, free_port, stop_processes
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = [sys.executable, str(REPO / "deploy" / "package.py")]
@@ -158,14 +158,7 @@ def test_wheel_in_a_fresh_venv_runs_the_agent_with_only_its_own_dependencies(dis
         assert all(r["replies"] > 100 and r["lost_fwd"] == 0 and r["lost_rev"] == 0 for r in rows), rows
         assert procs[0].poll() is None and procs[1].poll() is None
     finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs.values())
 
 
 def _deb_field(deb: Path, field: str) -> str:

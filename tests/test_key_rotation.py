@@ -59,13 +59,15 @@ def reconfigure(agents: Agents, h: int, **fields) -> None:
 
 
 def downs(agents: Agents) -> list[tuple[str, dict]]:
-    """Paths that left UP and were not put back as `spurious_down` (a reply that came late, not
-    lost: this loaded machine keeps a reflector waiting now and then, keys or not)."""
+    """Paths that went DOWN (or were damped) and were not put back as `spurious_down` (a reply that
+    came late, not lost: this loaded machine keeps a reflector waiting now and then, keys or not).
+    A key a peer does not accept drops every probe, so that is how it shows; a full-size probe late
+    under load can mark a path degraded for a moment, which says nothing about keys."""
     out = []
     for h in HOSTS:
         events = agents.events(h, "path_state")
         for i, ev in enumerate(events):
-            if ev["new"] == "up" or ev["new"] == "suspect":
+            if ev["new"] not in ("down", "damped"):
                 continue
             undone = next((later for later in events[i + 1:] if later["path"] == ev["path"]), None)
             if undone is None or undone.get("reason") != "spurious_down":
@@ -103,7 +105,8 @@ def test_a_fleet_rotates_its_key_in_three_rounds_with_no_false_failure(clean_fau
         bad = {h: counters(fab, h)["drops"].get("bad_tag", 0) for h in HOSTS}
         assert bad == dict.fromkeys(HOSTS, 0), bad
         assert len(downs(agents)) == baseline, downs(agents)[baseline:]
-        assert all(not rows for rows in agents.not_up().values()), agents.not_up()
+        wait_until(lambda: all(not rows for rows in agents.not_up().values()), 10, "every path up",
+                   agents.not_up)
 
         # the control: h0 signs with a third key nobody accepts; its peers drop its probes as forged
         # and h0 sees its paths fail, which is what the rounds above must never cause
