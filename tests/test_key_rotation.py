@@ -69,8 +69,16 @@ def downs(agents: Agents) -> list[tuple[str, dict]]:
         for i, ev in enumerate(events):
             if ev["new"] not in ("down", "damped"):
                 continue
-            undone = next((later for later in events[i + 1:] if later["path"] == ev["path"]), None)
-            if undone is None or undone.get("reason") != "spurious_down":
+            undone = False  # put back as spurious before the path went down again (a reply may be seen first)
+            for later in events[i + 1:]:
+                if later["path"] != ev["path"]:
+                    continue
+                if later.get("reason") == "spurious_down":
+                    undone = True
+                    break
+                if later["new"] in ("down", "damped"):
+                    break
+            if not undone:
                 out.append((host_name(h), ev))
     return out
 
