@@ -100,3 +100,14 @@ def test_config_is_validated():
         D.default_payload(D.Probe("p0", "a", "b", 49152, 4791, 3, 2))
 
 
+def test_targets_bind_to_each_nics_own_interface_name():
+    """A production NIC is ens1f0np0, not the testbed's p0: the sockets bind to that device and
+    the table is keyed by it, on the planes both ends have."""
+    from linkpass.agent.config import Nic, Peer
+
+    nics = [Nic(0, "ens1f0np0", "198.18.0.1"), Nic(1, "ens2f0np0", "198.18.1.1")]
+    peers = [Peer("h3", 4, "198.19.0.7", {0: "198.18.0.7", 1: "198.18.1.7"}),
+             Peer("h5", 6, "198.19.0.9", {1: "198.18.1.9", 2: "198.18.2.9"})]
+    assert D.discovery_targets(nics, peers) == [
+        D.Target("ens1f0np0", "198.18.0.1", "198.18.0.7"), D.Target("ens2f0np0", "198.18.1.1", "198.18.1.7"),
+        D.Target("ens2f0np0", "198.18.1.1", "198.18.1.9")]

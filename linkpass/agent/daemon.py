@@ -45,7 +45,7 @@ from ..core.states import DARK, HELD_OUT
 from ..observe.log import Logger, level_from_env, say
 from ..observe.sdnotify import Notifier, Watchdog
 from ..probe.common import PathSpec
-from ..probe.discovery import DiscoveryConfig, Target, discover
+from ..probe.discovery import DiscoveryConfig, discover, discovery_targets
 from ..probe.engine import CoreProbeEngine
 from .answer import AnswerRules, Drain, PlanAnswer
 from .api import LocalApi, PathLabels, ProbeProgress, TelemetryView, metrics_registry, metrics_routes, serve
@@ -320,8 +320,7 @@ class Agent:
     def add_peers(self, peers) -> int:
         """Discover and start probing the paths to `peers`; returns how many paths were added."""
         my = {n.plane: n for n in self.cfg.nics}
-        targets = [Target(f"p{plane}", my[plane].addr, addr) for p in peers for plane, addr in p.nics.items()
-                   if plane in my]
+        targets = discovery_targets(self.cfg.nics, peers)
         if not targets:
             return 0
         t0 = time.monotonic()
@@ -332,7 +331,7 @@ class Agent:
             for plane, addr in sorted(peer.nics.items()):
                 if plane not in my:
                     continue
-                for index, path in enumerate(distinct_paths(table.paths(addr, f"p{plane}"))):
+                for index, path in enumerate(distinct_paths(table.paths(addr, my[plane].ifname))):
                     for sport in path.ports[: self.cfg.ports_per_path]:
                         pid = self.engine.new_path_id()  # removed paths' ids are reused
                         self.engine.add_path(PathSpec(pid, f"p{plane}", peer.agent_id, addr, sport,

@@ -548,6 +548,15 @@ def discover(netns: str | None, targets: Iterable[Target], config: DiscoveryConf
 
 # ---- the testbed -----------------------------------------------------------------------
 
+def discovery_targets(nics, peers) -> list[Target]:
+    """Every (local NIC, peer address) on the planes both have. `nics` have .plane, .ifname and
+    .addr, `peers` a .nics {plane: address}. A target's `local` is the NIC's interface name: the
+    probe sockets bind to that device, and the PathTable is keyed by it."""
+    mine = {n.plane: n for n in nics}
+    return [Target(mine[plane].ifname, mine[plane].addr, addr) for p in peers for plane, addr in sorted(p.nics.items())
+            if plane in mine]
+
+
 def fabric_targets(fab, host: int, planes: Iterable[int] | None = None,
                    peers: Iterable[int] | None = None) -> list[Target]:
     """Every (NIC, peer NIC address) of testbed host `host` (all planes, all other hosts by default)."""
