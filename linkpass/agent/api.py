@@ -9,6 +9,8 @@ plain rows. `LocalApi` serves them over HTTP on 127.0.0.1 inside the host's name
     GET /healthz      "ok", or 503 saying why when the probe thread has stalled (liveness)
     GET /readyz       "ready ...", or 503 saying what it waits for: the probe thread stalled, or
                       the coordinator's first probe plan when the agent has no peers of its own
+    GET /v1/probe     a one-shot check of every ECMP path to a peer, and /v1/trace of one flow
+                      (`linkpass probe DST`, `linkpass trace DST`: linkpass/agent/oneshot.py)
 
 The agent serves /metrics and /healthz a second time on `metrics.address:metrics.port` (the
 host's management address, for a Prometheus elsewhere); the /v1 routes stay on 127.0.0.1.
@@ -157,21 +159,26 @@ def metrics_registry(view: TelemetryView, collectors=(), per_path: Callable[[], 
 
 
 Route = Callable[[], tuple[int, bytes, str]]  # status, body, content type
+QueryRoute = Callable[[str], tuple[int, bytes, str]]  # called with the query string
 
 
 def serve(host: str, port: int, routes: dict[str, Route], netns: str | None = None,
-          name: str = "http") -> ThreadingHTTPServer:
-    """A small HTTP server for `routes` (GET only) on (host, port), in `netns` if given, its
-    thread started. Unknown paths are 404 naming the known ones."""
-    known = ", ".join(sorted(routes))
+          name: str = "http", query_routes: dict[str, QueryRoute] | None = None) -> ThreadingHTTPServer:
+    """A small HTTP server for `routes` and `query_routes` (GET only) on (host, port), in `netns`
+    if given, its thread started. Unknown paths are 404 naming the known ones."""
+    query_routes = query_routes or {}
+    known = ", ".join(sorted([*routes, *query_routes]))
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            route = routes.get(self.path.split("?")[0])
-            if route is None:
+            path, _, query = self.path.partition("?")
+            if path in query_routes:
+                status, body, ctype = query_routes[path](query)
+            elif path in routes:
+                status, body, ctype = routes[path]()
+            else:
                 self.send_error(404, f"unknown path; try {known}")
                 return
-            status, body, ctype = route()
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -221,7 +228,8 @@ class LocalApi:
     def __init__(self, view: TelemetryView, netns: str | None = None, port: int = AGENT_API_PORT,
                  host: str = "127.0.0.1", collectors=(), extra_routes: dict | None = None,
                  registry=None, progress: ProbeProgress | None = None,
-                 waiting_for: Callable[[], str | None] = lambda: None):
+                 waiting_for: Callable[[], str | None] = lambda: None,
+                 query_routes: dict[str, QueryRoute] | None = None):
         self.view = view
         self.registry = registry if registry is not None else metrics_registry(view, collectors)
         self.progress = progress
@@ -232,7 +240,7 @@ class LocalApi:
             "/v1/counters": lambda: (200, json.dumps(self.view.counters()).encode(), "application/json"),
             **{path: (lambda fn=fn: (200, json.dumps(fn()).encode(), "application/json"))
                for path, fn in (extra_routes or {}).items()}}
-        self.server = serve(host, port, routes, netns, name="local-api")
+        self.server = serve(host, port, routes, netns, name="local-api", query_routes=query_routes)
         self.port = self.server.server_address[1]
         self._stop = threading.Event()
         threading.Thread(target=self._tick, daemon=True, name="telemetry-ticker").start()

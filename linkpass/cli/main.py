@@ -48,9 +48,9 @@ DEBUG_HELP = "on an unexpected error, show its traceback (also $LINKPASS_DEBUG=1
 def build_parser() -> argparse.ArgumentParser:
     # the testbed's own commands register here; nothing else outside tests, the demo and the
     # benchmarks imports the testbed
-    from ..testbed import cli as testbed_cli, pathcheck
+    from ..testbed import cli as testbed_cli
     from .. import demo
-    from . import agent as agent_cli, completion, coordinator as coordinator_cli, doctor, paths, tls
+    from . import agent as agent_cli, completion, coordinator as coordinator_cli, doctor, pathcheck, paths, tls
 
     ap = Parser(prog="linkpass", description="Network-level link failover for GPU fabrics: the host agent, the "
                                              "coordinator that sees the fleet, and the commands on-call runs "

@@ -57,6 +57,8 @@ EVENTS = {
     "rt_priority_refused": "warning",
     "entropy_table_replaced": "warning",
     "loop_error": "error",
+    "path_check": "info",
+    "path_check_failed": "error",
     "watchdog_withheld": "error",
     "watchdog_resumed": "info",
     # the agent's decisions (agent/failover.py, agent/routes.py)
