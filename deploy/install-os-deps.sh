@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# OS packages the LinkPass agent and CLI need on a host: iproute2 (ip, tc), nftables and
-# python3-venv. Nothing else: what only the tests, the testbed and the demo use is in
+# OS packages the LinkPass agent and CLI need on a host: iproute2 (ip) and python3-venv.
+# Nothing else: what only the tests, the testbed and the demo use is in
 # install-test-deps.sh. Installs only what is missing; never starts, stops or reconfigures a service.
 set -euo pipefail
 need=()
 command -v ip  >/dev/null 2>&1 || need+=(iproute2)
-command -v tc  >/dev/null 2>&1 || need+=(iproute2)
-command -v nft >/dev/null 2>&1 || need+=(nftables)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if ((${#need[@]} == 0)); then
     exit 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # OS packages only the tests, the namespace testbed, the benchmarks and the demo need — never
 # install them on a production host:
+#   nftables         the testbed's faults (drops, loss, rate limits on fabric links)
 #   frr              bfdd, the BFD peer the failover benchmark and its tests measure LinkPass against
 #   qemu-system-x86, debootstrap, zstd, cpio
 #                    the testbed's Soft-RoCE hosts: QEMU guests whose image is built from Debian packages
@@ -16,6 +17,7 @@
 set -euo pipefail
 need=()
 [[ -x /usr/lib/frr/bfdd ]] || need+=(frr)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need+=(qemu-system-x86)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)

@@ -109,7 +109,7 @@ Architecture: {arch}
 Maintainer: The LinkPass engineers <linkpass@localhost>
 Section: net
 Priority: optional
-Depends: python3 (>= 3.11), python3 (<< 3.12), iproute2, nftables
+Depends: python3 (>= 3.11), python3 (<< 3.12), iproute2
 Recommends: systemd
 Installed-Size: {size_kib}
 Homepage: https://github.com/linkpass/linkpass
@@ -132,8 +132,10 @@ if [ "$1" = configure ]; then
     if command -v systemd-sysusers >/dev/null 2>&1; then
         systemd-sysusers linkpass.conf
     else
+        # no systemd (a container, a chroot): useradd is in every Debian (passwd is essential)
         for u in linkpass linkpass-coordinator; do
-            getent passwd "$u" >/dev/null || adduser --system --group --no-create-home --home /nonexistent "$u" >/dev/null
+            getent passwd "$u" >/dev/null || useradd --system --user-group --no-create-home \
+                --home-dir /nonexistent --shell /usr/sbin/nologin --comment "LinkPass" "$u"
         done
     fi
     install -d -m 0750 -o root -g linkpass /etc/linkpass

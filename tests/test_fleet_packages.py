@@ -5,8 +5,10 @@ they did not install."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -170,8 +172,8 @@ def test_deb_carries_the_venv_units_plugin_docs_and_safe_scripts(dist, tmp_path)
     deb = dist["deb"]
     assert _deb_field(deb, "Package") == "linkpass" and _deb_field(deb, "Version") == f"{__version__}-1"
     depends = _deb_field(deb, "Depends")
-    assert "python3 (>= 3.11)" in depends and "iproute2" in depends and "nftables" in depends
-    assert "frr" not in depends and "qemu" not in depends
+    assert "python3 (>= 3.11)" in depends and "iproute2" in depends
+    assert "frr" not in depends and "qemu" not in depends and "nftables" not in depends  # the testbed's, not the agent's
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     paths = {ln.split()[5].removeprefix(".") for ln in listing.splitlines()}
     want = {"/opt/linkpass/venv/bin/linkpass", "/opt/linkpass/bin/linkpass", "/usr/bin/linkpass",
@@ -211,6 +213,74 @@ def test_deb_carries_the_venv_units_plugin_docs_and_safe_scripts(dist, tmp_path)
                 assert "disable --now linkpass-agent.service linkpass-coordinator.service" in ln, ln
         assert not any(re.search(r"systemctl\s+(enable|start|restart)", ln) for ln in commands)
         assert "frr" not in text
+
+
+def _in_root(root: Path, *argv: str, user: str | None = None) -> subprocess.CompletedProcess:
+    """A command inside the unpacked Debian system (chroot; no /proc, /sys or /dev mounted, so
+    nothing in there can reach this machine's kernel settings)."""
+    wrap = ["/usr/sbin/runuser", "-u", user, "--"] if user else []
+    return subprocess.run(["chroot", str(root), *wrap, *argv], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.root
+def test_deb_installs_upgrades_and_removes_with_dpkg_on_a_debian_system(dist, tmp_path):
+    """The documented bare-metal steps on a real Debian 12 system: the Soft-RoCE guest's root
+    (debootstrap minbase + python3, iproute2), unpacked into a directory. dpkg installs into it
+    (`--root`: maintainer scripts run chrooted there); no systemd in it, as in a container."""
+    from linkpass.testbed import guests
+
+    image = guests.ensure_image()
+    root = tmp_path / "debian"
+    root.mkdir()
+    unpack = subprocess.run(f"zstd -dc {image.initrd} | cpio -idm --quiet", shell=True, cwd=root,
+                            capture_output=True, text=True, timeout=300)
+    assert unpack.returncode == 0 and (root / "var/lib/dpkg/status").exists(), unpack.stderr
+    reserved = Path("/proc/sys/net/ipv4/ip_local_reserved_ports").read_text()
+    try:
+        dpkg = ["dpkg", f"--root={root}"]
+        first = subprocess.run(dpkg + ["-i", str(dist["deb"])], capture_output=True, text=True, timeout=300)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "linkpass: installed. Next: /etc/linkpass/agent.yaml" in first.stdout + first.stderr
+        # postinst: both system users (useradd: no systemd-sysusers here), /etc/linkpass root:linkpass 0750
+        users = {ln.split(":")[0]: ln.split(":") for ln in (root / "etc/passwd").read_text().splitlines()}
+        assert users["linkpass"][6] == users["linkpass-coordinator"][6] == "/usr/sbin/nologin"
+        assert int(users["linkpass"][2]) < 1000  # system users
+        etc = (root / "etc/linkpass").stat()
+        assert oct(etc.st_mode & 0o777) == "0o750" and etc.st_uid == 0 and etc.st_gid == int(users["linkpass"][3])
+        # its sysctl file could not be applied from a chroot: said so, and this machine's value unchanged
+        assert "applies at boot" in first.stderr
+        assert Path("/proc/sys/net/ipv4/ip_local_reserved_ports").read_text() == reserved
+        # the documented next steps: key and config in place, then the check, as the agent's own user
+        (root / "tmp/fleet.key").write_text(KEY.hex() + "\n")
+        shutil.copy(REPO / "deploy/examples/agent-one-host.yaml", root / "tmp/agent.yaml")
+        for argv in (["install", "-o", "linkpass", "-g", "linkpass", "-m", "0600", "/tmp/fleet.key",
+                      "/etc/linkpass/fleet.key"],
+                     ["install", "-o", "root", "-g", "linkpass", "-m", "0640", "/tmp/agent.yaml",
+                      "/etc/linkpass/agent.yaml"]):
+            assert _in_root(root, *argv).returncode == 0
+        check = _in_root(root, "linkpass", "agent", "--config", "/etc/linkpass/agent.yaml", "--check-config",
+                         "-o", "json", user="linkpass")
+        assert check.returncode == 0, check.stdout + check.stderr
+        doc = json.loads(check.stdout)
+        assert doc["ok"] and doc["name"] == "gpu-a11" and doc["fleet_keys"] == 1
+        version = _in_root(root, "linkpass", "--version", user="linkpass")
+        assert version.stdout.strip() == f"linkpass {__version__}", version.stderr
+        # upgrade (the same package again): postinst runs again and changes nothing it made
+        again = subprocess.run(dpkg + ["-i", str(dist["deb"])], capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert {ln.split(":")[0]: ln.split(":") for ln in (root / "etc/passwd").read_text().splitlines()} == users
+        # remove: the code goes, the operator's key and config stay; purge keeps them too
+        gone = subprocess.run(dpkg + ["-r", "linkpass"], capture_output=True, text=True, timeout=300)
+        assert gone.returncode == 0, gone.stdout + gone.stderr
+        assert not (root / "opt/linkpass/venv").exists() and not (root / "usr/bin/linkpass").is_symlink()
+        assert not (root / "lib/systemd/system/linkpass-agent.service").exists()
+        purged = subprocess.run(dpkg + ["-P", "linkpass"], capture_output=True, text=True, timeout=300)
+        assert purged.returncode == 0, purged.stdout + purged.stderr
+        assert (root / "etc/linkpass/fleet.key").exists() and (root / "etc/linkpass/agent.yaml").exists()
+        status = subprocess.run(dpkg + ["-s", "linkpass"], capture_output=True, text=True)
+        assert status.returncode != 0  # dpkg knows nothing of it any more
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=False)
 
 
 @pytest.mark.unit
