@@ -15,7 +15,7 @@ BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh deploy/install
                 $(wildcard rdma/nccl/*.c rdma/nccl/*.h) rdma/nccl/Makefile
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-unit lint-imports bench deps nccl-plugin prometheus wheel deb clean
+.PHONY: demo test test-unit lint-imports bench deps nccl-plugin prometheus wheel deb image clean
 
 # exit 1 = the job was unharmed but a timing target was missed on this machine: reported, not a failure
 demo: deps prometheus
@@ -62,6 +62,10 @@ wheel: deps
 # the Debian package (a venv under /opt/linkpass, the units, sysctl.d, examples, docs) into dist/
 deb: deps
 	@$(PY) deploy/package.py deb --out dist
+
+# the agent's container image (buildah, on a Debian 12 root bootstrapped here: no registry needed)
+image: deps
+	@$(PY) deploy/package.py image --target agent
 
 # remove leftovers of crashed testbeds (every prefix), then the venv
 clean:

