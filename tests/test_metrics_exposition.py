@@ -57,7 +57,8 @@ def agent_exposition(per_path: bool, layout=(("h1", 0, 0), ("h1", 0, 1), ("h1", 
         fo.add_path(PathInfo(pid, peer, plane, 49152 + path, "198.18.64.9"))
     view = TelemetryView(engine, labels, offset_ns=lambda peer_id: 500.0)
     agent = AgentCollector(lambda: {"loop_errors": dict.fromkeys(LOOP_STEPS, 0), "answers_rejected": 0,
-                                    "probe_thread_up": True, "coordinator_up": True, "engine": "sockets"})
+                                    "probe_thread_up": True, "coordinator_up": True, "engine": "sockets",
+                                    "paths_by_rate": {"active": 3, "idle": 1}})
     decisions = DecisionCollector(lambda: fo, lambda: per_path)
     if process:
         registry = metrics_registry(view, [decisions, agent], lambda: per_path)

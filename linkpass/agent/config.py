@@ -17,8 +17,10 @@
     peers:                           # a fleet-wide list may name this host too: it is left out
       - {name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}
     probe:
-      interval_ms: 1                 # active paths
-      idle_interval_ms: 10           # for idle paths: validated but NOT applied yet (every path probes at interval_ms)
+      interval_ms: 1                 # active paths: those of peers this host moves data with
+      idle_interval_ms: 100          # idle paths, when idle_rates is on (linkpass/core/activity.py)
+      idle_rates: false              # true: paths of peers with no traffic are probed at idle_interval_ms
+      idle_after_ms: 5000            # ... once no TCP connection moved data with the peer for this long
       ports_per_path: 1              # source ports probed per distinct discovered path
       discovery_ports: 32            # source ports swept per (NIC, peer)
       size_probe_every: 100          # every Nth probe is full-size (MTU black holes); 0 = never
@@ -128,7 +130,9 @@ class AgentConfig:
     peers: tuple[Peer, ...]
     fleet_key_accept_file: str | None = None  # during a key rotation: a second key accepted, never sent with
     interval_ms: float = 1.0
-    idle_interval_ms: float = 10.0  # not applied yet: no idle-path policy in the agent
+    idle_interval_ms: float = 100.0  # paths of idle peers, when idle_rates is on
+    idle_rates: bool = False
+    idle_after_ms: float = 5000.0
     ports_per_path: int = 1
     discovery_ports: int = 32
     size_probe_every: int = 100
@@ -219,7 +223,7 @@ class _Section:
 TOP = {"agent_id", "name", "fleet_key_file", "fleet_key_accept_file", "service", "nics", "host", "peers", "probe", "detect", "api", "metrics",
        "routes", "entropy", "coordinator"}
 # section key -> AgentConfig field
-PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "ports_per_path", "discovery_ports", "size_probe_every",
+PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "idle_rates", "idle_after_ms", "ports_per_path", "discovery_ports", "size_probe_every",
                         "mtu", "rt_priority", "engine", "batch_ms")}
 # sockets: the C core on raw and UDP sockets; verbs: UD queue pairs (an RDMA NIC takes every
 # packet to 4791 before a socket could); auto: verbs where every NIC has an RDMA device
@@ -250,6 +254,8 @@ DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
 SCALARS: dict[str, tuple] = {
     "probe.interval_ms": ("number", 0.1, 60_000),
     "probe.idle_interval_ms": ("number", 0.1, 60_000),  # and at least probe.interval_ms
+    "probe.idle_rates": ("boolean",),
+    "probe.idle_after_ms": ("number", 100, 3_600_000),
     "probe.ports_per_path": ("integer", 1, 16),
     "probe.discovery_ports": ("integer", 1, 1024),
     "probe.size_probe_every": ("integer", 0, 1_000_000),

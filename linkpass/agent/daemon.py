@@ -35,11 +35,13 @@ import time
 import traceback
 from collections import Counter
 
+from ..core.activity import ACTIVE, IDLE, RATES, Activity
 from ..core.constants import ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
 from ..core.entropy_table import EntropyError
 from ..kernel import caps
 from ..kernel.rdma import Device, RdmaUnavailable
+from ..kernel.sockdiag import TcpActivity, peer_addresses
 from ..core.probe_event import EV_MISS
 from ..core.states import DARK, HELD_OUT
 from ..observe.log import Logger, level_from_env, say
@@ -78,7 +80,7 @@ def load(path: str) -> tuple[AgentConfig, bytes, bytes | None]:
     return (cfg, *load_fleet_keys(cfg.fleet_key_file, cfg.fleet_key_accept_file))
 
 
-LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "entropy")  # the main loop's steps, in order
+LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "rates", "entropy")  # the main loop's steps, in order
 
 
 class LoopErrors:
@@ -110,7 +112,8 @@ class LoopErrors:
 
 
 # fields a reload cannot change: they shape sockets, identities or the detector's state
-FIXED_ON_RELOAD = ("agent_id", "name", "nics", "service", "detect", "rt_priority", "routes_enabled", "routes_journal",
+FIXED_ON_RELOAD = ("agent_id", "name", "nics", "service", "detect", "rt_priority", "idle_rates", "routes_enabled",
+                   "routes_journal",
                    "entropy_enabled", "entropy_path", "engine", "metrics_address", "metrics_port")
 
 
@@ -251,6 +254,7 @@ class AgentService:
 class Agent:
     service: AgentService | None = None  # the service manager's protocol, once main() attaches it
     plan_applied = False  # a coordinator probe plan was taken (what an agent without peers of its own waits for)
+    activity: Activity | None = None  # with probe.idle_rates: which peers move data, each path's rate
 
     def __init__(self, cfg: AgentConfig, key: bytes, dry_run: bool = False, accept_key: bytes | None = None):
         self.cfg = cfg
@@ -291,6 +295,10 @@ class Agent:
         self.drain_addrs: tuple[Drain, ...] = ()
         self.config_peers = {p.name: p for p in cfg.peers}
         self.errors = LoopErrors(log)
+        # idle rates: which peers move data (sampled once per idle interval) sets each path's rate
+        self.activity = Activity(int(cfg.idle_after_ms * 1e6)) if cfg.idle_rates else None
+        self.traffic: TcpActivity | None = None
+        self._next_rates = 0.0
 
     @staticmethod
     def _route_actuator(cfg: AgentConfig, dry_run: bool) -> RouteActuator | None:
@@ -310,7 +318,8 @@ class Agent:
     def _state_of(self, pid: int) -> dict:
         d = self.failover.detector.paths.get(pid)
         last = self.failover.last_transition.get(pid)
-        return {"state": d.state.value if d else None, "reason": last.reason.value if last else None,
+        return {"rate": self.activity.rate.get(pid, ACTIVE) if self.activity is not None else ACTIVE,
+                "state": d.state.value if d else None, "reason": last.reason.value if last else None,
                 "held": self.failover.held_back(pid), "waiting_for": self.failover.waiting_for(pid)}
 
     # ---- paths ---------------------------------------------------------------------------
@@ -349,6 +358,31 @@ class Agent:
         log("discovery", targets=len(targets), paths=added, seconds=round(time.monotonic() - t0, 3),
             stats={k: v for k, v in table.stats.items() if v})
         return added
+
+    def _interval_s(self, pid: int) -> float:
+        idle = self.activity is not None and self.activity.rate.get(pid) == IDLE
+        return (self.cfg.idle_interval_ms if idle else self.cfg.interval_ms) / 1000
+
+    def update_rates(self) -> None:
+        """Probe the paths of peers this host moves data with at the active rate, the others at
+        the idle rate (linkpass/core/activity.py); logs which peers changed."""
+        now = time.monotonic_ns()
+        peers = {p.name: [p.service, *p.nics.values()] for p in self.cfg.peers}
+        if self.traffic is None:
+            self.traffic = TcpActivity()
+        try:
+            moving = self.traffic.moving(peer_addresses(peers), int(2 * self.cfg.idle_interval_ms) + 1)
+        except OSError:
+            self.traffic.close()  # a dump cut short leaves messages behind: a new socket next time
+            self.traffic = None
+            raise
+        self.activity.saw(moving, now)
+        changes = self.activity.update({pid: lab.peer for pid, lab in self.labels.items()}, now)
+        for ch in changes:
+            self.engine.set_interval(ch.path, self._interval_s(ch.path))
+        if changes:
+            went = {rate: sorted({c.peer for c in changes if c.rate == rate}) for rate in RATES}
+            log("path_rates", active=went[ACTIVE], idle=went[IDLE], paths=self.activity.counts())
 
     def remove_peer(self, name: str) -> None:
         self.failover.remove_peer(name)
@@ -406,7 +440,8 @@ class Agent:
                 "answers_rejected": self.link.stats["answers_rejected"] if self.link is not None else 0,
                 "probe_thread_up": self.progress.stalled_s() is None,
                 "coordinator_up": (self.link.registered and self.link.reachable) if self.link is not None else None,
-                "engine": self.engine_kind, "fleet_keys": 2 if self.accept_key else 1}
+                "engine": self.engine_kind, "fleet_keys": 2 if self.accept_key else 1,
+                "paths_by_rate": self.activity.counts() if self.activity is not None else {ACTIVE: len(self.labels)}}
 
     # ---- the coordinator ---------------------------------------------------------------
     def identity(self) -> dict:
@@ -503,8 +538,10 @@ class Agent:
             self.expected_sizes = (self.expected_sizes + [self.cfg.mtu])[-8:]
             self.engine.expect_sizes(self.expected_sizes)
         self.add_peers([p for n, p in new_peers.items() if n not in old_peers] + changed)
+        if self.activity is not None:
+            self.activity.idle_after_ns = int(self.cfg.idle_after_ms * 1e6)
         for pid in self.labels:
-            self.engine.set_interval(pid, self.cfg.interval_ms / 1000)
+            self.engine.set_interval(pid, self._interval_s(pid))
         log("reloaded", peers=len(new_peers), paths=len(self.labels))
 
     def run(self, config_path: str, max_seconds: float | None = None) -> None:
@@ -534,6 +571,9 @@ class Agent:
                 self.stopping.wait(self.cfg.batch_ms / 1000)  # a failing engine must not turn this loop into a spin
                 continue
             run("decide", self.failover.step, *polled, time.monotonic_ns())
+            if self.activity is not None and time.monotonic() >= self._next_rates:
+                self._next_rates = time.monotonic() + self.cfg.idle_interval_ms / 1000
+                run("rates", self.update_rates)
             if self.entropy is not None and time.monotonic() >= self._next_beat:
                 self._next_beat = time.monotonic() + ENTROPY_HEARTBEAT_S
                 run("entropy", self.entropy.heartbeat)
@@ -578,6 +618,8 @@ class Agent:
                 self.routes.close()
         if self.entropy is not None:
             self.entropy.close(unlink=True)
+        if self.traffic is not None:
+            self.traffic.close()
         if self.api:
             self.api.close()
         if self.metrics_server is not None:

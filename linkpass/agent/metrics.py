@@ -104,6 +104,10 @@ SPECS: dict[str, Spec] = {
                                           "(absent without a coordinator)"),
     "linkpass_agent_fleet_keys": Spec(GaugeMetricFamily,
                                       "Fleet keys this agent accepts: 1, or 2 during a key rotation"),
+    "linkpass_agent_probed_paths": Spec(GaugeMetricFamily,
+                                        "Paths probed, by rate: active (a peer this host moves data with) or idle "
+                                        "(probe.idle_rates); every path is active while idle rates are off",
+                                        ("rate",)),
     "linkpass_agent_loop_errors": Spec(CounterMetricFamily,
                                        "Exceptions in a step of the agent's main loop (logged; the loop goes on)",
                                        ("step",)),
@@ -282,7 +286,7 @@ class DecisionCollector:
 class AgentCollector:
     """Reads the agent's own state at scrape time: `counters()` returns {"loop_errors": {step: n},
     "answers_rejected": n, "probe_thread_up": bool, "coordinator_up": bool | None, "engine": str,
-    "fleet_keys": 1 or 2}."""
+    "fleet_keys": 1 or 2, "paths_by_rate": {"active": n, "idle": n}}."""
 
     def __init__(self, counters: Callable[[], dict]):
         self.counters = counters
@@ -297,7 +301,10 @@ class AgentCollector:
         thread.add_metric([], 1.0 if c["probe_thread_up"] else 0.0)
         keys = family("linkpass_agent_fleet_keys")
         keys.add_metric([], c.get("fleet_keys", 1))
-        yield from (build, thread, keys)
+        rates = family("linkpass_agent_probed_paths")
+        for rate, n in c.get("paths_by_rate", {}).items():
+            rates.add_metric([rate], n)
+        yield from (build, thread, keys, rates)
         if c["coordinator_up"] is not None:
             coord = family("linkpass_agent_coordinator_up")
             coord.add_metric([], 1.0 if c["coordinator_up"] else 0.0)

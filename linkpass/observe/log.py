@@ -58,6 +58,7 @@ EVENTS = {
     "entropy_table_replaced": "warning",
     "loop_error": "error",
     "path_check": "info",
+    "path_rates": "info",
     "path_check_failed": "error",
     "watchdog_withheld": "error",
     "watchdog_resumed": "info",

@@ -1,0 +1,194 @@
+"""Active and idle rates: which peers move data (the kernel's TCP socket diagnostics) sets how
+often each path is probed; the pure bookkeeping, the netlink parser, and the agent on the testbed."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+from linkpass.core.activity import ACTIVE, IDLE, Activity, RateChange
+from linkpass.kernel import sockdiag as SD
+from linkpass.testbed.agents import LINKPASS
+
+MS = 1_000_000
+
+
+# ---- the bookkeeping (pure) -----------------------------------------------------------------
+
+@pytest.mark.unit
+def test_a_peer_is_active_from_its_first_data_until_it_has_been_quiet_for_idle_after():
+    act = Activity(idle_after_ns=1000 * MS)
+    paths = {1: "h1", 2: "h1", 3: "h3"}
+    # new paths start at the active rate: the first look demotes those of quiet peers
+    assert act.update(paths, 0) == [RateChange(1, "h1", IDLE), RateChange(2, "h1", IDLE), RateChange(3, "h3", IDLE)]
+    assert act.update(paths, 100 * MS) == []  # nothing changed, nothing to do
+    act.saw(["h3"], 200 * MS)
+    assert act.update(paths, 200 * MS) == [RateChange(3, "h3", ACTIVE)]
+    assert act.counts() == {ACTIVE: 1, IDLE: 2}
+    assert act.update(paths, 1200 * MS) == []  # quiet for exactly idle_after: still active
+    assert act.update(paths, 1201 * MS) == [RateChange(3, "h3", IDLE)]
+    # a path that is gone is forgotten, and so is a peer without paths
+    act.saw(["h3"], 1300 * MS)
+    assert act.update({1: "h1"}, 1300 * MS) == [] and act.rate == {1: IDLE} and "h3" not in act.last_moved
+    with pytest.raises(ValueError, match="idle_after_ns must be > 0"):
+        Activity(0)
+
+
+# ---- the netlink parser ---------------------------------------------------------------------------
+
+def diag_message(family: int, dst: str, last_sent_ms: int, last_recv_ms: int, info: bool = True) -> bytes:
+    """One SOCK_DIAG_BY_FAMILY message as the kernel writes it (inet_diag_msg, then INET_DIAG_INFO)."""
+    packed = ipaddress.ip_address(dst).packed
+    addr = packed + bytes(16 - len(packed)) if family == socket.AF_INET else packed
+    msg = bytearray(SD._MSG_LEN)
+    msg[0], msg[1] = family, 1
+    msg[SD._DST] = addr
+    body = bytes(msg)
+    if info:
+        tcp_info = bytearray(104)
+        SD._LAST_DATA.pack_into(tcp_info, SD._LAST_DATA_AT, last_sent_ms, last_recv_ms)
+        body += SD._NLA.pack(SD._NLA.size + len(tcp_info), SD.INET_DIAG_INFO) + bytes(tcp_info)
+    return SD._NLMSGHDR.pack(SD._NLMSGHDR.size + len(body), SD.SOCK_DIAG_BY_FAMILY, 2, 1, 0) + body
+
+
+DONE = SD._NLMSGHDR.pack(SD._NLMSGHDR.size + 4, SD.NLMSG_DONE, 2, 1, 0) + bytes(4)
+
+
+@pytest.mark.unit
+def test_the_parser_finds_peers_whose_sockets_moved_data_lately():
+    by_addr = SD.peer_addresses({"h1": ["198.18.0.2", "198.18.64.3"], "h3": ["198.18.0.4"], "v6": ["fd00::7"]})
+    buf = (diag_message(socket.AF_INET, "198.18.64.3", 5000, 40)  # received 40 ms ago: moving
+           + diag_message(socket.AF_INET, "198.18.0.4", 9000, 9000)  # quiet for 9 s
+           + diag_message(socket.AF_INET, "198.18.0.99", 0, 0)  # not a peer
+           + DONE)
+    out: set[str] = set()
+    assert SD.parse_dump(buf, socket.AF_INET, by_addr, 200, out) and out == {"h1"}
+    # IPv6 sockets: native and v4-mapped addresses
+    six = diag_message(socket.AF_INET6, "::ffff:198.18.0.4", 10, 10) + diag_message(socket.AF_INET6, "fd00::7", 0, 99)
+    out = set()
+    assert not SD.parse_dump(six, socket.AF_INET6, by_addr, 200, out)  # no DONE yet: more to read
+    assert out == {"h3", "v6"}
+    # a message without tcp_info says nothing
+    out = set()
+    SD.parse_dump(diag_message(socket.AF_INET, "198.18.0.2", 0, 0, info=False) + DONE, socket.AF_INET, by_addr, 200, out)
+    assert out == set()
+
+
+@pytest.mark.unit
+def test_the_parser_refuses_lengths_it_cannot_trust():
+    good = diag_message(socket.AF_INET, "198.18.0.2", 0, 0)
+    by_addr = SD.peer_addresses({"h1": ["198.18.0.2"]})
+    with pytest.raises(OSError, match="truncated"):
+        SD.parse_dump(good[:-8], socket.AF_INET, by_addr, 200, set())
+    too_long = struct.pack("=I", len(good) + 64) + good[4:]
+    with pytest.raises(OSError, match="truncated"):
+        SD.parse_dump(too_long, socket.AF_INET, by_addr, 200, set())
+    err = SD._NLMSGHDR.pack(SD._NLMSGHDR.size + 4, SD.NLMSG_ERROR, 0, 1, 0) + struct.pack("=i", -1)
+    with pytest.raises(OSError, match="refused"):
+        SD.parse_dump(err, socket.AF_INET, by_addr, 200, set())
+    # an attribute claiming less than its own header ends that message's attributes, nothing more
+    bad_attr = bytearray(good)
+    struct.pack_into("=H", bad_attr, SD._NLMSGHDR.size + SD._MSG_LEN, 2)
+    out: set[str] = set()
+    SD.parse_dump(bytes(bad_attr) + DONE, socket.AF_INET, by_addr, 200, out)
+    assert out == set()
+
+
+@pytest.mark.unit
+def test_real_sockets_on_loopback():
+    """The kernel's own dump: a connection that just moved data is seen, a quiet one is not."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    quiet = socket.create_connection(srv.getsockname())
+    quiet_peer, _ = srv.accept()
+    tcp = SD.TcpActivity()
+    try:
+        time.sleep(0.3)
+        by_addr = SD.peer_addresses({"loopback": ["127.0.0.1"]})
+        assert tcp.moving(by_addr, 100) == set()
+        quiet.sendall(b"x" * 1000)
+        quiet_peer.recv(2000)
+        assert tcp.moving(by_addr, 100) == {"loopback"}
+    finally:
+        tcp.close()
+        for s in (quiet, quiet_peer, srv):
+            s.close()
+
+
+# ---- the agent on the testbed (root) ---------------------------------------------------------------
+
+A, B = 0, 3
+PROBE = {"idle_rates": True, "idle_interval_ms": 100, "idle_after_ms": 1000}
+
+
+def sent_per_s(ag, fab, host: int, peer: str, seconds: float = 1.0) -> tuple[set[str], float]:
+    """(the rates the agent's paths to `peer` report, their slowest probe rate in packets/s)."""
+    def rows():
+        out = subprocess.run(["ip", "netns", "exec", fab.netns(f"h{host}"), *LINKPASS, "paths", "--local", "-o",
+                              "json"], capture_output=True, text=True, timeout=30)
+        got = json.loads(out.stdout) if out.stdout.startswith("[") else []
+        return {r["path_id"]: r for r in got if r["peer"] == peer}
+
+    t0, first = time.monotonic(), rows()
+    time.sleep(seconds)
+    t1, second = time.monotonic(), rows()
+    per_s = min((second[p]["sent"] - first[p]["sent"]) / (t1 - t0) for p in second if p in first)
+    return {r["rate"] for r in second.values()}, per_s
+
+
+def wait_rate(ag, fab, host: int, peer: str, rate: str, timeout_s: float = 10.0) -> tuple[set[str], float]:
+    """Once every path to `peer` reports `rate`: (their rates, their probe rate measured from then on)."""
+    deadline = time.monotonic() + timeout_s
+    got: tuple[set[str], float] = (set(), 0.0)
+    while time.monotonic() < deadline:
+        got = sent_per_s(ag, fab, host, peer, seconds=0.2)
+        if got[0] == {rate}:
+            return sent_per_s(ag, fab, host, peer)
+    return got
+
+
+@pytest.mark.root
+def test_paths_slow_down_without_traffic_speed_up_with_it_and_still_catch_a_failure(clean_faults, tmp_path):
+    from linkpass.testbed import faults
+    from linkpass.testbed.agents import Agents
+    from linkpass.testbed.tcpflow import TcpFlow
+
+    fab = clean_faults
+    with Agents(fab, str(tmp_path), [A, B], interval_ms=1.0, probe=PROBE) as ag:
+        # no traffic between the two: every path idle, probed ~10 times a second
+        rates, per_s = wait_rate(ag, fab, A, "h3", IDLE)
+        assert rates == {IDLE} and 5 <= per_s <= 30, (rates, per_s)
+        assert ag.wait_for(A, "path_rates", lambda e: e["paths"]["idle"] > 0)
+        # a TCP flow between their service addresses: both ends' paths go active within a sample
+        t_flow = time.time()
+        flow = TcpFlow(fab, A, B, max_seconds=30).start()
+        try:
+            ev = ag.wait_for(A, "path_rates", lambda e: "h3" in e["active"] and e["ts"] >= t_flow, timeout_s=5)
+            assert ev is not None and ev["ts"] - t_flow < 1.0, ev  # one sample per 100 ms
+            rates, per_s = wait_rate(ag, fab, A, "h3", ACTIVE)
+            assert rates == {ACTIVE} and per_s >= 400, (rates, per_s)
+            assert wait_rate(ag, fab, B, "h0", ACTIVE)[0] == {ACTIVE}
+        finally:
+            result = flow.stop()
+        assert result.received > 100
+        # quiet again: idle once idle_after_ms has passed without data
+        rates, per_s = wait_rate(ag, fab, A, "h3", IDLE)
+        assert rates == {IDLE} and per_s <= 30, (rates, per_s)
+        # no false verdict: a DOWN only of the host-wide lateness bursts a loaded machine has, which
+        # the detector undoes itself when the late replies come in (late, not lost)
+        states = ag.events(A, "path_state")
+        kept = [e for k, e in enumerate(states) if e["new"] == "down" and not any(
+            later["path"] == e["path"] and later["reason"] == "spurious_down" for later in states[k + 1:])]
+        assert kept == [], kept
+        # a hard failure on idle paths is still found, within about a second
+        t_fault = time.monotonic_ns()
+        faults.apply(fab.prefix, faults.FaultSpec("down", "p0l0-p0s1"))  # cleared by the fixture
+        ev = ag.wait_for(A, "path_state", lambda e: e["new"] == "down" and e["mono_ns"] >= t_fault, timeout_s=5)
+        assert ev is not None, ag.events(A, "path_state")[-5:]
+        assert (ev["mono_ns"] - t_fault) / 1e9 < 1.0, ev
