@@ -121,18 +121,9 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     return venv
 
 
-@pytest.mark.root
-def test_wheel_in_a_fresh_venv_runs_the_agent_with_only_its_own_dependencies(dist, clean_faults, tmp_path):
-    fab = clean_faults
-    venv = _fresh_venv(tmp_path, dist["wheel"])
-    py = str(venv / "bin" / "python")
-    for mod in NOT_ON_AN_AGENT:
-        probe = subprocess.run([py, "-c", f"import {mod}"], capture_output=True, text=True, cwd=tmp_path)
-        assert probe.returncode != 0, f"{mod} came with the wheel's dependencies"
-    exe = str(venv / "bin" / "linkpass")
-    ver = subprocess.run([exe, "--version"], capture_output=True, text=True, cwd=tmp_path)
-    assert ver.stdout.strip() == f"linkpass {__version__}"
-    # h0 runs the wheel's agent, h1 the repository's: they must probe each other
+def h0_agent_probes_h1(fab, tmp_path: Path, h0_linkpass: list[str]) -> None:
+    """h0 runs the agent `h0_linkpass` starts, h1 the repository's: they must probe each other
+    with 0 loss, read through h0's local API by the repository's CLI."""
     port = free_port()
     configs = write_agent_configs(fab, str(tmp_path), KEY, api_port=port, interval_ms=5)
     for i in (0, 1):
@@ -140,7 +131,7 @@ def test_wheel_in_a_fresh_venv_runs_the_agent_with_only_its_own_dependencies(dis
         doc["peers"] = [p for p in doc["peers"] if p["name"] in ("h0", "h1")]
         with open(configs[i], "w") as f:
             yaml.safe_dump(doc, f)
-    cmds = {0: [exe], 1: [sys.executable, "-m", "linkpass.cli"]}
+    cmds = {0: h0_linkpass, 1: [sys.executable, "-m", "linkpass.cli"]}
     procs = {i: subprocess.Popen(["ip", "netns", "exec", fab.netns(f"h{i}"), *cmds[i], "agent", "--config",
                                   configs[i], "--max-seconds", "60"], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
              for i in (0, 1)}
@@ -150,8 +141,8 @@ def test_wheel_in_a_fresh_venv_runs_the_agent_with_only_its_own_dependencies(dis
             assert d.wait_for('"event": "started"', 60), d.text(0)[-2000:]
         deadline, rows = time.monotonic() + 30, []
         while time.monotonic() < deadline:
-            out = subprocess.run(["ip", "netns", "exec", fab.netns("h0"), exe, "paths", "--port", str(port),
-                                  "-o", "json"], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+            out = subprocess.run(["ip", "netns", "exec", fab.netns("h0"), sys.executable, "-m", "linkpass.cli", "paths",
+                                  "--port", str(port), "-o", "json"], capture_output=True, text=True, timeout=30)
             rows = yaml.safe_load(out.stdout) if out.stdout.startswith("[") else []
             if rows and all(r["replies"] > 100 for r in rows):
                 break
@@ -164,6 +155,20 @@ def test_wheel_in_a_fresh_venv_runs_the_agent_with_only_its_own_dependencies(dis
 
 
 @pytest.mark.root
+def test_wheel_in_a_fresh_venv_runs_the_agent_with_only_its_own_dependencies(dist, clean_faults, tmp_path):
+    fab = clean_faults
+    venv = _fresh_venv(tmp_path, dist["wheel"])
+    py = str(venv / "bin" / "python")
+    for mod in NOT_ON_AN_AGENT:
+        probe = subprocess.run([py, "-c", f"import {mod}"], capture_output=True, text=True, cwd=tmp_path)
+        assert probe.returncode != 0, f"{mod} came with the wheel's dependencies"
+    exe = str(venv / "bin" / "linkpass")
+    ver = subprocess.run([exe, "--version"], capture_output=True, text=True, cwd=tmp_path)
+    assert ver.stdout.strip() == f"linkpass {__version__}"
+    h0_agent_probes_h1(fab, tmp_path, [exe])
+
+
+@pytest.mark.root
 def test_agent_image_builds_and_its_agent_probes_on_the_testbed(clean_faults, tmp_path):
     """deploy/container/Containerfile's agent target, built by buildah on a Debian 12 root
     bootstrapped here (no registry reachable), its storage private to the test; the image's agent
@@ -172,7 +177,6 @@ def test_agent_image_builds_and_its_agent_probes_on_the_testbed(clean_faults, tm
     fab = clean_faults
     storage = tmp_path / "containers"
     b = ["buildah", "--root", str(storage / "root"), "--runroot", str(storage / "run"), "--storage-driver", "vfs"]
-    procs: dict[int, subprocess.Popen] = {}
     try:
         built = subprocess.run(PACKAGE + ["image", "--target", "agent", "--tag", "localhost/linkpass:test",
                                           "--storage", str(storage)], capture_output=True, text=True, timeout=1800)
@@ -190,34 +194,8 @@ def test_agent_image_builds_and_its_agent_probes_on_the_testbed(clean_faults, tm
         for mod in NOT_ON_AN_AGENT:
             got = subprocess.run(inside + ["python3", "-c", f"import {mod}"], capture_output=True, text=True)
             assert got.returncode != 0, f"{mod} is in the agent's image"
-        # h0 runs the image's agent, h1 the repository's: they must probe each other
-        port = free_port()
-        configs = write_agent_configs(fab, str(tmp_path), KEY, api_port=port, interval_ms=5)
-        for i in (0, 1):
-            doc = yaml.safe_load(open(configs[i]))
-            doc["peers"] = [p for p in doc["peers"] if p["name"] in ("h0", "h1")]
-            with open(configs[i], "w") as f:
-                yaml.safe_dump(doc, f)
-        cmds = {0: inside + ["linkpass"], 1: [sys.executable, "-m", "linkpass.cli"]}
-        procs = {i: subprocess.Popen(["ip", "netns", "exec", fab.netns(f"h{i}"), *cmds[i], "agent", "--config",
-                                      configs[i], "--max-seconds", "60"], stderr=subprocess.PIPE, text=True,
-                                     cwd=tmp_path) for i in (0, 1)}
-        drains = {i: LogDrain(p.stderr) for i, p in procs.items()}
-        for d in drains.values():
-            assert d.wait_for('"event": "started"', 60), d.text(0)[-2000:]
-        deadline, rows = time.monotonic() + 30, []
-        while time.monotonic() < deadline:
-            out = subprocess.run(["ip", "netns", "exec", fab.netns("h0"), sys.executable, "-m", "linkpass.cli", "paths",
-                                  "--port", str(port), "-o", "json"], capture_output=True, text=True, timeout=30)
-            rows = yaml.safe_load(out.stdout) if out.stdout.startswith("[") else []
-            if rows and all(r["replies"] > 100 for r in rows):
-                break
-            time.sleep(0.5)
-        assert rows and {r["peer"] for r in rows} == {"h1"}, rows
-        assert all(r["replies"] > 100 and r["lost_fwd"] == 0 and r["lost_rev"] == 0 for r in rows), rows
-        assert procs[0].poll() is None and procs[1].poll() is None
+        h0_agent_probes_h1(fab, tmp_path, inside + ["linkpass"])
     finally:
-        stop_processes(procs.values())
         subprocess.run(b + ["rm", "--all"], capture_output=True)
         subprocess.run(b + ["rmi", "--all", "--force"], capture_output=True)
         subprocess.run(["rm", "-rf", "--one-file-system", str(storage)], check=False)
