@@ -270,3 +270,19 @@ def test_the_command_names_a_bad_option():
     out = subprocess.run([sys.executable, "-m", "linkpass_sim.fleet", "--gpus", "100"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "gpus" in out.stderr and "multiple of 8" in out.stderr
+
+
+def test_the_simulator_prices_idle_rates_with_the_agents_own_rate_logic(small, monkeypatch):
+    from linkpass.core import activity
+
+    assert fleet.Activity is activity.Activity  # the agent's class, not a copy
+    off, on = fleet.probe_cost(small, idle_rates=False), fleet.probe_cost(small, idle_rates=True)
+    job = sum(sp.job for sp in small.paths)
+    assert off["paths_active"] == len(small.paths) and off["paths_idle"] == 0
+    # a host's job peers move data: their paths stay active; the plan's paths to others go idle
+    assert on["paths_active"] == job and on["paths_idle"] == len(small.paths) - job > 0
+    assert on["sent_per_host_median"] < off["sent_per_host_median"]
+    assert on["cpu_pct_per_host_median"] < off["cpu_pct_per_host_median"]
+    # and a change to the agent's rule reaches the price: every path idle
+    monkeypatch.setattr(activity.Activity, "active", lambda self, peer, now_ns: False)
+    assert fleet.probe_cost(small, idle_rates=True)["paths_active"] == 0

@@ -16,6 +16,11 @@ traffic is the same TCP flows (1 message a millisecond each), so the same peers 
   one flow each. The other hosts only reflect (no paths of their own), so the machine's two
   cores are not spent on their probing.
 
+- `sim-16384`, `sim-131072`: the fleet simulator's price at 16 384 and 131 072 GPUs (2-tier,
+  rail-optimized; the job a ring over every rail, 4 ECMP paths per neighbour and rail), from the
+  agent's own rate logic (`linkpass_sim.fleet.probe_cost`): CPU per host at the measured cost of
+  an exchange (rows over every host), probe packets per NIC. `--sim-only` runs just these.
+
 Rows per case: `cpu` (pct of one core; peer = rates off, ratio = off/on), `probes_sent` (per_s of
 the host, from the probe core's own counter; `ring_full_drops`: replies the C core dropped because
 the Python side fell behind, a sign the host is saturated), `paths_active` / `paths_idle` (with
@@ -138,17 +143,37 @@ def run_case(fab, probers, job_peers: list[int], rates_on: bool, seconds: float,
                 p.wait()
 
 
+def sim_rows(gpus_list: list[int]) -> list[dict]:
+    """The simulator's price of a fleet host, idle rates on (peer: off), from the agent's rate logic."""
+    from linkpass_sim.failures import Shape
+    from linkpass_sim.fleet import Fleet, probe_cost
+
+    rows = []
+    for gpus in gpus_list:
+        case = f"sim-{gpus}"
+        report.progress(f"{case}: building the simulated fleet ({gpus} GPUs)")
+        fleet = Fleet(Shape.for_gpus(gpus))
+        off, on = probe_cost(fleet, idle_rates=False), probe_cost(fleet, idle_rates=True)
+        rows.append(report.row(case, "cpu", "pct", on["cpu_pct_per_host"], peer="idle-rates-off",
+                               peer_values=off["cpu_pct_per_host"], paths=on["paths"],
+                               paths_active=on["paths_active"], paths_idle=on["paths_idle"], note=on["note"]))
+        rows.append(report.row(case, "probes_per_nic", "per_s", on["tx_pps_per_nic"], peer="idle-rates-off",
+                               peer_values=off["tx_pps_per_nic"]))
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="10 s per run instead of 60")
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sim-only", action="store_true", help="only the simulator's price (no root, no testbed)")
     args = ap.parse_args()
-    if not report.require_root():
+    if not args.sim_only and not report.require_root():
         return 2
     seconds = args.seconds or (10.0 if args.quick else 60.0)
     rows = []
-    for case, (preset, probers, job) in CASES.items():
+    for case, (preset, probers, job) in ({} if args.sim_only else CASES).items():
         prefix = "hc"
         build.clean(prefix)
         report.progress(f"{case}: building the {preset} testbed")
@@ -168,6 +193,7 @@ def main() -> int:
                                ring_full_drops=got[True]["ring_full"], peer_ring_full_drops=got[False]["ring_full"]))
         rows.append(report.row(case, "paths_active", "paths", [got[True]["rates"]["active"]]))
         rows.append(report.row(case, "paths_idle", "paths", [got[True]["rates"]["idle"]]))
+    rows += sim_rows([16_384] if args.quick else [16_384, 131_072])
     print(f"{'case':<12} {'metric':<13} {'unit':<6} {'median':>9} {'p99':>9} {'rates off':>10} {'ratio':>6}")
     for r in rows:
         print(f"{r['case']:<12} {r['metric']:<13} {r['unit']:<6} {r['median']!s:>9} {r['p99']!s:>9} "

@@ -33,6 +33,7 @@ import numpy as np
 from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
 from linkpass.agent.decide import PathInfo
 from linkpass.core import wire
+from linkpass.core.activity import IDLE, Activity
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, HOST_LEAF, UP, FabricModel, directed, rail_optimized, split_directed
@@ -456,6 +457,55 @@ def probe_overhead(fleet: Fleet, link_gbps: float = 400.0) -> dict:
             "link_share_pct_median": round(100 * statistics.median(share), 5),
             "link_share_pct_max": round(100 * max(share), 5), "link_gbps": link_gbps,
             "note": "each NIC sends its paths' probes and reflects its peers' (both count once per direction)"}
+
+
+# What one exchange costs a host's CPU, measured (docs/agent-cost.md): sending and judging one,
+# the agent's whole process per exchange sent (sim/bench/host_cost.py, rail8-h0 with idle rates:
+# 85.8 % of a core for 24 511 exchanges/s); reflecting one, at most what a whole exchange costs
+# both ends and the kernel together (sim/bench/probe_core.py: ~67 500 exchanges per CPU-second).
+SEND_CPU_US = 35.0
+REFLECT_CPU_US_MAX = 14.8
+
+
+def probe_cost(fleet: Fleet, idle_rates: bool, idle_interval_ns: int = round(AgentConfig.idle_interval_ms * MS)) -> dict:
+    """Probe packets per NIC and CPU per host with idle rates off or on, from the agent's own rate
+    logic (linkpass/core/activity.py): a host's job peers move data, so their paths are active;
+    the paths the probe plan adds towards other peers are idle."""
+    cfg = fleet.config
+    active_pps, idle_pps = NS / cfg.interval_ns, NS / idle_interval_ns
+    by_host: dict[str, dict[int, str]] = {}
+    job_peers: dict[str, set[str]] = {}
+    for i, sp in enumerate(fleet.paths):
+        by_host.setdefault(sp.reporter, {})[i] = sp.peer
+        if sp.job:
+            job_peers.setdefault(sp.reporter, set()).add(sp.peer)
+    rate_of: dict[int, float] = {}
+    for host, paths in by_host.items():
+        activity = Activity(idle_after_ns=round(AgentConfig.idle_after_ms * MS))
+        if idle_rates:
+            activity.saw(job_peers.get(host, ()), 0)
+            activity.update(paths, 0)
+        for pid in paths:
+            rate_of[pid] = idle_pps if activity.rate.get(pid) == IDLE else active_pps
+    sent: dict[str, float] = {}
+    reflected: dict[str, float] = {}
+    nic_out: dict[tuple[str, int], float] = {}
+    for i, sp in enumerate(fleet.paths):
+        r = rate_of[i]
+        sent[sp.reporter] = sent.get(sp.reporter, 0.0) + r
+        reflected[sp.peer] = reflected.get(sp.peer, 0.0) + r
+        nic_out[(sp.reporter, sp.plane)] = nic_out.get((sp.reporter, sp.plane), 0.0) + r
+        nic_out[(sp.peer, sp.plane)] = nic_out.get((sp.peer, sp.plane), 0.0) + r  # its replies
+    hosts = sorted(set(sent) | set(reflected))
+    cpu = [100 * (sent.get(h, 0.0) * SEND_CPU_US + reflected.get(h, 0.0) * REFLECT_CPU_US_MAX) / 1e6 for h in hosts]
+    active = sum(1 for i in rate_of if rate_of[i] == active_pps)
+    return {"idle_rates": idle_rates, "gpus": fleet.shape.gpus, "paths": len(fleet.paths), "paths_active": active,
+            "paths_idle": len(rate_of) - active, "tx_pps_per_nic_median": statistics.median(nic_out.values()),
+            "sent_per_host_median": statistics.median(sent.values()),
+            "cpu_pct_per_host_median": round(statistics.median(cpu), 1), "cpu_pct_per_host_max": round(max(cpu), 1),
+            "cpu_pct_per_host": cpu, "tx_pps_per_nic": list(nic_out.values()),
+            "note": f"CPU: {SEND_CPU_US} us per exchange sent (measured, host_cost.json), at most "
+                    f"{REFLECT_CPU_US_MAX} us per exchange reflected (probe_core.py's whole-exchange cost)"}
 
 
 def run(gpus: int = 16_384, days: float = 1.0, scenario: str = "llama3", seed: int = 1,
