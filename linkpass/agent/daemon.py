@@ -297,7 +297,8 @@ class Agent:
         self.errors = LoopErrors(log)
         # idle rates: which peers move data (sampled once per idle interval) sets each path's rate
         self.activity = Activity(int(cfg.idle_after_ms * 1e6)) if cfg.idle_rates else None
-        self.traffic: TcpActivity | None = None
+        self.moving: tuple[int, set[str]] | None = None  # the sampler's latest: (when, peers seen moving data)
+        self.sampler: threading.Thread | None = None
         self._next_rates = 0.0
 
     @staticmethod
@@ -363,21 +364,38 @@ class Agent:
         idle = self.activity is not None and self.activity.rate.get(pid) == IDLE
         return (self.cfg.idle_interval_ms if idle else self.cfg.interval_ms) / 1000
 
+    def _sample_traffic(self) -> None:
+        """The traffic sampler's thread: once per idle interval, which peers this host's TCP
+        connections moved data with. Off the main loop, because a dump walks the kernel's whole
+        TCP table (~2 ms measured here) and the main loop decides failovers."""
+        tcp: list[TcpActivity] = []
+        addrs: tuple[tuple, dict[bytes, str]] = ((), {})
+
+        def sample() -> None:
+            nonlocal addrs
+            if addrs[0] is not self.cfg.peers:  # a reload or a plan changed the peers
+                peers = self.cfg.peers
+                addrs = (peers, peer_addresses({p.name: [p.service, *p.nics.values()] for p in peers}))
+            if not tcp:
+                tcp.append(TcpActivity())
+            try:
+                self.moving = (time.monotonic_ns(), tcp[0].moving(addrs[1], int(2 * self.cfg.idle_interval_ms) + 1))
+            except OSError:
+                tcp.pop().close()  # a dump cut short leaves messages behind: a new socket next time
+                raise
+
+        while not self.stopping.wait(self.cfg.idle_interval_ms / 1000):
+            self.errors.run("rates", sample)
+        for t in tcp:
+            t.close()
+
     def update_rates(self) -> None:
         """Probe the paths of peers this host moves data with at the active rate, the others at
-        the idle rate (linkpass/core/activity.py); logs which peers changed."""
-        now = time.monotonic_ns()
-        peers = {p.name: [p.service, *p.nics.values()] for p in self.cfg.peers}
-        if self.traffic is None:
-            self.traffic = TcpActivity()
-        try:
-            moving = self.traffic.moving(peer_addresses(peers), int(2 * self.cfg.idle_interval_ms) + 1)
-        except OSError:
-            self.traffic.close()  # a dump cut short leaves messages behind: a new socket next time
-            self.traffic = None
-            raise
-        self.activity.saw(moving, now)
-        changes = self.activity.update({pid: lab.peer for pid, lab in self.labels.items()}, now)
+        the idle rate (linkpass/core/activity.py), by the sampler's latest look; logs which peers
+        changed."""
+        if self.moving is not None:
+            self.activity.saw(self.moving[1], self.moving[0])
+        changes = self.activity.update({pid: lab.peer for pid, lab in self.labels.items()}, time.monotonic_ns())
         for ch in changes:
             self.engine.set_interval(ch.path, self._interval_s(ch.path))
         if changes:
@@ -420,6 +438,9 @@ class Agent:
         if self.cfg.coordinator is not None:
             self.link = CoordinatorLink(self.cfg.coordinator, self.identity, self.report_rows, self._take_drains,
                                         self._take_plan, log, rules=self.answer_rules()).start()
+        if self.activity is not None:
+            self.sampler = threading.Thread(target=self._sample_traffic, name="traffic-sampler", daemon=True)
+            self.sampler.start()
         log("started", agent_id=self.cfg.agent_id, name=self.cfg.name, api_port=self.api.port,
             metrics=f"{self.cfg.metrics_address}:{self.metrics_server.server_address[1]}",
             paths=len(self.labels), nics=[n.ifname for n in self.cfg.nics], routes=self.routes is not None,
@@ -607,6 +628,7 @@ class Agent:
     def stop(self) -> None:
         """Clean stop: the routes stay as the last decisions left them (a plane known bad stays
         out; every peer keeps at least one plane, as always), the entropy table is withdrawn."""
+        self.stopping.set()  # also after --max-seconds: the sampler thread ends with the loop
         if self.link is not None:
             self.link.stop()
         if self.routes is not None:
@@ -618,8 +640,8 @@ class Agent:
                 self.routes.close()
         if self.entropy is not None:
             self.entropy.close(unlink=True)
-        if self.traffic is not None:
-            self.traffic.close()
+        if self.sampler is not None:
+            self.sampler.join(timeout=2)
         if self.api:
             self.api.close()
         if self.metrics_server is not None:
