@@ -293,7 +293,9 @@ def build_image(target: str = "agent", tag: str | None = None, storage: Path | N
     trust = []
     ca = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
     if ca.exists():
-        conf = Path(tempfile.mkstemp(prefix="linkpass-pip-", suffix=".conf")[1])
+        fd, name = tempfile.mkstemp(prefix="linkpass-pip-", suffix=".conf")
+        os.close(fd)
+        conf = Path(name)
         conf.write_text("[global]\ncert = /run/linkpass-build-ca.crt\n")
         trust = ["-v", f"{ca}:/run/linkpass-build-ca.crt:ro", "-v", f"{conf}:/etc/pip.conf:ro"]
     step(f"building the {target} image {tag} on {base} (buildah; apt and pip inside)")

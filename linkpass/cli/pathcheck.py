@@ -33,6 +33,7 @@ import urllib.request
 from ..core.constants import AGENT_API_PORT, PROBE_PORT_BASE, ROCE_PORT
 from ..probe.pathcheck import MAX_PORTS, PROBE_BASE_PORT, PROBE_PORTS
 from .output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
+from .paths import no_agent
 
 AGENT_TIMEOUT_S = 30.0  # a sweep takes up to 5 s, and RTTs up to ~1 s per path
 SILENT_HINT = ("an agent listening there swallows them; retry with a closed --dport (e.g. 4793), "
@@ -178,9 +179,8 @@ def _ask_agent(args, route: str, query: dict) -> int:
             why = exc.reason
         return error(f"the agent refused the {route}: {why}")
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        return error(f"no agent answers on 127.0.0.1:{port} ({getattr(exc, 'reason', exc)}); is the LinkPass agent "
-                     "running on this host (in this network namespace)? `linkpass doctor` checks it; on the "
-                     f"testbed, `linkpass {args.command} SRC DST` sweeps without an agent")
+        return no_agent(f"127.0.0.1:{port}", exc,
+                        f"; on the testbed, `linkpass {args.command} SRC DST` sweeps without an agent")
     render = render_probe if route == "probe" else render_trace
     emit(doc, args.output, lambda d: render(d, wide=args.output == "wide"))
     return exit_code(doc)

@@ -69,14 +69,19 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def no_agent(where: str, exc: Exception, more: str = "") -> int:
+    """The one-line error (exit 3) when the local agent's API does not answer on `where`."""
+    return error(f"no agent answers on {where} ({getattr(exc, 'reason', exc)}); is the LinkPass agent running "
+                 f"on this host (in this network namespace)? `linkpass doctor` checks it{more}")
+
+
 def run(args) -> int:
     url = f"http://127.0.0.1:{args.port}/v1/paths"
     try:
         with urllib.request.urlopen(url, timeout=3) as resp:
             rows = json.load(resp)
     except (urllib.error.URLError, OSError) as exc:
-        return error(f"no agent answers on {url} ({getattr(exc, 'reason', exc)}); is the LinkPass agent running "
-                     "on this host (in this network namespace)? `linkpass doctor` checks it")
+        return no_agent(url, exc)
     if args.peer:
         rows = [r for r in rows if r["peer"] == args.peer]
     emit(rows, args.output, lambda rs: render(rs, args.output == "wide"))
