@@ -272,17 +272,23 @@ def test_the_command_names_a_bad_option():
     assert out.returncode == 2 and "gpus" in out.stderr and "multiple of 8" in out.stderr
 
 
-def test_the_simulator_prices_idle_rates_with_the_agents_own_rate_logic(small, monkeypatch):
+def test_the_simulator_prices_the_rates_with_the_agents_own_rate_logic(small, monkeypatch):
     from linkpass.core import activity
 
     assert fleet.Activity is activity.Activity  # the agent's class, not a copy
-    off, on = fleet.probe_cost(small, idle_rates=False), fleet.probe_cost(small, idle_rates=True)
+    off = fleet.probe_cost(small, idle_rates=False)
+    busy, quiet = fleet.probe_cost(small, idle_rates=True), fleet.probe_cost(small, idle_rates=True, progressing=False)
     job = sum(sp.job for sp in small.paths)
     assert off["paths_active"] == len(small.paths) and off["paths_idle"] == 0
-    # a host's job peers move data: their paths stay active; the plan's paths to others go idle
-    assert on["paths_active"] == job and on["paths_idle"] == len(small.paths) - job > 0
-    assert on["sent_per_host_median"] < off["sent_per_host_median"]
-    assert on["cpu_pct_per_host_median"] < off["cpu_pct_per_host_median"]
-    # and a change to the agent's rule reaches the price: every path idle
-    monkeypatch.setattr(activity.Activity, "active", lambda self, peer, now_ns: False)
-    assert fleet.probe_cost(small, idle_rates=True)["paths_active"] == 0
+    # the job's lanes name its paths: progressing while a collective is in flight, standby between
+    assert busy["paths_progressing"] == job and quiet["paths_standby"] >= job
+    assert busy["paths_active"] == quiet["paths_active"] == 0
+    # the plan's paths to other peers are idle (to the job's peers, standby)
+    others = len(small.paths) - job
+    assert busy["paths_idle"] + busy["paths_standby"] == others and busy["paths_idle"] > 0
+    for on in (busy, quiet):
+        assert on["sent_per_host_median"] < off["sent_per_host_median"] / 10
+        assert on["cpu_pct_per_host_median"] < off["cpu_pct_per_host_median"] / 10
+    # and a change to the agent's rule reaches the price: nothing ever progresses
+    monkeypatch.setattr(activity.Activity, "classify", lambda self, key, now_ns, busy: activity.ACTIVE)
+    assert fleet.probe_cost(small, idle_rates=True)["paths_active"] == len(small.paths)

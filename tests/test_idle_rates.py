@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from linkpass.core.activity import ACTIVE, IDLE, Activity, RateChange
+from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, STANDBY, Activity, PathKey, RateChange
+from linkpass.agent.config import Peer
 from linkpass.kernel import sockdiag as SD
 from linkpass.testbed.agents import LINKPASS
 
@@ -23,18 +24,22 @@ MS = 1_000_000
 @pytest.mark.unit
 def test_a_peer_is_active_from_its_first_data_until_it_has_been_quiet_for_idle_after():
     act = Activity(idle_after_ns=1000 * MS)
-    paths = {1: "h1", 2: "h1", 3: "h3"}
+    paths = {1: PathKey("h1", 0, 1), 2: PathKey("h1", 1, 2), 3: PathKey("h3", 0, 3)}
     # new paths start at the active rate: the first look demotes those of quiet peers
     assert act.update(paths, 0) == [RateChange(1, "h1", IDLE), RateChange(2, "h1", IDLE), RateChange(3, "h3", IDLE)]
     assert act.update(paths, 100 * MS) == []  # nothing changed, nothing to do
-    act.saw(["h3"], 200 * MS)
+    act.saw(["h3"], 200 * MS)  # TCP to h3's service address: every path of h3 (the routes pick the plane)
     assert act.update(paths, 200 * MS) == [RateChange(3, "h3", ACTIVE)]
-    assert act.counts() == {ACTIVE: 1, IDLE: 2}
+    assert act.counts() == {ACTIVE: 1, PROGRESSING: 0, STANDBY: 0, IDLE: 2}
     assert act.update(paths, 1200 * MS) == []  # quiet for exactly idle_after: still active
     assert act.update(paths, 1201 * MS) == [RateChange(3, "h3", IDLE)]
+    # TCP to h1's plane-1 address: that plane's path is active, the peer's others standby
+    act.saw_planes([("h1", 1)], 1300 * MS)
+    assert act.update(paths, 1300 * MS) == [RateChange(1, "h1", STANDBY), RateChange(2, "h1", ACTIVE)]
     # a path that is gone is forgotten, and so is a peer without paths
     act.saw(["h3"], 1300 * MS)
-    assert act.update({1: "h1"}, 1300 * MS) == [] and act.rate == {1: IDLE} and "h3" not in act.last_moved
+    assert act.update({1: PathKey("h1", 0, 1)}, 1300 * MS) == [] and act.rate == {1: STANDBY}
+    assert "h3" not in act.last_moved
     with pytest.raises(ValueError, match="idle_after_ns must be > 0"):
         Activity(0)
 
@@ -56,23 +61,28 @@ def diag_message(family: int, dst: str, last_sent_ms: int, last_recv_ms: int, in
     return SD._NLMSGHDR.pack(SD._NLMSGHDR.size + len(body), SD.SOCK_DIAG_BY_FAMILY, 2, 1, 0) + body
 
 
+def peer(name: str, service: str, nics: dict | None = None) -> Peer:
+    return Peer(name, 1, service, nics or {})
+
+
 DONE = SD._NLMSGHDR.pack(SD._NLMSGHDR.size + 4, SD.NLMSG_DONE, 2, 1, 0) + bytes(4)
 
 
 @pytest.mark.unit
 def test_the_parser_finds_peers_whose_sockets_moved_data_lately():
-    by_addr = SD.peer_addresses({"h1": ["198.18.0.2", "198.18.64.3"], "h3": ["198.18.0.4"], "v6": ["fd00::7"]})
+    by_addr = SD.peer_addresses([peer("h1", "198.18.0.2", {0: "198.18.64.3"}), peer("h3", "198.18.0.4"),
+                                 peer("v6", "fd00::7")])
     buf = (diag_message(socket.AF_INET, "198.18.64.3", 5000, 40)  # received 40 ms ago: moving
            + diag_message(socket.AF_INET, "198.18.0.4", 9000, 9000)  # quiet for 9 s
            + diag_message(socket.AF_INET, "198.18.0.99", 0, 0)  # not a peer
            + DONE)
     out: set[str] = set()
-    assert SD.parse_dump(buf, socket.AF_INET, by_addr, 200, out) and out == {"h1"}
+    assert SD.parse_dump(buf, socket.AF_INET, by_addr, 200, out) and out == {("h1", 0)}  # on its plane 0
     # IPv6 sockets: native and v4-mapped addresses
     six = diag_message(socket.AF_INET6, "::ffff:198.18.0.4", 10, 10) + diag_message(socket.AF_INET6, "fd00::7", 0, 99)
     out = set()
     assert not SD.parse_dump(six, socket.AF_INET6, by_addr, 200, out)  # no DONE yet: more to read
-    assert out == {"h3", "v6"}
+    assert out == {("h3", None), ("v6", None)}  # their service addresses
     # a message without tcp_info says nothing
     out = set()
     SD.parse_dump(diag_message(socket.AF_INET, "198.18.0.2", 0, 0, info=False) + DONE, socket.AF_INET, by_addr, 200, out)
@@ -82,7 +92,7 @@ def test_the_parser_finds_peers_whose_sockets_moved_data_lately():
 @pytest.mark.unit
 def test_the_parser_refuses_lengths_it_cannot_trust():
     good = diag_message(socket.AF_INET, "198.18.0.2", 0, 0)
-    by_addr = SD.peer_addresses({"h1": ["198.18.0.2"]})
+    by_addr = SD.peer_addresses([peer("h1", "198.18.0.2")])
     with pytest.raises(OSError, match="truncated"):
         SD.parse_dump(good[:-8], socket.AF_INET, by_addr, 200, set())
     too_long = struct.pack("=I", len(good) + 64) + good[4:]
@@ -110,11 +120,11 @@ def test_real_sockets_on_loopback():
     tcp = SD.TcpActivity()
     try:
         time.sleep(0.3)
-        by_addr = SD.peer_addresses({"loopback": ["127.0.0.1"]})
+        by_addr = SD.peer_addresses([peer("loopback", "127.0.0.1")])
         assert tcp.moving(by_addr, 100) == set()
         quiet.sendall(b"x" * 1000)
         quiet_peer.recv(2000)
-        assert tcp.moving(by_addr, 100) == {"loopback"}
+        assert tcp.moving(by_addr, 100) == {("loopback", None)}
     finally:
         tcp.close()
         for s in (quiet, quiet_peer, srv):

@@ -20,7 +20,13 @@
       interval_ms: 1                 # active paths: those of peers this host moves data with
       idle_interval_ms: 100          # idle paths, when idle_rates is on (linkpass/core/activity.py)
       idle_rates: false              # true: paths of peers with no traffic are probed at idle_interval_ms
-      idle_after_ms: 5000            # ... once no TCP connection moved data with the peer for this long
+      idle_after_ms: 5000            # ... once no TCP connection and no lane moved data with the peer for this long
+      standby_interval_ms: 50        # failover targets: quiet lanes' paths, other paths of peers the job uses
+      progress_interval_ms: 50       # paths whose lanes report acknowledged bytes advancing (transport progress)
+      progress_window_ms: 4          # ... for as long as the progress is this fresh; then back to interval_ms
+      lanes_dir: /run/linkpass/lanes # where the NCCL plugin and RDMA library report their lanes (docs/lanes.md)
+      budget_pps: 20000              # probes sent per second, never exceeded: rates degrade by priority
+      budget_cpu_pct: 0              # and this share of one core for the agent process (0: no CPU ceiling)
       ports_per_path: 1              # source ports probed per distinct discovered path
       discovery_ports: 32            # source ports swept per (NIC, peer)
       size_probe_every: 100          # every Nth probe is full-size (MTU black holes); 0 = never
@@ -133,6 +139,12 @@ class AgentConfig:
     idle_interval_ms: float = 100.0  # paths of idle peers, when idle_rates is on
     idle_rates: bool = False
     idle_after_ms: float = 5000.0
+    standby_interval_ms: float = 50.0  # failover targets: quiet lanes' paths, other paths of peers the job uses
+    progress_interval_ms: float = 50.0  # paths whose lanes' acknowledged bytes advance
+    progress_window_ms: float = 4.0  # how fresh that progress must be
+    lanes_dir: str = "/run/linkpass/lanes"  # lane reports of the NCCL plugin and the RDMA library
+    budget_pps: float = 20000.0  # probes sent per second, never exceeded (0: no ceiling)
+    budget_cpu_pct: float = 0.0  # share of one core for the agent process (0: no CPU ceiling)
     ports_per_path: int = 1
     discovery_ports: int = 32
     size_probe_every: int = 100
@@ -223,7 +235,8 @@ class _Section:
 TOP = {"agent_id", "name", "fleet_key_file", "fleet_key_accept_file", "service", "nics", "host", "peers", "probe", "detect", "api", "metrics",
        "routes", "entropy", "coordinator"}
 # section key -> AgentConfig field
-PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "idle_rates", "idle_after_ms", "ports_per_path", "discovery_ports", "size_probe_every",
+PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "idle_rates", "idle_after_ms", "standby_interval_ms",
+                        "progress_interval_ms", "progress_window_ms", "lanes_dir", "budget_pps", "budget_cpu_pct", "ports_per_path", "discovery_ports", "size_probe_every",
                         "mtu", "rt_priority", "engine", "batch_ms")}
 # sockets: the C core on raw and UDP sockets; verbs: UD queue pairs (an RDMA NIC takes every
 # packet to 4791 before a socket could); auto: verbs where every NIC has an RDMA device
@@ -256,6 +269,12 @@ SCALARS: dict[str, tuple] = {
     "probe.idle_interval_ms": ("number", 0.1, 60_000),  # and at least probe.interval_ms
     "probe.idle_rates": ("boolean",),
     "probe.idle_after_ms": ("number", 100, 3_600_000),
+    "probe.standby_interval_ms": ("number", 0.1, 60_000),  # between probe.interval_ms and idle_interval_ms
+    "probe.progress_interval_ms": ("number", 0.1, 60_000),  # and at least probe.interval_ms
+    "probe.progress_window_ms": ("number", 0.5, 10_000),
+    "probe.lanes_dir": ("string",),
+    "probe.budget_pps": ("number", 0, 10_000_000),
+    "probe.budget_cpu_pct": ("number", 0, 800),
     "probe.ports_per_path": ("integer", 1, 16),
     "probe.discovery_ports": ("integer", 1, 1024),
     "probe.size_probe_every": ("integer", 0, 1_000_000),
@@ -496,6 +515,15 @@ def _probe(raw) -> dict:
     if out["idle_interval_ms"] < out["interval_ms"]:
         raise ConfigError(f"probe.idle_interval_ms: {out['idle_interval_ms']:g} is below probe.interval_ms "
                           f"({out['interval_ms']:g}); an idle path is probed at most as often as an active one")
+    for key in ("standby_interval_ms", "progress_interval_ms"):
+        if not out["interval_ms"] <= out[key]:
+            raise ConfigError(f"probe.{key}: {out[key]:g} is below probe.interval_ms ({out['interval_ms']:g}); "
+                              "no path is probed more often than an active one")
+    if out["standby_interval_ms"] > out["idle_interval_ms"]:
+        raise ConfigError(f"probe.standby_interval_ms: {out['standby_interval_ms']:g} is above probe.idle_interval_ms "
+                          f"({out['idle_interval_ms']:g}); a failover target is probed at least as often as an idle path")
+    if not out["lanes_dir"].startswith("/"):
+        raise ConfigError(f"probe.lanes_dir: {out['lanes_dir']!r} is not an absolute path; e.g. /run/linkpass/lanes")
     return out
 
 

@@ -35,13 +35,14 @@ import time
 import traceback
 from collections import Counter
 
-from ..core.activity import ACTIVE, IDLE, RATES, Activity
+from ..core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey
 from ..core.constants import ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
 from ..core.entropy_table import EntropyError
 from ..kernel import caps
 from ..kernel.rdma import Device, RdmaUnavailable
 from ..kernel.sockdiag import TcpActivity, peer_addresses
+from .lanes_reader import LanesReader
 from ..core.probe_event import EV_MISS
 from ..core.states import DARK, HELD_OUT
 from ..observe.log import Logger, level_from_env, say
@@ -295,11 +296,26 @@ class Agent:
         self.drain_addrs: tuple[Drain, ...] = ()
         self.config_peers = {p.name: p for p in cfg.peers}
         self.errors = LoopErrors(log)
-        # idle rates: which peers move data (sampled once per idle interval) sets each path's rate
-        self.activity = Activity(int(cfg.idle_after_ms * 1e6)) if cfg.idle_rates else None
-        self.moving: tuple[int, set[str]] | None = None  # the sampler's latest: (when, peers seen moving data)
+        # rates: what the job's traffic uses (TCP sampled once per idle interval, lane reports every
+        # few ms) sets each path's rate (linkpass/core/activity.py)
+        self.activity = Activity(int(cfg.idle_after_ms * 1e6), int(cfg.progress_window_ms * 1e6)) if cfg.idle_rates else None
+        self.lanes = self._lanes_reader(cfg) if cfg.idle_rates and not dry_run else None
+        self.lane_addrs: tuple[tuple, dict[str, tuple[str, int]]] = ((), {})  # (peers, address -> (peer, plane))
+        self.path_keys: dict[int, PathKey] = {}
+        self.intervals: dict[int, float] = {}  # path -> the interval it is probed at now, seconds
+        self.moving: tuple[int, set[tuple[str, int | None]]] | None = None  # the sampler's latest look
         self.sampler: threading.Thread | None = None
         self._next_rates = 0.0
+
+    @staticmethod
+    def _lanes_reader(cfg: AgentConfig) -> LanesReader | None:
+        try:
+            return LanesReader(cfg.lanes_dir)
+        except OSError as exc:
+            log("lanes_unread", dir=cfg.lanes_dir, error=exc.strerror,
+                note="lane reports are not read: RDMA and NCCL plugin traffic counts as no traffic; "
+                     "make the directory's parent writable by the agent")
+            return None
 
     @staticmethod
     def _route_actuator(cfg: AgentConfig, dry_run: bool) -> RouteActuator | None:
@@ -350,6 +366,8 @@ class Agent:
                         if self.cfg.size_probe_every:
                             self.engine.set_size_probe(pid, self.cfg.size_probe_every, self.cfg.mtu)
                         self.labels[pid] = PathLabels(peer.name, plane, index, sport)
+                        self.path_keys[pid] = PathKey(peer.name, plane, sport)
+                        self.intervals[pid] = self.cfg.interval_ms / 1000
                         self.hops[pid] = tuple(path.hops)
                         self.failover.add_path(PathInfo(pid, peer.name, plane, sport, addr))
                         ids.append(pid)
@@ -361,8 +379,18 @@ class Agent:
         return added
 
     def _interval_s(self, pid: int) -> float:
-        idle = self.activity is not None and self.activity.rate.get(pid) == IDLE
-        return (self.cfg.idle_interval_ms if idle else self.cfg.interval_ms) / 1000
+        """The interval the path's rate asks for (the probe budget may stretch it)."""
+        rate = self.activity.rate.get(pid, ACTIVE) if self.activity is not None else ACTIVE
+        return {ACTIVE: self.cfg.interval_ms, PROGRESSING: self.cfg.progress_interval_ms,
+                STANDBY: self.cfg.standby_interval_ms, IDLE: self.cfg.idle_interval_ms}[rate] / 1000
+
+    def _apply_intervals(self) -> None:
+        """Give every path the interval its rate asks for, where it differs from what it has."""
+        for pid in self.labels:
+            want = self._interval_s(pid)
+            if self.intervals.get(pid) != want:
+                self.engine.set_interval(pid, want)
+                self.intervals[pid] = want
 
     def _sample_traffic(self) -> None:
         """The traffic sampler's thread: once per idle interval, which peers this host's TCP
@@ -375,7 +403,7 @@ class Agent:
             nonlocal addrs
             if addrs[0] is not self.cfg.peers:  # a reload or a plan changed the peers
                 peers = self.cfg.peers
-                addrs = (peers, peer_addresses({p.name: [p.service, *p.nics.values()] for p in peers}))
+                addrs = (peers, peer_addresses(peers))
             if not tcp:
                 tcp.append(TcpActivity())
             try:
@@ -390,23 +418,49 @@ class Agent:
             t.close()
 
     def update_rates(self) -> None:
-        """Probe the paths of peers this host moves data with at the active rate, the others at
-        the idle rate (linkpass/core/activity.py), by the sampler's latest look; logs which peers
-        changed."""
+        """Each path's rate (linkpass/core/activity.py) from the traffic sampler's latest look and
+        the lane reports now; logs the peers whose paths changed rate."""
+        now = time.monotonic_ns()
         if self.moving is not None:
-            self.activity.saw(self.moving[1], self.moving[0])
-        changes = self.activity.update({pid: lab.peer for pid, lab in self.labels.items()}, time.monotonic_ns())
-        for ch in changes:
-            self.engine.set_interval(ch.path, self._interval_s(ch.path))
+            when, seen = self.moving
+            self.activity.saw([peer for peer, plane in seen if plane is None], when)
+            self.activity.saw_planes([(peer, plane) for peer, plane in seen if plane is not None], when)
+        if self.lanes is not None:
+            self.activity.saw_lanes(self._lanes_seen(self.lanes.look(now)), now)
+        changes = self.activity.update(self.path_keys, now)
         if changes:
+            self._apply_intervals()
             went = {rate: sorted({c.peer for c in changes if c.rate == rate}) for rate in RATES}
-            log("path_rates", active=went[ACTIVE], idle=went[IDLE], paths=self.activity.counts())
+            log("path_rates", **went, paths=self.activity.counts())
+
+    def _lanes_seen(self, lanes) -> list[LaneSeen]:
+        """The reported lanes on paths this agent probes: a lane to an address no peer has on the
+        lane's plane is not one of ours (counted, ignored)."""
+        if self.lane_addrs[0] is not self.cfg.peers:
+            self.lane_addrs = (self.cfg.peers, {a: (p.name, pl) for p in self.cfg.peers for pl, a in p.nics.items()})
+        by_addr, out = self.lane_addrs[1], []
+        for lane in lanes:
+            where = by_addr.get(lane.peer)
+            if where is None or where[1] != lane.plane:
+                self.lanes.counts["lanes_unknown"] += 1
+                continue
+            out.append(LaneSeen(where[0], lane.plane, lane.sport, lane.progress_ns, lane.bytes_acked < lane.bytes_sent))
+        return out
+
+    def _rates_every_s(self) -> float:
+        """How often rates are looked at: every half progress window while lane reports are live
+        (the window bounds how stale transport progress may be), else once per idle interval."""
+        if self.lanes is not None and self.lanes.live:
+            return min(self.cfg.progress_window_ms / 2, self.cfg.idle_interval_ms) / 1000
+        return self.cfg.idle_interval_ms / 1000
 
     def remove_peer(self, name: str) -> None:
         self.failover.remove_peer(name)
         for pid in self.paths_of_peer.pop(name, []):
             self.engine.remove_path(pid)
             self.labels.pop(pid, None)
+            self.path_keys.pop(pid, None)
+            self.intervals.pop(pid, None)
             self.hops.pop(pid, None)
         log("peer_removed", peer=name)
 
@@ -561,8 +615,8 @@ class Agent:
         self.add_peers([p for n, p in new_peers.items() if n not in old_peers] + changed)
         if self.activity is not None:
             self.activity.idle_after_ns = int(self.cfg.idle_after_ms * 1e6)
-        for pid in self.labels:
-            self.engine.set_interval(pid, self._interval_s(pid))
+            self.activity.progress_window_ns = int(self.cfg.progress_window_ms * 1e6)
+        self._apply_intervals()
         log("reloaded", peers=len(new_peers), paths=len(self.labels))
 
     def run(self, config_path: str, max_seconds: float | None = None) -> None:
@@ -593,7 +647,7 @@ class Agent:
                 continue
             run("decide", self.failover.step, *polled, time.monotonic_ns())
             if self.activity is not None and time.monotonic() >= self._next_rates:
-                self._next_rates = time.monotonic() + self.cfg.idle_interval_ms / 1000
+                self._next_rates = time.monotonic() + self._rates_every_s()
                 run("rates", self.update_rates)
             if self.entropy is not None and time.monotonic() >= self._next_beat:
                 self._next_beat = time.monotonic() + ENTROPY_HEARTBEAT_S
@@ -613,6 +667,8 @@ class Agent:
         decide_ns = self.failover.decision_wait_ns()
         if decide_ns is not None:
             wait_s = min(wait_s, max(decide_ns / 1e9, self.cfg.interval_ms / 1000))
+        if self.activity is not None:
+            wait_s = min(wait_s, self._next_rates - time.monotonic())
         self.engine.wait(wait_s)
         now = time.monotonic()
         batch = now >= self._next_batch  # on-time replies come in batches; misses at once
@@ -642,6 +698,8 @@ class Agent:
             self.entropy.close(unlink=True)
         if self.sampler is not None:
             self.sampler.join(timeout=2)
+        if self.lanes is not None:
+            self.lanes.close()
         if self.api:
             self.api.close()
         if self.metrics_server is not None:

@@ -1,73 +1,152 @@
-"""Which paths carry traffic, and so how often each is probed: paths of an active peer at the
-active rate (millisecond detection), the others at the idle rate (their state known within
-about a second, at a tenth of a percent of the cost).
+"""Which paths carry the job's traffic, and so how often each is probed. Pure: the caller passes
+what the host saw, with the time.
 
-Pure: the caller samples what the host can see (`linkpass/kernel/sockdiag.py`: TCP sockets that
-moved data, to any address of the peer) and passes the peers seen moving, with the time.
+Four rates, from what the host can see cheaply (TCP sockets, the kernel's socket diagnostics;
+the NCCL plugin's and the RDMA library's lane reports, docs/lanes.md):
 
-Per peer, not per path: a peer is active from the first sample that sees data move to or from
-it until `idle_after_ns` pass without any. Every path to an active peer is active, the standby
-planes and ECMP paths included, because failover may move the traffic onto any of them at once
-and must find them known-good to the millisecond. A peer's paths are promoted at the first
-sample that sees it move data (the caller samples once per idle interval). New paths are added
-at the active rate; the next sample sets their rate.
+- **active** (`probe.interval_ms`, millisecond detection): a path whose lane has bytes waiting for
+  acknowledgement and no fresh progress (the transport needs the path now and has no evidence it
+  works), or one TCP data moved on: to the peer's address on its plane, or to the peer's service
+  address (whose plane the routes choose, so every path of the peer counts);
+- **progressing** (`probe.progress_interval_ms`): a path whose lanes report acknowledged bytes
+  advancing within `progress_window_ns`. The transport's own progress says the path works; when
+  it stops while bytes wait, the path is active at the next look;
+- **standby** (`probe.standby_interval_ms`): a lane's path quiet between transfers, and every other
+  path of a peer the job uses: failover, or the next transfer, moves traffic onto them at once,
+  so their state must be known within a few tens of milliseconds;
+- **idle** (`probe.idle_interval_ms`): the rest, known good within about a second.
 
-What the detector makes of a slower rate: its thresholds count probes, its timeouts follow each
-probe's round trip, so a slow path is judged by the same rules, only later (three misses at 10 Hz
-are ~300 ms); its recovery takes `recovery_good_probes` probes (100 at 10 Hz: 10 s), which is
-why a path that goes active is promoted before traffic is moved onto it, not after.
+A peer's or path's traffic counts from the first look that sees it until `idle_after_ns` pass
+without any. New paths start active; the next look sets their rate.
+
+What the detector makes of a slower rate: its thresholds count probes and its timeouts follow
+each probe's round trip, so a slow path is judged by the same rules, only later (three misses at
+10 Hz are ~300 ms); recovery takes `recovery_good_probes` probes, which is why a path the job
+starts to use is promoted as soon as it is seen, before traffic depends on it.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-ACTIVE, IDLE = "active", "idle"
-RATES = (ACTIVE, IDLE)
+ACTIVE, PROGRESSING, STANDBY, IDLE = "active", "progressing", "standby", "idle"
+RATES = (ACTIVE, PROGRESSING, STANDBY, IDLE)
+FUTURE_SLACK_NS = 1_000_000  # a writer may stamp its progress just after the reader took its time
+ANY_PORT = 0  # a lane whose path the agent does not probe (a TCP lane) stands for every path of its plane
+
+
+@dataclass(frozen=True)
+class PathKey:
+    peer: str
+    plane: int
+    sport: int
+
+
+@dataclass(frozen=True)
+class LaneSeen:
+    """One lane at one look: its path, when its acknowledged bytes last advanced (0: never), and
+    whether bytes handed to it wait for acknowledgement."""
+    peer: str
+    plane: int
+    sport: int
+    progress_ns: int
+    waiting: bool
 
 
 @dataclass(frozen=True)
 class RateChange:
     path: int
     peer: str
-    rate: str  # ACTIVE or IDLE
+    rate: str  # one of RATES
 
 
 class Activity:
-    """When each peer last moved data, and the rate each probed path has been given."""
+    """When each peer, plane and lane last moved data, and the rate each probed path has been given."""
 
-    def __init__(self, idle_after_ns: int):
+    def __init__(self, idle_after_ns: int, progress_window_ns: int = 4_000_000):
         if idle_after_ns <= 0:
             raise ValueError(f"idle_after_ns must be > 0, got {idle_after_ns}")
+        if progress_window_ns <= 0:
+            raise ValueError(f"progress_window_ns must be > 0, got {progress_window_ns}")
         self.idle_after_ns = idle_after_ns
-        self.last_moved: dict[str, int] = {}  # peer -> time its traffic was last seen
+        self.progress_window_ns = progress_window_ns
+        self.last_moved: dict[str, int] = {}  # peer -> TCP data to its service address last seen
+        self.plane_moved: dict[tuple[str, int], int] = {}  # (peer, plane) -> TCP data on that plane last seen
+        self.lane_moved: dict[tuple[str, int, int], int] = {}  # (peer, plane, sport) -> a lane last carried data
+        self.lane_progress: dict[tuple[str, int, int], int] = {}  # ... -> its acknowledged bytes last advanced
+        self.lane_waiting: set[tuple[str, int, int]] = set()  # lanes with bytes waiting at the last look
         self.rate: dict[int, str] = {}  # path -> the rate it is probed at now
 
     def saw(self, peers: Iterable[str], now_ns: int) -> None:
-        """These peers moved data in the sample taken at `now_ns`."""
+        """These peers moved TCP data over their service addresses in the look taken at `now_ns`."""
         for peer in peers:
             self.last_moved[peer] = now_ns
 
-    def active(self, peer: str, now_ns: int) -> bool:
-        last = self.last_moved.get(peer)
-        return last is not None and now_ns - last <= self.idle_after_ns
+    def saw_planes(self, planes: Iterable[tuple[str, int]], now_ns: int) -> None:
+        """TCP data moved to these (peer, plane) addresses in the look taken at `now_ns`."""
+        for key in planes:
+            self.plane_moved[key] = now_ns
 
-    def update(self, paths: Mapping[int, str], now_ns: int) -> list[RateChange]:
-        """The rate of every path in `paths` (path -> peer) now; returns the paths whose rate
-        changed. Paths not seen before count as active (new paths start at the full rate);
-        paths gone from `paths` are forgotten, and so are peers without paths."""
+    def saw_lanes(self, lanes: Iterable[LaneSeen], now_ns: int) -> None:
+        """Every lane the reports held at `now_ns` (each look replaces the last one's)."""
+        self.lane_waiting = set()
+        for lane in lanes:
+            key = (lane.peer, lane.plane, lane.sport)
+            # a report is untrusted: a time ahead of this look (beyond a write racing the look) is no evidence
+            progress = lane.progress_ns if lane.progress_ns <= now_ns + FUTURE_SLACK_NS else 0
+            progress = min(progress, now_ns)
+            moved = now_ns if lane.waiting else progress
+            if moved > self.lane_moved.get(key, 0):
+                self.lane_moved[key] = moved
+            if progress > self.lane_progress.get(key, 0):
+                self.lane_progress[key] = progress
+            if lane.waiting:
+                self.lane_waiting.add(key)
+
+    @staticmethod
+    def _fresh(t: int | None, now_ns: int, window_ns: int) -> bool:
+        return bool(t) and now_ns - t <= window_ns
+
+    def busy_peers(self, now_ns: int) -> set[str]:
+        """The peers the job uses now (any of their planes or lanes moved data within idle_after)."""
+        out = set()
+        for seen in (self.last_moved, self.plane_moved, self.lane_moved):
+            out.update(k if isinstance(k, str) else k[0] for k, t in seen.items()
+                       if self._fresh(t, now_ns, self.idle_after_ns))
+        return out
+
+    def classify(self, key: PathKey, now_ns: int, busy: set[str]) -> str:
+        """The rate `key`'s path wants now; `busy` is busy_peers(now_ns)."""
+        lanes = ((key.peer, key.plane, key.sport), (key.peer, key.plane, ANY_PORT))
+        if any(self._fresh(self.lane_progress.get(k), now_ns, self.progress_window_ns) for k in lanes):
+            return PROGRESSING
+        if (any(k in self.lane_waiting for k in lanes)
+                or self._fresh(self.last_moved.get(key.peer), now_ns, self.idle_after_ns)
+                or self._fresh(self.plane_moved.get((key.peer, key.plane)), now_ns, self.idle_after_ns)):
+            return ACTIVE
+        return STANDBY if key.peer in busy else IDLE
+
+    def update(self, paths: Mapping[int, PathKey], now_ns: int) -> list[RateChange]:
+        """The rate of every path in `paths` now; returns the paths whose rate changed. Paths not
+        seen before count as active (new paths start at the full rate); paths gone from `paths`
+        are forgotten, and so is what was seen of peers without paths or long quiet."""
+        self._forget(now_ns, {k.peer for k in paths.values()})
+        busy = self.busy_peers(now_ns)
         changes = []
-        for pid, peer in paths.items():
-            want = ACTIVE if self.active(peer, now_ns) else IDLE
+        for pid, key in paths.items():
+            want = self.classify(key, now_ns, busy)
             if self.rate.get(pid, ACTIVE) != want:
-                changes.append(RateChange(pid, peer, want))
+                changes.append(RateChange(pid, key.peer, want))
             self.rate[pid] = want
         for pid in [p for p in self.rate if p not in paths]:
             del self.rate[pid]
-        peers = set(paths.values())
-        for peer in [p for p in self.last_moved if p not in peers]:
-            del self.last_moved[peer]
         return changes
+
+    def _forget(self, now_ns: int, peers: set[str]) -> None:
+        for seen in (self.last_moved, self.plane_moved, self.lane_moved, self.lane_progress):
+            for key in [k for k, t in seen.items()
+                        if (k if isinstance(k, str) else k[0]) not in peers or now_ns - t > self.idle_after_ns]:
+                del seen[key]
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(RATES, 0)

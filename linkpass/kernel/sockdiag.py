@@ -43,13 +43,20 @@ def address_key(family: int, raw: bytes) -> bytes:
     return raw[:16]
 
 
-def peer_addresses(peers: dict[str, list[str]]) -> dict[bytes, str]:
-    """{peer: its addresses} as packed address -> peer."""
-    return {ipaddress.ip_address(a).packed: name for name, addrs in peers.items() for a in addrs}
+Where = tuple  # (peer name, its plane; None for its service address)
 
 
-def parse_dump(data: bytes, family: int, by_addr: dict[bytes, str], within_ms: int, out: set[str]) -> bool:
-    """Add to `out` the peers of the sockets in one netlink reply buffer that moved data within
+def peer_addresses(peers) -> dict[bytes, Where]:
+    """Each peer's addresses (`name`, `service`, `nics` {plane: address}) as packed address ->
+    (peer, plane), plane None for the service address: traffic to it takes whichever plane the
+    routes choose."""
+    out = {ipaddress.ip_address(p.service).packed: (p.name, None) for p in peers}
+    out.update({ipaddress.ip_address(a).packed: (p.name, plane) for p in peers for plane, a in p.nics.items()})
+    return out
+
+
+def parse_dump(data: bytes, family: int, by_addr: dict[bytes, Where], within_ms: int, out: set[Where]) -> bool:
+    """Add to `out` the values of `by_addr` (where each peer is) for the sockets in one netlink reply buffer that moved data within
     `within_ms`; True when the dump is complete (NLMSG_DONE). Lengths are checked before use:
     a malformed message ends the parse (OSError)."""
     off, end = 0, len(data)
@@ -89,9 +96,9 @@ class TcpActivity:
         self.sock.bind((0, 0))
         self.seq = 0
 
-    def moving(self, by_addr: dict[bytes, str], within_ms: int) -> set[str]:
-        """The peers (values of `by_addr`) a TCP connection moved data with in the last `within_ms`."""
-        out: set[str] = set()
+    def moving(self, by_addr: dict[bytes, Where], within_ms: int) -> set[Where]:
+        """Where (values of `by_addr`) a TCP connection moved data in the last `within_ms`."""
+        out: set[Where] = set()
         families = {socket.AF_INET6} | ({socket.AF_INET} if any(len(k) == 4 for k in by_addr) else set())
         for family in sorted(families):
             self.seq += 1

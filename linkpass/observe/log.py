@@ -56,6 +56,7 @@ EVENTS = {
     "reload_rejected": "warning",
     "rt_priority_refused": "warning",
     "entropy_table_replaced": "warning",
+    "lanes_unread": "warning",
     "loop_error": "error",
     "path_check": "info",
     "path_rates": "info",
@@ -88,6 +89,7 @@ EVENTS = {
     "link_undrained": "info",
     "agent_changed": "info",  # registered, returned, decommissioned, expired; "lost" is logged at warning
     "request_refused": "warning",
+    "plan_coverage": "warning",  # links the probe budgets leave short of 2 reporters; covered again at info
     "request_failed": "error",
     "connection_failed": "error",
     "tick_failed": "error",

@@ -219,7 +219,8 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
                       "gateway": str(host_link_addrs(p, i)[0])} for p in planes],
             "peers": [{"name": host_name(j), "agent_id": j + 1, "service": fab.service_addr(j),
                        "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in chosen if j != i],
-            "probe": {"interval_ms": interval_ms, **(probe or {})}, "api": {"port": api_port},
+            "probe": {"interval_ms": interval_ms, "lanes_dir": os.path.join(directory, f"lanes-{host_name(i)}"),
+                      **(probe or {})}, "api": {"port": api_port},
             # Prometheus scrapes over the management network, as in a fleet
             "metrics": {"address": fab.mgmt_addr(i), "port": AGENT_METRICS_PORT},
             "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-{host_name(i)}.journal"),
@@ -305,6 +306,7 @@ class GuestAgents:
                     os.chmod(dst, 0o600)
                     doc["coordinator"][k] = f"{GUEST_AGENT_DIR}/{os.path.basename(src)}"
             doc["entropy"]["path"] = GUEST_TABLE
+            doc["probe"]["lanes_dir"] = f"{GUEST_RUN_DIR}/lanes"  # beside the table, as the plugin expects
             doc["routes"]["journal"] = f"{GUEST_RUN_DIR}/routes.journal"
             with open(os.path.join(d, "agent.yaml"), "w") as f:
                 yaml.safe_dump(doc, f, sort_keys=False)

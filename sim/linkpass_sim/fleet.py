@@ -33,7 +33,7 @@ import numpy as np
 from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
 from linkpass.agent.decide import PathInfo
 from linkpass.core import wire
-from linkpass.core.activity import IDLE, Activity
+from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, HOST_LEAF, UP, FabricModel, directed, rail_optimized, split_directed
@@ -467,26 +467,34 @@ SEND_CPU_US = 35.0
 REFLECT_CPU_US_MAX = 14.8
 
 
-def probe_cost(fleet: Fleet, idle_rates: bool, idle_interval_ns: int = round(AgentConfig.idle_interval_ms * MS)) -> dict:
-    """Probe packets per NIC and CPU per host with idle rates off or on, from the agent's own rate
-    logic (linkpass/core/activity.py): a host's job peers move data, so their paths are active;
-    the paths the probe plan adds towards other peers are idle."""
+def probe_cost(fleet: Fleet, idle_rates: bool, progressing: bool = True) -> dict:
+    """Probe packets per NIC and CPU per host with the agent's rates off (every path at the active
+    rate) or on, from the agent's own rate logic (linkpass/core/activity.py). The job's paths are
+    its lanes' paths (verbs lanes report each one): `progressing`, their acknowledged bytes
+    advance (a collective in flight); otherwise the lanes are quiet between collectives and their
+    paths are active. The plan's paths towards the job's peers are standby, the rest idle."""
     cfg = fleet.config
-    active_pps, idle_pps = NS / cfg.interval_ns, NS / idle_interval_ns
-    by_host: dict[str, dict[int, str]] = {}
-    job_peers: dict[str, set[str]] = {}
+    interval_ms = {ACTIVE: cfg.interval_ns / MS, PROGRESSING: AgentConfig.progress_interval_ms,
+                   STANDBY: AgentConfig.standby_interval_ms, IDLE: AgentConfig.idle_interval_ms}
+    by_host: dict[str, dict[int, PathKey]] = {}
+    lanes: dict[str, list[LaneSeen]] = {}
+    now = round(AgentConfig.idle_after_ms * MS)  # lanes that last progressed 1 ms ago, or 10 ms ago (quiet)
     for i, sp in enumerate(fleet.paths):
-        by_host.setdefault(sp.reporter, {})[i] = sp.peer
+        by_host.setdefault(sp.reporter, {})[i] = PathKey(sp.peer, sp.plane, i)
         if sp.job:
-            job_peers.setdefault(sp.reporter, set()).add(sp.peer)
+            lanes.setdefault(sp.reporter, []).append(
+                LaneSeen(sp.peer, sp.plane, i, now - (MS if progressing else 10 * MS), waiting=progressing))
     rate_of: dict[int, float] = {}
+    classes = dict.fromkeys(RATES, 0)
     for host, paths in by_host.items():
-        activity = Activity(idle_after_ns=round(AgentConfig.idle_after_ms * MS))
+        activity = Activity(round(AgentConfig.idle_after_ms * MS), round(AgentConfig.progress_window_ms * MS))
         if idle_rates:
-            activity.saw(job_peers.get(host, ()), 0)
-            activity.update(paths, 0)
+            activity.saw_lanes(lanes.get(host, ()), now)
+            activity.update(paths, now)
         for pid in paths:
-            rate_of[pid] = idle_pps if activity.rate.get(pid) == IDLE else active_pps
+            rate = activity.rate.get(pid, ACTIVE)
+            classes[rate] += 1
+            rate_of[pid] = 1000 / interval_ms[rate]
     sent: dict[str, float] = {}
     reflected: dict[str, float] = {}
     nic_out: dict[tuple[str, int], float] = {}
@@ -498,9 +506,8 @@ def probe_cost(fleet: Fleet, idle_rates: bool, idle_interval_ns: int = round(Age
         nic_out[(sp.peer, sp.plane)] = nic_out.get((sp.peer, sp.plane), 0.0) + r  # its replies
     hosts = sorted(set(sent) | set(reflected))
     cpu = [100 * (sent.get(h, 0.0) * SEND_CPU_US + reflected.get(h, 0.0) * REFLECT_CPU_US_MAX) / 1e6 for h in hosts]
-    active = sum(1 for i in rate_of if rate_of[i] == active_pps)
-    return {"idle_rates": idle_rates, "gpus": fleet.shape.gpus, "paths": len(fleet.paths), "paths_active": active,
-            "paths_idle": len(rate_of) - active, "tx_pps_per_nic_median": statistics.median(nic_out.values()),
+    return {"idle_rates": idle_rates, "progressing": progressing, "gpus": fleet.shape.gpus, "paths": len(fleet.paths),
+            **{f"paths_{rate}": n for rate, n in classes.items()}, "tx_pps_per_nic_median": statistics.median(nic_out.values()),
             "sent_per_host_median": statistics.median(sent.values()),
             "cpu_pct_per_host_median": round(statistics.median(cpu), 1), "cpu_pct_per_host_max": round(max(cpu), 1),
             "cpu_pct_per_host": cpu, "tx_pps_per_nic": list(nic_out.values()),

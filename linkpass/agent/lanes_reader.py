@@ -1,0 +1,133 @@
+"""The agent's side of lane reports (docs/lanes.md): every writer's file in the lanes directory,
+mapped once and looked at every few milliseconds. Reports come from any local user: each is
+checked (a regular file, not a link, of the size its header claims) and a bad one is counted and
+left alone; at most MAX_FILES are read.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+
+from ..core.lanes import FILE_PREFIX, HEADER_SIZE, OFF_HEARTBEAT, Lane, LanesBad, decode_header, decode_lanes, file_size
+from ..core.lanes import MAX_CAPACITY
+
+MAX_FILES = 256
+RESCAN_NS = 1_000_000_000  # new reports are found this often
+STALE_NS = 1_000_000_000  # a writer silent this long is gone (or hung): its lanes are no evidence
+REMOVE_NS = 60_000_000_000  # ... and its file is removed after this long
+DIR_MODE = 0o1777  # any job may add its own report and remove only its own (sticky, like /tmp)
+
+
+class _Report:
+    __slots__ = ("name", "fd", "mm", "ino")
+
+    def __init__(self, name: str, fd: int, mm: mmap.mmap, ino: int):
+        self.name, self.fd, self.mm, self.ino = name, fd, mm, ino
+
+    def close(self) -> None:
+        self.mm.close()
+        os.close(self.fd)
+
+
+class LanesReader:
+    """Reads the lane reports in `directory`, which it creates (mode 1777) when missing."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.reports: dict[str, _Report] = {}
+        self.bad: dict[str, str] = {}  # file -> why it is not read (until it changes)
+        self.counts = {"looks": 0, "reports_live": 0, "reports_stale": 0, "reports_bad": 0, "lanes": 0, "removed": 0,
+                       "lanes_unknown": 0}
+        self._next_scan = 0
+        self._ensure_dir()
+
+    def _ensure_dir(self) -> None:
+        try:
+            os.mkdir(self.directory, 0o755)
+        except FileExistsError:
+            return
+        os.chmod(self.directory, DIR_MODE)  # mkdir's mode is masked by the umask
+
+    def _scan(self) -> None:
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if n.startswith(FILE_PREFIX))
+        except FileNotFoundError:
+            self._ensure_dir()
+            names = []
+        for name in [n for n in self.reports if n not in names]:
+            self.reports.pop(name).close()
+        for name in [n for n in self.bad if n not in names]:
+            del self.bad[name]
+        for name in names[:MAX_FILES]:
+            if name not in self.reports:
+                self._open(name)
+
+    def _open(self, name: str) -> None:
+        path = os.path.join(self.directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            self.bad[name] = f"cannot open: {exc.strerror}"
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LanesBad("not a regular file")
+            if not HEADER_SIZE <= st.st_size <= file_size(MAX_CAPACITY):
+                raise LanesBad(f"{st.st_size} bytes is no lane report's size")
+            head = os.pread(fd, HEADER_SIZE, 0)
+            decode_header(head, st.st_size)
+            mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except (OSError, LanesBad) as exc:
+            os.close(fd)
+            self.bad[name] = str(exc)
+            return
+        self.bad.pop(name, None)
+        self.reports[name] = _Report(name, fd, mm, st.st_ino)
+
+    def look(self, now_ns: int) -> list[Lane]:
+        """Every lane of every live report now (reports are rescanned once a second)."""
+        if now_ns >= self._next_scan:
+            self._next_scan = now_ns + RESCAN_NS
+            self._scan()
+        lanes: list[Lane] = []
+        live = stale = 0
+        for name, rep in list(self.reports.items()):
+            heartbeat = int.from_bytes(rep.mm[OFF_HEARTBEAT:OFF_HEARTBEAT + 8], "little")
+            if now_ns - heartbeat > STALE_NS:
+                stale += 1
+                if now_ns - heartbeat > REMOVE_NS:
+                    self._remove(name, rep)
+                continue
+            try:
+                lanes += decode_lanes(rep.mm[:], rep.mm[:])
+            except LanesBad as exc:  # the writer rewrote its header: not a report any more
+                self.bad[name] = str(exc)
+                self.reports.pop(name).close()
+                continue
+            live += 1
+        self.counts.update(looks=self.counts["looks"] + 1, reports_live=live, reports_stale=stale,
+                           reports_bad=len(self.bad), lanes=len(lanes))
+        return lanes
+
+    def _remove(self, name: str, rep: _Report) -> None:
+        """A long-dead writer's file goes, if it is still the one we mapped."""
+        path = os.path.join(self.directory, name)
+        try:
+            if os.lstat(path).st_ino == rep.ino:
+                os.unlink(path)
+                self.counts["removed"] += 1
+        except OSError:
+            pass  # gone already, or not ours to remove: ignored as stale all the same
+        self.reports.pop(name).close()
+
+    @property
+    def live(self) -> bool:
+        """Is any report being read (the agent looks often only then)?"""
+        return bool(self.reports)
+
+    def close(self) -> None:
+        for rep in self.reports.values():
+            rep.close()
+        self.reports.clear()

@@ -1,0 +1,180 @@
+"""A job's lanes on the testbed: TCP streams between two hosts' plane addresses, one per plane,
+each reported in a lane report (docs/lanes.md) the way the NCCL plugin reports its lanes, so the
+agent sees which paths the job uses and whether they progress.
+
+The sender writes a chunk on every lane each `every_s`; the receiver answers with the count of
+bytes it has received, and that count is the lane's acknowledged bytes. A stalled path stops the
+answers, so the lane stops progressing while bytes wait: what the agent watches for. One thread
+drives every lane (non-blocking sockets, one selector); everything is bounded and closed.
+"""
+from __future__ import annotations
+
+import selectors
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from ..core.lanes import KIND_TCP
+from ..core.names import host_name
+from ..kernel import netns as ns_io
+from .topology import Fabric
+
+LANE_PORT = 45100
+MAX_SECONDS = 600.0
+_ACK = struct.Struct("!Q")
+
+
+@dataclass
+class _Lane:
+    plane: int
+    dst: int
+    tx: socket.socket  # the sender's end
+    rx: socket.socket  # the receiver's end
+    report: object  # linkpass_rdma.lanes.Lane, or None
+    sent: int = 0
+    received: int = 0  # receiver: bytes so far
+    acked: int = 0  # sender: the receiver's last count
+    ack_buf: bytes = b""
+
+
+class LaneJob:
+    """start() connects a lane per (destination, plane) and starts moving data; stop() ends it."""
+
+    def __init__(self, fab: Fabric, src: int, dsts: list[int], planes: list[int], lanes_dir: str,
+                 chunk: int = 16384, every_s: float = 0.002, max_seconds: float = 120.0):
+        if not 0 < max_seconds <= MAX_SECONDS:
+            raise ValueError(f"max_seconds must be in (0, {MAX_SECONDS:.0f}], got {max_seconds}")
+        self.fab, self.src, self.dsts, self.planes = fab, src, dsts, planes
+        self.lanes_dir, self.chunk, self.every_s, self.max_seconds = lanes_dir, chunk, every_s, max_seconds
+        self.lanes: list[_Lane] = []
+        self.report = None
+        self.error = ""
+        self.paused = threading.Event()  # set: the sender hands no new bytes (the job computes)
+        self._stop = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> LaneJob:
+        from linkpass_rdma.lanes import LaneReport
+
+        try:
+            self.report = LaneReport.open(self.lanes_dir)
+            for dst in self.dsts:
+                for plane in self.planes:
+                    self.lanes.append(self._connect(dst, plane))
+        except BaseException:
+            self._close()
+            raise
+        self._thread = threading.Thread(target=self._run, name="lanejob", daemon=True)
+        self._thread.start()
+        return self
+
+    def _connect(self, dst: int, plane: int) -> _Lane:
+        daddr, saddr = self.fab.nic_addr(dst, plane), self.fab.nic_addr(self.src, plane)
+        srv = ns_io.socket_in_netns(self.fab.netns(host_name(dst)), type=socket.SOCK_STREAM)
+        self._socks.append(srv)
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((daddr, LANE_PORT))
+        srv.listen(1)
+        srv.settimeout(5.0)
+        cli = ns_io.socket_in_netns(self.fab.netns(host_name(self.src)), type=socket.SOCK_STREAM)
+        self._socks.append(cli)
+        cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        cli.bind((saddr, 0))
+        cli.settimeout(5.0)
+        cli.connect((daddr, LANE_PORT))
+        conn, _ = srv.accept()
+        self._socks.append(conn)
+        srv.close()
+        for s in (cli, conn):
+            s.setblocking(False)
+        lane = self.report.claim(daddr, plane, 0, KIND_TCP) if self.report is not None else None
+        return _Lane(plane, dst, cli, conn, lane)
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        for lane in self.lanes:
+            sel.register(lane.tx, selectors.EVENT_READ, (lane, "ack"))
+            sel.register(lane.rx, selectors.EVENT_READ, (lane, "data"))
+        payload = bytes(self.chunk)
+        deadline = time.monotonic() + self.max_seconds
+        due = time.monotonic()
+        try:
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                if time.monotonic() >= due:
+                    due = max(due + self.every_s, time.monotonic())  # late: carry on, no catch-up burst
+                    if not self.paused.is_set():
+                        for lane in self.lanes:
+                            self._send(lane, payload)
+                    if self.report is not None:
+                        self.report.beat()
+                for key, _ in sel.select(max(0.0, due - time.monotonic())):
+                    lane, what = key.data
+                    self._ack(lane) if what == "ack" else self._data(lane)
+        except OSError as exc:
+            self.error = f"{exc!r}"
+        finally:
+            sel.close()
+
+    def _send(self, lane: _Lane, payload: bytes) -> None:
+        try:
+            n = lane.tx.send(payload)
+        except BlockingIOError:
+            return  # the window is full (a stalled path): the bytes already sent wait
+        lane.sent += n
+        if lane.report is not None:
+            lane.report.sent(n)
+
+    def _data(self, lane: _Lane) -> None:
+        got = 0
+        while True:
+            try:
+                data = lane.rx.recv(1 << 18)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            got += len(data)
+        if got:
+            lane.received += got
+            try:
+                lane.rx.send(_ACK.pack(lane.received))
+            except BlockingIOError:
+                pass  # the next chunk's answer carries the count
+
+    def _ack(self, lane: _Lane) -> None:
+        try:
+            lane.ack_buf += lane.tx.recv(4096)
+        except BlockingIOError:
+            return
+        n = len(lane.ack_buf) // _ACK.size
+        if n:
+            count = _ACK.unpack_from(lane.ack_buf, (n - 1) * _ACK.size)[0]
+            lane.ack_buf = lane.ack_buf[n * _ACK.size:]
+            if count > lane.acked:
+                if lane.report is not None:
+                    lane.report.acked(count - lane.acked)
+                lane.acked = count
+
+    def stop(self) -> dict:
+        """End the job; what each lane moved, {(dst, plane): (sent, acked)}."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        out = {(lane.dst, lane.plane): (lane.sent, lane.acked) for lane in self.lanes}
+        self._close()
+        return out
+
+    def _close(self) -> None:
+        for s in self._socks:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+            s.close()
+        self._socks.clear()
+        if self.report is not None:
+            self.report.close()
+            self.report = None

@@ -1,0 +1,151 @@
+"""A transport's lane report (docs/lanes.md), the Python writer: `LaneReport` keeps this process's
+file in the lanes directory, one slot per lane, so the LinkPass agent knows which paths the lanes
+use and whether their acknowledged bytes advance. Used by `linkpass_rdma.channel`; any Python
+transport can use it the same way:
+
+    with LaneReport.open() as report:          # None-safe: no directory, no report, no error
+        lane = report.claim("198.18.64.3", plane=0, sport=49153, kind=KIND_VERBS)
+        lane.sent(4096); ...; lane.acked(4096)
+        lane.release()
+
+A single writer (this process); each lane's counters are plain 8-byte stores, its identity goes
+through the slot's seq word, as the specification says.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import mmap
+import os
+import struct
+import sys
+import time
+
+from linkpass.core.lanes import (FILE_PREFIX, HEADER_SIZE, KIND_TCP, KIND_VERBS, LANE_SIZE, OFF_BYTES_ACKED,
+                                 OFF_BYTES_SENT, OFF_HEARTBEAT, OFF_PROGRESS, OFF_SEQ, OFF_USED, STATE_FREE,
+                                 STATE_OPEN, encode_header, file_size)
+
+__all__ = ["LaneReport", "Lane", "KIND_TCP", "KIND_VERBS", "DEFAULT_DIR"]
+
+DEFAULT_DIR = "/run/linkpass/lanes"
+DEFAULT_CAPACITY = 64
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_IDENTITY = struct.Struct("<BBHHB5x16s")  # state .. peer, after the seq word
+
+
+class Lane:
+    """One claimed slot: count bytes handed to the lane and bytes the peer acknowledged."""
+
+    def __init__(self, report: "LaneReport", slot: int):
+        self.report, self.slot = report, slot
+        self.off = HEADER_SIZE + slot * LANE_SIZE
+        self.bytes_sent = self.bytes_acked = 0
+
+    def sent(self, n: int) -> None:
+        self.bytes_sent += n
+        _U64.pack_into(self.report.mm, self.off + OFF_BYTES_SENT, self.bytes_sent)
+
+    def acked(self, n: int) -> None:
+        if n <= 0:
+            return
+        self.bytes_acked += n
+        # progress first, then the count: a reader that sees the count also sees when it moved
+        _U64.pack_into(self.report.mm, self.off + OFF_PROGRESS, time.monotonic_ns())
+        _U64.pack_into(self.report.mm, self.off + OFF_BYTES_ACKED, self.bytes_acked)
+        self.report.beat()
+
+    def release(self) -> None:
+        self.report._release(self)
+
+
+class LaneReport:
+    def __init__(self, path: str, fd: int, mm: mmap.mmap, capacity: int):
+        self.path, self.fd, self.mm, self.capacity = path, fd, mm, capacity
+        self.free = list(range(capacity - 1, -1, -1))
+        self.used = 0
+        self._last_beat = 0
+        self.beat(force=True)
+
+    @classmethod
+    def open(cls, directory: str | None = None, capacity: int = DEFAULT_CAPACITY) -> "LaneReport | None":
+        """This process's report in `directory` ($LINKPASS_LANES_DIR, else the default), or None
+        (said once on stderr) when the directory is missing or not writable: the transport runs
+        exactly as before, only unreported."""
+        directory = directory or os.environ.get("LINKPASS_LANES_DIR") or DEFAULT_DIR
+        path = os.path.join(directory, f"{FILE_PREFIX}{os.getpid()}")
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        for attempt in (0, 1):
+            try:
+                fd = os.open(path, flags, 0o644)
+                break
+            except FileExistsError:
+                if attempt:
+                    raise
+                os.unlink(path)  # an earlier process with this pid left it
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):
+                    print(f"linkpass lanes: not reporting lanes ({directory}: {exc.strerror}); "
+                          "the agent probes this job's paths as it would without reports", file=sys.stderr)
+                    return None
+                raise
+        try:
+            os.ftruncate(fd, file_size(capacity))
+            mm = mmap.mmap(fd, file_size(capacity), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        mm[:HEADER_SIZE] = encode_header(capacity, os.getpid())
+        return cls(path, fd, mm, capacity)
+
+    def beat(self, force: bool = False) -> None:
+        """The heartbeat: at most one store per millisecond, however often it is called."""
+        now = time.monotonic_ns()
+        if force or now - self._last_beat >= 1_000_000:
+            self._last_beat = now
+            _U64.pack_into(self.mm, OFF_HEARTBEAT, now)
+
+    def claim(self, peer: str, plane: int, sport: int, kind: int) -> Lane | None:
+        """A slot for a lane to `peer` (its address on `plane`) on ECMP source port `sport` (0: not
+        a path the agent probes); None when every slot is taken (that lane goes unreported)."""
+        if not self.free:
+            return None
+        slot = self.free.pop()
+        lane = Lane(self, slot)
+        if slot >= self.used:
+            self.used = slot + 1
+            _U32.pack_into(self.mm, OFF_USED, self.used)
+        ip = ipaddress.ip_address(peer)
+        seq = _U32.unpack_from(self.mm, lane.off + OFF_SEQ)[0]
+        _U32.pack_into(self.mm, lane.off + OFF_SEQ, seq + 1)  # odd: identity changing
+        for off in (OFF_BYTES_SENT, OFF_BYTES_ACKED, OFF_PROGRESS):
+            _U64.pack_into(self.mm, lane.off + off, 0)
+        _IDENTITY.pack_into(self.mm, lane.off + 4, STATE_OPEN, ip.version, plane, sport, kind, ip.packed.ljust(16, b"\0"))
+        _U32.pack_into(self.mm, lane.off + OFF_SEQ, seq + 2)
+        self.beat()
+        return lane
+
+    def _release(self, lane: Lane) -> None:
+        seq = _U32.unpack_from(self.mm, lane.off + OFF_SEQ)[0]
+        _U32.pack_into(self.mm, lane.off + OFF_SEQ, seq + 1)
+        self.mm[lane.off + 4] = STATE_FREE
+        _U32.pack_into(self.mm, lane.off + OFF_SEQ, seq + 2)
+        self.free.append(lane.slot)
+
+    def close(self) -> None:
+        """Remove the report: the agent stops counting these lanes at its next look."""
+        if self.mm.closed:
+            return
+        self.mm.close()
+        os.close(self.fd)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "LaneReport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,221 @@
+"""Lane reports (docs/lanes.md): the codec, the Python writer, the agent's reader with real files,
+the rates they give paths, and the agent on the testbed following a job's lanes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from linkpass.agent import lanes_reader as LR
+from linkpass.core import lanes as L
+from linkpass.core.activity import FUTURE_SLACK_NS as L_SLACK
+from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, STANDBY, Activity, LaneSeen, PathKey
+from linkpass_rdma.lanes import KIND_TCP, KIND_VERBS, LaneReport
+
+MS = 1_000_000
+
+
+def report_bytes(*lanes: bytes, capacity: int = 4, used: int | None = None, heartbeat: int = 5) -> bytes:
+    body = b"".join(lanes).ljust(L.LANE_SIZE * capacity, b"\0")
+    return L.encode_header(capacity, 42, len(lanes) if used is None else used, heartbeat) + body
+
+
+# ---- the codec (pure) -------------------------------------------------------------------------
+
+@pytest.mark.unit
+def test_the_codec_reads_open_lanes_and_skips_free_changing_and_unknown_ones():
+    lanes = [L.encode_lane("198.18.64.3", 0, 49153, KIND_VERBS, bytes_sent=100, bytes_acked=60, progress_ns=7),
+             L.encode_lane("198.18.64.5", 1, 0, KIND_TCP, state=L.STATE_FREE),
+             L.encode_lane("fd00::3", 2, 0, KIND_TCP, seq=3),  # odd: its identity is being written
+             L.encode_lane("198.18.64.7", 3, 0, 9),  # a kind this reader does not know
+             L.encode_lane("fd00::5", 2, 7, KIND_TCP, bytes_sent=10, bytes_acked=99)]  # acked above sent
+    buf = report_bytes(*lanes, capacity=8)
+    got = L.decode_lanes(buf)
+    assert [(x.slot, x.peer, x.plane, x.sport, x.kind) for x in got] == [
+        (0, "198.18.64.3", 0, 49153, KIND_VERBS), (4, "fd00::5", 2, 7, KIND_TCP)]
+    assert (got[0].bytes_sent, got[0].bytes_acked, got[0].progress_ns) == (100, 60, 7)
+    assert got[1].bytes_acked == 10  # never above what was sent
+    # a lane whose seq changed between the two reads is left for the next look
+    live = bytearray(buf)
+    live[L.HEADER_SIZE] += 2
+    assert [x.slot for x in L.decode_lanes(buf, bytes(live))] == [4]
+    # slots at or past `used` are not looked at
+    assert L.decode_lanes(report_bytes(*lanes, capacity=8, used=1))[0].slot == 0
+    assert len(L.decode_lanes(report_bytes(*lanes, capacity=8, used=1))) == 1
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("damage, why", [
+    (lambda b: b"XXXXXXXX" + b[8:], "magic"),
+    (lambda b: b[:8] + (2).to_bytes(2, "little") + b[10:], "version 2"),
+    (lambda b: b[:12] + (32).to_bytes(2, "little") + b[14:], "sizes 64/32"),
+    (lambda b: b[:14] + (0).to_bytes(2, "little") + b[16:], "capacity 0"),
+    (lambda b: b[:14] + (2000).to_bytes(2, "little") + b[16:], "capacity 2000"),
+    (lambda b: b + bytes(64), "needs 320"),
+    (lambda b: b[:40], "shorter than"),
+])
+def test_a_damaged_header_is_refused_with_what_is_wrong(damage, why):
+    with pytest.raises(L.LanesBad, match=why):
+        L.decode_lanes(damage(report_bytes()))
+
+
+# ---- the rates lanes give (pure) ----------------------------------------------------------------
+
+@pytest.mark.unit
+def test_progress_slows_a_path_a_stall_makes_it_active_and_quiet_lanes_are_standby():
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    verbs, other, plane1, far = PathKey("h1", 0, 49153), PathKey("h1", 0, 49154), PathKey("h1", 1, 49200), PathKey("h3", 0, 1)
+    paths = {1: verbs, 2: other, 3: plane1, 4: far}
+    now = 100 * MS
+    act.saw_lanes([LaneSeen("h1", 0, 49153, now - MS, waiting=True)], now)  # bytes in flight, acked 1 ms ago
+    act.update(paths, now)
+    assert act.rate == {1: PROGRESSING, 2: STANDBY, 3: STANDBY, 4: IDLE}
+    # acknowledgements stop while bytes wait: active at the look after the window runs out
+    act.saw_lanes([LaneSeen("h1", 0, 49153, now - MS, waiting=True)], now + 3 * MS)
+    assert act.update(paths, now + 3 * MS) == []  # 4 ms since the last acknowledgement: still within the window
+    act.saw_lanes([LaneSeen("h1", 0, 49153, now - MS, waiting=True)], now + 6 * MS)
+    assert [(c.path, c.rate) for c in act.update(paths, now + 6 * MS)] == [(1, ACTIVE)]
+    # everything acknowledged, nothing waiting: quiet between transfers, standby
+    act.saw_lanes([LaneSeen("h1", 0, 49153, now + 7 * MS, waiting=False)], now + 20 * MS)
+    assert act.update(paths, now + 20 * MS)[0].rate == STANDBY
+    # ... until idle_after passes without the lane carrying anything: the peer is idle again
+    act.saw_lanes([LaneSeen("h1", 0, 49153, now + 7 * MS, waiting=False)], now + 1006 * MS)
+    assert act.update(paths, now + 1006 * MS) == [] and act.rate[1] == STANDBY
+    act.saw_lanes([], now + 1100 * MS)
+    act.update(paths, now + 1100 * MS)
+    assert set(act.rate.values()) == {IDLE}
+    # a lane whose path the agent does not probe (a TCP lane, port 0) stands for its whole plane
+    act.saw_lanes([LaneSeen("h1", 1, 0, now + 1200 * MS, waiting=True)], now + 1200 * MS)
+    act.update(paths, now + 1200 * MS)
+    assert act.rate == {1: STANDBY, 2: STANDBY, 3: PROGRESSING, 4: IDLE}
+
+
+@pytest.mark.unit
+def test_a_report_cannot_claim_progress_from_the_future():
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    paths = {1: PathKey("h1", 0, 5)}
+    act.saw_lanes([LaneSeen("h1", 0, 5, 10**18, waiting=True)], 100 * MS)  # "progressed" in a year
+    act.update(paths, 100 * MS)
+    assert act.rate[1] == ACTIVE  # bytes wait, and no believable progress
+    # a write that raced the look by less than the slack counts as now
+    act.saw_lanes([LaneSeen("h1", 0, 5, 110 * MS + L_SLACK // 2, waiting=True)], 110 * MS)
+    act.update(paths, 110 * MS)
+    assert act.rate[1] == PROGRESSING
+
+
+# ---- the writer and the agent's reader, on real files ------------------------------------------
+
+@pytest.mark.unit
+def test_the_python_writer_and_the_reader_agree(tmp_path):
+    d = str(tmp_path / "lanes")
+    reader = LR.LanesReader(d)
+    assert os.stat(d).st_mode & 0o7777 == LR.DIR_MODE  # any job adds its own report, removes only its own
+    with LaneReport.open(d, capacity=2) as rep:
+        a = rep.claim("198.18.64.3", 0, 49153, KIND_VERBS)
+        b = rep.claim("198.18.64.5", 1, 0, KIND_TCP)
+        assert rep.claim("198.18.64.7", 2, 0, KIND_TCP) is None  # full: that lane goes unreported
+        a.sent(4096)
+        a.acked(1024)
+        now = time.monotonic_ns()
+        got = {x.slot: x for x in reader.look(now)}
+        assert set(got) == {0, 1} and got[0].bytes_sent == 4096 and got[0].bytes_acked == 1024
+        assert 0 < now - got[0].progress_ns < 10**9 and got[1].progress_ns == 0
+        b.release()
+        c = rep.claim("198.18.64.9", 3, 7, KIND_TCP)  # the freed slot, with its new identity and zero counts
+        got = {x.slot: x for x in reader.look(now)}
+        assert got[1].peer == "198.18.64.9" and got[1].bytes_sent == 0 and c.slot == 1
+        assert reader.counts["reports_live"] == 1 and reader.counts["lanes"] == 2
+        # a writer silent for a second is gone: its lanes are no evidence; after a minute its file goes
+        assert reader.look(now + LR.STALE_NS + 10**8) == [] and reader.counts["reports_stale"] == 1
+        assert reader.look(now + LR.REMOVE_NS + 10**9) == [] and reader.counts["removed"] == 1
+        assert not os.path.exists(rep.path)
+    reader.close()
+
+
+@pytest.mark.unit
+def test_the_reader_refuses_links_other_files_and_damaged_reports(tmp_path):
+    d = tmp_path / "lanes"
+    reader = LR.LanesReader(str(d))
+    (d / "lanes.1").write_bytes(report_bytes()[:100])  # a size no report has
+    (d / "lanes.2").symlink_to("/etc/passwd")
+    os.mkfifo(d / "lanes.3")
+    (d / "lanes.4").write_bytes(b"Z" * len(report_bytes()))  # bad magic
+    (d / "lanes.5").write_bytes(report_bytes(L.encode_lane("198.18.64.3", 0, 0, KIND_TCP), heartbeat=time.monotonic_ns()))
+    (d / "other").write_bytes(b"not a report name: not looked at")
+    got = reader.look(time.monotonic_ns())
+    assert [x.peer for x in got] == ["198.18.64.3"]
+    assert set(reader.bad) == {"lanes.1", "lanes.2", "lanes.3", "lanes.4"}
+    assert "needs 320" in reader.bad["lanes.1"] and "regular" in reader.bad["lanes.3"] and "magic" in reader.bad["lanes.4"]
+    assert reader.counts["reports_bad"] == 4
+    reader.close()
+
+
+@pytest.mark.unit
+def test_no_directory_means_no_report_and_no_error(tmp_path, capsys):
+    assert LaneReport.open(str(tmp_path / "missing")) is None
+    assert "not reporting lanes" in capsys.readouterr().err
+
+
+# ---- the agent on the testbed (root) -----------------------------------------------------------
+
+A, B = 0, 3
+PROBE = {"idle_rates": True, "idle_interval_ms": 100, "idle_after_ms": 2000, "standby_interval_ms": 50,
+         "progress_interval_ms": 50, "progress_window_ms": 4}
+
+
+def rates_to(fab, host: int, peer: str) -> dict[int, dict]:
+    from linkpass.testbed.agents import LINKPASS
+
+    out = subprocess.run(["ip", "netns", "exec", fab.netns(f"h{host}"), *LINKPASS, "paths", "--local", "-o", "json"],
+                         capture_output=True, text=True, timeout=30)
+    rows = json.loads(out.stdout) if out.stdout.startswith("[") else []
+    return {r["path_id"]: r for r in rows if r["peer"] == peer}
+
+
+def wait_until(pred, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    got = None
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    return got
+
+
+@pytest.mark.root
+def test_the_agent_follows_a_jobs_lanes_and_catches_a_stall(clean_faults, tmp_path):
+    from linkpass.testbed import faults
+    from linkpass.testbed.agents import Agents
+    from linkpass.testbed.lanejob import LaneJob
+
+    fab = clean_faults
+    with Agents(fab, str(tmp_path), [A, B], interval_ms=1.0, probe=PROBE) as ag:
+        lanes_dir = os.path.join(str(tmp_path), f"lanes-h{A}")
+        assert wait_until(lambda: {r["rate"] for r in rates_to(fab, A, "h3").values()} == {IDLE})
+        job = LaneJob(fab, A, [B], [0], lanes_dir, max_seconds=60).start()
+        try:
+            # plane 0's paths carry the lane and it progresses; h3's other plane is the standby
+            def split():
+                rows = rates_to(fab, A, "h3").values()
+                by = {(r["plane"], r["rate"]) for r in rows}
+                return by if by == {(0, PROGRESSING), (1, STANDBY)} else None
+            assert wait_until(split), {(r["plane"], r["rate"]) for r in rates_to(fab, A, "h3").values()}
+            # plane 0 cut between h0's leaf and the spines: the lane stalls with bytes waiting, so its
+            # paths go back to the active rate and the failure is found as on any active path
+            t_fault = time.monotonic_ns()
+            faults.apply(fab.prefix, faults.FaultSpec("down", "p0l0-p0s0"))  # cleared by the fixture
+            faults.apply(fab.prefix, faults.FaultSpec("down", "p0l0-p0s1"))
+            ev = ag.wait_for(A, "path_state", lambda e: e["new"] == "down" and e["mono_ns"] >= t_fault
+                             and e.get("plane") in (0, None), timeout_s=5)
+            assert ev is not None, ag.events(A, "path_state")[-5:]
+            assert (ev["mono_ns"] - t_fault) / 1e6 < 100, ev
+            went = ag.wait_for(A, "path_rates", lambda e: "h3" in e.get("active", []) and e["ts"] * 1e9 > 0)
+            assert went is not None
+        finally:
+            moved = job.stop()
+        sent, acked = moved[(B, 0)]
+        assert sent > 0 and acked > 0
