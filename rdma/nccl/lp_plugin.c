@@ -59,6 +59,7 @@
 #include <unistd.h>
 
 #include "../entropy_table.h"
+#include "lp_lanes.h"
 #include "lp_plugin.h"
 #include "lp_policy.h"
 #include "lp_verbs.h"
@@ -317,6 +318,7 @@ struct lane {
     struct frame cur_hdr;
     size_t cur_done; /* bytes of header + payload written */
     uint32_t unacked; /* chunks written here and not ACKed */
+    int rep;          /* send lane: its slot in the lane report (lp_lanes.c), -1 none */
     /* rx */
     union { struct frame f; uint8_t b[32]; } rxh;
     size_t rxh_got;
@@ -412,6 +414,9 @@ static struct {
     uint64_t chunks_plane[LP_MAX_PLANES]; /* chunks written per plane, every send comm */
     uint64_t rng;                         /* random RoCEv2 source ports for lanes the table has no port for */
     int warned_verbs_peer;
+    /* the report's life: contexts not yet finalized, an init without one (v8..v10: no finalize
+     * comes), the last context finalized (close once the comms are gone), closed that way */
+    int nctx, ctxless, fini_pending, report_closed;
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
 
 static uint8_t scratch[256 * 1024]; /* discarded payload lands here (progress thread only) */
@@ -425,6 +430,36 @@ static void wake_progress(void) {
 
 
 static const char *addr_str(struct in_addr a, char *buf) { return inet_ntop(AF_INET, &a, buf, INET_ADDRSTRLEN); }
+
+/* ---- the lane report (docs/lanes.md): the agent learns which paths the job uses ------------- */
+
+static void report_log(const char *msg) { LP_INFO("%s", msg); }
+
+/* A live send lane's slot, naming its path: the verbs lane's RoCE source port, 0 for a TCP lane
+ * (the kernel hashes its ports, so every path of (peer, plane) is the lane's). */
+static void report_claim(struct comm *c, struct lane *l) {
+    if (l->rep >= 0) lpl_release(l->rep);
+    l->rep = lpl_claim(4, &c->peer[l->plane].addr, (uint16_t)l->plane, l->v ? l->rsport : 0,
+                       l->v ? LPL_KIND_VERBS : LPL_KIND_TCP);
+}
+
+static void report_release(struct lane *l) {
+    lpl_release(l->rep);
+    l->rep = -1;
+}
+
+static void report_open(void) {
+    if (lpl_open(report_log) < 0) return;
+    for (struct comm *c = G.comms; c; c = c->next)
+        for (int j = 0; c->kind == K_SEND && j < c->nlanes; j++)
+            if (c->lanes[j].state == L_LIVE) report_claim(c, &c->lanes[j]);
+}
+
+static void report_close(void) {
+    for (struct comm *c = G.comms; c; c = c->next)
+        for (int j = 0; j < LP_MAX_LANES; j++) c->lanes[j].rep = -1;
+    lpl_close();
+}
 
 /* ---- lanes: control frames and closing ---------------------------------------------------- */
 
@@ -489,6 +524,7 @@ static void send_req_maybe_done(struct req *rq) {
 /* Close a lane's socket and queue pair; its work goes back to the comm (send: chunks to re-queue;
  * recv: claims). */
 static void lane_close(struct comm *c, struct lane *l) {
+    report_release(l);
     if (l->fd >= 0) close(l->fd);
     l->fd = -1;
     lpv_close(l->v);
@@ -740,6 +776,7 @@ static struct frame data_header(const struct comm *c, const struct lane *l, cons
 /* The chunk at the head of a lane's queue is on the wire: it leaves the queue and waits for its ACK. */
 static void chunk_sent(struct lane *l, struct req *rq, uint32_t i, uint64_t now) {
     G.chunks_plane[l->plane]++;
+    lpl_sent(l->rep, chunk_len(rq, i, rq->c->chunk));
     if (rq->cstate[i] == C_QUEUED) {
         rq->cstate[i] = C_WRITTEN;
         l->unacked++;
@@ -856,6 +893,7 @@ static void bad_frame(struct comm *c) { c->bad_frames++; G.totals[4]++; }
 static void lane_live(struct comm *c, struct lane *l, uint64_t now) {
     lane_event(l, LP_EV_HELLO_OK);
     l->live_since = now;
+    report_claim(c, l);
     lp_health_up(&l->health, now);
     l->next_ping = now + (l->v ? LP_PING_NS : 0); /* a verbs lane's handshake ended with a ping */
     c->lanes_up++;
@@ -886,8 +924,11 @@ static int send_side_frame(struct comm *c, struct lane *l, const struct frame *f
         uint32_t i = (uint32_t)(f->off / c->chunk);
         if (rq->cstate[i] == C_ACKED) return 0;
         if (rq->cstate[i] == C_WRITTEN && rq->clane[i] >= 0 && rq->clane[i] < c->nlanes &&
-            c->lanes[rq->clane[i]].unacked)
-            c->lanes[rq->clane[i]].unacked--;
+            c->lanes[rq->clane[i]].unacked) {
+            struct lane *w = &c->lanes[rq->clane[i]]; /* the lane that carried it, whichever brought the ACK */
+            w->unacked--;
+            lpl_acked(w->rep, chunk_len(rq, i, c->chunk), now);
+        }
         rq->cstate[i] = C_ACKED;
         rq->ndone++;
         send_req_maybe_done(rq);
@@ -1470,7 +1511,7 @@ static struct comm *comm_new(int kind) {
     if (!c) return NULL;
     c->kind = kind;
     c->cur_plane = -1;
-    for (int j = 0; j < LP_MAX_LANES; j++) { c->lanes[j].fd = -1; c->lanes[j].id = j; }
+    for (int j = 0; j < LP_MAX_LANES; j++) { c->lanes[j].fd = -1; c->lanes[j].id = j; c->lanes[j].rep = -1; }
     c->next = G.comms;
     G.comms = c;
     return c;
@@ -1618,6 +1659,7 @@ static void acceptor(uint64_t now) {
 
 static void comm_free(struct comm *c) {
     for (int j = 0; j < LP_MAX_LANES; j++) {
+        report_release(&c->lanes[j]);
         if (c->lanes[j].fd >= 0) close(c->lanes[j].fd);
         lpv_close(c->lanes[j].v);
         free(c->lanes[j].ctl);
@@ -1652,7 +1694,14 @@ static void *progress_main(void *arg) {
     pthread_mutex_lock(&G.mu);
     while (!G.stop) {
         uint64_t now = now_ns();
+        lpl_heartbeat(now); /* every pass: poll waits at most 10 ms */
         reap();
+        /* every context finalized and every comm gone: the job is done with the plugin */
+        if (G.fini_pending && !G.comms) {
+            G.fini_pending = 0;
+            G.report_closed = lpl_is_open();
+            report_close();
+        }
         acceptor(now);
         entropy_refresh(now);
         for (struct comm *c = G.comms; c; c = c->next) {
@@ -1731,6 +1780,7 @@ static void transport_init(void) {
 static void global_init(void) {
     config_load();
     transport_init();
+    if (cfg.nplanes) report_open();
     if (pipe2(G.wake, O_CLOEXEC | O_NONBLOCK) < 0) { G.wake[0] = G.wake[1] = -1; return; }
     for (int q = 0; q < LP_MAX_PLANES; q++) G.listen_fd[q] = -1;
     for (int q = 0; q < cfg.nplanes; q++) {
@@ -1753,7 +1803,7 @@ static void global_init(void) {
     if (f) { if (fread(&seed, sizeof seed, 1, f) != 1) seed ^= (uint64_t)(uintptr_t)&seed; fclose(f); }
     G.token_next = seed | 1;
     G.rng = (seed * 0x9E3779B97F4A7C15ull) | 1;
-    if (pthread_create(&G.thread, NULL, progress_main, NULL) != 0) return;
+    if (pthread_create(&G.thread, NULL, progress_main, NULL) != 0) { report_close(); return; }
     G.inited = 1;
     char s[INET_ADDRSTRLEN];
     for (int q = 0; q < cfg.nplanes; q++)
@@ -1773,14 +1823,18 @@ static void global_init(void) {
     }
 }
 
+/* Also the report's exit hook: an atexit handler would run before this stops the thread that
+ * writes the report, and could unmap it under that thread. */
 __attribute__((destructor)) static void global_fini(void) {
-    if (!G.inited) return;
-    pthread_mutex_lock(&G.mu);
-    G.stop = 1;
-    wake_progress();
-    pthread_mutex_unlock(&G.mu);
-    pthread_join(G.thread, NULL);
-    G.inited = 0;
+    if (G.inited) {
+        pthread_mutex_lock(&G.mu);
+        G.stop = 1;
+        wake_progress();
+        pthread_mutex_unlock(&G.mu);
+        pthread_join(G.thread, NULL);
+        G.inited = 0;
+    }
+    lpl_close();
 }
 
 /* ---- the API ---------------------------------------------------------------------------------- */
@@ -1798,6 +1852,12 @@ ncclResult_t lp_init(void **ctx, uint64_t commId, int trafficClass, ncclDebugLog
         x->trafficClass = trafficClass;
         *ctx = x;
     }
+    pthread_mutex_lock(&G.mu);
+    if (ctx) G.nctx++;
+    else G.ctxless = 1; /* no finalize will come: the report stays until exit */
+    G.fini_pending = 0;
+    if (G.report_closed) { G.report_closed = 0; report_open(); }
+    pthread_mutex_unlock(&G.mu);
     return ncclSuccess;
 }
 
@@ -2069,6 +2129,13 @@ ncclResult_t lp_close_listen(void *listenComm) {
 }
 
 ncclResult_t lp_finalize(void *ctx) {
+    if (ctx && ctx != &default_ctx) {
+        pthread_mutex_lock(&G.mu);
+        if (G.nctx) G.nctx--;
+        G.fini_pending = !G.nctx && !G.ctxless; /* the progress thread closes the report once the comms are gone */
+        wake_progress();
+        pthread_mutex_unlock(&G.mu);
+    }
     if (ctx != &default_ctx) free(ctx);
     return ncclSuccess;
 }
