@@ -22,6 +22,7 @@ Run `python3 -m linkpass_rdma.channel serve|stream` for the testbed's tests and 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import socket
 import struct
@@ -29,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 
+from .lanes import KIND_VERBS, Lane, LaneReport
 from .qp import Device, JsonLines, SteeredRC, connect_retrying
 from linkpass.kernel.rdma import RdmaUnavailable
 
@@ -81,8 +83,13 @@ class Channel:
     """The client side: send(data) returns when the peer acknowledged it, moving paths as needed."""
 
     def __init__(self, dev: Device, control: socket.socket, ports: Callable[[], Iterable[int]],
-                 timeout: int = FAST_TIMEOUT, retry: int = FAST_RETRY, log: Callable[[dict], None] | None = None):
+                 timeout: int = FAST_TIMEOUT, retry: int = FAST_RETRY, log: Callable[[dict], None] | None = None,
+                 report: LaneReport | None = None, plane: int = 0):
         self.dev, self.ctl = dev, JsonLines(control)
+        # the active QP is reported as a lane (docs/lanes.md): the agent follows its path and progress
+        self.report, self.plane = report, plane
+        self.lanes: dict[int, Lane] = {}  # qpn -> its lane in the report
+        self.peer_addr: str | None = None  # the peer's address on this plane (from its GID)
         self.ports, self.timeout, self.retry = ports, timeout, retry
         self.echo_timeout_s = 2 * qp_give_up_s(timeout, retry) + 0.1
         self.log = log or (lambda ev: None)
@@ -126,12 +133,25 @@ class Channel:
         rc.connect(peer, sport, timeout=self.timeout, retry=self.retry)
         self.ctl.send({"op": "ready", "qpn": peer["qpn"]})
         self.ctl.recv()
+        self.peer_addr = _gid_address(peer["gid"])
         self.log({"event": "qp_open", "sport": sport, "qpn": rc.qp.qp_num, "t": time.monotonic()})
         return rc
+
+    def _lane(self, rc: SteeredRC) -> Lane | None:
+        """The active QP's lane, claimed when it first carries a message."""
+        lane = self.lanes.get(rc.qp.qp_num)
+        if lane is None and self.report is not None and self.peer_addr:
+            lane = self.report.claim(self.peer_addr, self.plane, rc.sport, KIND_VERBS)
+            if lane is not None:
+                self.lanes[rc.qp.qp_num] = lane
+        return lane
 
     def _move(self, why: str) -> None:
         """Traffic to the standby now; a new standby once the message in flight is through."""
         old = self.active
+        lane = self.lanes.pop(old.qp.qp_num, None)
+        if lane is not None:
+            lane.release()  # what it had sent and not had acknowledged goes with it
         self.bad[old.sport] = time.monotonic() + BAD_HOLD_S
         if self.standby is None:  # a second failure before a new standby was made
             self.standby = self._open(self._pick(exclude={old.sport}))
@@ -150,7 +170,10 @@ class Channel:
         """One try on the active QP: the echo, or None when the QP failed or its port left the
         healthy set (the caller moves and tries again)."""
         rc = self.active
+        lane = self._lane(rc)
         rc.send(msg)
+        if lane is not None:
+            lane.sent(len(msg))
         sent, echo = False, None
         next_check = 0.0
         # our request may get through and its echo not (the path died in between): the peer's
@@ -165,6 +188,8 @@ class Channel:
                 return None
             sent = sent or n_sent > 0
             echo = got[-1] if got else echo
+            if got and lane is not None:
+                lane.acked(min(len(msg), lane.bytes_sent - lane.bytes_acked))  # the echo acknowledges it
             now = time.monotonic()
             if not n_sent and not got:
                 if now > next_check:
@@ -199,6 +224,15 @@ class Channel:
                 self._retired.clear()
                 self.standby = self._new_standby()
             return got[HEADER.size:HEADER.size + n]
+
+
+def _gid_address(gid: str) -> str | None:
+    """The IP address a RoCE v2 GID carries (IPv4-mapped or IPv6), or None."""
+    try:
+        ip = ipaddress.IPv6Address(gid)
+    except ValueError:
+        return None
+    return str(ip.ipv4_mapped or ip)
 
 
 def serve(addr: str, port: int) -> int:
@@ -258,7 +292,7 @@ def serve(addr: str, port: int) -> int:
 
 def stream(addr: str, server: str, ports: list[int], count: int, size: int, timeout: int, retry: int,
            interval_s: float, deadline_s: float = 120.0,
-           ports_fn: Callable[[], Iterable[int]] | None = None) -> dict:
+           ports_fn: Callable[[], Iterable[int]] | None = None, plane: int = 0) -> dict:
     """Send `count` messages, one at a time; report every move and the longest gap between two
     acknowledged messages (guest time). A message not through within `deadline_s` ends the stream
     with "stuck": the gap then counts up to the give-up, a lower bound of the real stall.
@@ -267,7 +301,9 @@ def stream(addr: str, server: str, ports: list[int], count: int, size: int, time
     host, _, p = server.rpartition(":")
     events: list[dict] = []
     ctl = connect_retrying((host, int(p)))
-    ch = Channel(dev, ctl, ports_fn or (lambda: ports), timeout=timeout, retry=retry, log=events.append)
+    report = LaneReport.open()  # $LINKPASS_LANES_DIR or the agent's default; None: unreported
+    ch = Channel(dev, ctl, ports_fn or (lambda: ports), timeout=timeout, retry=retry, log=events.append,
+                 report=report, plane=plane)
     print(json.dumps({"up": True, "active": ch.active.sport, "standby": ch.standby and ch.standby.sport}),
           file=sys.stderr, flush=True)  # for whoever waits to break a link under a running channel
     t_start = time.monotonic()
@@ -288,6 +324,8 @@ def stream(addr: str, server: str, ports: list[int], count: int, size: int, time
     gaps = [b - a for a, b in zip(acked, acked[1:])]
     worst = max(range(len(gaps)), key=gaps.__getitem__) if gaps else None
     ctl.close()
+    if report is not None:
+        report.close()
     return {"count": len(acked) - 1 - stuck, "stuck": stuck, "moves": ch.moves, "events": events, "ports": ports,
             "longest_gap_ms": round(gaps[worst] * 1e3, 1) if gaps else None,
             "longest_gap_at_s": round(acked[worst] - t_start, 3) if gaps else None,
@@ -314,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--table", metavar="PATH", help="follow the LinkPass agent's entropy table at PATH "
                    "(--ports is then the fallback when it has nothing for this peer)")
     c.add_argument("--peer", metavar="ADDR", help="with --table: the peer's NIC address, its key in the table")
-    c.add_argument("--plane", type=int, default=0, help="with --table: the plane of that NIC (default 0)")
+    c.add_argument("--plane", type=int, default=0, help="the plane of the peer's NIC: the table's key with --table, "
+                   "and the lane's plane in this process's lane report (default 0)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "serve":
@@ -324,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--table needs --peer: the peer's NIC address, which keys its entry")
         ports_fn = table_ports(args.peer, args.plane, args.table, fallback=ports) if args.table else None
         print(json.dumps(stream(args.addr, args.server, ports, args.count, args.size, args.timeout, args.retry,
-                                args.interval, args.deadline, ports_fn)), flush=True)
+                                args.interval, args.deadline, ports_fn, args.plane)), flush=True)
         return 0
     except (RdmaUnavailable, ValueError) as exc:
         print(f"linkpass_rdma.channel: {exc}", file=sys.stderr)
