@@ -198,6 +198,94 @@ def test_plan_names_every_peer_in_a_small_fleet_and_follows_leavers(coord):
     assert plan["version"] > v and [p["name"] for p in plan["peers"]] == ["h1", "h2"]
 
 
+def test_probe_budgets_cap_the_plan_and_a_changed_budget_revises_it(coord):
+    coord.tick(1001.0)
+    assert coord._plan.full_mesh and len(coord._plan.paths["h0"]) == 10  # 1 rack mate + 2 others x 2 spines, x 2 planes
+    v = coord.plan_version
+    # 100 pps at 100 ms idle: half affords 5 planned paths
+    coord.report({"name": "h0", "probe_budget": {"pps": 100, "idle_interval_ms": 100}}, 1002.0)
+    coord.tick(1002.0)
+    assert coord.plan_version == v + 1 and len(coord._plan.paths["h0"]) <= 5
+    assert coord._plan.under_covered == [] and not coord._plan.full_mesh
+    assert coord.store.agents()["h0"]["probe_budget"] == {"pps": 100.0, "idle_interval_ms": 100.0}
+    # budgets too small for 2 reporters on every link: the plan says which, once, in the history
+    for i in range(4):
+        coord.report({"name": f"h{i}", "probe_budget": {"pps": 20, "idle_interval_ms": 100}}, 1003.0)
+    coord.tick(1005.0)  # the first report's answer revised the plan at once; the rest wait PLAN_REVISE_S
+    assert all(len(ps) <= 1 for ps in coord._plan.paths.values()) and coord._plan.under_covered
+    [ev] = [e for e in coord.store.events(kinds=["coordinator"]) if e["subject"] == "plan"]
+    assert ev["detail"]["what"] == "under_covered" and ev["detail"]["count"] == len(coord._plan.under_covered)
+    # the same budget again is no change; 0 (no ceiling) lifts the caps and the event says so
+    v = coord.plan_version
+    coord.report({"name": "h0", "probe_budget": {"pps": 20, "idle_interval_ms": 100}}, 1007.0)
+    coord.tick(1007.0)
+    assert coord.plan_version == v
+    for i in range(4):
+        coord.report({"name": f"h{i}", "probe_budget": {"pps": 0, "idle_interval_ms": 100}}, 1008.0)
+    coord.tick(1010.0)
+    assert coord.plan_version == v + 2 and coord._plan.full_mesh and coord._plan.under_covered == []
+    assert [e["detail"]["what"] for e in coord.store.events(kinds=["coordinator"])
+            if e["subject"] == "plan"] == ["under_covered", "covered"]
+
+
+def test_the_agent_link_sends_its_budget_at_registration_and_when_a_reload_changes_it(coord, tmp_path):
+    import threading
+    import time
+
+    from linkpass.agent.answer import AnswerRules
+    from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
+    from linkpass.agent.coordinator_link import CoordinatorLink, probe_budget
+
+    token = tmp_path / "t"
+    token.write_text("lpa1.h0.x\n")
+    cfg = AgentConfig(agent_id=1, name="h0", fleet_key_file="/k", service="198.18.0.1", nics=(), peers=(),
+                      budget_pps=100.0, idle_interval_ms=100.0)
+    current = {"cfg": cfg}  # what a reload replaces
+    sent, lock = [], threading.Lock()
+
+    class Fake:  # the coordinator in-process instead of over HTTP
+        token = "lpa1.h0.x"
+
+        def post(self, path, body):
+            with lock:
+                sent.append((path, body))
+                call = coord.register if path == "/v1/register" else coord.report
+                return call(body, 1001.0)
+
+        def close(self):
+            pass
+
+    link = CoordinatorLink(CoordinatorLinkConfig("http://127.0.0.1:9", str(token), insecure_http=True, report_ms=10),
+                           lambda: identity(0), lambda: table_of(0), lambda d: None, lambda p: None,
+                           lambda *a, **k: None, rules=AnswerRules("h0", 1, 1024),
+                           budget=lambda: probe_budget(current["cfg"]))
+    link.client = Fake()
+
+    def wait_for(pred):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with lock:
+                if pred():
+                    return True
+            time.sleep(0.01)
+        return False
+    link.start()
+    try:
+        assert wait_for(lambda: sent and sent[0][0] == "/v1/register")
+        assert sent[0][1]["probe_budget"] == {"pps": 100.0, "idle_interval_ms": 100.0}
+        assert coord.agents["h0"].info["probe_budget"] == {"pps": 100.0, "idle_interval_ms": 100.0}
+        current["cfg"] = AgentConfig(**{**cfg.__dict__, "budget_pps": 50.0})  # SIGHUP with a new budget
+        assert wait_for(lambda: any(b.get("probe_budget") == {"pps": 50.0, "idle_interval_ms": 100.0}
+                                    for p, b in sent if p == "/v1/report"))
+        n = len(sent)
+        assert wait_for(lambda: len(sent) > n + 2)  # later reports do not repeat it
+        with lock:
+            assert [b for p, b in sent[n:] if "probe_budget" in b] == []
+        assert coord.agents["h0"].info["probe_budget"]["pps"] == 50.0
+    finally:
+        link.stop()
+
+
 def test_without_a_fabric_model_reports_still_work(tmp_path):
     store = Store(str(tmp_path / "c.db"))
     c = Coordinator(store, None, now=0.0)
@@ -247,6 +335,9 @@ def test_a_refused_request_changes_nothing(coord):
     ({**identity(0), "paths": [dict(table_of(0)[0], id=2**40)]}, r"paths\[0\]\.id"),
     ({**identity(0), "paths": [dict(table_of(0)[0], hops=["198.18.64.0"] * 100)]}, r"paths\[0\]\.hops: .*at most"),
     ({**identity(0), "paths": [], "drain_version": "3"}, "drain_version"),
+    ({**identity(0), "paths": [], "probe_budget": {"pps": -5, "idle_interval_ms": 100}},
+     r"probe_budget\.pps: expected a number"),
+    ({**identity(0), "paths": [], "probe_budget": {"pps": 1000}}, r"probe_budget\.idle_interval_ms: required"),
 ])
 def test_every_registration_field_is_checked(coord, body, field):
     before = snapshot(coord)
@@ -262,6 +353,8 @@ def test_every_registration_field_is_checked(coord, body, field):
     ({"name": "h0", "changes": [{"id": 1, "state": "up", "reason": "r" * 1000}]}, r"changes\[0\]\.reason"),
     ({"name": "h0", "plan_version": -1}, "plan_version"),
     ({"name": 7}, "name: expected a string"),
+    ({"name": "h0", "probe_budget": {"pps": 1e12, "idle_interval_ms": 100}}, r"probe_budget\.pps"),
+    ({"name": "h0", "probe_budget": "lots"}, "probe_budget: expected a JSON object"),
 ])
 def test_every_report_field_is_checked(coord, body, field):
     before = snapshot(coord)

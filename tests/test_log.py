@@ -291,3 +291,24 @@ def test_the_coordinators_history_reaches_its_log_once_committed(tmp_path):
         assert store.events(kinds=["drain"]) == []  # rolled back: neither stored nor logged
     finally:
         store.close()
+
+
+def test_the_plans_coverage_under_the_budgets_reaches_the_log(tmp_path):
+    """Links the agents' probe budgets leave short of 2 reporters are logged at warning; their
+    being covered again at info."""
+    from linkpass.coordinator.runner import log_history
+    from linkpass.coordinator.store import Store
+
+    lines = io.StringIO()
+    log = L.Logger("coordinator", stream=lines)
+    store = Store(str(tmp_path / "coordinator.db"), on_committed=lambda events: log_history(log, events))
+    try:
+        store.event("coordinator", "coordinator", "plan", what="under_covered", count=2,
+                    links=["h0-p0l0:up", "h0-p0l0:down"])
+        store.event("coordinator", "coordinator", "plan", what="covered", count=0, links=[])
+        store.event("coordinator", "coordinator", "coordinator", recovered_paths=3)  # a restart: not logged
+        recs = [json.loads(line) for line in lines.getvalue().splitlines()]
+        assert [(r["event"], r["level"], r["count"]) for r in recs] == [("plan_coverage", "warning", 2),
+                                                                          ("plan_coverage", "info", 0)]
+    finally:
+        store.close()

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from linkpass.core.fabric import FabricError, rail_optimized
-from linkpass.core.plan import PlannedPath, coverage, plan_probes, planned_links
+from linkpass.core.plan import PlannedPath, coverage, plan_cap, plan_probes, planned_links
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +51,7 @@ def test_sparse_plan_covers_every_directed_link_twice(shape):
     m = rail_optimized(*shape)
     plan = plan_probes(m)
     assert not plan.full_mesh
-    assert min_coverage(m, plan) >= 2
+    assert min_coverage(m, plan) >= 2 and plan.under_covered == []
 
 
 def test_sparse_plan_is_constant_per_host_and_plane_on_regular_shapes():
@@ -115,3 +115,84 @@ def test_16k_gpu_plan_is_fast_and_covers_everything():
     assert plan.total_paths == 2048 * 8 * 3
     cov = coverage(m, plan)
     assert len(cov) == 2 * len(m.links) and min(cov.values()) >= 2
+
+
+# ---- caps: the probe budgets agents report --------------------------------------------------
+def short_links(model, plan, hosts=None):
+    """Coverable directed links with fewer than 2 reporters, as coverage() counts them."""
+    cov = coverage(model, plan)
+    return sorted(d for d in coverable(model, hosts or model.hosts) if cov.get(d, 0) < 2)
+
+
+def test_plan_cap_is_half_the_budget_at_the_idle_rate():
+    assert plan_cap(20000, 100) == 1000  # the defaults: 10 000 pps for the plan, a path costs 10 pps
+    assert plan_cap(100, 100) == 5 and plan_cap(15, 100) == 0 and plan_cap(333, 10) == 1
+    assert plan_cap(0, 100) is None  # no ceiling, no cap
+
+
+def test_caps_that_bind_nothing_change_nothing():
+    m = rail_optimized(64, 2, 8, 4)
+    assert plan_probes(m, caps={h: 6 for h in m.hosts}).paths == plan_probes(m).paths
+    small = rail_optimized(8, 2, 4, 2)  # full mesh: 22 paths a host
+    assert plan_probes(small, caps={"h0": 22}).full_mesh
+
+
+@pytest.mark.parametrize("shape", [(64, 2, 8, 4), (37, 3, 5, 3), (20, 2, 3, 7), (17, 1, 16, 2)])
+def test_capped_hosts_probes_move_to_hosts_with_room_and_coverage_is_kept(shape):
+    m = rail_optimized(*shape)
+    caps = {h: i % 3 for i, h in enumerate(m.hosts) if i % 2}  # half the hosts take 0, 1 or 2 paths
+    plan = plan_probes(m, caps=caps)
+    assert all(len(plan.paths[h]) <= c for h, c in caps.items())
+    assert min_coverage(m, plan) >= 2 and plan.under_covered == []
+    free = [h for h in m.hosts if h not in caps]
+    uncapped = plan_probes(m)
+    assert sum(len(plan.paths[h]) for h in free) > sum(len(uncapped.paths[h]) for h in free)  # they took over
+
+
+def test_uniform_caps_that_leave_room_keep_coverage_with_fewer_paths():
+    m = rail_optimized(64, 2, 8, 4)
+    plan = plan_probes(m, caps={h: 3 for h in m.hosts})  # half of the 6 uncapped
+    assert max(len(ps) for ps in plan.paths.values()) <= 3
+    assert min_coverage(m, plan) >= 2 and plan.under_covered == []
+
+
+def test_a_small_fleet_over_its_caps_leaves_the_full_mesh():
+    m = rail_optimized(8, 2, 4, 2)
+    plan = plan_probes(m, caps={h: 2 for h in m.hosts})
+    assert not plan.full_mesh and all(len(ps) <= 2 for ps in plan.paths.values())
+    assert min_coverage(m, plan) >= 2 and plan.under_covered == []
+
+
+@pytest.mark.parametrize("shape,cap", [((64, 2, 8, 4), 1), ((37, 3, 5, 3), 2), ((20, 2, 3, 7), 0)])
+def test_links_caps_leave_short_are_reported_exactly(shape, cap):
+    m = rail_optimized(*shape)
+    plan = plan_probes(m, caps={h: cap for h in m.hosts})
+    assert all(len(ps) <= cap for ps in plan.paths.values())
+    assert plan.under_covered and plan.under_covered == short_links(m, plan)
+    assert json.loads(json.dumps(plan.to_dict()))["under_covered"] == plan.under_covered
+
+
+def test_under_coverage_is_reported_when_only_a_few_hosts_have_room():
+    m = rail_optimized(64, 2, 8, 4)
+    present = [h for h in m.hosts if h not in {"h8", "h9"}]
+    caps = {h: 0 for h in present[1:]}  # one host may probe: it alone cannot be 2 reporters anywhere
+    plan = plan_probes(m, hosts=present, caps=caps)
+    assert plan.total_paths == len(plan.paths[present[0]]) > 0
+    assert plan.under_covered == short_links(m, plan, present)
+    assert len(plan.under_covered) == len(coverable(m, present))  # no link has 2 reporters
+    # every host but 2 at cap 0: those 2 cover what 2 reporters can
+    caps = {h: 0 for h in present[2:]}
+    plan = plan_probes(m, hosts=present, caps=caps)
+    assert plan.under_covered == short_links(m, plan, present) and len(plan.under_covered) < len(coverable(m, present))
+
+
+def test_capped_plans_are_deterministic_and_fast():
+    m = rail_optimized(2048, 8, 32, 32)
+    caps = {h: 12 for h in m.hosts}  # half the uncapped 24
+    t = time.perf_counter()
+    plan = plan_probes(m, caps=caps)
+    elapsed = time.perf_counter() - t
+    assert elapsed < 30.0, f"planning the capped 16k fleet took {elapsed:.2f} s"
+    assert max(len(ps) for ps in plan.paths.values()) <= 12
+    assert plan.under_covered == [] and min_coverage(m, plan) >= 2
+    assert plan_probes(m, caps=caps).paths == plan.paths

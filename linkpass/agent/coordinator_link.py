@@ -5,7 +5,9 @@ and reroutes alone, and this thread only reads the path table and hands back wha
 coordinator said (drained link addresses, the probe plan) for the main loop to apply.
 
     start / coordinator back   POST /v1/register  identity + the whole path table (with hops)
+                                                  + the probe budget
     every report_ms            POST /v1/report    the paths whose state or reason changed
+                                                  (+ the probe budget, when a reload changed it)
     every summary_s            POST /v1/report    the whole table again (heals lost reports)
     quiet for 1 s              POST /v1/report    a heartbeat (no changes)
 
@@ -18,6 +20,10 @@ do not arrive in the same second. Every answer is checked whole first
 at all; the versions stay, so the coordinator sends its drains and plan again. HTTPS, verified
 against coordinator.ca_file and showing this host's certificate when one is configured
 (`tls_context`); plain HTTP only with insecure_http, logged as a warning at start.
+
+The probe budget (`probe_budget`: budget_pps and idle_interval_ms of the agent's config) is what
+the coordinator caps this agent's share of the fleet's probe plan by (docs/coordinator.md); a
+coordinator that predates it ignores the field.
 
 A 401 (this host's token revoked, say) makes the thread read coordinator.token_file again: a new
 token put there is used at once, without a restart.
@@ -44,7 +50,13 @@ from ..coordinator.client import Client, Refusal, Unreachable
 from ..coordinator.tls import TlsError, build_client_context
 from ..core.constants import REPORT_HEARTBEAT_S
 from .answer import AnswerError, AnswerRules, PlanAnswer, StaleDelta, apply_delta, parse_answer
-from .config import ConfigError, CoordinatorLinkConfig
+from .config import AgentConfig, ConfigError, CoordinatorLinkConfig
+
+
+def probe_budget(cfg: AgentConfig) -> dict:
+    """The budget the coordinator plans this agent's probes by: its pps ceiling (0: none) and how
+    often it probes an idle path, which is the rate a planned path costs."""
+    return {"pps": cfg.budget_pps, "idle_interval_ms": cfg.idle_interval_ms}
 
 
 def tls_context(cfg: CoordinatorLinkConfig):
@@ -89,7 +101,7 @@ class Backoff:
 class CoordinatorLink:
     def __init__(self, cfg: CoordinatorLinkConfig, identity: Callable[[], dict], rows: Callable[[], list[dict]],
                  on_drains: Callable[[tuple], None], on_plan: Callable[[object], None], log, *, rules: AnswerRules,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, budget: Callable[[], dict | None] | None = None):
         self.cfg = cfg
         self.backoff = Backoff(rng=rng)
         self.rules = rules  # what answers are checked against (the daemon replaces it on reload)
@@ -98,6 +110,8 @@ class CoordinatorLink:
         self.rows = rows  # the path table: id, peer, plane, sport, hops, peer_addr, state, reason
         self.on_drains = on_drains
         self.on_plan = on_plan
+        self.budget = budget  # the probe budget now (`probe_budget` of the current config); None: not sent
+        self.budget_sent: dict | None = None  # as the coordinator last accepted it
         self.log = log
         self.client = Client(cfg.url, read_token(cfg.token_file), timeout_s=2.0, tls=tls_context(cfg),
                              insecure_http=cfg.insecure_http)
@@ -141,12 +155,17 @@ class CoordinatorLink:
                         last_summary = now
                     elif changes:
                         body["changes"] = [{"id": r["id"], "state": r["state"], "reason": r["reason"]} for r in changes]
-                    elif now - last_sent < REPORT_HEARTBEAT_S:
+                    elif now - last_sent < REPORT_HEARTBEAT_S and self._budget_now() == self.budget_sent:
                         self._stop.wait(self.cfg.report_ms / 1000)
                         continue
+                    budget = self._budget_now()
+                    if budget is not None and budget != self.budget_sent:
+                        body["probe_budget"] = budget  # a reload changed it: the coordinator re-plans
                     self._answer(self.client.post("/v1/report", body))
                     for r in rows if "paths" in body else changes:
                         self.sent[r["id"]] = _mark(r)
+                    if "probe_budget" in body:
+                        self.budget_sent = budget
                     self.stats["reports"] += 1
                     last_sent = now
                 if not self.reachable:
@@ -195,11 +214,17 @@ class CoordinatorLink:
         return {"name": self.identity()["name"], "drain_version": self.drain_version, "plan_version": self.plan_version,
                 "plan_deltas": True}
 
+    def _budget_now(self) -> dict | None:
+        return None if self.budget is None else self.budget()
+
     def _register(self) -> None:
         rows = self.rows()
+        budget = self._budget_now()
         answer = self.client.post("/v1/register", {**self.identity(), "paths": rows, "drain_version": None,
-                                                   "plan_version": None, "plan_deltas": True})
+                                                   "plan_version": None, "plan_deltas": True,
+                                                   **({} if budget is None else {"probe_budget": budget})})
         self.sent = {r["id"]: _mark(r) for r in rows}
+        self.budget_sent = budget
         self.registered = True
         self.stats["registrations"] += 1
         self.log("coordinator_registered", url=self.cfg.url, paths=len(rows))

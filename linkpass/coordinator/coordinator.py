@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror, split_directed
 from ..core.localize import Localizer, Observation, path_evidence
-from ..core.plan import plan_probes
+from ..core.plan import plan_cap, plan_probes
 from ..core.states import STATE_NAMES, Level, health_of, is_bad, is_good, worst
-from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, Refused, RegisterIn, ReportIn,  # noqa: F401
-                       is_decimal, parse_register, parse_report)
+from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, ProbeBudget, Refused, RegisterIn,  # noqa: F401
+                       ReportIn, is_decimal, parse_register, parse_report)
 from .store import Store
 
 PLAN_REVISE_S = 1.0
@@ -127,6 +127,8 @@ class Coordinator:
         self._info_changed: set[str] = set()  # since the last plan version
         self._delta_cache: dict[tuple[int, int], tuple[frozenset, frozenset]] = {}
         self._plan = None
+        self._plan_caps: dict[str, int] = {}  # the caps the current plan was made with
+        self._under_covered: tuple[str, ...] = ()  # its links short of 2 reporters (logged when it changes)
         self._plan_at: float | None = None
         self._members_changed = True  # an agent joined, was lost or returned since the last plan
         self._touched_at = 0.0
@@ -169,7 +171,8 @@ class Coordinator:
         The body is checked whole first: a refused registration changes nothing."""
         req = body if isinstance(body, RegisterIn) else parse_register(body)
         name = req.name
-        info = {"service": req.service, "nics": dict(req.nics), "version": req.version, "api_port": req.api_port}
+        info = {"service": req.service, "nics": dict(req.nics), "version": req.version, "api_port": req.api_port,
+                "probe_budget": _budget_doc(req.probe_budget)}
         known = self.agents.get(name)
         if known is None or known.lost:
             self.store.event("agent", name, name, what="registered" if known is None else "returned",
@@ -179,6 +182,8 @@ class Coordinator:
                 (req.agent_id, req.service, info["nics"]):
             self._info_changed.add(name)  # its peers must learn its new addresses (even if it was away)
             self._members_changed = True
+        if known is not None and known.info.get("probe_budget") != info["probe_budget"]:
+            self._members_changed = True  # its cap changed: the plan is revised (see _current_plan)
         first = known.first_seen if known else now
         self.agents[name] = AgentRecord(name, req.agent_id, info, first, now)
         self.store.upsert_agent(name, req.agent_id, info, now)
@@ -205,6 +210,11 @@ class Coordinator:
             self._members_changed = True
             self.store.event("agent", name, name, what="returned")
         agent.last_seen = now
+        budget = _budget_doc(req.probe_budget)
+        if budget is not None and budget != agent.info.get("probe_budget"):
+            agent.info["probe_budget"] = budget
+            self.store.upsert_agent(name, agent.agent_id, agent.info, now)
+            self._members_changed = True  # its cap changed: the plan is revised (see _current_plan)
         changes = _Changes()
         if req.paths is not None:
             keep = {self._put_path(name, p, now, changes) for p in req.paths}
@@ -387,26 +397,50 @@ class Coordinator:
             return self._plan
         self._members_changed = False
         hosts = tuple(sorted(n for n, a in self.agents.items() if not a.lost))
-        if hosts != self._plan_hosts or self._info_changed:
+        caps = self._caps(hosts)
+        if hosts != self._plan_hosts or self._info_changed or caps != self._plan_caps:
             self._plan_hosts = hosts
             self._plan_members = frozenset(hosts)
+            self._plan_caps = caps
             self._plan_at = now
             if self.model is not None:
                 known = [h for h in hosts if h in self.model.hosts]
                 t = self._cost_clock()
-                self._plan = plan_probes(self.model, known, full_mesh_max=self.config.full_mesh_max)
+                self._plan = plan_probes(self.model, known, full_mesh_max=self.config.full_mesh_max, caps=caps)
                 # a 16k-GPU plan takes ~0.7 s here: revise no more than a tenth of the time
                 self._plan_every_s = max(PLAN_REVISE_S, 10 * (self._cost_clock() - t))
             else:
                 self._plan = None
             self.plan_version += 1
             self.store.set_meta("plan_version", str(self.plan_version))
+            self._note_coverage(tuple(self._plan.under_covered) if self._plan is not None else ())
             self._plan_log[self.plan_version] = (self._plan_members, self._plan, frozenset(self._info_changed))
             self._info_changed.clear()
             for v in [v for v in self._plan_log if v <= self.plan_version - PLAN_HISTORY]:
                 del self._plan_log[v]
             self._delta_cache.clear()
         return self._plan
+
+    def _caps(self, hosts) -> dict[str, int]:
+        """Planned paths each agent may take, from the probe budget it reported (none: no cap)."""
+        out = {}
+        for h in hosts:
+            b = self.agents[h].info.get("probe_budget")
+            cap = None if not b else plan_cap(b["pps"], b["idle_interval_ms"])
+            if cap is not None:
+                out[h] = cap
+        return out
+
+    def _note_coverage(self, under: tuple[str, ...]) -> None:
+        """An event (and a log line) when the links the budgets leave short of 2 reporters change."""
+        if under == self._under_covered:
+            return
+        self._under_covered = under
+        self.store.event("coordinator", "coordinator", "plan", what="under_covered" if under else "covered",
+                         links=list(under[:20]), count=len(under), plan_version=self.plan_version,
+                         note="the probe budgets agents report leave these links fewer than 2 reporters: "
+                              "a fault there cannot be localized; raise probe.budget_pps on their hosts"
+                              if under else "every link has 2 reporters again")
 
     def _plan_delta(self, host: str, since: int | None) -> dict | None:
         """The change from plan version `since` (which the agent holds) to the current one, for
@@ -648,6 +682,10 @@ class Coordinator:
         return [{"name": a.name, "agent_id": a.agent_id, "lost": a.lost, "last_seen_s": round(now - a.last_seen, 1),
                  "paths": len(self.by_reporter.get(a.name, ())), "version": a.info.get("version"),
                  "service": a.info.get("service")} for a in sorted(self.agents.values(), key=lambda a: a.name)]
+
+
+def _budget_doc(b: ProbeBudget | None) -> dict | None:
+    return None if b is None else {"pps": b.pps, "idle_interval_ms": b.idle_interval_ms}
 
 
 def _pretty(model: FabricModel, dl: str) -> str:

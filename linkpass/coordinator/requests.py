@@ -28,6 +28,8 @@ MAX_AGENT_ID = 2**32 - 1  # as the agent's config allows
 MAX_VERSION = 2**62  # drain/plan versions are counters
 MAX_EVENT_ID = 2**62
 MIN_DRAIN_FOR_S, MAX_DRAIN_FOR_S = 60.0, 30 * 86400.0  # `drain --for`: a minute to a month
+MAX_BUDGET_PPS = 10_000_000  # probe_budget.pps, as the agent's config allows (probe.budget_pps)
+MIN_IDLE_MS, MAX_IDLE_MS = 0.1, 60_000  # probe_budget.idle_interval_ms (probe.idle_interval_ms)
 
 
 class CoordinatorError(ValueError):
@@ -66,6 +68,13 @@ class ChangeIn:
 
 
 @dataclass(frozen=True)
+class ProbeBudget:
+    """What an agent may spend on probes: the plan gives it no more paths than half of this affords."""
+    pps: float  # probes per second it never exceeds; 0: no ceiling
+    idle_interval_ms: float  # how often it probes a planned path that carries no traffic
+
+
+@dataclass(frozen=True)
 class RegisterIn:
     name: str
     agent_id: int
@@ -77,6 +86,7 @@ class RegisterIn:
     drain_version: int | None
     plan_version: int | None
     plan_deltas: bool = False  # the agent applies plan deltas (else it gets whole plans)
+    probe_budget: ProbeBudget | None = None  # None: an agent that reports none, uncapped
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,7 @@ class ReportIn:
     drain_version: int | None
     plan_version: int | None
     plan_deltas: bool = False
+    probe_budget: ProbeBudget | None = None  # sent when it changed since the registration
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,7 @@ class DecommissionIn:
 # publishes them as required, and tests/test_openapi.py checks each parser against this
 REQUIRED = {RegisterIn: ("name", "agent_id", "service", "nics", "paths"), ReportIn: ("name",),
             DrainIn: ("link",), DecommissionIn: ("host", "reason"), PathIn: ("id", "peer", "plane", "state"),
-            ChangeIn: ("id", "state")}
+            ChangeIn: ("id", "state"), ProbeBudget: ("pps", "idle_interval_ms")}
 
 
 @dataclass(frozen=True)
@@ -147,7 +158,7 @@ def parse_register(body) -> RegisterIn:
                       version=_text(body.get("version", ""), "version", MAX_TEXT), api_port=api_port,
                       paths=_paths(_get(body, "paths", list, "")),
                       drain_version=_version(body, "drain_version"), plan_version=_version(body, "plan_version"),
-                      plan_deltas=_bool(body, "plan_deltas"))
+                      plan_deltas=_bool(body, "plan_deltas"), probe_budget=_probe_budget(body))
 
 
 def parse_report(body) -> ReportIn:
@@ -168,7 +179,8 @@ def parse_report(body) -> ReportIn:
         _object(c, at[:-1])
         changes.append(ChangeIn(_int(_get(c, "id", int, at), f"{at}id", 0, MAX_ID), _state(c, at), _reason(c, at)))
     return ReportIn(_host(_get(body, "name", str, ""), "name"), paths, tuple(changes),
-                    _version(body, "drain_version"), _version(body, "plan_version"), _bool(body, "plan_deltas"))
+                    _version(body, "drain_version"), _version(body, "plan_version"), _bool(body, "plan_deltas"),
+                    _probe_budget(body))
 
 
 def parse_drain(body, undrain: bool = False) -> DrainIn:
@@ -313,6 +325,24 @@ def _address(v, where: str) -> str:
             return a
     shown = repr(v[:70]) if isinstance(v, str) else _kind(v)
     raise CoordinatorError(f"{where}: expected an IP address, got {shown}")
+
+
+def _number(v, where: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        shown = repr(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and len(repr(v)) < 30 else _kind(v)
+        raise CoordinatorError(f"{where}: expected a number {lo:.10g}..{hi:.10g}, got {shown}")
+    return float(v)
+
+
+def _probe_budget(body: dict) -> ProbeBudget | None:
+    v = body.get("probe_budget")
+    if v is None:  # older agents send none: their plans are not capped
+        return None
+    _object(v, "probe_budget")
+    at = "probe_budget."
+    pps = _number(_get(v, "pps", object, at), f"{at}pps", 0, MAX_BUDGET_PPS)
+    idle = _number(_get(v, "idle_interval_ms", object, at), f"{at}idle_interval_ms", MIN_IDLE_MS, MAX_IDLE_MS)
+    return ProbeBudget(pps, idle)
 
 
 def _version(body: dict, name: str) -> int | None:

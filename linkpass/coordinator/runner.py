@@ -231,6 +231,10 @@ def log_history(log: Logger, events: list[tuple]) -> None:
             log("agent_changed", **f)
         elif kind == "refused":
             log("request_refused", **f)
+        elif kind == "coordinator" and subject == "plan" and f.get("what") == "covered":
+            log("plan_coverage", level="info", **f)
+        elif kind == "coordinator" and subject == "plan":  # links the agents' probe budgets leave short
+            log("plan_coverage", **f)
 
 
 def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:

@@ -16,16 +16,37 @@ probes and the probes arriving from other leaves. A repair pass then adds the fe
 uneven shapes (a short last leaf, more spines than a leaf's probes) need to reach 2 reporters
 everywhere. Total paths grow linearly with the fleet.
 
+Caps (`caps`: host -> most planned paths it may take, from the probe budget its agent reports,
+`plan_cap`) bound what each reporter is given. A full mesh that would exceed one becomes a sparse
+plan; the sparse plan splits each capped host's cap over its planes for the first pass, and the
+repair pass moves the probes a capped host cannot take to hosts with room left (on any plane).
+While links stay short, paths of hosts at their cap that no link needs are dropped and the repair
+runs again (twice at most). Links still short of 2 reporters are listed in
+`ProbePlan.under_covered`: caps are never exceeded for coverage.
+
 Hosts not in `hosts` are neither probed from nor used as peers: when hosts join or leave, call
 `plan_probes` again with the new set. Links that no probe between present hosts can cross (a
 leaf with no present host, spines when only one leaf has hosts) cannot be covered.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from linkpass.core.fabric import FabricError, FabricModel
+
+# of an agent's probe budget, the share its plan may take; the rest is for its job's own paths
+PLAN_BUDGET_SHARE = 0.5
+
+
+def plan_cap(pps: float, idle_interval_ms: float) -> int | None:
+    """The planned paths an agent may take: PLAN_BUDGET_SHARE of its budget's probes per second,
+    each planned path probed at its idle rate. None: no cap (pps 0, no ceiling)."""
+    if pps <= 0:
+        return None
+    # pps * ms / 1000 in one division, and a hair up, so 20000 x 100 ms is 1000, not 999
+    return max(0, math.floor(PLAN_BUDGET_SHARE * pps * idle_interval_ms / 1000 + 1e-9))
 
 
 @dataclass(frozen=True)
@@ -39,6 +60,9 @@ class PlannedPath:
 class ProbePlan:
     paths: dict[str, list[PlannedPath]] = field(default_factory=dict)  # host -> its paths
     full_mesh: bool = False
+    # directed links a probe between present hosts could cross but fewer than 2 reporters do,
+    # because caps left no host the room (empty without caps)
+    under_covered: list[str] = field(default_factory=list)
 
     def peers_of(self, host: str) -> list[str]:
         return sorted({p.peer for p in self.paths.get(host, ())})
@@ -48,7 +72,7 @@ class ProbePlan:
         return sum(len(v) for v in self.paths.values())
 
     def to_dict(self) -> dict:
-        return {"full_mesh": self.full_mesh, "total_paths": self.total_paths,
+        return {"full_mesh": self.full_mesh, "total_paths": self.total_paths, "under_covered": list(self.under_covered),
                 "paths": {h: [[p.peer, p.plane, p.spine] for p in ps] for h, ps in self.paths.items()}}
 
 
@@ -77,8 +101,9 @@ def coverage(model: FabricModel, plan: ProbePlan) -> dict[str, int]:
 
 
 def plan_probes(model: FabricModel, hosts: Iterable[str] | None = None, full_mesh_max: int = 16,
-                seed: int = 0, paths_per_plane: int = 3) -> ProbePlan:
-    """The probe plan for `hosts` (default: every host of the model); see the module doc."""
+                seed: int = 0, paths_per_plane: int = 3, caps: Mapping[str, int] | None = None) -> ProbePlan:
+    """The probe plan for `hosts` (default: every host of the model), each host given at most
+    caps[host] paths (absent: no cap); see the module doc."""
     if hosts is None:
         present = list(model.hosts)
     else:
@@ -87,13 +112,39 @@ def plan_probes(model: FabricModel, hosts: Iterable[str] | None = None, full_mes
         if unknown:
             raise FabricError(f"hosts not in the fleet model: {', '.join(unknown[:5])}")
         present = [h for h in model.hosts if h in wanted]  # model order: deterministic
-    plan = ProbePlan({h: [] for h in present}, full_mesh=len(present) <= full_mesh_max)
+    present_set = set(present)
+    caps = {h: max(0, int(c)) for h, c in (caps or {}).items() if h in present_set}
+    on_plane = [[h for h in present if _has_uplink(model, h, plane)] for plane in range(model.planes)]
+    if len(present) <= full_mesh_max:
+        plan = ProbePlan({h: [] for h in present}, full_mesh=True)
+        for plane in range(model.planes):
+            _full_mesh(model, plane, on_plane[plane], plan)
+        if all(len(plan.paths[h]) <= c for h, c in caps.items()):
+            return plan
+    plan = ProbePlan({h: [] for h in present}, full_mesh=False)
+    used = {h: 0 for h in present}  # paths given so far, over every plane
+    planes_of: dict[str, list[int]] = {}
+    for plane, hs in enumerate(on_plane):
+        for h in hs:
+            planes_of.setdefault(h, []).append(plane)
+    sparse = []
     for plane in range(model.planes):
-        on_plane = [h for h in present if _has_uplink(model, h, plane)]
-        if plan.full_mesh:
-            _full_mesh(model, plane, on_plane, plan)
-        else:
-            _Sparse(model, plane, on_plane, seed, paths_per_plane, plan).build()
+        # the first pass gives a capped host an even split of its cap over its planes
+        shares = {h: c // len(planes_of[h]) + (planes_of[h].index(plane) < c % len(planes_of[h]))
+                  for h, c in caps.items() if plane in planes_of.get(h, ())}
+        sp = _Sparse(model, plane, on_plane[plane], seed, paths_per_plane, plan, caps, used)
+        sp.build(shares)
+        sparse.append(sp)
+    for sp in sparse:  # after every plane's first pass: room left on any plane can serve
+        sp.repair()
+    for _ in range(2):  # caps left links short: free what capped hosts hold for no link, repair again
+        if not any(sp.under_covered() for sp in sparse) or not any([sp.prune() for sp in sparse]):
+            break
+        for sp in sparse:
+            sp.repair()
+    for ps in plan.paths.values():
+        ps.sort(key=lambda p: p.plane)  # stable: per plane, first pass then repairs
+    plan.under_covered = sorted(d for sp in sparse for d in sp.under_covered())
     return plan
 
 
@@ -119,86 +170,183 @@ def _full_mesh(model: FabricModel, plane: int, hosts: list[str], plan: ProbePlan
                 out.extend(PlannedPath(peer, plane, s) for s in spines)
 
 
+class _Ring:
+    """Indices 0..n-1 that can be dropped, walked around from any start: a dropped index is
+    skipped through pointers to the next one kept (path halving), so a walk costs what it yields."""
+
+    def __init__(self, keep: list[bool]):
+        self.n = len(keep)
+        self.next = [i if k else i + 1 for i, k in enumerate(keep)] + [self.n]
+
+    def _find(self, i: int) -> int:
+        nxt = self.next
+        while nxt[i] != i:
+            nxt[i] = nxt[nxt[i]]
+            i = nxt[i]
+        return i
+
+    def drop(self, i: int) -> None:
+        self.next[i] = i + 1
+
+    def around(self, start: int) -> Iterator[int]:
+        """Kept indices from `start` to the end, then from 0 up to `start`; one dropped meanwhile
+        is not yielded later."""
+        for lo, hi in ((start, self.n), (0, start)):
+            i = self._find(lo)
+            while i < hi:
+                yield i
+                i = self._find(i + 1)
+
+
 class _Sparse:
     """One plane's sparse plan, with coverage tracked on (group, spine) and host keys for speed."""
 
-    def __init__(self, model, plane, hosts, seed, per_host, plan):
-        self.plane, self.per_host, self.seed, self.plan = plane, per_host, seed, plan
+    def __init__(self, model, plane, hosts, seed, per_host, plan, caps, used):
+        self.model, self.plane, self.per_host, self.seed, self.plan = model, plane, per_host, seed, plan
+        self.caps, self.used = caps, used  # shared by every plane: a cap counts paths on all of them
         self.spines = len(model.spines(plane))
         groups: dict[str, list[str]] = {}
         for h in hosts:
             groups.setdefault(model.leaf_of(h, plane), []).append(h)
+        self.leaves = list(groups)
         self.groups = list(groups.values())
         self.group_of = {h: i for i, g in enumerate(self.groups) for h in g}
         self.hosts = hosts
-        self.cov_host: dict[str, set[str]] = {h: set() for h in hosts}  # host uplink -> reporters
-        self.cov_ls: dict[tuple[int, int], set[str]] = {}  # (group, spine) -> reporters
-        self.planned: set[tuple[str, str, int | None]] = set()
+        # reporter -> how many of its paths cross: a host's uplink / a (group, spine) link
+        self.cov_host: dict[str, dict[str, int]] = {h: {} for h in hosts}
+        self.cov_ls: dict[tuple[int, int], dict[str, int]] = {}
+        self.planned: dict[tuple[str, str, int | None], None] = {}  # in the order added
+        self.rings: list[_Ring] = []  # while repairing: hosts with room, in plane order, then per group
 
-    def add(self, reporter: str, peer: str, spine: int | None) -> None:
-        if reporter == peer or (reporter, peer, spine) in self.planned:
-            return
-        self.planned.add((reporter, peer, spine))
+    def room(self, host: str) -> bool:
+        cap = self.caps.get(host)
+        return cap is None or self.used[host] < cap
+
+    def add(self, reporter: str, peer: str, spine: int | None) -> bool:
+        if reporter == peer or (reporter, peer, spine) in self.planned or not self.room(reporter):
+            return False
+        self.planned[(reporter, peer, spine)] = None
         self.plan.paths[reporter].append(PlannedPath(peer, self.plane, spine))
-        self.cov_host[reporter].add(reporter)
-        self.cov_host[peer].add(reporter)
-        if spine is not None:
-            for g in (self.group_of[reporter], self.group_of[peer]):
-                self.cov_ls.setdefault((g, spine), set()).add(reporter)
+        self.used[reporter] += 1
+        if self.rings and not self.room(reporter):  # full now: repairs stop asking it
+            self.rings[0].drop(self.order[reporter])
+            self.rings[1 + self.group_of[reporter]].drop(self.index_in_group[reporter])
+        for cov in self._crossed(reporter, peer, spine):
+            cov[reporter] = cov.get(reporter, 0) + 1
+        return True
 
-    def build(self) -> None:
+    def _crossed(self, reporter: str, peer: str, spine: int | None) -> list[dict[str, int]]:
+        out = [self.cov_host[reporter], self.cov_host[peer]]
+        if spine is not None:
+            out += [self.cov_ls.setdefault((g, spine), {}) for g in (self.group_of[reporter], self.group_of[peer])]
+        return out
+
+    def prune(self) -> bool:
+        """Drop the paths of hosts at their cap that no link needs (each link they cross keeps 2
+        reporters without them), so the next repair can give that room to a link short of them.
+        Coverage never drops. True if any was dropped."""
+        dropped = False
+        for key in reversed(list(self.planned)):  # the last added first: repairs before the first pass
+            reporter, peer, spine = key
+            if self.room(reporter):
+                continue
+            crossed = self._crossed(reporter, peer, spine)
+            if all(cov[reporter] > 1 or len(cov) > 2 for cov in crossed):
+                del self.planned[key]
+                self.plan.paths[reporter].remove(PlannedPath(peer, self.plane, spine))
+                self.used[reporter] -= 1
+                for cov in crossed:
+                    cov[reporter] -= 1
+                    if not cov[reporter]:
+                        del cov[reporter]
+                dropped = True
+        return dropped
+
+    def build(self, shares: Mapping[str, int]) -> None:
+        """The first pass; a host in `shares` takes at most that many of its paths here."""
         groups, m, c = self.groups, len(self.groups), self.per_host
         if m == 1:  # one rack: a ring of rack mates, no spine involved
             g = groups[0]
             for j, h in enumerate(g):
+                share, added = shares.get(h), 0
                 for k in range(1, min(c, len(g) - 1) + 1):
-                    self.add(h, g[(j + k) % len(g)], None)
+                    if share is not None and added >= share:
+                        break
+                    added += self.add(h, g[(j + k) % len(g)], None)
         elif m > 1:
             for i, g in enumerate(groups):
                 offset = i * c + self.seed
                 for j, h in enumerate(g):
+                    share, added = shares.get(h), 0
                     for k in range(c):
+                        if share is not None and added >= share:
+                            break
                         slot = offset + j * c + k
                         # hosts sharing a spine (slot one round of spines apart) head for
                         # different leaves, so no two hosts watch exactly the same links
                         hop = 1 + (k + slot // self.spines) % (m - 1)
                         target = groups[(i + hop) % m]
-                        self.add(h, target[(j + k) % len(target)], slot % self.spines)
-        self.repair()
+                        added += self.add(h, target[(j + k) % len(target)], slot % self.spines)
 
     def repair(self) -> None:
-        order = {h: n for n, h in enumerate(self.hosts)}
+        """Paths for every uplink and leaf-spine link short of 2 reporters, from hosts with room
+        (every host without caps): the first ones in turn after the link's own."""
+        self.order = {h: n for n, h in enumerate(self.hosts)}
+        self.index_in_group = {h: j for g in self.groups for j, h in enumerate(g)}
+        self.rings = [_Ring([self.room(h) for h in self.hosts])] + [_Ring([self.room(h) for h in g])
+                                                                   for g in self.groups]
         for h in self.hosts:  # every uplink: its host and one more, or two others
-            start = order[h] + 1
-            for n in range(len(self.hosts) - 1):
+            if len(self.cov_host[h]) >= 2:
+                continue
+            for n in self.rings[0].around(self.order[h] + 1):
                 if len(self.cov_host[h]) >= 2:
                     break
-                prober = self.hosts[(start + n) % len(self.hosts)]
-                if prober not in self.cov_host[h]:
+                prober = self.hosts[n]
+                if prober != h and prober not in self.cov_host[h]:
                     self.add(prober, h, self._least_covered_spine(prober, h))
+            if len(self.cov_host[h]) < 2 and h not in self.cov_host[h] and len(self.hosts) > 1:
+                peer = self.hosts[(self.order[h] + 1) % len(self.hosts)]  # it probes out itself
+                self.add(h, peer, self._least_covered_spine(h, peer))
         m = len(self.groups)
         if m < 2:
             return
         for i, g in enumerate(self.groups):
             for s in range(self.spines):
-                covered = self.cov_ls.setdefault((i, s), set())
+                covered = self.cov_ls.setdefault((i, s), {})
                 if len(covered) >= 2:
                     continue
                 # reporters: this leaf's hosts probing out, then other leaves' hosts probing in
                 for other in [(i + k) % m for k in range(1, m)]:
-                    for reporter in g:
+                    for j in self.rings[1 + i].around(0):
                         if len(covered) >= 2:
                             break
+                        reporter = g[j]
                         if reporter not in covered:
                             peers = self.groups[other]
                             self.add(reporter, peers[s % len(peers)], s)
-                    for reporter in self.groups[other]:
+                    for j in self.rings[1 + other].around(0):
                         if len(covered) >= 2:
                             break
+                        reporter = self.groups[other][j]
                         if reporter not in covered:
                             self.add(reporter, g[s % len(g)], s)
                     if len(covered) >= 2:
                         break
+
+    def under_covered(self) -> list[str]:
+        """Directed links of this plane a probe between its hosts could cross, short of 2 reporters."""
+        names = []
+        if len(self.hosts) > 1:
+            names += [self.model.uplink(h, self.plane).name for h in self.hosts if len(self.cov_host[h]) < 2]
+        if len(self.groups) > 1:
+            for i, leaf in enumerate(self.leaves):
+                for s in range(self.spines):
+                    if len(self.cov_ls.get((i, s), ())) < 2:
+                        try:
+                            names.append(self.model.leaf_spine(leaf, s).name)
+                        except FabricError:
+                            pass  # this leaf has no link to that spine
+        return [f"{n}:{d}" for n in names for d in ("up", "down")]
 
     def _least_covered_spine(self, reporter: str, peer: str) -> int | None:
         a, b = self.group_of[reporter], self.group_of[peer]
