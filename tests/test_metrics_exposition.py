@@ -58,7 +58,9 @@ def agent_exposition(per_path: bool, layout=(("h1", 0, 0), ("h1", 0, 1), ("h1", 
     view = TelemetryView(engine, labels, offset_ns=lambda peer_id: 500.0)
     agent = AgentCollector(lambda: {"loop_errors": dict.fromkeys(LOOP_STEPS, 0), "answers_rejected": 0,
                                     "probe_thread_up": True, "coordinator_up": True, "engine": "sockets",
-                                    "paths_by_rate": {"active": 3, "idle": 1}})
+                                    "paths_by_rate": {"active": 1, "progressing": 1, "standby": 1, "idle": 1},
+                                    "lanes": {"reports_live": 1, "reports_stale": 0, "reports_bad": 2, "lanes": 5,
+                                              "lanes_unknown": 7}})
     decisions = DecisionCollector(lambda: fo, lambda: per_path)
     if process:
         registry = metrics_registry(view, [decisions, agent], lambda: per_path)

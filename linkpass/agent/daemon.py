@@ -516,7 +516,8 @@ class Agent:
                 "probe_thread_up": self.progress.stalled_s() is None,
                 "coordinator_up": (self.link.registered and self.link.reachable) if self.link is not None else None,
                 "engine": self.engine_kind, "fleet_keys": 2 if self.accept_key else 1,
-                "paths_by_rate": self.activity.counts() if self.activity is not None else {ACTIVE: len(self.labels)}}
+                "paths_by_rate": self.activity.counts() if self.activity is not None else {ACTIVE: len(self.labels)},
+                "lanes": dict(self.lanes.counts) if self.lanes is not None else None}
 
     # ---- the coordinator ---------------------------------------------------------------
     def identity(self) -> dict:

@@ -105,9 +105,16 @@ SPECS: dict[str, Spec] = {
     "linkpass_agent_fleet_keys": Spec(GaugeMetricFamily,
                                       "Fleet keys this agent accepts: 1, or 2 during a key rotation"),
     "linkpass_agent_probed_paths": Spec(GaugeMetricFamily,
-                                        "Paths probed, by rate: active (a peer this host moves data with) or idle "
-                                        "(probe.idle_rates); every path is active while idle rates are off",
+                                        "Paths probed, by rate (probe.idle_rates, docs/agent-cost.md): active, "
+                                        "progressing, standby or idle; every path is active while rates are off",
                                         ("rate",)),
+    "linkpass_agent_lane_reports": Spec(GaugeMetricFamily,
+                                        "Lane reports in probe.lanes_dir at the last look: live, stale (writer "
+                                        "silent over a second) or bad (refused: not a report, damaged)", ("state",)),
+    "linkpass_agent_lanes": Spec(GaugeMetricFamily, "Lanes the live reports held at the last look"),
+    "linkpass_agent_lanes_unknown": Spec(CounterMetricFamily,
+                                         "Lane sightings naming no peer address this agent probes on that plane "
+                                         "(ignored)"),
     "linkpass_agent_loop_errors": Spec(CounterMetricFamily,
                                        "Exceptions in a step of the agent's main loop (logged; the loop goes on)",
                                        ("step",)),
@@ -286,7 +293,7 @@ class DecisionCollector:
 class AgentCollector:
     """Reads the agent's own state at scrape time: `counters()` returns {"loop_errors": {step: n},
     "answers_rejected": n, "probe_thread_up": bool, "coordinator_up": bool | None, "engine": str,
-    "fleet_keys": 1 or 2, "paths_by_rate": {"active": n, "idle": n}}."""
+    "fleet_keys": 1 or 2, "paths_by_rate": {rate: n}, "lanes": the lane reader's counts or None}."""
 
     def __init__(self, counters: Callable[[], dict]):
         self.counters = counters
@@ -305,6 +312,15 @@ class AgentCollector:
         for rate, n in c.get("paths_by_rate", {}).items():
             rates.add_metric([rate], n)
         yield from (build, thread, keys, rates)
+        lanes = c.get("lanes")
+        if lanes is not None:  # with rates on
+            reports, held, unknown = (family(n) for n in ("linkpass_agent_lane_reports", "linkpass_agent_lanes",
+                                                          "linkpass_agent_lanes_unknown"))
+            for state in ("live", "stale", "bad"):
+                reports.add_metric([state], lanes[f"reports_{state}"])
+            held.add_metric([], lanes["lanes"])
+            unknown.add_metric([], lanes["lanes_unknown"])
+            yield from (reports, held, unknown)
         if c["coordinator_up"] is not None:
             coord = family("linkpass_agent_coordinator_up")
             coord.add_metric([], 1.0 if c["coordinator_up"] else 0.0)
