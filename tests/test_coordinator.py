@@ -239,7 +239,7 @@ def test_the_agent_link_sends_its_budget_at_registration_and_when_a_reload_chang
     token = tmp_path / "t"
     token.write_text("lpa1.h0.x\n")
     cfg = AgentConfig(agent_id=1, name="h0", fleet_key_file="/k", service="198.18.0.1", nics=(), peers=(),
-                      budget_pps=100.0, idle_interval_ms=100.0)
+                      budget_pps=100.0, idle_interval_ms=100.0, idle_rates=True)
     current = {"cfg": cfg}  # what a reload replaces
     sent, lock = [], threading.Lock()
 

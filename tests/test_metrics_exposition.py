@@ -13,6 +13,7 @@ from linkpass.agent.api import PathLabels, TelemetryView, metrics_registry
 from linkpass.agent.daemon import LOOP_STEPS
 from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
+from linkpass.core.budget import apportion
 from linkpass.agent.metrics import SPECS, AgentCollector, DecisionCollector, TelemetryCollector
 from linkpass.core.detector import Detector, DetectorConfig
 from linkpass.core.telemetry import PathTelemetry
@@ -60,7 +61,8 @@ def agent_exposition(per_path: bool, layout=(("h1", 0, 0), ("h1", 0, 1), ("h1", 
                                     "probe_thread_up": True, "coordinator_up": True, "engine": "sockets",
                                     "paths_by_rate": {"active": 1, "progressing": 1, "standby": 1, "idle": 1},
                                     "lanes": {"reports_live": 1, "reports_stale": 0, "reports_bad": 2, "lanes": 5,
-                                              "lanes_unknown": 7}})
+                                              "lanes_unknown": 7},
+                                    "budget": apportion({1: ("active", 0.001), 2: ("coverage", 0.1)}, 505.0)})
     decisions = DecisionCollector(lambda: fo, lambda: per_path)
     if process:
         registry = metrics_registry(view, [decisions, agent], lambda: per_path)

@@ -55,8 +55,8 @@ from .config import AgentConfig, ConfigError, CoordinatorLinkConfig
 
 def probe_budget(cfg: AgentConfig) -> dict:
     """The budget the coordinator plans this agent's probes by: its pps ceiling (0: none) and how
-    often it probes an idle path, which is the rate a planned path costs."""
-    return {"pps": cfg.budget_pps, "idle_interval_ms": cfg.idle_interval_ms}
+    often it probes an idle path (every path, with rates off), which is the rate a planned path costs."""
+    return {"pps": cfg.budget_pps, "idle_interval_ms": cfg.idle_interval_ms if cfg.idle_rates else cfg.interval_ms}
 
 
 def tls_context(cfg: CoordinatorLinkConfig):

@@ -42,6 +42,7 @@ from ..core.entropy_table import EntropyError
 from ..kernel import caps
 from ..kernel.rdma import Device, RdmaUnavailable
 from ..kernel.sockdiag import TcpActivity, peer_addresses
+from ..core.budget import ACTIVE as B_ACTIVE, COVERAGE, REST, STANDBY as B_STANDBY, Apportioned, CpuGovernor, apportion
 from .lanes_reader import LanesReader
 from ..core.probe_event import EV_MISS
 from ..core.states import DARK, HELD_OUT
@@ -53,7 +54,7 @@ from ..probe.engine import CoreProbeEngine
 from .answer import AnswerRules, Drain, PlanAnswer
 from .api import LocalApi, PathLabels, ProbeProgress, TelemetryView, metrics_registry, metrics_routes, serve
 from .config import AgentConfig, ConfigError, load_text
-from .coordinator_link import CoordinatorLink, tls_context
+from .coordinator_link import CoordinatorLink, probe_budget, tls_context
 from .decide import PathInfo, crosses
 from .failover import Failover, reported_state
 from .hostfacts import read_host_facts
@@ -304,6 +305,10 @@ class Agent:
         self.path_keys: dict[int, PathKey] = {}
         self.intervals: dict[int, float] = {}  # path -> the interval it is probed at now, seconds
         self.moving: tuple[int, set[tuple[str, int | None]]] | None = None  # the sampler's latest look
+        # the probe budget (linkpass/core/budget.py): the pps ceiling, times the CPU governor's factor
+        self.governor = CpuGovernor(cfg.budget_cpu_pct / 100)
+        self.budget: Apportioned | None = None
+        self._cpu_at = (time.process_time(), time.monotonic())
         self.sampler: threading.Thread | None = None
         self._next_rates = 0.0
 
@@ -376,6 +381,7 @@ class Agent:
             log("peer_added", peer=peer.name, paths=len(ids))
         log("discovery", targets=len(targets), paths=added, seconds=round(time.monotonic() - t0, 3),
             stats={k: v for k, v in table.stats.items() if v})
+        self._apply_intervals()  # the new paths within the budget
         return added
 
     def _interval_s(self, pid: int) -> float:
@@ -384,13 +390,47 @@ class Agent:
         return {ACTIVE: self.cfg.interval_ms, PROGRESSING: self.cfg.progress_interval_ms,
                 STANDBY: self.cfg.standby_interval_ms, IDLE: self.cfg.idle_interval_ms}[rate] / 1000
 
+    def _priority(self, pid: int) -> str:
+        """The path's class for the probe budget: the job's paths, its failover targets, the
+        coordinator's coverage, the rest."""
+        rate = self.activity.rate.get(pid, ACTIVE) if self.activity is not None else None
+        if rate in (ACTIVE, PROGRESSING):
+            return B_ACTIVE
+        if rate == STANDBY:
+            return B_STANDBY
+        if self.labels[pid].peer not in self.config_peers:
+            return COVERAGE
+        return B_ACTIVE if rate is None else REST  # with rates off, the configured peers are the job's
+
     def _apply_intervals(self) -> None:
-        """Give every path the interval its rate asks for, where it differs from what it has."""
-        for pid in self.labels:
-            want = self._interval_s(pid)
-            if self.intervals.get(pid) != want:
-                self.engine.set_interval(pid, want)
-                self.intervals[pid] = want
+        """Give every path the interval its rate asks for, stretched by priority where the wanted
+        total exceeds the budget; logs when the budget starts or stops degrading a class."""
+        wanted = {pid: (self._priority(pid), self._interval_s(pid)) for pid in self.labels}
+        ceiling = self.cfg.budget_pps
+        if self.governor.factor < 1:
+            ceiling = (ceiling or sum(1 / iv for _, iv in wanted.values())) * self.governor.factor
+        got = apportion(wanted, ceiling)
+        for pid, interval in got.intervals.items():
+            if self.intervals.get(pid) != interval:
+                self.engine.set_interval(pid, interval)
+                self.intervals[pid] = interval
+        before = self.budget.degraded if self.budget is not None else ()
+        self.budget = got
+        if got.degraded != before:
+            log("probe_budget", degraded=list(got.degraded), budget_pps=round(got.budget_pps, 1),
+                wanted_pps=round(got.wanted_pps, 1), granted_pps=round(got.pps, 1),
+                cpu_factor=round(self.governor.factor, 3),
+                classes={c: share.to_dict() for c, share in got.classes.items()})
+
+    def update_cpu_budget(self) -> None:
+        """Once a second with probe.budget_cpu_pct: the process's CPU share since the last call
+        moves the governor's factor; a changed factor re-apportions the rates."""
+        cpu, wall = time.process_time(), time.monotonic()
+        before = self.governor.factor
+        self.governor.update(cpu - self._cpu_at[0], wall - self._cpu_at[1])
+        self._cpu_at = (cpu, wall)
+        if abs(self.governor.factor - before) > 0.02 * before:
+            self._apply_intervals()
 
     def _sample_traffic(self) -> None:
         """The traffic sampler's thread: once per idle interval, which peers this host's TCP
@@ -491,7 +531,8 @@ class Agent:
                                     metrics_routes(registry, self.progress), name="metrics")
         if self.cfg.coordinator is not None:
             self.link = CoordinatorLink(self.cfg.coordinator, self.identity, self.report_rows, self._take_drains,
-                                        self._take_plan, log, rules=self.answer_rules()).start()
+                                        self._take_plan, log, rules=self.answer_rules(),
+                                        budget=lambda: probe_budget(self.cfg)).start()
         if self.activity is not None:
             self.sampler = threading.Thread(target=self._sample_traffic, name="traffic-sampler", daemon=True)
             self.sampler.start()
@@ -517,7 +558,8 @@ class Agent:
                 "coordinator_up": (self.link.registered and self.link.reachable) if self.link is not None else None,
                 "engine": self.engine_kind, "fleet_keys": 2 if self.accept_key else 1,
                 "paths_by_rate": self.activity.counts() if self.activity is not None else {ACTIVE: len(self.labels)},
-                "lanes": dict(self.lanes.counts) if self.lanes is not None else None}
+                "lanes": dict(self.lanes.counts) if self.lanes is not None else None,
+                "budget": self.budget, "cpu_factor": self.governor.factor}
 
     # ---- the coordinator ---------------------------------------------------------------
     def identity(self) -> dict:
@@ -617,6 +659,9 @@ class Agent:
         if self.activity is not None:
             self.activity.idle_after_ns = int(self.cfg.idle_after_ms * 1e6)
             self.activity.progress_window_ns = int(self.cfg.progress_window_ms * 1e6)
+        self.governor.share = self.cfg.budget_cpu_pct / 100
+        if not self.governor.share:
+            self.governor.factor = 1.0
         self._apply_intervals()
         log("reloaded", peers=len(new_peers), paths=len(self.labels))
 
@@ -624,7 +669,7 @@ class Agent:
         """The main loop. Each step runs under `self.errors`: one that raises is logged and counted
         and the loop goes on; the data path keeps what the last good step left."""
         end = None if max_seconds is None else time.monotonic() + max_seconds
-        self._next_beat = self._next_batch = 0.0
+        self._next_beat = self._next_batch = self._next_cpu = 0.0
         run = self.errors.run
         while not self.stopping.is_set() and (end is None or time.monotonic() < end):
             if self.service is not None:  # the watchdog pings from here: a hung loop stops them too
@@ -650,6 +695,9 @@ class Agent:
             if self.activity is not None and time.monotonic() >= self._next_rates:
                 self._next_rates = time.monotonic() + self._rates_every_s()
                 run("rates", self.update_rates)
+            if self.cfg.budget_cpu_pct and time.monotonic() >= self._next_cpu:
+                self._next_cpu = time.monotonic() + 1.0
+                run("rates", self.update_cpu_budget)
             if self.entropy is not None and time.monotonic() >= self._next_beat:
                 self._next_beat = time.monotonic() + ENTROPY_HEARTBEAT_S
                 run("entropy", self.entropy.heartbeat)

@@ -112,6 +112,15 @@ SPECS: dict[str, Spec] = {
                                         "Lane reports in probe.lanes_dir at the last look: live, stale (writer "
                                         "silent over a second) or bad (refused: not a report, damaged)", ("state",)),
     "linkpass_agent_lanes": Spec(GaugeMetricFamily, "Lanes the live reports held at the last look"),
+    "linkpass_agent_probe_budget_pps": Spec(GaugeMetricFamily,
+                                            "The probe budget now: probes/s the agent may send (probe.budget_pps "
+                                            "times the CPU governor's factor); 0: no ceiling"),
+    "linkpass_agent_probe_pps": Spec(GaugeMetricFamily,
+                                     "Probes/s by budget priority class (active, standby, coverage, rest): what the "
+                                     "paths' rates want and what the budget grants", ("priority", "kind")),
+    "linkpass_agent_probe_budget_degraded": Spec(GaugeMetricFamily,
+                                                 "1 while the budget stretches this priority class's rates",
+                                                 ("priority",)),
     "linkpass_agent_lanes_unknown": Spec(CounterMetricFamily,
                                          "Lane sightings naming no peer address this agent probes on that plane "
                                          "(ignored)"),
@@ -293,7 +302,8 @@ class DecisionCollector:
 class AgentCollector:
     """Reads the agent's own state at scrape time: `counters()` returns {"loop_errors": {step: n},
     "answers_rejected": n, "probe_thread_up": bool, "coordinator_up": bool | None, "engine": str,
-    "fleet_keys": 1 or 2, "paths_by_rate": {rate: n}, "lanes": the lane reader's counts or None}."""
+    "fleet_keys": 1 or 2, "paths_by_rate": {rate: n}, "lanes": the lane reader's counts or None,
+    "budget": the last core.budget.Apportioned or None}."""
 
     def __init__(self, counters: Callable[[], dict]):
         self.counters = counters
@@ -321,6 +331,16 @@ class AgentCollector:
             held.add_metric([], lanes["lanes"])
             unknown.add_metric([], lanes["lanes_unknown"])
             yield from (reports, held, unknown)
+        budget = c.get("budget")
+        if budget is not None:
+            ceiling, pps, degraded = (family(n) for n in ("linkpass_agent_probe_budget_pps", "linkpass_agent_probe_pps",
+                                                          "linkpass_agent_probe_budget_degraded"))
+            ceiling.add_metric([], budget.budget_pps)
+            for cls, share in budget.classes.items():
+                pps.add_metric([cls, "wanted"], share.wanted_pps)
+                pps.add_metric([cls, "granted"], share.granted_pps)
+                degraded.add_metric([cls], 1.0 if share.degraded else 0.0)
+            yield from (ceiling, pps, degraded)
         if c["coordinator_up"] is not None:
             coord = family("linkpass_agent_coordinator_up")
             coord.add_metric([], 1.0 if c["coordinator_up"] else 0.0)

@@ -60,6 +60,7 @@ EVENTS = {
     "loop_error": "error",
     "path_check": "info",
     "path_rates": "info",
+    "probe_budget": "warning",
     "path_check_failed": "error",
     "watchdog_withheld": "error",
     "watchdog_resumed": "info",
