@@ -12,6 +12,7 @@ import pytest
 from linkpass.agent import lanes_reader as LR
 from linkpass.core import lanes as L
 from linkpass.core.activity import FUTURE_SLACK_NS as L_SLACK
+from linkpass.core.activity import STALL_HOLD_NS
 from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, STANDBY, Activity, LaneSeen, PathKey
 from linkpass_rdma.lanes import KIND_TCP, KIND_VERBS, LaneReport
 
@@ -78,6 +79,13 @@ def test_progress_slows_a_path_a_stall_makes_it_active_and_quiet_lanes_are_stand
     assert act.update(paths, now + 3 * MS) == []  # 4 ms since the last acknowledgement: still within the window
     act.saw_lanes([LaneSeen("h1", 0, 49153, now - MS, waiting=True)], now + 6 * MS)
     assert [(c.path, c.rate) for c in act.update(paths, now + 6 * MS)] == [(1, ACTIVE)]
+    # progress again at once: the path stays active for the stall's hold, then slows again
+    act.saw_lanes([LaneSeen("h1", 0, 49153, now + 7 * MS, waiting=True)], now + 7 * MS)
+    assert act.update(paths, now + 7 * MS) == []
+    t = now + 6 * MS + STALL_HOLD_NS + MS
+    act.saw_lanes([LaneSeen("h1", 0, 49153, t - MS, waiting=True)], t)
+    assert [(c.path, c.rate) for c in act.update(paths, t)] == [(1, PROGRESSING)]
+    now = t - 7 * MS  # the rest of the story, shifted
     # everything acknowledged, nothing waiting: quiet between transfers, standby
     act.saw_lanes([LaneSeen("h1", 0, 49153, now + 7 * MS, waiting=False)], now + 20 * MS)
     assert act.update(paths, now + 20 * MS)[0].rate == STANDBY
@@ -100,9 +108,10 @@ def test_a_report_cannot_claim_progress_from_the_future():
     act.saw_lanes([LaneSeen("h1", 0, 5, 10**18, waiting=True)], 100 * MS)  # "progressed" in a year
     act.update(paths, 100 * MS)
     assert act.rate[1] == ACTIVE  # bytes wait, and no believable progress
-    # a write that raced the look by less than the slack counts as now
-    act.saw_lanes([LaneSeen("h1", 0, 5, 110 * MS + L_SLACK // 2, waiting=True)], 110 * MS)
-    act.update(paths, 110 * MS)
+    # a write that raced the look by less than the slack counts as now (once the stall's hold is over)
+    later = 100 * MS + STALL_HOLD_NS + MS
+    act.saw_lanes([LaneSeen("h1", 0, 5, later + L_SLACK // 2, waiting=True)], later)
+    act.update(paths, later)
     assert act.rate[1] == PROGRESSING
 
 

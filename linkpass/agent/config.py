@@ -25,7 +25,7 @@
       progress_interval_ms: 50       # paths whose lanes report acknowledged bytes advancing (transport progress)
       progress_window_ms: 4          # ... for as long as the progress is this fresh; then back to interval_ms
       lanes_dir: /run/linkpass/lanes # where the NCCL plugin and RDMA library report their lanes (docs/lanes.md)
-      budget_pps: 20000              # probes sent per second, never exceeded: rates degrade by priority
+      budget_pps: 0                  # probes sent per second, never exceeded: rates degrade by priority (0: none)
       budget_cpu_pct: 0              # and this share of one core for the agent process (0: no CPU ceiling)
       ports_per_path: 1              # source ports probed per distinct discovered path
       discovery_ports: 32            # source ports swept per (NIC, peer)
@@ -143,7 +143,7 @@ class AgentConfig:
     progress_interval_ms: float = 50.0  # paths whose lanes' acknowledged bytes advance
     progress_window_ms: float = 4.0  # how fresh that progress must be
     lanes_dir: str = "/run/linkpass/lanes"  # lane reports of the NCCL plugin and the RDMA library
-    budget_pps: float = 20000.0  # probes sent per second, never exceeded (0: no ceiling)
+    budget_pps: float = 0.0  # probes sent per second, never exceeded (0: no ceiling)
     budget_cpu_pct: float = 0.0  # share of one core for the agent process (0: no CPU ceiling)
     ports_per_path: int = 1
     discovery_ports: int = 32

@@ -82,6 +82,7 @@ def load(path: str) -> tuple[AgentConfig, bytes, bytes | None]:
     return (cfg, *load_fleet_keys(cfg.fleet_key_file, cfg.fleet_key_accept_file))
 
 
+RATES_LOG_EVERY_NS = 1_000_000_000
 LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "rates", "entropy")  # the main loop's steps, in order
 
 
@@ -305,9 +306,12 @@ class Agent:
         self.path_keys: dict[int, PathKey] = {}
         self.intervals: dict[int, float] = {}  # path -> the interval it is probed at now, seconds
         self.moving: tuple[int, set[tuple[str, int | None]]] | None = None  # the sampler's latest look
+        self._rates_went: dict[str, set[str]] = {}  # rate -> peers with paths that went to it, not logged yet
+        self._rates_logged = 0
         # the probe budget (linkpass/core/budget.py): the pps ceiling, times the CPU governor's factor
         self.governor = CpuGovernor(cfg.budget_cpu_pct / 100)
         self.budget: Apportioned | None = None
+        self._budget_logged: tuple[int, tuple] = (0, ())  # when, and the degraded classes it said
         self._cpu_at = (time.process_time(), time.monotonic())
         self.sampler: threading.Thread | None = None
         self._next_rates = 0.0
@@ -414,9 +418,11 @@ class Agent:
             if self.intervals.get(pid) != interval:
                 self.engine.set_interval(pid, interval)
                 self.intervals[pid] = interval
-        before = self.budget.degraded if self.budget is not None else ()
         self.budget = got
-        if got.degraded != before:
+        now = time.monotonic_ns()
+        # once a second at most, as path_rates: the classes degraded now, if they changed
+        if got.degraded != self._budget_logged[1] and now >= self._budget_logged[0] + RATES_LOG_EVERY_NS:
+            self._budget_logged = (now, got.degraded)
             log("probe_budget", degraded=list(got.degraded), budget_pps=round(got.budget_pps, 1),
                 wanted_pps=round(got.wanted_pps, 1), granted_pps=round(got.pps, 1),
                 cpu_factor=round(self.governor.factor, 3),
@@ -470,7 +476,13 @@ class Agent:
         changes = self.activity.update(self.path_keys, now)
         if changes:
             self._apply_intervals()
-            went = {rate: sorted({c.peer for c in changes if c.rate == rate}) for rate in RATES}
+            for c in changes:
+                self._rates_went.setdefault(c.rate, set()).add(c.peer)
+        # one line a second at most: a bursty job's paths change rate many times a second
+        if self._rates_went and now >= self._rates_logged + RATES_LOG_EVERY_NS:
+            self._rates_logged = now
+            went = {rate: sorted(self._rates_went.get(rate, ())) for rate in RATES}
+            self._rates_went = {}
             log("path_rates", **went, paths=self.activity.counts())
 
     def _lanes_seen(self, lanes) -> list[LaneSeen]:

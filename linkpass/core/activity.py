@@ -10,7 +10,9 @@ the NCCL plugin's and the RDMA library's lane reports, docs/lanes.md):
   address (whose plane the routes choose, so every path of the peer counts);
 - **progressing** (`probe.progress_interval_ms`): a path whose lanes report acknowledged bytes
   advancing within `progress_window_ns`. The transport's own progress says the path works; when
-  it stops while bytes wait, the path is active at the next look;
+  it stops while bytes wait, the path is active at the next look, and stays active for
+  STALL_HOLD_NS after the lane last stalled (a job whose acknowledgements come in bursts would
+  otherwise flip its paths between the two rates many times a second);
 - **standby** (`probe.standby_interval_ms`): a lane's path quiet between transfers, and every other
   path of a peer the job uses: failover, or the next transfer, moves traffic onto them at once,
   so their state must be known within a few tens of milliseconds;
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 ACTIVE, PROGRESSING, STANDBY, IDLE = "active", "progressing", "standby", "idle"
 RATES = (ACTIVE, PROGRESSING, STANDBY, IDLE)
+STALL_HOLD_NS = 250_000_000  # a lane that stalled stays at the active rate this long before progress may slow it again
 FUTURE_SLACK_NS = 1_000_000  # a writer may stamp its progress just after the reader took its time
 ANY_PORT = 0  # a lane whose path the agent does not probe (a TCP lane) stands for every path of its plane
 
@@ -75,6 +78,7 @@ class Activity:
         self.lane_moved: dict[tuple[str, int, int], int] = {}  # (peer, plane, sport) -> a lane last carried data
         self.lane_progress: dict[tuple[str, int, int], int] = {}  # ... -> its acknowledged bytes last advanced
         self.lane_waiting: set[tuple[str, int, int]] = set()  # lanes with bytes waiting at the last look
+        self.lane_stalled: dict[tuple[str, int, int], int] = {}  # ... -> last look that saw bytes wait without progress
         self.rate: dict[int, str] = {}  # path -> the rate it is probed at now
 
     def saw(self, peers: Iterable[str], now_ns: int) -> None:
@@ -102,6 +106,8 @@ class Activity:
                 self.lane_progress[key] = progress
             if lane.waiting:
                 self.lane_waiting.add(key)
+                if not self._fresh(self.lane_progress.get(key), now_ns, self.progress_window_ns):
+                    self.lane_stalled[key] = now_ns
 
     @staticmethod
     def _fresh(t: int | None, now_ns: int, window_ns: int) -> bool:
@@ -118,7 +124,8 @@ class Activity:
     def classify(self, key: PathKey, now_ns: int, busy: set[str]) -> str:
         """The rate `key`'s path wants now; `busy` is busy_peers(now_ns)."""
         lanes = ((key.peer, key.plane, key.sport), (key.peer, key.plane, ANY_PORT))
-        if any(self._fresh(self.lane_progress.get(k), now_ns, self.progress_window_ns) for k in lanes):
+        if (any(self._fresh(self.lane_progress.get(k), now_ns, self.progress_window_ns) for k in lanes)
+                and not any(self._fresh(self.lane_stalled.get(k), now_ns, STALL_HOLD_NS) for k in lanes)):
             return PROGRESSING
         if (any(k in self.lane_waiting for k in lanes)
                 or self._fresh(self.last_moved.get(key.peer), now_ns, self.idle_after_ns)
@@ -143,7 +150,7 @@ class Activity:
         return changes
 
     def _forget(self, now_ns: int, peers: set[str]) -> None:
-        for seen in (self.last_moved, self.plane_moved, self.lane_moved, self.lane_progress):
+        for seen in (self.last_moved, self.plane_moved, self.lane_moved, self.lane_progress, self.lane_stalled):
             for key in [k for k, t in seen.items()
                         if (k if isinstance(k, str) else k[0]) not in peers or now_ns - t > self.idle_after_ns]:
                 del seen[key]

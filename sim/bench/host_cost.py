@@ -1,33 +1,40 @@
 #!/usr/bin/env python3
-"""What the agent costs a host: its CPU with idle rates off and on, the same host in one run.
+"""What the agent costs a host: its CPU with its rates off and on, the same host in one run, and
+how fast it finds a failure under the job's traffic.
 
     python sim/bench/host_cost.py [--quick] [--seconds S] [--json FILE]
 
-The agent's whole process CPU (probe thread, decision loop, API, the traffic sampler) from
-/proc/PID/stat, in windows of `seconds / 10` over `seconds` (60 s by default) per run, once with
-`probe.idle_rates` off (every path at the active rate) and once on; in both runs the host's job
-traffic is the same TCP flows (1 message a millisecond each), so the same peers are active.
+The agent's whole process CPU (probe thread, decision loop, API, the traffic sampler, the lane
+reports) from /proc/PID/stat, in windows of `seconds / 10` over `seconds` (60 s by default) per
+run, once with `probe.idle_rates` off (every path at the active rate, no probe budget: the agent as
+it was) and once with the rates on at their defaults. In both runs the host's job is the same:
+lanes to its job peers on every plane (`linkpass.testbed.lanejob`: a TCP stream per lane, 16 KiB
+every 2 ms, reported in a lane report as the NCCL plugin reports its lanes).
 
-- (a) `testbed-h0`: the default testbed, four agents probing each other at 1 kHz; h0 (10 paths)
-  sends a flow to h1.
+- (a) `testbed-h0`: the default testbed, four agents probing each other; h0 (10 paths) has lanes
+  to h1 (its leaf) and h3 (across the spines: the one the cuts stall).
 - (b) `rail8-h0`: the rail8 testbed (8 hosts x 8 planes, 2 leaves and 2 spines per plane): h0
   probes every other host on every plane, 88 paths, the share of the 16 384-GPU plan one host
-  gets (~88 paths, docs/coordinator.md); its job peers are h1 and h7 (a ring's neighbours),
-  one flow each. The other hosts only reflect (no paths of their own), so the machine's two
-  cores are not spent on their probing.
+  gets (~88 paths, docs/coordinator.md); its job peers are h1 and h7 (a ring's neighbours), a
+  lane to each on every plane. The other hosts only reflect (no paths of their own), so the
+  machine's two cores are not spent on their probing.
+
+After the CPU windows, in the same run: `detect` trials. h0's leaf on plane 0 is cut from both
+spines under the running lanes (a far job peer's lane on that plane stalls) and the time from the
+cut to h0's first DOWN towards that peer on plane 0 is taken from its log; then the cut is
+cleared and the paths recover before the next trial.
 
 - `sim-16384`, `sim-131072`: the fleet simulator's price at 16 384 and 131 072 GPUs (2-tier,
-  rail-optimized; the job a ring over every rail, 4 ECMP paths per neighbour and rail), from the
-  agent's own rate logic (`linkpass_sim.fleet.probe_cost`): CPU per host at the measured cost of
-  an exchange (rows over every host), probe packets per NIC. `--sim-only` runs just these.
+  rail-optimized; the job a ring over every rail, 4 ECMP paths per neighbour and rail, each a
+  verbs lane), from the agent's own rate logic (`linkpass_sim.fleet.probe_cost`): CPU per host at
+  the measured cost of an exchange, probe packets per NIC; with the job's lanes progressing
+  (`sim-N`) and quiet between collectives (`sim-N-quiet`). `--sim-only` runs just these.
 
 Rows per case: `cpu` (pct of one core; peer = rates off, ratio = off/on), `probes_sent` (per_s of
 the host, from the probe core's own counter; `ring_full_drops`: replies the C core dropped because
-the Python side fell behind, a sign the host is saturated), `paths_active` / `paths_idle` (with
-rates on). Target (the issue's): case (b) <= 10 %
-of one core with rates on. Detection on active paths is the same code at the same rate as with
-rates off (sim/bench/failover.py measures it); a cut under idle paths is tested in
-tests/test_idle_rates.py. Not measured here yet: RDMA traffic (it does not show as TCP).
+the Python side fell behind, a sign the host is saturated), `paths_<rate>` (with rates on),
+`detect` (ms, peer = rates off). Targets: case (b) <= 10 % of one core with rates on; detection
+under the job's traffic p99 <= 10 ms.
 """
 from __future__ import annotations
 
@@ -50,15 +57,18 @@ from linkpass.core.names import host_name  # noqa: E402
 from linkpass.kernel import netns as ns_io  # noqa: E402
 from linkpass.testbed import build, topology  # noqa: E402
 from linkpass.testbed.agents import LINKPASS, write_agent_configs  # noqa: E402
-from linkpass.testbed.tcpflow import TcpFlow  # noqa: E402
+from linkpass.testbed import faults  # noqa: E402
+from linkpass.testbed.lanejob import LaneJob  # noqa: E402
 
 KEY = bytes(range(32))
 TICK = os.sysconf("SC_CLK_TCK")
-RATES_ON = {"idle_rates": True, "idle_interval_ms": 100, "idle_after_ms": 5000}
-CASES = {  # case -> (preset, agents that probe (all other agents only reflect), job peers of h0)
-    "testbed-h0": ("default", "all", [1]),
-    "rail8-h0": ("rail8", [0], [1, 7]),
+RATES_ON = {"idle_rates": True}  # and every other rate setting at its default
+RATES_OFF = {"idle_rates": False, "budget_pps": 0, "budget_cpu_pct": 0}
+CASES = {  # case -> (preset, agents that probe (all other agents only reflect), job peers of h0, the far one)
+    "testbed-h0": ("default", "all", [1, 3], 3),
+    "rail8-h0": ("rail8", [0], [1, 7], 7),
 }
+TRIALS = 5
 
 
 def cpu_s(pid: int) -> float:
@@ -82,12 +92,57 @@ def api_json(fab, host: int, port: int, path: str):
         s.close()
 
 
-def run_case(fab, probers, job_peers: list[int], rates_on: bool, seconds: float, workdir: str) -> dict:
-    """Start the agents, the flows; measure h0's agent; stop everything."""
+def events(workdir: str, host: int, kind: str) -> list[dict]:
+    out = []
+    with open(os.path.join(workdir, f"agent-{host}.log")) as f:
+        for line in f:
+            if f'"event": "{kind}"' in line:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    return out
+
+
+def detect_trials(fab, workdir: str, far: int, trials: int) -> list[float]:
+    """Cut h0's plane-0 leaf from both spines, `trials` times: ms from the cut to h0's first DOWN
+    towards `far` on plane 0. Each cut waits until those paths are up again (not held down, not
+    damped by the previous cuts' flaps), up to a minute."""
+    out = []
+    for _ in range(trials):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rows = [r for r in api_json(fab, 0, 9471, "/v1/state") if r.get("peer") == host_name(far)
+                    and r.get("plane") == 0]
+            if rows and all(r.get("state") == "up" for r in rows):
+                break
+            time.sleep(0.5)
+        time.sleep(2)  # the lanes back at their steady rate
+        before = len(events(workdir, 0, "path_state"))
+        t_fault = time.monotonic_ns()
+        for link in ("p0l0-p0s0", "p0l0-p0s1"):
+            faults.apply(fab.prefix, faults.FaultSpec("down", link))
+        deadline = time.monotonic() + 10
+        got = None
+        while got is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            got = next((e for e in events(workdir, 0, "path_state")[before:]
+                        if e.get("new") == "down" and e.get("peer") == host_name(far) and e.get("plane") == 0), None)
+        faults.clear(fab.prefix)
+        if got is not None:
+            out.append(round((got["mono_ns"] - t_fault) / 1e6, 2))
+        report.progress(f"  cut at mono {t_fault}: {out[-1] if got else 'no DOWN within 10 s'} ms")
+    return out
+
+
+def run_case(fab, probers, job_peers: list[int], far: int | None, rates_on: bool, seconds: float,
+             workdir: str, trials: int) -> dict:
+    """Start the agents and the job; measure h0's agent; cut and time detection; stop everything."""
     import subprocess
 
-    probe = dict(RATES_ON) if rates_on else {}
+    probe = dict(RATES_ON) if rates_on else dict(RATES_OFF)
     configs = write_agent_configs(fab, workdir, KEY, interval_ms=1.0, routes=False, entropy=False, probe=probe)
+    lanes_dir = yaml.safe_load(open(configs[0]))["probe"]["lanes_dir"]
     hosts = range(fab.spec.hosts)
     for h in hosts:
         if probers != "all" and h not in probers:
@@ -95,12 +150,12 @@ def run_case(fab, probers, job_peers: list[int], rates_on: bool, seconds: float,
             doc["peers"] = []  # reflects only
             with open(configs[h], "w") as f:
                 yaml.safe_dump(doc, f)
-    procs, flows = {}, []
+    procs, job = {}, None
     try:
         for h in hosts:
             log = open(os.path.join(workdir, f"agent-{h}.log"), "w")
             procs[h] = subprocess.Popen(["ip", "netns", "exec", fab.netns(host_name(h)), *LINKPASS, "agent", "--config",
-                                         configs[h], "--max-seconds", str(seconds + 120)],
+                                         configs[h], "--max-seconds", str(seconds + 300)],
                                         stdout=subprocess.DEVNULL, stderr=log)
             log.close()
         deadline = time.monotonic() + 90
@@ -112,8 +167,9 @@ def run_case(fab, probers, job_peers: list[int], rates_on: bool, seconds: float,
             time.sleep(0.2)
         else:
             raise RuntimeError("agents did not start within 90 s")
-        flows = [TcpFlow(fab, 0, j, max_seconds=seconds + 60).start() for j in job_peers]
-        time.sleep(3 if rates_on else 1)  # idle rates settle (a sample per 100 ms), discovery's bursts pass
+        os.makedirs(lanes_dir, exist_ok=True)  # the agent makes it when rates are on; the job reports either way
+        job = LaneJob(fab, 0, job_peers, list(range(fab.spec.planes)), lanes_dir, max_seconds=seconds + 240).start()
+        time.sleep(3 if rates_on else 1)  # rates settle, discovery's bursts pass
         pid = procs[0].pid
         windows, sent = [], []
         step = seconds / 10
@@ -126,12 +182,17 @@ def run_case(fab, probers, job_peers: list[int], rates_on: bool, seconds: float,
             windows.append(100.0 * (c1 - c0) / (t1 - t0))
             sent.append((s1 - s0) / (t1 - t0))
         rows = api_json(fab, 0, 9471, "/v1/paths")
-        rates = {"active": sum(r.get("rate") == "active" for r in rows), "idle": sum(r.get("rate") == "idle" for r in rows)}
+        rates = {}
+        for r in rows:
+            rates[r.get("rate", "active")] = rates.get(r.get("rate", "active"), 0) + 1
         drops = api_json(fab, 0, 9471, "/v1/counters")["drops"]
-        return {"cpu": windows, "sent": sent, "rates": rates, "paths": len(rows), "ring_full": drops.get("ring_full", 0)}
+        detect = detect_trials(fab, workdir, far, trials) if far is not None and trials else []
+        return {"cpu": windows, "sent": sent, "rates": rates, "paths": len(rows), "ring_full": drops.get("ring_full", 0),
+                "detect": detect}
     finally:
-        for f in flows:
-            f.stop(drain_s=0.5)
+        if job is not None:
+            job.stop()
+        faults.clear(fab.prefix)
         for p in procs.values():
             if p.poll() is None:
                 p.terminate()
@@ -144,21 +205,22 @@ def run_case(fab, probers, job_peers: list[int], rates_on: bool, seconds: float,
 
 
 def sim_rows(gpus_list: list[int]) -> list[dict]:
-    """The simulator's price of a fleet host, idle rates on (peer: off), from the agent's rate logic."""
+    """The simulator's price of a fleet host, rates on (peer: off), from the agent's rate logic."""
     from linkpass_sim.failures import Shape
     from linkpass_sim.fleet import Fleet, probe_cost
 
     rows = []
     for gpus in gpus_list:
-        case = f"sim-{gpus}"
-        report.progress(f"{case}: building the simulated fleet ({gpus} GPUs)")
+        report.progress(f"sim-{gpus}: building the simulated fleet ({gpus} GPUs)")
         fleet = Fleet(Shape.for_gpus(gpus))
-        off, on = probe_cost(fleet, idle_rates=False), probe_cost(fleet, idle_rates=True)
-        rows.append(report.row(case, "cpu", "pct", on["cpu_pct_per_host"], peer="idle-rates-off",
-                               peer_values=off["cpu_pct_per_host"], paths=on["paths"],
-                               paths_active=on["paths_active"], paths_idle=on["paths_idle"], note=on["note"]))
-        rows.append(report.row(case, "probes_per_nic", "per_s", on["tx_pps_per_nic"], peer="idle-rates-off",
-                               peer_values=off["tx_pps_per_nic"]))
+        off = probe_cost(fleet, idle_rates=False)
+        for case, progressing in ((f"sim-{gpus}", True), (f"sim-{gpus}-quiet", False)):
+            on = probe_cost(fleet, idle_rates=True, progressing=progressing)
+            rows.append(report.row(case, "cpu", "pct", on["cpu_pct_per_host"], peer="rates-off",
+                                   peer_values=off["cpu_pct_per_host"], paths=on["paths"],
+                                   **{k: v for k, v in on.items() if k.startswith("paths_")}, note=on["note"]))
+            rows.append(report.row(case, "probes_per_nic", "per_s", on["tx_pps_per_nic"], peer="rates-off",
+                                   peer_values=off["tx_pps_per_nic"]))
     return rows
 
 
@@ -173,7 +235,8 @@ def main() -> int:
         return 2
     seconds = args.seconds or (10.0 if args.quick else 60.0)
     rows = []
-    for case, (preset, probers, job) in ({} if args.sim_only else CASES).items():
+    trials = 2 if args.quick else TRIALS
+    for case, (preset, probers, job, far) in ({} if args.sim_only else CASES).items():
         prefix = "hc"
         build.clean(prefix)
         report.progress(f"{case}: building the {preset} testbed")
@@ -181,22 +244,27 @@ def main() -> int:
         try:
             got = {}
             for on in (False, True):
-                report.progress(f"{case}: idle rates {'on' if on else 'off'}, {seconds:.0f} s")
+                report.progress(f"{case}: rates {'on' if on else 'off'}, {seconds:.0f} s"
+                                + (f", then {trials} cuts" if far is not None else ""))
                 with tempfile.TemporaryDirectory(prefix="host-cost-") as d:
-                    got[on] = run_case(fab, probers, job, on, seconds, d)
+                    got[on] = run_case(fab, probers, job, far, on, seconds, d, trials)
         finally:
             build.down(prefix)
-        rows.append(report.row(case, "cpu", "pct", got[True]["cpu"], peer="idle-rates-off",
+        rows.append(report.row(case, "cpu", "pct", got[True]["cpu"], peer="rates-off",
                                peer_values=got[False]["cpu"], paths=got[True]["paths"]))
-        rows.append(report.row(case, "probes_sent", "per_s", got[True]["sent"], peer="idle-rates-off",
+        rows.append(report.row(case, "probes_sent", "per_s", got[True]["sent"], peer="rates-off",
                                peer_values=got[False]["sent"],
                                ring_full_drops=got[True]["ring_full"], peer_ring_full_drops=got[False]["ring_full"]))
-        rows.append(report.row(case, "paths_active", "paths", [got[True]["rates"]["active"]]))
-        rows.append(report.row(case, "paths_idle", "paths", [got[True]["rates"]["idle"]]))
+        for rate, n in sorted(got[True]["rates"].items()):
+            rows.append(report.row(case, f"paths_{rate}", "paths", [n]))
+        if got[True]["detect"] or got[False]["detect"]:
+            rows.append(report.row(case, "detect", "ms", got[True]["detect"] or [float("nan")], peer="rates-off",
+                                   peer_values=got[False]["detect"] or [float("nan")], trials=trials,
+                                   found_on=len(got[True]["detect"]), found_off=len(got[False]["detect"])))
     rows += sim_rows([16_384] if args.quick else [16_384, 131_072])
-    print(f"{'case':<12} {'metric':<13} {'unit':<6} {'median':>9} {'p99':>9} {'rates off':>10} {'ratio':>6}")
+    print(f"{'case':<16} {'metric':<13} {'unit':<6} {'median':>9} {'p99':>9} {'rates off':>10} {'ratio':>6}")
     for r in rows:
-        print(f"{r['case']:<12} {r['metric']:<13} {r['unit']:<6} {r['median']!s:>9} {r['p99']!s:>9} "
+        print(f"{r['case']:<16} {r['metric']:<13} {r['unit']:<6} {r['median']!s:>9} {r['p99']!s:>9} "
               f"{r.get('peer_median', '')!s:>10} {r.get('ratio', '')!s:>6}")
     report.write(report.document("host_cost", rows, seconds_per_run=seconds), args.json)
     return 0
