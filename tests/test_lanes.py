@@ -228,3 +228,36 @@ def test_the_agent_follows_a_jobs_lanes_and_catches_a_stall(clean_faults, tmp_pa
             moved = job.stop()
         sent, acked = moved[(B, 0)]
         assert sent > 0 and acked > 0
+
+
+@pytest.mark.root
+def test_the_probe_budget_is_never_exceeded_and_the_job_keeps_its_rate(clean_faults, tmp_path):
+    """A ceiling below what every path at 1 kHz wants: the job's paths (h3's plane 0, a lane)
+    keep their rate while the rest are stretched; the probes sent stay under the ceiling."""
+    from linkpass.testbed.agents import Agents
+    from linkpass.testbed.lanejob import LaneJob
+
+    fab = clean_faults
+    budget = 2500  # probes/s: the lane's two paths at 1 kHz fit, not h3's other plane's two as well
+    probe = {**PROBE, "idle_interval_ms": 1, "standby_interval_ms": 1, "progress_interval_ms": 1,
+             "budget_pps": budget}
+    with Agents(fab, str(tmp_path), [A, B], interval_ms=1.0, probe=probe) as ag:
+        lanes_dir = os.path.join(str(tmp_path), f"lanes-h{A}")
+        job = LaneJob(fab, A, [B], [0], lanes_dir, max_seconds=60).start()
+        try:
+            ev = ag.wait_for(A, "probe_budget", lambda e: e["degraded"] and e["budget_pps"] == budget, timeout_s=10)
+            assert ev is not None, ag.events(A, "probe_budget")
+            assert ev["granted_pps"] <= budget + 1e-6 and ev["wanted_pps"] > budget
+            assert ev["classes"]["active"]["granted_pps"] == ev["classes"]["active"]["wanted_pps"]  # the job's, kept
+            first = rates_to(fab, A, "h3")
+            time.sleep(2.0)
+            second = rates_to(fab, A, "h3")
+            sent = sum(second[p]["sent"] - first[p]["sent"] for p in second if p in first) / 2.0
+            assert sent <= budget * 1.1, sent  # h0's only peer: all it sends (10 % for the API's timing)
+            by_plane = {}
+            for p, r in second.items():
+                if p in first:
+                    by_plane.setdefault(r["plane"], []).append((r["sent"] - first[p]["sent"]) / 2.0)
+            assert min(by_plane[0]) > max(by_plane[1]), by_plane  # the lane's plane is probed more
+        finally:
+            job.stop()

@@ -19,10 +19,10 @@ every 2 ms, reported in a lane report as the NCCL plugin reports its lanes).
   lane to each on every plane. The other hosts only reflect (no paths of their own), so the
   machine's two cores are not spent on their probing.
 
-After the CPU windows, in the same run: `detect` trials. h0's leaf on plane 0 is cut from both
-spines under the running lanes (a far job peer's lane on that plane stalls) and the time from the
-cut to h0's first DOWN towards that peer on plane 0 is taken from its log; then the cut is
-cleared and the paths recover before the next trial.
+After the CPU windows, in the same run: `detect` trials. h0's plane-0 uplink is cut under the
+running lanes (its lanes on that plane stall) and the time from the cut (the testbed's stamp of
+the carrier change) to h0's first DOWN towards its far job peer on plane 0 is taken from its log;
+then the cut is cleared and the paths recover (up, not damped) before the next trial.
 
 - `sim-16384`, `sim-131072`: the fleet simulator's price at 16 384 and 131 072 GPUs (2-tier,
   rail-optimized; the job a ring over every rail, 4 ECMP paths per neighbour and rail, each a
@@ -105,7 +105,7 @@ def events(workdir: str, host: int, kind: str) -> list[dict]:
 
 
 def detect_trials(fab, workdir: str, far: int, trials: int) -> list[float]:
-    """Cut h0's plane-0 leaf from both spines, `trials` times: ms from the cut to h0's first DOWN
+    """Cut h0's plane-0 uplink (carrier down), `trials` times: ms from the cut to h0's first DOWN
     towards `far` on plane 0. Each cut waits until those paths are up again (not held down, not
     damped by the previous cuts' flaps), up to a minute."""
     out = []
@@ -119,9 +119,7 @@ def detect_trials(fab, workdir: str, far: int, trials: int) -> list[float]:
             time.sleep(0.5)
         time.sleep(2)  # the lanes back at their steady rate
         before = len(events(workdir, 0, "path_state"))
-        t_fault = time.monotonic_ns()
-        for link in ("p0l0-p0s0", "p0l0-p0s1"):
-            faults.apply(fab.prefix, faults.FaultSpec("down", link))
+        t_fault = faults.apply(fab.prefix, faults.FaultSpec("down", "h0-p0l0"))["effective_mono_ns"]
         deadline = time.monotonic() + 10
         got = None
         while got is None and time.monotonic() < deadline:
