@@ -9,7 +9,6 @@ drives every lane (non-blocking sockets, one selector); everything is bounded an
 """
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import struct
@@ -44,14 +43,11 @@ class LaneJob:
     """start() connects a lane per (destination, plane) and starts moving data; stop() ends it."""
 
     def __init__(self, fab: Fabric, src: int, dsts: list[int], planes: list[int], lanes_dir: str,
-                 chunk: int = 16384, every_s: float = 0.002, max_seconds: float = 120.0, rt_priority: int = 0):
+                 chunk: int = 16384, every_s: float = 0.002, max_seconds: float = 120.0):
         if not 0 < max_seconds <= MAX_SECONDS:
             raise ValueError(f"max_seconds must be in (0, {MAX_SECONDS:.0f}], got {max_seconds}")
         self.fab, self.src, self.dsts, self.planes = fab, src, dsts, planes
         self.lanes_dir, self.chunk, self.every_s, self.max_seconds = lanes_dir, chunk, every_s, max_seconds
-        # SCHED_FIFO for the lanes' thread: on a shared 2-core testbed a starved job acknowledges in
-        # bursts, which a real transport's NIC does not; a real job's progress is what is modelled
-        self.rt_priority = rt_priority
         self.lanes: list[_Lane] = []
         self.report = None
         self.error = ""
@@ -100,11 +96,6 @@ class LaneJob:
         return _Lane(plane, dst, cli, conn, lane)
 
     def _run(self) -> None:
-        if self.rt_priority:
-            try:
-                os.sched_setscheduler(threading.get_native_id(), os.SCHED_FIFO, os.sched_param(self.rt_priority))
-            except OSError as exc:
-                self.error = f"SCHED_FIFO {self.rt_priority} refused ({exc.strerror}): the job may stall when starved"
         sel = selectors.DefaultSelector()
         for lane in self.lanes:
             sel.register(lane.tx, selectors.EVENT_READ, (lane, "ack"))

@@ -69,7 +69,6 @@ CASES = {  # case -> (preset, agents that probe (all other agents only reflect),
     "rail8-h0": ("rail8", [0], [1, 7], 7),
 }
 TRIALS = 5
-JOB_RT_PRIORITY = 5  # below the agents' probe threads (10): the job acknowledges steadily, as a NIC would
 
 
 def cpu_s(pid: int) -> float:
@@ -168,8 +167,7 @@ def run_case(fab, probers, job_peers: list[int], far: int | None, rates_on: bool
         else:
             raise RuntimeError("agents did not start within 90 s")
         os.makedirs(lanes_dir, exist_ok=True)  # the agent makes it when rates are on; the job reports either way
-        job = LaneJob(fab, 0, job_peers, list(range(fab.spec.planes)), lanes_dir, max_seconds=seconds + 240,
-                      rt_priority=JOB_RT_PRIORITY).start()
+        job = LaneJob(fab, 0, job_peers, list(range(fab.spec.planes)), lanes_dir, max_seconds=seconds + 240).start()
         time.sleep(3 if rates_on else 1)  # rates settle, discovery's bursts pass
         pid = procs[0].pid
         windows, sent = [], []
