@@ -245,19 +245,21 @@ def test_the_probe_budget_is_never_exceeded_and_the_job_keeps_its_rate(clean_fau
         lanes_dir = os.path.join(str(tmp_path), f"lanes-h{A}")
         job = LaneJob(fab, A, [B], [0], lanes_dir, max_seconds=60).start()
         try:
-            ev = ag.wait_for(A, "probe_budget", lambda e: e["degraded"] and e["budget_pps"] == budget, timeout_s=10)
+            # (at start every new path is active, so the first line may say the active class is stretched)
+            ev = ag.wait_for(A, "probe_budget", lambda e: e["degraded"] == ["standby"], timeout_s=15)
             assert ev is not None, ag.events(A, "probe_budget")
             assert ev["granted_pps"] <= budget + 1e-6 and ev["wanted_pps"] > budget
             assert ev["classes"]["active"]["granted_pps"] == ev["classes"]["active"]["wanted_pps"]  # the job's, kept
-            first = rates_to(fab, A, "h3")
+            t0, first, t0b = time.monotonic(), rates_to(fab, A, "h3"), time.monotonic()
             time.sleep(2.0)
-            second = rates_to(fab, A, "h3")
-            sent = sum(second[p]["sent"] - first[p]["sent"] for p in second if p in first) / 2.0
-            assert sent <= budget * 1.1, sent  # h0's only peer: all it sends (10 % for the API's timing)
+            t1, second, t1b = time.monotonic(), rates_to(fab, A, "h3"), time.monotonic()
+            span = (t1 + t1b) / 2 - (t0 + t0b) / 2  # each snapshot taken somewhere in its CLI call
+            sent = sum(second[p]["sent"] - first[p]["sent"] for p in second if p in first) / span
+            assert sent <= budget * 1.1, (sent, span, {p: (r["rate"], r["sent"] - first[p]["sent"]) for p, r in second.items()})
             by_plane = {}
             for p, r in second.items():
                 if p in first:
-                    by_plane.setdefault(r["plane"], []).append((r["sent"] - first[p]["sent"]) / 2.0)
+                    by_plane.setdefault(r["plane"], []).append((r["sent"] - first[p]["sent"]) / span)
             assert min(by_plane[0]) > max(by_plane[1]), by_plane  # the lane's plane is probed more
         finally:
             job.stop()
