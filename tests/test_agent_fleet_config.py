@@ -34,7 +34,7 @@ def fleet_config(fab, directory: str, api_port: int) -> str:
                     "planes": [{"plane": p, "subnet": str(plane_host_block(p))} for p in planes]},
            "peers": [{"name": host_name(i), "agent_id": agent_id_of(fab.service_addr(i)),
                       "service": fab.service_addr(i), "nics": {p: fab.nic_addr(i, p) for p in planes}} for i in HOSTS],
-           "probe": {"interval_ms": 2}, "api": {"port": api_port}, "metrics": {"address": "auto", "port": 0},
+           "probe": {"interval_ms": 2, "lanes_dir": os.path.join(directory, "lanes")}, "api": {"port": api_port}, "metrics": {"address": "auto", "port": 0},
            "routes": {"enabled": False}, "entropy": {"enabled": False}}
     path = os.path.join(directory, "fleet.yaml")
     with open(path, "w") as f:

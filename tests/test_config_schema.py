@@ -62,8 +62,11 @@ def test_schema_and_parser_agree_on_every_numbers_bounds(where):
     section, key = where.split(".")
     lo, hi = SCALARS[where][1:]
     step = 1 if SCALARS[where][0] == "integer" else 0.01
-    # idle_interval_ms >= interval_ms is a rule between two fields, the parser's alone: keep it true
-    extra = {"idle_interval_ms": {"interval_ms": 0.1}, "interval_ms": {"idle_interval_ms": 60_000}}.get(key, {})
+    # interval_ms <= standby, progress <= idle (standby) are rules between fields, the parser's alone: keep them true
+    extra = {"idle_interval_ms": {"interval_ms": 0.1, "standby_interval_ms": 0.1},
+             "interval_ms": {"idle_interval_ms": 60_000, "standby_interval_ms": 60_000, "progress_interval_ms": 60_000},
+             "standby_interval_ms": {"interval_ms": 0.1, "idle_interval_ms": 60_000},
+             "progress_interval_ms": {"interval_ms": 0.1}}.get(key, {})
     for value, ok in ((lo, True), (hi, True), (lo - step, False), (hi + step, False)):
         doc = {**BASE, section: {**BASE.get(section, {}), **extra, key: value}}
         assert both(doc) == (ok, ok), (where, value)

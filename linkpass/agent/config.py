@@ -19,7 +19,7 @@
     probe:
       interval_ms: 1                 # active paths: those of peers this host moves data with
       idle_interval_ms: 100          # idle paths, when idle_rates is on (linkpass/core/activity.py)
-      idle_rates: false              # true: paths of peers with no traffic are probed at idle_interval_ms
+      idle_rates: true               # each path at the rate what flows on it needs (docs/agent-cost.md); false: all at interval_ms
       idle_after_ms: 5000            # ... once no TCP connection and no lane moved data with the peer for this long
       standby_interval_ms: 50        # failover targets: quiet lanes' paths, other paths of peers the job uses
       progress_interval_ms: 50       # paths whose lanes report acknowledged bytes advancing (transport progress)
@@ -137,7 +137,7 @@ class AgentConfig:
     fleet_key_accept_file: str | None = None  # during a key rotation: a second key accepted, never sent with
     interval_ms: float = 1.0
     idle_interval_ms: float = 100.0  # paths of idle peers, when idle_rates is on
-    idle_rates: bool = False
+    idle_rates: bool = True  # off on hosts whose RDMA traffic reports no lanes (docs/agent-cost.md)
     idle_after_ms: float = 5000.0
     standby_interval_ms: float = 50.0  # failover targets: quiet lanes' paths, other paths of peers the job uses
     progress_interval_ms: float = 50.0  # paths whose lanes' acknowledged bytes advance

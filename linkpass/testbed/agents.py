@@ -219,8 +219,11 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
                       "gateway": str(host_link_addrs(p, i)[0])} for p in planes],
             "peers": [{"name": host_name(j), "agent_id": j + 1, "service": fab.service_addr(j),
                        "nics": {p: fab.nic_addr(j, p) for p in planes}} for j in chosen if j != i],
-            "probe": {"interval_ms": interval_ms, "lanes_dir": os.path.join(directory, f"lanes-{host_name(i)}"),
-                      **(probe or {})}, "api": {"port": api_port},
+            # rates off unless a test asks: the testbed's tests expect millisecond detection on
+            # paths no traffic uses
+            "probe": {"interval_ms": interval_ms, "idle_rates": False,
+                      "lanes_dir": os.path.join(directory, f"lanes-{host_name(i)}"), **(probe or {})},
+            "api": {"port": api_port},
             # Prometheus scrapes over the management network, as in a fleet
             "metrics": {"address": fab.mgmt_addr(i), "port": AGENT_METRICS_PORT},
             "routes": {"enabled": routes, "journal": os.path.join(directory, f"routes-{host_name(i)}.journal"),
