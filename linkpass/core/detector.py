@@ -546,14 +546,7 @@ class PathDetector:
                 out += self._latency(Direction.FWD, owd_fwd_ns, now_ns)
             if owd_rev_ns is not None and self._cusum_rev.update(owd_rev_ns):
                 out += self._latency(Direction.REV, owd_rev_ns, now_ns)
-        # _check_clean and _check_hold, called only in the states where they can act
-        if self.state is State.DEGRADED:
-            out += self._check_clean(now_ns)
-        if now_ns > self._hold_checked_ns:
-            self._hold_checked_ns = now_ns
-        if self.state is State.RECOVERING:
-            out += self._check_hold(now_ns)
-        return out
+        return out + self._state_checks(now_ns)
 
     def _latency(self, d: Direction, owd: int, now_ns: int) -> list[Transition]:
         cus = self._cusum[d]
@@ -635,14 +628,7 @@ class PathDetector:
                 # already judged degraded: only the way back matters, so do not let the sum climb
                 # (from +13 it would take 4.6 s of clean probes to reach B instead of 1.2 s)
                 fast.llr, slow.llr = min(fast.llr, 0.0), min(slow.llr, 0.0)
-        # _check_clean and _check_hold, called only in the states where they can act
-        if self.state is State.DEGRADED:
-            out += self._check_clean(now_ns)
-        if now_ns > self._hold_checked_ns:
-            self._hold_checked_ns = now_ns
-        if self.state is State.RECOVERING:
-            out += self._check_hold(now_ns)
-        return out
+        return out + self._state_checks(now_ns)
 
     def tick(self, now_ns: int) -> list[Transition]:
         """Process everything due at or before `now_ns`: probe deadlines, reuse, hold-down."""
@@ -724,6 +710,15 @@ class PathDetector:
             self.faults.add(reason)
             return []
         return self._fire(event, reason, now_ns, detail)
+
+    def _state_checks(self, now_ns: int) -> list:
+        """_check_clean and _check_hold, called only in the states where they can act."""
+        out = self._check_clean(now_ns) if self.state is State.DEGRADED else []
+        if now_ns > self._hold_checked_ns:
+            self._hold_checked_ns = now_ns
+        if self.state is State.RECOVERING:
+            out += self._check_hold(now_ns)
+        return out
 
     def _check_clean(self, now_ns: int) -> list[Transition]:
         if self.state is not State.DEGRADED:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..core.lanes import KIND_TCP
 from ..core.names import host_name
 from ..kernel import netns as ns_io
+from .tcpflow import close_with_reset
 from .topology import Fabric
 
 LANE_PORT = 45100
@@ -170,13 +171,7 @@ class LaneJob:
         return out
 
     def _close(self) -> None:
-        for s in self._socks:
-            try:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
-            s.close()
-        self._socks.clear()
+        close_with_reset(self._socks)
         if self.report is not None:
             self.report.close()
             self.report = None

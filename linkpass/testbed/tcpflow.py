@@ -173,14 +173,19 @@ class TcpFlow:
                            broken, self.error, list(self.arrivals))
 
     def _close(self) -> None:
-        for s in self._socks:
-            try:
-                # reset rather than FIN: no TIME_WAIT, so the same source port can be used again at once
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
-            s.close()
-        self._socks.clear()
+        close_with_reset(self._socks)
+
+
+def close_with_reset(socks: list[socket.socket]) -> None:
+    """Close every socket with a reset rather than a FIN: no TIME_WAIT, so the same source port
+    can be used again at once; empties the list."""
+    for s in socks:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+        s.close()
+    socks.clear()
 
 
 def measure_stall(fab: Fabric, src_host: int, dst_host: int, seconds: float, sport: int = 0,
