@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..core.clock import Exchange, PairEstimator
-from ..core.detector import Detector, PathDetector, Reason, State, Transition
+from ..core.detector import Detector, Reason, State, Transition
 from ..core.entropy_table import Entry
 from ..core.probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
 from ..core.telemetry import LossCounters
@@ -107,7 +107,6 @@ class Failover:
         self.paths: dict[int, PathInfo] = {}
         self.by_peer: dict[str, dict[int, list[int]]] = {}
         self._loss: dict[int, _LossMark] = {}
-        self._loss_due: set[int] = set()  # paths with replies since the last loss batch
         self._next_loss_ns = 0
         # peer -> its clock estimator, fed by every path to it: the lower delay envelope over all
         # paths stays true while one path is queued one way (which alone would bias the offset)
@@ -149,7 +148,6 @@ class Failover:
     def add_path(self, info: PathInfo) -> None:
         self.paths[info.path_id] = info
         self.detector.add_path(info.path_id)
-        self._loss_due.add(info.path_id)  # its counters may already hold replies
         self.by_peer.setdefault(info.peer, {}).setdefault(info.plane, []).append(info.path_id)
         self._clocks.setdefault(info.peer, PairEstimator())
         self._pending.add(info.peer)
@@ -191,17 +189,14 @@ class Failover:
         `evidence_ns`; returns the transitions they caused (already acted on). `mono_ns`: now, for
         the log lines."""
         det = self.detector
-        detectors = det.paths
-        paths, clocks = self.paths, self._clocks
         answered, on_time = self._last_answered, self._last_on_time
-        loss_due = self._loss_due
         if evidence_ns > self._now_ns:
             self._now_ns = evidence_ns
         out: list[Transition] = []
         touched = set()
         for ev in events:
             pid = ev.path_id
-            info = paths.get(pid)
+            info = self.paths.get(pid)
             if info is None:
                 continue
             kind, t1, t4 = ev.kind, ev.t1, ev.t4
@@ -210,13 +205,12 @@ class Failover:
                     out += det.on_miss(pid, ev.seq, t4, bool(ev.size_probe))  # t4: the deadline
                 continue
             t2, t3 = ev.t2, ev.t3
-            loss_due.add(pid)  # its loss counters took these replies (the engine fed them)
             first_answer = pid not in answered
             if t1 > answered.get(pid, 0):
                 answered[pid] = t1
             if kind == EV_ANSWERED and t1 > on_time.get(pid, 0):
                 on_time[pid] = t1
-            est = clocks[info.peer]
+            est = self._clocks[info.peer]
             owd_fwd = owd_rev = None
             if est.converged:
                 off = est.offset_at(t1)
@@ -226,13 +220,12 @@ class Failover:
             if first_answer:
                 continue
             touched.add(pid)
-            pd = detectors.get(pid) or det[pid]  # straight to the path's detector (det[pid]: for its error)
             if kind == EV_ANSWERED:
-                out += pd.on_answered(ev.count, ev.seq, t4, t4 - t1, owd_fwd, owd_rev, bool(ev.size_probe),
-                                      ev.worst_rtt_ns)
+                out += det.on_answered(pid, ev.count, ev.seq, t4, t4 - t1, owd_fwd, owd_rev, bool(ev.size_probe),
+                                       ev.worst_rtt_ns)
             else:  # EV_LATE
-                self._late_reply(info, t4, t4 - t1 - pd.rto_ns, mono_ns)
-                out += pd.on_reply(ev.seq, t4, t4 - t1, owd_fwd, owd_rev)
+                self._late_reply(info, t4, t4 - t1 - det[pid].rto_ns, mono_ns)
+                out += det.on_reply(pid, ev.seq, t4, t4 - t1, owd_fwd, owd_rev)
         # a little slack: the daemon wakes every 10 ms by its own clock and the evidence time it
         # reads trails the wake by up to a probe-thread loop, so an exact comparison lets every
         # other batch slip to the next wake (measured on the testbed: a batch every 13.9 ms on
@@ -243,7 +236,7 @@ class Failover:
         if evidence_ns:
             out += det.tick(evidence_ns)  # hold-downs and flap reuse (deadlines are judged in C)
         for pid in touched:
-            self._push_rto(pid, detectors.get(pid) or det[pid])
+            self._push_rto(pid)
         logs = [line for t in out if (line := self._on_transition(t, mono_ns)) is not None]
         self.apply(mono_ns)
         for fields in logs:  # after acting: a log line costs tens of µs, the route change should not wait for it
@@ -288,9 +281,9 @@ class Failover:
         lat = self._lateness.get(peer)
         return int(lat.allowance_at(self._now_ns, self.lateness_half_life_ns)) if lat else 0
 
-    def _push_rto(self, pid: int, pd: PathDetector) -> None:
+    def _push_rto(self, pid: int) -> None:
         """Tell the data path the detector's current timeout when it moved by more than 5 %."""
-        rto = pd.rto_ns
+        rto = self.detector[pid].rto_ns
         old = self._rto_pushed.get(pid)
         if old is None or abs(rto - old) * 20 > old:
             self._rto_pushed[pid] = rto
@@ -298,17 +291,8 @@ class Failover:
                 self.set_rto(pid, rto)
 
     def _loss_batches(self, now_ns: int) -> list[Transition]:
-        """Each path's loss since its previous batch, to the detector. Only paths that had replies
-        since then are looked at: a path's loss counters move only with the replies the engine fed
-        them, which `step` saw (an idle path at 10 probes a second has none in 9 batches of 10)."""
         out: list[Transition] = []
-        due, self._loss_due = self._loss_due, set()
-        if not due:
-            return out
-        detectors = self.detector.paths
-        for pid in self.paths:  # in path order, as the transitions always came
-            if pid not in due:
-                continue
+        for pid in self.paths:
             lc = self.loss_of(pid)
             if lc.start_seq is None:
                 continue
@@ -316,15 +300,13 @@ class Failover:
             if mark is None:
                 self._loss[pid] = _LossMark(lc.hi, lc.lost_fwd, lc.lost_rev)
                 continue
-            hi = lc.hi
-            if hi <= mark.hi:
+            if lc.hi <= mark.hi:
                 continue
-            lost_fwd, lost_rev = lc.lost_fwd, lc.lost_rev
-            trials = hi - mark.hi
-            fwd = min(trials, max(0, lost_fwd - mark.lost_fwd))
-            rev = min(trials - fwd, max(0, lost_rev - mark.lost_rev))
-            out += (detectors.get(pid) or self.detector[pid]).on_loss(mark.hi + 1, hi, fwd, rev, now_ns)
-            mark.hi, mark.lost_fwd, mark.lost_rev = hi, lost_fwd, lost_rev
+            trials = lc.hi - mark.hi
+            fwd = min(trials, max(0, lc.lost_fwd - mark.lost_fwd))
+            rev = min(trials - fwd, max(0, lc.lost_rev - mark.lost_rev))
+            out += self.detector.on_loss(pid, mark.hi + 1, lc.hi, fwd, rev, now_ns)
+            self._loss[pid] = _LossMark(lc.hi, lc.lost_fwd, lc.lost_rev)
         return out
 
     def _on_transition(self, t: Transition, mono_ns: int) -> dict | None:

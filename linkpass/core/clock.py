@@ -98,13 +98,11 @@ class Exchange:
     t4: int
 
     def __post_init__(self) -> None:
-        # plain ints (what the agent makes one of per reply batch) need no closer look
-        if not (type(self.t1) is int and type(self.t2) is int and type(self.t3) is int and type(self.t4) is int):
-            for name in ("t1", "t2", "t3", "t4"):
-                value = getattr(self, name)
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(f"Exchange.{name}: expected integer nanoseconds, got {value!r} "
-                                     f"({type(value).__name__}); convert at the timestamp source")
+        for name in ("t1", "t2", "t3", "t4"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"Exchange.{name}: expected integer nanoseconds, got {value!r} "
+                                 f"({type(value).__name__}); convert at the timestamp source")
         if self.t3 < self.t2:
             raise ValueError(f"Exchange.t3: reflector TX {self.t3} is before its RX t2={self.t2}; "
                              "the reflector's stamps are swapped or from different clocks")
@@ -220,6 +218,10 @@ class Line:
         return self.y0 + self.slope * (x - self.x0)
 
 
+def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
 def lower_support_line(xs: Sequence[float], ys: Sequence[float]) -> Line:
     """The line below all points that is closest to them: min sum(y_i - L(x_i)) s.t. y_i >= L(x_i).
 
@@ -237,14 +239,8 @@ def lower_support_line(xs: Sequence[float], ys: Sequence[float]) -> Line:
     for p in sorted(zip(xs, ys)):
         if hull and p[0] == hull[-1][0]:
             continue  # same x, higher y (sorted): never on the lower hull
-        px, py = p
-        while len(hull) >= 2:
-            (ox, oy), (ax, ay) = hull[-2], hull[-1]
-            # the cross product (a - o) x (p - o), written out: it runs for every point of a window
-            if (ax - ox) * (py - oy) - (ay - oy) * (px - ox) <= 0:
-                hull.pop()
-            else:
-                break
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], p) <= 0:
+            hull.pop()
         hull.append(p)
     if len(hull) < 2:
         raise ValueError("xs: a line needs points at two distinct x values at least")
@@ -414,13 +410,12 @@ class PairEstimator:
             self.sparse_windows += 1
             return None
         # Integer baselines first, floats after: epoch-sized values would lose nanoseconds.
-        # (forward_ns and reverse_ns written out: a window holds thousands of exchanges)
         fwd_base, rev_base = exchanges[0].forward_ns, exchanges[0].reverse_ns
-        xs_fwd = [float(e.t1 - start) for e in exchanges]
         try:
-            fwd = lower_support_line(xs_fwd, [float(e.t2 - e.t1 - fwd_base) for e in exchanges])
+            fwd = lower_support_line([float(e.t1 - start) for e in exchanges],
+                                     [float(e.forward_ns - fwd_base) for e in exchanges])
             rev = lower_support_line([float(e.t4 - start) for e in exchanges],
-                                     [float(e.t4 - e.t3 - rev_base) for e in exchanges])
+                                     [float(e.reverse_ns - rev_base) for e in exchanges])
         except ValueError:
             self.sparse_windows += 1  # all at one instant: no slope to fit
             return None
@@ -428,9 +423,9 @@ class PairEstimator:
         lf, lr = fwd.at(center_rel), rev.at(center_rel)
         offset = ((fwd_base - rev_base) + (lf - lr)) / 2
         slope = (fwd.slope - rev.slope) / 2
-        midpoints = [(e.t2 - e.t1) - (e.t4 - e.t3) for e in exchanges]  # 2 x midpoint, exact ints
+        midpoints = [e.forward_ns - e.reverse_ns for e in exchanges]  # 2 x midpoint, exact ints
         ntp_offset = statistics.median(midpoints) / 2
-        ntp_slope = _ols_slope(xs_fwd, [m / 2 for m in midpoints])
+        ntp_slope = _ols_slope([float(e.t1 - start) for e in exchanges], [m / 2 for m in midpoints])
         center = start + center_rel
         fit = WindowFit(start_ns=start, center_ns=center, offset_ns=offset, drift_ppm=slope * 1e6,
                         min_delay_ns=((fwd_base + rev_base) + (lf + lr)) / 2, ntp_offset_ns=ntp_offset,

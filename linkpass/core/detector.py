@@ -339,17 +339,10 @@ class Cusum:
                 self.mad = statistics.median(abs(x - self.median) for x in self.learning)
                 self.learning = []
             return False
-        # comparisons instead of min()/max() calls (two delays per path every batch), ties going
-        # the way they went there, so the values are the same
-        mad, clip = self.mad, cfg.latency_clip_mad
-        z = (owd_ns - self.median) / (mad if mad >= cfg.latency_mad_floor_ns else cfg.latency_mad_floor_ns)
-        if z >= clip:
-            z = clip
-        elif z <= -clip:
-            z = -clip
+        z = (owd_ns - self.median) / max(self.mad, cfg.latency_mad_floor_ns)
+        z = max(-cfg.latency_clip_mad, min(cfg.latency_clip_mad, z))
         self.recent.append(z)
-        s = self.s + z - cfg.latency_k_mad
-        self.s = s if s > 0.0 else 0.0
+        self.s = max(0.0, self.s + z - cfg.latency_k_mad)
         if self.s >= cfg.latency_h_mad:
             self.s = 0.0
             self.recent.clear()  # calm() must judge delays after the alarm, not before it
@@ -402,14 +395,10 @@ class PathDetector:
         # gray loss: (fast, slow) per direction
         self._sprt = {d: (Sprt(cfg.gray_p0, cfg.gray_p1_fast, cfg.gray_alpha, cfg.gray_beta),
                           Sprt(cfg.gray_p0, cfg.gray_p1_slow, cfg.gray_alpha, cfg.gray_beta)) for d in Direction}
-        # the same tests, by direction in a tuple: a loss batch per path every 10 ms should not
-        # pay for hashing enum keys
-        self._loss_tests = tuple((d, *self._sprt[d], _GRAY_REASON[d]) for d in Direction)
         self._loss_from_seq = -1  # loss batches starting at or before this are ignored
         self._size_seqs: dict[int, bool] = {}  # full-size probe seq -> answered
         # latency
         self._cusum = {d: Cusum(cfg) for d in Direction}
-        self._cusum_fwd, self._cusum_rev = self._cusum[Direction.FWD], self._cusum[Direction.REV]
         # MTU
         self.size_misses = 0
         # DEGRADED bookkeeping: the reasons still active
@@ -499,31 +488,22 @@ class PathDetector:
                  owd_rev_ns: int | None = None) -> list[Transition]:
         """A reply for `seq` arrived at `now_ns` with round trip `rtt_ns` and (if the clocks are
         synced) clock-corrected one-way delays. Late and unknown replies still prove liveness."""
+        out: list[Transition] = []
+        self.counters["replies"] += 1
         entry = self._outstanding.pop(seq, None)
         if entry is None:
-            return self._reply(seq, now_ns, rtt_ns, owd_fwd_ns, owd_rev_ns, False, seq in self._size_seqs)
-        return self._reply(seq, now_ns, rtt_ns, owd_fwd_ns, owd_rev_ns, True, entry.size_probe)
-
-    def _reply(self, seq: int, now_ns: int, rtt_ns: int, owd_fwd_ns: int | None, owd_rev_ns: int | None,
-               on_time: bool, size: bool) -> list[Transition]:
-        """on_reply's work once the probe is known to have been on time (`on_time`: it was still
-        outstanding) or not, and whether it was full-size. Runs for every path's answers every
-        batch, so the states that need nothing (UP above all) are tested for, not called into."""
-        out: list[Transition] = []
-        counters = self.counters
-        counters["replies"] += 1
-        if not on_time:
-            counters["late_replies"] += 1  # past its deadline (or never sent by us)
+            self.counters["late_replies"] += 1  # past its deadline (or never sent by us)
         if rtt_ns >= 0:
             self._rtt_sample(rtt_ns)
+        size = (entry.size_probe if entry is not None else seq in self._size_seqs)
         if size:
             self._size_seqs[seq] = True
             self.size_misses = 0
             self.faults.discard(Reason.MTU_BLACKHOLE)
         u = self._undo
-        if u is not None and seq in u.streak and self.state in _UNDO_STATES:
+        if u is not None and seq in u.streak and self.state in (State.DOWN, State.DAMPED, State.RECOVERING):
             out += self._spurious(u, seq, rtt_ns, now_ns)  # Eifel-style: a probe counted lost was only late
-        if on_time:
+        if entry is not None:
             self.good_run += 1
         elif seq in self._streak:
             # answered late: the path delivered, the host (or the queue) was slow; such a probe
@@ -533,26 +513,25 @@ class PathDetector:
         self._streak.clear()
         self._dark = False
 
-        state = self.state
-        if state is State.DOWN:
+        if self.state is State.DOWN:
             out += self._fire(Event.REPLY, Reason.REPLY_SEEN, now_ns, f"seq {seq} answered")
             self._loss_from_seq = seq
-            self.good_run = 1 if on_time else 0
-        elif state is State.SUSPECT:
+            self.good_run = 1 if entry is not None else 0
+        elif self.state is State.SUSPECT:
             out += self._fire(Event.REPLY, Reason.REPLY_SEEN, now_ns, f"seq {seq} answered")
 
         if self.state not in DARK:
-            if owd_fwd_ns is not None and self._cusum_fwd.update(owd_fwd_ns):
-                out += self._latency(Direction.FWD, owd_fwd_ns, now_ns)
-            if owd_rev_ns is not None and self._cusum_rev.update(owd_rev_ns):
-                out += self._latency(Direction.REV, owd_rev_ns, now_ns)
-        return out + self._state_checks(now_ns)
-
-    def _latency(self, d: Direction, owd: int, now_ns: int) -> list[Transition]:
-        cus = self._cusum[d]
-        return self._evidence(Event.LATENCY, _LATENCY_REASON[d], now_ns,
-                              f"{d.value} one-way delay {owd} ns vs baseline median "
-                              f"{cus.median:.0f} ns, MAD {cus.mad:.0f} ns")
+            for d, owd in ((Direction.FWD, owd_fwd_ns), (Direction.REV, owd_rev_ns)):
+                if owd is None:
+                    continue
+                if self._cusum[d].update(owd):
+                    cus = self._cusum[d]
+                    out += self._evidence(Event.LATENCY, _LATENCY_REASON[d], now_ns,
+                                          f"{d.value} one-way delay {owd} ns vs baseline median "
+                                          f"{cus.median:.0f} ns, MAD {cus.mad:.0f} ns")
+        out += self._check_clean(now_ns)
+        out += self._check_hold(now_ns)
+        return out
 
     # Judging mode: a data path that matches replies to requests itself (the C probe core) reports
     # outcomes instead of sends and replies; the effect on streaks, runs and states is the same.
@@ -574,13 +553,11 @@ class PathDetector:
             raise ValueError(f"on_answered: count must be ≥ 1, got {count}")
         if worst_rtt_ns > rtt_ns:
             self._rtt_sample(worst_rtt_ns)
-        counters = self.counters
-        counters["sent"] += count
-        counters["replies"] += count - 1
+        self.counters["sent"] += count
+        self.counters["replies"] += count - 1
         self.good_run += count - 1
-        if self._outstanding:
-            self._outstanding.pop(seq, None)  # answered on time: not outstanding, whatever on_sent said
-        return self._reply(seq, now_ns, rtt_ns, owd_fwd_ns, owd_rev_ns, True, size_probe)
+        self._outstanding[seq] = _Sent(now_ns - rtt_ns, size_probe)  # so on_reply finds it on time
+        return self.on_reply(seq, now_ns, rtt_ns, owd_fwd_ns, owd_rev_ns)
 
     def on_loss(self, first_seq: int, last_seq: int, lost_fwd: int, lost_rev: int,
                 now_ns: int) -> list[Transition]:
@@ -599,12 +576,11 @@ class PathDetector:
             raise ValueError(f"on_loss: lost_fwd + lost_rev = {lost_fwd + lost_rev} exceeds the {trials} "
                              f"requests in {first_seq}..{last_seq}")
         size_sent = size_lost = 0
-        if self._size_seqs:
-            for s in [s for s in self._size_seqs if s <= last_seq]:  # accounted now: forget them
-                answered = self._size_seqs.pop(s)
-                if s >= first_seq:
-                    size_sent += 1
-                    size_lost += not answered
+        for s in [s for s in self._size_seqs if s <= last_seq]:  # accounted now: forget them
+            answered = self._size_seqs.pop(s)
+            if s >= first_seq:
+                size_sent += 1
+                size_lost += not answered
         if self.state in DARK or first_seq <= self._loss_from_seq:
             return []
         drop_fwd = min(size_lost, lost_fwd)
@@ -614,21 +590,24 @@ class PathDetector:
         rev_trials = fwd_trials - fwd_lost
         rev_lost = lost_rev - drop_rev
         out: list[Transition] = []
-        for (d, fast, slow, reason), n, x in zip(self._loss_tests, (fwd_trials, rev_trials), (fwd_lost, rev_lost)):
+        for d, n, x in ((Direction.FWD, fwd_trials, fwd_lost), (Direction.REV, rev_trials, rev_lost)):
             if n <= 0:
                 continue
-            v_fast, v_slow = fast.update(n, x), slow.update(n, x)
-            if v_fast or v_slow:
-                which = "fast" if v_fast else "sensitive"
-                out += self._evidence(Event.GRAY, reason, now_ns,
+            fast, slow = self._sprt[d]
+            verdicts = (fast.update(n, x), slow.update(n, x))
+            if True in verdicts:
+                which = "fast" if verdicts[0] else "sensitive"
+                out += self._evidence(Event.GRAY, _GRAY_REASON[d], now_ns,
                                       f"{d.short} loss SPRT ({which}) accepted degraded; batch {x}/{n} lost")
-            elif v_slow is False and self.state is State.DEGRADED:
-                self.faults.discard(reason)
-            if self.state is State.DEGRADED and reason in self.faults:
+            elif verdicts[1] is False and self.state is State.DEGRADED:
+                self.faults.discard(_GRAY_REASON[d])
+            if self.state is State.DEGRADED and _GRAY_REASON[d] in self.faults:
                 # already judged degraded: only the way back matters, so do not let the sum climb
                 # (from +13 it would take 4.6 s of clean probes to reach B instead of 1.2 s)
                 fast.llr, slow.llr = min(fast.llr, 0.0), min(slow.llr, 0.0)
-        return out + self._state_checks(now_ns)
+        out += self._check_clean(now_ns)
+        out += self._check_hold(now_ns)
+        return out
 
     def tick(self, now_ns: int) -> list[Transition]:
         """Process everything due at or before `now_ns`: probe deadlines, reuse, hold-down."""
@@ -710,15 +689,6 @@ class PathDetector:
             self.faults.add(reason)
             return []
         return self._fire(event, reason, now_ns, detail)
-
-    def _state_checks(self, now_ns: int) -> list:
-        """_check_clean and _check_hold, called only in the states where they can act."""
-        out = self._check_clean(now_ns) if self.state is State.DEGRADED else []
-        if now_ns > self._hold_checked_ns:
-            self._hold_checked_ns = now_ns
-        if self.state is State.RECOVERING:
-            out += self._check_hold(now_ns)
-        return out
 
     def _check_clean(self, now_ns: int) -> list[Transition]:
         if self.state is not State.DEGRADED:
@@ -840,7 +810,6 @@ class PathDetector:
 
 
 _TICKED_STATES = (State.DAMPED, State.RECOVERING)
-_UNDO_STATES = (State.DOWN, State.DAMPED, State.RECOVERING)  # where a late reply can undo a DOWN
 
 
 # ---- many paths -------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ class LossCounters:
         return max(0, self.arrived - self.replies)
 
 
-@dataclass(slots=True)
+@dataclass
 class Sample:
     seq: int
     t4: int  # sender-clock time the reply arrived
@@ -113,11 +113,10 @@ class PathTelemetry:
     def on_reply(self, seq: int, t1: int, t2: int, t3: int, t4: int, rx_count: int, replies: int = 1) -> Sample:
         """One exchange; `replies` > 1 when it stands for a batch of on-time replies (judging mode)."""
         self.loss.on_reply(seq, rx_count, replies)
-        rtt = (t4 - t1) - (t3 - t2)
-        s = Sample(seq, t4, rtt, t2 - t1, t4 - t3)
+        s = Sample(seq, t4, (t4 - t1) - (t3 - t2), t2 - t1, t4 - t3)
         self.samples.append(s)
-        self.rtt_counts[bisect_left(RTT_BUCKETS_NS, rtt)] += 1
-        self.rtt_sum_ns += rtt
+        self.rtt_counts[bisect_left(RTT_BUCKETS_NS, s.rtt)] += 1
+        self.rtt_sum_ns += s.rtt
         return s
 
     def on_event(self, ev: ProbeEvent) -> Sample:

@@ -389,17 +389,6 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
     struct sockaddr_in from[BATCH];
     char cbuf[BATCH][64];
     for (int i = 0; i < c->nnics; i++) { pfd[i].fd = c->nics[i].rx_fd; pfd[i].events = POLLIN; }
-    /* the receive headers are set once: every wake-up reads every NIC, BATCH headers each time,
-     * and recvmmsg rewrites only the name and control lengths (reset before each call) */
-    for (int i = 0; i < BATCH; i++) {
-        iov[i].iov_base = rxbuf + (size_t)i * MAX_PKT;
-        iov[i].iov_len = MAX_PKT;
-        memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
-        msgs[i].msg_hdr.msg_name = &from[i];
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-        msgs[i].msg_hdr.msg_control = cbuf[i];
-    }
     int64_t end = now_ns(CLOCK_MONOTONIC) + duration_ns;
     for (;;) {
         int64_t now = now_ns(CLOCK_MONOTONIC);
@@ -443,7 +432,14 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
             int emptied = 0;
             for (int round = 0; round < 4; round++) { /* bounded work per wake-up */
                 for (int i = 0; i < BATCH; i++) {
+                    iov[i].iov_base = rxbuf + (size_t)i * MAX_PKT;
+                    iov[i].iov_len = MAX_PKT;
+                    memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
+                    msgs[i].msg_hdr.msg_name = &from[i];
                     msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+                    msgs[i].msg_hdr.msg_iov = &iov[i];
+                    msgs[i].msg_hdr.msg_iovlen = 1;
+                    msgs[i].msg_hdr.msg_control = cbuf[i];
                     msgs[i].msg_hdr.msg_controllen = sizeof cbuf[i];
                 }
                 int got = recvmmsg(c->nics[nic].rx_fd, msgs, BATCH, MSG_DONTWAIT, NULL);
