@@ -571,7 +571,7 @@ class Agent:
                 "engine": self.engine_kind, "fleet_keys": 2 if self.accept_key else 1,
                 "paths_by_rate": self.activity.counts() if self.activity is not None else {ACTIVE: len(self.labels)},
                 "lanes": dict(self.lanes.counts) if self.lanes is not None else None,
-                "budget": self.budget, "cpu_factor": self.governor.factor}
+                "budget": self.budget}
 
     # ---- the coordinator ---------------------------------------------------------------
     def identity(self) -> dict:
