@@ -452,6 +452,23 @@ def test_a_raised_timeout_floor_moves_the_first_timeout_with_it():
 
 
 @pytest.mark.unit
+def test_a_slow_interval_carries_the_slower_rates_left_out_with_it():
+    """A host probed every 200 ms (emulated, or a cost cap) names only interval_ms: the idle,
+    standby and progress rates it left out follow it up instead of refusing the file; rates it
+    does give are still checked against it."""
+    doc = yaml.safe_load(GOOD)
+    doc["probe"] = {"interval_ms": 200}
+    cfg = load_text(yaml.safe_dump(doc), "agent.yaml")
+    assert (cfg.idle_interval_ms, cfg.standby_interval_ms, cfg.progress_interval_ms) == (200, 200, 200)
+    doc["probe"] = {"interval_ms": 10, "idle_interval_ms": 40}  # standby's default 50 comes down to idle
+    cfg = load_text(yaml.safe_dump(doc), "agent.yaml")
+    assert (cfg.idle_interval_ms, cfg.standby_interval_ms, cfg.progress_interval_ms) == (40, 40, 50)
+    doc["probe"] = {"interval_ms": 200, "standby_interval_ms": 50}
+    with pytest.raises(ConfigError, match="probe.standby_interval_ms: 50 is below probe.interval_ms"):
+        load_text(yaml.safe_dump(doc), "agent.yaml")
+
+
+@pytest.mark.unit
 def test_the_probe_engine_is_sockets_where_no_nic_has_an_rdma_device(monkeypatch):
     from linkpass.agent import daemon
     from linkpass.kernel import rdma

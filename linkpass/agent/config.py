@@ -512,6 +512,12 @@ def _peers(raw, own_id: int) -> tuple[Peer, ...]:
 def _probe(raw) -> dict:
     s = _Section(raw, "probe", AgentConfig, PROBE)
     out = {key: _checked(s, key) for key in PROBE}
+    # the slower rates a file leaves out follow a slow interval_ms up, so only values it gives can conflict
+    for key in ("idle_interval_ms", "standby_interval_ms", "progress_interval_ms"):
+        if key not in s.raw:
+            out[key] = max(out[key], out["interval_ms"])
+    if "standby_interval_ms" not in s.raw:
+        out["standby_interval_ms"] = min(out["standby_interval_ms"], out["idle_interval_ms"])
     if out["idle_interval_ms"] < out["interval_ms"]:
         raise ConfigError(f"probe.idle_interval_ms: {out['idle_interval_ms']:g} is below probe.interval_ms "
                           f"({out['interval_ms']:g}); an idle path is probed at most as often as an active one")
