@@ -56,6 +56,10 @@ peers: [{name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}]
     (lambda d: d.update(probe={"engine": "dpdk"}), "probe.engine: 'dpdk' is not a probe engine; use one of auto, "),
     (lambda d: d.update(probe={"batch_ms": 0}), "probe.batch_ms: expected a number 1..1000"),
     (lambda d: d.update(detect={"timeout_ceiling_ms": 0}), "detect.timeout_ceiling_ms: expected an integer 1..10000"),
+    (lambda d: d.update(detect={"gray_sensitive_loss_pct": 0.1}),
+     "detect.gray_sensitive_loss_pct: expected a number 0.2..4.0"),
+    (lambda d: d.update(detect={"gray_sensitive_loss_pct": "2%"}),
+     "detect.gray_sensitive_loss_pct: expected a number 0.2..4.0"),
     (lambda d: d.update(metrics={"address": "mgmt0"}), "metrics.address: 'mgmt0' is not an IP address"),
     (lambda d: d.update(metrics={"port": 70000}), "metrics.port: expected an integer 0..65535"),
     (lambda d: d.update(metrics={"per_path": "yes"}), "metrics.per_path: expected true or false"),
@@ -449,6 +453,13 @@ def test_a_raised_timeout_floor_moves_the_first_timeout_with_it():
     cfg = load_text(yaml.safe_dump(doc), "agent.yaml")
     assert cfg.detect["initial_timeout_ns"] == 100_000_000
     assert cfg.detect["timeout_ceiling_ns"] == 400_000_000
+
+
+@pytest.mark.unit
+def test_the_sensitive_loss_rate_is_given_in_percent():
+    doc = yaml.safe_load(GOOD)
+    doc["detect"] = {"gray_sensitive_loss_pct": 2}
+    assert load_text(yaml.safe_dump(doc), "agent.yaml").detect["gray_p1_slow"] == pytest.approx(0.02)
 
 
 @pytest.mark.unit

@@ -334,6 +334,26 @@ def test_outage_is_not_counted_as_gray_loss_after_recovery():
     assert [t.new for t in run.transitions] == [State.SUSPECT, State.DOWN, State.RECOVERING, State.UP]
 
 
+@pytest.mark.parametrize("p1_slow, probes", [(0.005, 1150), (0.02, 240)])
+def test_a_degraded_direction_clears_after_the_clean_probes_its_sensitive_test_needs(p1_slow, probes):
+    """Clearing gray loss takes ~4.6 / (p1_slow - p0) clean probes: at the default 0.5 % that is
+    1150 (two minutes for a path probed every 100 ms), at 2 % about 240."""
+    waits = []
+    for seed in SEEDS:
+        rng = random.Random(seed)
+        d = PathDetector("p", DetectorConfig(gray_p1_slow=p1_slow, hold_down_ns=100 * MS))
+        t0 = warm(d, rng)
+        end = t0 + 200 * MS
+        run = simulate(d, Link(loss_fwd=lambda x: 0.10 if x < end else 0.0), 2000 * MS, rng, start_ns=t0,
+                       seq0=10_000)
+        assert run.first(lambda t: t.new is State.DEGRADED and t.reason is Reason.GRAY_LOSS_FWD), run.transitions
+        cleared = run.first(lambda t: t.reason is Reason.EVIDENCE_CLEARED)
+        if cleared is not None and not any(t.new is State.DOWN for t in run.transitions):
+            waits.append((cleared.at_ns - end) / MS)  # probes: one a millisecond
+    assert len(waits) >= len(SEEDS) // 2, waits
+    assert probes * 0.85 <= statistics.median(waits) <= probes * 1.15, waits
+
+
 # ---- latency -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -43,6 +43,8 @@
       flap_half_life_ms: 10000       # flap damping: a DOWN's penalty halves this fast
       latency_floor_us: 50           # delay noise below this is not judged (software timestamps)
       latency_alarm_mads: 200        # CUSUM alarm level, in units of that noise (~30 ms of +0.5 ms)
+      gray_sensitive_loss_pct: 0.5   # the least loss the sensitive test reports; a degraded direction
+                                     # clears after ~4.6/(this - 0.1 %) clean probes (1150; 240 at 2)
     api: {port: 9471}                # local query API (and /metrics) on 127.0.0.1: the CLI, doctor
     metrics:                         # /metrics and /healthz for Prometheus (docs/observability.md)
       address: 127.0.0.1             # listen here: the host's management address, for a scraper elsewhere;
@@ -249,7 +251,7 @@ ENTROPY = {"enabled": "entropy_enabled", "path": "entropy_path"}
 COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan", "max_plan_peers",
                               "ca_file", "cert_file", "key_file", "insecure_http")}  # CoordinatorLinkConfig
 # detect.<field>: (DetectorConfig field, factor to its unit, lo, hi, the agent's default or None for
-# DetectorConfig's). The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
+# DetectorConfig's); a field with float bounds takes any number in them, the others an integer. The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
 # noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
 DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "timeout_floor_us": ("timeout_floor_ns", 1000, 10, 1_000_000, None),
@@ -258,7 +260,11 @@ DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "recovery_good_probes": ("recovery_good_probes", 1, 1, 100_000, None),
           "flap_half_life_ms": ("flap_half_life_ns", 1_000_000, 100, 3_600_000, None),
           "latency_floor_us": ("latency_mad_floor_ns", 1000, 1, 1_000_000, 50),
-          "latency_alarm_mads": ("latency_h_mad", 1, 1, 100_000, 200)}
+          "latency_alarm_mads": ("latency_h_mad", 1, 1, 100_000, 200),
+          # the sensitive loss test's degraded rate (0.5 %): a degraded direction clears after about
+          # 4.6 / (this - 0.1 %) clean probes, 1150 at 0.5 % and 240 at 2 %; raise it where paths are
+          # probed slowly, at the price of not seeing loss below it
+          "gray_sensitive_loss_pct": ("gray_p1_slow", 0.01, 0.2, 4.0, None)}
 
 
 # Every scalar field of the sections: (JSON type, low, high) for numbers, (type,) otherwise; the
@@ -545,7 +551,8 @@ def _detect(raw) -> dict:
     detect = {}
     for key, (field_name, factor, lo, hi, default) in DETECT.items():
         if key in given:
-            detect[field_name] = _int(given[key], f"detect.{key}", lo, hi) * factor
+            read = _num if isinstance(lo, float) else _int
+            detect[field_name] = read(given[key], f"detect.{key}", lo, hi) * factor
         elif default is not None:
             detect[field_name] = default * factor
     # the first timeout (before any round trip is measured) follows a floor or ceiling moved past it
@@ -698,7 +705,8 @@ def schema() -> dict:
     sections = {name: section(name) for name in _SECTIONS}
     sections["metrics"]["properties"]["address"] = {"anyOf": [_AUTO, _ADDRESS], "default": "127.0.0.1"}
     detect = {"type": ["object", "null"], "additionalProperties": False,
-              "properties": {key: {"type": "integer", "minimum": lo, "maximum": hi}
+              "properties": {key: {"type": "number" if isinstance(lo, float) else "integer", "minimum": lo,
+                                   "maximum": hi}
                              for key, (_f, _factor, lo, hi, _d) in DETECT.items()}}
     nic = {"type": "object", "additionalProperties": False, "required": ["plane", "ifname", "addr"],
            "properties": {"plane": plane, "ifname": {"type": "string", "minLength": 1}, "addr": _ADDRESS,
