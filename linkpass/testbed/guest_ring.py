@@ -235,15 +235,16 @@ def _read_trace(path: str) -> list[dict]:
 
 
 def ring_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control, fault=None, lead_s: float = 5.0,
-                     hold_s: float = 20.0, healed=None, heal_timeout_s: float = 120.0, after_s: float = 10.0,
+                     hold_s: float = 20.0, healed=None, heal_timeout_s: float = 120.0, healing=lambda: "",
+                     after_s: float = 10.0,
                      size: str = "256K", warm_steps: int = 20, compute_ms: float = 20.0, env: dict | None = None,
                      tag: str = "ring") -> RingRun:
     """Run the ring between guests a and b; after `warm_steps` steps and `lead_s` ("before"), apply
     `fault` (a faults.FaultSpec, a function of the packets captured so far that returns one, or
     None for a fault-free run) for `hold_s` ("fault"), clear it,
     wait until `healed()` is true (e.g. the agents use the path again; "healing", at most
-    `heal_timeout_s`), run `after_s` more ("after"), stop the ring and collect everything. The
-    fault is cleared whatever happens.
+    `heal_timeout_s`; `healing()` says what the agents saw if it never is), run `after_s` more
+    ("after"), stop the ring and collect everything. The fault is cleared whatever happens.
     `compute_ms` between iterations stands for a training step's compute; under emulation it also
     leaves the guest's one CPU to the agent, whose probes must not be starved into false verdicts."""
     from . import faults
@@ -290,7 +291,7 @@ def ring_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control
     try:
         t = time.monotonic()
         if healed is not None:
-            wait_until(healed, heal_timeout_s, "the fabric healing", poll_s=2.0)
+            wait_until(healed, heal_timeout_s, "the fabric healing", healing, poll_s=2.0)
         phases["healing"] = (t, time.monotonic())
         t = time.monotonic()
         time.sleep(after_s)
