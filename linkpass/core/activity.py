@@ -18,6 +18,11 @@ the NCCL plugin's and the RDMA library's lane reports, docs/lanes.md):
   so their state must be known within a few tens of milliseconds;
 - **idle** (`probe.idle_interval_ms`): the rest, known good within about a second.
 
+RDMA traffic no lane report names (NCCL's own IB transport, another RDMA application) is seen
+only as packets on a plane's RDMA device: a plane whose device moves more than the agent's own
+probes account for, while no lane report names that plane (`UnreportedRdma`), makes every path of
+that plane active, since the agent cannot tell which peers the traffic goes to.
+
 A peer's or path's traffic counts from the first look that sees it until `idle_after_ns` pass
 without any. New paths start active; the next look sets their rate.
 
@@ -79,6 +84,7 @@ class Activity:
         self.lane_progress: dict[tuple[str, int, int], int] = {}  # ... -> its acknowledged bytes last advanced
         self.lane_waiting: set[tuple[str, int, int]] = set()  # lanes with bytes waiting at the last look
         self.lane_stalled: dict[tuple[str, int, int], int] = {}  # ... -> last look that saw bytes wait without progress
+        self.rdma_moved: dict[int, int] = {}  # plane -> its RDMA device last moved traffic no lane reports
         self.rate: dict[int, str] = {}  # path -> the rate it is probed at now
 
     def saw(self, peers: Iterable[str], now_ns: int) -> None:
@@ -90,6 +96,15 @@ class Activity:
         """TCP data moved to these (peer, plane) addresses in the look taken at `now_ns`."""
         for key in planes:
             self.plane_moved[key] = now_ns
+
+    def saw_unreported_rdma(self, planes: Iterable[int], now_ns: int) -> None:
+        """These planes' RDMA devices moved traffic no lane report names in the look at `now_ns`."""
+        for plane in planes:
+            self.rdma_moved[plane] = now_ns
+
+    def unreported_rdma_planes(self, now_ns: int) -> list[int]:
+        """The planes whose every path is active for RDMA traffic no lane report names."""
+        return sorted(p for p, t in self.rdma_moved.items() if self._fresh(t, now_ns, self.idle_after_ns))
 
     def saw_lanes(self, lanes: Iterable[LaneSeen], now_ns: int) -> None:
         """Every lane the reports held at `now_ns` (each look replaces the last one's)."""
@@ -129,7 +144,8 @@ class Activity:
             return PROGRESSING
         if (any(k in self.lane_waiting for k in lanes)
                 or self._fresh(self.last_moved.get(key.peer), now_ns, self.idle_after_ns)
-                or self._fresh(self.plane_moved.get((key.peer, key.plane)), now_ns, self.idle_after_ns)):
+                or self._fresh(self.plane_moved.get((key.peer, key.plane)), now_ns, self.idle_after_ns)
+                or self._fresh(self.rdma_moved.get(key.plane), now_ns, self.idle_after_ns)):
             return ACTIVE
         return STANDBY if key.peer in busy else IDLE
 
@@ -154,9 +170,46 @@ class Activity:
             for key in [k for k, t in seen.items()
                         if (k if isinstance(k, str) else k[0]) not in peers or now_ns - t > self.idle_after_ns]:
                 del seen[key]
+        for plane in [p for p, t in self.rdma_moved.items() if now_ns - t > self.idle_after_ns]:
+            del self.rdma_moved[plane]
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(RATES, 0)
         for rate in self.rate.values():
             out[rate] += 1
+        return out
+
+
+class UnreportedRdma:
+    """Which planes' RDMA devices move traffic the agent cannot place: per look, the packets a
+    plane's device sent and received since the last look, less every packet the agent's own
+    probing could have put on it (its requests and replies, the requests it reflected and its
+    answers: an upper bound, as if all of them crossed that one plane), above `floor_pps`, on a
+    plane no lane report names. A counter that went backwards (a device reset) is no evidence;
+    the next look starts from it."""
+
+    def __init__(self, floor_pps: float):
+        if floor_pps <= 0:
+            raise ValueError(f"floor_pps must be > 0, got {floor_pps}")
+        self.floor_pps = floor_pps
+        self._last: tuple[int, dict[int, int], int] | None = None
+
+    def look(self, now_ns: int, port_packets: Mapping[int, int], own_packets: int,
+             lane_planes: Iterable[int]) -> list[int]:
+        """`port_packets`: plane -> its device's packet counter (sent + received) now;
+        `own_packets`: the agent's own probe packets so far (a counter); `lane_planes`: planes
+        a lane report names at this look. Returns the planes with unreported traffic."""
+        last, self._last = self._last, (now_ns, dict(port_packets), own_packets)
+        if last is None or now_ns <= last[0]:
+            return []
+        seconds = (now_ns - last[0]) / 1e9
+        own = max(0, own_packets - last[2])
+        reported = set(lane_planes)
+        out = []
+        for plane, count in sorted(port_packets.items()):
+            before = last[1].get(plane)
+            if before is None or count < before or plane in reported:
+                continue
+            if (count - before - own) / seconds > self.floor_pps:
+                out.append(plane)
         return out

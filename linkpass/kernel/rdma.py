@@ -83,6 +83,36 @@ def _read(path: str) -> str:
         return ""
 
 
+# an RDMA port's packet counters, sent and received, in the order they are tried: the port's
+# PMA counters (InfiniBand and mlx5 RoCE ports), then the driver's own (Soft-RoCE, rxe)
+PORT_PACKETS = (("counters", "port_xmit_packets", "port_rcv_packets"),
+                ("hw_counters", "sent_pkts", "rcvd_pkts"))
+COUNTER_BYTES = 32  # a counter file holds one decimal number; more is not a counter
+
+
+def _counter(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(COUNTER_BYTES + 1)
+    except OSError:
+        return None
+    text = raw.strip()
+    if len(raw) > COUNTER_BYTES or not text.isdigit():
+        return None
+    return int(text)
+
+
+def port_packets(device: str, port: int = 1, sysfs: str = SYSFS) -> int | None:
+    """Packets an RDMA port sent plus received so far, from sysfs; None when the device shows
+    neither set of counters (or is gone)."""
+    base = os.path.join(sysfs, device, "ports", str(port))
+    for group, sent, received in PORT_PACKETS:
+        a, b = _counter(os.path.join(base, group, sent)), _counter(os.path.join(base, group, received))
+        if a is not None and b is not None:
+            return a + b
+    return None
+
+
 class Device:
     """An RDMA device and the GID index of one of its IPv4 addresses (RoCE v2)."""
 
