@@ -11,8 +11,10 @@ import time
 
 import pytest
 
-from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, STANDBY, Activity, PathKey, RateChange
+from linkpass.core.activity import (ACTIVE, IDLE, PROGRESSING, STANDBY, Activity, LaneSeen, PathKey, RateChange,
+                                    UnreportedRdma)
 from linkpass.agent.config import Peer
+from linkpass.kernel import rdma as R
 from linkpass.kernel import sockdiag as SD
 from linkpass.testbed.agents import LINKPASS
 
@@ -42,6 +44,99 @@ def test_a_peer_is_active_from_its_first_data_until_it_has_been_quiet_for_idle_a
     assert "h3" not in act.last_moved
     with pytest.raises(ValueError, match="idle_after_ns must be > 0"):
         Activity(0)
+
+
+@pytest.mark.unit
+def test_rdma_traffic_no_lane_names_makes_its_plane_active_and_only_that_plane():
+    """A plane's RDMA device moving more packets than the agent's probes account for, with no
+    lane report on it, is traffic the agent cannot place: every path of that plane is active
+    (whatever peer), the other planes keep their rates, until it has been quiet for idle_after."""
+    un = UnreportedRdma(floor_pps=5000)
+    assert un.look(0, {0: 1000, 1: 1000}, 0, ()) == []  # the first look only takes the counters
+    # 0.1 s: plane 0 moved 900 + 2000 packets, 2000 of them the agent's own (requests, replies,
+    # reflected): 9 000/s left, over the floor; plane 1 moved its 300 and no more than the probes
+    assert un.look(100 * MS, {0: 3900, 1: 1300}, 2000, ()) == [0]
+    # a lane report on plane 0 names its traffic: no longer unreported
+    assert un.look(200 * MS, {0: 6900, 1: 1400}, 2100, {0}) == []
+    # a counter that went backwards (the device was reset) is no evidence; the next look starts there
+    assert un.look(300 * MS, {0: 5, 1: 1500}, 2200, ()) == []
+    assert un.look(400 * MS, {0: 2000, 1: 1600}, 2300, ()) == [0]
+    # the agent's own probes alone never count, however many
+    assert un.look(500 * MS, {0: 102_000, 1: 1700}, 102_300, ()) == []
+    with pytest.raises(ValueError, match="floor_pps must be > 0"):
+        UnreportedRdma(0)
+
+    act = Activity(idle_after_ns=1000 * MS)
+    paths = {1: PathKey("h1", 0, 1), 2: PathKey("h1", 1, 2), 3: PathKey("h3", 0, 3), 4: PathKey("h3", 1, 4)}
+    act.update(paths, 0)
+    act.saw_unreported_rdma([0], 100 * MS)
+    assert act.update(paths, 100 * MS) == [RateChange(1, "h1", ACTIVE), RateChange(3, "h3", ACTIVE)]
+    assert act.unreported_rdma_planes(100 * MS) == [0]
+    # a lane's own progress still says more about its path than the plane's counters
+    act.saw_lanes([LaneSeen("h3", 0, 3, 150 * MS, True)], 151 * MS)
+    assert act.classify(paths[3], 151 * MS, act.busy_peers(151 * MS)) == PROGRESSING
+    assert act.update(paths, 1101 * MS)[0] == RateChange(1, "h1", IDLE) and act.unreported_rdma_planes(1101 * MS) == []
+
+
+@pytest.mark.unit
+def test_the_agent_takes_its_own_probes_from_the_counters_and_says_which_planes_went_active(monkeypatch):
+    """The agent's step between the sampler's counter reads and the rates: its own exchanges
+    (requests sent and reflected, two packets each) come off, each new read is taken once, and
+    the planes made active are logged when they change. The engine and config are stand-ins;
+    the logic under test is the agent's."""
+    from types import SimpleNamespace
+
+    from linkpass.agent import daemon
+
+    logged = []
+    monkeypatch.setattr(daemon, "log", lambda event, **kw: logged.append((event, kw.get("planes"))))
+    agent = SimpleNamespace(cfg=SimpleNamespace(unreported_rdma_pps=5000), rdma_ports=None, unreported=None,
+                            _rdma_fed=0, _rdma_said=[], activity=Activity(idle_after_ns=1000 * MS),
+                            engine=SimpleNamespace(stats={"sent": 0, "reflected": 0}))
+
+    def see(when, counts, sent, reflected, lane_planes=(), now=None):
+        if counts is not None:
+            agent.rdma_ports = (when, counts)
+        agent.engine.stats = {"sent": sent, "reflected": reflected}
+        daemon.Agent._see_unreported_rdma(agent, set(lane_planes), when if now is None else now)
+
+    see(1, {0: 0, 1: 0}, 0, 0)
+    # 0.1 s: 400 exchanges of the agent's own (800 packets) and 1 000 more on plane 0: 10 000/s
+    see(100 * MS, {0: 1800, 1: 800}, 200, 200)
+    assert logged == [("rdma_unreported", [0])]
+    see(150 * MS, None, 10**6, 0)  # no new read: nothing is taken again, whatever the probes did
+    assert agent._rdma_fed == 100 * MS and logged == [("rdma_unreported", [0])]
+    see(1200 * MS, None, 10**6, 0)  # quiet for idle_after: the plane is back to its paths' own rates
+    assert logged[-1] == ("rdma_unreported", [])
+    agent.cfg.unreported_rdma_pps = 0  # a reload turned it off: no more reads are taken
+    see(1300 * MS, {0: 10**9, 1: 0}, 0, 0)
+    assert logged[-1] == ("rdma_unreported", []) and len(logged) == 2
+
+
+@pytest.mark.unit
+def test_an_rdma_ports_packet_counters_are_read_from_sysfs(tmp_path):
+    """The port's own counters (InfiniBand and mlx5 RoCE ports) first, then the driver's (rxe);
+    a file that is not one decimal number, or is missing, gives None rather than a guess."""
+    def write(dev: str, group: str, name: str, text: str) -> None:
+        d = tmp_path / dev / "ports" / "1" / group
+        d.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+
+    write("mlx5_0", "counters", "port_xmit_packets", "1000\n")
+    write("mlx5_0", "counters", "port_rcv_packets", "234\n")
+    write("mlx5_0", "hw_counters", "sent_pkts", "7\n")
+    write("mlx5_0", "hw_counters", "rcvd_pkts", "7\n")
+    write("rxe_p0", "hw_counters", "sent_pkts", "40\n")
+    write("rxe_p0", "hw_counters", "rcvd_pkts", "2\n")
+    write("bad0", "hw_counters", "sent_pkts", "-5\n")
+    write("bad0", "hw_counters", "rcvd_pkts", "1\n")
+    write("long0", "hw_counters", "sent_pkts", "1" * 64)
+    write("long0", "hw_counters", "rcvd_pkts", "1\n")
+    assert R.port_packets("mlx5_0", sysfs=str(tmp_path)) == 1234
+    assert R.port_packets("rxe_p0", sysfs=str(tmp_path)) == 42
+    assert R.port_packets("bad0", sysfs=str(tmp_path)) is None
+    assert R.port_packets("long0", sysfs=str(tmp_path)) is None
+    assert R.port_packets("gone0", sysfs=str(tmp_path)) is None
 
 
 # ---- the netlink parser ---------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def agent_exposition(per_path: bool, layout=(("h1", 0, 0), ("h1", 0, 1), ("h1", 
                                     "paths_by_rate": {"active": 1, "progressing": 1, "standby": 1, "idle": 1},
                                     "lanes": {"reports_live": 1, "reports_stale": 0, "reports_bad": 2, "lanes": 5,
                                               "lanes_unknown": 7},
+                                    "rdma_unreported_planes": 1,
                                     "budget": apportion({1: ("active", 0.001), 2: ("coverage", 0.1)}, 505.0)})
     decisions = DecisionCollector(lambda: fo, lambda: per_path)
     if process:

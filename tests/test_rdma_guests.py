@@ -322,6 +322,17 @@ VERBS_FAULTS = [
 ]
 
 
+def test_an_rxe_ports_packet_counters_move_with_the_rdma_traffic_on_it(rfab, ctl, guest_agents):
+    """What an agent reads to see RDMA traffic no lane report names: the packets its plane's RDMA
+    port sent and received, from the guest's sysfs (rxe's own counters). They move with the
+    agents' UD probes, which cross that port (two packets an exchange, each way's agent probing)."""
+    code = ("import json, sys, time; from linkpass.kernel import rdma; d = rdma.Device.for_address(sys.argv[1]).name; "
+            "a = rdma.port_packets(d); time.sleep(3); print(json.dumps([d, a, rdma.port_packets(d)]))")
+    out = ctl[GA].check(["python3", "-c", code, rfab.nic_addr(GA, 0)], env=GUEST_ENV)
+    dev, before, after = json.loads(out.strip().splitlines()[-1])
+    assert dev.startswith("rxe") and before is not None and after is not None, out
+    assert after - before >= 20, (dev, before, after)  # 3 s of probes every 100 ms on two or more paths
+
 @pytest.mark.parametrize("make,state,reason_a,reason_b", VERBS_FAULTS, ids=["uplink-down", "loss-from-a", "loss-to-a", "mtu", "flap"])
 def test_agents_in_guests_detect_each_fault_through_verbs_with_its_reason_and_direction(
         rfab, guest_agents, make, state, reason_a, reason_b):

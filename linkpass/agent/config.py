@@ -25,6 +25,8 @@
       progress_interval_ms: 50       # paths whose lanes report acknowledged bytes advancing (transport progress)
       progress_window_ms: 4          # ... for as long as the progress is this fresh; then back to interval_ms
       lanes_dir: /run/linkpass/lanes # where the NCCL plugin and RDMA library report their lanes (docs/lanes.md)
+      unreported_rdma_pps: 5000      # a plane whose RDMA device moves more packets/s than the agent's probes, with
+                                     # no lane report on it: all its paths active (0: do not look)
       budget_pps: 0                  # probes sent per second, never exceeded: rates degrade by priority (0: none)
       budget_cpu_pct: 0              # and this share of one core for the agent process (0: no CPU ceiling)
       ports_per_path: 1              # source ports probed per distinct discovered path
@@ -139,12 +141,13 @@ class AgentConfig:
     fleet_key_accept_file: str | None = None  # during a key rotation: a second key accepted, never sent with
     interval_ms: float = 1.0
     idle_interval_ms: float = 100.0  # paths of idle peers, when idle_rates is on
-    idle_rates: bool = True  # off on hosts whose RDMA traffic reports no lanes (docs/agent-cost.md)
+    idle_rates: bool = True  # each path at the rate its traffic needs (docs/agent-cost.md)
     idle_after_ms: float = 5000.0
     standby_interval_ms: float = 50.0  # failover targets: quiet lanes' paths, other paths of peers the job uses
     progress_interval_ms: float = 50.0  # paths whose lanes' acknowledged bytes advance
     progress_window_ms: float = 4.0  # how fresh that progress must be
     lanes_dir: str = "/run/linkpass/lanes"  # lane reports of the NCCL plugin and the RDMA library
+    unreported_rdma_pps: float = 5000.0  # RDMA packets/s on a plane no lane names that make its paths active (0: off)
     budget_pps: float = 0.0  # probes sent per second, never exceeded (0: no ceiling)
     budget_cpu_pct: float = 0.0  # share of one core for the agent process (0: no CPU ceiling)
     ports_per_path: int = 1
@@ -238,7 +241,8 @@ TOP = {"agent_id", "name", "fleet_key_file", "fleet_key_accept_file", "service",
        "routes", "entropy", "coordinator"}
 # section key -> AgentConfig field
 PROBE = {k: k for k in ("interval_ms", "idle_interval_ms", "idle_rates", "idle_after_ms", "standby_interval_ms",
-                        "progress_interval_ms", "progress_window_ms", "lanes_dir", "budget_pps", "budget_cpu_pct", "ports_per_path", "discovery_ports", "size_probe_every",
+                        "progress_interval_ms", "progress_window_ms", "lanes_dir", "unreported_rdma_pps",
+                        "budget_pps", "budget_cpu_pct", "ports_per_path", "discovery_ports", "size_probe_every",
                         "mtu", "rt_priority", "engine", "batch_ms")}
 # sockets: the C core on raw and UDP sockets; verbs: UD queue pairs (an RDMA NIC takes every
 # packet to 4791 before a socket could); auto: verbs where every NIC has an RDMA device
@@ -279,6 +283,7 @@ SCALARS: dict[str, tuple] = {
     "probe.progress_interval_ms": ("number", 0.1, 60_000),  # and at least probe.interval_ms
     "probe.progress_window_ms": ("number", 0.5, 10_000),
     "probe.lanes_dir": ("string",),
+    "probe.unreported_rdma_pps": ("number", 0, 100_000_000),
     "probe.budget_pps": ("number", 0, 10_000_000),
     "probe.budget_cpu_pct": ("number", 0, 800),
     "probe.ports_per_path": ("integer", 1, 16),

@@ -35,12 +35,12 @@ import time
 import traceback
 from collections import Counter
 
-from ..core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey
+from ..core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey, UnreportedRdma
 from ..core.constants import ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
 from ..core.entropy_table import EntropyError
 from ..kernel import caps
-from ..kernel.rdma import Device, RdmaUnavailable
+from ..kernel.rdma import Device, RdmaUnavailable, port_packets
 from ..kernel.sockdiag import TcpActivity, peer_addresses
 from ..core.budget import ACTIVE as B_ACTIVE, COVERAGE, REST, STANDBY as B_STANDBY, Apportioned, CpuGovernor, apportion
 from .lanes_reader import LanesReader
@@ -306,6 +306,12 @@ class Agent:
         self.path_keys: dict[int, PathKey] = {}
         self.intervals: dict[int, float] = {}  # path -> the interval it is probed at now, seconds
         self.moving: tuple[int, set[tuple[str, int | None]]] | None = None  # the sampler's latest look
+        # RDMA traffic no lane reports: the sampler's latest read of each plane's RDMA packet
+        # counter (when, plane -> packets), and which planes that made active, as last logged
+        self.rdma_ports: tuple[int, dict[int, int]] | None = None
+        self.unreported: UnreportedRdma | None = None
+        self._rdma_fed = 0
+        self._rdma_said: list[int] = []
         self._rates_went: dict[str, set[str]] = {}  # rate -> peers with paths that went to it, not logged yet
         self._rates_logged = 0
         # the probe budget (linkpass/core/budget.py): the pps ceiling, times the CPU governor's factor
@@ -445,8 +451,16 @@ class Agent:
         tcp: list[TcpActivity] = []
         addrs: tuple[tuple, dict[bytes, str]] = ((), {})
 
+        devices: list[dict[int, str]] = []  # plane -> its NIC's RDMA device, found once
+
         def sample() -> None:
             nonlocal addrs
+            if self.cfg.unreported_rdma_pps:
+                if not devices:
+                    devices.append(self._rdma_devices())
+                if devices[0]:
+                    self.rdma_ports = (time.monotonic_ns(), {plane: n for plane, dev in devices[0].items()
+                                                             if (n := port_packets(dev)) is not None})
             if addrs[0] is not self.cfg.peers:  # a reload or a plan changed the peers
                 peers = self.cfg.peers
                 addrs = (peers, peer_addresses(peers))
@@ -471,8 +485,10 @@ class Agent:
             when, seen = self.moving
             self.activity.saw([peer for peer, plane in seen if plane is None], when)
             self.activity.saw_planes([(peer, plane) for peer, plane in seen if plane is not None], when)
+        lanes = self.lanes.look(now) if self.lanes is not None else []
         if self.lanes is not None:
-            self.activity.saw_lanes(self._lanes_seen(self.lanes.look(now)), now)
+            self.activity.saw_lanes(self._lanes_seen(lanes), now)
+        self._see_unreported_rdma({lane.plane for lane in lanes}, now)
         changes = self.activity.update(self.path_keys, now)
         if changes:
             self._apply_intervals()
@@ -484,6 +500,37 @@ class Agent:
             went = {rate: sorted(self._rates_went.get(rate, ())) for rate in RATES}
             self._rates_went = {}
             log("path_rates", **went, paths=self.activity.counts())
+
+    def _rdma_devices(self) -> dict[int, str]:
+        """Each plane's RDMA device (by its NIC's address), for its packet counters; planes
+        without one are left out (their traffic is TCP, which the sockets show)."""
+        out = {}
+        for nic in self.cfg.nics:
+            try:
+                out[nic.plane] = Device.for_address(nic.addr).name
+            except (RdmaUnavailable, OSError, ValueError):
+                continue
+        return out
+
+    def _see_unreported_rdma(self, lane_planes: set[int], now: int) -> None:
+        """Planes whose RDMA device moved more packets than this agent's probes, with no lane
+        report naming them (NCCL's own IB transport, another RDMA application): every path of
+        such a plane is active, since no report says which peers the traffic goes to."""
+        floor = self.cfg.unreported_rdma_pps
+        if self.rdma_ports is not None and self.rdma_ports[0] != self._rdma_fed and floor:
+            if self.unreported is None or self.unreported.floor_pps != floor:
+                self.unreported = UnreportedRdma(floor)  # first look, or a reload changed the floor
+            when, counts = self.rdma_ports
+            self._rdma_fed = when
+            stats = self.engine.stats  # each exchange: a request and its reply, ours or reflected
+            planes = self.unreported.look(when, counts, 2 * (stats["sent"] + stats["reflected"]), lane_planes)
+            self.activity.saw_unreported_rdma(planes, when)
+        now_planes = self.activity.unreported_rdma_planes(now)
+        if now_planes != self._rdma_said:
+            self._rdma_said = now_planes
+            log("rdma_unreported", planes=now_planes,
+                note="RDMA traffic no lane report names: every path of these planes is probed at the active rate"
+                if now_planes else "no RDMA traffic without lane reports")
 
     def _lanes_seen(self, lanes) -> list[LaneSeen]:
         """The reported lanes on paths this agent probes: a lane to an address no peer has on the
@@ -571,6 +618,8 @@ class Agent:
                 "engine": self.engine_kind, "fleet_keys": 2 if self.accept_key else 1,
                 "paths_by_rate": self.activity.counts() if self.activity is not None else {ACTIVE: len(self.labels)},
                 "lanes": dict(self.lanes.counts) if self.lanes is not None else None,
+                # as the loop last saw it (a list it replaces whole: safe to read from the scrape's thread)
+                "rdma_unreported_planes": len(self._rdma_said) if self.activity is not None else None,
                 "budget": self.budget}
 
     # ---- the coordinator ---------------------------------------------------------------

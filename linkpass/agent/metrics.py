@@ -112,6 +112,9 @@ SPECS: dict[str, Spec] = {
                                         "Lane reports in probe.lanes_dir at the last look: live, stale (writer "
                                         "silent over a second) or bad (refused: not a report, damaged)", ("state",)),
     "linkpass_agent_lanes": Spec(GaugeMetricFamily, "Lanes the live reports held at the last look"),
+    "linkpass_agent_rdma_unreported_planes": Spec(GaugeMetricFamily,
+                                                  "Planes whose every path is active because their RDMA device "
+                                                  "moves traffic no lane report names (probe.unreported_rdma_pps)"),
     "linkpass_agent_probe_budget_pps": Spec(GaugeMetricFamily,
                                             "The probe budget now: probes/s the agent may send (probe.budget_pps "
                                             "times the CPU governor's factor); 0: no ceiling"),
@@ -303,6 +306,7 @@ class AgentCollector:
     """Reads the agent's own state at scrape time: `counters()` returns {"loop_errors": {step: n},
     "answers_rejected": n, "probe_thread_up": bool, "coordinator_up": bool | None, "engine": str,
     "fleet_keys": 1 or 2, "paths_by_rate": {rate: n}, "lanes": the lane reader's counts or None,
+    "rdma_unreported_planes": planes active for unreported RDMA traffic, or None (rates off),
     "budget": the last core.budget.Apportioned or None}."""
 
     def __init__(self, counters: Callable[[], dict]):
@@ -331,6 +335,10 @@ class AgentCollector:
             held.add_metric([], lanes["lanes"])
             unknown.add_metric([], lanes["lanes_unknown"])
             yield from (reports, held, unknown)
+        if c.get("rdma_unreported_planes") is not None:  # with rates on
+            unreported = family("linkpass_agent_rdma_unreported_planes")
+            unreported.add_metric([], c["rdma_unreported_planes"])
+            yield unreported
         budget = c.get("budget")
         if budget is not None:
             ceiling, pps, degraded = (family(n) for n in ("linkpass_agent_probe_budget_pps", "linkpass_agent_probe_pps",

@@ -60,6 +60,7 @@ EVENTS = {
     "loop_error": "error",
     "path_check": "info",
     "path_rates": "info",
+    "rdma_unreported": "warning",
     "probe_budget": "warning",
     "path_check_failed": "error",
     "watchdog_withheld": "error",
