@@ -52,17 +52,17 @@ def test_rdma_traffic_no_lane_names_makes_its_plane_active_and_only_that_plane()
     lane report on it, is traffic the agent cannot place: every path of that plane is active
     (whatever peer), the other planes keep their rates, until it has been quiet for idle_after."""
     un = UnreportedRdma(floor_pps=5000)
-    assert un.look(0, {0: 1000, 1: 1000}, 0, ()) == []  # the first look only takes the counters
+    assert un.look(0, {0: 1000, 1: 1000}, 0, ()) == {}  # the first look only takes the counters
     # 0.1 s: plane 0 moved 900 + 2000 packets, 2000 of them the agent's own (requests, replies,
     # reflected): 9 000/s left, over the floor; plane 1 moved its 300 and no more than the probes
-    assert un.look(100 * MS, {0: 3900, 1: 1300}, 2000, ()) == [0]
+    assert un.look(100 * MS, {0: 3900, 1: 1300}, 2000, ()) == {0: pytest.approx(9000)}
     # a lane report on plane 0 names its traffic: no longer unreported
-    assert un.look(200 * MS, {0: 6900, 1: 1400}, 2100, {0}) == []
+    assert un.look(200 * MS, {0: 6900, 1: 1400}, 2100, {0}) == {}
     # a counter that went backwards (the device was reset) is no evidence; the next look starts there
-    assert un.look(300 * MS, {0: 5, 1: 1500}, 2200, ()) == []
-    assert un.look(400 * MS, {0: 2000, 1: 1600}, 2300, ()) == [0]
+    assert un.look(300 * MS, {0: 5, 1: 1500}, 2200, ()) == {}
+    assert list(un.look(400 * MS, {0: 2000, 1: 1600}, 2300, ())) == [0]
     # the agent's own probes alone never count, however many
-    assert un.look(500 * MS, {0: 102_000, 1: 1700}, 102_300, ()) == []
+    assert un.look(500 * MS, {0: 102_000, 1: 1700}, 102_300, ()) == {}
     with pytest.raises(ValueError, match="floor_pps must be > 0"):
         UnreportedRdma(0)
 
@@ -89,9 +89,9 @@ def test_the_agent_takes_its_own_probes_from_the_counters_and_says_which_planes_
     from linkpass.agent import daemon
 
     logged = []
-    monkeypatch.setattr(daemon, "log", lambda event, **kw: logged.append((event, kw.get("planes"))))
+    monkeypatch.setattr(daemon, "log", lambda event, **kw: logged.append((event, kw.get("planes"), kw.get("pps"))))
     agent = SimpleNamespace(cfg=SimpleNamespace(unreported_rdma_pps=5000), rdma_ports=None, unreported=None,
-                            _rdma_fed=0, _rdma_said=[], activity=Activity(idle_after_ns=1000 * MS),
+                            _rdma_fed=0, _rdma_said=[], _rdma_pps={}, activity=Activity(idle_after_ns=1000 * MS),
                             engine=SimpleNamespace(stats={"sent": 0, "reflected": 0}))
 
     def see(when, counts, sent, reflected, lane_planes=(), now=None):
@@ -103,14 +103,14 @@ def test_the_agent_takes_its_own_probes_from_the_counters_and_says_which_planes_
     see(1, {0: 0, 1: 0}, 0, 0)
     # 0.1 s: 400 exchanges of the agent's own (800 packets) and 1 000 more on plane 0: 10 000/s
     see(100 * MS, {0: 1800, 1: 800}, 200, 200)
-    assert logged == [("rdma_unreported", [0])]
+    assert logged == [("rdma_unreported", [0], {0: 10_000})]
     see(150 * MS, None, 10**6, 0)  # no new read: nothing is taken again, whatever the probes did
-    assert agent._rdma_fed == 100 * MS and logged == [("rdma_unreported", [0])]
+    assert agent._rdma_fed == 100 * MS and len(logged) == 1
     see(1200 * MS, None, 10**6, 0)  # quiet for idle_after: the plane is back to its paths' own rates
-    assert logged[-1] == ("rdma_unreported", [])
+    assert logged[-1] == ("rdma_unreported", [], {})
     agent.cfg.unreported_rdma_pps = 0  # a reload turned it off: no more reads are taken
     see(1300 * MS, {0: 10**9, 1: 0}, 0, 0)
-    assert logged[-1] == ("rdma_unreported", []) and len(logged) == 2
+    assert logged[-1] == ("rdma_unreported", [], {}) and len(logged) == 2
 
 
 @pytest.mark.unit

@@ -431,3 +431,38 @@ def test_a_verbs_ring_all_reduce_moves_to_other_qps_through_each_fault_and_back(
     downs = [e for e in run.lanes(0) if e.what == "down"]
     assert downs and guest_ring.move_cause(downs[0]) in ("table", "stuck", "qp-error"), why
 
+
+
+def test_rdma_traffic_no_lane_reports_makes_its_planes_active_in_an_agent_with_rates(rfab, ctl, guest_agents):
+    """An agent with rates on sees RDMA traffic that reports no lanes (here the plugin's ring with
+    its lane reports switched off, standing for NCCL's own IB transport) in its planes' rxe packet
+    counters: it logs the planes, probes every path of them at the active rate, and lets them go
+    once the traffic has been quiet for idle_after. Runs last: it replaces the module's agents."""
+    def stopped() -> None:
+        for h in (GA, GB):
+            deadline = time.monotonic() + 30
+            while ctl[h].kill("agent", 0) is None:
+                assert time.monotonic() < deadline, f"the agent in {host_name(h)} did not stop within 30 s"
+                time.sleep(0.5)
+
+    guest_agents.stop()
+    stopped()
+    ga = agents.GuestAgents(rfab, [GA, GB], interval_ms=100,
+                            probe={"batch_ms": 50, "size_probe_every": 0, "idle_rates": True, "idle_after_ms": 3000,
+                                   "unreported_rdma_pps": 200},
+                            detect=GUEST_DETECT, controls=dict(ctl)).start()
+    try:
+        time.sleep(3)  # 30 looks at the counters with the agents' own probes alone: not traffic
+        assert not ga.events(GA, "rdma_unreported"), ga.events(GA, "rdma_unreported")
+        run = guest_ring.ring_under_fault(rfab, GA, GB, ctl[GA], ctl[GB], None, lead_s=2, hold_s=8, after_s=1,
+                                          size="1M", env={"LINKPASS_LANES_DIR": "/nonexistent/lanes"}, tag="ring-unreported")
+        assert run.rc == [0, 0], guest_ring.describe(run)
+        went = [e for e in ga.events(GA, "rdma_unreported") if e["planes"]]
+        assert went, (ga.events(GA, "rdma_unreported"), ga.events(GA, "path_rates")[-4:])
+        assert set(went[0]["planes"]) <= {0, 1} and all(n > 200 for n in went[0]["pps"].values()), went[0]
+        assert any(host_name(GB) in e["active"] for e in ga.events(GA, "path_rates")), ga.events(GA, "path_rates")[-4:]
+        quiet = ga.wait_for(GA, "rdma_unreported", lambda e: e["planes"] == [], timeout_s=30)
+        assert quiet is not None, ga.events(GA, "rdma_unreported")
+    finally:
+        ga.stop()  # the module's fixture closes the controls and checks that these agents stopped cleanly
+        stopped()

@@ -312,6 +312,7 @@ class Agent:
         self.unreported: UnreportedRdma | None = None
         self._rdma_fed = 0
         self._rdma_said: list[int] = []
+        self._rdma_pps: dict[int, float] = {}  # plane -> packets/s beyond the probes, at its latest look over the floor
         self._rates_went: dict[str, set[str]] = {}  # rate -> peers with paths that went to it, not logged yet
         self._rates_logged = 0
         # the probe budget (linkpass/core/budget.py): the pps ceiling, times the CPU governor's factor
@@ -524,11 +525,12 @@ class Agent:
             self._rdma_fed = when
             stats = self.engine.stats  # each exchange: a request and its reply, ours or reflected
             planes = self.unreported.look(when, counts, 2 * (stats["sent"] + stats["reflected"]), lane_planes)
+            self._rdma_pps.update(planes)
             self.activity.saw_unreported_rdma(planes, when)
         now_planes = self.activity.unreported_rdma_planes(now)
         if now_planes != self._rdma_said:
             self._rdma_said = now_planes
-            log("rdma_unreported", planes=now_planes,
+            log("rdma_unreported", planes=now_planes, pps={p: round(self._rdma_pps.get(p, 0)) for p in now_planes},
                 note="RDMA traffic no lane report names: every path of these planes is probed at the active rate"
                 if now_planes else "no RDMA traffic without lane reports")
 

@@ -195,21 +195,23 @@ class UnreportedRdma:
         self._last: tuple[int, dict[int, int], int] | None = None
 
     def look(self, now_ns: int, port_packets: Mapping[int, int], own_packets: int,
-             lane_planes: Iterable[int]) -> list[int]:
+             lane_planes: Iterable[int]) -> dict[int, float]:
         """`port_packets`: plane -> its device's packet counter (sent + received) now;
         `own_packets`: the agent's own probe packets so far (a counter); `lane_planes`: planes
-        a lane report names at this look. Returns the planes with unreported traffic."""
+        a lane report names at this look. Returns the planes with unreported traffic, each with
+        its packets/s beyond the probes."""
         last, self._last = self._last, (now_ns, dict(port_packets), own_packets)
         if last is None or now_ns <= last[0]:
-            return []
+            return {}
         seconds = (now_ns - last[0]) / 1e9
         own = max(0, own_packets - last[2])
         reported = set(lane_planes)
-        out = []
+        out = {}
         for plane, count in sorted(port_packets.items()):
             before = last[1].get(plane)
             if before is None or count < before or plane in reported:
                 continue
-            if (count - before - own) / seconds > self.floor_pps:
-                out.append(plane)
+            pps = (count - before - own) / seconds
+            if pps > self.floor_pps:
+                out[plane] = pps
         return out
