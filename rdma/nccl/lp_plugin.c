@@ -78,6 +78,7 @@
 #define LP_CONNECT_MIN_NS 1000000000ull
 #define LP_PENDING_MAX 256
 #define LP_PENDING_NS 5000000000ull
+#define LP_LINGER_NS 1000000000ull     /* a closed receive comm's last ACKs get this long to leave */
 #define LP_READ_BUDGET (4u << 20)
 #define LP_MAX_BYTES MAX_NET_SIZE /* test() reports sizes as int: keep messages <= 1 GiB */
 #define LP_VWIN 4                 /* verbs lane: chunks in flight (the receiver posts this many slots and more) */
@@ -375,6 +376,7 @@ struct comm {
     size_t chunk;
     int cur_plane, avoid[LP_MAX_PLANES];
     uint64_t nolane_since, last_rx;
+    uint64_t linger_until; /* closed, its last control frames still leaving: freed at this time at the latest */
     char peer_name[64];
     /* counters, reported by linkpass_nccl_stats */
     uint64_t lanes_down, lanes_up, chunks_resent, dup_chunks, bad_frames, table_moves;
@@ -1668,9 +1670,25 @@ static void comm_free(struct comm *c) {
     free(c);
 }
 
-static void reap(void) {
+/* A receive comm whose control frames (the ACKs of its last chunks above all) have not all left:
+ * queued on a lane, or posted on a QP and not yet completed. */
+static int comm_flushing(const struct comm *c) {
+    for (int j = 0; j < c->nlanes; j++) {
+        const struct lane *l = &c->lanes[j];
+        if (l->ctl_off < l->ctl_len || lpv_sending(l->v)) return 1;
+    }
+    return 0;
+}
+
+static void reap(uint64_t now) {
     for (struct comm **pp = &G.comms; *pp;) {
         struct comm *c = *pp;
+        /* NCCL may close a receive comm the moment its last receive is done, before that
+         * receive's ACKs have left: freed then, its sender would wait on them forever */
+        if (c->closing && c->kind == K_RECV && !c->failed && comm_flushing(c)) {
+            if (!c->linger_until) c->linger_until = now + LP_LINGER_NS;
+            if (now < c->linger_until) { pp = &c->next; continue; }
+        }
         int orphan = c->kind == K_RECV && !c->accepted;
         if (orphan) {
             orphan = 1;
@@ -1695,7 +1713,7 @@ static void *progress_main(void *arg) {
     while (!G.stop) {
         uint64_t now = now_ns();
         lpl_heartbeat(now); /* every pass: poll waits at most 10 ms */
-        reap();
+        reap(now);
         /* every context finalized and every comm gone: the job is done with the plugin */
         if (G.fini_pending && !G.comms) {
             G.fini_pending = 0;

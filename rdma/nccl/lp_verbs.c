@@ -56,6 +56,8 @@ int lpv_poll(struct lpv_lane *v, lpv_msg_fn fn, void *arg, char *why, size_t n) 
     snprintf(why, n, "no verbs support in this build");
     return -1;
 }
+uint32_t lpv_sending(const struct lpv_lane *v) { return v ? v->nsend - v->nfree : 0; }
+
 void lpv_close(struct lpv_lane *v) { (void)v; }
 
 #else
@@ -445,6 +447,8 @@ int lpv_poll(struct lpv_lane *v, lpv_msg_fn fn, void *arg, char *why, size_t n) 
     }
     return 0;
 }
+
+uint32_t lpv_sending(const struct lpv_lane *v) { return v ? v->nsend - v->nfree : 0; }
 
 void lpv_close(struct lpv_lane *v) {
     if (!v) return;

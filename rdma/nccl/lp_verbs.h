@@ -58,6 +58,8 @@ int lpv_send(struct lpv_lane *v, const void *a, size_t alen, const void *b, size
  * returned -1, or the QP could not be fed. */
 typedef int (*lpv_msg_fn)(void *arg, uint8_t *msg, size_t len);
 int lpv_poll(struct lpv_lane *v, lpv_msg_fn fn, void *arg, char *why, size_t n);
+/* Sends posted and not yet completed (their slots come back at lpv_poll). 0 on NULL. */
+uint32_t lpv_sending(const struct lpv_lane *v);
 /* Destroy the QP, its CQ, channel and slots. Safe on NULL. */
 void lpv_close(struct lpv_lane *v);
 
