@@ -333,6 +333,7 @@ def test_an_rxe_ports_packet_counters_move_with_the_rdma_traffic_on_it(rfab, ctl
     assert dev.startswith("rxe") and before is not None and after is not None, out
     assert after - before >= 20, (dev, before, after)  # 3 s of probes every 100 ms on two or more paths
 
+
 @pytest.mark.parametrize("make,state,reason_a,reason_b", VERBS_FAULTS, ids=["uplink-down", "loss-from-a", "loss-to-a", "mtu", "flap"])
 def test_agents_in_guests_detect_each_fault_through_verbs_with_its_reason_and_direction(
         rfab, guest_agents, make, state, reason_a, reason_b):
@@ -430,7 +431,6 @@ def test_a_verbs_ring_all_reduce_moves_to_other_qps_through_each_fault_and_back(
     # the first lane to leave was moved by a designed detector: the agent's table or its own progress
     downs = [e for e in run.lanes(0) if e.what == "down"]
     assert downs and guest_ring.move_cause(downs[0]) in ("table", "stuck", "qp-error"), why
-
 
 
 def test_rdma_traffic_no_lane_reports_makes_its_planes_active_in_an_agent_with_rates(rfab, ctl, guest_agents):

@@ -255,8 +255,9 @@ ENTROPY = {"enabled": "entropy_enabled", "path": "entropy_path"}
 COORDINATOR = {k: k for k in ("url", "token_file", "report_ms", "summary_s", "follow_plan", "max_plan_peers",
                               "ca_file", "cert_file", "key_file", "insecure_http")}  # CoordinatorLinkConfig
 # detect.<field>: (DetectorConfig field, factor to its unit, lo, hi, the agent's default or None for
-# DetectorConfig's); a field with float bounds takes any number in them, the others an integer. The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose
-# noise on a busy host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
+# DetectorConfig's); a field with float bounds takes any number in them, the others an integer.
+# The agent's own defaults: its timestamps are software (SO_TIMESTAMPNS), whose noise on a busy
+# host is tens of µs, not the 2 µs DetectorConfig assumes for hardware stamps.
 DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
           "timeout_floor_us": ("timeout_floor_ns", 1000, 10, 1_000_000, None),
           "timeout_ceiling_ms": ("timeout_ceiling_ns", 1_000_000, 1, 10_000, None),

@@ -486,8 +486,9 @@ class Agent:
             when, seen = self.moving
             self.activity.saw([peer for peer, plane in seen if plane is None], when)
             self.activity.saw_planes([(peer, plane) for peer, plane in seen if plane is not None], when)
-        lanes = self.lanes.look(now) if self.lanes is not None else []
+        lanes = []
         if self.lanes is not None:
+            lanes = self.lanes.look(now)
             self.activity.saw_lanes(self._lanes_seen(lanes), now)
         self._see_unreported_rdma({lane.plane for lane in lanes}, now)
         changes = self.activity.update(self.path_keys, now)
@@ -517,6 +518,8 @@ class Agent:
         """Planes whose RDMA device moved more packets than this agent's probes, with no lane
         report naming them (NCCL's own IB transport, another RDMA application): every path of
         such a plane is active, since no report says which peers the traffic goes to."""
+        if self.rdma_ports is None and not self._rdma_said:
+            return  # no RDMA device read yet (a host without one never has): every 2 ms, nothing to do
         floor = self.cfg.unreported_rdma_pps
         if self.rdma_ports is not None and self.rdma_ports[0] != self._rdma_fed and floor:
             if self.unreported is None or self.unreported.floor_pps != floor:
