@@ -115,6 +115,44 @@ def test_a_report_cannot_claim_progress_from_the_future():
     assert act.rate[1] == PROGRESSING
 
 
+
+@pytest.mark.unit
+def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_on_the_readers():
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    paths = {1: PathKey("h1", 0, 7)}
+    t = 100 * MS
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)
+    act.update(paths, t)
+    assert act.rate[1] == PROGRESSING
+    # the writer is kept off the CPU: it has not looked since, so no stall yet, for up to 5 windows
+    for later in (6 * MS, 12 * MS, 19 * MS):
+        act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t + later)
+        assert act.update(paths, t + later) == [], later
+    # ... then the reader's clock judges it: the bound on staleness holds for every writer
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t + 21 * MS)
+    assert [(c.path, c.rate) for c in act.update(paths, t + 21 * MS)] == [(1, ACTIVE)]
+
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)
+    act.update(paths, t)
+    # a writer that looks and sees nothing acknowledged for longer than the window: a stall at once
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t + 3 * MS)], t + 3 * MS)
+    assert act.update(paths, t + 3 * MS) == []
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t + 3 * MS + MS // 2)], t + 4 * MS)
+    assert [(c.path, c.rate) for c in act.update(paths, t + 4 * MS)] == [(1, ACTIVE)]
+
+
+@pytest.mark.unit
+def test_a_look_time_from_the_future_is_no_excuse_for_a_stall():
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    paths = {1: PathKey("h1", 0, 7)}
+    t = 100 * MS
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)
+    act.update(paths, t)
+    # a heartbeat claimed in a year: judged on the reader's clock, stalled after the window
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=10**18)], t + 6 * MS)
+    assert [(c.path, c.rate) for c in act.update(paths, t + 6 * MS)] == [(1, ACTIVE)]
+
 # ---- the writer and the agent's reader, on real files ------------------------------------------
 
 @pytest.mark.unit

@@ -392,6 +392,10 @@ class Agent:
             log("peer_added", peer=peer.name, paths=len(ids))
         log("discovery", targets=len(targets), paths=added, seconds=round(time.monotonic() - t0, 3),
             stats={k: v for k, v in table.stats.items() if v})
+        if self.activity is not None:
+            # each new path at its rate from its first probes: all at the active rate, a host with
+            # many paths would spend its first seconds saturated, deciding late on a backlog
+            self.update_rates()
         self._apply_intervals()  # the new paths within the budget
         return added
 
@@ -548,7 +552,8 @@ class Agent:
             if where is None or where[1] != lane.plane:
                 self.lanes.counts["lanes_unknown"] += 1
                 continue
-            out.append(LaneSeen(where[0], lane.plane, lane.sport, lane.progress_ns, lane.bytes_acked < lane.bytes_sent))
+            out.append(LaneSeen(where[0], lane.plane, lane.sport, lane.progress_ns, lane.bytes_acked < lane.bytes_sent,
+                                lane.looked_ns))
         return out
 
     def _rates_every_s(self) -> float:

@@ -18,13 +18,21 @@ the NCCL plugin's and the RDMA library's lane reports, docs/lanes.md):
   so their state must be known within a few tens of milliseconds;
 - **idle** (`probe.idle_interval_ms`): the rest, known good within about a second.
 
+A stall is judged on the writer's clock: the window runs from the lane's last progress to the
+writer's last look at its acknowledgements (its report's heartbeat), so a writer kept off the CPU
+is not taken for a stalled path, which would put its paths at the active rate and take more CPU
+from a host already short of it. A writer silent for longer than WRITER_SILENT_WINDOWS windows is
+judged on the reader's clock, as is one that gives no look time: the bound on how stale progress
+may be holds for every writer.
+
 RDMA traffic no lane report names (NCCL's own IB transport, another RDMA application) is seen
 only as packets on a plane's RDMA device: a plane whose device moves more than the agent's own
 probes account for, while no lane report names that plane (`UnreportedRdma`), makes every path of
 that plane active, since the agent cannot tell which peers the traffic goes to.
 
 A peer's or path's traffic counts from the first look that sees it until `idle_after_ns` pass
-without any. New paths start active; the next look sets their rate.
+without any. New paths start active; the next look sets their rate (the agent looks as soon as
+it adds paths).
 
 What the detector makes of a slower rate: its thresholds count probes and its timeouts follow
 each probe's round trip, so a slow path is judged by the same rules, only later (three misses at
@@ -40,6 +48,7 @@ ACTIVE, PROGRESSING, STANDBY, IDLE = "active", "progressing", "standby", "idle"
 RATES = (ACTIVE, PROGRESSING, STANDBY, IDLE)
 STALL_HOLD_NS = 250_000_000  # a lane that stalled stays at the active rate this long before progress may slow it again
 FUTURE_SLACK_NS = 1_000_000  # a writer may stamp its progress just after the reader took its time
+WRITER_SILENT_WINDOWS = 5  # a writer that has not looked for this many progress windows is judged on the reader's clock
 ANY_PORT = 0  # a lane whose path the agent does not probe (a TCP lane) stands for every path of its plane
 
 
@@ -52,13 +61,15 @@ class PathKey:
 
 @dataclass(frozen=True)
 class LaneSeen:
-    """One lane at one look: its path, when its acknowledged bytes last advanced (0: never), and
-    whether bytes handed to it wait for acknowledgement."""
+    """One lane at one look: its path, when its acknowledged bytes last advanced (0: never),
+    whether bytes handed to it wait for acknowledgement, and when its writer last looked for
+    acknowledgements (its report's heartbeat; 0: not known, judged at the reader's time)."""
     peer: str
     plane: int
     sport: int
     progress_ns: int
     waiting: bool
+    looked_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ class Activity:
         self.lane_moved: dict[tuple[str, int, int], int] = {}  # (peer, plane, sport) -> a lane last carried data
         self.lane_progress: dict[tuple[str, int, int], int] = {}  # ... -> its acknowledged bytes last advanced
         self.lane_waiting: set[tuple[str, int, int]] = set()  # lanes with bytes waiting at the last look
+        self.lane_judged: dict[tuple[str, int, int], int] = {}  # lanes at the last look -> when their progress was judged
         self.lane_stalled: dict[tuple[str, int, int], int] = {}  # ... -> last look that saw bytes wait without progress
         self.rdma_moved: dict[int, int] = {}  # plane -> its RDMA device last moved traffic no lane reports
         self.rate: dict[int, str] = {}  # path -> the rate it is probed at now
@@ -108,12 +120,17 @@ class Activity:
 
     def saw_lanes(self, lanes: Iterable[LaneSeen], now_ns: int) -> None:
         """Every lane the reports held at `now_ns` (each look replaces the last one's)."""
-        self.lane_waiting = set()
+        self.lane_waiting, self.lane_judged = set(), {}
+        silent_ns = WRITER_SILENT_WINDOWS * self.progress_window_ns
         for lane in lanes:
             key = (lane.peer, lane.plane, lane.sport)
             # a report is untrusted: a time ahead of this look (beyond a write racing the look) is no evidence
             progress = lane.progress_ns if lane.progress_ns <= now_ns + FUTURE_SLACK_NS else 0
             progress = min(progress, now_ns)
+            # judged at the writer's last look where it is believable and recent, else at this look
+            looked = lane.looked_ns if 0 < lane.looked_ns <= now_ns + FUTURE_SLACK_NS else now_ns
+            judged = now_ns if now_ns - looked > silent_ns else max(min(looked, now_ns), progress)
+            self.lane_judged[key] = max(judged, self.lane_judged.get(key, 0))
             moved = now_ns if lane.waiting else progress
             if moved > self.lane_moved.get(key, 0):
                 self.lane_moved[key] = moved
@@ -121,7 +138,7 @@ class Activity:
                 self.lane_progress[key] = progress
             if lane.waiting:
                 self.lane_waiting.add(key)
-                if not self._fresh(self.lane_progress.get(key), now_ns, self.progress_window_ns):
+                if not self._fresh(self.lane_progress.get(key), self.lane_judged[key], self.progress_window_ns):
                     self.lane_stalled[key] = now_ns
 
     @staticmethod
@@ -139,7 +156,8 @@ class Activity:
     def classify(self, key: PathKey, now_ns: int, busy: set[str]) -> str:
         """The rate `key`'s path wants now; `busy` is busy_peers(now_ns)."""
         lanes = ((key.peer, key.plane, key.sport), (key.peer, key.plane, ANY_PORT))
-        if (any(self._fresh(self.lane_progress.get(k), now_ns, self.progress_window_ns) for k in lanes)
+        if (any(k in self.lane_judged and self._fresh(self.lane_progress.get(k), self.lane_judged[k],
+                                                      self.progress_window_ns) for k in lanes)
                 and not any(self._fresh(self.lane_stalled.get(k), now_ns, STALL_HOLD_NS) for k in lanes)):
             return PROGRESSING
         if (any(k in self.lane_waiting for k in lanes)

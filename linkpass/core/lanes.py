@@ -61,6 +61,7 @@ class Lane:
     bytes_sent: int
     bytes_acked: int
     progress_ns: int  # CLOCK_MONOTONIC when bytes_acked last advanced; 0: never
+    looked_ns: int = 0  # the report's heartbeat: when its writer last looked for acknowledgements
 
 
 def file_size(capacity: int) -> int:
@@ -103,7 +104,7 @@ def decode_lanes(copy: bytes, live: bytes | None = None) -> list[Lane]:
         addr = _address(family, peer)
         if addr is None or kind not in KINDS:
             continue  # an unknown family or kind, or a damaged address: not a lane this reader can place
-        out.append(Lane(slot, addr, family, plane, sport, kind, sent, min(acked, sent), progress))
+        out.append(Lane(slot, addr, family, plane, sport, kind, sent, min(acked, sent), progress, head.heartbeat_ns))
     return out
 
 

@@ -2,16 +2,20 @@
 each reported in a lane report (docs/lanes.md) the way the NCCL plugin reports its lanes, so the
 agent sees which paths the job uses and whether they progress.
 
-The sender writes a chunk on every lane each `every_s`; the receiver answers with the count of
-bytes it has received, and that count is the lane's acknowledged bytes. A stalled path stops the
-answers, so the lane stops progressing while bytes wait: what the agent watches for. One thread
-drives every lane (non-blocking sockets, one selector); everything is bounded and closed.
+The sender writes a chunk on every lane each `every_s`; a lane's acknowledged bytes are the ones
+the peer's TCP has acknowledged (what it sent less what its send queue still holds, SIOCOUTQ), as
+a NIC's transport acknowledges an RDMA lane's bytes: the peer's kernel answers, not the job, so
+the count moves while the job's own thread waits for the CPU. A stalled path stops the
+acknowledgements while bytes wait: what the agent watches for. One thread drives every lane
+(non-blocking sockets; each tick reads the acknowledgements, writes the chunks and drains the
+receivers); everything is bounded and closed.
 """
 from __future__ import annotations
 
-import selectors
+import fcntl
 import socket
 import struct
+import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -24,7 +28,8 @@ from .topology import Fabric
 
 LANE_PORT = 45100
 MAX_SECONDS = 600.0
-_ACK = struct.Struct("!Q")
+_INT = struct.Struct("i")
+RECV_BYTES = 1 << 18  # drained per receiver per tick, at most
 
 
 @dataclass
@@ -36,8 +41,7 @@ class _Lane:
     report: object  # linkpass_rdma.lanes.Lane, or None
     sent: int = 0
     received: int = 0  # receiver: bytes so far
-    acked: int = 0  # sender: the receiver's last count
-    ack_buf: bytes = b""
+    acked: int = 0  # sender: bytes the peer's TCP acknowledged
 
 
 class LaneJob:
@@ -91,35 +95,31 @@ class LaneJob:
         srv.close()
         for s in (cli, conn):
             s.setblocking(False)
-        # the receiver's small counts too: with Nagle they would wait for the sender's delayed ACK (40 ms)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         lane = self.report.claim(daddr, plane, 0, KIND_TCP) if self.report is not None else None
         return _Lane(plane, dst, cli, conn, lane)
 
     def _run(self) -> None:
-        sel = selectors.DefaultSelector()
-        for lane in self.lanes:
-            sel.register(lane.tx, selectors.EVENT_READ, (lane, "ack"))
-            sel.register(lane.rx, selectors.EVENT_READ, (lane, "data"))
         payload = bytes(self.chunk)
         deadline = time.monotonic() + self.max_seconds
         due = time.monotonic()
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
-                if time.monotonic() >= due:
-                    due = max(due + self.every_s, time.monotonic())  # late: carry on, no catch-up burst
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._stop.wait(wait)
+                    continue
+                due += self.every_s
+                if due <= time.monotonic():  # a tick or more late: carry on from now, no catch-up burst
+                    due = time.monotonic() + self.every_s
+                for lane in self.lanes:
+                    self._ack(lane)
                     if not self.paused.is_set():
-                        for lane in self.lanes:
-                            self._send(lane, payload)
-                    if self.report is not None:
-                        self.report.beat()
-                for key, _ in sel.select(max(0.0, due - time.monotonic())):
-                    lane, what = key.data
-                    self._ack(lane) if what == "ack" else self._data(lane)
+                        self._send(lane, payload)
+                    self._drain(lane)
+                if self.report is not None:
+                    self.report.beat()
         except OSError as exc:
             self.error = f"{exc!r}"
-        finally:
-            sel.close()
 
     def _send(self, lane: _Lane, payload: bytes) -> None:
         try:
@@ -130,36 +130,27 @@ class LaneJob:
         if lane.report is not None:
             lane.report.sent(n)
 
-    def _data(self, lane: _Lane) -> None:
+    def _drain(self, lane: _Lane) -> None:
+        """The receiver reads what arrived (its window stays open); bounded per tick."""
         got = 0
-        while True:
+        while got < RECV_BYTES:
             try:
-                data = lane.rx.recv(1 << 18)
+                data = lane.rx.recv(RECV_BYTES)
             except BlockingIOError:
                 break
             if not data:
                 break
             got += len(data)
-        if got:
-            lane.received += got
-            try:
-                lane.rx.send(_ACK.pack(lane.received))
-            except BlockingIOError:
-                pass  # the next chunk's answer carries the count
+        lane.received += got
 
     def _ack(self, lane: _Lane) -> None:
-        try:
-            lane.ack_buf += lane.tx.recv(4096)
-        except BlockingIOError:
-            return
-        n = len(lane.ack_buf) // _ACK.size
-        if n:
-            count = _ACK.unpack_from(lane.ack_buf, (n - 1) * _ACK.size)[0]
-            lane.ack_buf = lane.ack_buf[n * _ACK.size:]
-            if count > lane.acked:
-                if lane.report is not None:
-                    lane.report.acked(count - lane.acked)
-                lane.acked = count
+        """What the peer's TCP acknowledged so far: sent less the bytes still in the send queue."""
+        queued = _INT.unpack(fcntl.ioctl(lane.tx.fileno(), termios.TIOCOUTQ, b"\0" * _INT.size))[0]
+        count = lane.sent - queued
+        if count > lane.acked:
+            if lane.report is not None:
+                lane.report.acked(count - lane.acked)
+            lane.acked = count
 
     def stop(self) -> dict:
         """End the job; what each lane moved, {(dst, plane): (sent, acked)}."""

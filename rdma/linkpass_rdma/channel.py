@@ -194,6 +194,8 @@ class Channel:
             if not n_sent and not got:
                 if now > next_check:
                     next_check = now + 0.001
+                    if lane is not None:
+                        lane.report.beat()  # looked, nothing acknowledged: the agent judges a stall from here
                     if self._port_left():
                         return None
                     if now > echo_by:

@@ -80,6 +80,8 @@
 #define LP_PENDING_NS 5000000000ull
 #define LP_LINGER_NS 1000000000ull     /* a closed receive comm's last ACKs get this long to leave */
 #define LP_READ_BUDGET (4u << 20)
+#define LP_LOOK_MS 10             /* the progress thread's longest sleep */
+#define LP_LOOK_WAITING_MS 1      /* ... while chunks wait for ACKs (its heartbeat is its last look) */
 #define LP_MAX_BYTES MAX_NET_SIZE /* test() reports sizes as int: keep messages <= 1 GiB */
 #define LP_VWIN 4                 /* verbs lane: chunks in flight (the receiver posts this many slots and more) */
 #define LP_VRECV_SPARE 4          /* receive slots beyond the window: the ping, and slack */
@@ -1712,7 +1714,7 @@ static void *progress_main(void *arg) {
     pthread_mutex_lock(&G.mu);
     while (!G.stop) {
         uint64_t now = now_ns();
-        lpl_heartbeat(now); /* every pass: poll waits at most 10 ms */
+        lpl_heartbeat(now); /* every pass: the agent judges a lane's stall at its writer's last look */
         reap(now);
         /* every context finalized and every comm gone: the job is done with the plugin */
         if (G.fini_pending && !G.comms) {
@@ -1737,6 +1739,7 @@ static void *progress_main(void *arg) {
             if (p && o) cap = need;
         }
         size_t n = 0;
+        int waiting = 0; /* chunks wait for ACKs: look every LP_LOOK_WAITING_MS, so a stall shows at once */
         if (cap >= need) {
             for (size_t i = 0; i < need; i++) owner[i] = NULL;
             fds[n++] = (struct pollfd){.fd = G.wake[0], .events = POLLIN};
@@ -1751,6 +1754,7 @@ static void *progress_main(void *arg) {
                     /* a verbs lane's frames go on its QP: its socket is written only for the handshake */
                     if (l->boot_off < l->boot_len || (!l->v && (l->ctl_off < l->ctl_len || l->cur_active || l->qn)))
                         ev |= POLLOUT;
+                    waiting |= l->unacked > 0;
                     owner[n] = l;
                     fds[n++] = (struct pollfd){.fd = l->fd, .events = ev};
                     if (l->v) fds[n++] = (struct pollfd){.fd = lpv_fd(l->v), .events = POLLIN}; /* every pass polls it */
@@ -1758,7 +1762,7 @@ static void *progress_main(void *arg) {
         }
         G.wake_pending = 0;
         pthread_mutex_unlock(&G.mu);
-        poll(fds, (nfds_t)n, 10);
+        poll(fds, (nfds_t)n, waiting ? LP_LOOK_WAITING_MS : LP_LOOK_MS);
         if (n && (fds[0].revents & POLLIN)) {
             char b[64];
             while (read(G.wake[0], b, sizeof b) > 0) {}
