@@ -142,6 +142,22 @@ def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_on_the_reade
     assert [(c.path, c.rate) for c in act.update(paths, t + 4 * MS)] == [(1, ACTIVE)]
 
 
+
+@pytest.mark.unit
+def test_a_look_says_whether_any_lane_changed_what_it_gives_its_path():
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    t = 100 * MS
+    assert act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)  # a new lane
+    # progressing on, a few acknowledgements later: nothing a path's rate depends on moved
+    assert not act.saw_lanes([LaneSeen("h1", 0, 7, t + MS, waiting=True, looked_ns=t + 2 * MS)], t + 2 * MS)
+    # a second lane on the same path that does not progress changes nothing either: any lane counts
+    assert not act.saw_lanes([LaneSeen("h1", 0, 7, t + 3 * MS, waiting=True, looked_ns=t + 4 * MS),
+                              LaneSeen("h1", 0, 7, 0, waiting=False, looked_ns=t + 4 * MS)], t + 4 * MS)
+    assert act.saw_lanes([LaneSeen("h1", 0, 7, t + 3 * MS, waiting=True, looked_ns=t + 9 * MS)], t + 9 * MS)  # stalled
+    assert act.saw_lanes([LaneSeen("h1", 0, 7, t + 3 * MS, waiting=False, looked_ns=t + 10 * MS)], t + 10 * MS)  # drained
+    assert act.saw_lanes([], t + 11 * MS)  # gone
+    assert not act.saw_lanes([], t + 12 * MS)
+
 @pytest.mark.unit
 def test_a_look_time_from_the_future_is_no_excuse_for_a_stall():
     act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)

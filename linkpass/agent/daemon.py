@@ -83,6 +83,7 @@ def load(path: str) -> tuple[AgentConfig, bytes, bytes | None]:
 
 
 RATES_LOG_EVERY_NS = 1_000_000_000
+RATES_FULL_EVERY_NS = 50_000_000  # every path classified again at least this often: stall holds and idle_after run out
 LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "rates", "entropy")  # the main loop's steps, in order
 
 
@@ -306,6 +307,8 @@ class Agent:
         self.path_keys: dict[int, PathKey] = {}
         self.intervals: dict[int, float] = {}  # path -> the interval it is probed at now, seconds
         self.moving: tuple[int, set[tuple[str, int | None]]] | None = None  # the sampler's latest look
+        self._moving_fed: tuple | None = None  # ... as last given to the rates
+        self._rates_full_at = 0  # when every path was last classified
         # RDMA traffic no lane reports: the sampler's latest read of each plane's RDMA packet
         # counter (when, plane -> packets), and which planes that made active, as last logged
         self.rdma_ports: tuple[int, dict[int, int]] | None = None
@@ -395,7 +398,7 @@ class Agent:
         if self.activity is not None:
             # each new path at its rate from its first probes: all at the active rate, a host with
             # many paths would spend its first seconds saturated, deciding late on a backlog
-            self.update_rates()
+            self.update_rates(full=True)
         self._apply_intervals()  # the new paths within the budget
         return added
 
@@ -482,20 +485,28 @@ class Agent:
         for t in tcp:
             t.close()
 
-    def update_rates(self) -> None:
+    def update_rates(self, full: bool = False) -> None:
         """Each path's rate (linkpass/core/activity.py) from the traffic sampler's latest look and
-        the lane reports now; logs the peers whose paths changed rate."""
+        the lane reports now; logs the peers whose paths changed rate. Every path is classified
+        again only when something it depends on changed (`full`: the paths did), or every
+        RATES_FULL_EVERY_NS for what runs out with time: at every 2 ms look that would be most
+        of what the agent costs a host whose lanes simply keep progressing."""
         now = time.monotonic_ns()
-        if self.moving is not None:
+        if self.moving is not None and self.moving is not self._moving_fed:
+            self._moving_fed = self.moving
             when, seen = self.moving
             self.activity.saw([peer for peer, plane in seen if plane is None], when)
             self.activity.saw_planes([(peer, plane) for peer, plane in seen if plane is not None], when)
+            full = True
         lanes = []
         if self.lanes is not None:
             lanes = self.lanes.look(now)
-            self.activity.saw_lanes(self._lanes_seen(lanes), now)
-        self._see_unreported_rdma({lane.plane for lane in lanes}, now)
-        changes = self.activity.update(self.path_keys, now)
+            full |= self.activity.saw_lanes(self._lanes_seen(lanes), now)
+        full |= self._see_unreported_rdma({lane.plane for lane in lanes}, now)
+        changes = []
+        if full or now >= self._rates_full_at + RATES_FULL_EVERY_NS:
+            self._rates_full_at = now
+            changes = self.activity.update(self.path_keys, now)
         if changes:
             self._apply_intervals()
             for c in changes:
@@ -518,12 +529,13 @@ class Agent:
                 continue
         return out
 
-    def _see_unreported_rdma(self, lane_planes: set[int], now: int) -> None:
+    def _see_unreported_rdma(self, lane_planes: set[int], now: int) -> bool:
         """Planes whose RDMA device moved more packets than this agent's probes, with no lane
         report naming them (NCCL's own IB transport, another RDMA application): every path of
-        such a plane is active, since no report says which peers the traffic goes to."""
+        such a plane is active, since no report says which peers the traffic goes to. Returns
+        whether the planes so marked changed."""
         if self.rdma_ports is None and not self._rdma_said:
-            return  # no RDMA device read yet (a host without one never has): every 2 ms, nothing to do
+            return False  # no RDMA device read yet (a host without one never has): every 2 ms, nothing to do
         floor = self.cfg.unreported_rdma_pps
         if self.rdma_ports is not None and self.rdma_ports[0] != self._rdma_fed and floor:
             if self.unreported is None or self.unreported.floor_pps != floor:
@@ -540,6 +552,8 @@ class Agent:
             log("rdma_unreported", planes=now_planes, pps={p: round(self._rdma_pps.get(p, 0)) for p in now_planes},
                 note="RDMA traffic no lane report names: every path of these planes is probed at the active rate"
                 if now_planes else "no RDMA traffic without lane reports")
+            return True
+        return False
 
     def _lanes_seen(self, lanes) -> list[LaneSeen]:
         """The reported lanes on paths this agent probes: a lane to an address no peer has on the

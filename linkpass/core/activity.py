@@ -95,6 +95,7 @@ class Activity:
         self.lane_progress: dict[tuple[str, int, int], int] = {}  # ... -> its acknowledged bytes last advanced
         self.lane_waiting: set[tuple[str, int, int]] = set()  # lanes with bytes waiting at the last look
         self.lane_judged: dict[tuple[str, int, int], int] = {}  # lanes at the last look -> when their progress was judged
+        self.lane_status: dict[tuple[str, int, int], tuple[bool, bool]] = {}  # ... -> (progressing, waiting) then
         self.lane_stalled: dict[tuple[str, int, int], int] = {}  # ... -> last look that saw bytes wait without progress
         self.rdma_moved: dict[int, int] = {}  # plane -> its RDMA device last moved traffic no lane reports
         self.rate: dict[int, str] = {}  # path -> the rate it is probed at now
@@ -118,9 +119,13 @@ class Activity:
         """The planes whose every path is active for RDMA traffic no lane report names."""
         return sorted(p for p, t in self.rdma_moved.items() if self._fresh(t, now_ns, self.idle_after_ns))
 
-    def saw_lanes(self, lanes: Iterable[LaneSeen], now_ns: int) -> None:
-        """Every lane the reports held at `now_ns` (each look replaces the last one's)."""
-        self.lane_waiting, self.lane_judged = set(), {}
+    def saw_lanes(self, lanes: Iterable[LaneSeen], now_ns: int) -> bool:
+        """Every lane the reports held at `now_ns` (each look replaces the last one's). Returns
+        whether any lane came, went, or started or stopped progressing or waiting since the last
+        look: if not, the lanes change no path's rate (the stall hold and `idle_after` still run
+        out with time, so the caller updates now and then all the same)."""
+        before = self.lane_status
+        self.lane_waiting, self.lane_judged, self.lane_status = set(), {}, {}
         silent_ns = WRITER_SILENT_WINDOWS * self.progress_window_ns
         for lane in lanes:
             key = (lane.peer, lane.plane, lane.sport)
@@ -136,10 +141,14 @@ class Activity:
                 self.lane_moved[key] = moved
             if progress > self.lane_progress.get(key, 0):
                 self.lane_progress[key] = progress
+            progressing = self._fresh(self.lane_progress.get(key), self.lane_judged[key], self.progress_window_ns)
             if lane.waiting:
                 self.lane_waiting.add(key)
-                if not self._fresh(self.lane_progress.get(key), self.lane_judged[key], self.progress_window_ns):
+                if not progressing:
                     self.lane_stalled[key] = now_ns
+            was = self.lane_status.get(key, (False, False))  # several lanes on one path: any of them
+            self.lane_status[key] = (was[0] or progressing, was[1] or lane.waiting)
+        return self.lane_status != before
 
     @staticmethod
     def _fresh(t: int | None, now_ns: int, window_ns: int) -> bool:
