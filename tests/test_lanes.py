@@ -143,6 +143,27 @@ def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_on_the_reade
 
 
 
+
+@pytest.mark.unit
+def test_a_transfer_after_a_quiet_spell_is_not_a_stall_until_its_own_window_runs_out():
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    paths = {1: PathKey("h1", 0, 7)}
+    t = 100 * MS
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - 10 * MS, waiting=False, looked_ns=t)], t)
+    act.update(paths, t)
+    assert act.rate[1] == STANDBY  # everything acknowledged 10 ms ago: quiet between transfers
+    # 20 ms later the job hands the lane its next chunk; nothing acknowledged since the last one
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - 10 * MS, waiting=True, looked_ns=t + 20 * MS)], t + 20 * MS)
+    act.update(paths, t + 20 * MS)
+    assert act.rate[1] == ACTIVE and not act.lane_stalled  # no evidence yet, so the full rate, but no stall
+    act.saw_lanes([LaneSeen("h1", 0, 7, t + 21 * MS, waiting=True, looked_ns=t + 22 * MS)], t + 22 * MS)
+    act.update(paths, t + 22 * MS)
+    assert act.rate[1] == PROGRESSING  # its first acknowledgement: no stall hold keeps it active
+    # the next chunk is not acknowledged within the window: that is a stall
+    act.saw_lanes([LaneSeen("h1", 0, 7, t + 21 * MS, waiting=True, looked_ns=t + 27 * MS)], t + 27 * MS)
+    act.update(paths, t + 27 * MS)
+    assert act.rate[1] == ACTIVE and act.lane_stalled
+
 @pytest.mark.unit
 def test_a_look_says_whether_any_lane_changed_what_it_gives_its_path():
     act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)

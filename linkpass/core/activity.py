@@ -93,7 +93,7 @@ class Activity:
         self.plane_moved: dict[tuple[str, int], int] = {}  # (peer, plane) -> TCP data on that plane last seen
         self.lane_moved: dict[tuple[str, int, int], int] = {}  # (peer, plane, sport) -> a lane last carried data
         self.lane_progress: dict[tuple[str, int, int], int] = {}  # ... -> its acknowledged bytes last advanced
-        self.lane_waiting: set[tuple[str, int, int]] = set()  # lanes with bytes waiting at the last look
+        self.lane_waiting: dict[tuple[str, int, int], int] = {}  # lanes with bytes waiting at the last look -> since when
         self.lane_judged: dict[tuple[str, int, int], int] = {}  # lanes at the last look -> when their progress was judged
         self.lane_status: dict[tuple[str, int, int], tuple[bool, bool]] = {}  # ... -> (progressing, waiting) then
         self.lane_stalled: dict[tuple[str, int, int], int] = {}  # ... -> last look that saw bytes wait without progress
@@ -124,8 +124,8 @@ class Activity:
         whether any lane came, went, or started or stopped progressing or waiting since the last
         look: if not, the lanes change no path's rate (the stall hold and `idle_after` still run
         out with time, so the caller updates now and then all the same)."""
-        before = self.lane_status
-        self.lane_waiting, self.lane_judged, self.lane_status = set(), {}, {}
+        before, waited = self.lane_status, self.lane_waiting
+        self.lane_waiting, self.lane_judged, self.lane_status = {}, {}, {}
         silent_ns = WRITER_SILENT_WINDOWS * self.progress_window_ns
         for lane in lanes:
             key = (lane.peer, lane.plane, lane.sport)
@@ -143,8 +143,10 @@ class Activity:
                 self.lane_progress[key] = progress
             progressing = self._fresh(self.lane_progress.get(key), self.lane_judged[key], self.progress_window_ns)
             if lane.waiting:
-                self.lane_waiting.add(key)
-                if not progressing:
+                # bytes handed to a lane that had nothing waiting are not late yet: the window runs
+                # from the first look that saw them (a transfer after a quiet spell is no stall)
+                since = self.lane_waiting.setdefault(key, waited.get(key, self.lane_judged[key]))
+                if not progressing and not self._fresh(since, self.lane_judged[key], self.progress_window_ns):
                     self.lane_stalled[key] = now_ns
             was = self.lane_status.get(key, (False, False))  # several lanes on one path: any of them
             self.lane_status[key] = (was[0] or progressing, was[1] or lane.waiting)

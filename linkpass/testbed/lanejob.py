@@ -111,13 +111,14 @@ class LaneJob:
                 due += self.every_s
                 if due <= time.monotonic():  # a tick or more late: carry on from now, no catch-up burst
                     due = time.monotonic() + self.every_s
+                looked = time.monotonic_ns()
                 for lane in self.lanes:
                     self._ack(lane)
                     if not self.paused.is_set():
                         self._send(lane, payload)
                     self._drain(lane)
                 if self.report is not None:
-                    self.report.beat()
+                    self.report.beat(looked)  # every lane's acknowledgements read since `looked`
         except OSError as exc:
             self.error = f"{exc!r}"
 

@@ -181,6 +181,7 @@ class Channel:
         # to give up on a path counts as that path failing
         echo_by = time.monotonic() + self.echo_timeout_s
         while not (sent and echo is not None):
+            looked = time.monotonic_ns()
             try:
                 n_sent, got = rc.step()
             except RuntimeError as exc:
@@ -188,14 +189,14 @@ class Channel:
                 return None
             sent = sent or n_sent > 0
             echo = got[-1] if got else echo
-            if got and lane is not None:
-                lane.acked(min(len(msg), lane.bytes_sent - lane.bytes_acked))  # the echo acknowledges it
+            if lane is not None:
+                if got:
+                    lane.acked(min(len(msg), lane.bytes_sent - lane.bytes_acked))  # the echo acknowledges it
+                lane.report.beat(looked)  # the agent judges a stall at this look
             now = time.monotonic()
             if not n_sent and not got:
                 if now > next_check:
                     next_check = now + 0.001
-                    if lane is not None:
-                        lane.report.beat()  # looked, nothing acknowledged: the agent judges a stall from here
                     if self._port_left():
                         return None
                     if now > echo_by:

@@ -5,8 +5,12 @@ transport can use it the same way:
 
     with LaneReport.open() as report:          # None-safe: no directory, no report, no error
         lane = report.claim("198.18.64.3", plane=0, sport=49153, kind=KIND_VERBS)
-        lane.sent(4096); ...; lane.acked(4096)
+        lane.sent(4096)
+        looked = time.monotonic_ns(); ...; lane.acked(4096); report.beat(looked)
         lane.release()
+
+`beat(looked)` after every look for acknowledgements, with the time the look began: the agent
+judges a stall at that time (docs/lanes.md), so it must not be written before the look is done.
 
 A single writer (this process); each lane's counters are plain 8-byte stores, its identity goes
 through the slot's seq word, as the specification says.
@@ -53,7 +57,6 @@ class Lane:
         # progress first, then the count: a reader that sees the count also sees when it moved
         _U64.pack_into(self.report.mm, self.off + OFF_PROGRESS, time.monotonic_ns())
         _U64.pack_into(self.report.mm, self.off + OFF_BYTES_ACKED, self.bytes_acked)
-        self.report.beat()
 
     def release(self) -> None:
         self.report._release(self)
@@ -99,12 +102,15 @@ class LaneReport:
         mm[:HEADER_SIZE] = encode_header(capacity, os.getpid())
         return cls(path, fd, mm, capacity)
 
-    def beat(self, force: bool = False) -> None:
-        """The heartbeat: at most one store per millisecond, however often it is called."""
-        now = time.monotonic_ns()
-        if force or now - self._last_beat >= 1_000_000:
-            self._last_beat = now
-            _U64.pack_into(self.mm, OFF_HEARTBEAT, now)
+    def beat(self, looked_ns: int | None = None, force: bool = False) -> None:
+        """The heartbeat: `looked_ns`, when the writer's latest look at its lanes'
+        acknowledgements began (None: now, a sign of life with nothing waiting), written once that
+        look is done; at most one store per millisecond, however often it is called, and never
+        backwards."""
+        at = time.monotonic_ns() if looked_ns is None else looked_ns
+        if at > self._last_beat and (force or at - self._last_beat >= 1_000_000):
+            self._last_beat = at
+            _U64.pack_into(self.mm, OFF_HEARTBEAT, at)
 
     def claim(self, peer: str, plane: int, sport: int, kind: int) -> Lane | None:
         """A slot for a lane to `peer` (its address on `plane`) on ECMP source port `sport` (0: not

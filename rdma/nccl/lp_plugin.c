@@ -1714,7 +1714,6 @@ static void *progress_main(void *arg) {
     pthread_mutex_lock(&G.mu);
     while (!G.stop) {
         uint64_t now = now_ns();
-        lpl_heartbeat(now); /* every pass: the agent judges a lane's stall at its writer's last look */
         reap(now);
         /* every context finalized and every comm gone: the job is done with the plugin */
         if (G.fini_pending && !G.comms) {
@@ -1729,6 +1728,9 @@ static void *progress_main(void *arg) {
             if (c->kind == K_SEND) send_progress(c, now);
             else recv_progress(c, now);
         }
+        /* this pass's start, once every ACK that had arrived by then is counted: the agent
+         * judges a lane's stall at its writer's last look (docs/lanes.md) */
+        lpl_heartbeat(now);
         size_t need = 1 + (size_t)cfg.nplanes + (size_t)G.npend;
         for (struct comm *c = G.comms; c; c = c->next) need += 2 * (size_t)c->nlanes; /* a socket and a QP's channel */
         if (need > cap) {
