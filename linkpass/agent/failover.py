@@ -107,6 +107,7 @@ class Failover:
         self.paths: dict[int, PathInfo] = {}
         self.by_peer: dict[str, dict[int, list[int]]] = {}
         self._loss: dict[int, _LossMark] = {}
+        self._loss_dirty: set[int] = set()  # paths with events since the last loss batch (only theirs can have moved)
         self._next_loss_ns = 0
         # peer -> its clock estimator, fed by every path to it: the lower delay envelope over all
         # paths stays true while one path is queued one way (which alone would bias the offset)
@@ -194,11 +195,13 @@ class Failover:
             self._now_ns = evidence_ns
         out: list[Transition] = []
         touched = set()
+        dirty = self._loss_dirty
         for ev in events:
             pid = ev.path_id
             info = self.paths.get(pid)
             if info is None:
                 continue
+            dirty.add(pid)
             kind, t1, t4 = ev.kind, ev.t1, ev.t4
             if kind == EV_MISS:
                 if pid in answered or t4 >= self._judge_unanswered_from.setdefault(pid, t4 + self.unanswered_grace_ns):
@@ -292,7 +295,10 @@ class Failover:
 
     def _loss_batches(self, now_ns: int) -> list[Transition]:
         out: list[Transition] = []
-        for pid in self.paths:
+        dirty, self._loss_dirty = self._loss_dirty, set()
+        for pid in sorted(dirty):  # a path without events since the last batch has no new trials
+            if pid not in self.paths:
+                continue
             lc = self.loss_of(pid)
             if lc.start_seq is None:
                 continue
