@@ -172,15 +172,15 @@ def test_the_parser_finds_peers_whose_sockets_moved_data_lately():
            + diag_message(socket.AF_INET, "198.18.0.99", 0, 0)  # not a peer
            + DONE)
     out: set[str] = set()
-    assert SD.parse_dump(buf, socket.AF_INET, by_addr, 200, out) and out == {("h1", 0)}  # on its plane 0
+    assert SD.parse_dump(buf, by_addr, 200, out) and out == {("h1", 0)}  # on its plane 0
     # IPv6 sockets: native and v4-mapped addresses
     six = diag_message(socket.AF_INET6, "::ffff:198.18.0.4", 10, 10) + diag_message(socket.AF_INET6, "fd00::7", 0, 99)
     out = set()
-    assert not SD.parse_dump(six, socket.AF_INET6, by_addr, 200, out)  # no DONE yet: more to read
+    assert not SD.parse_dump(six, by_addr, 200, out)  # no DONE yet: more to read
     assert out == {("h3", None), ("v6", None)}  # their service addresses
     # a message without tcp_info says nothing
     out = set()
-    SD.parse_dump(diag_message(socket.AF_INET, "198.18.0.2", 0, 0, info=False) + DONE, socket.AF_INET, by_addr, 200, out)
+    SD.parse_dump(diag_message(socket.AF_INET, "198.18.0.2", 0, 0, info=False) + DONE, by_addr, 200, out)
     assert out == set()
 
 
@@ -189,30 +189,33 @@ def test_the_parser_refuses_lengths_it_cannot_trust():
     good = diag_message(socket.AF_INET, "198.18.0.2", 0, 0)
     by_addr = SD.peer_addresses([peer("h1", "198.18.0.2")])
     with pytest.raises(OSError, match="truncated"):
-        SD.parse_dump(good[:-8], socket.AF_INET, by_addr, 200, set())
+        SD.parse_dump(good[:-8], by_addr, 200, set())
     too_long = struct.pack("=I", len(good) + 64) + good[4:]
     with pytest.raises(OSError, match="truncated"):
-        SD.parse_dump(too_long, socket.AF_INET, by_addr, 200, set())
+        SD.parse_dump(too_long, by_addr, 200, set())
     err = SD._NLMSGHDR.pack(SD._NLMSGHDR.size + 4, SD.NLMSG_ERROR, 0, 1, 0) + struct.pack("=i", -1)
     with pytest.raises(OSError, match="refused"):
-        SD.parse_dump(err, socket.AF_INET, by_addr, 200, set())
+        SD.parse_dump(err, by_addr, 200, set())
     # an attribute claiming less than its own header ends that message's attributes, nothing more
     bad_attr = bytearray(good)
     struct.pack_into("=H", bad_attr, SD._NLMSGHDR.size + SD._MSG_LEN, 2)
     out: set[str] = set()
-    SD.parse_dump(bytes(bad_attr) + DONE, socket.AF_INET, by_addr, 200, out)
+    SD.parse_dump(bytes(bad_attr) + DONE, by_addr, 200, out)
     assert out == set()
 
 
 @pytest.mark.unit
-def test_real_sockets_on_loopback():
-    """The kernel's own dump: a connection that just moved data is seen, a quiet one is not."""
+@pytest.mark.parametrize("any_family", [True, False], ids=["one-dump", "by-family"])
+def test_real_sockets_on_loopback(any_family):
+    """The kernel's own dump: a connection that just moved data is seen, a quiet one is not; with
+    the one dump for both families and with a dump per family (a kernel that refuses the first)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(4)
     quiet = socket.create_connection(srv.getsockname())
     quiet_peer, _ = srv.accept()
     tcp = SD.TcpActivity()
+    tcp.any_family = any_family
     try:
         time.sleep(0.3)
         by_addr = SD.peer_addresses([peer("loopback", "127.0.0.1")])
@@ -220,6 +223,7 @@ def test_real_sockets_on_loopback():
         quiet.sendall(b"x" * 1000)
         quiet_peer.recv(2000)
         assert tcp.moving(by_addr, 100) == {("loopback", None)}
+        assert tcp.any_family == any_family  # this kernel answers the one dump
     finally:
         tcp.close()
         for s in (quiet, quiet_peer, srv):
