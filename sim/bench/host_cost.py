@@ -30,6 +30,13 @@ then the cut is cleared and the paths recover (up, not damped) before the next t
   the measured cost of an exchange, probe packets per NIC; with the job's lanes progressing
   (`sim-N`) and quiet between collectives (`sim-N-quiet`). `--sim-only` runs just these.
 
+- `rail8-h0` also gets a cost model, from two more runs without a job, every path idle: probed at
+  1 Hz and at 10 Hz. The 1 Hz run is the agent's cost that does not follow its probes (its loop,
+  the sampler, the API), `cpu_fixed`; the difference between the two over the difference in
+  probes is what one exchange costs the agent here, `cpu_per_probe` (µs of CPU per probe sent, with
+  its reply and the kernel's forwarding of both through the testbed's software routers, which
+  this VM charges to the sender).
+
 Rows per case: `cpu` (pct of one core; peer = rates off, ratio = off/on), `probes_sent` (per_s of
 the host, from the probe core's own counter; `ring_full_drops`: replies the C core dropped because
 the Python side fell behind, a sign the host is saturated), `paths_<rate>` (with rates on),
@@ -43,6 +50,7 @@ import http.client
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -64,6 +72,8 @@ KEY = bytes(range(32))
 TICK = os.sysconf("SC_CLK_TCK")
 RATES_ON = {"idle_rates": True}  # and every other rate setting at its default
 RATES_OFF = {"idle_rates": False, "budget_pps": 0, "budget_cpu_pct": 0}
+IDLE_ONLY = {"idle_rates": True, "standby_interval_ms": 1000, "progress_interval_ms": 1000}  # no job: every path idle
+COST_MODEL = {"cost-1hz": {**IDLE_ONLY, "idle_interval_ms": 1000}, "cost-10hz": {**IDLE_ONLY, "idle_interval_ms": 100}}
 CASES = {  # case -> (preset, agents that probe (all other agents only reflect), job peers of h0, the far one)
     "testbed-h0": ("default", "all", [1, 3], 3),
     "rail8-h0": ("rail8", [0], [1, 7], 7),
@@ -135,11 +145,12 @@ def detect_trials(fab, workdir: str, far: int, trials: int) -> list[float]:
 
 
 def run_case(fab, probers, job_peers: list[int], far: int | None, rates_on: bool, seconds: float,
-             workdir: str, trials: int) -> dict:
-    """Start the agents and the job; measure h0's agent; cut and time detection; stop everything."""
+             workdir: str, trials: int, probe: dict | None = None) -> dict:
+    """Start the agents and the job (none without `job_peers`); measure h0's agent; cut and time
+    detection; stop everything. `probe`: the agents' probe settings, instead of rates on or off."""
     import subprocess
 
-    probe = dict(RATES_ON) if rates_on else dict(RATES_OFF)
+    probe = dict(probe) if probe is not None else dict(RATES_ON) if rates_on else dict(RATES_OFF)
     configs = write_agent_configs(fab, workdir, KEY, interval_ms=1.0, routes=False, entropy=False, probe=probe)
     lanes_dir = yaml.safe_load(open(configs[0]))["probe"]["lanes_dir"]
     hosts = range(fab.spec.hosts)
@@ -167,7 +178,8 @@ def run_case(fab, probers, job_peers: list[int], far: int | None, rates_on: bool
         else:
             raise RuntimeError("agents did not start within 90 s")
         os.makedirs(lanes_dir, exist_ok=True)  # the agent makes it when rates are on; the job reports either way
-        job = LaneJob(fab, 0, job_peers, list(range(fab.spec.planes)), lanes_dir, max_seconds=seconds + 240).start()
+        if job_peers:
+            job = LaneJob(fab, 0, job_peers, list(range(fab.spec.planes)), lanes_dir, max_seconds=seconds + 240).start()
         time.sleep(3 if rates_on else 1)  # rates settle, discovery's bursts pass
         pid = procs[0].pid
         windows, sent = [], []
@@ -202,6 +214,15 @@ def run_case(fab, probers, job_peers: list[int], far: int | None, rates_on: bool
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def cost_rows(case: str, slow: dict, fast: dict) -> list[dict]:
+    """The agent's CPU that does not follow its probes (every path at 1 Hz), and what one probe
+    costs (the 10 Hz run's extra CPU over its extra probes), window by window."""
+    per_probe = [1e4 * (f - s) / (fs - ss) for f, s, fs, ss in zip(fast["cpu"], slow["cpu"], fast["sent"], slow["sent"])
+                 if fs > ss]
+    return [report.row(case, "cpu_fixed", "pct", slow["cpu"], probes_per_s=round(statistics.median(slow["sent"]))),
+            report.row(case, "cpu_per_probe", "us", per_probe, probes_per_s=round(statistics.median(fast["sent"])))]
 
 
 def sim_rows(gpus_list: list[int]) -> list[dict]:
@@ -248,6 +269,11 @@ def main() -> int:
                                 + (f", then {trials} cuts" if far is not None else ""))
                 with tempfile.TemporaryDirectory(prefix="host-cost-") as d:
                     got[on] = run_case(fab, probers, job, far, on, seconds, d, trials)
+            if case == "rail8-h0":
+                for name, probe in COST_MODEL.items():
+                    report.progress(f"{case}: cost model, no job, every path idle at {name[5:]}, {seconds / 2:.0f} s")
+                    with tempfile.TemporaryDirectory(prefix="host-cost-") as d:
+                        got[name] = run_case(fab, probers, [], None, True, seconds / 2, d, 0, probe=probe)
         finally:
             build.down(prefix)
         rows.append(report.row(case, "cpu", "pct", got[True]["cpu"], peer="rates-off",
@@ -257,6 +283,8 @@ def main() -> int:
                                ring_full_drops=got[True]["ring_full"], peer_ring_full_drops=got[False]["ring_full"]))
         for rate, n in sorted(got[True]["rates"].items()):
             rows.append(report.row(case, f"paths_{rate}", "paths", [n]))
+        if "cost-1hz" in got:
+            rows += cost_rows(case, got["cost-1hz"], got["cost-10hz"])
         on, off = got[True]["detect"], got[False]["detect"]
         counts = dict(trials=trials, found_on=len(on), found_off=len(off))
         if on and off:
