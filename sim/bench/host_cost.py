@@ -9,7 +9,8 @@ reports) from /proc/PID/stat, in windows of `seconds / 10` over `seconds` (60 s 
 run, once with `probe.idle_rates` off (every path at the active rate, no probe budget: the agent as
 it was) and once with the rates on at their defaults. In both runs the host's job is the same:
 lanes to its job peers on every plane (`linkpass.testbed.lanejob`: a TCP stream per lane, 16 KiB
-every 2 ms, reported in a lane report as the NCCL plugin reports its lanes).
+every 2 ms, reported in a lane report as the NCCL plugin reports its lanes, its acknowledged bytes
+the ones the peer's TCP acknowledged).
 
 - (a) `testbed-h0`: the default testbed, four agents probing each other; h0 (10 paths) has lanes
   to h1 (its leaf) and h3 (across the spines: the one the cuts stall).
@@ -72,8 +73,8 @@ KEY = bytes(range(32))
 TICK = os.sysconf("SC_CLK_TCK")
 RATES_ON = {"idle_rates": True}  # and every other rate setting at its default
 RATES_OFF = {"idle_rates": False, "budget_pps": 0, "budget_cpu_pct": 0}
-IDLE_ONLY = {"idle_rates": True, "standby_interval_ms": 1000, "progress_interval_ms": 1000}  # no job: every path idle
-COST_MODEL = {"cost-1hz": {**IDLE_ONLY, "idle_interval_ms": 1000}, "cost-10hz": {**IDLE_ONLY, "idle_interval_ms": 100}}
+COST_MODEL = {f"cost-{1000 // ms}hz": {"idle_rates": True, "idle_interval_ms": ms, "standby_interval_ms": ms,
+                                        "progress_interval_ms": ms} for ms in (1000, 100)}  # no job: every path idle
 CASES = {  # case -> (preset, agents that probe (all other agents only reflect), job peers of h0, the far one)
     "testbed-h0": ("default", "all", [1, 3], 3),
     "rail8-h0": ("rail8", [0], [1, 7], 7),
