@@ -128,9 +128,13 @@ def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_on_the_reade
     for later in (6 * MS, 12 * MS, 19 * MS):
         act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t + later)
         assert act.update(paths, t + later) == [], later
-    # ... then the reader's clock judges it: the bound on staleness holds for every writer
+    # ... then it gives no evidence: active (the bound on staleness holds for every writer), but
+    # no stall, so the path slows again as soon as the writer looks and shows progress
     act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t + 21 * MS)
     assert [(c.path, c.rate) for c in act.update(paths, t + 21 * MS)] == [(1, ACTIVE)]
+    assert not act.lane_stalled
+    act.saw_lanes([LaneSeen("h1", 0, 7, t + 22 * MS, waiting=True, looked_ns=t + 22 * MS)], t + 23 * MS)
+    assert [(c.path, c.rate) for c in act.update(paths, t + 23 * MS)] == [(1, PROGRESSING)]
 
     act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
     act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)

@@ -20,10 +20,11 @@ the NCCL plugin's and the RDMA library's lane reports, docs/lanes.md):
 
 A stall is judged on the writer's clock: the window runs from the lane's last progress to the
 writer's last look at its acknowledgements (its report's heartbeat), so a writer kept off the CPU
-is not taken for a stalled path, which would put its paths at the active rate and take more CPU
-from a host already short of it. A writer silent for longer than WRITER_SILENT_WINDOWS windows is
-judged on the reader's clock, as is one that gives no look time: the bound on how stale progress
-may be holds for every writer.
+is not taken for a stalled path, whose 250 ms at the active rate would take more CPU from a host
+already short of it. A writer silent for longer than WRITER_SILENT_WINDOWS windows gives no
+evidence: its waiting lanes' paths are active until it looks again, without a stall's hold. One
+that gives no look time is judged on the reader's clock. The bound on how stale progress may be
+holds for every writer.
 
 RDMA traffic no lane report names (NCCL's own IB transport, another RDMA application) is seen
 only as packets on a plane's RDMA device: a plane whose device moves more than the agent's own
@@ -48,7 +49,7 @@ ACTIVE, PROGRESSING, STANDBY, IDLE = "active", "progressing", "standby", "idle"
 RATES = (ACTIVE, PROGRESSING, STANDBY, IDLE)
 STALL_HOLD_NS = 250_000_000  # a lane that stalled stays at the active rate this long before progress may slow it again
 FUTURE_SLACK_NS = 1_000_000  # a writer may stamp its progress just after the reader took its time
-WRITER_SILENT_WINDOWS = 5  # a writer that has not looked for this many progress windows is judged on the reader's clock
+WRITER_SILENT_WINDOWS = 5  # a writer that has not looked for this many progress windows gives no evidence
 ANY_PORT = 0  # a lane whose path the agent does not probe (a TCP lane) stands for every path of its plane
 
 
@@ -132,21 +133,23 @@ class Activity:
             # a report is untrusted: a time ahead of this look (beyond a write racing the look) is no evidence
             progress = lane.progress_ns if lane.progress_ns <= now_ns + FUTURE_SLACK_NS else 0
             progress = min(progress, now_ns)
-            # judged at the writer's last look where it is believable and recent, else at this look
+            # judged at the writer's last look where it is believable, else at this look
             looked = lane.looked_ns if 0 < lane.looked_ns <= now_ns + FUTURE_SLACK_NS else now_ns
-            judged = now_ns if now_ns - looked > silent_ns else max(min(looked, now_ns), progress)
-            self.lane_judged[key] = max(judged, self.lane_judged.get(key, 0))
+            silent = now_ns - looked > silent_ns
+            judged = max(min(looked, now_ns), progress)
+            if not silent:
+                self.lane_judged[key] = max(judged, self.lane_judged.get(key, 0))
             moved = now_ns if lane.waiting else progress
             if moved > self.lane_moved.get(key, 0):
                 self.lane_moved[key] = moved
             if progress > self.lane_progress.get(key, 0):
                 self.lane_progress[key] = progress
-            progressing = self._fresh(self.lane_progress.get(key), self.lane_judged[key], self.progress_window_ns)
+            progressing = not silent and self._fresh(self.lane_progress.get(key), judged, self.progress_window_ns)
             if lane.waiting:
                 # bytes handed to a lane that had nothing waiting are not late yet: the window runs
                 # from the first look that saw them (a transfer after a quiet spell is no stall)
-                since = self.lane_waiting.setdefault(key, waited.get(key, self.lane_judged[key]))
-                if not progressing and not self._fresh(since, self.lane_judged[key], self.progress_window_ns):
+                since = self.lane_waiting.setdefault(key, waited.get(key, judged))
+                if not progressing and not silent and not self._fresh(since, judged, self.progress_window_ns):
                     self.lane_stalled[key] = now_ns
             was = self.lane_status.get(key, (False, False))  # several lanes on one path: any of them
             self.lane_status[key] = (was[0] or progressing, was[1] or lane.waiting)

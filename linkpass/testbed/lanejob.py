@@ -6,9 +6,12 @@ The sender writes a chunk on every lane each `every_s`; a lane's acknowledged by
 the peer's TCP has acknowledged (what it sent less what its send queue still holds, SIOCOUTQ), as
 a NIC's transport acknowledges an RDMA lane's bytes: the peer's kernel answers, not the job, so
 the count moves while the job's own thread waits for the CPU. A stalled path stops the
-acknowledgements while bytes wait: what the agent watches for. One thread drives every lane
-(non-blocking sockets; each tick reads the acknowledgements, writes the chunks and drains the
-receivers); everything is bounded and closed.
+acknowledgements while bytes wait: what the agent watches for. Two threads, as the NCCL plugin
+has its progress thread beside the job: one writes the chunks and drains the receivers
+(non-blocking sockets; a send here also forwards the bytes through the testbed's software
+routers, which can take milliseconds), the other reads every lane's acknowledgements each
+millisecond and writes the report's heartbeat after each such look. Everything is bounded and
+closed.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from .tcpflow import close_with_reset
 from .topology import Fabric
 
 LANE_PORT = 45100
+LOOK_S = 0.001  # the acknowledgements are read this often
 MAX_SECONDS = 600.0
 _INT = struct.Struct("i")
 RECV_BYTES = 1 << 18  # drained per receiver per tick, at most
@@ -60,6 +64,7 @@ class LaneJob:
         self._stop = threading.Event()
         self._socks: list[socket.socket] = []
         self._thread: threading.Thread | None = None
+        self._looker: threading.Thread | None = None
 
     def start(self) -> LaneJob:
         from linkpass_rdma.lanes import LaneReport
@@ -73,7 +78,9 @@ class LaneJob:
             self._close()
             raise
         self._thread = threading.Thread(target=self._run, name="lanejob", daemon=True)
+        self._looker = threading.Thread(target=self._look, name="lanejob-acks", daemon=True)
         self._thread.start()
+        self._looker.start()
         return self
 
     def _connect(self, dst: int, plane: int) -> _Lane:
@@ -111,12 +118,20 @@ class LaneJob:
                 due += self.every_s
                 if due <= time.monotonic():  # a tick or more late: carry on from now, no catch-up burst
                     due = time.monotonic() + self.every_s
-                looked = time.monotonic_ns()
                 for lane in self.lanes:
-                    self._ack(lane)
                     if not self.paused.is_set():
                         self._send(lane, payload)
                     self._drain(lane)
+        except OSError as exc:
+            self.error = f"{exc!r}"
+
+    def _look(self) -> None:
+        """The acknowledgements' thread: every LOOK_S, every lane's, then the heartbeat."""
+        try:
+            while not self._stop.wait(LOOK_S) and self._thread is not None and self._thread.is_alive():
+                looked = time.monotonic_ns()
+                for lane in self.lanes:
+                    self._ack(lane)
                 if self.report is not None:
                     self.report.beat(looked)  # every lane's acknowledgements read since `looked`
         except OSError as exc:
@@ -145,9 +160,11 @@ class LaneJob:
         lane.received += got
 
     def _ack(self, lane: _Lane) -> None:
-        """What the peer's TCP acknowledged so far: sent less the bytes still in the send queue."""
+        """What the peer's TCP acknowledged so far: sent less the bytes still in the send queue.
+        `sent` is read first: a send between the two reads makes the count low, never high."""
+        sent = lane.sent
         queued = _INT.unpack(fcntl.ioctl(lane.tx.fileno(), termios.TIOCOUTQ, b"\0" * _INT.size))[0]
-        count = lane.sent - queued
+        count = sent - queued
         if count > lane.acked:
             if lane.report is not None:
                 lane.report.acked(count - lane.acked)
@@ -156,8 +173,9 @@ class LaneJob:
     def stop(self) -> dict:
         """End the job; what each lane moved, {(dst, plane): (sent, acked)}."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
+        for thread in (self._thread, self._looker):
+            if thread is not None:
+                thread.join(5.0)
         out = {(lane.dst, lane.plane): (lane.sent, lane.acked) for lane in self.lanes}
         self._close()
         return out

@@ -141,7 +141,13 @@ def detect_trials(fab, workdir: str, far: int, trials: int) -> list[float]:
         faults.clear(fab.prefix)
         if got is not None:
             out.append(round((got["mono_ns"] - t_fault) / 1e6, 2))
-        report.progress(f"  cut at mono {t_fault}: {out[-1] if got else 'no DOWN within 10 s'} ms")
+            report.progress(f"  cut at mono {t_fault}: {out[-1]} ms")
+        else:  # what those paths did instead, so a miss can be told from a slow verdict
+            seen = [(e.get("sport"), e.get("old"), e.get("new"), e.get("reason"), round((e["mono_ns"] - t_fault) / 1e6, 1))
+                    for e in events(workdir, 0, "path_state")[before:]
+                    if e.get("peer") == host_name(far) and e.get("plane") == 0]
+            report.progress(f"  cut at mono {t_fault}: no DOWN within 10 s; those paths' changes "
+                            f"(sport, old, new, reason, ms after the cut): {seen[:6] or 'none'}")
     return out
 
 
