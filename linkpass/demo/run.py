@@ -128,9 +128,7 @@ class Demo:
         from ..core.fabric import from_testbed
 
         self.step("starting the coordinator: a Ray actor on a local Ray")
-        with socket.socket() as s:
-            s.bind(("0.0.0.0", 0))
-            port = s.getsockname()[1]
+        port = _port_outside_ephemeral()
         state = os.path.abspath(os.path.join(self.out, "coordinator"))
         # HTTPS with mutual TLS: the coordinator makes its lab CA in <state>/tls on first start, its
         # certificate naming the address the namespaced agents reach it on
@@ -542,6 +540,28 @@ def _check_linkpass_absent(fab, hosts: list[int]) -> dict:
                 continue
             agents += b"linkpass.cli" in argv and b"agent" in argv
     return {"linkpass_routes": routes, "agents_running": agents}
+
+
+def _port_outside_ephemeral() -> int:
+    """A free TCP port between Ray's worker ports (10002-19999) and the job's store (29500): one
+    the kernel hands out (bind to 0) can be taken by Ray's own connections before the coordinator
+    actor binds it."""
+    import random
+
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):  # bounded: a busy host still leaves most of these free
+        port = rng.randrange(20000, max(20001, min(low, 29000)))
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free TCP port for the coordinator between 20000 and 29000")
 
 
 def _print_report(demo: Demo, on_all: dict, off_all: dict, plot: str, code: int, elapsed: float) -> None:
