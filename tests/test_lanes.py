@@ -115,14 +115,19 @@ def test_a_report_cannot_claim_progress_from_the_future():
     assert act.rate[1] == PROGRESSING
 
 
-
-@pytest.mark.unit
-def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_on_the_readers():
+def progressing_lane(t: int) -> tuple[Activity, dict]:
+    """Path 1's lane progressing at `t`: acknowledged 1 ms before its writer's look at `t`."""
     act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
     paths = {1: PathKey("h1", 0, 7)}
-    t = 100 * MS
     act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)
     act.update(paths, t)
+    return act, paths
+
+
+@pytest.mark.unit
+def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_gives_no_evidence():
+    t = 100 * MS
+    act, paths = progressing_lane(t)
     assert act.rate[1] == PROGRESSING
     # the writer is kept off the CPU: it has not looked since, so no stall yet, for up to 5 windows
     for later in (6 * MS, 12 * MS, 19 * MS):
@@ -136,16 +141,12 @@ def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_on_the_reade
     act.saw_lanes([LaneSeen("h1", 0, 7, t + 22 * MS, waiting=True, looked_ns=t + 22 * MS)], t + 23 * MS)
     assert [(c.path, c.rate) for c in act.update(paths, t + 23 * MS)] == [(1, PROGRESSING)]
 
-    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
-    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)
-    act.update(paths, t)
+    act, paths = progressing_lane(t)
     # a writer that looks and sees nothing acknowledged for longer than the window: a stall at once
     act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t + 3 * MS)], t + 3 * MS)
     assert act.update(paths, t + 3 * MS) == []
     act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t + 3 * MS + MS // 2)], t + 4 * MS)
     assert [(c.path, c.rate) for c in act.update(paths, t + 4 * MS)] == [(1, ACTIVE)]
-
-
 
 
 @pytest.mark.unit
@@ -183,13 +184,11 @@ def test_a_look_says_whether_any_lane_changed_what_it_gives_its_path():
     assert act.saw_lanes([], t + 11 * MS)  # gone
     assert not act.saw_lanes([], t + 12 * MS)
 
+
 @pytest.mark.unit
 def test_a_look_time_from_the_future_is_no_excuse_for_a_stall():
-    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
-    paths = {1: PathKey("h1", 0, 7)}
     t = 100 * MS
-    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)
-    act.update(paths, t)
+    act, paths = progressing_lane(t)
     # a heartbeat claimed in a year: judged on the reader's clock, stalled after the window
     act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=10**18)], t + 6 * MS)
     assert [(c.path, c.rate) for c in act.update(paths, t + 6 * MS)] == [(1, ACTIVE)]
