@@ -39,6 +39,13 @@
 /* probes due within this much of a wake-up go out in it: one wake-up (and one sendmmsg) serves
  * many paths instead of one each, which is most of the loop's cost at 1 kHz per path */
 #define COALESCE_NS 200000
+/* a slower path's probe may go up to this share of its interval early, into a wake-up another
+ * path's probe caused: idle paths at 10 Hz then go out a few at a time instead of each in a
+ * wake-up of its own (the schedule stays the path's own, so its rate does not change) */
+#define EARLY_SHARE 8
+/* the loop sleeps at most this long: it bounds how stale the evidence time gets while every path
+ * is slow (Python takes batches every 10 ms); changes from Python wake it at once (wfd) */
+#define MAX_SLEEP_NS 10000000LL
 /* reflector slots looked at per wake-up for idle entries: the whole table every ~0.1-1 s */
 #define SWEEP_SLOTS 64
 
@@ -127,6 +134,7 @@ typedef struct {
     ev_t *evring;
     uint32_t ev_head, ev_len, tracking;
     int efd; /* eventfd: readable when a MISS or LATE is waiting (Python sleeps on it) */
+    int wfd; /* eventfd the other way: Python changed something the loop's sleep depends on */
     int notify; /* set under `mu` when one was pushed; the loop signals efd after unlocking */
     int64_t drained_local;
     uint64_t sent, reflected, replies, received, wakeups, evidence_updates;
@@ -349,7 +357,8 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
                 queue_probe(c, nic, i, tx);
                 pt->pair_due = 0;
             }
-            if (pt->next_due > now_mono + COALESCE_NS) continue;
+            int64_t early = pt->interval_ns / EARLY_SHARE;
+            if (pt->next_due > now_mono + (early > COALESCE_NS ? early : COALESCE_NS)) continue;
             queue_probe(c, nic, i, tx);
             /* the pair's second probe goes out `gap` later, alone: on a software fabric a
              * back-to-back pair is spread by the first packet's own forwarding work */
@@ -365,6 +374,12 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
         }
         if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
     }
+}
+
+/* wakes the loop from ppoll: a path added, a shorter interval, a stop */
+static void wake_loop(Core *c) {
+    uint64_t one = 1;
+    if (c->wfd >= 0 && write(c->wfd, &one, sizeof one) < 0) { /* full counter: the loop wakes anyway */ }
 }
 
 static void signal_python(Core *c) {
@@ -383,12 +398,13 @@ static void set_evidence(Core *c, int64_t t) {
 
 /* the loop: returns after duration_ns (CLOCK_MONOTONIC) */
 static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf) {
-    struct pollfd pfd[MAX_NICS];
+    struct pollfd pfd[MAX_NICS + 1];
     struct mmsghdr msgs[BATCH];
     struct iovec iov[BATCH];
     struct sockaddr_in from[BATCH];
     char cbuf[BATCH][64];
     for (int i = 0; i < c->nnics; i++) { pfd[i].fd = c->nics[i].rx_fd; pfd[i].events = POLLIN; }
+    pfd[c->nnics].fd = c->wfd; pfd[c->nnics].events = POLLIN; pfd[c->nnics].revents = 0;
     int64_t end = now_ns(CLOCK_MONOTONIC) + duration_ns;
     for (;;) {
         int64_t now = now_ns(CLOCK_MONOTONIC);
@@ -410,11 +426,16 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         }
         pthread_mutex_unlock(&c->mu);
         int64_t wait = next - now_ns(CLOCK_MONOTONIC);
-        if (wait > 2000000) wait = 2000000; /* wake at least every 2 ms: new paths, stop requests */
+        if (wait > MAX_SLEEP_NS) wait = MAX_SLEEP_NS;
         struct timespec ts = {0, 0};
         if (wait > 0) { ts.tv_sec = wait / 1000000000LL; ts.tv_nsec = wait % 1000000000LL; }
-        int ready = ppoll(pfd, c->nnics, &ts, NULL);
+        int ready = ppoll(pfd, c->nnics + 1, &ts, NULL);
         if (ready < 0) continue;
+        if (pfd[c->nnics].revents & POLLIN) { /* woken by Python: no packet, so it is not counted */
+            uint64_t n;
+            if (read(c->wfd, &n, sizeof n) < 0) { /* already read: nothing to clear */ }
+            ready--;
+        }
         int64_t t_check = now_ns(CLOCK_REALTIME);
         c->wakeups++;
         if (ready == 0) { /* nothing arrived while we slept: everything before now is known */
@@ -490,7 +511,7 @@ static void *core_thread(void *arg) {
 static PyObject *Core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Core *self = (Core *)type->tp_alloc(type, 0);
     if (!self) return NULL;
-    self->efd = -1;
+    self->efd = self->wfd = -1;
     pthread_mutex_init(&self->mu, NULL);
     return (PyObject *)self;
 }
@@ -528,14 +549,16 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     reflect_t *reflect = PyMem_Calloc(REFLECT_SLOTS, sizeof(reflect_t));
     xrec_t *xring = PyMem_Calloc(ring, sizeof(xrec_t));
     ev_t *evring = PyMem_Calloc(ring, sizeof(ev_t));
-    int efd = -1;
+    int efd = -1, wfd = -1;
     if (paths && reflect && xring && evring) {
         efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (efd < 0) PyErr_SetFromErrno(PyExc_OSError);
+        wfd = efd < 0 ? -1 : eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (wfd < 0) PyErr_SetFromErrno(PyExc_OSError);
     } else {
         PyErr_NoMemory();
     }
-    if (efd < 0) { /* nothing was kept: release what this call took, and only that */
+    if (wfd < 0) { /* nothing was kept: release what this call took, and only that */
+        if (efd >= 0) close(efd);
         PyBuffer_Release(&key);
         if (other.buf) PyBuffer_Release(&other);
         PyMem_Free(paths); PyMem_Free(reflect); PyMem_Free(xring); PyMem_Free(evring);
@@ -550,6 +573,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     self->ring = xring;
     self->evring = evring;
     self->efd = efd;
+    self->wfd = wfd;
     self->ring_cap = ring;
     self->rng = seed ? seed : 1;
     self->jitter_ppm = jitter;
@@ -560,6 +584,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
 static void stop_thread(Core *self) {
     if (!self->thread_running) return;
     self->thread_stop = 1;
+    wake_loop(self);
     Py_BEGIN_ALLOW_THREADS
     pthread_join(self->thread, NULL);
     Py_END_ALLOW_THREADS
@@ -579,6 +604,7 @@ static void Core_dealloc(Core *self) {
     PyMem_Free(self->ring);
     PyMem_Free(self->evring);
     if (self->efd >= 0) close(self->efd);
+    if (self->wfd >= 0) close(self->wfd);
     pthread_mutex_destroy(&self->mu);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -650,6 +676,7 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
         update_pads(self);
     }
     pthread_mutex_unlock(&self->mu);
+    if (!exists && !full) wake_loop(self);
     if (exists || full) PyMem_Free(np.out);
     if (exists) return PyErr_Format(PyExc_ValueError, "path %u exists", path_id);
     if (full) return PyErr_Format(PyExc_ValueError, "at most %d paths", MAX_PATHS);
@@ -682,17 +709,18 @@ static PyObject *Core_set_interval(Core *self, PyObject *args) {
     long long interval;
     if (!PyArg_ParseTuple(args, "IL", &path_id, &interval)) return NULL;
     pthread_mutex_lock(&self->mu);
-    int i = path_index(self, path_id), bad = 0;
+    int i = path_index(self, path_id), bad = 0, sooner = 0;
     if (i >= 0) {
         path_t *p = &self->paths[i];
         if (interval < 10000 || p->pair_gap_ns >= interval) bad = 1;
         else {
             /* an active path must not wait out the rest of a long idle interval */
-            if (interval < p->interval_ns) p->next_due -= p->interval_ns - interval;
+            if ((sooner = interval < p->interval_ns)) p->next_due -= p->interval_ns - interval;
             p->interval_ns = interval;
         }
     }
     pthread_mutex_unlock(&self->mu);
+    if (sooner) wake_loop(self);
     if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
     if (bad) return PyErr_Format(PyExc_ValueError, "interval must be >= 10 us and longer than the pair gap");
     Py_RETURN_NONE;
@@ -845,7 +873,7 @@ static PyObject *Core_set_rto(Core *self, PyObject *args) {
     if (rto < 1000 || rto > 60000000000LL) return PyErr_Format(PyExc_ValueError, "rto must be 1 us .. 60 s");
     pthread_mutex_lock(&self->mu);
     int i = path_index(self, path_id);
-    if (i >= 0) self->paths[i].rto_ns = rto;
+    if (i >= 0) self->paths[i].rto_ns = rto; /* for requests sent from now: a deadline is fixed when sent */
     pthread_mutex_unlock(&self->mu);
     if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
     Py_RETURN_NONE;
