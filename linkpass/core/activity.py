@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 ACTIVE, PROGRESSING, STANDBY, IDLE = "active", "progressing", "standby", "idle"
 RATES = (ACTIVE, PROGRESSING, STANDBY, IDLE)
@@ -60,8 +61,7 @@ class PathKey:
     sport: int
 
 
-@dataclass(frozen=True)
-class LaneSeen:
+class LaneSeen(NamedTuple):  # a tuple: built for every lane at every look, every 2 ms
     """One lane at one look: its path, when its acknowledged bytes last advanced (0: never),
     whether bytes handed to it wait for acknowledgement, and when its writer last looked for
     acknowledgements (its report's heartbeat; 0: not known, judged at the reader's time)."""
