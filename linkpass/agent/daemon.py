@@ -29,6 +29,7 @@ needs no root: CAP_NET_RAW and CAP_NET_ADMIN (`capability_refusal` says when eac
 from __future__ import annotations
 
 import faulthandler
+import gc
 import signal
 import threading
 import time
@@ -848,6 +849,16 @@ class Agent:
         return {"counters": self.engine.stats, "drops": self.engine.drops}
 
 
+def quiet_collector() -> None:
+    """The cyclic garbage collector took a fifth of the main thread's CPU samples on an idle host,
+    walking objects made at start that live as long as the agent: they are moved out of its sight,
+    and it runs after 20 000 new objects instead of 700 (the loop makes few reference cycles; its
+    memory goes back by reference counting)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 10, 10)
+
+
 def main(config_path: str, max_seconds: float | None = None, dry_run: bool = False,
          log_level: str | None = None) -> int:
     try:
@@ -888,6 +899,7 @@ def main(config_path: str, max_seconds: float | None = None, dry_run: bool = Fal
     try:
         agent.start()
         service.ready()
+        quiet_collector()
         agent.run(config_path, max_seconds)
     finally:
         service.stopping()
