@@ -82,6 +82,8 @@ def test_progress_slows_a_path_a_stall_makes_it_active_and_quiet_lanes_are_stand
     # progress again at once: the path stays active for the stall's hold, then slows again
     act.saw_lanes([LaneSeen("h1", 0, 49153, now + 7 * MS, waiting=True)], now + 7 * MS)
     assert act.update(paths, now + 7 * MS) == []
+    act.saw_lanes([LaneSeen("h1", 0, 49153, now + 8 * MS, waiting=False)], now + 8 * MS)
+    assert act.update(paths, now + 8 * MS) == []  # for the whole hold, whether bytes wait or not
     t = now + 6 * MS + STALL_HOLD_NS + MS
     act.saw_lanes([LaneSeen("h1", 0, 49153, t - MS, waiting=True)], t)
     assert [(c.path, c.rate) for c in act.update(paths, t)] == [(1, PROGRESSING)]
@@ -133,13 +135,21 @@ def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_gives_no_evi
     for later in (6 * MS, 12 * MS, 19 * MS):
         act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t + later)
         assert act.update(paths, t + later) == [], later
-    # ... then it gives no evidence: active (the bound on staleness holds for every writer), but
-    # no stall, so the path slows again as soon as the writer looks and shows progress
+    # ... then it gives no evidence either way: standby, as a path of a peer in use (the full rate
+    # would take more CPU from a host that already keeps the writer off it), and no stall
     act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t + 21 * MS)
-    assert [(c.path, c.rate) for c in act.update(paths, t + 21 * MS)] == [(1, ACTIVE)]
+    assert [(c.path, c.rate) for c in act.update(paths, t + 21 * MS)] == [(1, STANDBY)]
     assert not act.lane_stalled
+    # back, with its bytes acknowledged meanwhile: progressing again
     act.saw_lanes([LaneSeen("h1", 0, 7, t + 22 * MS, waiting=True, looked_ns=t + 22 * MS)], t + 23 * MS)
     assert [(c.path, c.rate) for c in act.update(paths, t + 23 * MS)] == [(1, PROGRESSING)]
+
+    act, paths = progressing_lane(t)
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t + 30 * MS)
+    assert act.update(paths, t + 30 * MS)[0].rate == STANDBY
+    # back, and nothing was acknowledged while it was away: a stall at its first look
+    act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t + 31 * MS)], t + 32 * MS)
+    assert [(c.path, c.rate) for c in act.update(paths, t + 32 * MS)] == [(1, ACTIVE)] and act.lane_stalled
 
     act, paths = progressing_lane(t)
     # a writer that looks and sees nothing acknowledged for longer than the window: a stall at once
@@ -176,6 +186,8 @@ def test_a_look_says_whether_any_lane_changed_what_it_gives_its_path():
     assert act.saw_lanes([LaneSeen("h1", 0, 7, t - MS, waiting=True, looked_ns=t)], t)  # a new lane
     # progressing on, a few acknowledgements later: nothing a path's rate depends on moved
     assert not act.saw_lanes([LaneSeen("h1", 0, 7, t + MS, waiting=True, looked_ns=t + 2 * MS)], t + 2 * MS)
+    # ... nor did its chunk draining: a progressing lane's bytes wait and drain at every chunk
+    assert not act.saw_lanes([LaneSeen("h1", 0, 7, t + 2 * MS, waiting=False, looked_ns=t + 3 * MS)], t + 3 * MS)
     # a second lane on the same path that does not progress changes nothing either: any lane counts
     assert not act.saw_lanes([LaneSeen("h1", 0, 7, t + 3 * MS, waiting=True, looked_ns=t + 4 * MS),
                               LaneSeen("h1", 0, 7, 0, waiting=False, looked_ns=t + 4 * MS)], t + 4 * MS)

@@ -22,9 +22,11 @@ A stall is judged on the writer's clock: the window runs from the lane's last pr
 writer's last look at its acknowledgements (its report's heartbeat), so a writer kept off the CPU
 is not taken for a stalled path, whose 250 ms at the active rate would take more CPU from a host
 already short of it. A writer silent for longer than WRITER_SILENT_WINDOWS windows gives no
-evidence: its waiting lanes' paths are active until it looks again, without a stall's hold. One
-that gives no look time is judged on the reader's clock. The bound on how stale progress may be
-holds for every writer.
+evidence either way: its lanes' paths are standby (the peer is in use) until it looks again, and
+its first look judges a stall at once if nothing was acknowledged meanwhile. A silent writer is
+most often one the host keeps off the CPU; putting its paths at the full rate would take more CPU
+from the job, keep its writer off longer, and hold the host there. While the writer is away its
+job moves no new chunk either. One that gives no look time is judged on the reader's clock.
 
 RDMA traffic no lane report names (NCCL's own IB transport, another RDMA application) is seen
 only as packets on a plane's RDMA device: a plane whose device moves more than the agent's own
@@ -96,7 +98,9 @@ class Activity:
         self.lane_progress: dict[tuple[str, int, int], int] = {}  # ... -> its acknowledged bytes last advanced
         self.lane_waiting: dict[tuple[str, int, int], int] = {}  # lanes with bytes waiting at the last look -> since when
         self.lane_judged: dict[tuple[str, int, int], int] = {}  # lanes at the last look -> when their progress was judged
-        self.lane_status: dict[tuple[str, int, int], tuple[bool, bool]] = {}  # ... -> (progressing, waiting) then
+        # ... -> (progressing, waiting without progress, writer not silent) then: all of a look that a
+        # path's rate depends on
+        self.lane_status: dict[tuple[str, int, int], tuple[bool, bool]] = {}
         self.lane_stalled: dict[tuple[str, int, int], int] = {}  # ... -> last look that saw bytes wait without progress
         self.rdma_moved: dict[int, int] = {}  # plane -> its RDMA device last moved traffic no lane reports
         self.rate: dict[int, str] = {}  # path -> the rate it is probed at now
@@ -122,11 +126,12 @@ class Activity:
 
     def saw_lanes(self, lanes: Iterable[LaneSeen], now_ns: int) -> bool:
         """Every lane the reports held at `now_ns` (each look replaces the last one's). Returns
-        whether any lane came, went, or started or stopped progressing or waiting since the last
-        look: if not, the lanes change no path's rate (the stall hold and `idle_after` still run
-        out with time, so the caller updates now and then all the same)."""
+        whether any lane came, went, started or stopped progressing, or started or stopped waiting
+        without progress since the last look: if not, the lanes change no path's rate (the stall
+        hold and `idle_after` still run out with time, so the caller updates now and then all the
+        same). A progressing lane's bytes wait and drain at every chunk: that alone changes nothing."""
         before, waited = self.lane_status, self.lane_waiting
-        self.lane_waiting, self.lane_judged, self.lane_status = {}, {}, {}
+        self.lane_waiting, self.lane_judged, status = {}, {}, {}
         silent_ns = WRITER_SILENT_WINDOWS * self.progress_window_ns
         for lane in lanes:
             key = (lane.peer, lane.plane, lane.sport)
@@ -151,8 +156,9 @@ class Activity:
                 since = self.lane_waiting.setdefault(key, waited.get(key, judged))
                 if not progressing and not silent and not self._fresh(since, judged, self.progress_window_ns):
                     self.lane_stalled[key] = now_ns
-            was = self.lane_status.get(key, (False, False))  # several lanes on one path: any of them
-            self.lane_status[key] = (was[0] or progressing, was[1] or lane.waiting)
+            was = status.get(key, (False, False))  # several lanes on one path: any of them
+            status[key] = (was[0] or progressing, was[1] or (lane.waiting and not silent))
+        self.lane_status = {k: (progressing, waiting and not progressing) for k, (progressing, waiting) in status.items()}
         return self.lane_status != before
 
     @staticmethod
@@ -170,11 +176,12 @@ class Activity:
     def classify(self, key: PathKey, now_ns: int, busy: set[str]) -> str:
         """The rate `key`'s path wants now; `busy` is busy_peers(now_ns)."""
         lanes = ((key.peer, key.plane, key.sport), (key.peer, key.plane, ANY_PORT))
-        if (any(k in self.lane_judged and self._fresh(self.lane_progress.get(k), self.lane_judged[k],
-                                                      self.progress_window_ns) for k in lanes)
-                and not any(self._fresh(self.lane_stalled.get(k), now_ns, STALL_HOLD_NS) for k in lanes)):
+        held = any(self._fresh(self.lane_stalled.get(k), now_ns, STALL_HOLD_NS) for k in lanes)
+        if not held and any(k in self.lane_judged and self._fresh(self.lane_progress.get(k), self.lane_judged[k],
+                                                                  self.progress_window_ns) for k in lanes):
             return PROGRESSING
-        if (any(k in self.lane_waiting for k in lanes)
+        # a lane that stalled keeps its paths at the full rate for the hold, waiting or not
+        if (held or any(self.lane_status.get(k, (False, False))[1] for k in lanes)
                 or self._fresh(self.last_moved.get(key.peer), now_ns, self.idle_after_ns)
                 or self._fresh(self.plane_moved.get((key.peer, key.plane)), now_ns, self.idle_after_ns)
                 or self._fresh(self.rdma_moved.get(key.plane), now_ns, self.idle_after_ns)):
