@@ -631,6 +631,32 @@ def test_judging_mode_matches_per_probe_mode():
     assert State.DOWN in states_a and states_a[-1] is State.UP
 
 
+def test_ticks_reach_the_paths_with_work_and_only_them():
+    """Judging mode, as the agent runs it: of 50 paths only the one recovering has work for tick(),
+    which still ends its hold-down on time, and none after."""
+    det = Detector(DetectorConfig(hold_down_ns=100 * MS, recovery_good_probes=3))
+    for i in range(50):
+        det.add_path(i)
+    for seq in range(20):  # every path healthy
+        for i in range(50):
+            det.on_answered(i, 1, seq, seq * MS + 50 * US, 50 * US)
+    t = 20 * MS
+    for seq in range(20, 23):
+        det.on_miss(7, seq, t + det[7].rto_ns)
+        t += MS
+    assert det[7].state is State.DOWN
+    trs = []
+    for seq in range(23, 30):
+        trs += det.on_answered(7, 1, seq, t, 50 * US)
+        t += MS
+    assert [x.new for x in trs] == [State.RECOVERING] and list(det._ticking) == [7]
+    back = trs[0].at_ns + 100 * MS
+    assert det.tick(back - MS) == []
+    assert [(x.path, x.new) for x in det.tick(back)] == [(7, State.UP)]
+    det.tick(back + MS)
+    assert not det._ticking
+
+
 def test_late_streak_is_undone_as_spurious_without_penalty():
     d = PathDetector("p")
     rng = random.Random(3)

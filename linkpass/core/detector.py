@@ -381,6 +381,7 @@ class PathDetector:
     def __init__(self, path: Hashable, config: DetectorConfig | None = None) -> None:
         self.path = path
         self.cfg = cfg = config or DetectorConfig()
+        self.ticking: dict[Hashable, None] | None = None  # its Detector's: paths that tick() has work for
         self.state = State.UP
         self.since_ns = 0
         # hard failure
@@ -475,6 +476,8 @@ class PathDetector:
         self.counters["sent"] += 1
         self._outstanding[seq] = _Sent(now_ns, size_probe)
         heapq.heappush(self._deadlines, (now_ns + self.rto_ns, seq))
+        if self.ticking is not None:
+            self.ticking[self.path] = None
         if size_probe:
             self._size_seqs[seq] = False
             if len(self._size_seqs) > 4096:
@@ -738,6 +741,8 @@ class PathDetector:
         old = self.state
         getattr(self, fn)(reason, now_ns)
         self.state = new
+        if new in _TICKED_STATES and self.ticking is not None:
+            self.ticking[self.path] = None
         self.since_ns = now_ns
         self.last_reason = reason
         self.counters["transitions"] += 1
@@ -820,14 +825,19 @@ class Detector:
     def __init__(self, config: DetectorConfig | None = None) -> None:
         self.config = config or DetectorConfig()
         self.paths: dict[Hashable, PathDetector] = {}
+        # the paths with deadlines or in a ticked state (an ordered set): the agent ticks on every
+        # wake-up, up to 500 a second, and walking every path each time was a fixed cost per path
+        self._ticking: dict[Hashable, None] = {}
 
     def add_path(self, path: Hashable) -> PathDetector:
         if path not in self.paths:
-            self.paths[path] = PathDetector(path, self.config)
+            self.paths[path] = p = PathDetector(path, self.config)
+            p.ticking = self._ticking
         return self.paths[path]
 
     def remove_path(self, path: Hashable) -> None:
         self.paths.pop(path, None)
+        self._ticking.pop(path, None)
 
     def __getitem__(self, path: Hashable) -> PathDetector:
         try:
@@ -859,11 +869,13 @@ class Detector:
 
     def tick(self, now_ns: int) -> list[Transition]:
         out: list[Transition] = []
-        for p in self.paths.values():
-            # only deadlines (non-judging callers), reuse and hold-down are due in tick: skip the
-            # rest (the agent ticks every path on every wake-up, 1000s of times a second)
-            if p._deadlines or p.state in _TICKED_STATES:
-                out += p.tick(now_ns)
+        # only deadlines (non-judging callers), reuse and hold-down are due in tick
+        for key in list(self._ticking):
+            p = self.paths.get(key)
+            if p is None or not (p._deadlines or p.state in _TICKED_STATES):
+                del self._ticking[key]  # nothing due any more: back when it sends or enters such a state
+                continue
+            out += p.tick(now_ns)
         return out
 
     def next_deadline_ns(self) -> int | None:
