@@ -380,3 +380,18 @@ def test_python_codec_accepts_the_other_key_during_a_rotation():
     assert mid.encode(p, PEER, ME, 50000) == codec.encode(p, PEER, ME, 50000)  # signs with its own key
     with pytest.raises(ValueError, match="the other fleet key must be"):
         W.Codec(KEY, b"short")
+
+
+def test_a_nic_is_added_before_the_loop_runs_never_while():
+    """The running loop sized its poll set and send batches by the NICs it started with."""
+    c = fresh()
+    r, w = os.pipe()
+    try:
+        c.start()
+        with pytest.raises(RuntimeError, match="before start"):
+            c.add_nic(r, w, b"\xc6\x12\x00\x01")
+        c.stop()
+        assert c.add_nic(r, w, b"\xc6\x12\x00\x01") == 0  # stopped: fine again
+    finally:
+        os.close(r)
+        os.close(w)

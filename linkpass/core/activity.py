@@ -98,8 +98,8 @@ class Activity:
         self.lane_progress: dict[tuple[str, int, int], int] = {}  # ... -> its acknowledged bytes last advanced
         self.lane_waiting: dict[tuple[str, int, int], int] = {}  # lanes with bytes waiting at the last look -> since when
         self.lane_judged: dict[tuple[str, int, int], int] = {}  # lanes at the last look -> when their progress was judged
-        # ... -> (progressing, waiting without progress, writer not silent) then: all of a look that a
-        # path's rate depends on
+        # ... -> (progressing, bytes waiting without progress while its writer looks) then: all of
+        # a look that a path's rate depends on
         self.lane_status: dict[tuple[str, int, int], tuple[bool, bool]] = {}
         self.lane_stalled: dict[tuple[str, int, int], int] = {}  # ... -> last look that saw bytes wait without progress
         self.rdma_moved: dict[int, int] = {}  # plane -> its RDMA device last moved traffic no lane reports

@@ -399,12 +399,13 @@ static void set_evidence(Core *c, int64_t t) {
 /* the loop: returns after duration_ns (CLOCK_MONOTONIC) */
 static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf) {
     struct pollfd pfd[MAX_NICS + 1];
+    const int npoll = c->nnics; /* NICs are added before the loop runs, never while */
     struct mmsghdr msgs[BATCH];
     struct iovec iov[BATCH];
     struct sockaddr_in from[BATCH];
     char cbuf[BATCH][64];
     for (int i = 0; i < c->nnics; i++) { pfd[i].fd = c->nics[i].rx_fd; pfd[i].events = POLLIN; }
-    pfd[c->nnics].fd = c->wfd; pfd[c->nnics].events = POLLIN; pfd[c->nnics].revents = 0;
+    pfd[npoll].fd = c->wfd; pfd[npoll].events = POLLIN; pfd[npoll].revents = 0;
     int64_t end = now_ns(CLOCK_MONOTONIC) + duration_ns;
     for (;;) {
         int64_t now = now_ns(CLOCK_MONOTONIC);
@@ -429,9 +430,9 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         if (wait > MAX_SLEEP_NS) wait = MAX_SLEEP_NS;
         struct timespec ts = {0, 0};
         if (wait > 0) { ts.tv_sec = wait / 1000000000LL; ts.tv_nsec = wait % 1000000000LL; }
-        int ready = ppoll(pfd, c->nnics + 1, &ts, NULL);
+        int ready = ppoll(pfd, npoll + 1, &ts, NULL);
         if (ready < 0) continue;
-        if (pfd[c->nnics].revents & POLLIN) { /* woken by Python: no packet, so it is not counted */
+        if (pfd[npoll].revents & POLLIN) { /* woken by Python: no packet, so it is not counted */
             uint64_t n;
             if (read(c->wfd, &n, sizeof n) < 0) { /* already read: nothing to clear */ }
             ready--;
@@ -624,6 +625,8 @@ static PyObject *Core_add_nic(Core *self, PyObject *args) {
     int rx, tx;
     PyObject *addr;
     if (!PyArg_ParseTuple(args, "iiO", &rx, &tx, &addr)) return NULL;
+    /* the running loop sized its send batches and poll set by the NICs it started with */
+    if (self->thread_running) return PyErr_Format(PyExc_RuntimeError, "add NICs before start()");
     if (self->nnics == MAX_NICS) return PyErr_Format(PyExc_ValueError, "at most %d NICs", MAX_NICS);
     if (rx < 0 || tx < 0) return PyErr_Format(PyExc_ValueError, "rx_fd and tx_fd must be open descriptors, got %d, %d", rx, tx);
     nic_t *n = &self->nics[self->nnics];
