@@ -603,6 +603,11 @@ def test_a_person_gets_an_operator_token_their_drains_carry_their_name_and_revok
         return subprocess.run([*LINKPASS, "coordinator", "token", *args, "--state-dir", state], capture_output=True,
                               text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
 
+    def answered(out) -> bool:
+        # status exits with the fleet's state (0-2) once the token is taken, 3 when it is refused; the
+        # fixture's agents count as lost (2) after 10 s, which this test can outlast on a loaded machine
+        return out.returncode in (0, 1, 2)
+
     made = token("create", "alice", "--role", "operator")
     assert made.returncode == 0, made.stderr
     alice = made.stdout.strip()
@@ -611,7 +616,7 @@ def test_a_person_gets_an_operator_token_their_drains_carry_their_name_and_revok
     bad = token("create", "bob smith", "--role", "operator")
     assert bad.returncode == 3 and "is not a token name" in bad.stderr
     assert token("create", "bob").returncode == 3  # --role is required
-    wait_until(lambda: cli(srv, alice, "status").returncode == 0, 10, "the coordinator taking alice's token")
+    wait_until(lambda: answered(cli(srv, alice, "status")), 10, "the coordinator taking alice's token")
     out = cli(srv, alice, "drain", "p0l0-p0s1", "--reason", "optic swap")
     assert out.returncode == 0, out.stderr
     drain = [e for e in srv.coordinator.store.events(kinds=["drain"])][-1]
@@ -624,7 +629,7 @@ def test_a_person_gets_an_operator_token_their_drains_carry_their_name_and_revok
     assert gone.returncode == 0 and "revoked alice's operator token" in gone.stdout
     wait_until(lambda: cli(srv, alice, "status").returncode == 3, 10, "alice's token refused")
     assert token("revoke", "alice").returncode == 3
-    assert cli(srv, tokens["reader"], "status").returncode == 0  # nobody else is touched
+    assert answered(cli(srv, tokens["reader"], "status"))  # nobody else is touched
 
 
 def test_a_broken_tokens_file_is_refused_and_the_tokens_in_use_kept(server):
