@@ -314,8 +314,8 @@ def test_the_agent_follows_a_jobs_lanes_and_catches_a_stall(clean_faults, tmp_pa
             ev = ag.wait_for(A, "path_state", lambda e: e["new"] == "down" and e["mono_ns"] >= t_fault
                              and e.get("plane") in (0, None), timeout_s=5)
             assert ev is not None, ag.events(A, "path_state")[-5:]
-            # ~15 ms on a quiet machine (window, the writer's look, the agent's look, three misses at
-            # 1 kHz); the bound leaves room for a loaded one
+            # the window, the writer's look, the agent's look and three misses at 1 kHz: the bound
+            # leaves room for a loaded machine and stays far below the slow rate's 1.5 s
             assert (ev["mono_ns"] - t_fault) / 1e6 < 300, (ev, ag.events(A, "path_rates")[-3:])
             went = ag.wait_for(A, "path_rates", lambda e: "h3" in e.get("active", []) and e["ts"] * 1e9 > 0)
             assert went is not None

@@ -549,7 +549,8 @@ def _port_outside_ephemeral() -> int:
     import random
 
     try:
-        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
     rng = random.Random()

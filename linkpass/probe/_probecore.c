@@ -404,7 +404,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
     struct iovec iov[BATCH];
     struct sockaddr_in from[BATCH];
     char cbuf[BATCH][64];
-    for (int i = 0; i < c->nnics; i++) { pfd[i].fd = c->nics[i].rx_fd; pfd[i].events = POLLIN; }
+    for (int i = 0; i < npoll; i++) { pfd[i].fd = c->nics[i].rx_fd; pfd[i].events = POLLIN; }
     pfd[npoll].fd = c->wfd; pfd[npoll].events = POLLIN; pfd[npoll].revents = 0;
     int64_t end = now_ns(CLOCK_MONOTONIC) + duration_ns;
     for (;;) {
