@@ -3,8 +3,10 @@ the rates they give paths, and the agent on the testbed following a job's lanes.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -232,6 +234,69 @@ def test_the_python_writer_and_the_reader_agree(tmp_path):
         assert reader.look(now + LR.REMOVE_NS + 10**9) == [] and reader.counts["removed"] == 1
         assert not os.path.exists(rep.path)
     reader.close()
+
+
+@pytest.mark.unit
+def test_a_report_not_yet_beating_is_no_evidence_and_is_not_removed_at_once(tmp_path):
+    d = tmp_path / "lanes"
+    reader = LR.LanesReader(str(d))
+    path = d / f"{L.FILE_PREFIX}{os.getpid() + 1}"
+    path.write_bytes(report_bytes(L.encode_lane("198.18.64.3", 0, 49153, L.KIND_VERBS), heartbeat=0))
+    now = time.monotonic_ns()
+    assert reader.look(now) == [] and reader.counts["reports_stale"] == 1
+    assert path.exists()  # its writer has yet to beat: a new job, not one dead for the clock's age
+    assert reader.look(now + LR.REMOVE_NS) == [] and path.exists()
+    assert reader.look(now + LR.REMOVE_NS + 1) == [] and not path.exists()  # a minute without a beat
+    reader.close()
+
+
+WRITER_LOOP = """
+import sys, time
+from linkpass_rdma.lanes import KIND_VERBS, LaneReport
+rep = LaneReport.open(sys.argv[1], capacity=1)
+lane = rep.claim("198.18.64.3", 0, 49153, KIND_VERBS)
+print(rep.path, flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    for _ in range(100):
+        lane.sent(1)
+        lane.acked(1)
+        rep.beat(force=True)
+rep.close()
+"""
+
+
+@pytest.mark.unit
+def test_a_reader_in_another_process_never_sees_a_counter_or_heartbeat_half_written(tmp_path):
+    """The agent reads a report while its writer stores into it: every counter and the heartbeat
+    must read as the old value or the new one. A momentary 0 would read as a writer gone for good
+    (the agent removes its file) or as a lane whose bytes were never acknowledged (a stall)."""
+    d = tmp_path / "lanes"
+    d.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", WRITER_LOOP, str(d), "1.5"], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        path = writer.stdout.readline().strip()
+        assert path, "the writer did not start"
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        offs = {"heartbeat": L.OFF_HEARTBEAT, "sent": L.HEADER_SIZE + L.OFF_BYTES_SENT,
+                "acked": L.HEADER_SIZE + L.OFF_BYTES_ACKED, "progress": L.HEADER_SIZE + L.OFF_PROGRESS}
+        last, bad, reads = dict.fromkeys(offs, 0), [], 0
+        deadline = time.monotonic() + 1.2
+        while time.monotonic() < deadline and writer.poll() is None:
+            for name, off in offs.items():
+                value = int.from_bytes(mm[off:off + 8], "little")
+                if value < last[name]:
+                    bad.append((name, last[name], value))
+                last[name] = max(last[name], value)
+            reads += 1
+        mm.close()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert reads > 10_000 and last["acked"] > 1000, (reads, last)  # both really ran side by side
+    assert bad == [], f"{len(bad)} of {reads} looks saw a value go back, e.g. {bad[:3]}"
 
 
 @pytest.mark.unit

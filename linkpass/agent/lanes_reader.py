@@ -20,10 +20,11 @@ DIR_MODE = 0o1777  # any job may add its own report and remove only its own (sti
 
 
 class _Report:
-    __slots__ = ("name", "fd", "mm", "ino")
+    __slots__ = ("name", "fd", "mm", "ino", "unborn_ns")
 
     def __init__(self, name: str, fd: int, mm: mmap.mmap, ino: int):
         self.name, self.fd, self.mm, self.ino = name, fd, mm, ino
+        self.unborn_ns = 0  # when this reader first saw it without a heartbeat
 
     def close(self) -> None:
         self.mm.close()
@@ -97,7 +98,11 @@ class LanesReader:
             heartbeat = int.from_bytes(rep.mm[OFF_HEARTBEAT:OFF_HEARTBEAT + 8], "little")
             if now_ns - heartbeat > STALE_NS:
                 stale += 1
-                if now_ns - heartbeat > REMOVE_NS:
+                # a heartbeat of 0 is a writer between creating its file and its first beat: its
+                # file goes only after this reader has seen it so for REMOVE_NS, not at once
+                if heartbeat == 0 and not rep.unborn_ns:
+                    rep.unborn_ns = now_ns
+                if now_ns - (heartbeat or rep.unborn_ns) > REMOVE_NS:
                     self._remove(name, rep)
                 continue
             try:

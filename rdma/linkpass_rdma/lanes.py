@@ -12,8 +12,10 @@ transport can use it the same way:
 `beat(looked)` after every look for acknowledgements, with the time the look began: the agent
 judges a stall at that time (docs/lanes.md), so it must not be written before the look is done.
 
-A single writer (this process); each lane's counters are plain 8-byte stores, its identity goes
-through the slot's seq word, as the specification says.
+A single writer (this process); each counter, the heartbeat and the seq words are single aligned
+word stores (never struct.pack_into, which zeroes its target before filling it byte by byte: an
+agent reading meanwhile would see a heartbeat of 0, a writer gone, or no bytes ever acknowledged,
+a stall); a lane's identity goes through the slot's seq word, as the specification says.
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ __all__ = ["LaneReport", "Lane", "KIND_TCP", "KIND_VERBS", "DEFAULT_DIR"]
 
 DEFAULT_DIR = "/run/linkpass/lanes"
 DEFAULT_CAPACITY = 64
-_U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+_LITTLE = sys.byteorder == "little"  # the report is little-endian; word stores are native
 _IDENTITY = struct.Struct("<BBHHB5x16s")  # state .. peer, after the seq word
 
 
@@ -48,15 +50,15 @@ class Lane:
 
     def sent(self, n: int) -> None:
         self.bytes_sent += n
-        _U64.pack_into(self.report.mm, self.off + OFF_BYTES_SENT, self.bytes_sent)
+        self.report.put64(self.off + OFF_BYTES_SENT, self.bytes_sent)
 
     def acked(self, n: int) -> None:
         if n <= 0:
             return
         self.bytes_acked += n
         # progress first, then the count: a reader that sees the count also sees when it moved
-        _U64.pack_into(self.report.mm, self.off + OFF_PROGRESS, time.monotonic_ns())
-        _U64.pack_into(self.report.mm, self.off + OFF_BYTES_ACKED, self.bytes_acked)
+        self.report.put64(self.off + OFF_PROGRESS, time.monotonic_ns())
+        self.report.put64(self.off + OFF_BYTES_ACKED, self.bytes_acked)
 
     def release(self) -> None:
         self.report._release(self)
@@ -65,6 +67,7 @@ class Lane:
 class LaneReport:
     def __init__(self, path: str, fd: int, mm: mmap.mmap, capacity: int):
         self.path, self.fd, self.mm, self.capacity = path, fd, mm, capacity
+        self._u64, self._u32 = memoryview(mm).cast("Q"), memoryview(mm).cast("I")
         self.free = list(range(capacity - 1, -1, -1))
         self.used = 0
         self._last_beat = 0
@@ -110,7 +113,7 @@ class LaneReport:
         at = time.monotonic_ns() if looked_ns is None else looked_ns
         if at > self._last_beat and (force or at - self._last_beat >= 1_000_000):
             self._last_beat = at
-            _U64.pack_into(self.mm, OFF_HEARTBEAT, at)
+            self.put64(OFF_HEARTBEAT, at)
 
     def claim(self, peer: str, plane: int, sport: int, kind: int) -> Lane | None:
         """A slot for a lane to `peer` (its address on `plane`) on ECMP source port `sport` (0: not
@@ -121,28 +124,38 @@ class LaneReport:
         lane = Lane(self, slot)
         if slot >= self.used:
             self.used = slot + 1
-            _U32.pack_into(self.mm, OFF_USED, self.used)
+            self.put32(OFF_USED, self.used)
         ip = ipaddress.ip_address(peer)
         seq = _U32.unpack_from(self.mm, lane.off + OFF_SEQ)[0]
-        _U32.pack_into(self.mm, lane.off + OFF_SEQ, seq + 1)  # odd: identity changing
+        self.put32(lane.off + OFF_SEQ, seq + 1)  # odd: identity changing (the reader skips the slot)
         for off in (OFF_BYTES_SENT, OFF_BYTES_ACKED, OFF_PROGRESS):
-            _U64.pack_into(self.mm, lane.off + off, 0)
+            self.put64(lane.off + off, 0)
         _IDENTITY.pack_into(self.mm, lane.off + 4, STATE_OPEN, ip.version, plane, sport, kind, ip.packed.ljust(16, b"\0"))
-        _U32.pack_into(self.mm, lane.off + OFF_SEQ, seq + 2)
+        self.put32(lane.off + OFF_SEQ, seq + 2)
         self.beat()
         return lane
 
     def _release(self, lane: Lane) -> None:
         seq = _U32.unpack_from(self.mm, lane.off + OFF_SEQ)[0]
-        _U32.pack_into(self.mm, lane.off + OFF_SEQ, seq + 1)
+        self.put32(lane.off + OFF_SEQ, seq + 1)
         self.mm[lane.off + 4] = STATE_FREE
-        _U32.pack_into(self.mm, lane.off + OFF_SEQ, seq + 2)
+        self.put32(lane.off + OFF_SEQ, seq + 2)
         self.free.append(lane.slot)
+
+    def put64(self, off: int, value: int) -> None:
+        """One aligned 8-byte store (`off` a multiple of 8): a reader sees the old value or this one."""
+        self._u64[off >> 3] = value if _LITTLE else int.from_bytes(value.to_bytes(8, "little"), "big")
+
+    def put32(self, off: int, value: int) -> None:
+        """One aligned 4-byte store (`off` a multiple of 4)."""
+        self._u32[off >> 2] = value if _LITTLE else int.from_bytes(value.to_bytes(4, "little"), "big")
 
     def close(self) -> None:
         """Remove the report: the agent stops counting these lanes at its next look."""
         if self.mm.closed:
             return
+        self._u64.release()  # the map cannot close while views of it are held
+        self._u32.release()
         self.mm.close()
         os.close(self.fd)
         try:
