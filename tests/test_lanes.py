@@ -162,6 +162,27 @@ def test_a_stall_is_judged_on_the_writers_clock_and_a_silent_writer_gives_no_evi
 
 
 @pytest.mark.unit
+def test_a_tcp_lanes_own_sockets_do_not_outvote_its_report():
+    """The socket sampler sees a TCP lane's traffic as TCP to the peer's plane address. While the
+    lane's report is read, that traffic is the lane's: the report decides (a silent writer's path
+    is standby, not active); once no lane reports the plane, TCP seen there makes its paths active."""
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    paths = {1: PathKey("h1", 1, 49200), 2: PathKey("h1", 0, 49153)}
+    t = 100 * MS
+    act.saw_planes([("h1", 1)], t)  # the lane's own bytes, as the sockets show them
+    act.saw_lanes([LaneSeen("h1", 1, 0, t - MS, waiting=True, looked_ns=t)], t)
+    act.update(paths, t)
+    assert act.rate == {1: PROGRESSING, 2: STANDBY}
+    # its writer kept off the CPU past five windows: no evidence, standby, however fresh the TCP
+    act.saw_planes([("h1", 1)], t + 25 * MS)
+    act.saw_lanes([LaneSeen("h1", 1, 0, t - MS, waiting=True, looked_ns=t)], t + 25 * MS)
+    assert [(c.path, c.rate) for c in act.update(paths, t + 25 * MS)] == [(1, STANDBY)]
+    # the report is gone and TCP still moves on the plane: unreported traffic, the full rate
+    act.saw_lanes([], t + 30 * MS)
+    assert [(c.path, c.rate) for c in act.update(paths, t + 30 * MS)] == [(1, ACTIVE)]
+
+
+@pytest.mark.unit
 def test_a_transfer_after_a_quiet_spell_is_not_a_stall_until_its_own_window_runs_out():
     act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
     paths = {1: PathKey("h1", 0, 7)}

@@ -7,7 +7,9 @@ the NCCL plugin's and the RDMA library's lane reports, docs/lanes.md):
 - **active** (`probe.interval_ms`, millisecond detection): a path whose lane has bytes waiting for
   acknowledgement and no fresh progress (the transport needs the path now and has no evidence it
   works), or one TCP data moved on: to the peer's address on its plane, or to the peer's service
-  address (whose plane the routes choose, so every path of the peer counts);
+  address (whose plane the routes choose, so every path of the peer counts). TCP to a plane
+  address that a TCP lane reports on (the plugin's socket lanes) is that lane's traffic: its
+  report, progressing, stalled or silent, decides the rate, not the sockets seen;
 - **progressing** (`probe.progress_interval_ms`): a path whose lanes report acknowledged bytes
   advancing within `progress_window_ns`. The transport's own progress says the path works; when
   it stops while bytes wait, the path is active at the next look, and stays active for
@@ -180,10 +182,13 @@ class Activity:
         if not held and any(k in self.lane_judged and self._fresh(self.lane_progress.get(k), self.lane_judged[k],
                                                                   self.progress_window_ns) for k in lanes):
             return PROGRESSING
-        # a lane that stalled keeps its paths at the full rate for the hold, waiting or not
+        # a lane that stalled keeps its paths at the full rate for the hold, waiting or not; the
+        # TCP a plane's own TCP lane reports is that lane's traffic, judged by the lane alone
+        tcp_lane = lanes[1] in self.lane_status
         if (held or any(self.lane_status.get(k, (False, False))[1] for k in lanes)
                 or self._fresh(self.last_moved.get(key.peer), now_ns, self.idle_after_ns)
-                or self._fresh(self.plane_moved.get((key.peer, key.plane)), now_ns, self.idle_after_ns)
+                or (not tcp_lane and self._fresh(self.plane_moved.get((key.peer, key.plane)), now_ns,
+                                                 self.idle_after_ns))
                 or self._fresh(self.rdma_moved.get(key.plane), now_ns, self.idle_after_ns)):
             return ACTIVE
         return STANDBY if key.peer in busy else IDLE
