@@ -5,7 +5,9 @@ agent sees which paths the job uses and whether they progress.
 The sender writes a chunk on every lane each `every_s`; a lane's acknowledged bytes are the ones
 the peer's TCP has acknowledged (what it sent less what its send queue still holds, SIOCOUTQ), as
 a NIC's transport acknowledges an RDMA lane's bytes: the peer's kernel answers, not the job, so
-the count moves while the job's own thread waits for the CPU. A stalled path stops the
+the count moves while the job's own thread waits for the CPU (the receivers ask for quick
+acknowledgements after each read, as an RDMA NIC acknowledges at once: TCP's delayed
+acknowledgement would hold a chunk's for up to 40 ms). A stalled path stops the
 acknowledgements while bytes wait: what the agent watches for. Two threads, as the NCCL plugin
 has its progress thread beside the job: one writes the chunks and drains the receivers
 (non-blocking sockets; a send here also forwards the bytes through the testbed's software
@@ -158,6 +160,8 @@ class LaneJob:
                 break
             got += len(data)
         lane.received += got
+        if got:  # quick acknowledgement is not sticky: the kernel falls back to delayed ones
+            lane.rx.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
     def _ack(self, lane: _Lane) -> None:
         """What the peer's TCP acknowledged so far: sent less the bytes still in the send queue.
