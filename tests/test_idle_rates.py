@@ -47,6 +47,45 @@ def test_a_peer_is_active_from_its_first_data_until_it_has_been_quiet_for_idle_a
 
 
 @pytest.mark.unit
+def test_update_gives_every_path_the_rate_classify_gives_it():
+    """update() skips the full classification for paths no evidence names; over random mixes of
+    TCP, lanes (stalled, progressing, silent, quiet) and unreported RDMA, every path must still
+    get exactly what classify() says."""
+    import random
+
+    rnd = random.Random(7)
+    peers = [f"h{i}" for i in range(1, 8)]
+    paths = {i: PathKey(rnd.choice(peers), rnd.randrange(4), rnd.choice((0, 49152, 49153))) for i in range(60)}
+    for trial in range(200):
+        act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+        t = 2000 * MS
+        for _ in range(rnd.randrange(4)):
+            act.saw([rnd.choice(peers)], t - rnd.randrange(2000) * MS)
+        for _ in range(rnd.randrange(4)):
+            act.saw_planes([(rnd.choice(peers), rnd.randrange(4))], t - rnd.randrange(2000) * MS)
+        if rnd.random() < 0.3:
+            act.saw_unreported_rdma([rnd.randrange(4)], t - rnd.randrange(2000) * MS)
+        for look in range(3):  # three looks, so stalls, holds and waiting spells build up
+            now = t + look * 3 * MS
+            act.saw_lanes([LaneSeen(rnd.choice(peers), rnd.randrange(4), rnd.choice((0, 49152, 49153)),
+                                    now - rnd.randrange(12) * MS, rnd.random() < 0.6,
+                                    now - rnd.choice((0, 1, 30)) * MS) for _ in range(rnd.randrange(6))], now)
+        now = t + 9 * MS
+        act.update(paths, now)
+        busy = act.busy_peers(now)
+        assert act.rate == {pid: act.classify(key, now, busy) for pid, key in paths.items()}, trial
+    # a lane that stalled and is gone from the reports: its path stays active for the hold,
+    # though nothing else names its peer any more
+    act = Activity(idle_after_ns=1000 * MS, progress_window_ns=4 * MS)
+    one = {1: PathKey("h9", 0, 49152)}
+    act.saw_lanes([LaneSeen("h9", 0, 49152, 90 * MS, True, 100 * MS)], 100 * MS)
+    act.saw_lanes([LaneSeen("h9", 0, 49152, 90 * MS, True, 106 * MS)], 106 * MS)
+    act.saw_lanes([], 108 * MS)
+    act.update(one, 108 * MS)
+    assert act.lane_stalled and act.rate == {1: ACTIVE}
+
+
+@pytest.mark.unit
 def test_rdma_traffic_no_lane_names_makes_its_plane_active_and_only_that_plane():
     """A plane's RDMA device moving more packets than the agent's probes account for, with no
     lane report on it, is traffic the agent cannot place: every path of that plane is active

@@ -199,9 +199,18 @@ class Activity:
         are forgotten, and so is what was seen of peers without paths or long quiet."""
         self._forget(now_ns, {k.peer for k in paths.values()})
         busy = self.busy_peers(now_ns)
+        # a path whose peer no evidence names, on a plane without unreported RDMA, can only be
+        # standby or idle: most of a fleet host's paths, classified at every look that changed
+        # anything (88 paths: ~390 -> ~130 us)
+        named = {k if isinstance(k, str) else k[0]  # (lane_judged's lanes are lane_status's)
+                 for seen in (self.last_moved, self.plane_moved, self.lane_stalled, self.lane_status) for k in seen}
+        rdma = {p for p, t in self.rdma_moved.items() if self._fresh(t, now_ns, self.idle_after_ns)}
         changes = []
         for pid, key in paths.items():
-            want = self.classify(key, now_ns, busy)
+            if key.peer in named or key.plane in rdma:
+                want = self.classify(key, now_ns, busy)
+            else:
+                want = STANDBY if key.peer in busy else IDLE
             if self.rate.get(pid, ACTIVE) != want:
                 changes.append(RateChange(pid, key.peer, want))
             self.rate[pid] = want
