@@ -493,6 +493,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
 
 static void *core_thread(void *arg) {
     Core *c = arg;
+    pthread_setname_np(pthread_self(), "lp-probe"); /* what top -H and /proc/<pid>/task show */
     /* real-time priority: on a busy host a normal thread waits for a CPU for milliseconds, and a
      * reflector that answers late looks like a lossy link to its peers. The loop sleeps in ppoll
      * between packets, so it takes little CPU; the kernel's RT throttling bounds it anyway. */

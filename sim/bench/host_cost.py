@@ -38,7 +38,10 @@ then the cut is cleared and the paths recover (up, not damped) before the next t
   its reply and the kernel's forwarding of both through the testbed's software routers, which
   this VM charges to the sender).
 
-Rows per case: `cpu` (pct of one core; peer = rates off, ratio = off/on), `probes_sent` (per_s of
+Rows per case: `cpu` (pct of one core; peer = rates off, ratio = off/on), and of it
+`cpu_main_thread` (the decision loop, Python: replies turned into verdicts, the lane reports'
+looks, rates) and `cpu_probe_thread` (the C probe core: sends, receives, answers, the software
+routers' forwarding charged to it; the rest is the API, the traffic sampler, metrics), `probes_sent` (per_s of
 the host, from the probe core's own counter; `ring_full_drops`: replies the C core dropped because
 the Python side fell behind, a sign the host is saturated), `paths_<rate>` (with rates on),
 `detect` (ms, peer = rates off). Targets: case (b) <= 10 % of one core with rates on; detection
@@ -70,6 +73,7 @@ from linkpass.testbed import faults  # noqa: E402
 from linkpass.testbed.lanejob import LaneJob  # noqa: E402
 
 KEY = bytes(range(32))
+PROBE_THREAD = "lp-probe"  # the probe core's thread (linkpass/probe/_probecore.c names it)
 TICK = os.sysconf("SC_CLK_TCK")
 RATES_ON = {"idle_rates": True}  # and every other rate setting at its default
 RATES_OFF = {"idle_rates": False, "budget_pps": 0, "budget_cpu_pct": 0}
@@ -86,6 +90,26 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of the agent's main thread (the decision loop: Python) and of its probe
+    thread (the C probe core, named PROBE_THREAD)."""
+    main = probe = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        seconds = (int(fields[11]) + int(fields[12])) / TICK
+        if int(tid) == pid:
+            main = seconds
+        elif name == PROBE_THREAD:
+            probe = seconds
+    return main, probe
 
 
 def api_json(fab, host: int, port: int, path: str):
@@ -189,15 +213,17 @@ def run_case(fab, probers, job_peers: list[int], far: int | None, rates_on: bool
             job = LaneJob(fab, 0, job_peers, list(range(fab.spec.planes)), lanes_dir, max_seconds=seconds + 240).start()
         time.sleep(3 if rates_on else 1)  # rates settle, discovery's bursts pass
         pid = procs[0].pid
-        windows, sent = [], []
+        windows, sent, main_thread, probe_thread = [], [], [], []
         step = seconds / 10
         for _ in range(10):
-            c0, t0 = cpu_s(pid), time.monotonic()
+            (m0, p0), c0, t0 = thread_cpu_s(pid), cpu_s(pid), time.monotonic()
             s0, ts0 = api_json(fab, 0, 9471, "/v1/counters")["stats"]["sent"], time.monotonic()
             time.sleep(step)
-            c1, t1 = cpu_s(pid), time.monotonic()
+            (m1, p1), c1, t1 = thread_cpu_s(pid), cpu_s(pid), time.monotonic()
             s1, ts1 = api_json(fab, 0, 9471, "/v1/counters")["stats"]["sent"], time.monotonic()
             windows.append(100.0 * (c1 - c0) / (t1 - t0))
+            main_thread.append(100.0 * (m1 - m0) / (t1 - t0))
+            probe_thread.append(100.0 * (p1 - p0) / (t1 - t0))
             # timed by when each answer came back: a saturated agent's API can answer seconds late
             sent.append((s1 - s0) / (ts1 - ts0))
         rows = api_json(fab, 0, 9471, "/v1/paths")
@@ -206,7 +232,8 @@ def run_case(fab, probers, job_peers: list[int], far: int | None, rates_on: bool
             rates[r.get("rate", "active")] = rates.get(r.get("rate", "active"), 0) + 1
         drops = api_json(fab, 0, 9471, "/v1/counters")["drops"]
         detect = detect_trials(fab, workdir, far, trials) if far is not None and trials else []
-        return {"cpu": windows, "sent": sent, "rates": rates, "paths": len(rows), "ring_full": drops.get("ring_full", 0),
+        return {"cpu": windows, "cpu_main_thread": main_thread, "cpu_probe_thread": probe_thread,
+                "sent": sent, "rates": rates, "paths": len(rows), "ring_full": drops.get("ring_full", 0),
                 "detect": detect}
     finally:
         if job is not None:
@@ -285,6 +312,9 @@ def main() -> int:
             build.down(prefix)
         rows.append(report.row(case, "cpu", "pct", got[True]["cpu"], peer="rates-off",
                                peer_values=got[False]["cpu"], paths=got[True]["paths"]))
+        for thread in ("cpu_main_thread", "cpu_probe_thread"):
+            rows.append(report.row(case, thread, "pct", got[True][thread], peer="rates-off",
+                                   peer_values=got[False][thread]))
         rows.append(report.row(case, "probes_sent", "per_s", got[True]["sent"], peer="rates-off",
                                peer_values=got[False]["sent"],
                                ring_full_drops=got[True]["ring_full"], peer_ring_full_drops=got[False]["ring_full"]))
