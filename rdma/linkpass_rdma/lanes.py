@@ -15,7 +15,9 @@ judges a stall at that time (docs/lanes.md), so it must not be written before th
 A single writer (this process); each counter, the heartbeat and the seq words are single aligned
 word stores (never struct.pack_into, which zeroes its target before filling it byte by byte: an
 agent reading meanwhile would see a heartbeat of 0, a writer gone, or no bytes ever acknowledged,
-a stall); a lane's identity goes through the slot's seq word, as the specification says.
+a stall); a lane's identity goes through the slot's seq word, as the specification says, with a
+CPU barrier (`linkpass.kernel._barrier.fence`, as the entropy table's Python writer) between the
+steps, and progress before the acknowledged count, so a weakly ordered CPU keeps them in order.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import time
 from linkpass.core.lanes import (FILE_PREFIX, HEADER_SIZE, KIND_TCP, KIND_VERBS, LANE_SIZE, OFF_BYTES_ACKED,
                                  OFF_BYTES_SENT, OFF_HEARTBEAT, OFF_PROGRESS, OFF_SEQ, OFF_USED, STATE_FREE,
                                  STATE_OPEN, encode_header, file_size)
+from linkpass.kernel._barrier import fence
 
 __all__ = ["LaneReport", "Lane", "KIND_TCP", "KIND_VERBS", "DEFAULT_DIR"]
 
@@ -58,6 +61,7 @@ class Lane:
         self.bytes_acked += n
         # progress first, then the count: a reader that sees the count also sees when it moved
         self.report.put64(self.off + OFF_PROGRESS, time.monotonic_ns())
+        fence()  # in this order on a weakly ordered CPU too (aarch64)
         self.report.put64(self.off + OFF_BYTES_ACKED, self.bytes_acked)
 
     def release(self) -> None:
@@ -128,9 +132,11 @@ class LaneReport:
         ip = ipaddress.ip_address(peer)
         seq = _U32.unpack_from(self.mm, lane.off + OFF_SEQ)[0]
         self.put32(lane.off + OFF_SEQ, seq + 1)  # odd: identity changing (the reader skips the slot)
+        fence()  # the odd seq is visible before any identity store
         for off in (OFF_BYTES_SENT, OFF_BYTES_ACKED, OFF_PROGRESS):
             self.put64(lane.off + off, 0)
         _IDENTITY.pack_into(self.mm, lane.off + 4, STATE_OPEN, ip.version, plane, sport, kind, ip.packed.ljust(16, b"\0"))
+        fence()  # ... and every identity store before seq turns even
         self.put32(lane.off + OFF_SEQ, seq + 2)
         self.beat()
         return lane
@@ -138,7 +144,9 @@ class LaneReport:
     def _release(self, lane: Lane) -> None:
         seq = _U32.unpack_from(self.mm, lane.off + OFF_SEQ)[0]
         self.put32(lane.off + OFF_SEQ, seq + 1)
+        fence()
         self.mm[lane.off + 4] = STATE_FREE
+        fence()
         self.put32(lane.off + OFF_SEQ, seq + 2)
         self.free.append(lane.slot)
 
