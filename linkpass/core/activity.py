@@ -58,6 +58,11 @@ WRITER_SILENT_WINDOWS = 5  # a writer that has not looked for this many progress
 ANY_PORT = 0  # a lane whose path the agent does not probe (a TCP lane) stands for every path of its plane
 
 
+def _peer_of(key: str | tuple) -> str:
+    """The peer of what Activity keeps a time for: a peer itself, or a (peer, plane[, sport]) key."""
+    return key if isinstance(key, str) else key[0]
+
+
 @dataclass(frozen=True)
 class PathKey:
     peer: str
@@ -171,7 +176,7 @@ class Activity:
         """The peers the job uses now (any of their planes or lanes moved data within idle_after)."""
         out = set()
         for seen in (self.last_moved, self.plane_moved, self.lane_moved):
-            out.update(k if isinstance(k, str) else k[0] for k, t in seen.items()
+            out.update(_peer_of(k) for k, t in seen.items()
                        if self._fresh(t, now_ns, self.idle_after_ns))
         return out
 
@@ -202,7 +207,7 @@ class Activity:
         # a path whose peer no evidence names, on a plane without unreported RDMA, can only be
         # standby or idle: most of a fleet host's paths, classified at every look that changed
         # anything (88 paths: ~390 -> ~160 us)
-        named = {k if isinstance(k, str) else k[0]  # (lane_judged's lanes are lane_status's)
+        named = {_peer_of(k)  # (lane_judged's lanes are lane_status's)
                  for seen in (self.last_moved, self.plane_moved, self.lane_stalled, self.lane_status) for k in seen}
         rdma = {p for p, t in self.rdma_moved.items() if self._fresh(t, now_ns, self.idle_after_ns)}
         changes = []
@@ -221,7 +226,7 @@ class Activity:
     def _forget(self, now_ns: int, peers: set[str]) -> None:
         for seen in (self.last_moved, self.plane_moved, self.lane_moved, self.lane_progress, self.lane_stalled):
             for key in [k for k, t in seen.items()
-                        if (k if isinstance(k, str) else k[0]) not in peers or now_ns - t > self.idle_after_ns]:
+                        if _peer_of(k) not in peers or now_ns - t > self.idle_after_ns]:
                 del seen[key]
         for plane in [p for p, t in self.rdma_moved.items() if now_ns - t > self.idle_after_ns]:
             del self.rdma_moved[plane]

@@ -7,8 +7,9 @@ the peer's TCP has acknowledged (what it sent less what its send queue still hol
 a NIC's transport acknowledges an RDMA lane's bytes: the peer's kernel answers, not the job, so
 the count moves while the job's own thread waits for the CPU (the receivers ask for quick
 acknowledgements after each read, as an RDMA NIC acknowledges at once: TCP's delayed
-acknowledgement would hold a chunk's for up to 40 ms). A stalled path stops the
-acknowledgements while bytes wait: what the agent watches for. Two threads, as the NCCL plugin
+acknowledgement, whose timer starts at 40 ms, held them past the 4 ms progress window). A stalled
+path stops the acknowledgements while bytes wait: what the agent watches for. Two threads, as the
+NCCL plugin
 has its progress thread beside the job: one writes the chunks and drains the receivers
 (non-blocking sockets; a send here also forwards the bytes through the testbed's software
 routers, which can take milliseconds), the other reads every lane's acknowledgements each

@@ -86,10 +86,15 @@ CASES = {  # case -> (preset, agents that probe (all other agents only reflect),
 TRIALS = 5
 
 
+def _stat_cpu_s(stat: str) -> float:
+    """utime + stime, in seconds, of a /proc/.../stat line."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+        return _stat_cpu_s(f.read())
 
 
 def thread_cpu_s(pid: int) -> tuple[float, float]:
@@ -103,8 +108,7 @@ def thread_cpu_s(pid: int) -> tuple[float, float]:
         except OSError:
             continue  # a thread that ended meanwhile
         name = text[text.index("(") + 1:text.rindex(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        seconds = (int(fields[11]) + int(fields[12])) / TICK
+        seconds = _stat_cpu_s(text)
         if int(tid) == pid:
             main = seconds
         elif name == PROBE_THREAD:
