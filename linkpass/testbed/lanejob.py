@@ -9,11 +9,10 @@ the count moves while the job's own thread waits for the CPU (the receivers ask 
 acknowledgements after each read, as an RDMA NIC acknowledges at once: TCP's delayed
 acknowledgement, whose timer starts at 40 ms, held them past the 4 ms progress window). A stalled
 path stops the acknowledgements while bytes wait: what the agent watches for. Two threads, as the
-NCCL plugin
-has its progress thread beside the job: one writes the chunks and drains the receivers
-(non-blocking sockets; a send here also forwards the bytes through the testbed's software
-routers, which can take milliseconds), the other reads every lane's acknowledgements each
-millisecond and writes the report's heartbeat after each such look. Everything is bounded and
+NCCL plugin has its progress thread beside the job: one writes the chunks and drains the
+receivers (non-blocking sockets; a send here also forwards the bytes through the testbed's
+software routers, which can take milliseconds), the other reads every lane's acknowledgements
+each millisecond and writes the report's heartbeat after each such look. Everything is bounded and
 closed.
 """
 from __future__ import annotations
