@@ -420,7 +420,11 @@ def test_a_verbs_ring_all_reduce_moves_to_other_qps_through_each_fault_and_back(
         rfab, GA, GB, ctl[GA], ctl[GB], aim, lead_s=5, hold_s=20, after_s=10, heal_timeout_s=150,
         healed=lambda: len(roce_paths.healthy_ports(ctl[GA], addr_b, plane)) >= 2, tag=f"ring-{kind}",
         healing=lambda: ga.events(GA, "path_state")[-8:])
-    why = guest_ring.describe(run)
+    # the agents' verdicts (each in its guest's clock, as the lane lines): what the table followed
+    verdicts = "\n".join(f"  h{h} {e['mono_ns'] / 1e9:.3f} {e['peer']} plane {e['plane']} port {e['sport']}: "
+                         f"{e['old']} -> {e['new']} ({e['reason']})"
+                         for h in (GA, GB) for e in ga.events(h, "path_state")[-12:])
+    why = f"{guest_ring.describe(run)}\nthe agents' last verdicts:\n{verdicts}"
     assert plane == 1 or aim.seen, "the ring carried nothing on plane 0 before the fault"
     assert run.rc == [0, 0], why
     assert all(sm and sm["errors"] == 0 and sm["wrong"] == 0 and sm["lane_kind"] == "verbs" for sm in run.summary), why
