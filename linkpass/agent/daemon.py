@@ -36,7 +36,8 @@ import time
 import traceback
 from collections import Counter
 
-from ..core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey, UnreportedRdma
+from ..core.activity import (ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, WRITER_SILENT_WINDOWS, Activity, LaneSeen, PathKey,
+                             UnreportedRdma)
 from ..core.constants import ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
 from ..core.entropy_table import EntropyError
@@ -326,6 +327,9 @@ class Agent:
         self._cpu_at = (time.process_time(), time.monotonic())
         self.sampler: threading.Thread | None = None
         self._next_rates = 0.0
+        # the probe core's lane watch (linkpass/probe/lane_watch.h), when the engine has one: the
+        # reader's generation of reports it was given, so a new or gone report is passed on
+        self._watched: int | None = None
 
     @staticmethod
     def _lanes_reader(cfg: AgentConfig) -> LanesReader | None:
@@ -503,6 +507,7 @@ class Agent:
         if self.lanes is not None:
             lanes = self.lanes.look(now)
             full |= self.activity.saw_lanes(self._lanes_seen(lanes), now)
+            self._watch_lanes()
         full |= self._see_unreported_rdma({lane.plane for lane in lanes}, now)
         changes = []
         if full or now >= self._rates_full_at + RATES_FULL_EVERY_NS:
@@ -571,10 +576,22 @@ class Agent:
                                 lane.looked_ns))
         return out
 
+    def _watch_lanes(self) -> None:
+        """Hand the probe core's lane watch the reports the reader has open, when they changed."""
+        if not getattr(self.engine, "LANE_WATCH", False) or self._watched == self.lanes.generation:
+            return
+        window = self.activity.progress_window_ns
+        self.engine.watch_lanes(self.lanes.fds(), window, WRITER_SILENT_WINDOWS * window)
+        self._watched = self.lanes.generation
+
     def _rates_every_s(self) -> float:
         """How often rates are looked at: every half progress window while lane reports are live
-        (the window bounds how stale transport progress may be), else once per idle interval."""
+        (the window bounds how stale transport progress may be), else once per idle interval.
+        With the probe core watching the lanes, a settled view is looked at once per idle
+        interval too: the watch wakes the loop (lanes_changed) when a lane changes."""
         if self.lanes is not None and self.lanes.live:
+            if self._watched is not None and self.activity.lanes_settled(time.monotonic_ns()):
+                return self.cfg.idle_interval_ms / 1000
             return min(self.cfg.progress_window_ms / 2, self.cfg.idle_interval_ms) / 1000
         return self.cfg.idle_interval_ms / 1000
 
@@ -745,6 +762,8 @@ class Agent:
         if self.activity is not None:
             self.activity.idle_after_ns = int(self.cfg.idle_after_ms * 1e6)
             self.activity.progress_window_ns = int(self.cfg.progress_window_ms * 1e6)
+            if self._watched is not None:
+                self._watched = -1  # the watch takes the new window at the next look
         self.governor.share = self.cfg.budget_cpu_pct / 100
         if not self.governor.share:
             self.governor.factor = 1.0
@@ -778,9 +797,13 @@ class Agent:
                 self.stopping.wait(self.cfg.batch_ms / 1000)  # a failing engine must not turn this loop into a spin
                 continue
             run("decide", self.failover.step, *polled, time.monotonic_ns())
-            if self.activity is not None and time.monotonic() >= self._next_rates:
-                self._next_rates = time.monotonic() + self._rates_every_s()
+            watch_saw = self._watched is not None and self.engine.lanes_changed()
+            if self.activity is not None and (watch_saw or time.monotonic() >= self._next_rates):
+                if watch_saw:
+                    self.activity.unsettle(time.monotonic_ns())
                 run("rates", self.update_rates)
+                # after the look: one that found a change keeps looking often until the view settles
+                self._next_rates = time.monotonic() + self._rates_every_s()
             if self.cfg.budget_cpu_pct and time.monotonic() >= self._next_cpu:
                 self._next_cpu = time.monotonic() + 1.0
                 run("rates", self.update_cpu_budget)

@@ -1,11 +1,11 @@
 """The agent's side of lane reports (docs/lanes.md): every writer's file in the lanes directory,
-mapped once and looked at every few milliseconds. Reports come from any local user: each is
-checked (a regular file, not a link, of the size its header claims) and a bad one is counted and
-left alone; at most MAX_FILES are read.
+opened once and read (pread) at every look. Reports come from any local user: each is checked (a
+regular file, not a link, of the size its header claims) and a bad one is counted and left alone;
+at most MAX_FILES are read. They are read, not mapped: a writer that truncates its file would make
+a read through a mapping fault and kill the agent; a short read is only a bad report.
 """
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 
@@ -20,14 +20,13 @@ DIR_MODE = 0o1777  # any job may add its own report and remove only its own (sti
 
 
 class _Report:
-    __slots__ = ("name", "fd", "mm", "ino", "unborn_ns")
+    __slots__ = ("name", "fd", "size", "ino", "unborn_ns")
 
-    def __init__(self, name: str, fd: int, mm: mmap.mmap, ino: int):
-        self.name, self.fd, self.mm, self.ino = name, fd, mm, ino
+    def __init__(self, name: str, fd: int, size: int, ino: int):
+        self.name, self.fd, self.size, self.ino = name, fd, size, ino
         self.unborn_ns = 0  # when this reader first saw it without a heartbeat
 
     def close(self) -> None:
-        self.mm.close()
         os.close(self.fd)
 
 
@@ -41,6 +40,7 @@ class LanesReader:
         self.counts = {"looks": 0, "reports_live": 0, "reports_stale": 0, "reports_bad": 0, "lanes": 0, "removed": 0,
                        "lanes_unknown": 0}
         self._next_scan = 0
+        self.generation = 0  # changes whenever the set of open reports does (fds() then differs)
         self._ensure_dir()
 
     def _ensure_dir(self) -> None:
@@ -57,7 +57,7 @@ class LanesReader:
             self._ensure_dir()
             names = []
         for name in [n for n in self.reports if n not in names]:
-            self.reports.pop(name).close()
+            self._drop(name)
         for name in [n for n in self.bad if n not in names]:
             del self.bad[name]
         for name in names[:MAX_FILES]:
@@ -79,13 +79,17 @@ class LanesReader:
                 raise LanesBad(f"{st.st_size} bytes is no lane report's size")
             head = os.pread(fd, HEADER_SIZE, 0)
             decode_header(head, st.st_size)
-            mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
         except (OSError, LanesBad) as exc:
             os.close(fd)
             self.bad[name] = str(exc)
             return
         self.bad.pop(name, None)
-        self.reports[name] = _Report(name, fd, mm, st.st_ino)
+        self.reports[name] = _Report(name, fd, st.st_size, st.st_ino)
+        self.generation += 1
+
+    def _drop(self, name: str) -> None:
+        self.reports.pop(name).close()
+        self.generation += 1
 
     def look(self, now_ns: int) -> list[Lane]:
         """Every lane of every live report now (reports are rescanned once a second)."""
@@ -95,8 +99,17 @@ class LanesReader:
         lanes: list[Lane] = []
         live = stale = 0
         for name, rep in list(self.reports.items()):
-            heartbeat = int.from_bytes(rep.mm[OFF_HEARTBEAT:OFF_HEARTBEAT + 8], "little")
-            if now_ns - heartbeat > STALE_NS:
+            try:
+                copy = os.pread(rep.fd, rep.size, 0)
+                if len(copy) != rep.size:
+                    raise LanesBad(f"the file is {len(copy)} bytes now, not {rep.size}")
+                heartbeat = int.from_bytes(copy[OFF_HEARTBEAT:OFF_HEARTBEAT + 8], "little")
+                live_copy = None if now_ns - heartbeat > STALE_NS else os.pread(rep.fd, rep.size, 0)
+            except (OSError, LanesBad) as exc:
+                self.bad[name] = f"cannot read: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
+                self._drop(name)
+                continue
+            if live_copy is None:
                 stale += 1
                 # a heartbeat of 0 is a writer between creating its file and its first beat: its
                 # file goes only after this reader has seen it so for REMOVE_NS, not at once
@@ -106,10 +119,10 @@ class LanesReader:
                     self._remove(name, rep)
                 continue
             try:
-                lanes += decode_lanes(rep.mm[:], rep.mm[:])
-            except LanesBad as exc:  # the writer rewrote its header: not a report any more
+                lanes += decode_lanes(copy, live_copy)
+            except LanesBad as exc:  # the writer rewrote its header or cut its file: not a report any more
                 self.bad[name] = str(exc)
-                self.reports.pop(name).close()
+                self._drop(name)
                 continue
             live += 1
         self.counts.update(looks=self.counts["looks"] + 1, reports_live=live, reports_stale=stale,
@@ -125,7 +138,11 @@ class LanesReader:
                 self.counts["removed"] += 1
         except OSError:
             pass  # gone already, or not ours to remove: ignored as stale all the same
-        self.reports.pop(name).close()
+        self._drop(name)
+
+    def fds(self) -> list[int]:
+        """The open reports' descriptors (the probe core's lane watch reads them too)."""
+        return [rep.fd for rep in self.reports.values()]
 
     @property
     def live(self) -> bool:

@@ -55,6 +55,10 @@ RATES = (ACTIVE, PROGRESSING, STANDBY, IDLE)
 STALL_HOLD_NS = 250_000_000  # a lane that stalled stays at the active rate this long before progress may slow it again
 FUTURE_SLACK_NS = 1_000_000  # a writer may stamp its progress just after the reader took its time
 WRITER_SILENT_WINDOWS = 5  # a writer that has not looked for this many progress windows gives no evidence
+# a lane view that changed, or that the probe core's lane watch saw change, stays unsettled this many
+# windows: a lane re-made on a path is taken as progressing on its predecessor's progress until
+# its writer's look is a window past it, and a writer may look up to WRITER_SILENT_WINDOWS late
+SETTLE_WINDOWS = WRITER_SILENT_WINDOWS + 2
 ANY_PORT = 0  # a lane whose path the agent does not probe (a TCP lane) stands for every path of its plane
 
 
@@ -109,6 +113,7 @@ class Activity:
         # a look that a path's rate depends on
         self.lane_status: dict[tuple[str, int, int], tuple[bool, bool]] = {}
         self.lane_stalled: dict[tuple[str, int, int], int] = {}  # ... -> last look that saw bytes wait without progress
+        self.lanes_changed_ns = 0  # the last look whose lane_status differed from the one before
         self.rdma_moved: dict[int, int] = {}  # plane -> its RDMA device last moved traffic no lane reports
         self.rate: dict[int, str] = {}  # path -> the rate it is probed at now
 
@@ -166,7 +171,23 @@ class Activity:
             was = status.get(key, (False, False))  # several lanes on one path: any of them
             status[key] = (was[0] or progressing, was[1] or (lane.waiting and not silent))
         self.lane_status = {k: (progressing, waiting and not progressing) for k, (progressing, waiting) in status.items()}
-        return self.lane_status != before
+        if self.lane_status != before:
+            self.lanes_changed_ns = now_ns
+            return True
+        return False
+
+    def unsettle(self, now_ns: int) -> None:
+        """The probe core's lane watch saw the lanes change: look often until the view settles."""
+        self.lanes_changed_ns = max(self.lanes_changed_ns, now_ns)
+
+    def lanes_settled(self, now_ns: int) -> bool:
+        """Whether the lanes' view can now change only in ways the probe core's lane watch sees
+        (linkpass/probe/lane_watch.h: a lane comes or goes, starts or stops progressing or waiting
+        without progress), so the caller may look again only when it says so: no lane waits without
+        progress (a stall is marked from the looks that see it wait) and the view has not changed
+        for SETTLE_WINDOWS windows."""
+        return (not any(stuck for _, stuck in self.lane_status.values())
+                and now_ns - self.lanes_changed_ns > SETTLE_WINDOWS * self.progress_window_ns)
 
     @staticmethod
     def _fresh(t: int | None, now_ns: int, window_ns: int) -> bool:

@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -29,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lane_watch.h"
 #include "probe_rx.h"
 
 #define MAX_NICS 16
@@ -48,6 +50,8 @@
 #define MAX_SLEEP_NS 10000000LL
 /* reflector slots looked at per wake-up for idle entries: the whole table every ~0.1-1 s */
 #define SWEEP_SLOTS 64
+/* lane reports the loop looks at (the agent reads at most this many too) */
+#define MAX_LANE_REPORTS 256
 
 /* ---- the engine ------------------------------------------------------------------------- */
 typedef struct {
@@ -152,6 +156,14 @@ typedef struct {
     volatile int rt_status; /* 0 ok / not asked, else the errno of pthread_setschedparam */
     struct txbatch *bg_tx;
     uint8_t *bg_rx;
+    /* lane watch (lane_watch.h): every half window the loop reads the job's lane reports and
+     * wakes Python only when what its rate rule reads changed, instead of Python waking to look */
+    int lane_fds[MAX_LANE_REPORTS]; /* the loop's own duplicates of the agent's descriptors */
+    int nlanes;
+    int64_t lane_window_ns, lane_silent_ns, lane_next;
+    uint64_t lane_digest, lane_looks, lane_changes;
+    int lane_changed; /* set by a look whose digest differed; lanes_changed() reads and clears it */
+    uint8_t *lane_buf; /* LW_MAX_BYTES */
 } Core;
 
 static inline int64_t now_ns(clockid_t id) {
@@ -376,6 +388,30 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
     }
 }
 
+/* one look at every watched lane report: pread cannot fault on a file its writer truncates, as
+ * a mapping would; a report that cannot be read digests as one that is not a report */
+static void lane_look(Core *c, int64_t now) {
+    uint64_t h = lw_mix(0, (uint64_t)c->nlanes);
+    for (int i = 0; i < c->nlanes; i++) {
+        ssize_t n = pread(c->lane_fds[i], c->lane_buf, LW_HEADER, 0);
+        size_t len = n > 0 ? (size_t)n : 0;
+        long want = lw_lanes_wanted(c->lane_buf, len);
+        if (want > 0) {
+            ssize_t m = pread(c->lane_fds[i], c->lane_buf + LW_HEADER, (size_t)want, LW_HEADER);
+            if (m > 0) len += (size_t)m;
+        }
+        h = lw_mix(h, lw_digest(c->lane_buf, len, now, c->lane_window_ns, c->lane_silent_ns));
+    }
+    c->lane_looks++;
+    c->lane_next = now + c->lane_window_ns / 2;
+    if (h != c->lane_digest) {
+        c->lane_digest = h;
+        c->lane_changed = 1;
+        c->lane_changes++;
+        c->notify = 1;
+    }
+}
+
 /* wakes the loop from ppoll: a path added, a shorter interval, a stop */
 static void wake_loop(Core *c) {
     uint64_t one = 1;
@@ -414,6 +450,13 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         send_due(c, now, tx);
         rx_sweep(&c->rx, now, SWEEP_SLOTS);
         int64_t next = end;
+        if (c->nlanes) {
+            if (now >= c->lane_next) {
+                lane_look(c, now);
+                signal_python(c);
+            }
+            if (c->lane_next < next) next = c->lane_next;
+        }
         int64_t mono_minus_local = c->tracking ? now - local_clock(c, now_ns(CLOCK_REALTIME)) : 0;
         for (int i = 0; i < c->npaths; i++) {
             path_t *pt = &c->paths[i];
@@ -600,6 +643,8 @@ static void stop_thread(Core *self) {
 
 static void Core_dealloc(Core *self) {
     stop_thread(self);
+    for (int i = 0; i < self->nlanes; i++) close(self->lane_fds[i]);
+    PyMem_Free(self->lane_buf);
     for (int i = 0; self->paths && i < self->npaths; i++) PyMem_Free(self->paths[i].out);
     PyMem_Free(self->paths);
     PyMem_Free(self->rx.reflect);
@@ -728,6 +773,71 @@ static PyObject *Core_set_interval(Core *self, PyObject *args) {
     if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
     if (bad) return PyErr_Format(PyExc_ValueError, "interval must be >= 10 us and longer than the pair gap");
     Py_RETURN_NONE;
+}
+
+static PyObject *Core_watch_lanes(Core *self, PyObject *args) {
+    NEED_READY(self);
+    PyObject *seq;
+    long long window, silent;
+    if (!PyArg_ParseTuple(args, "OLL", &seq, &window, &silent)) return NULL;
+    if (window < 100000 || silent < window)
+        return PyErr_Format(PyExc_ValueError, "window must be >= 100 us and silent_ns >= window");
+    PyObject *fast = PySequence_Fast(seq, "watch_lanes takes a sequence of file descriptors");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_LANE_REPORTS) {
+        Py_DECREF(fast);
+        return PyErr_Format(PyExc_ValueError, "at most %d lane reports", MAX_LANE_REPORTS);
+    }
+    if (!self->lane_buf && !(self->lane_buf = PyMem_Malloc(LW_MAX_BYTES))) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    int fds[MAX_LANE_REPORTS], made = 0;
+    for (; made < n; made++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, made));
+        if (fd < 0 && PyErr_Occurred()) break;
+        if (fd < 0 || fd > INT32_MAX || (fds[made] = fcntl((int)fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+            if (!PyErr_Occurred()) PyErr_SetFromErrno(PyExc_OSError);
+            break;
+        }
+    }
+    Py_DECREF(fast);
+    if (made < n) {
+        for (int i = 0; i < made; i++) close(fds[i]);
+        return NULL;
+    }
+    int old[MAX_LANE_REPORTS], nold;
+    pthread_mutex_lock(&self->mu);
+    nold = self->nlanes;
+    memcpy(old, self->lane_fds, sizeof(int) * (size_t)nold);
+    memcpy(self->lane_fds, fds, sizeof(int) * (size_t)n);
+    self->nlanes = (int)n;
+    self->lane_window_ns = window;
+    self->lane_silent_ns = silent;
+    self->lane_next = 0; /* at once: the first look tells Python what it sees */
+    pthread_mutex_unlock(&self->mu);
+    for (int i = 0; i < nold; i++) close(old[i]);
+    wake_loop(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_lanes_changed(Core *self, PyObject *Py_UNUSED(ignored)) {
+    NEED_READY(self);
+    pthread_mutex_lock(&self->mu);
+    int changed = self->lane_changed;
+    self->lane_changed = 0;
+    pthread_mutex_unlock(&self->mu);
+    return PyBool_FromLong(changed);
+}
+
+static PyObject *Core_lane_digest(Core *self, PyObject *args) {
+    Py_buffer b;
+    long long now, window, silent;
+    if (!PyArg_ParseTuple(args, "y*LLL", &b, &now, &window, &silent)) return NULL;
+    uint64_t h = lw_digest(b.buf, (size_t)b.len, now, window, silent);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(h);
 }
 
 static PyObject *Core_set_clock(Core *self, PyObject *args) {
@@ -926,8 +1036,8 @@ static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
     uint64_t drops_now[D_COUNT];
     pthread_mutex_lock(&self->mu);
     memcpy(drops_now, self->rx.drops, sizeof drops_now);
-    uint64_t v[9] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
-                     self->rx.reflect_used, self->rx.expired, self->rx.other_key_ok};
+    uint64_t v[11] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
+                      self->rx.reflect_used, self->rx.expired, self->rx.other_key_ok, self->lane_looks, self->lane_changes};
     pthread_mutex_unlock(&self->mu);
     PyObject *drops = PyDict_New();
     if (!drops) return NULL;
@@ -937,9 +1047,10 @@ static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
         if (!n || PyDict_SetItemString(drops, DROP_NAMES[i], n) < 0) { Py_XDECREF(n); Py_DECREF(drops); return NULL; }
         Py_DECREF(n);
     }
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0], "reflected", v[1], "replies", v[2],
-                         "received", v[3], "wakeups", v[4], "evidence_updates", v[5], "reflector_entries", v[6],
-                         "reflector_expired", v[7], "other_key", v[8], "drops", drops);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0], "reflected", v[1],
+                         "replies", v[2], "received", v[3], "wakeups", v[4], "evidence_updates", v[5],
+                         "reflector_entries", v[6], "reflector_expired", v[7], "other_key", v[8], "lane_looks", v[9],
+                         "lane_changes", v[10], "drops", drops);
 }
 
 static PyObject *Core_declare_pads(Core *self, PyObject *args) {
@@ -1109,6 +1220,14 @@ static PyMethodDef Core_methods[] = {
     {"remove_path", (PyCFunction)Core_remove_path, METH_VARARGS, "remove_path(path_id)"},
     {"set_interval", (PyCFunction)Core_set_interval, METH_VARARGS, "set_interval(path_id, interval_ns)"},
     {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
+    {"watch_lanes", (PyCFunction)Core_watch_lanes, METH_VARARGS,
+     "watch_lanes(fds, window_ns, silent_ns): look at these lane reports every half window (the core keeps its own "
+     "duplicates; an empty sequence stops); a look that finds what the rate rule reads changed sets lanes_changed() "
+     "and wakes fileno()"},
+    {"lanes_changed", (PyCFunction)Core_lanes_changed, METH_NOARGS,
+     "whether a lane look found a change since the last call (and clears it)"},
+    {"lane_digest", (PyCFunction)Core_lane_digest, METH_VARARGS,
+     "test hook: lane_digest(report_bytes, now_ns, window_ns, silent_ns): the look's digest of one report"},
     {"run", (PyCFunction)Core_run, METH_VARARGS, "run(duration_ns): probe, reflect, receive; GIL released"},
     {"start", (PyCFunction)Core_start, METH_VARARGS,
      "start([rt_priority]): run the loop in a native background thread (GIL-free), SCHED_FIFO if > 0"},

@@ -50,6 +50,7 @@ class CoreProbeEngine:
     RECORD = struct.Struct("<IIQqqqq")  # xrec_t: path_id, rx_count, seq, t1..t4
     EVENT = struct.Struct("<IIQIIIIqqqq")  # ev_t: ProbeEvent's fields, in its order
     MAX_KEPT = 1_000_000
+    LANE_WATCH = True  # watch_lanes(): the loop reads lane reports, Python looks when they change
     # the counters `stats` reports (drop counters by reason: `drops`); reflector_entries is a level
     # other_key: packets authenticated with the other fleet key accepted during a key rotation
     STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired", "other_key")
@@ -215,6 +216,15 @@ class CoreProbeEngine:
             except BlockingIOError:
                 pass
         return bool(ready)
+
+    def watch_lanes(self, fds: list[int], window_ns: int, silent_ns: int) -> None:
+        """Have the loop read these lane reports every half window and wake wait() only when
+        what the rate rule reads from them changed (lane_watch.h); an empty list stops it."""
+        self.core.watch_lanes(fds, window_ns, silent_ns)
+
+    def lanes_changed(self) -> bool:
+        """Whether a look of the lane watch found a change since the last call."""
+        return self.core.lanes_changed()
 
     def set_rto(self, path_id: int, rto_ns: int) -> None:
         self.core.set_rto(path_id, rto_ns)

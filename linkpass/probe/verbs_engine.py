@@ -132,6 +132,7 @@ class VerbsProbeEngine:
     """One agent's probes and reflector through UD queue pairs; CoreProbeEngine's interface."""
 
     kind = "verbs"
+    LANE_WATCH = False  # its loop is Python's own: the agent looks at lane reports itself
     STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired", "other_key")
 
     def __init__(self, agent_id: int, key: bytes, seed: int = 1, jitter: float = 0.1,
