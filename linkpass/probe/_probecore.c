@@ -451,7 +451,9 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         rx_sweep(&c->rx, now, SWEEP_SLOTS);
         int64_t next = end;
         if (c->nlanes) {
-            if (now >= c->lane_next) {
+            /* up to a quarter window early when the loop is awake anyway: a look of its own is a
+             * wake-up of its own, which costs the thread more than the look */
+            if (now >= c->lane_next - c->lane_window_ns / 4) {
                 lane_look(c, now);
                 signal_python(c);
             }

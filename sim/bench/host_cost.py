@@ -143,6 +143,9 @@ def events(workdir: str, host: int, kind: str) -> list[dict]:
     return out
 
 
+SLOW_CUT_MS = 10.0  # a cut found later than the target: its paths' changes are printed
+
+
 def detect_trials(fab, workdir: str, far: int, trials: int) -> list[float]:
     """Cut h0's plane-0 uplink (carrier down), `trials` times: ms from the cut to h0's first DOWN
     towards `far` on plane 0. Each cut waits until those paths are up again (not held down, not
@@ -167,13 +170,16 @@ def detect_trials(fab, workdir: str, far: int, trials: int) -> list[float]:
                         if e.get("new") == "down" and e.get("peer") == host_name(far) and e.get("plane") == 0
                         and e["mono_ns"] >= t_fault), None)  # not a line a saturated agent logged late
         faults.clear(fab.prefix)
+        # what those paths did, so a slow verdict or a miss can be told apart: (sport, old, new,
+        # reason, ms after the cut) of each change, and the detail (probes missed, timeout) of the DOWN
+        seen = [(e.get("sport"), e.get("old"), e.get("new"), e.get("reason"), round((e["mono_ns"] - t_fault) / 1e6, 1))
+                for e in events(workdir, 0, "path_state")[before:]
+                if e.get("peer") == host_name(far) and e.get("plane") == 0]
         if got is not None:
             out.append(round((got["mono_ns"] - t_fault) / 1e6, 2))
-            report.progress(f"  cut at mono {t_fault}: {out[-1]} ms")
-        else:  # what those paths did instead, so a miss can be told from a slow verdict
-            seen = [(e.get("sport"), e.get("old"), e.get("new"), e.get("reason"), round((e["mono_ns"] - t_fault) / 1e6, 1))
-                    for e in events(workdir, 0, "path_state")[before:]
-                    if e.get("peer") == host_name(far) and e.get("plane") == 0]
+            slow = f"; slower than {SLOW_CUT_MS} ms: {seen[:6]}, {got.get('detail')}" if out[-1] > SLOW_CUT_MS else ""
+            report.progress(f"  cut at mono {t_fault}: {out[-1]} ms{slow}")
+        else:
             report.progress(f"  cut at mono {t_fault}: no DOWN within 10 s; those paths' changes "
                             f"(sport, old, new, reason, ms after the cut): {seen[:6] or 'none'}")
     return out
