@@ -261,6 +261,7 @@ class Agent:
     service: AgentService | None = None  # the service manager's protocol, once main() attaches it
     plan_applied = False  # a coordinator probe plan was taken (what an agent without peers of its own waits for)
     activity: Activity | None = None  # with probe.idle_rates: which peers move data, each path's rate
+    _watched: int | None = None  # the lane reader's generation the probe core's lane watch has (None: no watch)
 
     def __init__(self, cfg: AgentConfig, key: bytes, dry_run: bool = False, accept_key: bytes | None = None):
         self.cfg = cfg
@@ -329,7 +330,7 @@ class Agent:
         self._next_rates = 0.0
         # the probe core's lane watch (linkpass/probe/lane_watch.h), when the engine has one: the
         # reader's generation of reports it was given, so a new or gone report is passed on
-        self._watched: int | None = None
+        self._watched = None
 
     @staticmethod
     def _lanes_reader(cfg: AgentConfig) -> LanesReader | None:
@@ -797,13 +798,14 @@ class Agent:
                 self.stopping.wait(self.cfg.batch_ms / 1000)  # a failing engine must not turn this loop into a spin
                 continue
             run("decide", self.failover.step, *polled, time.monotonic_ns())
-            watch_saw = self._watched is not None and self.engine.lanes_changed()
-            if self.activity is not None and (watch_saw or time.monotonic() >= self._next_rates):
-                if watch_saw:
-                    self.activity.unsettle(time.monotonic_ns())
-                run("rates", self.update_rates)
-                # after the look: one that found a change keeps looking often until the view settles
-                self._next_rates = time.monotonic() + self._rates_every_s()
+            if self.activity is not None:
+                watch_saw = self._watched is not None and self.engine.lanes_changed()
+                if watch_saw or time.monotonic() >= self._next_rates:
+                    if watch_saw:
+                        self.activity.unsettle(time.monotonic_ns())
+                    run("rates", self.update_rates)
+                    # after the look: one that found a change keeps looking often until the view settles
+                    self._next_rates = time.monotonic() + self._rates_every_s()
             if self.cfg.budget_cpu_pct and time.monotonic() >= self._next_cpu:
                 self._next_cpu = time.monotonic() + 1.0
                 run("rates", self.update_cpu_budget)
