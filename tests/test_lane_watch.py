@@ -188,6 +188,8 @@ def test_the_watch_refuses_bad_arguments():
         c.watch_lanes([0] * 300, WINDOW, SILENT)
     with pytest.raises(OSError):
         c.watch_lanes([987654], WINDOW, SILENT)
+    with pytest.raises(ValueError, match="-1 is not a file descriptor"):
+        c.watch_lanes([-1], WINDOW, SILENT)
 
 
 def test_the_reader_takes_a_report_cut_short_for_a_bad_one_not_a_crash(tmp_path):

@@ -799,8 +799,12 @@ static PyObject *Core_watch_lanes(Core *self, PyObject *args) {
     for (; made < n; made++) {
         long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, made));
         if (fd < 0 && PyErr_Occurred()) break;
-        if (fd < 0 || fd > INT32_MAX || (fds[made] = fcntl((int)fd, F_DUPFD_CLOEXEC, 0)) < 0) {
-            if (!PyErr_Occurred()) PyErr_SetFromErrno(PyExc_OSError);
+        if (fd < 0 || fd > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "%ld is not a file descriptor", fd);
+            break;
+        }
+        if ((fds[made] = fcntl((int)fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
             break;
         }
     }
