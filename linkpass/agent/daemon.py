@@ -261,7 +261,9 @@ class Agent:
     service: AgentService | None = None  # the service manager's protocol, once main() attaches it
     plan_applied = False  # a coordinator probe plan was taken (what an agent without peers of its own waits for)
     activity: Activity | None = None  # with probe.idle_rates: which peers move data, each path's rate
-    _watched: int | None = None  # the lane reader's generation the probe core's lane watch has (None: no watch)
+    # the probe core's lane watch (linkpass/probe/lane_watch.h), when the engine has one: the lane
+    # reader's generation of reports it was given, so a new or gone report is passed on (None: no watch)
+    _watched: int | None = None
 
     def __init__(self, cfg: AgentConfig, key: bytes, dry_run: bool = False, accept_key: bytes | None = None):
         self.cfg = cfg
@@ -328,9 +330,6 @@ class Agent:
         self._cpu_at = (time.process_time(), time.monotonic())
         self.sampler: threading.Thread | None = None
         self._next_rates = 0.0
-        # the probe core's lane watch (linkpass/probe/lane_watch.h), when the engine has one: the
-        # reader's generation of reports it was given, so a new or gone report is passed on
-        self._watched = None
 
     @staticmethod
     def _lanes_reader(cfg: AgentConfig) -> LanesReader | None:

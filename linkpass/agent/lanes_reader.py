@@ -91,6 +91,11 @@ class LanesReader:
         self.reports.pop(name).close()
         self.generation += 1
 
+    def _refuse(self, name: str, why: str) -> None:
+        """An open report that is not one any more: counted as bad, no longer read."""
+        self.bad[name] = why
+        self._drop(name)
+
     def look(self, now_ns: int) -> list[Lane]:
         """Every lane of every live report now (reports are rescanned once a second)."""
         if now_ns >= self._next_scan:
@@ -101,15 +106,14 @@ class LanesReader:
         for name, rep in list(self.reports.items()):
             try:
                 copy = os.pread(rep.fd, rep.size, 0)
-                if len(copy) != rep.size:
-                    raise LanesBad(f"the file is {len(copy)} bytes now, not {rep.size}")
-                heartbeat = int.from_bytes(copy[OFF_HEARTBEAT:OFF_HEARTBEAT + 8], "little")
-                live_copy = None if now_ns - heartbeat > STALE_NS else os.pread(rep.fd, rep.size, 0)
-            except (OSError, LanesBad) as exc:
-                self.bad[name] = f"cannot read: {exc.strerror}" if isinstance(exc, OSError) else str(exc)
-                self._drop(name)
+            except OSError as exc:
+                self._refuse(name, f"cannot read: {exc.strerror}")
                 continue
-            if live_copy is None:
+            if len(copy) != rep.size:  # the writer cut its file
+                self._refuse(name, f"the file is {len(copy)} bytes now, not {rep.size}")
+                continue
+            heartbeat = int.from_bytes(copy[OFF_HEARTBEAT:OFF_HEARTBEAT + 8], "little")
+            if now_ns - heartbeat > STALE_NS:
                 stale += 1
                 # a heartbeat of 0 is a writer between creating its file and its first beat: its
                 # file goes only after this reader has seen it so for REMOVE_NS, not at once
@@ -119,10 +123,9 @@ class LanesReader:
                     self._remove(name, rep)
                 continue
             try:
-                lanes += decode_lanes(copy, live_copy)
-            except LanesBad as exc:  # the writer rewrote its header or cut its file: not a report any more
-                self.bad[name] = str(exc)
-                self._drop(name)
+                lanes += decode_lanes(copy, os.pread(rep.fd, rep.size, 0))
+            except (OSError, LanesBad) as exc:  # the writer rewrote its header or cut its file: not a report any more
+                self._refuse(name, str(exc))
                 continue
             live += 1
         self.counts.update(looks=self.counts["looks"] + 1, reports_live=live, reports_stale=stale,
