@@ -55,6 +55,10 @@ def test_node_path_and_reverse_definite():
     # replies h6 -> h1: whatever spine, they leave through h6's uplink and arrive through h1's
     assert m.reverse_definite("h1", 0, "h6") == ("h6-p0l1:up", "h1-p0l0:down")
     assert m.reverse_definite("h1", 0, "h2") == m.node_path("h2", "h1", 0, None)
+    # ... and may cross either spine: every link of every reply path, each once
+    possible = m.reverse_possible("h1", 0, "h6")
+    assert set(possible) == {d for s in (0, 1) for d in m.node_path("h6", "h1", 0, s)} and len(set(possible)) == len(possible)
+    assert m.reverse_possible("h1", 0, "h2") == m.reverse_definite("h1", 0, "h2")
     with pytest.raises(F.FabricError, match="no uplink"):
         m.uplink("h99", 0)
 

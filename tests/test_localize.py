@@ -111,6 +111,30 @@ def test_unknown_reply_paths_use_the_links_every_reply_crosses():
     assert found(observations({"p0l2-p0s1:up"}, known_reverse=False)) == {"p0l2-p0s1:up"}
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_lost_replies_on_a_spine_link_blame_it_not_their_reporters(seed):
+    """Two leaves per plane, one-way loss from spine p1s0 to leaf p1l1: probes from p1l0's hosts
+    are lost on it (forward), and so are the replies to p1l1's hosts' probes whenever the
+    peer's ECMP hash sends them through p1s0 (reverse, reply path not traced). Those reporters
+    name host links that work for everyone else; blaming only the links every reply crosses
+    made them liars (suspects) and once named a working host link."""
+    model = rail_optimized(4, 2, 2, 2)
+    plan = plan_probes(model)
+    truth = "p1l1-p1s0:down"
+    rng = random.Random(seed)
+    loc = Localizer(model)
+    for host, paths in plan.paths.items():
+        for n, p in enumerate(paths):
+            fwd = model.node_path(host, p.peer, p.plane, p.spine)
+            same_leaf = model.leaf_of(host, p.plane) == model.leaf_of(p.peer, p.plane)
+            rev = model.node_path(p.peer, host, p.plane, None if same_leaf else rng.randrange(2))
+            f, r = truth in fwd, truth in rev
+            loc.update(Observation(host, f"{host}/{n}", fwd, None, f or r, "forward" if f else "reverse" if r else None))
+    fs = loc.findings()
+    assert [(f.directed, f.alternatives) for f in fs] == [("p1l0-p1s0:up", ("p1l1-p1s0:down",))], fs
+    assert loc.suspects() == set()
+
+
 def test_update_replaces_by_key_and_forget_undoes():
     truth = {"h3-p0l0:up", "h3-p0l0:down"}
     healthy = observations(set())

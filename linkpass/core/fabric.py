@@ -204,6 +204,21 @@ class FabricModel:
         # between leaves the spine is ECMP's choice; for a same-leaf pair these two are the path
         return (directed(up.name, UP), directed(down.name, DOWN))
 
+    def reverse_possible(self, src_host: str, plane: int, dst_host: str) -> tuple[str, ...]:
+        """Links a reply dst -> src may cross: the definite ones and, between leaves, both links of
+        every spine ECMP may pick. One of them must be faulty when a reply is lost; none of them
+        but the definite ones can be credited when it arrives."""
+        up = self.uplink(dst_host, plane)
+        down = self.uplink(src_host, plane)
+        out = [directed(up.name, UP)]
+        if up.b != down.b:
+            for index in range(len(self._spines[plane])):
+                pair = (self._leaf_spine.get((up.b, index)), self._leaf_spine.get((down.b, index)))
+                if None not in pair:
+                    out += (directed(pair[0], UP), directed(pair[1], DOWN))
+        out.append(directed(down.name, DOWN))
+        return tuple(out)
+
     def links_of_path(self, src_host: str, plane: int, hops: Sequence[str | None],
                       dst_addr: str) -> tuple[str, ...]:
         """Directed links a probe crossed, from the hop addresses discovery reported.

@@ -65,9 +65,13 @@ class Observation:
     """One path's verdict from `reporter`; `key` is unique per path fleet-wide ("h3/17").
 
     `reverse` is the directed links the replies are known to cross. Pass the full reply path
-    when known; when it is not, pass None and the localizer uses the links EVERY reply must
-    cross (`FabricModel.reverse_definite`, derived from `forward`'s first and last link), so a
-    reply lost on a spine link it cannot name stays unexplained rather than misattributed.
+    when known; when it is not, pass None: a good path credits, and a loss of unknown direction
+    blames, only the links EVERY reply must cross (`FabricModel.reverse_definite`, derived from
+    `forward`'s first and last link); a reply known lost (REV, BOTH) blames every link it MAY
+    have crossed (`FabricModel.reverse_possible`: those and both links of each spine ECMP may
+    pick). A reply lost on a spine link is then explained by that link, which the probes of
+    other paths cross, and its reporter is not taken for a liar because its claim named only
+    host links that work for everyone else.
     `direction` says which way the loss was, for bad observations only (see module doc):
     a `Direction` (or its value), BOTH or None."""
 
@@ -188,15 +192,16 @@ class Localizer:
 
     def _entry(self, obs: Observation, way: Direction | str | None) -> _Entry:
         forward = tuple(obs.forward)
-        reverse = tuple(obs.reverse) if obs.reverse is not None else self._reverse_definite(obs)
+        known = tuple(obs.reverse) if obs.reverse is not None else None
+        reverse = known if known is not None else self._replies(obs, possible=False)
         if not obs.bad:
             return _Entry(obs, forward + reverse, (), ())
         if way is Direction.FWD:
             claims = (forward,)
-        elif way is Direction.REV:
-            claims = (reverse,)
-        elif way == BOTH:
-            claims = (forward, reverse)
+        elif way in (Direction.REV, BOTH):
+            # a reply known lost crossed one of the links it may have taken: blame them all
+            lost = known if known is not None else self._replies(obs, possible=True)
+            claims = (lost,) if way is Direction.REV else (forward, lost)
         else:
             claims = (tuple(dict.fromkeys(forward + reverse)),)
         claims = tuple(c for c in claims if c)
@@ -205,14 +210,16 @@ class Localizer:
         credited = forward if way is Direction.REV else ()
         return _Entry(obs, credited, claims, blamed)
 
-    def _reverse_definite(self, obs: Observation) -> tuple[str, ...]:
+    def _replies(self, obs: Observation, possible: bool) -> tuple[str, ...]:
+        """The links the path's replies cross whatever ECMP picks (`possible` False), or may cross."""
         if not obs.forward:
             return ()
         try:
             last = self.model.link(split_directed(obs.forward[-1])[0])
             if last.kind != HOST_LEAF:
                 return ()  # not a path to a host: nothing is known about replies
-            return self.model.reverse_definite(obs.reporter, last.plane, last.a)
+            links = self.model.reverse_possible if possible else self.model.reverse_definite
+            return links(obs.reporter, last.plane, last.a)
         except FabricError:
             return ()
 
