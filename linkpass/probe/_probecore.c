@@ -42,8 +42,9 @@
  * many paths instead of one each, which is most of the loop's cost at 1 kHz per path */
 #define COALESCE_NS 200000
 /* a slower path's probe may go up to this share of its interval early, into a wake-up another
- * path's probe caused: idle paths at 10 Hz then go out a few at a time instead of each in a
- * wake-up of its own (the schedule stays the path's own, so its rate does not change) */
+ * path's due probe caused (not a reply's or a lane look's: see send_due): idle paths at 10 Hz
+ * then go out a few at a time instead of each in a wake-up of its own (the schedule stays the
+ * path's own, so its rate does not change) */
 #define EARLY_SHARE 8
 /* the loop sleeps at most this long: it bounds how stale the evidence time gets while every path
  * is slow (Python takes batches every 10 ms); changes from Python wake it at once (wfd) */
@@ -360,7 +361,19 @@ static void queue_probe(Core *c, int nic, int i, txbatch_t *tx) {
     tx[nic].iov[tx[nic].n - 1].iov_len = IP_UDP_LEN + len;
 }
 
+/* whether a probe is due now: only then may slower paths' probes go early (EARLY_SHARE) */
+static int any_due(const Core *c, int64_t now_mono) {
+    for (int i = 0; i < c->npaths; i++) {
+        const path_t *pt = &c->paths[i];
+        if (pt->next_due <= now_mono + COALESCE_NS || (pt->pair_due && pt->pair_due <= now_mono)) return 1;
+    }
+    return 0;
+}
+
 static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
+    /* a wake-up for a reply or a lane look sends nothing early: each send is followed by its
+     * replies' wake-up, so probes pulled into every such wake-up split one burst into many */
+    if (!any_due(c, now_mono)) return;
     for (int nic = 0; nic < c->nnics; nic++) {
         for (int i = 0; i < c->npaths; i++) {
             path_t *pt = &c->paths[i];
