@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror, split_directed
 from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_cap, plan_probes
-from ..core.states import STATE_NAMES, Level, health_of, is_bad, is_good, worst
+from ..core.states import Level, health_of, is_bad, is_good, worst
 from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, ProbeBudget, Refused, RegisterIn,  # noqa: F401
                        ReportIn, is_decimal, parse_register, parse_report)
 from .store import Store
