@@ -393,13 +393,20 @@ static void raw_run(const char *addr, int rank, int nranks, const char *dir, siz
 static void logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...) {
     (void)flags; (void)file; (void)line;
     if (level > NCCL_LOG_INFO) return;
+    /* the host's monotonic seconds first, the clock LinkPass agents stamp their verdicts with */
+    char text[4096];
+    int n = snprintf(text, sizeof text, "[%.6f] %s ", (double)now_ns() / 1e9, level == NCCL_LOG_WARN ? "NCCL WARN" : "NCCL INFO");
+    if (n < 0) return;
     va_list ap;
     va_start(ap, fmt);
-    /* the host's monotonic seconds first, the clock LinkPass agents stamp their verdicts with */
-    fprintf(stderr, "[%.6f] %s ", (double)now_ns() / 1e9, level == NCCL_LOG_WARN ? "NCCL WARN" : "NCCL INFO");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int m = vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
     va_end(ap);
+    n = m < 0 ? n : n + m;
+    if (n > (int)sizeof text - 2) n = (int)sizeof text - 2; /* cut short, still a line */
+    text[n++] = '\n';
+    /* one write per line: the plugin's threads log while the main thread prints its summary on
+     * stdout into the same file, and a line written in pieces gets another's in between */
+    if (write(STDERR_FILENO, text, (size_t)n) < 0) { /* stderr gone: nowhere to say it */ }
 }
 
 int main(int argc, char **argv) {
