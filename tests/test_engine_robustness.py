@@ -365,4 +365,3 @@ def test_a_wake_up_no_probe_is_due_in_sends_nothing_early(fabric, tmp_path):
     finally:
         a.close()
         b.close()
-

@@ -192,18 +192,16 @@ class Localizer:
 
     def _entry(self, obs: Observation, way: Direction | str | None) -> _Entry:
         forward = tuple(obs.forward)
-        known = tuple(obs.reverse) if obs.reverse is not None else None
-        reverse = known if known is not None else self._replies(obs, possible=False)
         if not obs.bad:
-            return _Entry(obs, forward + reverse, (), ())
+            return _Entry(obs, forward + self._replies(obs, possible=False), (), ())
         if way is Direction.FWD:
             claims = (forward,)
-        elif way in (Direction.REV, BOTH):
-            # a reply known lost crossed one of the links it may have taken: blame them all
-            lost = known if known is not None else self._replies(obs, possible=True)
-            claims = (lost,) if way is Direction.REV else (forward, lost)
+        elif way is Direction.REV:
+            claims = (self._replies(obs, possible=True),)
+        elif way == BOTH:
+            claims = (forward, self._replies(obs, possible=True))
         else:
-            claims = (tuple(dict.fromkeys(forward + reverse)),)
+            claims = (tuple(dict.fromkeys(forward + self._replies(obs, possible=False))),)
         claims = tuple(c for c in claims if c)
         blamed = tuple(dict.fromkeys(d for c in claims for d in c))
         # a lost reply means the probe got through: its links worked
@@ -211,7 +209,11 @@ class Localizer:
         return _Entry(obs, credited, claims, blamed)
 
     def _replies(self, obs: Observation, possible: bool) -> tuple[str, ...]:
-        """The links the path's replies cross whatever ECMP picks (`possible` False), or may cross."""
+        """The links the path's replies cross: `obs.reverse` when known; else those every reply
+        crosses whatever ECMP picks (what a reply that arrived credits), or with `possible` those
+        it may cross (what a reply known lost blames)."""
+        if obs.reverse is not None:
+            return tuple(obs.reverse)
         if not obs.forward:
             return ()
         try:
