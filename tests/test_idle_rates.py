@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from linkpass.core.activity import (ACTIVE, IDLE, PROGRESSING, STANDBY, Activity, LaneSeen, PathKey, RateChange,
-                                    UnreportedRdma)
+from linkpass.core.activity import (ACTIVE, BATCH_CEILING_S, IDLE, PROGRESSING, STANDBY, Activity, LaneSeen, PathKey,
+                                    RateChange, UnreportedRdma, batch_interval_s)
 from linkpass.agent.config import Peer
 from linkpass.kernel import rdma as R
 from linkpass.kernel import sockdiag as SD
@@ -44,6 +44,17 @@ def test_a_peer_is_active_from_its_first_data_until_it_has_been_quiet_for_idle_a
     assert "h3" not in act.last_moved
     with pytest.raises(ValueError, match="idle_after_ns must be > 0"):
         Activity(0)
+
+
+@pytest.mark.unit
+def test_replies_are_taken_as_often_as_the_fastest_path_is_probed_within_the_floor_and_ceiling():
+    floor = 0.01  # probe.batch_ms
+    assert batch_interval_s([0.001, 0.05, 0.1], floor) == floor  # a path at the active rate: every 10 ms
+    assert batch_interval_s([0.05, 0.1], floor) == 0.05  # the job's lanes progressing, the rest idle
+    assert batch_interval_s([0.02, 0.1], floor) == 0.02
+    assert batch_interval_s([0.1, 1.0], floor) == BATCH_CEILING_S  # all idle: the ceiling, not 100 ms
+    assert batch_interval_s([], floor) == floor  # no paths yet
+    assert batch_interval_s([0.001], 0.08) == 0.08  # a longer probe.batch_ms wins over both
 
 
 @pytest.mark.unit
@@ -312,13 +323,15 @@ def test_paths_slow_down_without_traffic_speed_up_with_it_and_still_catch_a_fail
         # no traffic between the two: every path idle, probed ~10 times a second
         rates, per_s = wait_rate(ag, fab, A, "h3", IDLE)
         assert rates == {IDLE} and 5 <= per_s <= 30, (rates, per_s)
-        assert ag.wait_for(A, "path_rates", lambda e: e["paths"]["idle"] > 0)
+        quiet = ag.wait_for(A, "path_rates", lambda e: e["paths"]["idle"] > 0 and e["paths"]["active"] == 0)
+        assert quiet is not None and quiet["batch_ms"] == 50, quiet  # no path fast: replies taken every 50 ms
         # a TCP flow between their service addresses: both ends' paths go active within a sample
         t_flow = time.time()
         flow = TcpFlow(fab, A, B, max_seconds=30).start()
         try:
             ev = ag.wait_for(A, "path_rates", lambda e: "h3" in e["active"] and e["ts"] >= t_flow, timeout_s=5)
             assert ev is not None and ev["ts"] - t_flow < 1.0, ev  # one sample per 100 ms
+            assert ev["batch_ms"] == 10, ev  # an active path: its replies every probe.batch_ms again
             rates, per_s = wait_rate(ag, fab, A, "h3", ACTIVE)
             assert rates == {ACTIVE} and per_s >= 400, (rates, per_s)
             assert wait_rate(ag, fab, B, "h0", ACTIVE)[0] == {ACTIVE}

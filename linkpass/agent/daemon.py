@@ -37,7 +37,7 @@ import traceback
 from collections import Counter
 
 from ..core.activity import (ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, WRITER_SILENT_WINDOWS, Activity, LaneSeen, PathKey,
-                             UnreportedRdma)
+                             UnreportedRdma, batch_interval_s)
 from ..core.constants import ENTROPY_HEARTBEAT_S, PROBE_PORT_BASE
 from ..core.detector import Detector, DetectorConfig
 from ..core.entropy_table import EntropyError
@@ -311,6 +311,8 @@ class Agent:
         self.lane_addrs: tuple[tuple, dict[str, tuple[str, int]]] = ((), {})  # (peers, address -> (peer, plane))
         self.path_keys: dict[int, PathKey] = {}
         self.intervals: dict[int, float] = {}  # path -> the interval it is probed at now, seconds
+        self.batch_s = cfg.batch_ms / 1000  # how often on-time replies are taken now: follows the fastest path
+        self._next_batch = 0.0
         self.moving: tuple[int, set[tuple[str, int | None]]] | None = None  # the sampler's latest look
         self._moving_fed: tuple | None = None  # ... as last given to the rates
         self._rates_full_at = 0  # when every path was last classified
@@ -438,6 +440,10 @@ class Agent:
                 self.engine.set_interval(pid, interval)
                 self.intervals[pid] = interval
         self.budget = got
+        batch_s = batch_interval_s(self.intervals.values(), self.cfg.batch_ms / 1000)
+        if batch_s < self.batch_s:  # a path went fast: its replies are taken at its pace from now on
+            self._next_batch = min(self._next_batch, time.monotonic() + batch_s)
+        self.batch_s = batch_s
         now = time.monotonic_ns()
         # once a second at most, as path_rates: the classes degraded now, if they changed
         if got.degraded != self._budget_logged[1] and now >= self._budget_logged[0] + RATES_LOG_EVERY_NS:
@@ -522,7 +528,7 @@ class Agent:
             self._rates_logged = now
             went = {rate: sorted(self._rates_went.get(rate, ())) for rate in RATES}
             self._rates_went = {}
-            log("path_rates", **went, paths=self.activity.counts())
+            log("path_rates", **went, paths=self.activity.counts(), batch_ms=round(self.batch_s * 1000, 3))
 
     def _rdma_devices(self) -> dict[int, str]:
         """Each plane's RDMA device (by its NIC's address), for its packet counters; planes
@@ -832,7 +838,7 @@ class Agent:
         now = time.monotonic()
         batch = now >= self._next_batch  # on-time replies come in batches; misses at once
         if batch:
-            self._next_batch = now + self.cfg.batch_ms / 1000
+            self._next_batch = now + self.batch_s
         events, evidence = self.engine.poll(batch or decide_ns is not None)
         if not batch and any(e.kind == EV_MISS for e in events):
             # a miss: decide on fresh answers of every path (is the peer heard elsewhere?)

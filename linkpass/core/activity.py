@@ -60,6 +60,22 @@ WRITER_SILENT_WINDOWS = 5  # a writer that has not looked for this many progress
 # its writer's look is a window past it, and a writer may look up to WRITER_SILENT_WINDOWS late
 SETTLE_WINDOWS = WRITER_SILENT_WINDOWS + 2
 ANY_PORT = 0  # a lane whose path the agent does not probe (a TCP lane) stands for every path of its plane
+# the longest the decision loop lets on-time replies wait (`batch_interval_s`): hold-downs and
+# flap reuse are judged when a batch comes, so a recovered path may return this much late
+BATCH_CEILING_S = 0.05
+
+
+def batch_interval_s(intervals_s: Iterable[float], floor_s: float) -> float:
+    """How often the decision loop takes on-time replies (misses and late replies wake it at
+    once): as often as the fastest path is probed, but no more often than `floor_s`
+    (`probe.batch_ms`) and no less often than BATCH_CEILING_S (unless the floor is longer).
+
+    A batch taken while most paths have no new reply is a wake-up for a handful of events; with
+    every path slow (the job's lanes progressing, the rest idle) that fixed cost was most of the
+    decision loop's CPU. Replies on time carry RTT, delay and loss evidence, none of it urgent
+    at the rate of a path probed every 50 ms; a path that goes active shortens the batch at once."""
+    fastest = min(intervals_s, default=floor_s)
+    return max(floor_s, min(fastest, BATCH_CEILING_S))
 
 
 def _peer_of(key: str | tuple) -> str:
