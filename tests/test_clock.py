@@ -340,6 +340,25 @@ def test_estimator_lifecycle_and_counters():
     assert abs(est.offset_at(pairs[-1].true_t1[0]) - pairs[-1].truth[0]) < 500
 
 
+def test_an_estimator_without_the_ntp_comparison_gives_the_same_offsets():
+    """The agent's estimators leave the NTP-midpoint comparison out: the envelope estimate must not
+    change, and asking for the comparison says why it is not there."""
+    sender, reflector = SyntheticClock(start_ns=T0), SyntheticClock(offset_ns=5_000, drift_ppm=3.0, start_ns=T0)
+    pairs = simulate(sender, reflector, DelayModel(), seconds=5.5, seed=4)
+    both, lean = PairEstimator(), PairEstimator(compare_ntp=False)
+    for p in pairs:
+        for ex in (p.first, p.second):
+            a, b = both.add(ex), lean.add(ex)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert (a.offset_ns, a.drift_ppm, a.min_delay_ns) == (b.offset_ns, b.drift_ppm, b.min_delay_ns)
+                assert a.ntp_offset_ns is not None and b.ntp_offset_ns is None
+    assert lean.converged and lean.window_count == both.window_count == 5
+    assert lean.offset_at(pairs[-1].true_t1[0]) == both.offset_at(pairs[-1].true_t1[0])
+    with pytest.raises(RuntimeError, match="compare_ntp=False"):
+        lean.ntp_offset_at(T0)
+
+
 def test_sparse_windows_are_skipped_and_counted():
     est = PairEstimator(min_points_per_window=8)
     sender, reflector = SyntheticClock(start_ns=T0), SyntheticClock(start_ns=T0)

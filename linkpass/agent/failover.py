@@ -150,7 +150,7 @@ class Failover:
         self.paths[info.path_id] = info
         self.detector.add_path(info.path_id)
         self.by_peer.setdefault(info.peer, {}).setdefault(info.plane, []).append(info.path_id)
-        self._clocks.setdefault(info.peer, PairEstimator())
+        self._clocks.setdefault(info.peer, PairEstimator(compare_ntp=False))
         self._pending.add(info.peer)
 
     def remove_peer(self, peer: str) -> None:

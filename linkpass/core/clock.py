@@ -278,7 +278,7 @@ class WindowFit:
     offset_ns: float  # envelope theta at center_ns
     drift_ppm: float  # slope of the envelopes within this window alone
     min_delay_ns: float  # symmetric minimum one-way delay, (Lf + Lr) / 2
-    ntp_offset_ns: float  # median NTP midpoint of the same exchanges
+    ntp_offset_ns: float | None  # median NTP midpoint of the same exchanges (None: not compared)
     exchanges: int
 
 
@@ -345,7 +345,8 @@ class PairEstimator:
     delays the two placement errors cancel exactly.
 
     The NTP midpoint estimate of the same exchanges (median per window, same line over windows)
-    runs alongside as `ntp_offset_at` / `ntp_drift_ppm`, for comparison.
+    runs alongside as `ntp_offset_at` / `ntp_drift_ppm`, for comparison; `compare_ntp=False` (the
+    agent) leaves it out, a third of what closing a window costs.
 
     history_windows=8: a longer line averages envelope noise, a shorter one follows oscillator
     wander sooner. In simulation (wander 0.01 ppm/sqrt(s), stamps late by up to 1 us) 5 to 10
@@ -353,7 +354,7 @@ class PairEstimator:
     """
 
     def __init__(self, *, window_ns: int = NS_PER_S, history_windows: int = 8, min_points_per_window: int = 8,
-                 converge_windows: int = 3, step_threshold_ns: int = 100_000) -> None:
+                 converge_windows: int = 3, step_threshold_ns: int = 100_000, compare_ntp: bool = True) -> None:
         self.window_ns = _check_int(window_ns, "window_ns", 1_000_000, None,
                                     "; use e.g. 1_000_000_000 (1 s of sender time)")
         self.history_windows = _check_int(history_windows, "history_windows", 2, 10_000,
@@ -365,7 +366,8 @@ class PairEstimator:
         self.step_threshold_ns = _check_int(step_threshold_ns, "step_threshold_ns", 1, None,
                                             "; use e.g. 100_000 (far above envelope noise)")
         self._huygens = _LineTracker(self.history_windows, self.step_threshold_ns, self.converge_windows)
-        self._ntp = _LineTracker(self.history_windows, self.step_threshold_ns, self.converge_windows)
+        self._ntp = (_LineTracker(self.history_windows, self.step_threshold_ns, self.converge_windows)
+                     if compare_ntp else None)
         self._window_start: int | None = None
         self._buffer: list[Exchange] = []
         self.last_fit: WindowFit | None = None
@@ -423,15 +425,17 @@ class PairEstimator:
         lf, lr = fwd.at(center_rel), rev.at(center_rel)
         offset = ((fwd_base - rev_base) + (lf - lr)) / 2
         slope = (fwd.slope - rev.slope) / 2
-        midpoints = [e.forward_ns - e.reverse_ns for e in exchanges]  # 2 x midpoint, exact ints
-        ntp_offset = statistics.median(midpoints) / 2
-        ntp_slope = _ols_slope([float(e.t1 - start) for e in exchanges], [m / 2 for m in midpoints])
+        ntp_offset = None
+        if self._ntp is not None:
+            midpoints = [e.forward_ns - e.reverse_ns for e in exchanges]  # 2 x midpoint, exact ints
+            ntp_offset = statistics.median(midpoints) / 2
+            self._ntp.add(start + center_rel, ntp_offset,
+                          _ols_slope([float(e.t1 - start) for e in exchanges], [m / 2 for m in midpoints]))
         center = start + center_rel
         fit = WindowFit(start_ns=start, center_ns=center, offset_ns=offset, drift_ppm=slope * 1e6,
                         min_delay_ns=((fwd_base + rev_base) + (lf + lr)) / 2, ntp_offset_ns=ntp_offset,
                         exchanges=len(exchanges))
         self._huygens.add(center, offset, slope)
-        self._ntp.add(center, ntp_offset, ntp_slope)
         self.last_fit = fit
         self.window_count += 1
         return fit
@@ -463,11 +467,16 @@ class PairEstimator:
 
     def ntp_offset_at(self, t_sender_ns: int) -> float:
         """The NTP-midpoint estimate of theta from the same exchanges (for comparison)."""
-        return self._ntp.predict(t_sender_ns)
+        return self._compared().predict(t_sender_ns)
 
     @property
     def ntp_drift_ppm(self) -> float:
-        return self._ntp.slope * 1e6
+        return self._compared().slope * 1e6
+
+    def _compared(self) -> _LineTracker:
+        if self._ntp is None:
+            raise RuntimeError("this estimator was made with compare_ntp=False: it keeps no NTP-midpoint estimate")
+        return self._ntp
 
 
 class OffsetSource(Protocol):
