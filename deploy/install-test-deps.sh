@@ -12,10 +12,13 @@
 #   zsh, fish        the CLI's completion scripts are checked by the shells that run them
 #   buildah          the agent's container image is built (on a Debian root made by debootstrap)
 #                    and its agent run on the testbed
+#   postgresql       the coordinator's PostgreSQL store: each test makes its own server in a
+#                    temporary directory, runs it as the postgres user and removes it
 # Installs only what is missing. A service is never stopped or reconfigured unless this script
 # installed it in the same run: FRR, when installed here, is kept from starting while it is
-# installed and then disabled, because LinkPass runs bfdd only inside testbed namespaces. An FRR
-# that was already on the host is left exactly as it was.
+# installed and then disabled, because LinkPass runs bfdd only inside testbed namespaces; the same
+# for PostgreSQL, whose tests run servers of their own. An FRR or PostgreSQL that was already on
+# the host is left exactly as it was.
 set -euo pipefail
 need=()
 [[ -x /usr/lib/frr/bfdd ]] || need+=(frr)
@@ -28,6 +31,7 @@ command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v zsh >/dev/null 2>&1 || need+=(zsh)
 command -v fish >/dev/null 2>&1 || need+=(fish)
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 if [[ $(uname -m) == x86_64 ]]; then
     command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
     [[ -d /usr/aarch64-linux-gnu/include ]] || need+=(libc6-dev-arm64-cross)
@@ -42,9 +46,11 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 installing_frr=false
 [[ " ${need[*]} " == *" frr "* ]] && installing_frr=true
+installing_pg=false
+[[ " ${need[*]} " == *" postgresql "* ]] && installing_pg=true
 policy=/usr/sbin/policy-rc.d
 made_policy=false
-if $installing_frr && [[ ! -e $policy ]]; then
+if { $installing_frr || $installing_pg; } && [[ ! -e $policy ]]; then
     # policy-rc.d (invoke-rc.d's hook) answering 101 keeps the new package's daemons from starting
     printf '#!/bin/sh\n# written by LinkPass install-test-deps.sh for the length of one apt-get run\nexit 101\n' > "$policy"
     chmod 0755 "$policy"
@@ -63,4 +69,8 @@ if $installing_frr && command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd
     # the unit this run installed (and only it): not enabled at boot, not running
     systemctl disable --now frr.service >/dev/null 2>&1 || true
     echo "installed FRR for the tests and left its service disabled (LinkPass runs bfdd in testbed namespaces only)"
+fi
+if $installing_pg && command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    systemctl disable --now postgresql.service >/dev/null 2>&1 || true
+    echo "installed PostgreSQL for the tests and left its service disabled (the tests run servers of their own)"
 fi

@@ -1,7 +1,9 @@
 """The coordinator as a real detached Ray actor: one bootstrap path (get-if-exists), and a killed
-actor process comes back on the same endpoint with everything it knew (SQLite)."""
+actor process comes back on the same endpoint with everything it knew, from either store: SQLite
+in its state directory and PostgreSQL (a real server, started and removed here)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,24 +15,29 @@ from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Client, Unreachable
 
 from helpers import MODEL, agent_tokens, coordinator_client, free_port, identity, table_of
+from pgserver import PostgresServer
 
 pytestmark = pytest.mark.service
 
 
-@pytest.fixture(scope="module")
-def actor(tmp_path_factory):
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def actor(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("coord")
     (d / "fabric.json").write_text(json.dumps(MODEL.to_dict()))
     settings = {"state_dir": str(d / "state"), "listen": f"127.0.0.1:{free_port()}", "fabric": str(d / "fabric.json")}
-    ray_actor.connect(num_cpus=2)
-    try:
-        handle, url = ray_actor.ensure(settings)
-        yield handle, url, settings
-    finally:
-        h = ray_actor.existing()
-        if h is not None:
-            ray_actor.stop(h)
-        ray_actor.shutdown()
+    with contextlib.ExitStack() as stack:
+        if request.param == "postgresql":
+            pg = stack.enter_context(PostgresServer())
+            settings.update(store=pg.url, store_password_file=pg.password_file)
+        ray_actor.connect(num_cpus=2)
+        try:
+            handle, url = ray_actor.ensure(settings)
+            yield handle, url, settings
+        finally:
+            h = ray_actor.existing()
+            if h is not None:
+                ray_actor.stop(h)
+            ray_actor.shutdown()
 
 
 def token(settings, role):
@@ -61,8 +68,8 @@ def test_ensure_returns_the_running_actor(actor):
     assert url2 == url
     assert ray_actor.actor_pid(again) == ray_actor.actor_pid(handle)
     started = [e for e in actor_log(settings) if e["event"] == "started"]
-    assert [(e["component"], e["level"], e["url"], e["pid"]) for e in started] == \
-        [("coordinator", "info", url, ray_actor.actor_pid(handle))]
+    assert [(e["component"], e["level"], e["url"], e["pid"], e["store"]) for e in started] == \
+        [("coordinator", "info", url, ray_actor.actor_pid(handle), "postgresql" if "store" in settings else "sqlite")]
 
 
 def test_killed_actor_restarts_and_loses_nothing(actor):
@@ -89,6 +96,8 @@ def test_killed_actor_restarts_and_loses_nothing(actor):
     # the new process logs into the same file, after the old one's lines
     assert [e["pid"] for e in actor_log(settings) if e["event"] == "started"][-2:] == [old, new]
     assert events_after[-1]["kind"] == "coordinator" and events_after[-1]["detail"]["recovered_paths"] == 40
+    if "store" in settings:  # nothing of it was in the state directory: the actor could have come back on any node
+        assert not os.path.exists(os.path.join(settings["state_dir"], "coordinator.db"))
     # agents carry on against the new process
     answer = agents["h0"].post("/v1/report", {"name": "h0", "drain_version": None})
     assert answer["drains"] == [{"link": "p1l1-p1s1", "addrs": answer["drains"][0]["addrs"]}]

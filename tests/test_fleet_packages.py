@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = [sys.executable, str(REPO / "deploy" / "package.py")]
 KEY = bytes(range(32))
 # what a production host's agent must not pull in: the coordinator's, the demo's, the tests'
-NOT_ON_AN_AGENT = ("ray", "cryptography", "scapy", "torch", "matplotlib", "numpy")
+NOT_ON_AN_AGENT = ("ray", "cryptography", "pg8000", "scapy", "torch", "matplotlib", "numpy")
 
 
 def pyproject() -> dict:
@@ -79,11 +79,14 @@ def test_os_package_scripts_never_stop_a_service_they_did_not_install():
     code = [ln for ln in runtime.splitlines() if not ln.lstrip().startswith("#")]
     assert not any("systemctl" in ln or "frr" in ln or "qemu" in ln for ln in code), \
         "the runtime script installs what the agent needs, nothing for the tests and no service change"
-    # the test script touches FRR's unit only when this run installed FRR
+    # the test script touches FRR's and PostgreSQL's units only when this run installed them
     lines = [ln.strip() for ln in tests.splitlines()]
-    guard = next(i for i, ln in enumerate(lines) if ln.startswith("if $installing_frr && command -v systemctl"))
-    assert any("systemctl" in ln for ln in lines[guard + 1:guard + 3])
-    assert all(i in range(guard, guard + 3) for i, ln in enumerate(lines)
+    guards = [i for i, ln in enumerate(lines)
+              if ln.startswith(("if $installing_frr && command -v systemctl", "if $installing_pg && command -v systemctl"))]
+    assert len(guards) == 2
+    for guard in guards:
+        assert any("systemctl" in ln for ln in lines[guard + 1:guard + 3])
+    assert all(any(i in range(g, g + 3) for g in guards) for i, ln in enumerate(lines)
                if "systemctl" in ln and not ln.startswith("#"))
     for script in ("install-os-deps.sh", "install-test-deps.sh"):
         assert subprocess.run(["bash", "-n", str(REPO / "deploy" / script)]).returncode == 0

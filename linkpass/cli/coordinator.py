@@ -55,6 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     co.add_argument("--listen", default=None, help=f"HOST:PORT of the endpoint (default {COORDINATOR_LISTEN}; "
                                                    f"0.0.0.0:{COORDINATOR_PORT} with --testbed, so namespaced agents reach it)")
     co.add_argument("--state-dir", default=None, help="SQLite database and tokens (default /var/lib/linkpass/coordinator)")
+    co.add_argument("--store", metavar="URL", default=None,
+                    help="keep the state in PostgreSQL instead of SQLite in --state-dir: postgresql://USER@HOST:PORT/DB "
+                         "(a server every Ray node reaches, so a restarted actor finds its state anywhere)")
+    co.add_argument("--store-password-file", metavar="FILE", default=None,
+                    help="the --store user's password (one line, mode 0600; never in the URL)")
     src = co.add_mutually_exclusive_group()
     src.add_argument("--testbed", metavar="PREFIX", help="use this running testbed's fabric as the fleet model")
     src.add_argument("--fabric", metavar="FILE", help="fleet model JSON (links, hosts, addresses)")
@@ -111,6 +116,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     tk.add_argument("--role", choices=("reader", "operator"), help="with create: what the token may do")
     tk.add_argument("-o", "--output", choices=("table", "json"), default="table", help="with list")
     tk.add_argument("--state-dir", default=None, help="the coordinator's state (default /var/lib/linkpass/coordinator)")
+    tk.add_argument("--store", metavar="URL", default=None,
+                    help="the coordinator's PostgreSQL store, when it keeps its state there (as its --store)")
+    tk.add_argument("--store-password-file", metavar="FILE", default=None, help="that store user's password")
     tk.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600) instead of printing it")
     tk.add_argument("--revoke", action="store_true",
                     help="refuse every earlier token of HOST (stolen, leaked, host rebuilt) and print the new one")
@@ -618,6 +626,8 @@ def _decommission(args) -> int:
 def _token(args) -> int:
     """`token HOST`, or the listed tokens' actions (create, list, revoke)."""
     words = args.target
+    if args.store_password_file is not None and args.store is None:
+        return error("--store-password-file: only with --store (the SQLite store in --state-dir has no password)")
     if words[0] in ("create", "list", "revoke"):
         return _listed_token(args, words[0], words[1:])
     if len(words) != 1:
@@ -631,7 +641,7 @@ def _token(args) -> int:
 def _listed_token(args, action: str, rest: list[str]) -> int:
     from ..coordinator.auth import AuthError, create_listed_token, listed_tokens, remove_listed_token, write_private
     from ..coordinator.runner import DEFAULT_STATE_DIR
-    from ..coordinator.store import DB_FILE, Store, StoreError
+    from ..coordinator.store import DB_FILE, StoreError, open_store
 
     want = {"create": 1, "list": 0, "revoke": 1}[action]
     if len(rest) != want:
@@ -659,9 +669,8 @@ def _listed_token(args, action: str, rest: list[str]) -> int:
         else:
             rows = listed_tokens(path)
             revoked = {}
-            db = os.path.join(state, DB_FILE)
-            if os.path.exists(db):
-                store = Store(db)
+            if args.store is not None or os.path.exists(os.path.join(state, DB_FILE)):
+                store = open_store(args.store, args.store_password_file, state)
                 try:
                     revoked = store.agent_epochs()
                 finally:
@@ -688,7 +697,7 @@ def _agent_token(args) -> int:
     tick; the token printed is of the host's current epoch."""
     from ..coordinator.auth import MAX_EPOCH, SECRET_FILE, AuthError, agent_token, read_agent_secret, write_private
     from ..coordinator.runner import DEFAULT_STATE_DIR
-    from ..coordinator.store import DB_FILE, Store, StoreError
+    from ..coordinator.store import DB_FILE, StoreError, open_store
 
     if args.reason is not None and not args.revoke:
         return error("--reason: only with --revoke (it says why the host's tokens were revoked)")
@@ -698,8 +707,8 @@ def _agent_token(args) -> int:
     try:
         secret = read_agent_secret(path)
         agent_token(secret, args.host)  # the host name is checked before anything is written
-        if args.revoke or os.path.exists(db):
-            store = Store(db)
+        if args.revoke or args.store is not None or os.path.exists(db):
+            store = open_store(args.store, args.store_password_file, state)
         if args.revoke:
             epoch = store.revoke_agent(args.host, _local_user(), args.reason or "revoked by `linkpass coordinator "
                                        "token HOST --revoke`", time.time(), MAX_EPOCH)
@@ -832,6 +841,8 @@ def run_coordinator(args) -> int:
                 "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
                 "listen": args.listen or (f"0.0.0.0:{COORDINATOR_PORT}" if args.testbed else COORDINATOR_LISTEN),
                 "max_drain_share": args.max_drain_share, "log_level": log_level, **tls}
+    if args.store is not None or args.store_password_file is not None:
+        settings.update(store=args.store, store_password_file=args.store_password_file)
     for name in ("agent_timeout_s", "agent_expire_s", "event_retention_count", "max_body_bytes"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)

@@ -50,7 +50,7 @@ from ..observe.log import RANK, LogFile, Logger
 from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
 from .http import CoordinatorServer, Limits
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
-from .store import DB_FILE, Store
+from .store import StoreError, open_store, parse_postgres_url
 from .requests import is_decimal
 from .tls import LOCAL_CLIENT, SERVER, TlsError, build_server_context, lab_dir, lab_paths
 
@@ -123,7 +123,7 @@ def server_context(settings: dict, state_dir: str, host: str):
 
 
 _PATHS = ("state_dir", "listen", "fabric_model", "fabric", "tokens", "agent_secret", "tls_cert_file", "tls_key_file",
-          "tls_ca_file")
+          "tls_ca_file", "store", "store_password_file")
 _FLAGS = ("require_client_cert", "insecure_http")
 # number settings: (the dataclass that owns the default, lowest, highest, integer?)
 _NUMBERS = {
@@ -159,6 +159,14 @@ def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
     level = settings.get("log_level")
     if level is not None and level not in RANK:
         raise CoordinatorError(f"settings.log_level: expected one of {', '.join(RANK)}, got {level!r}")
+    if settings.get("store") is not None:
+        try:
+            parse_postgres_url(settings["store"])  # a bad URL is refused here, before anything starts
+        except StoreError as exc:
+            raise CoordinatorError(f"settings.{exc}") from None
+    elif settings.get("store_password_file") is not None:
+        raise CoordinatorError("settings.store_password_file: only with settings.store (a postgresql:// URL); "
+                               "the SQLite store in the state directory has no password")
     san = settings.get("tls_san")
     if san is not None and not (isinstance(san, (list, tuple)) and all(isinstance(x, str) and x for x in san)):
         raise CoordinatorError(f"settings.tls_san: expected a list of host names or addresses, got {san!r}")
@@ -254,12 +262,16 @@ def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
         raise CoordinatorError(f"{exc.filename}: {exc.strerror}") from None
     except AuthError as exc:
         raise CoordinatorError(str(exc)) from None
-    store = Store(os.path.join(state_dir, DB_FILE), on_committed=lambda events: log_history(log, events))
+    try:
+        store = open_store(settings.get("store"), settings.get("store_password_file"), state_dir,
+                           on_committed=lambda events: log_history(log, events))
+    except StoreError as exc:
+        raise CoordinatorError(str(exc)) from None
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
     coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
     server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
                                tokens_path=tokens_path)
-    log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, agents=len(coordinator.agents),
+    log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, store=store.kind, agents=len(coordinator.agents),
         paths=len(coordinator.paths), tls=tls is not None, client_certs=server.mutual)
     if tls is None:
         log("insecure_http", url=server.url,

@@ -1,5 +1,7 @@
-"""The coordinator's memory in SQLite: events, drains, agent inventory, last path verdicts, and
-the lowest agent-token epoch each revoked host accepts.
+"""The coordinator's memory: events, drains, agent inventory, last path verdicts, and the lowest
+agent-token epoch each revoked host accepts; in SQLite (a file in the state directory, the
+default) or PostgreSQL (a server any node of a Ray cluster reaches, so an actor Ray restarts
+elsewhere finds its state).
 
 Everything the coordinator knows that agents cannot simply tell it again lives here, so a
 restarted coordinator (a new Ray actor process, or a new host) picks up where the last one
@@ -8,10 +10,13 @@ waiting for every agent's next summary. Revocations are stored so that they outl
 `linkpass coordinator token HOST --revoke` writes them from another process on the coordinator's
 host (SQLite serialises the two writers), and the running coordinator reads them every tick.
 
-WAL mode with synchronous=NORMAL: a committed transaction survives the process being killed (the
-failure this store is for); only a power loss can drop the last few. What one request writes is
-one transaction (`transaction()`), so a kill leaves a request's writes all there or none. One
-connection, used under the caller's lock (the coordinator serialises calls).
+SQLite in WAL mode with synchronous=NORMAL: a committed transaction survives the process being
+killed (the failure this store is for); only a power loss can drop the last few. PostgreSQL:
+a commit is durable when it returns. What one request writes is one transaction
+(`transaction()`), so a kill leaves a request's writes all there or none. One connection, used
+under the caller's lock (the coordinator serialises calls). Both backends run the same queries
+(`?` placeholders, upserts by ON CONFLICT); only connecting, the schema's column types, the
+write lock of a read-then-write, and `written_elsewhere` differ (`_Sqlite`, `_Postgres`).
 """
 from __future__ import annotations
 
@@ -19,16 +24,22 @@ import json
 import os
 import sqlite3
 import time
+import urllib.parse
 from typing import Any, Callable, Iterable
 
 DB_FILE = "coordinator.db"  # in the state directory
 SCHEMA_VERSION = 3  # 2: agent_epochs; 3: drains.until (older databases are upgraded in place)
 
+POSTGRES_SCHEME = "postgresql://"
+# every transaction that reads and then writes under the write lock takes this advisory lock on
+# PostgreSQL (SQLite: BEGIN IMMEDIATE); the number is LinkPass's own, in no other table
+_PG_WRITE_LOCK = 0x4C50_5354
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    ts REAL NOT NULL,            -- unix seconds
+    id {serial},
+    ts {real} NOT NULL,            -- unix seconds
     kind TEXT NOT NULL,          -- one of EVENT_KINDS
     actor TEXT NOT NULL,         -- who: agent name, caller name, or "coordinator"
     subject TEXT NOT NULL,       -- what: a link, a path key, a host
@@ -39,15 +50,15 @@ CREATE TABLE IF NOT EXISTS drains (
     link TEXT PRIMARY KEY,
     reason TEXT NOT NULL,
     by TEXT NOT NULL,
-    since REAL NOT NULL,
-    until REAL                   -- a timed drain (`drain --for`) ends by itself then; NULL: until undrained
+    since {real} NOT NULL,
+    until {real}                   -- a timed drain (`drain --for`) ends by itself then; NULL: until undrained
 );
 CREATE TABLE IF NOT EXISTS agents (
     name TEXT PRIMARY KEY,
     agent_id INTEGER NOT NULL,
     info TEXT NOT NULL,          -- JSON: service, nics, version, api port
-    first_seen REAL NOT NULL,
-    last_seen REAL NOT NULL
+    first_seen {real} NOT NULL,
+    last_seen {real} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS paths (
     key TEXT PRIMARY KEY,        -- reporter/path id
@@ -55,12 +66,12 @@ CREATE TABLE IF NOT EXISTS paths (
     info TEXT NOT NULL,          -- JSON: peer, plane, sport, hops, peer_addr
     state TEXT NOT NULL,
     reason TEXT,
-    updated REAL NOT NULL
+    updated {real} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS agent_epochs (
     host TEXT PRIMARY KEY,
     min_epoch INTEGER NOT NULL,  -- agent tokens of this host below this epoch are refused
-    since REAL NOT NULL,
+    since {real} NOT NULL,
     by TEXT NOT NULL,
     reason TEXT NOT NULL
 );
@@ -75,38 +86,235 @@ class StoreError(RuntimeError):
     pass
 
 
-class Store:
-    def __init__(self, path: str, on_committed: Callable[[list[tuple]], None] | None = None):
-        """`on_committed(events)`: called with the events of each transaction once it has committed
-        (never for one rolled back): what the coordinator's log shows of its history."""
-        self.path = path
-        self.on_committed = on_committed
-        self._uncommitted: list[tuple] = []  # events of the open transaction
-        self._data_version: int | None = None  # written_elsewhere's last look
-        self._tx_depth = 0  # transactions open on the connection (an inner one joins the outer)
+def _statements(sql: str) -> list[str]:
+    """A schema script's statements, one each (comments may hold a ';')."""
+    lines = [line.split("--", 1)[0] for line in sql.splitlines()]
+    return [stmt for stmt in "\n".join(lines).split(";") if stmt.strip()]
+
+
+class _Sqlite:
+    """A file (or ":memory:"); the default, in the coordinator's state directory."""
+
+    kind = "sqlite"
+    types = {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "real": "REAL"}
+
+    def __init__(self, path: str):
+        self.where = path
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         try:
             self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path}: cannot open the coordinator database ({exc}); move it aside to start "
                              "afresh (history is lost) or restore a backup") from None
-        row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-        if row is None or row[0] in ("1", "2"):
-            # version 1 lacks agent_epochs, which the script above made, and versions 1 and 2 the
-            # drains' until column, added here; an older coordinator then refuses this database
-            # rather than accept tokens revoked here or keep a timed drain for ever
-            if "until" not in {r[1] for r in self.db.execute("PRAGMA table_info(drains)")}:
-                self.db.execute("ALTER TABLE drains ADD COLUMN until REAL")
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif row[0] != str(SCHEMA_VERSION):
-            raise StoreError(f"{path}: schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
+
+    def execute(self, q: str, args=()):
+        return self.db.execute(q, args)
+
+    def executemany(self, q: str, rows) -> None:
+        self.db.executemany(q, rows)
+
+    def script(self, sql: str) -> None:
+        try:
+            for stmt in _statements(sql):  # not executescript: it would commit the open transaction
+                self.db.execute(stmt)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.where}: cannot open the coordinator database ({exc}); move it aside to start "
+                             "afresh (history is lost) or restore a backup") from None
+
+    def begin(self, immediate: bool) -> None:
+        self.db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    def columns(self, table: str) -> set[str]:
+        return {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+
+    def end(self) -> None:
+        pass
+
+    def version(self) -> Any:
+        """Changes when another connection commits (not for this one's own commits); a pragma."""
+        return self.db.execute("PRAGMA data_version").fetchone()[0]
 
     def close(self) -> None:
         self.db.close()
+
+
+class _Postgres:
+    """A PostgreSQL server, `postgresql://USER@HOST[:PORT]/DATABASE`, its password from a file."""
+
+    kind = "postgresql"
+    types = {"serial": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION"}
+
+    def __init__(self, url: str, password: str | None):
+        import pg8000.dbapi  # only a coordinator that uses PostgreSQL needs the driver
+
+        self._pg = pg8000.dbapi
+        self.params = parse_postgres_url(url)
+        self.password = password
+        self.where = redacted(url)
+        self.in_tx = False
+        self.db = None
+        self._connect()
+
+    def _connect(self) -> None:
+        try:
+            self.db = self._pg.connect(**self.params, password=self.password, timeout=30,
+                                       application_name="linkpass-coordinator")
+        except (self._pg.Error, OSError) as exc:
+            self.db = None
+            raise StoreError(f"{self.where}: cannot connect to the coordinator's PostgreSQL store ({_pg_message(exc)}); "
+                             "check the server runs and is reachable from this node, the user and database "
+                             "exist, and store_password_file holds that user's password") from None
+        self.db.autocommit = True  # transactions are the explicit BEGIN ... COMMIT of _Tx
+
+    def execute(self, q: str, args=()):
+        """One statement. A connection the server dropped (a restart, a failover) is made again:
+        at once for a statement outside a transaction, which is then run again; inside one the
+        transaction is lost, so the statement fails and the next transaction reconnects."""
+        for attempt in (0, 1):
+            if self.db is None:
+                self._connect()
+            try:
+                cur = self.db.cursor()
+                cur.execute(q.replace("?", "%s"), tuple(args))
+                return cur
+            except (self._pg.InterfaceError, OSError) as exc:
+                self.close()
+                self.db = None
+                if self.in_tx or attempt:
+                    self.in_tx = False
+                    raise StoreError(f"{self.where}: lost the connection to the PostgreSQL store ({_pg_message(exc)}); "
+                                     "this change was not stored, the next one reconnects") from None
+        raise AssertionError("unreachable")
+
+    def executemany(self, q: str, rows) -> None:
+        for row in rows:  # one round trip each: pg8000's executemany does the same
+            self.execute(q, row)
+
+    def script(self, sql: str) -> None:
+        for stmt in _statements(sql):
+            self.execute(stmt)
+
+    def begin(self, immediate: bool) -> None:
+        self.execute("BEGIN")
+        self.in_tx = True
+        if immediate:  # until COMMIT or ROLLBACK: two coordinators' or CLIs' read-then-writes queue
+            self.execute("SELECT pg_advisory_xact_lock(?)", (_PG_WRITE_LOCK,))
+
+    def columns(self, table: str) -> set[str]:
+        return {r[0] for r in self.execute("SELECT column_name FROM information_schema.columns "
+                                           "WHERE table_schema = current_schema() AND table_name = ?", (table,))}
+
+    def version(self) -> Any:
+        """Changes when a revocation is written (all that other processes write here): epochs
+        only rise and hosts are only added, so the count and the sum say it in one small read."""
+        return tuple(self.execute("SELECT COUNT(*), COALESCE(SUM(min_epoch), 0) FROM agent_epochs").fetchone())
+
+    def end(self) -> None:
+        self.in_tx = False
+
+    def close(self) -> None:
+        try:
+            if self.db is not None:
+                self.db.close()
+        except (self._pg.Error, OSError):
+            pass  # a connection the server already dropped
+
+
+def parse_postgres_url(url: str) -> dict:
+    """pg8000's connect() arguments from `postgresql://USER@HOST[:PORT]/DATABASE`. A password in
+    the URL is refused: URLs end up in logs and process lists (use a password file)."""
+    u = urllib.parse.urlsplit(url)
+    if u.scheme != "postgresql":
+        raise StoreError(f"store: {redacted(url)!r} is not a postgresql:// URL; use "
+                         "postgresql://USER@HOST:PORT/DATABASE, or leave it out for SQLite in the state directory")
+    if u.password is not None:
+        raise StoreError("store: the URL carries a password; put it in a file (mode 0600) named by "
+                         "store_password_file (--store-password-file) and leave it out of the URL, which is logged")
+    database = u.path.lstrip("/")
+    if not u.username or not u.hostname or not database or "/" in database or u.query or u.fragment:
+        raise StoreError(f"store: {redacted(url)!r} needs a user, a host and a database and nothing more: "
+                         "postgresql://USER@HOST:PORT/DATABASE")
+    try:
+        port = u.port or 5432
+    except ValueError:
+        raise StoreError(f"store: {redacted(url)!r} has a port that is not a number 1..65535") from None
+    return {"user": urllib.parse.unquote(u.username), "host": u.hostname, "port": port,
+            "database": urllib.parse.unquote(database)}
+
+
+def redacted(url: str) -> str:
+    """The URL with any password taken out, for messages."""
+    u = urllib.parse.urlsplit(url)
+    if u.password is None:
+        return url
+    netloc = u.netloc.replace(f":{u.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(u._replace(netloc=netloc))
+
+
+def _pg_message(exc: BaseException) -> str:
+    """pg8000 puts the server's message in a dict (M: the text)."""
+    arg = exc.args[0] if exc.args else exc
+    return str(arg.get("M", arg)) if isinstance(arg, dict) else str(arg)
+
+
+def open_store(url: str | None, password_file: str | None, state_dir: str,
+               on_committed: Callable[[list[tuple]], None] | None = None) -> Store:
+    """The store a coordinator's settings name: `url` (settings.store, a postgresql:// URL) with
+    its user's password in `password_file` (settings.store_password_file), or without a URL the
+    SQLite file in `state_dir`."""
+    if url is None:
+        return Store(os.path.join(state_dir, DB_FILE), on_committed)
+    parse_postgres_url(url)
+    password = None
+    if password_file is not None:
+        try:
+            with open(password_file) as f:
+                password = f.read().rstrip("\n")
+        except OSError as exc:
+            raise StoreError(f"store_password_file: {password_file}: {exc.strerror}; it holds the password of "
+                             "the store URL's user (one line, mode 0600)") from None
+        if not password:
+            raise StoreError(f"store_password_file: {password_file} is empty; it holds the password of the "
+                             "store URL's user (one line)")
+    return Store(url, on_committed, password=password)
+
+
+class Store:
+    def __init__(self, path: str, on_committed: Callable[[list[tuple]], None] | None = None,
+                 password: str | None = None):
+        """`path`: an SQLite file, or a `postgresql://USER@HOST[:PORT]/DATABASE` URL (`password`: its
+        user's). `on_committed(events)`: called with the events of each transaction once it has
+        committed (never for one rolled back): what the coordinator's log shows of its history."""
+        self.path = path
+        self.on_committed = on_committed
+        self._uncommitted: list[tuple] = []  # events of the open transaction
+        self._data_version: Any = None  # written_elsewhere's last look
+        self._tx_depth = 0  # transactions open on the connection (an inner one joins the outer)
+        self.backend = _Postgres(path, password) if path.startswith(POSTGRES_SCHEME) else _Sqlite(path)
+        self.db = self.backend
+        with self._tx(immediate=True):  # two processes starting on one new database make one schema
+            self.backend.script(_SCHEMA.format(**self.backend.types))
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if row is None or row[0] in ("1", "2"):
+                # version 1 lacks agent_epochs, which the script above made, and versions 1 and 2 the
+                # drains' until column, added here; an older coordinator then refuses this database
+                # rather than accept tokens revoked here or keep a timed drain for ever
+                if "until" not in self.backend.columns("drains"):
+                    self.db.execute(f"ALTER TABLE drains ADD COLUMN until {self.backend.types['real']}")
+                self._put_meta("schema", str(SCHEMA_VERSION))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise StoreError(f"{self.backend.where}: schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
+
+    @property
+    def kind(self) -> str:
+        """"sqlite" or "postgresql"."""
+        return self.backend.kind
+
+    def close(self) -> None:
+        self.backend.close()
 
     # ---- events ------------------------------------------------------------------------
     def add_events(self, events: Iterable[tuple[float, str, str, str, dict]]) -> None:
@@ -138,7 +346,7 @@ class Store:
             q += " AND (actor = ? OR subject = ? OR substr(subject, 1, ?) = ?)"
             args += [host, host, len(host) + 1, host + "/"]
         # the newest `limit`, returned oldest first
-        q = f"SELECT * FROM ({q} ORDER BY id DESC LIMIT ?) ORDER BY id"
+        q = f"SELECT * FROM ({q} ORDER BY id DESC LIMIT ?) AS newest ORDER BY id"
         args.append(limit)
         return [{"id": i, "ts": ts, "kind": k, "actor": a, "subject": s, "detail": json.loads(d)}
                 for i, ts, k, a, s, d in self.db.execute(q, args)]
@@ -159,7 +367,9 @@ class Store:
     # ---- drains ------------------------------------------------------------------------
     def set_drain(self, link: str, reason: str, by: str, since: float, until: float | None = None) -> None:
         with self._tx():
-            self.db.execute("INSERT OR REPLACE INTO drains (link, reason, by, since, until) VALUES (?,?,?,?,?)",
+            self.db.execute("INSERT INTO drains (link, reason, by, since, until) VALUES (?,?,?,?,?) ON CONFLICT(link) "
+                            "DO UPDATE SET reason=excluded.reason, by=excluded.by, since=excluded.since, "
+                            "until=excluded.until",
                             (link, reason, by, since, until))
 
     def clear_drain(self, link: str) -> None:
@@ -197,7 +407,9 @@ class Store:
         rows = [(k, r, json.dumps(i, sort_keys=True), s, rsn, t) for k, r, i, s, rsn, t in rows]
         if rows:
             with self._tx():
-                self.db.executemany("INSERT OR REPLACE INTO paths VALUES (?,?,?,?,?,?)", rows)
+                self.db.executemany("INSERT INTO paths VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
+                                    "reporter=excluded.reporter, info=excluded.info, state=excluded.state, "
+                                    "reason=excluded.reason, updated=excluded.updated", rows)
 
     def put_states(self, rows: Iterable[tuple[str, str | None, float, str]]) -> None:
         """(state, reason, updated, key) for paths already stored."""
@@ -220,8 +432,10 @@ class Store:
     # ---- agent token epochs ------------------------------------------------------------
     def written_elsewhere(self) -> bool:
         """Whether another connection (another process: the CLI revoking a token) committed since
-        the last call; the first call says True. Costs a pragma, not a read of any table."""
-        version = self.db.execute("PRAGMA data_version").fetchone()[0]
+        the last call; the first call says True. SQLite: costs a pragma, not a read of any table;
+        PostgreSQL: whether the revocations changed (one small aggregate), the only thing other
+        processes write."""
+        version = self.backend.version()
         changed, self._data_version = version != self._data_version, version
         return changed
 
@@ -238,7 +452,9 @@ class Store:
             if epoch > max_epoch:
                 raise StoreError(f"{host}: its agent tokens were revoked {epoch - 1} times, the most there can be; "
                                  "rotate the agent secret instead (docs/security.md, Revocation)")
-            self.db.execute("INSERT OR REPLACE INTO agent_epochs VALUES (?,?,?,?,?)", (host, epoch, now, by, reason))
+            self.db.execute("INSERT INTO agent_epochs VALUES (?,?,?,?,?) ON CONFLICT(host) DO UPDATE SET "
+                            "min_epoch=excluded.min_epoch, since=excluded.since, by=excluded.by, reason=excluded.reason",
+                            (host, epoch, now, by, reason))
             self.db.execute("INSERT INTO events (ts, kind, actor, subject, detail) VALUES (?,?,?,?,?)",
                             (now, "agent", by, host, json.dumps({"what": "token revoked", "epoch": epoch,
                                                                  "reason": reason}, sort_keys=True)))
@@ -251,7 +467,10 @@ class Store:
 
     def set_meta(self, key: str, value: str) -> None:
         with self._tx():
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
+            self._put_meta(key, value)
+
+    def _put_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT INTO meta VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
 
     def transaction(self) -> "_Tx":
         """Several writes that commit together or not at all: what one request changes, so a
@@ -271,17 +490,20 @@ class _Tx:
 
     def __init__(self, store: Store, immediate: bool = False):
         self.store = store
-        self.begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+        self.immediate = immediate
 
     def __enter__(self):
         if self.store._tx_depth == 0:
-            self.store.db.execute(self.begin)
+            self.store.backend.begin(self.immediate)
         self.store._tx_depth += 1
 
     def __exit__(self, exc_type, *_):
         self.store._tx_depth -= 1
         if self.store._tx_depth == 0:
-            self.store.db.execute("ROLLBACK" if exc_type else "COMMIT")
-            done, self.store._uncommitted = self.store._uncommitted, []
+            done, self.store._uncommitted = self.store._uncommitted, []  # gone with a failed COMMIT too
+            try:
+                self.store.db.execute("ROLLBACK" if exc_type else "COMMIT")
+            finally:
+                self.store.backend.end()
             if done and not exc_type and self.store.on_committed is not None:
                 self.store.on_committed(done)
