@@ -24,11 +24,14 @@ def _bin(name: str) -> str:
 
 class PostgresServer:
     """`with PostgresServer() as pg:` pg.url (postgresql://linkpass@127.0.0.1:PORT/linkpass) and
-    pg.password_file (mode 0600, root's)."""
+    pg.password_file (mode 0600, root's). `tls=True`: the server also speaks TLS, with a
+    certificate for 127.0.0.1 from a lab CA made here (pg.ca_file)."""
 
-    def __init__(self):
+    def __init__(self, tls: bool = False):
         self.dir = None
         self.port = free_port()
+        self.tls = tls
+        self.ca_file = None
 
     def _as_postgres(self, *cmd: str) -> None:
         done = subprocess.run(["runuser", "-u", "postgres", "--", *cmd], cwd="/", capture_output=True, text=True,
@@ -53,8 +56,9 @@ class PostgresServer:
             self._as_postgres(_bin("initdb"), "-D", data, "-U", USER, f"--pwfile={pw_for_initdb}",
                               "--auth=scram-sha-256", "-E", "UTF8")
             os.unlink(pw_for_initdb)
-            self._as_postgres(_bin("pg_ctl"), "-D", data, "-l", os.path.join(self.dir, "server.log"), "-w", "-o",
-                              f"-c listen_addresses=127.0.0.1 -p {self.port} -k {sock} -c fsync=off", "start")
+            if self.tls:
+                self._make_certificate(data)
+            self._start()
             self.password_file = os.path.join(self.dir, "password")
             with open(os.open(self.password_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
                 f.write(password + "\n")
@@ -79,13 +83,29 @@ class PostgresServer:
         finally:
             conn.close()
 
+    def _make_certificate(self, data: str) -> None:
+        from linkpass.coordinator import lab_ca
+        from linkpass.coordinator.tls import SERVER, lab_paths
+
+        ca_dir = os.path.join(self.dir, "ca")
+        lab_ca.ensure(ca_dir, sans=["127.0.0.1"])
+        self.ca_file = lab_paths(ca_dir, "ca")[0]
+        for src, dst in zip(lab_paths(ca_dir, SERVER), ("server.crt", "server.key")):
+            shutil.copyfile(src, os.path.join(data, dst))
+            shutil.chown(os.path.join(data, dst), "postgres")
+            os.chmod(os.path.join(data, dst), 0o600)
+
+    def _start(self) -> None:
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {os.path.join(self.dir, 'sock')} -c fsync=off"
+        if self.tls:
+            options += " -c ssl=on"  # server.crt and server.key in the data directory
+        self._as_postgres(_bin("pg_ctl"), "-D", os.path.join(self.dir, "data"), "-l",
+                          os.path.join(self.dir, "server.log"), "-w", "-o", options, "start")
+
     def restart(self) -> None:
         """Stop the server at once (every connection dropped) and start it again."""
-        data = os.path.join(self.dir, "data")
-        self._as_postgres(_bin("pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop")
-        self._as_postgres(_bin("pg_ctl"), "-D", data, "-l", os.path.join(self.dir, "server.log"), "-w", "-o",
-                          f"-c listen_addresses=127.0.0.1 -p {self.port} -k {os.path.join(self.dir, 'sock')} "
-                          "-c fsync=off", "start")
+        self._as_postgres(_bin("pg_ctl"), "-D", os.path.join(self.dir, "data"), "-m", "immediate", "-w", "stop")
+        self._start()
 
     def log(self) -> str:
         try:

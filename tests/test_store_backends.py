@@ -199,3 +199,26 @@ def test_a_postgresql_store_reconnects_after_the_server_dropped_it(pg, tmp_path)
     s.set_drain("p1l1-p1s1", "after", "bob", 3.0)
     assert sorted(s.drains()) == ["p0l0-p0s0", "p1l1-p1s1"] and s.drains()["p1l1-p1s1"]["reason"] == "after"
     s.close()
+
+
+@pytest.mark.service
+def test_a_postgresql_store_over_tls_checks_the_server_s_certificate(tmp_path):
+    from linkpass.coordinator import lab_ca
+    from linkpass.coordinator.tls import lab_paths
+
+    with PostgresServer(tls=True) as server:
+        s = open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=server.ca_file)
+        assert s.db.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True
+        s.set_drain("p0l0-p0s0", "over tls", "alice", 1.0)
+        assert list(s.drains()) == ["p0l0-p0s0"]
+        s.close()
+        # no CA given: TLS when the server offers it, but any certificate will do (nothing verified)
+        unverified = open_store(server.url, server.password_file, str(tmp_path))
+        assert unverified.db.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True
+        unverified.close()
+        other = str(tmp_path / "other-ca")
+        lab_ca.ensure(other, sans=["127.0.0.1"])
+        with pytest.raises(StoreError, match="signed by the CA of store_tls_ca_file"):
+            open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=lab_paths(other, "ca")[0])
+        with pytest.raises(StoreError, match="store_tls_ca_file: .*/nope: No such file"):
+            open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=str(tmp_path / "nope"))

@@ -60,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "(a server every Ray node reaches, so a restarted actor finds its state anywhere)")
     co.add_argument("--store-password-file", metavar="FILE", default=None,
                     help="the --store user's password (one line, mode 0600; never in the URL)")
+    co.add_argument("--store-tls-ca", metavar="FILE", default=None,
+                    help="check the --store server's TLS certificate against this CA (PEM) and the URL's host; "
+                         "without it TLS is used if the server offers it, unverified")
     src = co.add_mutually_exclusive_group()
     src.add_argument("--testbed", metavar="PREFIX", help="use this running testbed's fabric as the fleet model")
     src.add_argument("--fabric", metavar="FILE", help="fleet model JSON (links, hosts, addresses)")
@@ -119,6 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tk.add_argument("--store", metavar="URL", default=None,
                     help="the coordinator's PostgreSQL store, when it keeps its state there (as its --store)")
     tk.add_argument("--store-password-file", metavar="FILE", default=None, help="that store user's password")
+    tk.add_argument("--store-tls-ca", metavar="FILE", default=None, help="that store server's CA (as the coordinator's)")
     tk.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600) instead of printing it")
     tk.add_argument("--revoke", action="store_true",
                     help="refuse every earlier token of HOST (stolen, leaked, host rebuilt) and print the new one")
@@ -626,8 +630,10 @@ def _decommission(args) -> int:
 def _token(args) -> int:
     """`token HOST`, or the listed tokens' actions (create, list, revoke)."""
     words = args.target
-    if args.store_password_file is not None and args.store is None:
-        return error("--store-password-file: only with --store (the SQLite store in --state-dir has no password)")
+    for flag, given in (("--store-password-file", args.store_password_file), ("--store-tls-ca", args.store_tls_ca)):
+        if given is not None and args.store is None:
+            return error(f"{flag}: only with --store (the SQLite store in --state-dir has no password and no "
+                         "connection)")
     if words[0] in ("create", "list", "revoke"):
         return _listed_token(args, words[0], words[1:])
     if len(words) != 1:
@@ -670,7 +676,7 @@ def _listed_token(args, action: str, rest: list[str]) -> int:
             rows = listed_tokens(path)
             revoked = {}
             if args.store is not None or os.path.exists(os.path.join(state, DB_FILE)):
-                store = open_store(args.store, args.store_password_file, state)
+                store = open_store(args.store, args.store_password_file, state, tls_ca_file=args.store_tls_ca)
                 try:
                     revoked = store.agent_epochs()
                 finally:
@@ -708,7 +714,7 @@ def _agent_token(args) -> int:
         secret = read_agent_secret(path)
         agent_token(secret, args.host)  # the host name is checked before anything is written
         if args.revoke or args.store is not None or os.path.exists(db):
-            store = open_store(args.store, args.store_password_file, state)
+            store = open_store(args.store, args.store_password_file, state, tls_ca_file=args.store_tls_ca)
         if args.revoke:
             epoch = store.revoke_agent(args.host, _local_user(), args.reason or "revoked by `linkpass coordinator "
                                        "token HOST --revoke`", time.time(), MAX_EPOCH)
@@ -841,8 +847,9 @@ def run_coordinator(args) -> int:
                 "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
                 "listen": args.listen or (f"0.0.0.0:{COORDINATOR_PORT}" if args.testbed else COORDINATOR_LISTEN),
                 "max_drain_share": args.max_drain_share, "log_level": log_level, **tls}
-    if args.store is not None or args.store_password_file is not None:
-        settings.update(store=args.store, store_password_file=args.store_password_file)
+    if args.store is not None or args.store_password_file is not None or args.store_tls_ca is not None:
+        settings.update(store=args.store, store_password_file=args.store_password_file,
+                        store_tls_ca_file=args.store_tls_ca)
     for name in ("agent_timeout_s", "agent_expire_s", "event_retention_count", "max_body_bytes"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)

@@ -123,7 +123,7 @@ def server_context(settings: dict, state_dir: str, host: str):
 
 
 _PATHS = ("state_dir", "listen", "fabric_model", "fabric", "tokens", "agent_secret", "tls_cert_file", "tls_key_file",
-          "tls_ca_file", "store", "store_password_file")
+          "tls_ca_file", "store", "store_password_file", "store_tls_ca_file")
 _FLAGS = ("require_client_cert", "insecure_http")
 # number settings: (the dataclass that owns the default, lowest, highest, integer?)
 _NUMBERS = {
@@ -164,9 +164,11 @@ def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
             parse_postgres_url(settings["store"])  # a bad URL is refused here, before anything starts
         except StoreError as exc:
             raise CoordinatorError(f"settings.{exc}") from None
-    elif settings.get("store_password_file") is not None:
-        raise CoordinatorError("settings.store_password_file: only with settings.store (a postgresql:// URL); "
-                               "the SQLite store in the state directory has no password")
+    else:
+        for name in ("store_password_file", "store_tls_ca_file"):
+            if settings.get(name) is not None:
+                raise CoordinatorError(f"settings.{name}: only with settings.store (a postgresql:// URL); the "
+                                       "SQLite store in the state directory has no password and no connection")
     san = settings.get("tls_san")
     if san is not None and not (isinstance(san, (list, tuple)) and all(isinstance(x, str) and x for x in san)):
         raise CoordinatorError(f"settings.tls_san: expected a list of host names or addresses, got {san!r}")
@@ -264,7 +266,8 @@ def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
         raise CoordinatorError(str(exc)) from None
     try:
         store = open_store(settings.get("store"), settings.get("store_password_file"), state_dir,
-                           on_committed=lambda events: log_history(log, events))
+                           on_committed=lambda events: log_history(log, events),
+                           tls_ca_file=settings.get("store_tls_ca_file"))
     except StoreError as exc:
         raise CoordinatorError(str(exc)) from None
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work

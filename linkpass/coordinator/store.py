@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import ssl
 import time
 import urllib.parse
 from typing import Any, Callable, Iterable
@@ -147,12 +148,13 @@ class _Postgres:
     kind = "postgresql"
     types = {"serial": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION"}
 
-    def __init__(self, url: str, password: str | None):
+    def __init__(self, url: str, password: str | None, tls: ssl.SSLContext | None = None):
         import pg8000.dbapi  # only a coordinator that uses PostgreSQL needs the driver
 
         self._pg = pg8000.dbapi
         self.params = parse_postgres_url(url)
         self.password = password
+        self.tls = tls
         self.where = redacted(url)
         self.in_tx = False
         self.db = None
@@ -161,12 +163,14 @@ class _Postgres:
     def _connect(self) -> None:
         try:
             self.db = self._pg.connect(**self.params, password=self.password, timeout=30,
-                                       application_name="linkpass-coordinator")
+                                       application_name="linkpass-coordinator", ssl_context=self.tls)
         except (self._pg.Error, OSError) as exc:
             self.db = None
+            tls = (" and its certificate is signed by the CA of store_tls_ca_file for the URL's host name"
+                   if self.tls is not None else "")
             raise StoreError(f"{self.where}: cannot connect to the coordinator's PostgreSQL store ({_pg_message(exc)}); "
                              "check the server runs and is reachable from this node, the user and database "
-                             "exist, and store_password_file holds that user's password") from None
+                             f"exist, store_password_file holds that user's password{tls}") from None
         self.db.autocommit = True  # transactions are the explicit BEGIN ... COMMIT of _Tx
 
     def execute(self, q: str, args=()):
@@ -261,10 +265,11 @@ def _pg_message(exc: BaseException) -> str:
 
 
 def open_store(url: str | None, password_file: str | None, state_dir: str,
-               on_committed: Callable[[list[tuple]], None] | None = None) -> Store:
+               on_committed: Callable[[list[tuple]], None] | None = None, tls_ca_file: str | None = None) -> Store:
     """The store a coordinator's settings name: `url` (settings.store, a postgresql:// URL) with
-    its user's password in `password_file` (settings.store_password_file), or without a URL the
-    SQLite file in `state_dir`."""
+    its user's password in `password_file` (settings.store_password_file), over TLS verified with
+    `tls_ca_file` (settings.store_tls_ca_file; None: the driver's default, TLS if the server offers
+    it but its certificate unchecked), or without a URL the SQLite file in `state_dir`."""
     if url is None:
         return Store(os.path.join(state_dir, DB_FILE), on_committed)
     parse_postgres_url(url)
@@ -279,21 +284,28 @@ def open_store(url: str | None, password_file: str | None, state_dir: str,
         if not password:
             raise StoreError(f"store_password_file: {password_file} is empty; it holds the password of the "
                              "store URL's user (one line)")
-    return Store(url, on_committed, password=password)
+    tls = None
+    if tls_ca_file is not None:
+        try:
+            tls = ssl.create_default_context(cafile=tls_ca_file)  # the server's name checked against the URL's host
+        except (OSError, ssl.SSLError) as exc:
+            raise StoreError(f"store_tls_ca_file: {tls_ca_file}: {getattr(exc, 'strerror', None) or exc}; it holds "
+                             "the PEM certificate of the CA that signed the PostgreSQL server's") from None
+    return Store(url, on_committed, password=password, tls=tls)
 
 
 class Store:
     def __init__(self, path: str, on_committed: Callable[[list[tuple]], None] | None = None,
-                 password: str | None = None):
+                 password: str | None = None, tls: ssl.SSLContext | None = None):
         """`path`: an SQLite file, or a `postgresql://USER@HOST[:PORT]/DATABASE` URL (`password`: its
-        user's). `on_committed(events)`: called with the events of each transaction once it has
+        user's, `tls`: verify the server with it). `on_committed(events)`: called with the events of each transaction once it has
         committed (never for one rolled back): what the coordinator's log shows of its history."""
         self.path = path
         self.on_committed = on_committed
         self._uncommitted: list[tuple] = []  # events of the open transaction
         self._data_version: Any = None  # written_elsewhere's last look
         self._tx_depth = 0  # transactions open on the connection (an inner one joins the outer)
-        self.backend = _Postgres(path, password) if path.startswith(POSTGRES_SCHEME) else _Sqlite(path)
+        self.backend = _Postgres(path, password, tls) if path.startswith(POSTGRES_SCHEME) else _Sqlite(path)
         self.db = self.backend
         with self._tx(immediate=True):  # two processes starting on one new database make one schema
             self.backend.script(_SCHEMA.format(**self.backend.types))
