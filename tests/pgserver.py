@@ -1,6 +1,6 @@
-"""A real PostgreSQL server for the tests: made in a temporary directory, run as the `postgres`
-system user (the server refuses root), on 127.0.0.1 at a free port, with a password; stopped and
-removed when the block ends, also when it fails."""
+"""A real PostgreSQL server for the tests: made in a temporary directory, run as the user the
+tests run as (as root: the `postgres` system user, since the server refuses root), on 127.0.0.1
+at a free port, with a password; stopped and removed when the block ends, also when it fails."""
 from __future__ import annotations
 
 import glob
@@ -13,6 +13,12 @@ import tempfile
 from helpers import free_port
 
 USER, DATABASE = "linkpass", "linkpass"
+
+
+def _give(path: str, owner: str) -> None:
+    """Make the server's user the owner (only root has to: otherwise the server runs as us)."""
+    if os.geteuid() == 0:
+        shutil.chown(path, owner)
 
 
 def _bin(name: str) -> str:
@@ -34,8 +40,8 @@ class PostgresServer:
         self.ca_file = None
 
     def _as_postgres(self, *cmd: str) -> None:
-        done = subprocess.run(["runuser", "-u", "postgres", "--", *cmd], cwd="/", capture_output=True, text=True,
-                              timeout=120)
+        runas = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        done = subprocess.run([*runas, *cmd], cwd="/", capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd[:2])} exited {done.returncode}: {done.stderr.strip()[-1500:]}\n"
                                f"{self.log()}")
@@ -44,15 +50,15 @@ class PostgresServer:
         self.dir = tempfile.mkdtemp(prefix="lp-pg-")
         try:
             password = secrets.token_hex(16)
-            shutil.chown(self.dir, "postgres")  # initdb makes the data directory in it
+            _give(self.dir, "postgres")  # initdb makes the data directory in it
             pw_for_initdb = os.path.join(self.dir, "initdb.pw")
             with open(pw_for_initdb, "w") as f:
                 f.write(password + "\n")
-            shutil.chown(pw_for_initdb, "postgres")
+            _give(pw_for_initdb, "postgres")
             os.chmod(pw_for_initdb, 0o600)
             data, sock = os.path.join(self.dir, "data"), os.path.join(self.dir, "sock")
             os.mkdir(sock)
-            shutil.chown(sock, "postgres")
+            _give(sock, "postgres")
             self._as_postgres(_bin("initdb"), "-D", data, "-U", USER, f"--pwfile={pw_for_initdb}",
                               "--auth=scram-sha-256", "-E", "UTF8")
             os.unlink(pw_for_initdb)
@@ -92,7 +98,7 @@ class PostgresServer:
         self.ca_file = lab_paths(ca_dir, "ca")[0]
         for src, dst in zip(lab_paths(ca_dir, SERVER), ("server.crt", "server.key")):
             shutil.copyfile(src, os.path.join(data, dst))
-            shutil.chown(os.path.join(data, dst), "postgres")
+            _give(os.path.join(data, dst), "postgres")
             os.chmod(os.path.join(data, dst), 0o600)
 
     def _start(self) -> None:
