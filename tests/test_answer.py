@@ -90,7 +90,16 @@ BAD = [
     (edit(lambda d: d["plan"]["peers"].extend(plan_peer(f"h{k}", k + 1, f"198.18.0.{k + 1}", {"0": f"198.18.64.{k * 2 + 1}"})
                                                for k in range(3, 5))),
      "plan.peers: 5 entries, more than the 4 allowed"),
+    (edit(lambda d: d.update(send_paths="yes")), "send_paths: expected true or false, got str"),
+    (edit(lambda d: d.update(digests=1)), "digests: expected true or false, got int"),
 ]
+
+
+def test_the_digest_flags_come_back_typed_and_default_to_off():
+    base = {"drain_version": 1, "plan_version": None}
+    assert (parse_answer(base, RULES).digests, parse_answer(base, RULES).send_paths) == (False, False)
+    got = parse_answer({**base, "digests": True, "send_paths": True}, RULES)
+    assert (got.digests, got.send_paths) == (True, True)
 
 
 @pytest.mark.parametrize("raw, message", BAD, ids=[m.split(":")[0] for _, m in BAD])

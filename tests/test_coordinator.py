@@ -631,3 +631,30 @@ def test_coordinator_settings_reach_the_coordinator_and_the_endpoint():
                                      "max_body_bytes": 65536, "read_timeout_s": 2, "state_dir": "/x"})
     assert (config.event_retention_s, config.event_retention_count, config.agent_expire_s) == (3600.0, 500, 600.0)
     assert (limits.max_body_bytes, limits.read_timeout_s) == (65536, 2.0)
+
+
+def test_digests_are_answered_only_to_agents_that_take_them_and_a_mismatch_asks_for_the_table(tmp_path):
+    from linkpass.core.report_digest import table_digest
+
+    coord = Coordinator(Store(str(tmp_path / "c.db")), MODEL, now=1000.0)
+    coord.register({**identity(1), "paths": table_of(1)}, 1000.0)
+    rows = [(r["id"], r["state"], r["reason"]) for r in table_of(1)]
+    old = coord.report({"name": "h1", "digest": table_digest(rows)}, 1001.0)  # an agent that does not say it takes them
+    assert "digests" not in old and "send_paths" not in old
+    same = coord.report({"name": "h1", "digests": True, "digest": table_digest(reversed(rows))}, 1002.0)
+    assert same["digests"] is True and "send_paths" not in same
+    rows[0] = (rows[0][0], "down", "hard_failure")  # the agent's verdict the coordinator never heard
+    off = coord.report({"name": "h1", "digests": True, "digest": table_digest(rows)}, 1003.0)
+    assert off["send_paths"] is True and coord.counters["digest_mismatches"] == 1
+    # with the change reported, the digest matches again
+    ok = coord.report({"name": "h1", "digests": True, "changes": [{"id": rows[0][0], "state": "down",
+                                                                   "reason": "hard_failure"}],
+                       "digest": table_digest(rows)}, 1004.0)
+    assert "send_paths" not in ok
+    # a change of a path the coordinator does not hold: the table at once, not at the next summary
+    unknown = coord.report({"name": "h1", "digests": True, "changes": [{"id": 999, "state": "up", "reason": None}]},
+                           1005.0)
+    assert unknown["send_paths"] is True
+    for bad in ("ABC", "0" * 31, 7, "g" * 32):
+        with pytest.raises(CoordinatorError, match="digest: expected 32 lowercase hex"):
+            coord.report({"name": "h1", "digests": True, "digest": bad}, 1006.0)

@@ -651,3 +651,37 @@ def test_a_broken_tokens_file_is_refused_and_the_tokens_in_use_kept(server):
         remove_listed_token(path, entry)
     with pytest.raises(AuthError, match="last listed token"):
         remove_listed_token(path, "local-operator")
+
+
+def test_an_agent_sends_digests_and_a_lost_report_is_healed_by_one(server, tmp_path):
+    """Between whole tables the link sends only the digest of its verdicts; a change the
+    coordinator never got (a report lost) makes the digests differ, the coordinator asks for
+    the table, and its copy is right again."""
+    from linkpass.agent.answer import AnswerRules
+    from linkpass.agent.config import CoordinatorLinkConfig
+    from linkpass.agent.coordinator_link import CoordinatorLink
+
+    srv, tokens = server
+    state, token_file = tmp_path / "state", tmp_path / "h1.token"
+    token_file.write_text(tokens["h1"] + "\n")
+    rows = table_of(1)
+    cfg = CoordinatorLinkConfig(srv.url, str(token_file), report_ms=50, summary_s=0.3, ca_file=lab_ca_file(state))
+    link = CoordinatorLink(cfg, lambda: identity(1), lambda: [dict(r) for r in rows], lambda drains: None,
+                           lambda plan: None, lambda event, **fields: None, rules=AnswerRules("h1", 2, 1024))
+    link.start()
+    try:
+        wait_until(lambda: link.stats["digests"] >= 3, 10, "three digests", lambda: link.stats)
+        assert link.digests and link.stats["tables"] == 0 and link.stats["tables_asked"] == 0, link.stats
+        assert srv.coordinator.counters["digest_mismatches"] == 0
+        # the agent's path 1 goes down, and the report that said so is lost on the way
+        rows[0] = {**rows[0], "state": "down", "reason": "hard_failure"}
+        link.sent[rows[0]["id"]] = ("down", "hard_failure")
+        wait_until(lambda: srv.coordinator.paths["h1/1"].state == "down", 10, "the coordinator's copy healed",
+                   lambda: (link.stats, dict(srv.coordinator.counters)))
+        assert link.stats["tables_asked"] >= 1 and link.stats["tables"] >= 1
+        assert srv.coordinator.counters["digest_mismatches"] >= 1
+        asked = link.stats["tables_asked"]
+        time.sleep(1.0)  # healed: digests match again, no more tables
+        assert link.stats["tables_asked"] == asked
+    finally:
+        link.stop()

@@ -49,7 +49,7 @@ MAX_DRAINS = 65536  # drained links in one answer (a 16k-GPU fabric has ~50 000 
 MAX_LINK_ADDRS = 8  # interface addresses per drained link (two ends; room for more per end)
 MAX_NAME = 255  # characters in a host or link name
 MAX_PLANE = 63  # as in the config file
-ANSWER_KEYS = {"drain_version", "plan_version", "drains", "plan", "plan_delta"}
+ANSWER_KEYS = {"drain_version", "plan_version", "drains", "plan", "plan_delta", "digests", "send_paths"}
 
 
 class AnswerError(ValueError):
@@ -87,6 +87,8 @@ class Answer:
     drains: tuple[Drain, ...] | None  # None: not in this answer (the agent's copy is current)
     plan: PlanAnswer | None  # None: not in this answer, or no plan for this host yet
     plan_delta: PlanDelta | None = None  # instead of `plan`: the change from the plan held
+    digests: bool = False  # the coordinator takes digests instead of periodic whole tables
+    send_paths: bool = False  # its copy of this agent's verdicts is off: send the whole table next
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,12 @@ def parse_answer(raw: object, rules: AnswerRules) -> Answer:
         delta = _delta(raw["plan_delta"], rules)
         if delta.version != plan_version:
             raise AnswerError(f"plan_delta.version: {delta.version} is not the answer's plan_version {plan_version}")
-    return Answer(_version(raw.get("drain_version"), "drain_version"), plan_version, drains, plan, delta)
+    flags = {}
+    for name in ("digests", "send_paths"):
+        if name in raw and type(raw[name]) is not bool:
+            raise AnswerError(f"{name}: expected true or false, got {_kind(raw[name])}")
+        flags[name] = raw.get(name, False)
+    return Answer(_version(raw.get("drain_version"), "drain_version"), plan_version, drains, plan, delta, **flags)
 
 
 def apply_delta(held: PlanAnswer | None, held_version: int | None, delta: PlanDelta,

@@ -65,7 +65,7 @@
       key_file: /etc/linkpass/tls/h0.key
       insecure_http: false           # true: allow an http:// url (the token travels in cleartext; logged)
       report_ms: 200                 # path changes are sent this often (batched)
-      summary_s: 10                  # the whole path table is sent this often (heals lost reports)
+      summary_s: 10                  # the verdicts' digest (or the whole table) is sent this often (heals lost reports)
       follow_plan: true              # probe the peers the coordinator's probe plan names
       max_plan_peers: 1024           # a plan naming more peers is refused whole (linkpass/agent/answer.py)
 

@@ -8,7 +8,11 @@ coordinator said (drained link addresses, the probe plan) for the main loop to a
                                                   + the probe budget
     every report_ms            POST /v1/report    the paths whose state or reason changed
                                                   (+ the probe budget, when a reload changed it)
-    every summary_s            POST /v1/report    the whole table again (heals lost reports)
+    every summary_s            POST /v1/report    the digest of its verdicts (core/report_digest.py);
+                                                  the whole table instead when the coordinator asked
+                                                  for it (`send_paths`), when paths were added,
+                                                  removed or re-routed, or when the coordinator
+                                                  does not take digests (heals lost reports)
     quiet for 1 s              POST /v1/report    a heartbeat (no changes)
 
 While the coordinator is unreachable the thread retries with backoff (0.5 s doubling to 5 s, each
@@ -49,6 +53,7 @@ from ..coordinator.auth import read_token
 from ..coordinator.client import Client, Refusal, Unreachable
 from ..coordinator.tls import TlsError, build_client_context
 from ..core.constants import REPORT_HEARTBEAT_S
+from ..core.report_digest import table_digest
 from .answer import AnswerError, AnswerRules, PlanAnswer, StaleDelta, apply_delta, parse_answer
 from .config import AgentConfig, ConfigError, CoordinatorLinkConfig
 
@@ -124,8 +129,11 @@ class CoordinatorLink:
         self.plan_version: int | None = None
         self.plan_held: PlanAnswer | None = None  # the last plan handed on (a delta applies to it)
         self.sent: dict[int, tuple] = {}
+        self.sent_layout: dict[int, tuple] = {}  # each path's peer, plane, port, hops as last sent whole
+        self.digests = False  # the coordinator said it takes digests instead of periodic whole tables
+        self.send_table = False  # ... and that its copy of our verdicts is off: the whole table next
         self.stats = {"reports": 0, "registrations": 0, "failures": 0, "refusals": 0, "answers_rejected": 0,
-                      "plan_deltas_dropped": 0}
+                      "plan_deltas_dropped": 0, "digests": 0, "tables": 0, "tables_asked": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="coordinator-link", daemon=True)
 
@@ -150,20 +158,35 @@ class CoordinatorLink:
                     body = self._versions()
                     rows = self.rows()
                     changes = [r for r in rows if self.sent.get(r["id"]) != _mark(r)]
-                    if now - last_summary >= self.cfg.summary_s:
+                    layout = {r["id"]: _layout(r) for r in rows}
+                    due = now - last_summary >= self.cfg.summary_s
+                    if self.send_table or (due and (not self.digests or layout != self.sent_layout)):
                         body["paths"] = rows
                         last_summary = now
-                    elif changes:
-                        body["changes"] = [{"id": r["id"], "state": r["state"], "reason": r["reason"]} for r in changes]
-                    elif now - last_sent < REPORT_HEARTBEAT_S and self._budget_now() == self.budget_sent:
-                        self._stop.wait(self.cfg.report_ms / 1000)
-                        continue
+                    else:
+                        if changes:
+                            body["changes"] = [{"id": r["id"], "state": r["state"], "reason": r["reason"]}
+                                               for r in changes]
+                        if due:
+                            body["digest"] = table_digest((r["id"], r["state"], r["reason"]) for r in rows)
+                            last_summary = now
+                        elif not changes and now - last_sent < REPORT_HEARTBEAT_S \
+                                and self._budget_now() == self.budget_sent:
+                            self._stop.wait(self.cfg.report_ms / 1000)
+                            continue
                     budget = self._budget_now()
                     if budget is not None and budget != self.budget_sent:
                         body["probe_budget"] = budget  # a reload changed it: the coordinator re-plans
+                    whole = "paths" in body
+                    if whole:
+                        self.send_table = False  # before the answer: it may ask again
                     self._answer(self.client.post("/v1/report", body))
-                    for r in rows if "paths" in body else changes:
+                    for r in rows if whole else changes:
                         self.sent[r["id"]] = _mark(r)
+                    if whole:
+                        self.sent_layout = layout
+                    self.stats["digests"] += "digest" in body
+                    self.stats["tables"] += whole
                     if "probe_budget" in body:
                         self.budget_sent = budget
                     self.stats["reports"] += 1
@@ -212,7 +235,7 @@ class CoordinatorLink:
 
     def _versions(self) -> dict:
         return {"name": self.identity()["name"], "drain_version": self.drain_version, "plan_version": self.plan_version,
-                "plan_deltas": True}
+                "plan_deltas": True, "digests": True}
 
     def _budget_now(self) -> dict | None:
         return None if self.budget is None else self.budget()
@@ -221,9 +244,11 @@ class CoordinatorLink:
         rows = self.rows()
         budget = self._budget_now()
         answer = self.client.post("/v1/register", {**self.identity(), "paths": rows, "drain_version": None,
-                                                   "plan_version": None, "plan_deltas": True,
+                                                   "plan_version": None, "plan_deltas": True, "digests": True,
                                                    **({} if budget is None else {"probe_budget": budget})})
         self.sent = {r["id"]: _mark(r) for r in rows}
+        self.sent_layout = {r["id"]: _layout(r) for r in rows}
+        self.send_table = False
         self.budget_sent = budget
         self.registered = True
         self.stats["registrations"] += 1
@@ -250,6 +275,10 @@ class CoordinatorLink:
                          note="nothing of this answer is applied; drains and plan stay as they were")
             return
         self._rejection = None
+        self.digests = got.digests
+        if got.send_paths:
+            self.send_table = True
+            self.stats["tables_asked"] += 1
         if got.drains is not None:
             self.on_drains(got.drains)
         self.drain_version = got.drain_version
@@ -261,3 +290,8 @@ class CoordinatorLink:
 
 def _mark(row: dict) -> tuple:
     return row["state"], row["reason"]
+
+
+def _layout(row: dict) -> tuple:
+    """What of a path only a whole table tells the coordinator (a digest covers the rest)."""
+    return row["peer"], row["plane"], row["sport"], tuple(row["hops"] or ()), row["peer_addr"]

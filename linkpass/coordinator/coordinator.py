@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror, split_directed
 from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_cap, plan_probes
+from ..core.report_digest import table_digest
 from ..core.states import Level, health_of, is_bad, is_good, worst
 from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, ProbeBudget, Refused, RegisterIn,  # noqa: F401
                        ReportIn, is_decimal, parse_register, parse_report)
@@ -197,8 +198,11 @@ class Coordinator:
 
     def report(self, body, now: float) -> dict:
         """Path verdicts from one agent: `changes` (state moves since the last report) and, now
-        and then, `paths` (the full table: a summary that heals anything a lost report missed).
-        The body is checked whole first: a refused report changes nothing."""
+        and then, `paths` (the full table: a summary that heals anything a lost report missed)
+        or `digest` (core/report_digest.py: the same check for an agent that sends digests; one
+        that does not match what is held here, or a change of a path not held, gets `send_paths`
+        and sends its table with its next report). The body is checked whole first: a refused
+        report changes nothing."""
         req = body if isinstance(body, ReportIn) else parse_report(body)
         name = req.name
         agent = self.agents.get(name)
@@ -221,10 +225,22 @@ class Coordinator:
             for key in self.by_reporter.get(name, set()) - keep:
                 self._drop_path(key)
             self.store.drop_paths(name, keep)
+        unknown = self.counters["changes_unknown_path"]
         for c in req.changes:
             self._change(name, c, now, changes)
         self._flush(changes)
-        return self._answer(name, req, now)
+        answer = self._answer(name, req, now)
+        if req.digests and req.paths is None:
+            stale = self.counters["changes_unknown_path"] > unknown
+            if req.digest is not None and not stale:
+                held = ((int(k.rsplit("/", 1)[1]), self.paths[k].state, self.paths[k].reason)
+                        for k in self.by_reporter.get(name, ()))
+                stale = table_digest(held) != req.digest
+                self.counters["digests"] += 1
+            if stale:
+                self.counters["digest_mismatches"] += 1
+                answer["send_paths"] = True
+        return answer
 
     def _put_path(self, reporter: str, p: PathIn, now: float, changes: _Changes) -> str:
         key = f"{reporter}/{p.id}"
@@ -247,7 +263,7 @@ class Coordinator:
     def _change(self, reporter: str, c: ChangeIn, now: float, changes: _Changes) -> None:
         rec = self.paths.get(f"{reporter}/{c.id}")
         if rec is None:
-            self.counters["changes_unknown_path"] += 1  # the next summary brings the path
+            self.counters["changes_unknown_path"] += 1  # the next summary brings the path (or at once: send_paths)
             return
         self._set_state(rec, c.state, c.reason, now, changes)
 
@@ -282,6 +298,8 @@ class Coordinator:
     def _answer(self, name: str, req: RegisterIn | ReportIn, now: float) -> dict:
         """What the agent needs back: drains and its probe plan, when its copies are stale."""
         out: dict = {"drain_version": self.drain_version, "plan_version": self.plan_version}
+        if req.digests:  # only to agents that asked: an older one refuses an answer with a field it does not know
+            out["digests"] = True
         if req.drain_version != self.drain_version:
             out["drains"] = self.drain_addresses()
         self._current_plan(now)

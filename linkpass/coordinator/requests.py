@@ -15,6 +15,7 @@ import ipaddress
 import math
 from dataclasses import dataclass
 
+from ..core.report_digest import DIGEST_CHARS
 from ..core.states import STATE_NAMES
 from .auth import HOST_NAME_RE
 
@@ -87,6 +88,7 @@ class RegisterIn:
     plan_version: int | None
     plan_deltas: bool = False  # the agent applies plan deltas (else it gets whole plans)
     probe_budget: ProbeBudget | None = None  # None: an agent that reports none, uncapped
+    digests: bool = False  # the agent sends digests instead of periodic whole tables, when answered so
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class ReportIn:
     plan_version: int | None
     plan_deltas: bool = False
     probe_budget: ProbeBudget | None = None  # sent when it changed since the registration
+    digests: bool = False  # the agent sends digests instead of periodic whole tables, when answered so
+    digest: str | None = None  # core/report_digest.py of its verdicts after this report's changes
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,8 @@ def parse_register(body) -> RegisterIn:
                       version=_text(body.get("version", ""), "version", MAX_TEXT), api_port=api_port,
                       paths=_paths(_get(body, "paths", list, "")),
                       drain_version=_version(body, "drain_version"), plan_version=_version(body, "plan_version"),
-                      plan_deltas=_bool(body, "plan_deltas"), probe_budget=_probe_budget(body))
+                      plan_deltas=_bool(body, "plan_deltas"), probe_budget=_probe_budget(body),
+                      digests=_bool(body, "digests"))
 
 
 def parse_report(body) -> ReportIn:
@@ -178,9 +183,14 @@ def parse_report(body) -> ReportIn:
         at = f"changes[{i}]."
         _object(c, at[:-1])
         changes.append(ChangeIn(_int(_get(c, "id", int, at), f"{at}id", 0, MAX_ID), _state(c, at), _reason(c, at)))
+    digest = body.get("digest")
+    if digest is not None and not (type(digest) is str and len(digest) == DIGEST_CHARS
+                                   and all(ch in "0123456789abcdef" for ch in digest)):
+        raise CoordinatorError(f"digest: expected {DIGEST_CHARS} lowercase hex characters (the digest of the "
+                               "agent's verdicts), got " + (repr(digest[:80]) if isinstance(digest, str) else type(digest).__name__))
     return ReportIn(_host(_get(body, "name", str, ""), "name"), paths, tuple(changes),
                     _version(body, "drain_version"), _version(body, "plan_version"), _bool(body, "plan_deltas"),
-                    _probe_budget(body))
+                    _probe_budget(body), _bool(body, "digests"), digest)
 
 
 def parse_drain(body, undrain: bool = False) -> DrainIn:

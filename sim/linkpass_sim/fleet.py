@@ -582,14 +582,16 @@ def summary(r: RunResult) -> dict:
 
 
 def coordinator_load(r: RunResult) -> dict:
-    """What the coordinator takes: agents' heartbeats and summaries, and the change reports the
-    simulated failures caused."""
+    """What the coordinator takes: agents' heartbeats and digests (a whole table only when a digest
+    does not match, after a lost report: none in steady state), and the change reports the
+    simulated failures caused; and the rows whole tables every summary_s would carry."""
     hosts = Shape.for_gpus(r.gpus).hosts
     paths = r.probe["paths"]
     summary_s, heartbeat_s = CoordinatorLinkConfig.summary_s, REPORT_HEARTBEAT_S
     calls = [ms for o in r.outcomes for ms in o.findings_ms]
     return {"agents": hosts, "reports_per_s_steady": round(hosts / heartbeat_s + hosts / summary_s, 1),
-            "path_rows_per_s_steady": round(paths / summary_s, 1),
+            "path_rows_per_s_steady": 0.0, "digests_per_s_steady": round(hosts / summary_s, 1),
+            "path_rows_per_s_whole_tables": round(paths / summary_s, 1),
             "agents_reporting_per_failure_median": statistics.median([o.agents for o in r.outcomes]) if r.outcomes else 0,
             "path_changes_per_failure_median": statistics.median([o.reports for o in r.outcomes]) if r.outcomes else 0,
             "findings_ms_median": round(statistics.median(calls), 2) if calls else None,

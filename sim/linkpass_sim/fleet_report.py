@@ -137,7 +137,9 @@ def markdown(r, s: dict, sens: list[dict], images: list[str]) -> str:
               f"({p['tx_pps_per_nic_max']:,.0f} max), {p['link_share_pct_median']} % of a {p['link_gbps']:g} Gb/s link "
               f"({p['link_share_pct_max']} % max).",
               f"- Coordinator: {c['agents']} agents; steady {c['reports_per_s_steady']:,} reports/s carrying "
-              f"{c['path_rows_per_s_steady']:,} path rows/s (summaries every 10 s, heartbeats every 1 s); a failure "
+              f"{c['path_rows_per_s_steady']:,} path rows/s and {c['digests_per_s_steady']:,} digests/s (every 10 s; "
+              f"whole tables instead would be {c['path_rows_per_s_whole_tables']:,} rows/s; heartbeats every 1 s); "
+              f"a failure "
               f"brings {c['path_changes_per_failure_median']} path changes from {c['agents_reporting_per_failure_median']} "
               f"agents (median); localization took {c['findings_ms_median']} ms per call (max {c['findings_ms_max']} ms).",
               "", "## Checkpoint interval", "", "| checkpoint (min) | with LinkPass | without |", "|---|---|---|"]
