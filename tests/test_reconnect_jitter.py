@@ -99,3 +99,58 @@ def test_the_link_registers_again_after_a_spread_wait_when_the_coordinator_forgo
         srv.server_close()
     gap = srv.registrations[1] - srv.refused_at[0]
     assert 0.75 <= gap < 3.0, gap  # it waited its draw (0.8 s), not zero
+
+
+class _Busy(BaseHTTPRequestHandler):
+    """Registers h1, then answers its reports 503 (busy) until `srv.busy_for` reports were refused."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        srv = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with srv.lock:
+            if self.path == "/v1/register":
+                srv.registrations.append(time.monotonic())
+                code, out = 200, {"drain_version": 0, "drains": [], "plan_version": None}
+            elif srv.refused < srv.busy_for:
+                srv.refused += 1
+                code, out = 503, {"error": "the coordinator is busy; retry"}
+            else:
+                srv.accepted.append(body)
+                code, out = 200, {"drain_version": 0, "plan_version": None}
+        data = json.dumps(out).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_busy_coordinator_gets_backoff_and_the_changes_later_not_a_new_registration(tmp_path):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
+    srv.lock, srv.registrations, srv.refused, srv.busy_for, srv.accepted = threading.Lock(), [], 0, 3, []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    token = tmp_path / "h1.token"
+    token.write_text("lpa1.h1.1.stub\n")
+    rows = table_of(1)
+    cfg = CoordinatorLinkConfig(f"http://127.0.0.1:{srv.server_address[1]}", str(token), report_ms=20,
+                                insecure_http=True)
+    logged = []
+    link = CoordinatorLink(cfg, lambda: identity(1), lambda: [dict(r) for r in rows], lambda d: None, lambda p: None,
+                           lambda event, **f: logged.append(event), rules=AnswerRules("h1", 2, 1024))
+    link.start()
+    try:
+        wait_until(lambda: link.registered, 10, "the agent registering")
+        rows[0] = {**rows[0], "state": "down", "reason": "hard_failure"}  # a change while the coordinator is busy
+        wait_until(lambda: any(b.get("changes") for b in srv.accepted), 20, "the change accepted", lambda: logged[-5:])
+    finally:
+        link.stop()
+        srv.shutdown()
+        srv.server_close()
+    assert len(srv.registrations) == 1  # no second registration (no whole table) while it was busy
+    got = next(b for b in srv.accepted if b.get("changes"))
+    assert got["changes"] == [{"id": rows[0]["id"], "state": "down", "reason": "hard_failure"}]
+    assert logged.count("coordinator_busy") == 1 and "coordinator_back" in logged
+    assert "coordinator_refused" not in logged

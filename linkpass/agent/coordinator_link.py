@@ -17,7 +17,8 @@ coordinator said (drained link addresses, the probe plan) for the main loop to a
 
 While the coordinator is unreachable the thread retries with backoff (0.5 s doubling to 5 s, each
 wait drawn between half and all of it: `Backoff`) and logs once when it goes away and once when it
-is back. A coordinator that comes back without the fleet's state (404: not registered) is
+is back. A busy coordinator (503, 429) gets the same backoff, the agent's registration standing:
+what it did not accept is sent with the next report. A coordinator that comes back without the fleet's state (404: not registered) is
 registered with again after a random wait of up to `REREGISTER_SPREAD_S`, so thousands of agents
 do not arrive in the same second. Every answer is checked whole first
 (`answer.parse_answer`): a refused one is counted, logged once per distinct fault, and applied not
@@ -125,6 +126,7 @@ class CoordinatorLink:
                 warning="plain HTTP (insecure_http): the agent's token and reports cross the network in cleartext")
         self.registered = False
         self.reachable = True
+        self.busy = False  # answered 503/429 since the last accepted call
         self.drain_version: int | None = None
         self.plan_version: int | None = None
         self.plan_held: PlanAnswer | None = None  # the last plan handed on (a delta applies to it)
@@ -191,8 +193,8 @@ class CoordinatorLink:
                         self.budget_sent = budget
                     self.stats["reports"] += 1
                     last_sent = now
-                if not self.reachable:
-                    self.reachable = True
+                if not self.reachable or self.busy:
+                    self.reachable, self.busy = True, False
                     self.log("coordinator_back", url=self.cfg.url)
                 self.backoff.reset()
                 self._stop.wait(self.cfg.report_ms / 1000)
@@ -206,6 +208,16 @@ class CoordinatorLink:
                 self._stop.wait(self.backoff.next())
             except Refusal as exc:
                 self.stats["refusals"] += 1
+                if exc.status in (429, 503):
+                    # busy: the registration stands and what was not accepted goes again after a
+                    # backoff; registering again would send the whole table to a coordinator
+                    # that already has more than it can take
+                    if not self.busy:
+                        self.busy = True
+                        self.log("coordinator_busy", status=exc.status, error=str(exc),
+                                 note="detection and failover go on locally; reports resume when it accepts them")
+                    self._stop.wait(self.backoff.next())
+                    continue
                 self.registered = False
                 if exc.status == 404 and "has not registered" in str(exc):
                     # a coordinator that lost its memory: every agent hears this at once; register

@@ -78,6 +78,7 @@ EVENTS = {
     "coordinator_back": "info",
     "coordinator_token_reloaded": "info",
     "coordinator_unreachable": "warning",
+    "coordinator_busy": "warning",
     "coordinator_answer_rejected": "warning",
     "coordinator_insecure_http": "warning",
     "coordinator_refused": "error",
