@@ -683,5 +683,8 @@ def test_an_agent_sends_digests_and_a_lost_report_is_healed_by_one(server, tmp_p
         asked = link.stats["tables_asked"]
         time.sleep(1.0)  # healed: digests match again, no more tables
         assert link.stats["tables_asked"] == asked
+        metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
+        assert f"linkpass_coordinator_tables_asked_total {float(srv.coordinator.counters['digest_mismatches'])}" in metrics
+        assert "linkpass_coordinator_digests_total" in metrics
     finally:
         link.stop()

@@ -833,6 +833,7 @@ class _Metrics:
             for rec in c.paths.values():
                 states[rec.state] = states.get(rec.state, 0) + 1
             findings, drains = len(c.findings), len(c.drains)
+            digests, tables_asked = c.counters["digests"], c.counters["digest_mismatches"]
             findings_now = [dict(fd) for fd in c.findings.values()]
             agents_now = sorted((a.name, a.lost) for a in c.agents.values())
         g = GaugeMetricFamily("linkpass_coordinator_agents", "Registered agents", labels=["status"])
@@ -847,6 +848,11 @@ class _Metrics:
         d.add_metric([], drains)
         r = CounterMetricFamily("linkpass_coordinator_path_reports", "Path verdicts received")
         r.add_metric([], s.reports)
+        dg = CounterMetricFamily("linkpass_coordinator_digests", "Digests of agents' verdicts received")
+        dg.add_metric([], digests)
+        ta = CounterMetricFamily("linkpass_coordinator_tables_asked",
+                                 "Answers asking an agent for its whole table (its digest differed: a lost report)")
+        ta.add_metric([], tables_asked)
         e = CounterMetricFamily("linkpass_coordinator_request_errors", "Requests refused or failed", labels=["kind"])
         with s._count_lock:
             errors = sorted(s.errors.items())
@@ -864,7 +870,7 @@ class _Metrics:
         b = GaugeMetricFamily("linkpass_build_info", "1, labelled with the running LinkPass's version",
                               labels=["version"])
         b.add_metric([__version__], 1.0)
-        yield from (g, p, f, d, r, e, o, q, ql, n, s.latency.family(), b)
+        yield from (g, p, f, d, r, dg, ta, e, o, q, ql, n, s.latency.family(), b)
         lf = GaugeMetricFamily("linkpass_coordinator_link_fault",
                                "Confidence of each directed link localized as faulty (direction: forward, reverse "
                                "or either)", labels=["link", "direction", "a", "b"])

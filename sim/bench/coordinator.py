@@ -22,6 +22,9 @@ ingest (rate, path reports per second through the real endpoint: the coordinator
 HTTP/JSON, token auth, SQLite; a rate's bad tail is its low end, so "p99" is the 1 % quantile).
 plan-round (ms to answer every agent once after one joined, no fabric model so each probes every
 other, 1 000 agents, in-process: agents that take plan deltas, against the same with whole plans).
+summary-round (ms for every agent of the 16k fleet to send its periodic check once, in-process, the
+body decoded from JSON as the endpoint does: the digest of its verdicts, against the same agents
+sending their whole tables as before digests).
 failover-coordinator-away (fault_to_reroute ms at h0 with the coordinator gone, against the same
 agents with a live coordinator actor in the same run; root, testbed; --no-failover skips it).
 Targets: findings() <= 100 ms, precision and recall >= 99 %, ingest >= 20 000 reports/s.
@@ -379,6 +382,51 @@ def case_plan_round(fleet: Fleet, args, shared: dict) -> list[dict]:
     return [row("plan-round", "round", "ms", fast, "whole plans", slow, agents=PLAN_ROUND_AGENTS)]
 
 
+def case_summary_round(fleet: Fleet, args, shared: dict) -> list[dict]:
+    """Every agent's periodic check once: a digest of its verdicts (what agents send now) against
+    its whole table (what they sent every summary_s before), through Coordinator.report in
+    process, each body decoded from JSON first as the endpoint does."""
+    from linkpass.coordinator.coordinator import Coordinator
+    from linkpass.coordinator.store import Store
+    from linkpass.core.report_digest import table_digest
+
+    model = rail_optimized(*SHAPE, addressed=True)
+    tables = path_tables(fleet, model)
+    hosts = sorted(tables)
+    work = tempfile.mkdtemp(prefix="linkpass-bench-summary-")
+    store = Store(os.path.join(work, "c.db"))
+    try:
+        c = Coordinator(store, model, now=0.0)
+        for i, h in enumerate(hosts):
+            c.register({"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {}, "paths": tables[h],
+                        "digests": True}, 0.0)
+        progress(f"summary round: {len(hosts)} agents registered, {sum(map(len, tables.values()))} paths")
+        bodies = {
+            "digest": [json.dumps({"name": h, "drain_version": 0, "plan_version": None, "digests": True,
+                                   "digest": table_digest((r["id"], r["state"], r["reason"]) for r in tables[h])}
+                                  ).encode() for h in hosts],
+            "whole": [json.dumps({"name": h, "drain_version": 0, "plan_version": None, "paths": tables[h]}).encode()
+                      for h in hosts]}
+        times: dict[str, list[float]] = {"digest": [], "whole": []}
+        trials = 3 if args.quick else 15
+        for k in range(trials):
+            for kind in ("digest", "whole") if k % 2 == 0 else ("whole", "digest"):
+                t = time.perf_counter()
+                for b in bodies[kind]:
+                    answer = c.report(json.loads(b), 1.0 + k)
+                    assert "send_paths" not in answer, answer  # nothing was lost: every digest matches
+                times[kind].append(round((time.perf_counter() - t) * 1000, 3))
+            progress(f"summary round {k + 1}/{trials}: digests {times['digest'][-1]:.0f} ms, "
+                     f"whole tables {times['whole'][-1]:.0f} ms")
+        bytes_per = {kind: round(sum(map(len, bodies[kind])) / len(hosts)) for kind in bodies}
+    finally:
+        store.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return [row("summary-round", "round", "ms", times["digest"], "whole tables", times["whole"], agents=len(hosts),
+                paths_per_agent=len(tables[hosts[0]]), body_bytes=bytes_per["digest"],
+                peer_body_bytes=bytes_per["whole"])]
+
+
 def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dict]:
     """Agents fail over alone: fault -> route at h0 with the coordinator gone (agents configured
     for one that does not answer) against the same agents reporting to a live coordinator actor,
@@ -435,6 +483,7 @@ CASES = [
     case_localize_update,
     case_ingest,
     case_plan_round,
+    case_summary_round,
     case_failover_coordinator_away,
 ]
 
@@ -445,6 +494,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=None, help="trials per case (default 1000, quick 20)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--only", metavar="CASE", help="run only the case(s) whose function name contains CASE "
+                                                  "(e.g. summary_round)")
     ap.add_argument("--no-failover", dest="failover", action="store_false",
                     help="skip the testbed case (fault -> route with the coordinator gone; needs root)")
     args = ap.parse_args()
@@ -455,6 +506,8 @@ def main() -> int:
     rows: list[dict] = []
     shared: dict = {}
     for case in CASES:
+        if args.only and args.only not in case.__name__:
+            continue
         t = time.perf_counter()
         rows.extend(case(fleet, args, shared))
         progress(f"{case.__name__}: {time.perf_counter() - t:.1f} s")
