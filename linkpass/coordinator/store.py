@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS paths (
     reason TEXT,
     updated {real} NOT NULL
 );
+CREATE INDEX IF NOT EXISTS paths_reporter ON paths (reporter);  -- a whole table replaces its reporter's rows
 CREATE TABLE IF NOT EXISTS agent_epochs (
     host TEXT PRIMARY KEY,
     min_epoch INTEGER NOT NULL,  -- agent tokens of this host below this epoch are refused
