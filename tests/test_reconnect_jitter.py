@@ -66,12 +66,7 @@ class _Forgetful(BaseHTTPRequestHandler):
                 if srv.reports == 1:
                     srv.forgot = True  # the coordinator restarts empty
                 code, body = 200, {}
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        _send(self, code, body)
 
 
 def test_the_link_registers_again_after_a_spread_wait_when_the_coordinator_forgot_it(tmp_path):
@@ -101,6 +96,15 @@ def test_the_link_registers_again_after_a_spread_wait_when_the_coordinator_forgo
     assert 0.75 <= gap < 3.0, gap  # it waited its draw (0.8 s), not zero
 
 
+def _send(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class _Busy(BaseHTTPRequestHandler):
     """Registers h1, then answers its reports 503 (busy) until `srv.busy_for` reports were refused."""
 
@@ -120,12 +124,7 @@ class _Busy(BaseHTTPRequestHandler):
             else:
                 srv.accepted.append(body)
                 code, out = 200, {"drain_version": 0, "plan_version": None}
-        data = json.dumps(out).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        _send(self, code, out)
 
 
 def test_a_busy_coordinator_gets_backoff_and_the_changes_later_not_a_new_registration(tmp_path):
