@@ -222,3 +222,12 @@ def test_a_postgresql_store_over_tls_checks_the_server_s_certificate(tmp_path):
             open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=lab_paths(other, "ca")[0])
         with pytest.raises(StoreError, match="store_tls_ca_file: .*/nope: No such file"):
             open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=str(tmp_path / "nope"))
+
+
+@pytest.mark.unit
+def test_a_file_that_is_not_a_database_is_refused_with_what_to_do(tmp_path):
+    bad = tmp_path / "coordinator.db"
+    bad.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 16)
+    with pytest.raises(StoreError, match="cannot open the coordinator database .*move it aside"):
+        Store(str(bad))
+    assert bad.read_bytes()[:16] == b"SQLite format 3\x00"  # left as it was, for whoever restores it
