@@ -28,10 +28,11 @@ BODIES = {
     R.RegisterIn: (R.parse_register, {"name": "h0", "agent_id": 1, "service": "198.18.0.1", "nics": {"0": "198.18.64.1"},
                                       "version": "0.1.0", "api_port": 9471, "paths": [PATH], "drain_version": None,
                                       "plan_version": None, "plan_deltas": True,
-                                      "probe_budget": {"pps": 20000, "idle_interval_ms": 100}}),
+                                      "probe_budget": {"pps": 20000, "idle_interval_ms": 100}, "digests": True}),
     R.ReportIn: (R.parse_report, {"name": "h0", "paths": [PATH], "changes": [{"id": 1, "state": "down", "reason": None}],
                                   "drain_version": 3, "plan_version": 2, "plan_deltas": False,
-                                  "probe_budget": {"pps": 0, "idle_interval_ms": 250}}),
+                                  "probe_budget": {"pps": 0, "idle_interval_ms": 250}, "digests": True,
+                                  "digest": "0123456789abcdef" * 2}),
     R.DrainIn: (R.parse_drain, {"link": "p0l0-p0s1", "reason": "optic", "dry_run": True, "force": False, "for_s": 600}),
     R.DecommissionIn: (R.parse_decommission, {"host": "h3", "reason": "retired", "dry_run": False}),
 }
