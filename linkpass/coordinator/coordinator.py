@@ -225,13 +225,12 @@ class Coordinator:
             for key in self.by_reporter.get(name, set()) - keep:
                 self._drop_path(key)
             self.store.drop_paths(name, keep)
-        unknown = self.counters["changes_unknown_path"]
         for c in req.changes:
             self._change(name, c, now, changes)
         self._flush(changes)
         answer = self._answer(name, req, now)
         if req.digests and req.paths is None:
-            stale = self.counters["changes_unknown_path"] > unknown
+            stale = any(f"{name}/{c.id}" not in self.paths for c in req.changes)
             if req.digest is not None and not stale:
                 held = ((int(k.rsplit("/", 1)[1]), self.paths[k].state, self.paths[k].reason)
                         for k in self.by_reporter.get(name, ()))

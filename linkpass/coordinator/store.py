@@ -306,28 +306,28 @@ class Store:
         self._uncommitted: list[tuple] = []  # events of the open transaction
         self._data_version: Any = None  # written_elsewhere's last look
         self._tx_depth = 0  # transactions open on the connection (an inner one joins the outer)
-        self.backend = _Postgres(path, password, tls) if path.startswith(POSTGRES_SCHEME) else _Sqlite(path)
-        self.db = self.backend
+        # the backend: every query below goes through it, whichever database it is
+        self.db = _Postgres(path, password, tls) if path.startswith(POSTGRES_SCHEME) else _Sqlite(path)
         with self._tx(immediate=True):  # two processes starting on one new database make one schema
-            self.backend.script(_SCHEMA.format(**self.backend.types))
+            self.db.script(_SCHEMA.format(**self.db.types))
             row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None or row[0] in ("1", "2"):
                 # version 1 lacks agent_epochs, which the script above made, and versions 1 and 2 the
                 # drains' until column, added here; an older coordinator then refuses this database
                 # rather than accept tokens revoked here or keep a timed drain for ever
-                if "until" not in self.backend.columns("drains"):
-                    self.db.execute(f"ALTER TABLE drains ADD COLUMN until {self.backend.types['real']}")
+                if "until" not in self.db.columns("drains"):
+                    self.db.execute(f"ALTER TABLE drains ADD COLUMN until {self.db.types['real']}")
                 self._put_meta("schema", str(SCHEMA_VERSION))
             elif row[0] != str(SCHEMA_VERSION):
-                raise StoreError(f"{self.backend.where}: schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
+                raise StoreError(f"{self.db.where}: schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
 
     @property
     def kind(self) -> str:
         """"sqlite" or "postgresql"."""
-        return self.backend.kind
+        return self.db.kind
 
     def close(self) -> None:
-        self.backend.close()
+        self.db.close()
 
     # ---- events ------------------------------------------------------------------------
     def add_events(self, events: Iterable[tuple[float, str, str, str, dict]]) -> None:
@@ -448,7 +448,7 @@ class Store:
         the last call; the first call says True. SQLite: costs a pragma, not a read of any table;
         PostgreSQL: whether the revocations changed (one small aggregate), the only thing other
         processes write."""
-        version = self.backend.version()
+        version = self.db.version()
         changed, self._data_version = version != self._data_version, version
         return changed
 
@@ -507,7 +507,7 @@ class _Tx:
 
     def __enter__(self):
         if self.store._tx_depth == 0:
-            self.store.backend.begin(self.immediate)
+            self.store.db.begin(self.immediate)
         self.store._tx_depth += 1
 
     def __exit__(self, exc_type, *_):
@@ -517,6 +517,6 @@ class _Tx:
             try:
                 self.store.db.execute("ROLLBACK" if exc_type else "COMMIT")
             finally:
-                self.store.backend.end()
+                self.store.db.end()
             if done and not exc_type and self.store.on_committed is not None:
                 self.store.on_committed(done)
