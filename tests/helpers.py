@@ -22,6 +22,7 @@ LINKPASS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/...
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -392,3 +393,12 @@ def four_agents_registered(db_path: str):
         c.register({**identity(i), "paths": table_of(i)}, 1000.0)
     return c, store
 
+
+def send_json(handler, code: int, doc) -> None:
+    """Answer a stub HTTP server's request (a BaseHTTPRequestHandler) with `doc` as JSON."""
+    data = json.dumps(doc).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

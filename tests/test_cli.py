@@ -21,7 +21,7 @@ from linkpass.cli.output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_U
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.coordinator.store import Store
 
-from helpers import MODEL, check_golden, identity, table_of
+from helpers import MODEL, check_golden, identity, send_json, table_of
 
 pytestmark = pytest.mark.unit
 
@@ -53,12 +53,7 @@ class FakeCoordinator:
                 path = self.path.split("?")[0]
                 fake.seen.append((self.command, self.path, self.headers.get("Authorization")))
                 status, doc = fake.routes.get((self.command, path), (404, {"error": f"no such endpoint: {path}"}))
-                body = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, status, doc)
 
             do_GET = do_POST = _answer
 

@@ -16,7 +16,7 @@ from linkpass.agent.answer import AnswerRules
 from linkpass.agent.config import CoordinatorLinkConfig
 from linkpass.agent.coordinator_link import REREGISTER_SPREAD_S, Backoff, CoordinatorLink
 
-from helpers import identity, table_of, wait_until
+from helpers import identity, send_json, table_of, wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ class _Forgetful(BaseHTTPRequestHandler):
                 if srv.reports == 1:
                     srv.forgot = True  # the coordinator restarts empty
                 code, body = 200, {}
-        _send(self, code, body)
+        send_json(self, code, body)
 
 
 def test_the_link_registers_again_after_a_spread_wait_when_the_coordinator_forgot_it(tmp_path):
@@ -96,15 +96,6 @@ def test_the_link_registers_again_after_a_spread_wait_when_the_coordinator_forgo
     assert 0.75 <= gap < 3.0, gap  # it waited its draw (0.8 s), not zero
 
 
-def _send(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    handler.send_response(code)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
 class _Busy(BaseHTTPRequestHandler):
     """Registers h1, then answers its reports 503 (busy) until `srv.busy_for` reports were refused."""
 
@@ -124,7 +115,7 @@ class _Busy(BaseHTTPRequestHandler):
             else:
                 srv.accepted.append(body)
                 code, out = 200, {"drain_version": 0, "plan_version": None}
-        _send(self, code, out)
+        send_json(self, code, out)
 
 
 def test_a_busy_coordinator_gets_backoff_and_the_changes_later_not_a_new_registration(tmp_path):
