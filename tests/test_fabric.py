@@ -127,8 +127,107 @@ def test_model_rejects_inconsistent_links():
     with pytest.raises(F.FabricError, match="not a host"):
         F.FabricModel(["h0"], 1, [F.FleetLink("h7-p0l0", "host-leaf", 0, "h7", "p0l0")])
     with pytest.raises(F.FabricError, match="kind"):
-        F.FabricModel(["h0"], 1, [F.FleetLink("x", "spine-core", 0, "a", "b")])
+        F.FabricModel(["h0"], 1, [F.FleetLink("x", "core-superspine", 0, "a", "b")])
+    with pytest.raises(F.FabricError, match="meets no leaf"):
+        F.FabricModel(["h0"], 1, [F.FleetLink("p0s0-p0c0", "spine-core", 0, "p0s0", "p0c0")])
     dup = F.FabricModel(["h0", "h1"], 1, [F.FleetLink("h0-p0l0", "host-leaf", 0, "h0", "p0l0", "10.0.0.1", "10.0.0.0"),
                                          F.FleetLink("h1-p0l0", "host-leaf", 0, "h1", "p0l0", "10.0.0.1", "10.0.0.2")])
     with pytest.raises(F.FabricError, match="both"):
         dup.owner("10.0.0.1")
+
+
+# ---- 3-tier fabrics --------------------------------------------------------------------------
+
+def small_three_tier(addressed=False):
+    # 16 hosts, 2 planes; racks of 2 -> 8 leaves per plane; pods of 2 leaves -> 4 pods with 2
+    # spines each; 3 cores per group -> 6 cores per plane
+    return F.three_tier(16, 2, 2, 2, 2, 3, addressed=addressed)
+
+
+def test_three_tier_shape_pods_and_groups():
+    m = small_three_tier()
+    tiers = m.links_by_tier()
+    assert len(tiers["host-leaf"]) == 32 and len(tiers["leaf-spine"]) == 2 * 8 * 2
+    assert len(tiers["spine-core"]) == 2 * 8 * 3
+    assert m.pods(0) == 4 and m.spines_per_pod(1) == 2 and m.cores_per_group(1) == 3
+    assert m.pod_of("p0l3") == 1 and m.pod_of("p0s3") == 1 and m.pod_of("p1l7") == 3
+    assert m.spine_of_pod(0, 2, 1) == "p0s5"
+    # spine j of every pod meets the cores of group j: spine index 1 meets cores 3..5
+    assert m.spine_core("p0s5", 0).name == "p0s5-p0c3" and m.spine_core("p0s1", 2).name == "p0s1-p0c5"
+    assert m.same_pod("h0", "h3", 0) and not m.same_pod("h0", "h4", 0)
+    # a 2-tier plane is one pod with no cores
+    two = F.rail_optimized(8, 1, 4, 2)
+    assert two.pods(0) == 1 and two.cores_per_group(0) == 0 and two.spines_per_pod(0) == 2
+
+
+def test_three_tier_paths_climb_to_the_core_between_pods_only():
+    m = small_three_tier()
+    assert m.node_path("h0", "h1", 0, None) == ("h0-p0l0:up", "h1-p0l0:down")
+    # same pod, other leaf: through a spine, core ignored
+    assert m.node_path("h0", "h2", 0, 1, 2) == m.node_path("h0", "h2", 0, 1) == (
+        "h0-p0l0:up", "p0l0-p0s1:up", "p0l1-p0s1:down", "h2-p0l1:down")
+    # other pod: spine index 1 of pod 0 (p0s1), core 2 of group 1 (p0c5), spine index 1 of pod 2 (p0s5)
+    assert m.node_path("h0", "h9", 0, 1, 2) == (
+        "h0-p0l0:up", "p0l0-p0s1:up", "p0s1-p0c5:up", "p0s5-p0c5:down", "p0l4-p0s5:down", "h9-p0l4:down")
+    with pytest.raises(F.FabricError, match="needs a core"):
+        m.node_path("h0", "h9", 0, 1)
+    assert m.reverse_definite("h0", 0, "h9") == ("h9-p0l4:up", "h0-p0l0:down")
+    possible = m.reverse_possible("h0", 0, "h9")
+    every = {d for s in range(2) for c in range(3) for d in m.node_path("h9", "h0", 0, s, c)}
+    assert set(possible) == every and len(possible) == len(every) == 2 + 2 * 2 + 2 * 2 * 3
+    assert set(m.reverse_possible("h0", 0, "h2")) == {d for s in range(2) for d in m.node_path("h2", "h0", 0, s)}
+
+
+def test_three_tier_links_of_path_from_hops_with_gaps():
+    m = small_three_tier(addressed=True)
+    hops, dst = m.hops_of("h0", "h9", 1, 1, 2)
+    assert len(hops) == 5
+    want = m.node_path("h0", "h9", 1, 1, 2)
+    assert m.links_of_path("h0", 1, hops, dst) == want
+    # only the core answered: it names spine index and core, the rest is filled in
+    assert m.links_of_path("h0", 1, [None, None, hops[2], None, None], dst) == want
+    # only the far spine answered (the link into it from the core): it names both too
+    assert m.links_of_path("h0", 1, [None, None, None, hops[3], None], dst) == want
+    # only a spine answered: the core is ambiguous (3 per group)
+    with pytest.raises(F.FabricError, match="no core answered"):
+        m.links_of_path("h0", 1, [None, hops[1], None, None, None], dst)
+    # a core of another path's choice next to this path's spine-core hop
+    other, _ = m.hops_of("h0", "h9", 1, 1, 0)
+    with pytest.raises(F.FabricError, match="different cores"):
+        m.links_of_path("h0", 1, [None, None, hops[2], other[3], None], dst)
+    other, _ = m.hops_of("h0", "h9", 1, 0, 2)
+    with pytest.raises(F.FabricError, match="different spines"):
+        m.links_of_path("h0", 1, [None, hops[1], other[2], None, None], dst)
+    with pytest.raises(F.FabricError, match="5 routers"):
+        m.links_of_path("h0", 1, hops[:3], dst)
+    # within a pod the path has 3 routers, as in a 2-tier fabric
+    hops, dst = m.hops_of("h0", "h3", 1, 0)
+    assert len(hops) == 3 and m.links_of_path("h0", 1, hops, dst) == m.node_path("h0", "h3", 1, 0)
+
+
+def test_three_tier_round_trips_and_rejects_a_core_shared_by_spine_indexes():
+    m = small_three_tier()
+    back = F.FabricModel.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back.node_path("h0", "h9", 0, 1, 2) == m.node_path("h0", "h9", 0, 1, 2) and back.pods(1) == 4
+    links = [F.FleetLink(*row) for row in m.to_dict()["links"]]
+    bad = links + [F.FleetLink("p0s0-p0c5", "spine-core", 0, "p0s0", "p0c5")]  # spine index 0 to group 1's core
+    with pytest.raises(F.FabricError, match="one spine index of every pod"):
+        F.FabricModel(m.hosts, 2, bad)
+    cut = [lk for lk in links if not (lk.kind == "spine-core" and lk.plane == 0 and lk.b in ("p0c3", "p0c4", "p0c5"))]
+    with pytest.raises(F.FabricError, match="cut off"):
+        F.FabricModel(m.hosts, 2, cut)
+    cross = links + [F.FleetLink("p0l0-p0s2", "leaf-spine", 0, "p0l0", "p0s2")]  # a leaf into another pod's spine
+    with pytest.raises(F.FabricError, match="one pod only"):
+        F.FabricModel(m.hosts, 2, cross)
+    with pytest.raises(F.FabricError, match="cores_per_group >= 1"):
+        F.three_tier(16, 2, 2, 2, 2, 0)
+
+
+def test_131k_gpu_three_tier_fleet_builds():
+    # 16 384 hosts x 8 rails, radix-64 switches: 512 leaves, 16 pods of 32 leaves and 32 spines,
+    # 32 groups of 32 cores per plane
+    m = F.three_tier(16384, 8, 32, 32, 32, 32)
+    assert len(m.links) == 8 * 3 * 16384 and m.pods(7) == 16
+    assert m.node_path("h0", "h16383", 7, 31, 31) == (
+        "h0-p7l0:up", "p7l0-p7s31:up", "p7s31-p7c1023:up", "p7s511-p7c1023:down", "p7l511-p7s511:down",
+        "h16383-p7l511:down")

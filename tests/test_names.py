@@ -73,6 +73,7 @@ def test_names_parse_back():
     assert [N.host_index(N.host_name(i)) for i in (0, 7, 31)] == [0, 7, 31]
     assert N.plane_of(N.leaf_name(3, 1)) == 3 and N.plane_of(N.spine_name(5, 0)) == 5
     assert N.link_name(N.host_name(1), N.leaf_name(0, 0)) == "h1-p0l0"
+    assert N.plane_of(N.core_name(2, 9)) == 2 and N.link_ends("p0s1-p0c4") == ("p0s1", "p0c4")
     for bad in ("p0l0", "h", "hx", "x3"):
         with pytest.raises(ValueError):
             N.host_index(bad)
@@ -86,8 +87,21 @@ def test_generation_order_is_uplinks_then_leaf_spine_links_per_plane():
                    "h0-p1l0", "h1-p1l0", "h2-p1l1", "p1l0-p1s0", "p1l0-p1s1", "p1l1-p1s0", "p1l1-p1s1"]
 
 
+def test_three_tier_generation_order_and_pods():
+    t = N.ThreeTier(hosts=5, planes=1, hosts_per_leaf=2, leaves_per_pod=2, spines_per_pod=2, cores_per_group=1)
+    assert (t.leaves_per_plane, t.pods, t.spines_per_plane, t.cores_per_plane) == (3, 2, 4, 2)
+    got = [lk.name for lk in t.links()]
+    assert got == ["h0-p0l0", "h1-p0l0", "h2-p0l1", "h3-p0l1", "h4-p0l2",
+                   "p0l0-p0s0", "p0l0-p0s1", "p0l1-p0s0", "p0l1-p0s1", "p0l2-p0s2", "p0l2-p0s3",
+                   "p0s0-p0c0", "p0s1-p0c1", "p0s2-p0c0", "p0s3-p0c1"]
+    assert len(got) == t.link_count and t.host_leaf == (0, 0, 1, 1, 2)
+    assert [r for _, r, _ in t.nodes()].count(N.CORE) == 2
+    with pytest.raises(ValueError, match="leaves_per_pod >= 1"):
+        N.ThreeTier(4, 1, 2, 0, 2, 2)
+
+
 # f-strings that would spell a host, leaf or spine name (or a link between them) by hand
-_SPELLED = re.compile(r"""f["'][^"']*(\bh\{|p\{[^}]*\}[ls]\{)""")
+_SPELLED = re.compile(r"""f["'][^"']*(\bh\{|p\{[^}]*\}[lsc]\{)""")
 
 
 def test_only_the_generator_spells_node_and_link_names():
