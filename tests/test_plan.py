@@ -6,25 +6,29 @@ import time
 
 import pytest
 
-from linkpass.core.fabric import FabricError, rail_optimized
+from linkpass.core.fabric import FabricError, rail_optimized, three_tier
 from linkpass.core.plan import PlannedPath, coverage, plan_cap, plan_probes, planned_links
 
 pytestmark = pytest.mark.unit
 
 
 def coverable(model, hosts):
-    """Directed links a probe between `hosts` can cross: their uplinks, and the leaf-spine links
-    of leaves with a present host when a plane has at least two such leaves."""
+    """Directed links a probe between `hosts` can cross: their uplinks, the leaf-spine links of
+    leaves with a present host when a plane has at least two such leaves, and the spine-core
+    links of pods with a present host when a plane has at least two such pods."""
     out = set()
     for plane in range(model.planes):
         leaves = {model.leaf_of(h, plane) for h in hosts}
+        pods = {model.pod_of(leaf) for leaf in leaves} if len(leaves) > 1 else set()
         for h in hosts:
             name = model.uplink(h, plane).name
             out |= {name + ":up", name + ":down"}
-        if len(leaves) > 1:
-            for lk in model.links.values():
-                if lk.kind == "leaf-spine" and lk.a in leaves:
-                    out |= {lk.name + ":up", lk.name + ":down"}
+        for lk in model.links.values():
+            if lk.plane != plane:
+                continue
+            if (lk.kind == "leaf-spine" and len(leaves) > 1 and lk.a in leaves) or (
+                    lk.kind == "spine-core" and len(pods) > 1 and model.pod_of(lk.a) in pods):
+                out |= {lk.name + ":up", lk.name + ":down"}
     return out
 
 
@@ -113,6 +117,68 @@ def test_16k_gpu_plan_is_fast_and_covers_everything():
     # ~1 s on this machine; a timed test is no benchmark: the bound only catches a planner gone quadratic
     assert elapsed < 20.0, f"planning the 16k fleet took {elapsed:.2f} s"
     assert plan.total_paths == 2048 * 8 * 3
+    cov = coverage(m, plan)
+    assert len(cov) == 2 * len(m.links) and min(cov.values()) >= 2
+
+
+# ---- 3-tier fabrics -------------------------------------------------------------------------
+THREE_TIER_SHAPES = [(64, 2, 4, 4, 2, 3), (100, 2, 4, 3, 3, 5), (37, 1, 3, 2, 4, 4), (200, 2, 8, 4, 4, 4),
+                     (300, 1, 4, 4, 2, 40), (33, 2, 2, 16, 2, 2)]
+
+
+@pytest.mark.parametrize("shape", THREE_TIER_SHAPES)
+def test_three_tier_plan_covers_every_directed_link_of_every_tier_twice(shape):
+    m = three_tier(*shape)
+    plan = plan_probes(m)
+    assert min_coverage(m, plan) >= 2 and plan.under_covered == []
+    assert any(p.core is not None for ps in plan.paths.values() for p in ps)
+    # the links the plan is checked on include the core tier's, both ways
+    assert any(d.startswith("p0s") and "-p0c" in d for d in coverable(m, m.hosts))
+
+
+def test_three_tier_plan_is_constant_per_host_and_crosses_pods():
+    m = three_tier(1024, 2, 16, 8, 8, 8)  # 64 leaves, 8 pods of 8 leaves and 8 spines, 8 cores a group
+    plan = plan_probes(m)
+    assert all(len(ps) == 3 * 2 for ps in plan.paths.values())
+    # every first-pass path leaves its pod: the core tier is watched by the plan itself, not by repairs
+    assert all(not m.same_pod(h, p.peer, p.plane) and p.core is not None for h, ps in plan.paths.items() for p in ps)
+    assert min_coverage(m, plan) >= 2
+    assert plan_probes(m).paths == plan.paths and plan_probes(m, seed=1).paths != plan.paths
+
+
+def test_three_tier_planned_links_and_plan_document():
+    m = three_tier(16, 1, 2, 2, 2, 3)
+    path = PlannedPath("h9", 0, 1, 2)
+    assert planned_links(m, "h0", path) == (m.node_path("h0", "h9", 0, 1, 2), m.node_path("h9", "h0", 0, 1, 2))
+    plan = plan_probes(m, full_mesh_max=4)
+    rows = json.loads(json.dumps(plan.to_dict()))["paths"]["h0"]
+    assert all(len(r) == (4 if not m.same_pod("h0", r[0], 0) else 3) for r in rows)
+
+
+def test_small_three_tier_fleet_full_mesh_takes_every_spine_and_core():
+    m = three_tier(8, 1, 2, 2, 2, 3)  # 4 leaves, 2 pods: a peer in the other pod has 2 x 3 paths
+    plan = plan_probes(m)
+    assert plan.full_mesh
+    assert len(plan.paths["h0"]) == 1 + 2 * 2 + 4 * 6
+    assert min_coverage(m, plan) >= 2
+
+
+@pytest.mark.parametrize("shape", [(200, 2, 8, 4, 4, 4), (37, 1, 3, 2, 4, 4)])
+def test_three_tier_caps_move_probes_and_report_what_stays_short(shape):
+    m = three_tier(*shape)
+    caps = {h: i % 3 for i, h in enumerate(m.hosts) if i % 2}
+    plan = plan_probes(m, caps=caps)
+    assert all(len(plan.paths[h]) <= c for h, c in caps.items())
+    assert min_coverage(m, plan) >= 2 and plan.under_covered == []
+    tight = plan_probes(m, caps={h: 1 for h in m.hosts})
+    assert all(len(ps) <= 1 for ps in tight.paths.values())
+    assert tight.under_covered == short_links(m, tight)
+
+
+def test_32k_gpu_three_tier_plan_covers_everything():
+    m = three_tier(4096, 8, 32, 16, 16, 16)  # 128 leaves, 8 pods, 256 cores per plane
+    plan = plan_probes(m)
+    assert plan.total_paths == 4096 * 8 * 3
     cov = coverage(m, plan)
     assert len(cov) == 2 * len(m.links) and min(cov.values()) >= 2
 

@@ -2,19 +2,23 @@
 
 Pure: no sockets, no files, no clock reads; deterministic for a given model, host set and seed.
 
-A planned path is (peer, plane, spine index). It covers, for its reporter, the directed links
-of its probes (`node_path(host, peer, plane, spine)`) and of their replies, assumed to return
-through the same spine (`node_path(peer, host, plane, spine)`). So one path covers both
-directions of the 2 or 4 physical links it crosses, and localization (`localize.py`) needs each
-directed link covered by >= 2 distinct reporters before a fault there can be called.
+A planned path is (peer, plane, spine index, core index). It covers, for its reporter, the
+directed links of its probes (`node_path(host, peer, plane, spine, core)`) and of their replies,
+assumed to return through the same spine and core (`node_path(peer, host, ...)`). So one path
+covers both directions of the 2, 4 or 6 physical links it crosses, and localization
+(`localize.py`) needs each directed link covered by >= 2 distinct reporters before a fault there
+can be called.
 
 Small fleets (<= `full_mesh_max` hosts) get a full mesh: every peer, every plane, every spine.
 Larger ones get a sparse plan with `paths_per_plane` (default 3) paths per (host, plane): the
 hosts of leaf i probe hosts of the next leaves (i+1, i+2, ... around the ring of leaves that
 have hosts), spreading over the spines in turn, so each leaf-spine link gets its own leaf's
-probes and the probes arriving from other leaves. A repair pass then adds the few paths that
-uneven shapes (a short last leaf, more spines than a leaf's probes) need to reach 2 reporters
-everywhere. Total paths grow linearly with the fleet.
+probes and the probes arriving from other leaves. In a 3-tier plane the hosts of a pod probe the
+hosts at the same place in other pods instead, their paths dealt over every (spine, core) pair of
+the pod in turn, so every tier's links get the pod's own probes and the ones arriving from other
+pods. A repair pass then adds the few paths that uneven shapes (a short last leaf or pod, more
+spines or cores than a leaf's or pod's probes) need to reach 2 reporters everywhere. Total paths
+grow linearly with the fleet.
 
 Caps (`caps`: host -> most planned paths it may take, from the probe budget its agent reports,
 `plan_cap`) bound what each reporter is given. A full mesh that would exceed one becomes a sparse
@@ -54,6 +58,7 @@ class PlannedPath:
     peer: str
     plane: int
     spine: int | None  # spine index; None: same-leaf pair, or whichever path discovery finds
+    core: int | None = None  # core index in the spine's group, between pods of a 3-tier plane only
 
 
 @dataclass
@@ -73,7 +78,8 @@ class ProbePlan:
 
     def to_dict(self) -> dict:
         return {"full_mesh": self.full_mesh, "total_paths": self.total_paths, "under_covered": list(self.under_covered),
-                "paths": {h: [[p.peer, p.plane, p.spine] for p in ps] for h, ps in self.paths.items()}}
+                "paths": {h: [[p.peer, p.plane, p.spine] + ([] if p.core is None else [p.core]) for p in ps]
+                          for h, ps in self.paths.items()}}
 
 
 def planned_links(model: FabricModel, host: str, path: PlannedPath) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -82,8 +88,8 @@ def planned_links(model: FabricModel, host: str, path: PlannedPath) -> tuple[tup
     if path.spine is None and model.leaf_of(host, path.plane) != model.leaf_of(path.peer, path.plane):
         forward = (model.uplink(host, path.plane).name + ":up", model.uplink(path.peer, path.plane).name + ":down")
         return forward, model.reverse_definite(host, path.plane, path.peer)
-    return (model.node_path(host, path.peer, path.plane, path.spine),
-            model.node_path(path.peer, host, path.plane, path.spine))
+    return (model.node_path(host, path.peer, path.plane, path.spine, path.core),
+            model.node_path(path.peer, host, path.plane, path.spine, path.core))
 
 
 def coverage(model: FabricModel, plan: ProbePlan) -> dict[str, int]:
@@ -157,8 +163,10 @@ def _has_uplink(model: FabricModel, host: str, plane: int) -> bool:
 
 
 def _full_mesh(model: FabricModel, plane: int, hosts: list[str], plan: ProbePlan) -> None:
-    spines = range(len(model.spines(plane)))
+    spines = range(model.spines_per_pod(plane))
+    cores = range(model.cores_per_group(plane))
     leaf = {h: model.leaf_of(h, plane) for h in hosts}
+    pod = {h: model.pod_of(leaf[h]) for h in hosts}
     for h in hosts:
         out = plan.paths[h]
         for peer in hosts:
@@ -166,8 +174,10 @@ def _full_mesh(model: FabricModel, plane: int, hosts: list[str], plan: ProbePlan
                 continue
             if leaf[peer] == leaf[h]:
                 out.append(PlannedPath(peer, plane, None))
-            else:
+            elif pod[peer] == pod[h]:
                 out.extend(PlannedPath(peer, plane, s) for s in spines)
+            else:
+                out.extend(PlannedPath(peer, plane, s, c) for s in spines for c in cores)
 
 
 class _Ring:
@@ -199,47 +209,75 @@ class _Ring:
 
 
 class _Sparse:
-    """One plane's sparse plan, with coverage tracked on (group, spine) and host keys for speed."""
+    """One plane's sparse plan, with coverage tracked on host, (group, spine) and (pod, spine,
+    core) keys for speed. A group is a leaf with present hosts; a path is keyed (reporter, peer,
+    spine, core), spine None within a leaf and core None within a pod."""
 
     def __init__(self, model, plane, hosts, seed, per_host, plan, caps, used):
         self.model, self.plane, self.per_host, self.seed, self.plan = model, plane, per_host, seed, plan
         self.caps, self.used = caps, used  # shared by every plane: a cap counts paths on all of them
-        self.spines = len(model.spines(plane))
+        self.spines = model.spines_per_pod(plane)
+        self.cores = model.cores_per_group(plane)
         groups: dict[str, list[str]] = {}
         for h in hosts:
             groups.setdefault(model.leaf_of(h, plane), []).append(h)
         self.leaves = list(groups)
         self.groups = list(groups.values())
         self.group_of = {h: i for i, g in enumerate(self.groups) for h in g}
+        self.pod_of_group = [model.pod_of(leaf) if len(self.groups) > 1 else 0 for leaf in self.leaves]
+        pods: dict[int, list[int]] = {}
+        for i, pod in enumerate(self.pod_of_group):
+            pods.setdefault(pod, []).append(i)
+        self.pods = list(pods)  # pods with present hosts, in model order
+        self.groups_of_pod = pods
         self.hosts = hosts
-        # reporter -> how many of its paths cross: a host's uplink / a (group, spine) link
+        # reporter -> how many of its paths cross: a host's uplink / a (group, spine) link /
+        # a (pod, spine, core) link
         self.cov_host: dict[str, dict[str, int]] = {h: {} for h in hosts}
         self.cov_ls: dict[tuple[int, int], dict[str, int]] = {}
-        self.planned: dict[tuple[str, str, int | None], None] = {}  # in the order added
+        self.cov_sc: dict[tuple[int, int, int], dict[str, int]] = {}
+        self.planned: dict[tuple[str, str, int | None, int | None], None] = {}  # in the order added
         self.rings: list[_Ring] = []  # while repairing: hosts with room, in plane order, then per group
 
     def room(self, host: str) -> bool:
         cap = self.caps.get(host)
         return cap is None or self.used[host] < cap
 
-    def add(self, reporter: str, peer: str, spine: int | None) -> bool:
-        if reporter == peer or (reporter, peer, spine) in self.planned or not self.room(reporter):
+    def add(self, reporter: str, peer: str, spine: int | None, core: int | None = None) -> bool:
+        key = (reporter, peer, spine, core)
+        if reporter == peer or key in self.planned or not self.room(reporter):
             return False
-        self.planned[(reporter, peer, spine)] = None
-        self.plan.paths[reporter].append(PlannedPath(peer, self.plane, spine))
+        self.planned[key] = None
+        self.plan.paths[reporter].append(PlannedPath(peer, self.plane, spine, core))
         self.used[reporter] += 1
         if self.rings and not self.room(reporter):  # full now: repairs stop asking it
             self.rings[0].drop(self.order[reporter])
             self.rings[1 + self.group_of[reporter]].drop(self.index_in_group[reporter])
-        for cov in self._crossed(reporter, peer, spine):
+        for cov in self._crossed(reporter, peer, spine, core):
             cov[reporter] = cov.get(reporter, 0) + 1
         return True
 
-    def _crossed(self, reporter: str, peer: str, spine: int | None) -> list[dict[str, int]]:
+    def _crossed(self, reporter: str, peer: str, spine: int | None, core: int | None) -> list[dict[str, int]]:
         out = [self.cov_host[reporter], self.cov_host[peer]]
         if spine is not None:
-            out += [self.cov_ls.setdefault((g, spine), {}) for g in (self.group_of[reporter], self.group_of[peer])]
+            ends = (self.group_of[reporter], self.group_of[peer])
+            out += [self.cov_ls.setdefault((g, spine), {}) for g in ends]
+            if core is not None:
+                out += [self.cov_sc.setdefault((self.pod_of_group[g], spine, core), {}) for g in ends]
         return out
+
+    def route(self, reporter: str, peer: str, spine: int) -> tuple[int | None, int | None]:
+        """(spine, core) of a path that goes through spine index `spine`: None for what it does
+        not reach (no spine within a leaf, no core within a pod); between pods the core whose
+        links at both ends have the fewest reporters."""
+        a, b = self.group_of[reporter], self.group_of[peer]
+        if a == b:
+            return None, None
+        pa, pb = self.pod_of_group[a], self.pod_of_group[b]
+        if pa == pb:
+            return spine, None
+        return spine, min(range(self.cores), key=lambda c: (len(self.cov_sc.get((pa, spine, c), ()))
+                                                            + len(self.cov_sc.get((pb, spine, c), ())), c))
 
     def prune(self) -> bool:
         """Drop the paths of hosts at their cap that no link needs (each link they cross keeps 2
@@ -247,13 +285,13 @@ class _Sparse:
         Coverage never drops. True if any was dropped."""
         dropped = False
         for key in reversed(list(self.planned)):  # the last added first: repairs before the first pass
-            reporter, peer, spine = key
+            reporter, peer, spine, core = key
             if self.room(reporter):
                 continue
-            crossed = self._crossed(reporter, peer, spine)
+            crossed = self._crossed(reporter, peer, spine, core)
             if all(cov[reporter] > 1 or len(cov) > 2 for cov in crossed):
                 del self.planned[key]
-                self.plan.paths[reporter].remove(PlannedPath(peer, self.plane, spine))
+                self.plan.paths[reporter].remove(PlannedPath(peer, self.plane, spine, core))
                 self.used[reporter] -= 1
                 for cov in crossed:
                     cov[reporter] -= 1
@@ -265,7 +303,9 @@ class _Sparse:
     def build(self, shares: Mapping[str, int]) -> None:
         """The first pass; a host in `shares` takes at most that many of its paths here."""
         groups, m, c = self.groups, len(self.groups), self.per_host
-        if m == 1:  # one rack: a ring of rack mates, no spine involved
+        if len(self.pods) > 1:
+            self._build_pods(shares)
+        elif m == 1:  # one rack: a ring of rack mates, no spine involved
             g = groups[0]
             for j, h in enumerate(g):
                 share, added = shares.get(h), 0
@@ -288,9 +328,28 @@ class _Sparse:
                         target = groups[(i + hop) % m]
                         added += self.add(h, target[(j + k) % len(target)], slot % self.spines)
 
+    def _build_pods(self, shares: Mapping[str, int]) -> None:
+        """The first pass of a plane of several pods: host x of a pod probes host x of other pods
+        (so every host is probed about as often as it probes), its k-th path through the pod's
+        next (spine, core) pair in turn (so every spine-core link of the pod carries its probes)."""
+        members = [[h for g in self.groups_of_pod[pod] for h in self.groups[g]] for pod in self.pods]
+        n, c, width = len(self.pods), self.per_host, self.spines * self.cores
+        for o, hosts in enumerate(members):
+            q = self.seed  # the pod's paths so far: its next (spine, core) pair
+            for x, h in enumerate(hosts):
+                share, added = shares.get(h), 0
+                for k in range(c):
+                    if share is not None and added >= share:
+                        break
+                    pair = q % width
+                    q += 1
+                    # each k a different pod; a host's neighbours in the pod head for other pods still
+                    target = members[(o + 1 + (k + x // self.spines) % (n - 1)) % n]
+                    added += self.add(h, target[x % len(target)], pair % self.spines, pair // self.spines)
+
     def repair(self) -> None:
-        """Paths for every uplink and leaf-spine link short of 2 reporters, from hosts with room
-        (every host without caps): the first ones in turn after the link's own."""
+        """Paths for every uplink, leaf-spine and spine-core link short of 2 reporters, from hosts
+        with room (every host without caps): the first ones in turn after the link's own."""
         self.order = {h: n for n, h in enumerate(self.hosts)}
         self.index_in_group = {h: j for g in self.groups for j, h in enumerate(g)}
         self.rings = [_Ring([self.room(h) for h in self.hosts])] + [_Ring([self.room(h) for h in g])
@@ -303,10 +362,10 @@ class _Sparse:
                     break
                 prober = self.hosts[n]
                 if prober != h and prober not in self.cov_host[h]:
-                    self.add(prober, h, self._least_covered_spine(prober, h))
+                    self.add(prober, h, *self._least_covered_route(prober, h))
             if len(self.cov_host[h]) < 2 and h not in self.cov_host[h] and len(self.hosts) > 1:
                 peer = self.hosts[(self.order[h] + 1) % len(self.hosts)]  # it probes out itself
-                self.add(h, peer, self._least_covered_spine(h, peer))
+                self.add(h, peer, *self._least_covered_route(h, peer))
         m = len(self.groups)
         if m < 2:
             return
@@ -323,15 +382,47 @@ class _Sparse:
                         reporter = g[j]
                         if reporter not in covered:
                             peers = self.groups[other]
-                            self.add(reporter, peers[s % len(peers)], s)
+                            peer = peers[s % len(peers)]
+                            self.add(reporter, peer, *self.route(reporter, peer, s))
                     for j in self.rings[1 + other].around(0):
                         if len(covered) >= 2:
                             break
                         reporter = self.groups[other][j]
                         if reporter not in covered:
-                            self.add(reporter, g[s % len(g)], s)
+                            peer = g[s % len(g)]
+                            self.add(reporter, peer, *self.route(reporter, peer, s))
                     if len(covered) >= 2:
                         break
+        if len(self.pods) > 1:
+            self._repair_cores()
+
+    def _repair_cores(self) -> None:
+        """Spine-core links short of 2 reporters: the pod's hosts with room probing out through
+        them, then other pods' hosts probing in."""
+        n = len(self.pods)
+        for o, pod in enumerate(self.pods):
+            own = self.groups_of_pod[pod]
+            for s in range(self.spines):
+                for core in range(self.cores):
+                    covered = self.cov_sc.setdefault((pod, s, core), {})
+                    if len(covered) >= 2:
+                        continue
+                    for k in range(1, n):
+                        other = self.groups_of_pod[self.pods[(o + k) % n]]
+                        turn = s * self.cores + core  # spread the repairs over the pod's hosts
+                        for inside, outside in ((own, other), (other, own)):
+                            for gi in inside[turn % len(inside):] + inside[:turn % len(inside)]:
+                                for j in self.rings[1 + gi].around(turn // len(inside) % len(self.groups[gi])):
+                                    if len(covered) >= 2:
+                                        break
+                                    reporter = self.groups[gi][j]
+                                    if reporter not in covered:
+                                        peers = self.groups[outside[(s + core) % len(outside)]]
+                                        self.add(reporter, peers[(s + core) % len(peers)], s, core)
+                                if len(covered) >= 2:
+                                    break
+                        if len(covered) >= 2:
+                            break
 
     def under_covered(self) -> list[str]:
         """Directed links of this plane a probe between its hosts could cross, short of 2 reporters."""
@@ -346,10 +437,18 @@ class _Sparse:
                             names.append(self.model.leaf_spine(leaf, s).name)
                         except FabricError:
                             pass  # this leaf has no link to that spine
+        if len(self.pods) > 1:
+            for pod in self.pods:
+                for s in range(self.spines):
+                    spine = self.model.spine_of_pod(self.plane, pod, s)
+                    for core in range(self.cores):
+                        if len(self.cov_sc.get((pod, s, core), ())) < 2:
+                            names.append(self.model.spine_core(spine, core).name)
         return [f"{n}:{d}" for n in names for d in ("up", "down")]
 
-    def _least_covered_spine(self, reporter: str, peer: str) -> int | None:
+    def _least_covered_route(self, reporter: str, peer: str) -> tuple[int | None, int | None]:
         a, b = self.group_of[reporter], self.group_of[peer]
         if a == b:
-            return None
-        return min(range(self.spines), key=lambda s: (len(self.cov_ls.get((a, s), ())) + len(self.cov_ls.get((b, s), ())), s))
+            return None, None
+        spine = min(range(self.spines), key=lambda s: (len(self.cov_ls.get((a, s), ())) + len(self.cov_ls.get((b, s), ())), s))
+        return self.route(reporter, peer, spine)
