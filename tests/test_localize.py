@@ -203,3 +203,77 @@ def test_links_the_evidence_cannot_tell_apart_are_named_as_alternatives():
     assert f.confidence <= 0.5 and f.as_dict()["alternatives"] == list(f.alternatives)
     # the healthy spine's links are not alternatives: other probes exonerate them
     assert localize(MODEL, observations({"p1l7-p1s3:up"}))[0].alternatives == ()
+
+
+# ---- 3-tier fabrics: faults on every tier, core links seen from many pods --------------------
+from linkpass.core.fabric import three_tier  # noqa: E402
+
+MODEL3 = three_tier(256, 2, 4, 4, 4, 4)  # 64 leaves, 16 pods of 4 leaves and 4 spines, 4 cores a group
+PLAN3 = plan_probes(MODEL3)
+
+
+def observations3(truth, *, noisy=(), seed=0):
+    """Per planned path of the 3-tier plan: bad where its probes or its replies cross a link of
+    `truth`. Replies take a route of ECMP's choosing (not the probes'), and are not traced: the
+    observation carries no reverse links, as the coordinator's do."""
+    rng = random.Random(seed)
+    out = []
+    for host, paths in PLAN3.paths.items():
+        for n, p in enumerate(paths):
+            fwd = MODEL3.node_path(host, p.peer, p.plane, p.spine, p.core)
+            spines, cores = MODEL3.spines_per_pod(p.plane), MODEL3.cores_per_group(p.plane)
+            rev = MODEL3.node_path(p.peer, host, p.plane, rng.randrange(spines), rng.randrange(cores))
+            f, r = any(d in truth for d in fwd), any(d in truth for d in rev)
+            bad, direction = f or r, ("both" if f and r else "forward" if f else "reverse" if r else None)
+            if host in noisy:
+                if bad and rng.random() < 0.5:
+                    bad, direction = False, None
+                elif not bad and rng.random() < 0.5:
+                    bad, direction = True, rng.choice(("forward", "reverse", "both", None))
+            out.append(Observation(host, f"{host}/{n}", fwd, None, bad, direction))
+    return out
+
+
+def named3(truth, **kw):
+    """(findings, every directed link they name, alternatives included)."""
+    fs = localize(MODEL3, observations3(truth, **kw))
+    return fs, {d for f in fs for d in (f.directed, *f.alternatives)}
+
+
+@pytest.mark.parametrize("tier", ["host-leaf", "leaf-spine", "spine-core"])
+@pytest.mark.parametrize("direction", ["up", "down"])
+def test_three_tier_single_fault_on_every_tier_is_found_alone(tier, direction):
+    rng = random.Random(f"{tier}{direction}")
+    links = sorted(MODEL3.links_by_tier()[tier])
+    for name in rng.sample(links, 3):
+        truth = {f"{name}:{direction}"}
+        fs, names = named3(truth)
+        assert [f.directed for f in fs] == sorted(truth) or (len(fs) == 1 and truth <= names), (truth, fs)
+
+
+def test_three_tier_core_link_is_seen_from_many_pods():
+    truth = "p1s6-p1c9:down"  # core 9 (group 2) down to spine 6 (pod 1): every pod's probes into pod 1
+    fs = localize(MODEL3, observations3({truth}))
+    assert [f.directed for f in fs] == [truth]
+    pods = {MODEL3.pod_of(MODEL3.leaf_of(r, 1)) for r in fs[0].reporters}
+    assert len(pods) >= 2, fs[0].reporters  # the reporters of a core link are spread over pods
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_three_tier_double_faults_on_different_tiers(seed):
+    rng = random.Random(seed)
+    tiers = MODEL3.links_by_tier()
+    a, b = rng.sample(["host-leaf", "leaf-spine", "spine-core"], 2)
+    truth = {f"{rng.choice(sorted(tiers[a]))}:{rng.choice(('up', 'down'))}",
+             f"{rng.choice(sorted(tiers[b]))}:{rng.choice(('up', 'down'))}"}
+    fs, names = named3(truth)
+    assert truth <= names and len(fs) == 2, (truth, fs)
+
+
+def test_three_tier_one_percent_noisy_agents_change_nothing():
+    rng = random.Random(7)
+    noisy = set(rng.sample(sorted(MODEL3.hosts), 3))  # ~1 % of 256
+    assert localize(MODEL3, observations3(set(), noisy=noisy)) == []
+    for truth in ({"p0s2-p0c8:up"}, {"h17-p1l4:down"}, {"p1l33-p1s33:up"}):
+        fs, names = named3(truth, noisy=noisy)
+        assert truth <= names and len(fs) == 1, (truth, fs)
