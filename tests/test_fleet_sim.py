@@ -145,9 +145,46 @@ def test_losing_one_plane_of_eight_slows_the_network_share_by_a_seventh():
 
 def test_the_16k_fabric_is_2048_hosts_of_8_rails():
     s = Shape.for_gpus(16_384)
-    assert (s.hosts, s.rails, s.hosts_per_leaf, s.spines_per_plane) == (2048, 8, 32, 32)
+    assert (s.hosts, s.rails, s.hosts_per_leaf, s.spines_per_pod, s.tiers) == (2048, 8, 32, 32, 2)
     with pytest.raises(ValueError, match="gpus"):
         Shape.for_gpus(100)
+
+
+def test_the_131k_fabric_is_3_tier_radix_64():
+    s = Shape.for_gpus(131_072)
+    assert (s.hosts, s.tiers, s.leaves_per_pod, s.spines_per_pod, s.cores_per_group) == (16384, 3, 32, 32, 32)
+    layout = s.layout()
+    assert (layout.pods, layout.cores_per_plane) == (16, 1024)
+
+
+# ---- 3-tier fabrics ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def three():
+    """256 hosts x 2 rails: 16 leaves, 4 pods of 4 leaves and 4 spines, 4 cores per group."""
+    return fleet.Fleet(Shape(256, 2, 16, 4, leaves_per_pod=4, cores_per_group=4))
+
+
+def test_three_tier_fleet_paths_climb_to_the_core(three):
+    assert three.model.pods(0) == 4
+    cross = [sp for sp in three.paths if sp.core is not None]
+    assert cross and all(len(sp.forward) == 6 for sp in cross)
+    assert any(sp.job for sp in cross)  # the ring crosses pods at their edges
+
+
+@pytest.mark.parametrize("link", ["p1s5-p1c7:up", "p0s14-p0c9:down", "p1l6-p1s6:up"])
+def test_three_tier_gray_loss_above_the_leaf_is_found_and_left(three, link):
+    name, direction = link.split(":")
+    o = fleet.simulate(three, Failure(10.0, "gray", (name, direction), loss=0.05), np.random.default_rng(6))
+    assert o.paths > 0 and len(o.detect_ms) == o.paths
+    assert o.localized and o.false_findings == 0 and not o.exposed_at_end
+
+
+def test_stress_draws_gray_links_on_every_tier_of_a_3_tier_fabric():
+    shape = Shape.for_gpus(131_072)
+    fs = [f for f in failures.draw("stress", shape, 2, np.random.default_rng(2)) if f.kind == "gray"]
+    model_tiers = {("h" if n.startswith("h") else "c" if "c" in n.split("-")[1] else "s") for n, _ in (f.target for f in fs)}
+    assert model_tiers == {"h", "s", "c"}, model_tiers
 
 
 def test_llama3_rates_come_back_over_a_long_horizon():

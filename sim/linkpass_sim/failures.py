@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from linkpass.core.fabric import DOWN, UP
-from linkpass.core.names import LeafSpine, host_index, host_name, leaf_name, link_name, spine_name
+from linkpass.core.names import LeafSpine, ThreeTier, core_name, host_index, host_name, leaf_name, link_name, spine_name
 
 DAY_S = 86_400.0
 YEAR_S = 365.0 * DAY_S
@@ -73,34 +73,55 @@ class Failure:
 
 @dataclass(frozen=True)
 class Shape:
-    """A rail-optimized 2-tier fabric: `hosts` × `rails` GPUs (one NIC per GPU, one plane per rail)."""
+    """A rail-optimized fabric: `hosts` × `rails` GPUs (one NIC per GPU, one plane per rail).
+    2-tier (`leaves_per_pod` 0: every leaf of a plane meets its `spines_per_pod` spines) or
+    3-tier (pods of `leaves_per_pod` leaves and `spines_per_pod` spines, spine j of every pod
+    meeting the `cores_per_group` cores of group j)."""
 
     hosts: int
     rails: int = 8
     hosts_per_leaf: int = 32
-    spines_per_plane: int = 32
+    spines_per_pod: int = 32
+    leaves_per_pod: int = 0
+    cores_per_group: int = 0
 
     @property
     def gpus(self) -> int:
         return self.hosts * self.rails
 
     @property
+    def tiers(self) -> int:
+        return 3 if self.leaves_per_pod else 2
+
+    @property
     def leaves_per_plane(self) -> int:
         return -(-self.hosts // self.hosts_per_leaf)
 
-    def layout(self) -> LeafSpine:
+    def layout(self) -> LeafSpine | ThreeTier:
         """The generator's shape of this fabric (racks of `hosts_per_leaf`), as the model is built."""
-        return LeafSpine.racks(self.hosts, self.rails, self.hosts_per_leaf, self.spines_per_plane)
+        if self.tiers == 3:
+            return ThreeTier(self.hosts, self.rails, self.hosts_per_leaf, self.leaves_per_pod, self.spines_per_pod,
+                             self.cores_per_group)
+        return LeafSpine.racks(self.hosts, self.rails, self.hosts_per_leaf, self.spines_per_pod)
+
+    def pod_of_leaf(self, leaf: int) -> int:
+        return leaf // self.leaves_per_pod if self.tiers == 3 else 0
 
     @classmethod
     def for_gpus(cls, gpus: int, rails: int = 8) -> "Shape":
-        """The default fabric for `gpus`: 32 hosts per leaf, as many spines as leaves up to 32."""
+        """The default fabric for `gpus`: 32 hosts per leaf; up to 64 leaves per plane 2-tier,
+        with as many spines as leaves up to 32; beyond, 3-tier of radix-64 switches: pods of 32
+        leaves and 32 spines, 32 cores per group (up to 64 pods, 524 288 GPUs)."""
         if gpus < rails or gpus % rails:
             raise ValueError(f"gpus: {gpus} is not a positive multiple of {rails} (one host has {rails} GPUs)")
         hosts = gpus // rails
         per_leaf = min(32, hosts)
         leaves = -(-hosts // per_leaf)
-        return cls(hosts, rails, per_leaf, min(32, max(2, leaves)))
+        if leaves <= 64:
+            return cls(hosts, rails, per_leaf, min(32, max(2, leaves)))
+        if leaves > 64 * 32:
+            raise ValueError(f"gpus: {gpus} needs {leaves} leaves per plane; radix-64 switches reach 2 048")
+        return cls(hosts, rails, per_leaf, 32, leaves_per_pod=32, cores_per_group=32)
 
 
 def _poisson_times(rate_per_s: float, horizon_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -156,10 +177,19 @@ def draw(scenario: str, shape: Shape, days: float, rng: np.random.Generator) -> 
             host, plane = host_plane()
             leaf = leaf_name(plane, host_leaf[host_index(host)])
             direction = UP if rng.random() < 0.5 else DOWN
-            if rng.random() < 0.5:  # a host's cable or a leaf-spine link, either way
+            if rng.random() < 0.5:  # a host's cable or a link above its leaf, either way
                 link = link_name(host, leaf)
             else:
-                link = link_name(leaf, spine_name(plane, int(rng.integers(shape.spines_per_plane))))
+                pod = shape.pod_of_leaf(host_leaf[host_index(host)])
+                # a 3-tier fabric: half of them a spine-core link of the leaf's pod
+                upper = shape.tiers == 3 and rng.random() < 0.5
+                j = int(rng.integers(shape.spines_per_pod))
+                spine = spine_name(plane, pod * shape.spines_per_pod + j)
+                if upper:
+                    link = link_name(spine, core_name(plane, j * shape.cores_per_group
+                                                      + int(rng.integers(shape.cores_per_group))))
+                else:
+                    link = link_name(leaf, spine)
             out.append(Failure(float(t), "gray", (link, direction), loss=_gray_loss(rng)))
     out.sort(key=lambda f: f.t_s)
     return out

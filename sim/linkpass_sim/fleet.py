@@ -36,7 +36,7 @@ from linkpass.core import wire
 from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
-from linkpass.core.fabric import DOWN, HOST_LEAF, UP, FabricModel, directed, rail_optimized, split_directed
+from linkpass.core.fabric import DOWN, HOST_LEAF, LEAF_SPINE, UP, FabricModel, directed, generated, split_directed
 from linkpass.core.names import plane_of
 from linkpass.core.localize import Localizer, Observation, path_evidence
 from linkpass.core.plan import plan_probes
@@ -74,6 +74,7 @@ class SimPath:
     peer: str
     plane: int
     spine: int | None
+    core: int | None
     key: str
     forward: tuple[str, ...]
     reverse: tuple[str, ...]
@@ -86,7 +87,7 @@ class Fleet:
     def __init__(self, shape: Shape, config: SimConfig | None = None, seed: int = 0):
         self.shape = shape
         self.config = config or SimConfig()
-        self.model: FabricModel = rail_optimized(shape.hosts, shape.rails, shape.hosts_per_leaf, shape.spines_per_plane)
+        self.model: FabricModel = generated(shape.layout())
         self.plan = plan_probes(self.model, seed=seed)
         self.paths: list[SimPath] = []
         self.by_link: dict[str, list[int]] = {}
@@ -94,19 +95,21 @@ class Fleet:
         seen: set[tuple] = set()
         m = self.model
         hosts = m.hosts
-        spines = shape.spines_per_plane
-        k_paths = min(self.config.job_paths_per_peer, spines)
+        spines, cores = shape.spines_per_pod, max(1, shape.cores_per_group)
+        k_paths = min(self.config.job_paths_per_peer, spines * cores)
 
-        def add(reporter, peer, plane, spine, job):
-            if (reporter, peer, plane, spine) in seen:
+        def add(reporter, peer, plane, spine, core, job):
+            if m.leaf_of(reporter, plane) == m.leaf_of(peer, plane):
+                spine = core = None
+            elif m.same_pod(reporter, peer, plane):
+                core = None
+            if (reporter, peer, plane, spine, core) in seen:
                 return
-            seen.add((reporter, peer, plane, spine))
-            same_leaf = m.leaf_of(reporter, plane) == m.leaf_of(peer, plane)
-            s = None if same_leaf else spine
-            fwd = m.node_path(reporter, peer, plane, s)
-            rev = m.node_path(peer, reporter, plane, s)
+            seen.add((reporter, peer, plane, spine, core))
+            fwd = m.node_path(reporter, peer, plane, spine, core)
+            rev = m.node_path(peer, reporter, plane, spine, core)
             i = len(self.paths)
-            self.paths.append(SimPath(reporter, peer, plane, s, f"{reporter}/{i}", fwd, rev, job))
+            self.paths.append(SimPath(reporter, peer, plane, spine, core, f"{reporter}/{i}", fwd, rev, job))
             for d in set(fwd) | set(rev):
                 self.by_link.setdefault(d, []).append(i)
             self.by_pair.setdefault((reporter, peer), []).append(i)
@@ -118,10 +121,11 @@ class Fleet:
             for peer in sorted({hosts[(i + 1) % n], hosts[(i - 1) % n]} - {h}):  # stable keys across processes
                 for plane in range(shape.rails):
                     for k in range(k_paths):
-                        add(h, peer, plane, (i + plane + k * spines // k_paths) % spines, True)
+                        route = (i + plane) * cores + k * spines * cores // k_paths  # spread over spines
+                        add(h, peer, plane, route // cores % spines, route % cores, True)
         for h, planned in self.plan.paths.items():
             for p in planned:
-                add(h, p.peer, p.plane, 0 if p.spine is None else p.spine, False)
+                add(h, p.peer, p.plane, 0 if p.spine is None else p.spine, p.core, False)
         self.localizer = Localizer(self.model)
         for sp in self.paths:
             self.localizer.update(Observation(sp.reporter, sp.key, sp.forward, None, False))
@@ -141,7 +145,7 @@ class Fleet:
             (leaf,) = f.target
             plane = plane_of(leaf)
             names = [m.uplink(h, plane).name for h in m.hosts_of_leaf(leaf)]
-            names += [m.leaf_spine(leaf, s).name for s in range(len(m.spines(plane)))]
+            names += [m.leaf_spine(leaf, s).name for s in range(m.spines_per_pod(plane))]
             return [Effect(frozenset(directed(n, d) for n in names for d in (UP, DOWN)), "down", t0_ns, end)]
         if f.kind == "gray":
             link, direction = f.target
@@ -334,7 +338,12 @@ def _lost_share(fleet: Fleet, f: Failure) -> float:
     if f.kind == "gray":
         name, _ = f.target
         kind = fleet.model.link(name).kind
-        return 1 / fleet.shape.rails if kind == HOST_LEAF else 1 / (fleet.shape.rails * fleet.shape.spines_per_plane)
+        shape = fleet.shape
+        if kind == HOST_LEAF:
+            return 1 / shape.rails
+        if kind == LEAF_SPINE:
+            return 1 / (shape.rails * shape.spines_per_pod)
+        return 1 / (shape.rails * shape.spines_per_pod * shape.cores_per_group)  # one of a pod's (spine, core) routes
     return 0.0
 
 
