@@ -97,7 +97,10 @@ def test_one_reporter_alone_is_not_believed_unless_allowed():
     # only h3 reports, every path bad: nothing contradicts it, but nobody corroborates it either
     alone = [o for o in observations(set(), liars={"h3"}) if o.reporter == "h3"]
     assert found(alone) == set()
-    assert found(alone, min_reporters=1) != set()  # the guard is what kept it out
+    # two guards keep it out: a second reporter, and enough of the claims' weight on one link
+    # (h3 spreads its claims over both planes' links: at most a quarter on any)
+    assert found(alone, min_reporters=1) == set()
+    assert found(alone, min_reporters=1, min_support=0.25) != set()
 
 
 def test_unknown_reply_paths_use_the_links_every_reply_crosses():

@@ -140,8 +140,19 @@ def test_three_tier_plan_is_constant_per_host_and_crosses_pods():
     m = three_tier(1024, 2, 16, 8, 8, 8)  # 64 leaves, 8 pods of 8 leaves and 8 spines, 8 cores a group
     plan = plan_probes(m)
     assert all(len(ps) == 3 * 2 for ps in plan.paths.values())
-    # every first-pass path leaves its pod: the core tier is watched by the plan itself, not by repairs
-    assert all(not m.same_pod(h, p.peer, p.plane) and p.core is not None for h, ps in plan.paths.items() for p in ps)
+    # per plane, a host's first paths leave its pod (the core tier is watched by the plan itself, not
+    # by repairs) and its last stays in it, to another leaf (its lost replies name few links)
+    for h, ps in plan.paths.items():
+        for plane in (0, 1):
+            *out, home = [p for p in ps if p.plane == plane]
+            assert all(not m.same_pod(h, p.peer, plane) and p.core is not None for p in out)
+            assert m.same_pod(h, home.peer, plane) and home.core is None and home.spine is not None
+    inbound = {}
+    for h, ps in plan.paths.items():
+        for p in ps:
+            if m.same_pod(h, p.peer, p.plane):
+                inbound[(p.peer, p.plane)] = inbound.get((p.peer, p.plane), 0) + 1
+    assert set(inbound.values()) == {1} and len(inbound) == 1024 * 2  # every host probed by one pod-mate
     assert min_coverage(m, plan) >= 2
     assert plan_probes(m).paths == plan.paths and plan_probes(m, seed=1).paths != plan.paths
 

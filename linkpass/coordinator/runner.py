@@ -38,6 +38,7 @@ its name.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -272,6 +273,11 @@ def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
         raise CoordinatorError(str(exc)) from None
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
     coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
+    # The fleet model and the restored state live as long as the process: out of the cyclic
+    # collector's sight, a full collection does not walk them (at 131 072 GPUs the localizer's
+    # millions of objects made one a 1.3 s pause in the middle of a findings() call).
+    gc.collect()
+    gc.freeze()
     server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
                                tokens_path=tokens_path)
     log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, store=store.kind, agents=len(coordinator.agents),

@@ -35,7 +35,11 @@ Greedy explanation: repeatedly take the non-exonerated link that explains the mo
 yet explained (ties: fewer good observations on it, then more distinct reporters, then name),
 provided those claims come from at least `min_reporters` distinct reporters, number at least
 `min_claims`, and outnumber the good observations across the link: one lying or noisy agent
-alone never produces a finding. Links that explain exactly the same claims with the same good
+alone never produces a finding. Nor do a few noisy agents whose random claims happen to meet on
+one link, as they do somewhere in a large enough fleet: each reporter lends a link the share of
+its claims that name it, and the shares must add up to `min_support` (default 1): the reporters
+of a real fault have most of their bad paths across it, a noisy agent a tenth here and there.
+Links that explain exactly the same claims with the same good
 evidence cannot be told apart: the finding names one and lists the others as `alternatives`,
 its confidence shared among them. A host's uplink is
 corroborated by others even so: its up direction also carries the replies to the probes other
@@ -58,6 +62,14 @@ from linkpass.core.states import Direction, is_bad, is_good
 
 BOTH = "both"  # a bad path lost both ways: its probes and its replies
 DIRECTIONS = (Direction.FWD, Direction.REV, BOTH, None)
+# The most candidate links a claim may name and still count. A reply lost on an untraced route
+# may have crossed any link of any route ECMP could pick: 2 + 2S links between the leaves of a
+# 2-tier plane of S spines (66 at 32 spines), 2 + 2S + 2SC between the pods of a 3-tier one
+# (2 114 at 32 spines and 32 cores per group). Such a claim gives each link a 1/2 114 share of
+# a vote, yet counted whole it would make every link that a few noisy agents' lost replies
+# happen to share look like a culprit. Left out, the fault is found from the probes that cross
+# it forward, whose claims name at most 6 links.
+MAX_CANDIDATES = 128
 
 
 @dataclass(frozen=True)
@@ -124,8 +136,11 @@ class _Claims:
 
 class Localizer:
     def __init__(self, model: FabricModel, *, min_reporters: int = 2, min_claims: int = 2,
-                 exonerate_margin: int = 0, suspect_claims: int = 2, suspect_share: float = 0.25):
+                 exonerate_margin: int = 0, suspect_claims: int = 2, suspect_share: float = 0.25,
+                 max_candidates: int = MAX_CANDIDATES, min_support: float = 1.0):
         self.model = model
+        self.min_support = min_support
+        self.max_candidates = max_candidates
         self.suspect_claims = suspect_claims
         self.suspect_share = suspect_share
         self.min_reporters = min_reporters
@@ -137,6 +152,10 @@ class Localizer:
         self._good_count: dict[str, int] = {}  # directed link -> good observations crossing it
         self._good_by: dict[str, dict[str, int]] = {}  # directed link -> reporter -> good evidence
         self._bad_by: dict[str, dict[str, int]] = {}  # directed link -> reporter -> bad observations
+        # directed link -> reporters voting it good / bad (more good than bad evidence there, or
+        # the reverse): kept as evidence comes and goes, so exonerated() need not count them
+        self._good_votes: dict[str, int] = {}
+        self._bad_votes: dict[str, int] = {}
 
     # ---- ingest ------------------------------------------------------------------------------
     def update(self, obs: Observation) -> None:
@@ -150,17 +169,11 @@ class Localizer:
         r = obs.reporter
         for d in entry.credited:
             self._good_count[d] = self._good_count.get(d, 0) + 1
-            by = self._good_by.get(d)
-            if by is None:
-                by = self._good_by[d] = {}
-            by[r] = by.get(r, 0) + 1
+            self._evidence(self._good_by, d, r, +1)
         if obs.bad:
             self._bad_keys.add(obs.key)
             for d in entry.blamed:
-                by = self._bad_by.get(d)
-                if by is None:
-                    by = self._bad_by[d] = {}
-                by[r] = by.get(r, 0) + 1
+                self._evidence(self._bad_by, d, r, +1)
 
     def forget(self, key: str) -> None:
         entry = self._entries.pop(key, None)
@@ -173,15 +186,40 @@ class Localizer:
             del self._by_reporter[r]
         for d in entry.credited:
             _decrement(self._good_count, d)
-            _decrement(self._good_by[d], r)
-            if not self._good_by[d]:
-                del self._good_by[d]
+            self._evidence(self._good_by, d, r, -1)
         if entry.obs.bad:
             self._bad_keys.discard(key)
             for d in entry.blamed:
-                _decrement(self._bad_by[d], r)
-                if not self._bad_by[d]:
-                    del self._bad_by[d]
+                self._evidence(self._bad_by, d, r, -1)
+
+    def _evidence(self, table: dict[str, dict[str, int]], d: str, r: str, step: int) -> None:
+        """Add `step` to reporter r's good or bad evidence on d (`table`), and move its vote."""
+        good, bad = self._good_by.get(d, _NO_VOTES).get(r, 0), self._bad_by.get(d, _NO_VOTES).get(r, 0)
+        before = (good > bad) - (bad > good)
+        by = table.get(d)
+        if by is None:
+            by = table[d] = {}
+        n = by.get(r, 0) + step
+        if n:
+            by[r] = n
+        else:
+            del by[r]
+            if not by:
+                del table[d]
+        if table is self._good_by:
+            good = n
+        else:
+            bad = n
+        after = (good > bad) - (bad > good)
+        if after != before:
+            for vote, change in ((before, -1), (after, +1)):
+                if vote:
+                    counts = self._good_votes if vote > 0 else self._bad_votes
+                    m = counts.get(d, 0) + change
+                    if m:
+                        counts[d] = m
+                    else:
+                        del counts[d]
 
     def forget_reporter(self, reporter: str) -> None:
         for key in list(self._by_reporter.get(reporter, ())):
@@ -202,7 +240,8 @@ class Localizer:
             claims = (forward, self._replies(obs, possible=True))
         else:
             claims = (tuple(dict.fromkeys(forward + self._replies(obs, possible=False))),)
-        claims = tuple(c for c in claims if c)
+        # a claim naming too many links says next to nothing about any of them (see MAX_CANDIDATES)
+        claims = tuple(c for c in claims if c and len(c) <= self.max_candidates)
         blamed = tuple(dict.fromkeys(d for c in claims for d in c))
         # a lost reply means the probe got through: its links worked
         credited = forward if way is Direction.REV else ()
@@ -229,13 +268,32 @@ class Localizer:
     def exonerated(self, d: str, ignore: frozenset[str] | set[str] = frozenset()) -> bool:
         """At least 2 reporters vote `d` good, and at least as many (plus the margin) as vote it
         bad; the votes of the reporters in `ignore` (suspects) do not count."""
-        good_by = self._good_by.get(d)
-        if not good_by:
-            return False
-        bad_by = self._bad_by.get(d, {})
-        good_votes = sum(1 for r, n in good_by.items() if n > bad_by.get(r, 0) and r not in ignore)
-        bad_votes = sum(1 for r, n in bad_by.items() if n > good_by.get(r, 0) and r not in ignore)
-        return good_votes >= 2 and good_votes >= bad_votes + self.exonerate_margin
+        return self._exonerated((d,), ignore)[d]
+
+    def _exonerated(self, links: Iterable[str], ignore: frozenset[str] | set[str]) -> dict[str, bool]:
+        """exonerated() of each of `links`, in one loop (findings() asks it of every link a claim
+        names: tens of thousands at 131 072 GPUs)."""
+        good_all, bad_all, margin = self._good_by, self._bad_by, self.exonerate_margin
+        good_votes_of, bad_votes_of = self._good_votes, self._bad_votes
+        out = {}
+        for d in links:
+            good_votes = good_votes_of.get(d, 0)
+            if good_votes < 2:  # ignoring votes never adds good ones
+                out[d] = False
+                continue
+            good_by, bad_by = good_all[d], bad_all.get(d, _NO_VOTES)
+            if ignore and not (ignore.isdisjoint(good_by) and ignore.isdisjoint(bad_by)):
+                good_votes = bad_votes = 0  # a suspect voted here: count without it
+                for r, n in good_by.items():
+                    if n > bad_by.get(r, 0) and r not in ignore:
+                        good_votes += 1
+                for r, n in bad_by.items():
+                    if n > good_by.get(r, 0) and r not in ignore:
+                        bad_votes += 1
+                out[d] = good_votes >= 2 and good_votes >= bad_votes + margin
+            else:
+                out[d] = good_votes >= bad_votes_of.get(d, 0) + margin
+        return out
 
     def suspects(self) -> set[str]:
         """Reporters whose bad claims the others' good evidence contradicts (see findings())."""
@@ -278,8 +336,9 @@ class Localizer:
         such claims is noisy or lying: its claims are set aside and its votes stop counting
         (its bad votes no longer shield links, which can expose more suspects, so repeat)."""
         suspects: set[str] = set()
+        status = self._exonerated(claims.of, suspects)
         while True:
-            live_links = {d: idx for d, idx in claims.of.items() if not self.exonerated(d, suspects)}
+            live_links = {d: idx for d, idx in claims.of.items() if not status[d]}
             alive = [False] * len(claims.reporter)
             for idx in live_links.values():
                 for i in idx:
@@ -293,12 +352,27 @@ class Localizer:
             if not more:
                 return suspects, live_links
             suspects |= more
+            # only the links the new suspects voted on can change; of those, the ones only
+            # suspects' claims name matter no more (those claims count as explained)
+            touched = set()
+            for r in more:
+                for key in self._by_reporter.get(r, ()):
+                    entry = self._entries[key]
+                    touched.update(entry.credited)
+                    touched.update(entry.blamed)
+            of, reporter = claims.of, claims.reporter
+            for d in touched.intersection(status):
+                if all(reporter[i] in suspects for i in of[d]):
+                    del status[d]
+                    del of[d]
+            status.update(self._exonerated(touched.intersection(status), suspects))
 
     def _greedy(self, claims: _Claims, suspects: set[str], live_links: dict[str, list[int]]) -> list[Finding]:
         """Phase 3: repeatedly the link that explains the most claims not yet explained (see the
         module doc), most confident first. The suspects' claims count as explained from the
         start. Consumes `live_links`."""
         claim_reporter = claims.reporter
+        per_reporter = claims.per_reporter
         explained = [r in suspects for r in claim_reporter]
 
         def rank_of(d: str):
@@ -311,6 +385,9 @@ class Localizer:
                 return None
             reporters = {claim_reporter[i] for i in live}
             if len(reporters) < self.min_reporters:
+                return None
+            support = sum(1 / per_reporter[claim_reporter[i]] for i in live)
+            if support < self.min_support - 1e-9:
                 return None
             return (-len(live), good, -len(reporters), d), live, reporters
 
@@ -387,6 +464,9 @@ def _way(obs: Observation) -> Direction | str | None:
     except ValueError:
         raise ValueError(f"observation {obs.key}: direction {d!r} is unknown; one of "
                          f"{', '.join(repr(x.value if isinstance(x, Direction) else x) for x in DIRECTIONS)}") from None
+
+
+_NO_VOTES: dict[str, int] = {}
 
 
 def _decrement(counts: dict[str, int], k: str) -> None:

@@ -330,22 +330,37 @@ class _Sparse:
 
     def _build_pods(self, shares: Mapping[str, int]) -> None:
         """The first pass of a plane of several pods: host x of a pod probes host x of other pods
-        (so every host is probed about as often as it probes), its k-th path through the pod's
-        next (spine, core) pair in turn (so every spine-core link of the pod carries its probes)."""
+        (so every host is probed about as often as it probes), its paths through the pod's next
+        (spine, core) pair in turn (so every spine-core link of the pod carries its probes). Its
+        last path stays in the pod, to the host at its place under the next leaf: the replies to
+        it cross few links, so when they are lost the localizer can weigh them (a reply lost
+        between pods may have crossed any of thousands of links, and is not weighed); that is
+        what corroborates a host's uplink upwards, which its own probes alone cannot."""
         members = [[h for g in self.groups_of_pod[pod] for h in self.groups[g]] for pod in self.pods]
         n, c, width = len(self.pods), self.per_host, self.spines * self.cores
         for o, hosts in enumerate(members):
-            q = self.seed  # the pod's paths so far: its next (spine, core) pair
+            own = self.groups_of_pod[self.pods[o]]
+            q = self.seed  # the pod's paths between pods so far: its next (spine, core) pair
             for x, h in enumerate(hosts):
                 share, added = shares.get(h), 0
                 for k in range(c):
                     if share is not None and added >= share:
                         break
+                    if k == c - 1 and c > 1:
+                        gi = own.index(self.group_of[h])
+                        g = self.groups[own[(gi + 1) % len(own)]]
+                        j = self.index_in_pod_group(h)
+                        peer = g[(j + (len(own) == 1)) % len(g)]  # one leaf: the next host on it
+                        added += self.add(h, peer, *self.route(h, peer, (x + self.seed) % self.spines))
+                        continue
                     pair = q % width
                     q += 1
                     # each k a different pod; a host's neighbours in the pod head for other pods still
                     target = members[(o + 1 + (k + x // self.spines) % (n - 1)) % n]
                     added += self.add(h, target[x % len(target)], pair % self.spines, pair // self.spines)
+
+    def index_in_pod_group(self, host: str) -> int:
+        return self.groups[self.group_of[host]].index(host)
 
     def repair(self) -> None:
         """Paths for every uplink, leaf-spine and spine-core link short of 2 reporters, from hosts

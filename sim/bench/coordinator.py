@@ -7,12 +7,9 @@ Fleet: rail_optimized(2048 hosts, 8 rails, 32 hosts per leaf, 32 spines per plan
 physical links; the probe plan of `linkpass.core.plan` (3 paths per host and plane, 49 152
 paths); one Observation per planned path, probes and replies through the planned spine.
 
-Per trial, random faults on random links of either tier (half cuts: both directions; half
-one direction only) make every path crossing them bad, with the direction they break; 1 % of
-the agents (random) are noisy: each marks a random 30 % of its paths bad with a random
-direction, and its truly bad paths good half the time. Only the observations that changed are
-update()'d into a Localizer that already holds the healthy fleet, then findings() is timed;
-afterwards the changed observations are set back to good.
+Per trial (sim/linkpass_sim/localize_trials.py, with replies traced): random faults on random
+links of either tier, 1 % of the agents noisy; only the observations that changed are
+update()'d into a Localizer that already holds the healthy fleet, then findings() is timed.
 
 Rows: localize-16k-single (latency ms of findings(); precision, recall pct over directed
 links, a cut being two), localize-16k-double (two concurrent faults: latency, precision,
@@ -47,14 +44,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.benchkit import A, B, FLAP_HALF_LIFE_MS  # noqa: E402
+from linkpass_sim.localize_trials import NOISY_SHARE, TrialFleet, localize_rows, run_trials  # noqa: E402
 from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.fabric import from_testbed, rail_optimized  # noqa: E402
 from linkpass.core.constants import PROBE_PORT_BASE  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
 from linkpass.core.detector import Reason  # noqa: E402
-from linkpass.core.states import Direction, State  # noqa: E402
-from linkpass.core.localize import BOTH, Localizer, Observation  # noqa: E402
-from linkpass.core.plan import plan_probes  # noqa: E402
+from linkpass.core.states import State  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
 from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: E402
 from linkpass.coordinator.client import Client  # noqa: E402
@@ -64,147 +60,27 @@ from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.trials import linkpass_hard  # noqa: E402
 
 SHAPE = (2048, 8, 32, 32)  # hosts, rails, hosts per leaf, spines per plane: 16 384 GPUs
-NOISY_SHARE = 0.01
-NOISE_BAD = 0.30
-NOISE_FLIP = 0.5
-FWD, REV = Direction.FWD.value, Direction.REV.value  # the localizer takes a direction or its value
-NOISE_DIRECTIONS = (FWD, REV, BOTH, None)
-
-
 def free_port(host: str) -> int:
     with socket.socket() as sk:
         sk.bind((host, 0))
         return sk.getsockname()[1]
 
 
-class Fleet:
-    """The model, the plan, the healthy observations and which paths cross which link."""
-
-    def __init__(self):
-        t = time.perf_counter()
-        self.model = rail_optimized(*SHAPE)
-        self.plan = plan_probes(self.model)
-        self.reporter: list[str] = []
-        self.keys: list[str] = []
-        self.forward: list[tuple[str, ...]] = []
-        self.reverse: list[tuple[str, ...]] = []
-        self.paths_of_host: dict[str, list[int]] = {}
-        self.fwd_index: dict[str, list[int]] = {}  # directed link -> paths whose probes cross it
-        self.rev_index: dict[str, list[int]] = {}  # directed link -> paths whose replies cross it
-        for host, paths in self.plan.paths.items():
-            for n, p in enumerate(paths):
-                i = len(self.keys)
-                self.reporter.append(host)
-                self.keys.append(f"{host}/{n}")
-                fwd = self.model.node_path(host, p.peer, p.plane, p.spine)
-                rev = self.model.node_path(p.peer, host, p.plane, p.spine)
-                self.forward.append(fwd)
-                self.reverse.append(rev)
-                self.paths_of_host.setdefault(host, []).append(i)
-                for d in fwd:
-                    self.fwd_index.setdefault(d, []).append(i)
-                for d in rev:
-                    self.rev_index.setdefault(d, []).append(i)
-        self.tiers = self.model.links_by_tier()
-        self.localizer = Localizer(self.model)
-        t_ingest = time.perf_counter()
-        for i in range(len(self.keys)):
-            self.localizer.update(self.observation(i, False, None))
-        self.initial_ingest_us = (time.perf_counter() - t_ingest) / len(self.keys) * 1e6
-        self.setup_s = time.perf_counter() - t
-        progress(f"fleet: {len(self.model.links)} links, {len(self.keys)} planned paths, "
-                 f"set up in {self.setup_s:.1f} s (ingest {self.initial_ingest_us:.1f} us/observation)")
-
-    def observation(self, i: int, bad: bool, direction: str | None) -> Observation:
-        return Observation(self.reporter[i], self.keys[i], self.forward[i], self.reverse[i], bad,
-                           direction if bad else None)
-
-
-def random_faults(fleet: Fleet, rng: random.Random, count: int) -> set[str]:
-    """`count` distinct physical links, any tier; each cut (both directions) or one direction."""
-    names: set[str] = set()
-    while len(names) < count:
-        names.add(rng.choice(fleet.tiers[rng.choice(sorted(fleet.tiers))]))
-    truth = set()
-    for name in sorted(names):
-        truth.update([f"{name}:up", f"{name}:down"] if rng.random() < 0.5
-                     else [f"{name}:{rng.choice(('up', 'down'))}"])
-    return truth
-
-
-def verdicts(fleet: Fleet, rng: random.Random, truth: set[str]) -> dict[int, str | None]:
-    """path index -> direction, for the paths reported bad (faults, then noisy agents)."""
-    fwd_hit = {i for d in truth for i in fleet.fwd_index.get(d, ())}
-    rev_hit = {i for d in truth for i in fleet.rev_index.get(d, ())}
-    bad = {i: (BOTH if i in fwd_hit and i in rev_hit else FWD if i in fwd_hit else REV)
-           for i in fwd_hit | rev_hit}
-    hosts = fleet.model.hosts
-    for host in rng.sample(hosts, max(1, round(NOISY_SHARE * len(hosts)))):
-        for i in fleet.paths_of_host[host]:
-            if i in bad:
-                if rng.random() < NOISE_FLIP:
-                    del bad[i]
-            elif rng.random() < NOISE_BAD:
-                bad[i] = rng.choice(NOISE_DIRECTIONS)
-    return bad
-
-
-def run_trials(fleet: Fleet, rng: random.Random, trials: int, faults: int, label: str) -> dict:
-    out = {"latency_ms": [], "precision": [], "recall": [], "update_us": [], "tp": 0, "fp": 0, "fn": 0}
-    loc = fleet.localizer
-    for t in range(trials):
-        truth = random_faults(fleet, rng, faults)
-        bad = verdicts(fleet, rng, truth)
-        t0 = time.perf_counter()
-        for i, direction in bad.items():
-            loc.update(fleet.observation(i, True, direction))
-        t1 = time.perf_counter()
-        found = loc.findings()
-        t2 = time.perf_counter()
-        for i in bad:  # back to the healthy fleet for the next trial
-            loc.update(fleet.observation(i, False, None))
-        t3 = time.perf_counter()
-        got = {f.directed for f in found}
-        tp, fp, fn = len(got & truth), len(got - truth), len(truth - got)
-        out["tp"] += tp
-        out["fp"] += fp
-        out["fn"] += fn
-        out["latency_ms"].append((t2 - t1) * 1e3)
-        out["precision"].append(100.0 * tp / len(got) if got else 100.0 if not truth else 0.0)
-        out["recall"].append(100.0 * tp / len(truth))
-        out["update_us"].append(((t1 - t0) + (t3 - t2)) / (2 * len(bad)) * 1e6 if bad else 0.0)
-        if fp or fn:
-            progress(f"{label} trial {t + 1}: truth {sorted(truth)} found {sorted(got)}")
-    return out
-
-
-def localize_rows(case: str, res: dict) -> list[dict]:
-    tp, fp, fn = res["tp"], res["fp"], res["fn"]
-    overall_p = round(100.0 * tp / (tp + fp), 3) if tp + fp else None
-    overall_r = round(100.0 * tp / (tp + fn), 3) if tp + fn else None
-    return [row(case, "latency", "ms", [round(v, 3) for v in res["latency_ms"]], target_max=100),
-            # a precision or recall's bad tail is its low end
-            row(case, "precision", "pct", res["precision"], q=0.01, overall=overall_p, true_positives=tp,
-                false_positives=fp, target_min=99),
-            row(case, "recall", "pct", res["recall"], q=0.01, overall=overall_r, true_positives=tp,
-                false_negatives=fn, target_min=99)]
-
-
 # ---- cases: each takes (fleet, args, shared results) and returns rows --------------------------
 
-def case_localize_single(fleet: Fleet, args, shared: dict) -> list[dict]:
+def case_localize_single(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     res = run_trials(fleet, random.Random(args.seed), args.trials, 1, "single")
     shared["update_us"] = shared.get("update_us", []) + res["update_us"]
     return localize_rows("localize-16k-single", res)
 
 
-def case_localize_double(fleet: Fleet, args, shared: dict) -> list[dict]:
+def case_localize_double(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     res = run_trials(fleet, random.Random(args.seed + 1), args.trials, 2, "double")
     shared["update_us"] = shared.get("update_us", []) + res["update_us"]
     return localize_rows("localize-16k-double", res)
 
 
-def case_localize_update(fleet: Fleet, args, shared: dict) -> list[dict]:
+def case_localize_update(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     """update() cost per observation, from the trials the cases before it ran."""
     values = [round(v, 3) for v in shared.get("update_us", [])]
     return [row("localize-16k-update", "latency", "us", values,
@@ -215,7 +91,7 @@ INGEST_CLIENTS = 4
 INGEST_WINDOW_S = 2.0
 
 
-def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
+def case_ingest(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     """Path reports through the real endpoint: the coordinator as a Ray actor (its own process)
     with the addressed 16k model; every planned path registered with its hops (mapped onto
     links); then INGEST_CLIENTS threads post one agent's report per request (all its paths) over
@@ -253,7 +129,7 @@ def case_ingest(fleet: Fleet, args, shared: dict) -> list[dict]:
     return rows_out
 
 
-def path_tables(fleet: Fleet, model) -> dict[str, list[dict]]:
+def path_tables(fleet: TrialFleet, model) -> dict[str, list[dict]]:
     """host -> its path table as the agent registers it: every planned path with its hops."""
     tables: dict[str, list[dict]] = {}
     for host, paths in fleet.plan.paths.items():
@@ -340,7 +216,7 @@ def ingest_rates(url: str, tokens: dict[str, str], case: str, hosts: list[str], 
 PLAN_ROUND_AGENTS = 1000
 
 
-def case_plan_round(fleet: Fleet, args, shared: dict) -> list[dict]:
+def case_plan_round(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     """A report round after a plan change: every agent reports once, holding the previous plan.
     Without a fabric model every agent probes every other, so a whole plan per answer makes the
     round O(N^2); deltas make it O(changes)."""
@@ -382,7 +258,7 @@ def case_plan_round(fleet: Fleet, args, shared: dict) -> list[dict]:
     return [row("plan-round", "round", "ms", fast, "whole plans", slow, agents=PLAN_ROUND_AGENTS)]
 
 
-def case_summary_round(fleet: Fleet, args, shared: dict) -> list[dict]:
+def case_summary_round(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     """Every agent's periodic check once: a digest of its verdicts (what agents send now) against
     its whole table (what they sent every summary_s before), through Coordinator.report in
     process, each body decoded from JSON first as the endpoint does."""
@@ -427,7 +303,7 @@ def case_summary_round(fleet: Fleet, args, shared: dict) -> list[dict]:
                 peer_body_bytes=bytes_per["whole"])]
 
 
-def case_failover_coordinator_away(fleet: Fleet, args, shared: dict) -> list[dict]:
+def case_failover_coordinator_away(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     """Agents fail over alone: fault -> route at h0 with the coordinator gone (agents configured
     for one that does not answer) against the same agents reporting to a live coordinator actor,
     in the same run, on the testbed (root). Trials alternate the two planes' uplinks of h0."""
@@ -502,7 +378,7 @@ def main() -> int:
     args.trials = args.trials or (20 if args.quick else 1000)
     args.ingest_trials = 3 if args.quick else 20
     print(f"coordinator localization, rail_optimized{SHAPE}, {args.trials} trials per case")
-    fleet = Fleet()
+    fleet = TrialFleet(rail_optimized(*SHAPE))
     rows: list[dict] = []
     shared: dict = {}
     for case in CASES:

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Scale: the coordinator's fabric logic and the fleet simulator at 131 072 GPUs on a 3-tier fabric.
+
+    python sim/bench/scale.py [--quick] [--trials N] [--seeds N] [--seed S] [--json FILE] [--only CASE]
+
+Fleet: 16 384 hosts x 8 rails, radix-64 switches (`Shape.for_gpus(131072)`): per plane 512
+leaves of 32 hosts, 16 pods of 32 leaves and 32 spines, 32 core groups of 32 cores; 393 216
+physical links. The peer of every row is the 16 384-GPU 2-tier fleet of today's benchmarks
+(`Shape.for_gpus(16384)`), measured the same way in the same run; the ratio is how many times
+the 131k figure is better (below 1: worse), so it reads as the cost of 8x the fleet.
+
+Rows:
+  plan-131k               wall (s) of `plan_probes` for the whole fleet; extras: paths, paths per
+                          host, the fewest reporters on any directed link of each tier (coverage
+                          checked independently of the planner, target >= 2).
+  localize-131k-single    findings() latency (ms) after one fault's reports arrive, precision and
+  localize-131k-double    recall (pct) over directed links (a cut is two); faults on random links
+                          of any tier, 1 % noisy agents (sim/linkpass_sim/localize_trials.py).
+                          Replies are not traced, as in the coordinator: each path's replies take
+                          their own ECMP route and a lost one blames every link it may have
+                          crossed. Targets: <= 100 ms, >= 99 %.
+  sim-131k-day            wall (s) of one simulated day (scenario clockwork), fabric, plan and
+                          every probed path built inside; target <= 60 s.
+
+Not measured here: the sharded coordinator's rows (ingest-shards-S, shard-load-131k-S): the
+coordinator is still one actor.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from linkpass_sim import fleet as fleet_sim  # noqa: E402
+from linkpass_sim import report  # noqa: E402
+from linkpass_sim.failures import Shape  # noqa: E402
+from linkpass_sim.localize_trials import NOISY_SHARE, TrialFleet, run_trials  # noqa: E402
+from linkpass_sim.report import progress, row  # noqa: E402
+from linkpass.core.fabric import generated  # noqa: E402
+from linkpass.core.plan import coverage, plan_probes  # noqa: E402
+
+BIG, PEER = 131_072, 16_384
+DAY_TARGET_S = 60.0
+LOCALIZE_TARGET_MS = 100.0
+PR_TARGET_PCT = 99.0
+
+
+def model_of(gpus: int):
+    return generated(Shape.for_gpus(gpus).layout())
+
+
+def case_plan(args, shared) -> list[dict]:
+    out = {}
+    for gpus in (BIG, PEER):
+        model = shared.setdefault(("model", gpus), model_of(gpus))
+        walls = []
+        for _ in range(args.plan_trials):
+            t = time.perf_counter()
+            plan = plan_probes(model)
+            walls.append(time.perf_counter() - t)
+        cov = coverage(model, plan)
+        fewest: dict[str, int] = {}
+        for lk in model.links.values():
+            for d in ("up", "down"):
+                n = cov.get(f"{lk.name}:{d}", 0)
+                fewest[lk.kind] = min(fewest.get(lk.kind, n), n)
+        per_host = sorted(len(ps) for ps in plan.paths.values())
+        out[gpus] = (walls, dict(paths=plan.total_paths, links=len(model.links),
+                                 paths_per_host_min=per_host[0], paths_per_host_max=per_host[-1],
+                                 fewest_reporters_by_tier=fewest, under_covered=len(plan.under_covered)))
+        progress(f"plan {gpus} GPUs: {min(walls):.2f} s, {plan.total_paths} paths, fewest reporters {fewest}")
+    walls, extra = out[BIG]
+    return [row("plan-131k", "wall", "s", [round(w, 3) for w in walls], f"plan-{PEER // 1024}k",
+                [round(w, 3) for w in out[PEER][0]], met=min(extra["fewest_reporters_by_tier"].values()) >= 2,
+                peer_extra=out[PEER][1], **extra)]
+
+
+def localize_case(args, shared, faults: int, case: str) -> list[dict]:
+    res = {}
+    for gpus in (BIG, PEER):
+        key = ("trials", gpus)
+        if key not in shared:
+            shared[key] = TrialFleet(shared.get(("model", gpus)) or model_of(gpus), reverse_traced=False, seed=args.seed)
+        res[gpus] = run_trials(shared[key], random.Random(args.seed + faults), args.trials, faults,
+                               f"{case} {gpus // 1024}k")
+    big, peer = res[BIG], res[PEER]
+
+    def overall(r, wrong):
+        tp = r["tp"]
+        return round(100.0 * tp / (tp + r[wrong]), 3) if tp + r[wrong] else None
+
+    tiers = sorted(t for t, links in shared[("trials", BIG)].tiers.items() if links)
+    lat = [round(v, 3) for v in big["latency_ms"]]
+    return [row(case, "latency", "ms", lat, f"localize-{PEER // 1024}k", [round(v, 3) for v in peer["latency_ms"]],
+                max=max(lat), target_max=LOCALIZE_TARGET_MS, met=max(lat) <= LOCALIZE_TARGET_MS, tiers=tiers,
+                reverse="untraced", noisy_share=NOISY_SHARE),
+            row(case, "precision", "pct", big["precision"], f"localize-{PEER // 1024}k", peer["precision"],
+                better="higher", q=0.01, overall=overall(big, "fp"), peer_overall=overall(peer, "fp"),
+                true_positives=big["tp"], false_positives=big["fp"], target_min=PR_TARGET_PCT),
+            row(case, "recall", "pct", big["recall"], f"localize-{PEER // 1024}k", peer["recall"],
+                better="higher", q=0.01, overall=overall(big, "fn"), peer_overall=overall(peer, "fn"),
+                true_positives=big["tp"], false_negatives=big["fn"], target_min=PR_TARGET_PCT)]
+
+
+def case_localize_single(args, shared) -> list[dict]:
+    return localize_case(args, shared, 1, "localize-131k-single")
+
+
+def case_localize_double(args, shared) -> list[dict]:
+    return localize_case(args, shared, 2, "localize-131k-double")
+
+
+def case_sim_day(args, shared) -> list[dict]:
+    walls = {BIG: [], PEER: []}
+    kinds = {}
+    for seed in range(1, args.seeds + 1):
+        for gpus in (BIG, PEER):  # interleaved: the machine's mood touches both alike
+            t = time.perf_counter()
+            r = fleet_sim.run(gpus, 1.0, "clockwork", seed)
+            walls[gpus].append(round(time.perf_counter() - t, 2))
+            if gpus == BIG:
+                for o in r.outcomes:
+                    k = kinds.setdefault(o.kind, {"failures": 0, "localized": 0, "false_findings": 0})
+                    k["failures"] += 1
+                    k["localized"] += o.localized
+                    k["false_findings"] += o.false_findings
+            progress(f"day {seed}/{args.seeds} at {gpus} GPUs: {walls[gpus][-1]} s, {len(r.outcomes)} network "
+                     f"failures, set-up {r.setup_s:.1f} s")
+    return [row("sim-131k-day", "wall", "s", walls[BIG], f"sim-{PEER // 1024}k-day", walls[PEER],
+                scenario="clockwork", target_s=DAY_TARGET_S, met=max(walls[BIG]) <= DAY_TARGET_S,
+                outcomes_131k=kinds)]
+
+
+CASES = {"plan": case_plan, "localize_single": case_localize_single, "localize_double": case_localize_double,
+         "sim_day": case_sim_day}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few trials per case (smoke test)")
+    ap.add_argument("--trials", type=int, default=None, help="localization trials per case (default 100)")
+    ap.add_argument("--seeds", type=int, default=None, help="simulated days per fleet (default 3)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--only", choices=sorted(CASES), action="append", help="run only this case (repeatable)")
+    args = ap.parse_args()
+    args.trials = args.trials or (10 if args.quick else 100)
+    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.plan_trials = 1 if args.quick else 3
+    shared: dict = {}
+    rows: list[dict] = []
+    for name in args.only or list(CASES):
+        t = time.perf_counter()
+        rows += CASES[name](args, shared)
+        progress(f"case {name}: {time.perf_counter() - t:.0f} s")
+    print(f"\n{'case':24} {'metric':10} {'n':>4} {'median':>9} {'p99':>9} {'peer median':>12} {'ratio':>6}  met")
+    for x in rows:
+        print(f"{x['case']:24} {x['metric']:10} {x['n']:>4} {str(x['median']):>9} {str(x['p99']):>9} "
+              f"{str(x.get('peer_median')):>12} {str(x.get('ratio')):>6}  {x.get('met', '')}")
+    shape = Shape.for_gpus(BIG)
+    report.write(report.document("scale", rows, gpus=BIG, peer_gpus=PEER, shape=vars(shape),
+                                 trials=args.trials, seeds=args.seeds, seed=args.seed), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

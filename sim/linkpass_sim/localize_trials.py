@@ -1,0 +1,161 @@
+"""Localization trials on a fleet model: random faults, the probe plan's verdicts, 1 % noisy agents,
+the real Localizer, precision and recall. Shared by the coordinator benchmark (the 16k 2-tier
+fleet) and the scale benchmark (131k 3-tier, with the 16k fleet as its peer).
+
+A `TrialFleet` holds the model, the plan, one Observation per planned path and which paths
+cross which directed link. With `reverse_traced` (the coordinator benchmark's rows) an
+observation carries its replies' links, assumed to return through the probes' spine and core;
+without (what the coordinator does: reply paths are ECMP-hashed by the peer and not traced)
+each path's replies take a route of their own, fixed per path as a flow hash is, and the
+observation carries none: the localizer then blames every link a lost reply may have crossed.
+
+Per trial, random faults on random links of any tier (half cuts: both directions; half one
+direction only) make every path crossing them bad, with the direction they break; 1 % of the
+agents (random) are noisy: each marks a random 30 % of its paths bad with a random direction,
+and its truly bad paths good half the time. Only the observations that changed are update()'d
+into a Localizer that already holds the healthy fleet, then findings() is timed; afterwards the
+changed observations are set back to good.
+"""
+from __future__ import annotations
+
+import gc
+import random
+import time
+
+from linkpass.core.localize import BOTH, Localizer, Observation
+from linkpass.core.plan import plan_probes
+from linkpass.core.states import Direction
+
+from .report import progress, row
+
+NOISY_SHARE = 0.01
+NOISE_BAD = 0.30
+NOISE_FLIP = 0.5
+FWD, REV = Direction.FWD.value, Direction.REV.value  # the localizer takes a direction or its value
+NOISE_DIRECTIONS = (FWD, REV, BOTH, None)
+
+
+
+class TrialFleet:
+    """The model, the plan, the healthy observations and which paths cross which link."""
+
+    def __init__(self, model, reverse_traced: bool = True, seed: int = 0):
+        t = time.perf_counter()
+        self.model = model
+        self.plan = plan_probes(self.model)
+        self.reverse_traced = reverse_traced
+        rng = random.Random(seed)  # the replies' own routes, when they are not traced
+        self.reporter: list[str] = []
+        self.keys: list[str] = []
+        self.forward: list[tuple[str, ...]] = []
+        self.reverse: list[tuple[str, ...]] = []
+        self.paths_of_host: dict[str, list[int]] = {}
+        self.fwd_index: dict[str, list[int]] = {}  # directed link -> paths whose probes cross it
+        self.rev_index: dict[str, list[int]] = {}  # directed link -> paths whose replies cross it
+        for host, paths in self.plan.paths.items():
+            for n, p in enumerate(paths):
+                i = len(self.keys)
+                self.reporter.append(host)
+                self.keys.append(f"{host}/{n}")
+                fwd = self.model.node_path(host, p.peer, p.plane, p.spine, p.core)
+                if reverse_traced or p.spine is None:
+                    rev = self.model.node_path(p.peer, host, p.plane, p.spine, p.core)
+                else:
+                    cores = self.model.cores_per_group(p.plane)
+                    rev = self.model.node_path(p.peer, host, p.plane, rng.randrange(self.model.spines_per_pod(p.plane)),
+                                               rng.randrange(cores) if cores else None)
+                self.forward.append(fwd)
+                self.reverse.append(rev)
+                self.paths_of_host.setdefault(host, []).append(i)
+                for d in fwd:
+                    self.fwd_index.setdefault(d, []).append(i)
+                for d in rev:
+                    self.rev_index.setdefault(d, []).append(i)
+        self.tiers = self.model.links_by_tier()
+        self.localizer = Localizer(self.model)
+        t_ingest = time.perf_counter()
+        for i in range(len(self.keys)):
+            self.localizer.update(self.observation(i, False, None))
+        self.initial_ingest_us = (time.perf_counter() - t_ingest) / len(self.keys) * 1e6
+        gc.collect()
+        gc.freeze()  # as the coordinator does once its state is loaded (coordinator/runner.py)
+        self.setup_s = time.perf_counter() - t
+        progress(f"fleet: {len(self.model.links)} links, {len(self.keys)} planned paths, "
+                 f"set up in {self.setup_s:.1f} s (ingest {self.initial_ingest_us:.1f} us/observation)")
+
+    def observation(self, i: int, bad: bool, direction: str | None) -> Observation:
+        return Observation(self.reporter[i], self.keys[i], self.forward[i],
+                           self.reverse[i] if self.reverse_traced else None, bad, direction if bad else None)
+
+
+def random_faults(fleet: TrialFleet, rng: random.Random, count: int) -> set[str]:
+    """`count` distinct physical links, any tier; each cut (both directions) or one direction."""
+    names: set[str] = set()
+    tiers = sorted(t for t, links in fleet.tiers.items() if links)
+    while len(names) < count:
+        names.add(rng.choice(fleet.tiers[rng.choice(tiers)]))
+    truth = set()
+    for name in sorted(names):
+        truth.update([f"{name}:up", f"{name}:down"] if rng.random() < 0.5
+                     else [f"{name}:{rng.choice(('up', 'down'))}"])
+    return truth
+
+
+def verdicts(fleet: TrialFleet, rng: random.Random, truth: set[str]) -> dict[int, str | None]:
+    """path index -> direction, for the paths reported bad (faults, then noisy agents)."""
+    fwd_hit = {i for d in truth for i in fleet.fwd_index.get(d, ())}
+    rev_hit = {i for d in truth for i in fleet.rev_index.get(d, ())}
+    bad = {i: (BOTH if i in fwd_hit and i in rev_hit else FWD if i in fwd_hit else REV)
+           for i in fwd_hit | rev_hit}
+    hosts = fleet.model.hosts
+    for host in rng.sample(hosts, max(1, round(NOISY_SHARE * len(hosts)))):
+        for i in fleet.paths_of_host[host]:
+            if i in bad:
+                if rng.random() < NOISE_FLIP:
+                    del bad[i]
+            elif rng.random() < NOISE_BAD:
+                bad[i] = rng.choice(NOISE_DIRECTIONS)
+    return bad
+
+
+def run_trials(fleet: TrialFleet, rng: random.Random, trials: int, faults: int, label: str) -> dict:
+    out = {"latency_ms": [], "precision": [], "recall": [], "update_us": [], "tp": 0, "fp": 0, "fn": 0}
+    loc = fleet.localizer
+    for t in range(trials):
+        truth = random_faults(fleet, rng, faults)
+        bad = verdicts(fleet, rng, truth)
+        t0 = time.perf_counter()
+        for i, direction in bad.items():
+            loc.update(fleet.observation(i, True, direction))
+        t1 = time.perf_counter()
+        found = loc.findings()
+        t2 = time.perf_counter()
+        for i in bad:  # back to the healthy fleet for the next trial
+            loc.update(fleet.observation(i, False, None))
+        t3 = time.perf_counter()
+        got = {f.directed for f in found}
+        tp, fp, fn = len(got & truth), len(got - truth), len(truth - got)
+        out["tp"] += tp
+        out["fp"] += fp
+        out["fn"] += fn
+        out["latency_ms"].append((t2 - t1) * 1e3)
+        out["precision"].append(100.0 * tp / len(got) if got else 100.0 if not truth else 0.0)
+        out["recall"].append(100.0 * tp / len(truth))
+        out["update_us"].append(((t1 - t0) + (t3 - t2)) / (2 * len(bad)) * 1e6 if bad else 0.0)
+        if fp or fn:
+            progress(f"{label} trial {t + 1}: truth {sorted(truth)} found {sorted(got)}")
+    return out
+
+
+def localize_rows(case: str, res: dict) -> list[dict]:
+    tp, fp, fn = res["tp"], res["fp"], res["fn"]
+    overall_p = round(100.0 * tp / (tp + fp), 3) if tp + fp else None
+    overall_r = round(100.0 * tp / (tp + fn), 3) if tp + fn else None
+    return [row(case, "latency", "ms", [round(v, 3) for v in res["latency_ms"]], target_max=100),
+            # a precision or recall's bad tail is its low end
+            row(case, "precision", "pct", res["precision"], q=0.01, overall=overall_p, true_positives=tp,
+                false_positives=fp, target_min=99),
+            row(case, "recall", "pct", res["recall"], q=0.01, overall=overall_r, true_positives=tp,
+                false_negatives=fn, target_min=99)]
+
+
