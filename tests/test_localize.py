@@ -280,3 +280,72 @@ def test_three_tier_one_percent_noisy_agents_change_nothing():
     for truth in ({"p0s2-p0c8:up"}, {"h17-p1l4:down"}, {"p1l33-p1s33:up"}):
         fs, names = named3(truth, noisy=noisy)
         assert truth <= names and len(fs) == 1, (truth, fs)
+
+
+def test_claims_naming_too_many_links_do_not_count():
+    # a reply lost between pods may have crossed any of 2 + 2S + 2SC links (42 here); with the
+    # limit under that, such claims are dropped and the fault is found from the probes alone
+    def peer(o):
+        return o.forward[-1].split("-")[0]
+
+    for name in sorted(n for n in MODEL3.links_by_tier()["spine-core"] if n.startswith("p1")):
+        truth = {f"{name}:up"}
+        obs = observations3(truth)
+        # replies that came up through it from another pod and were lost
+        wide = [o for o in obs if o.bad and o.direction == "reverse" and not MODEL3.same_pod(o.reporter, peer(o), 1)]
+        if wide:
+            break
+    assert wide
+    loc = Localizer(MODEL3, max_candidates=2 + 2 * 4)  # in-pod reply claims still count
+    for o in obs:
+        loc.update(o)
+    assert [f.directed for f in loc.findings()] == sorted(truth)
+    assert all(loc._entries[o.key].claims == () for o in wide)
+    # lost replies alone convict nothing once they are too vague
+    only_replies = [o for o in obs if not o.bad or o.direction == "reverse"]
+    assert localize(MODEL3, only_replies, max_candidates=10) == []
+
+
+def test_noisy_agents_meeting_on_one_link_are_not_a_finding():
+    """Two noisy agents under one leaf each call a few of their paths bad, one of them across the
+    same leaf-spine link, which only one more path crosses: 2 bad against 1 good, 2 reporters.
+    Each lends the link a tenth of its claims: not a finding; with no support required, it is."""
+    model = three_tier(64, 1, 8, 2, 2, 2)
+    leaf_spine = "p0l0-p0s0:up"
+    a, b, c = "h0", "h1", "h2"
+    peers = [h for h in model.hosts if not model.same_pod("h0", h, 0)]
+    obs = []
+    for r, bad_across in ((a, True), (b, True), (c, False)):
+        obs.append(Observation(r, f"{r}/x", model.node_path(r, peers[0], 0, 0, 0), None, bad_across,
+                               "forward" if bad_across else None))
+    for n in range(9):  # their other claims: each on a different link of another spine
+        for r in (a, b):
+            obs.append(Observation(r, f"{r}/{n}", model.node_path(r, peers[n + 1], 0, 1, n % 2), None, True, "forward"))
+    # good evidence on the other claims' links from other reporters, so only leaf_spine is open
+    for n, h in enumerate(model.hosts[8:40]):
+        obs.append(Observation(h, f"{h}/g{n}", model.node_path(h, peers[(n + 3) % len(peers)], 0, 1, n % 2),
+                               model.node_path(peers[(n + 3) % len(peers)], h, 0, 1, n % 2), False))
+    assert leaf_spine not in {f.directed for f in localize(model, obs)}
+    assert leaf_spine in {d for f in localize(model, obs, min_support=0) for d in (f.directed, *f.alternatives)}
+
+
+def test_vote_counts_kept_on_update_match_a_recount():
+    rng = random.Random(11)
+    loc = Localizer(MODEL)
+    obs = observations({"p0l2-p0s1:up", "h3-p0l0:down"}, noisy={"h7", "h20"}, seed=3) + observations(set())
+    for _ in range(3000):
+        o = rng.choice(obs)
+        if rng.random() < 0.2:
+            loc.forget(o.key)
+        else:
+            loc.update(o)
+    links = set(loc._good_by) | set(loc._bad_by)
+    for ignore in (set(), {"h7"}, {"h7", "h3", "h20"}):
+        for d in links:
+            good_by, bad_by = loc._good_by.get(d, {}), loc._bad_by.get(d, {})
+            good = sum(1 for r, n in good_by.items() if n > bad_by.get(r, 0) and r not in ignore)
+            bad = sum(1 for r, n in bad_by.items() if n > good_by.get(r, 0) and r not in ignore)
+            assert loc.exonerated(d, ignore) == (good >= 2 and good >= bad), (d, ignore)
+    for o in obs:
+        loc.forget(o.key)
+    assert loc._good_votes == {} and loc._bad_votes == {}

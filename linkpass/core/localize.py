@@ -167,13 +167,30 @@ class Localizer:
         self._entries[obs.key] = entry
         self._by_reporter.setdefault(obs.reporter, set()).add(obs.key)
         r = obs.reporter
+        good_all, bad_all, good_count = self._good_by, self._bad_by, self._good_count
         for d in entry.credited:
-            self._good_count[d] = self._good_count.get(d, 0) + 1
-            self._evidence(self._good_by, d, r, +1)
+            good_count[d] = good_count.get(d, 0) + 1
+            by = good_all.get(d)
+            if by is None:
+                by = good_all[d] = {}
+            g = by.get(r, 0)
+            by[r] = g + 1
+            other = bad_all.get(d)
+            b = other.get(r, 0) if other else 0
+            if g <= b:  # r's vote on d moves towards good
+                self._move_vote(d, g - b, g + 1 - b)
         if obs.bad:
             self._bad_keys.add(obs.key)
             for d in entry.blamed:
-                self._evidence(self._bad_by, d, r, +1)
+                by = bad_all.get(d)
+                if by is None:
+                    by = bad_all[d] = {}
+                b = by.get(r, 0)
+                by[r] = b + 1
+                other = good_all.get(d)
+                g = other.get(r, 0) if other else 0
+                if b <= g:  # towards bad
+                    self._move_vote(d, g - b, g - b - 1)
 
     def forget(self, key: str) -> None:
         entry = self._entries.pop(key, None)
@@ -184,42 +201,53 @@ class Localizer:
         keys.discard(key)
         if not keys:
             del self._by_reporter[r]
+        good_all, bad_all = self._good_by, self._bad_by
         for d in entry.credited:
             _decrement(self._good_count, d)
-            self._evidence(self._good_by, d, r, -1)
+            by = good_all[d]
+            g = by[r]
+            _decrement(by, r)
+            if not by:
+                del good_all[d]
+            other = bad_all.get(d)
+            b = other.get(r, 0) if other else 0
+            if g <= b + 1:  # towards bad
+                self._move_vote(d, g - b, g - 1 - b)
         if entry.obs.bad:
             self._bad_keys.discard(key)
             for d in entry.blamed:
-                self._evidence(self._bad_by, d, r, -1)
+                by = bad_all[d]
+                b = by[r]
+                _decrement(by, r)
+                if not by:
+                    del bad_all[d]
+                other = good_all.get(d)
+                g = other.get(r, 0) if other else 0
+                if b <= g + 1:  # towards good
+                    self._move_vote(d, g - b, g - b + 1)
 
-    def _evidence(self, table: dict[str, dict[str, int]], d: str, r: str, step: int) -> None:
-        """Add `step` to reporter r's good or bad evidence on d (`table`), and move its vote."""
-        good, bad = self._good_by.get(d, _NO_VOTES).get(r, 0), self._bad_by.get(d, _NO_VOTES).get(r, 0)
-        before = (good > bad) - (bad > good)
-        by = table.get(d)
-        if by is None:
-            by = table[d] = {}
-        n = by.get(r, 0) + step
-        if n:
-            by[r] = n
+    def _move_vote(self, d: str, before: int, after: int) -> None:
+        """A reporter's good-minus-bad evidence on d went from `before` to `after` (one apart):
+        move its vote (good above 0, bad below) in the counts."""
+        if before > 0:
+            if after > 0:
+                return
+            counts = self._good_votes
+        elif before < 0:
+            if after < 0:
+                return
+            counts = self._bad_votes
         else:
-            del by[r]
-            if not by:
-                del table[d]
-        if table is self._good_by:
-            good = n
-        else:
-            bad = n
-        after = (good > bad) - (bad > good)
-        if after != before:
-            for vote, change in ((before, -1), (after, +1)):
-                if vote:
-                    counts = self._good_votes if vote > 0 else self._bad_votes
-                    m = counts.get(d, 0) + change
-                    if m:
-                        counts[d] = m
-                    else:
-                        del counts[d]
+            counts = None
+        if counts is not None:
+            m = counts[d] - 1
+            if m:
+                counts[d] = m
+            else:
+                del counts[d]
+        if after:
+            counts = self._good_votes if after > 0 else self._bad_votes
+            counts[d] = counts.get(d, 0) + 1
 
     def forget_reporter(self, reporter: str) -> None:
         for key in list(self._by_reporter.get(reporter, ())):
