@@ -658,3 +658,39 @@ def test_digests_are_answered_only_to_agents_that_take_them_and_a_mismatch_asks_
     for bad in ("ABC", "0" * 31, 7, "g" * 32):
         with pytest.raises(CoordinatorError, match="digest: expected 32 lowercase hex"):
             coord.report({"name": "h1", "digests": True, "digest": bad}, 1006.0)
+
+
+def test_a_three_tier_fleet_maps_5_router_paths_and_localizes_a_core_link(tmp_path):
+    from linkpass.core.fabric import three_tier
+    from linkpass.core.plan import plan_probes
+
+    model = three_tier(16, 1, 2, 2, 2, 2, addressed=True)  # 8 leaves, 4 pods, 4 cores
+    plan = plan_probes(model, full_mesh_max=4)
+    store = Store(str(tmp_path / "c.db"))
+    try:
+        c = Coordinator(store, model, CoordinatorConfig(), now=1000.0)
+        for i, host in enumerate(model.hosts):
+            rows = []
+            for pid, p in enumerate(plan.paths[host], 1):
+                hops, addr = model.hops_of(host, p.peer, p.plane, p.spine, p.core)
+                rows.append({"id": pid, "peer": p.peer, "plane": p.plane, "sport": 49152 + pid, "hops": hops,
+                             "peer_addr": addr, "state": "up", "reason": None})
+            nic = model.uplink(host, 0).a_addr
+            c.register({"name": host, "agent_id": i + 1, "service": nic, "nics": {"0": nic}, "version": "test",
+                        "paths": rows}, 1000.0)
+        assert c.counters["paths_unmapped"] == 0
+        between = [r for r in c.paths.values() if len(r.links) == 6]
+        assert between and all(":up" in r.links[2] and "-p0c" in r.links[2] for r in between)
+        target = next(r.links[2] for r in between)  # a spine -> core link some probes climb
+        changes: dict[str, list] = {}
+        for k, rec in c.paths.items():
+            if target in rec.links:
+                changes.setdefault(rec.reporter, []).append(
+                    {"id": int(k.split("/")[1]), "state": "degraded", "reason": "gray_loss_fwd"})
+        assert len(changes) >= 2
+        for name, ch in changes.items():
+            c.report({"name": name, "changes": ch}, 1001.0)
+        found = c.relocalize(1001.0)
+        assert [f["directed"] for f in found] == [target], found
+    finally:
+        store.close()
