@@ -72,7 +72,7 @@ DIRECTIONS = (Direction.FWD, Direction.REV, BOTH, None)
 MAX_CANDIDATES = 128
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Observation:
     """One path's verdict from `reporter`; `key` is unique per path fleet-wide ("h3/17").
 
@@ -112,7 +112,7 @@ class Finding:
                 "reporters": list(self.reporters), "alternatives": list(self.alternatives)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Entry:
     """What one observation contributed to the counters, to take it back exactly."""
 
