@@ -167,30 +167,14 @@ class Localizer:
         self._entries[obs.key] = entry
         self._by_reporter.setdefault(obs.reporter, set()).add(obs.key)
         r = obs.reporter
-        good_all, bad_all, good_count = self._good_by, self._bad_by, self._good_count
+        good_count = self._good_count
         for d in entry.credited:
             good_count[d] = good_count.get(d, 0) + 1
-            by = good_all.get(d)
-            if by is None:
-                by = good_all[d] = {}
-            g = by.get(r, 0)
-            by[r] = g + 1
-            other = bad_all.get(d)
-            b = other.get(r, 0) if other else 0
-            if g <= b:  # r's vote on d moves towards good
-                self._move_vote(d, g - b, g + 1 - b)
+            self._add(self._good_by, self._bad_by, d, r, +1)
         if obs.bad:
             self._bad_keys.add(obs.key)
             for d in entry.blamed:
-                by = bad_all.get(d)
-                if by is None:
-                    by = bad_all[d] = {}
-                b = by.get(r, 0)
-                by[r] = b + 1
-                other = good_all.get(d)
-                g = other.get(r, 0) if other else 0
-                if b <= g:  # towards bad
-                    self._move_vote(d, g - b, g - b - 1)
+                self._add(self._bad_by, self._good_by, d, r, -1)
 
     def forget(self, key: str) -> None:
         entry = self._entries.pop(key, None)
@@ -201,30 +185,40 @@ class Localizer:
         keys.discard(key)
         if not keys:
             del self._by_reporter[r]
-        good_all, bad_all = self._good_by, self._bad_by
         for d in entry.credited:
             _decrement(self._good_count, d)
-            by = good_all[d]
-            g = by[r]
-            _decrement(by, r)
-            if not by:
-                del good_all[d]
-            other = bad_all.get(d)
-            b = other.get(r, 0) if other else 0
-            if g <= b + 1:  # towards bad
-                self._move_vote(d, g - b, g - 1 - b)
+            self._drop(self._good_by, self._bad_by, d, r, +1)
         if entry.obs.bad:
             self._bad_keys.discard(key)
             for d in entry.blamed:
-                by = bad_all[d]
-                b = by[r]
-                _decrement(by, r)
-                if not by:
-                    del bad_all[d]
-                other = good_all.get(d)
-                g = other.get(r, 0) if other else 0
-                if b <= g + 1:  # towards good
-                    self._move_vote(d, g - b, g - b + 1)
+                self._drop(self._bad_by, self._good_by, d, r, -1)
+
+    def _add(self, mine: dict, theirs: dict, d: str, r: str, sign: int) -> None:
+        """One more piece of r's evidence on d in `mine` (good: sign +1, bad: -1; `theirs` the
+        other kind); its vote moves only when the evidence was even or against."""
+        by = mine.get(d)
+        if by is None:
+            by = mine[d] = {}
+        n = by.get(r, 0)
+        by[r] = n + 1
+        other = theirs.get(d)
+        m = other.get(r, 0) if other else 0
+        if n <= m:
+            diff = sign * (n - m)  # good minus bad, before
+            self._move_vote(d, diff, diff + sign)
+
+    def _drop(self, mine: dict, theirs: dict, d: str, r: str, sign: int) -> None:
+        """One piece less of r's evidence on d in `mine` (as `_add`)."""
+        by = mine[d]
+        n = by[r]
+        _decrement(by, r)
+        if not by:
+            del mine[d]
+        other = theirs.get(d)
+        m = other.get(r, 0) if other else 0
+        if n <= m + 1:
+            diff = sign * (n - m)
+            self._move_vote(d, diff, diff - sign)
 
     def _move_vote(self, d: str, before: int, after: int) -> None:
         """A reporter's good-minus-bad evidence on d went from `before` to `after` (one apart):

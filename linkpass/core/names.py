@@ -167,13 +167,7 @@ class LeafSpine:
 
     def nodes(self) -> Iterator[tuple[str, str, int | None]]:
         """(name, role, plane) of every node: the hosts (plane None), then per plane its leaves and spines."""
-        for name in self.host_names():
-            yield name, HOST, None
-        for p in range(self.planes):
-            for leaf in range(self.leaves_per_plane):
-                yield leaf_name(p, leaf), LEAF, p
-            for spine in range(self.spines_per_plane):
-                yield spine_name(p, spine), SPINE, p
+        return _nodes(self.host_names(), self.planes, self.leaves_per_plane, self.spines_per_plane, 0)
 
     def links(self) -> Iterator[GeneratedLink]:
         """Every link, per plane: host uplinks by host, then leaf-spine links by (leaf, spine)."""
@@ -187,6 +181,18 @@ class LeafSpine:
             for leaf, a in enumerate(leaves):
                 for spine, b in enumerate(spines):
                     yield GeneratedLink(link_name(a, b), LEAF_SPINE, p, a, b, leaf, spine)
+
+
+def _nodes(hosts: list[str], planes: int, leaves: int, spines: int, cores: int) -> Iterator[tuple[str, str, int | None]]:
+    for name in hosts:
+        yield name, HOST, None
+    for p in range(planes):
+        for leaf in range(leaves):
+            yield leaf_name(p, leaf), LEAF, p
+        for spine in range(spines):
+            yield spine_name(p, spine), SPINE, p
+        for core in range(cores):
+            yield core_name(p, core), CORE, p
 
 
 @dataclass(frozen=True)
@@ -242,15 +248,7 @@ class ThreeTier:
     def nodes(self) -> Iterator[tuple[str, str, int | None]]:
         """(name, role, plane) of every node: the hosts (plane None), then per plane its leaves,
         spines and cores."""
-        for name in self.host_names():
-            yield name, HOST, None
-        for p in range(self.planes):
-            for leaf in range(self.leaves_per_plane):
-                yield leaf_name(p, leaf), LEAF, p
-            for spine in range(self.spines_per_plane):
-                yield spine_name(p, spine), SPINE, p
-            for core in range(self.cores_per_plane):
-                yield core_name(p, core), CORE, p
+        return _nodes(self.host_names(), self.planes, self.leaves_per_plane, self.spines_per_plane, self.cores_per_plane)
 
     def links(self) -> Iterator[GeneratedLink]:
         """Every link, per plane: host uplinks by host, leaf-spine links by (leaf, spine), then
