@@ -676,9 +676,10 @@ def test_an_agent_sends_digests_and_a_lost_report_is_healed_by_one(server, tmp_p
         # the agent's path 1 goes down, and the report that said so is lost on the way
         rows[0] = {**rows[0], "state": "down", "reason": "hard_failure"}
         link.sent[rows[0]["id"]] = ("down", "hard_failure")
-        wait_until(lambda: srv.coordinator.paths["h1/1"].state == "down", 10, "the coordinator's copy healed",
-                   lambda: (link.stats, dict(srv.coordinator.counters)))
-        assert link.stats["tables_asked"] >= 1 and link.stats["tables"] >= 1
+        # the link counts the table once the coordinator has answered it: after its copy changed
+        wait_until(lambda: srv.coordinator.paths["h1/1"].state == "down" and link.stats["tables"] >= 1, 10,
+                   "the coordinator's copy healed", lambda: (link.stats, dict(srv.coordinator.counters)))
+        assert link.stats["tables_asked"] >= 1
         assert srv.coordinator.counters["digest_mismatches"] >= 1
         asked = link.stats["tables_asked"]
         time.sleep(1.0)  # healed: digests match again, no more tables
@@ -688,3 +689,19 @@ def test_an_agent_sends_digests_and_a_lost_report_is_healed_by_one(server, tmp_p
         assert "linkpass_coordinator_digests_total" in metrics
     finally:
         link.stop()
+
+
+def test_paths_the_fleet_model_cannot_map_are_counted_in_the_metrics(server):
+    srv, tokens = server
+    metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
+    assert "linkpass_coordinator_paths_unmapped 0.0" in metrics
+    assert "linkpass_coordinator_changes_unknown_path_total 0.0" in metrics
+    rows = table_of(1)
+    k = next(i for i, r in enumerate(rows) if len(r["hops"]) > 1)
+    rows[k] = {**rows[k], "hops": list(reversed(rows[k]["hops"]))}  # hops no path of the model crosses
+    with connect(srv, tokens["h1"]) as agent:
+        agent.post("/v1/register", {**identity(1), "paths": rows})
+        agent.post("/v1/report", {"name": "h1", "changes": [{"id": 999, "state": "down", "reason": "hard_failure"}]})
+    metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
+    assert "linkpass_coordinator_paths_unmapped 1.0" in metrics
+    assert "linkpass_coordinator_changes_unknown_path_total 1.0" in metrics

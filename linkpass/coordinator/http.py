@@ -830,8 +830,13 @@ class _Metrics:
             agents = len(c.agents)
             lost = sum(a.lost for a in c.agents.values())
             states: dict[str, int] = {}
+            unmapped = 0
             for rec in c.paths.values():
                 states[rec.state] = states.get(rec.state, 0) + 1
+                unmapped += not rec.links
+            if c.model is None:
+                unmapped = 0  # without a fleet model no path is mapped, and none is expected to be
+            unknown_changes = c.counters["changes_unknown_path"]
             findings, drains = len(c.findings), len(c.drains)
             digests, tables_asked = c.counters["digests"], c.counters["digest_mismatches"]
             findings_now = [dict(fd) for fd in c.findings.values()]
@@ -853,6 +858,13 @@ class _Metrics:
         ta = CounterMetricFamily("linkpass_coordinator_tables_asked",
                                  "Answers asking an agent for its whole table (its digest differed: a lost report)")
         ta.add_metric([], tables_asked)
+        um = GaugeMetricFamily("linkpass_coordinator_paths_unmapped",
+                               "Paths whose hops fit no path of the fleet model (a stale model, a miscabled link): "
+                               "localization cannot use them")
+        um.add_metric([], unmapped)
+        uc = CounterMetricFamily("linkpass_coordinator_changes_unknown_path",
+                                 "Reported changes naming a path the coordinator does not hold (it asks for the table)")
+        uc.add_metric([], unknown_changes)
         e = CounterMetricFamily("linkpass_coordinator_request_errors", "Requests refused or failed", labels=["kind"])
         with s._count_lock:
             errors = sorted(s.errors.items())
@@ -870,7 +882,7 @@ class _Metrics:
         b = GaugeMetricFamily("linkpass_build_info", "1, labelled with the running LinkPass's version",
                               labels=["version"])
         b.add_metric([__version__], 1.0)
-        yield from (g, p, f, d, r, dg, ta, e, o, q, ql, n, s.latency.family(), b)
+        yield from (g, p, um, f, d, r, dg, ta, uc, e, o, q, ql, n, s.latency.family(), b)
         lf = GaugeMetricFamily("linkpass_coordinator_link_fault",
                                "Confidence of each directed link localized as faulty (direction: forward, reverse "
                                "or either)", labels=["link", "direction", "a", "b"])

@@ -1,4 +1,5 @@
 """Every `ray.*` call of LinkPass lives here: the coordinator as a detached, named Ray actor.
+(The fleet simulator's sweeps, a separate package, have theirs in `linkpass_sim/sweep.py`.)
 
 One bootstrap path: `ensure(settings)` returns the running actor if there is one (in namespace
 "linkpass", name "coordinator") and creates it otherwise. `max_restarts=-1`: if its process dies,
@@ -24,7 +25,7 @@ ACTOR_NAME = "coordinator"
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
 class CoordinatorActor:
     def __init__(self, settings: dict):
-        from .runner import actor_log, start  # noqa: PLC0415 (imported in the actor's process)
+        from .runner import actor_log, settle_heap, start  # noqa: PLC0415 (imported in the actor's process)
 
         # Ray starts workers at nice 15 (batch work); the coordinator answers agents and on-call
         # and must not starve behind a busy host's batch jobs. Lowering needs CAP_SYS_NICE.
@@ -33,6 +34,7 @@ class CoordinatorActor:
         except OSError:
             pass
         self.server = start(settings, log=actor_log(settings))
+        settle_heap()  # the actor's process is the coordinator's alone
 
     def endpoint(self) -> str:
         return self.server.url
