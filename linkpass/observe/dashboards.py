@@ -401,6 +401,19 @@ def fleet() -> dict:
                    "with agents up means reports do not arrive.",
                    [target(f"sum(rate(linkpass_coordinator_path_reports_total{{{COORDINATOR}}}[{RATE}]))",
                            "reports")], unit="ops", w=8),
+        timeseries("Digests, tables asked and unknown changes per second", "Agents' digests of their verdicts, "
+                   "whole tables asked for after a digest differed, and changes naming unknown paths: a steady "
+                   "rate of the last two means reports get lost.",
+                   [target(f"sum(rate(linkpass_coordinator_digests_total{{{COORDINATOR}}}[{RATE}]))", "digests"),
+                    target(f"sum(rate(linkpass_coordinator_tables_asked_total{{{COORDINATOR}}}[{RATE}]))",
+                           "tables asked"),
+                    target(f"sum(rate(linkpass_coordinator_changes_unknown_path_total{{{COORDINATOR}}}[{RATE}]))",
+                           "unknown changes")], unit="ops", w=8),
+        timeseries("Paths the fleet model cannot map", "Reported paths whose hops fit no path of the "
+                   "coordinator's fleet model (a stale model, a recabled or miscabled link): localization "
+                   "cannot use them (zero on a fleet whose model is right).",
+                   [target(f"max(linkpass_coordinator_paths_unmapped{{{COORDINATOR}}})", "paths")],
+                   unit="short", w=8),
         timeseries("Coordinator open connections", "Client connections the coordinator holds open, about one "
                    "per agent plus readers.",
                    [target(f"sum(linkpass_coordinator_connections{{{COORDINATOR}}})", "connections")],
