@@ -340,6 +340,12 @@ class _Sparse:
         n, c, width = len(self.pods), self.per_host, self.spines * self.cores
         for o, hosts in enumerate(members):
             own = self.groups_of_pod[self.pods[o]]
+            # each host's pod-mate: the host at its place under the pod's next leaf (one leaf: the next host on it)
+            home = {}
+            for gi, g in enumerate(own):
+                nxt = self.groups[own[(gi + 1) % len(own)]]
+                for j, h in enumerate(self.groups[g]):
+                    home[h] = nxt[(j + (len(own) == 1)) % len(nxt)]
             q = self.seed  # the pod's paths between pods so far: its next (spine, core) pair
             for x, h in enumerate(hosts):
                 share, added = shares.get(h), 0
@@ -347,10 +353,7 @@ class _Sparse:
                     if share is not None and added >= share:
                         break
                     if k == c - 1 and c > 1:
-                        gi = own.index(self.group_of[h])
-                        g = self.groups[own[(gi + 1) % len(own)]]
-                        j = self.index_in_pod_group(h)
-                        peer = g[(j + (len(own) == 1)) % len(g)]  # one leaf: the next host on it
+                        peer = home[h]
                         added += self.add(h, peer, *self.route(h, peer, (x + self.seed) % self.spines))
                         continue
                     pair = q % width
@@ -358,9 +361,6 @@ class _Sparse:
                     # each k a different pod; a host's neighbours in the pod head for other pods still
                     target = members[(o + 1 + (k + x // self.spines) % (n - 1)) % n]
                     added += self.add(h, target[x % len(target)], pair % self.spines, pair // self.spines)
-
-    def index_in_pod_group(self, host: str) -> int:
-        return self.groups[self.group_of[host]].index(host)
 
     def repair(self) -> None:
         """Paths for every uplink, leaf-spine and spine-core link short of 2 reporters, from hosts
