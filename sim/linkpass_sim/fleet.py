@@ -99,13 +99,15 @@ class Fleet:
         k_paths = min(self.config.job_paths_per_peer, spines * cores)
 
         def add(reporter, peer, plane, spine, core, job):
+            # keyed on the ECMP choice asked for, as the 16 384-GPU figures were made: a same-leaf
+            # peer gets one path per choice, all crossing the same links
+            if (reporter, peer, plane, spine, core) in seen:
+                return
+            seen.add((reporter, peer, plane, spine, core))
             if m.leaf_of(reporter, plane) == m.leaf_of(peer, plane):
                 spine = core = None
             elif m.same_pod(reporter, peer, plane):
                 core = None
-            if (reporter, peer, plane, spine, core) in seen:
-                return
-            seen.add((reporter, peer, plane, spine, core))
             fwd = m.node_path(reporter, peer, plane, spine, core)
             rev = m.node_path(peer, reporter, plane, spine, core)
             i = len(self.paths)
@@ -125,7 +127,7 @@ class Fleet:
                         add(h, peer, plane, route // cores % spines, route % cores, True)
         for h, planned in self.plan.paths.items():
             for p in planned:
-                add(h, p.peer, p.plane, 0 if p.spine is None else p.spine, p.core, False)
+                add(h, p.peer, p.plane, 0 if p.spine is None else p.spine, 0 if p.core is None else p.core, False)
         self.localizer = Localizer(self.model)
         for sp in self.paths:
             self.localizer.update(Observation(sp.reporter, sp.key, sp.forward, None, False))
