@@ -180,6 +180,18 @@ def test_three_tier_gray_loss_above_the_leaf_is_found_and_left(three, link):
     assert o.localized and o.false_findings == 0 and not o.exposed_at_end
 
 
+def test_a_sharded_coordinator_finds_the_same_faults():
+    # the evidence split over 4 coordinator shards (one pod each) and a root, as core/shards.py does
+    sharded = fleet.Fleet(Shape(256, 2, 16, 4, leaves_per_pod=4, cores_per_group=4), fleet.SimConfig(shards=4))
+    assert len(sharded.localizer.shards) == 4
+    for link in ("p1s5-p1c7:up", "p0l6-p0s6:down"):
+        name, direction = link.split(":")
+        o = fleet.simulate(sharded, Failure(10.0, "gray", (name, direction), loss=0.05), np.random.default_rng(6))
+        assert o.localized and o.false_findings == 0, link
+    r = fleet.run(4096, 1.0, "stress", 3, config=fleet.SimConfig(shards=2))
+    assert r.outcomes and all(o.localized for o in r.outcomes if o.kind == "cable")
+
+
 def test_stress_draws_gray_links_on_every_tier_of_a_3_tier_fabric():
     shape = Shape.for_gpus(131_072)
     fs = [f for f in failures.draw("stress", shape, 2, np.random.default_rng(2)) if f.kind == "gray"]

@@ -10,6 +10,8 @@ from linkpass.core.fabric import rail_optimized
 from linkpass.core.localize import Finding, Localizer, Observation, localize
 from linkpass.core.plan import plan_probes
 
+from helpers import untraced_observations
+
 pytestmark = pytest.mark.unit
 
 MODEL = rail_optimized(64, 2, 8, 4)  # 8 leaves x 4 spines per plane, sparse plan (64 > 16 hosts)
@@ -216,25 +218,7 @@ PLAN3 = plan_probes(MODEL3)
 
 
 def observations3(truth, *, noisy=(), seed=0):
-    """Per planned path of the 3-tier plan: bad where its probes or its replies cross a link of
-    `truth`. Replies take a route of ECMP's choosing (not the probes'), and are not traced: the
-    observation carries no reverse links, as the coordinator's do."""
-    rng = random.Random(seed)
-    out = []
-    for host, paths in PLAN3.paths.items():
-        for n, p in enumerate(paths):
-            fwd = MODEL3.node_path(host, p.peer, p.plane, p.spine, p.core)
-            spines, cores = MODEL3.spines_per_pod(p.plane), MODEL3.cores_per_group(p.plane)
-            rev = MODEL3.node_path(p.peer, host, p.plane, rng.randrange(spines), rng.randrange(cores))
-            f, r = any(d in truth for d in fwd), any(d in truth for d in rev)
-            bad, direction = f or r, ("both" if f and r else "forward" if f else "reverse" if r else None)
-            if host in noisy:
-                if bad and rng.random() < 0.5:
-                    bad, direction = False, None
-                elif not bad and rng.random() < 0.5:
-                    bad, direction = True, rng.choice(("forward", "reverse", "both", None))
-            out.append(Observation(host, f"{host}/{n}", fwd, None, bad, direction))
-    return out
+    return untraced_observations(MODEL3, PLAN3, truth, noisy=noisy, seed=seed)
 
 
 def named3(truth, **kw):

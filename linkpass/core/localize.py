@@ -319,16 +319,37 @@ class Localizer:
 
     def suspects(self) -> set[str]:
         """Reporters whose bad claims the others' good evidence contradicts (see findings())."""
-        return self._explain()[0]
+        return self.explain()[0]
 
     def findings(self) -> list[Finding]:
         """Links that explain the bad observations, most confident first."""
-        return self._explain()[1]
+        return self.explain()[1]
 
-    def _explain(self) -> tuple[set[str], list[Finding]]:
+    def claim_counts(self) -> dict[str, int]:
+        """Reporter -> its claims among the observations held here."""
+        out: dict[str, int] = {}
+        for key in self._bad_keys:
+            entry = self._entries[key]
+            r = entry.obs.reporter
+            out[r] = out.get(r, 0) + len(entry.claims)
+        return out
+
+    def explain(self, known: frozenset[str] | set[str] = frozenset(), reporter_claims: dict[str, int] | None = None,
+                suspects: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], list[Finding]]:
+        """(suspects, findings). For a localizer holding part of the fleet's paths
+        (core/shards.py), what the other parts know: `known`, directed links found faulty
+        elsewhere, whose claims count as explained from the start; `reporter_claims`, each
+        reporter's claims over all its paths, which its shares of support are taken from (a
+        noisy agent seen here by one path is not a whole reporter's worth); `suspects`,
+        reporters found noisy elsewhere."""
         claims = self._claims()
-        suspects, live_links = self._suspects(claims)
-        return suspects, self._greedy(claims, suspects, live_links)
+        if reporter_claims:
+            per = claims.per_reporter
+            for r, n in reporter_claims.items():
+                if n > per.get(r, n):
+                    per[r] = n
+        suspects, live_links = self._suspects(claims, set(suspects))
+        return suspects, self._greedy(claims, suspects, live_links, known)
 
     def _claims(self) -> _Claims:
         """Phase 1: every bad observation's claims, numbered, and the claims naming each link."""
@@ -350,14 +371,13 @@ class Localizer:
             per_reporter[r] = per_reporter.get(r, 0) + 1
         return _Claims(reporter, keys, candidates, of, per_reporter)
 
-    def _suspects(self, claims: _Claims) -> tuple[set[str], dict[str, list[int]]]:
+    def _suspects(self, claims: _Claims, suspects: set[str]) -> tuple[set[str], dict[str, list[int]]]:
         """Phase 2: the suspects, and the links not exonerated once their votes stop counting
         (each with the claims naming it).
 
         A claim all of whose links work for others is contradicted; a reporter making several
         such claims is noisy or lying: its claims are set aside and its votes stop counting
         (its bad votes no longer shield links, which can expose more suspects, so repeat)."""
-        suspects: set[str] = set()
         status = self._exonerated(claims.of, suspects)
         while True:
             live_links = {d: idx for d, idx in claims.of.items() if not status[d]}
@@ -389,13 +409,17 @@ class Localizer:
                     del of[d]
             status.update(self._exonerated(touched.intersection(status), suspects))
 
-    def _greedy(self, claims: _Claims, suspects: set[str], live_links: dict[str, list[int]]) -> list[Finding]:
+    def _greedy(self, claims: _Claims, suspects: set[str], live_links: dict[str, list[int]],
+                known: frozenset[str] | set[str] = frozenset()) -> list[Finding]:
         """Phase 3: repeatedly the link that explains the most claims not yet explained (see the
-        module doc), most confident first. The suspects' claims count as explained from the
-        start. Consumes `live_links`."""
+        module doc), most confident first. The suspects' claims, and those naming a `known`
+        link, count as explained from the start. Consumes `live_links`."""
         claim_reporter = claims.reporter
         per_reporter = claims.per_reporter
         explained = [r in suspects for r in claim_reporter]
+        for d in known:
+            for i in claims.of.get(d, ()):
+                explained[i] = True
 
         def rank_of(d: str):
             """(rank, live claims, reporters) of a candidate now, or None if it cannot be chosen."""

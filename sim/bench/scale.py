@@ -22,8 +22,19 @@ Rows:
   sim-131k-day            wall (s) of one simulated day (scenario clockwork), fabric, plan and
                           every probed path built inside; target <= 60 s.
 
-Not measured here: the sharded coordinator's rows (ingest-shards-S, shard-load-131k-S): the
-coordinator is still one actor.
+  ingest-shards-1         rate (reports/s) one coordinator actor takes through its real endpoint
+                          (local Ray, HTTPS, token auth, SQLite) from agents sending what they
+                          send every second when nothing changed: a digest of their verdicts;
+                          the 16k fleet registered. One shard's capacity; on this 2-core machine
+                          the figure per shard is the point (shards run on their own cores).
+  localize-131k-sS-single the 131k trials again with the evidence split over S shards and a root
+  localize-131k-sS-double (core/shards.py), S = 4, 16, 64: latency (ms: the slowest place, per
+                          round, as they run in parallel), precision, recall; peer: one shard.
+  shard-load-131k-S       per shard, its agents' reports/s (each agent reports at least every
+                          REPORT_HEARTBEAT_S) against ingest-shards-1's median, pct, S = 1, 4, 16,
+                          64; target <= 50 % for the S the docs recommend.
+
+Not measured here: ingest-shards-2|4 (shard actors behind their own endpoints are not built yet).
 """
 from __future__ import annotations
 
@@ -40,6 +51,7 @@ from linkpass_sim import fleet as fleet_sim  # noqa: E402
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.failures import Shape  # noqa: E402
 from linkpass_sim.localize_trials import NOISY_SHARE, TrialFleet, run_trials  # noqa: E402
+from linkpass.core.constants import REPORT_HEARTBEAT_S  # noqa: E402
 from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.fabric import generated  # noqa: E402
 from linkpass.core.plan import coverage, plan_probes  # noqa: E402
@@ -136,8 +148,113 @@ def case_sim_day(args, shared) -> list[dict]:
                 outcomes_131k=kinds)]
 
 
+def case_ingest_shards(args, shared) -> list[dict]:
+    """One coordinator actor's endpoint, the 16k fleet registered, every agent sending digests."""
+    import importlib.util  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    from linkpass.core.report_digest import table_digest  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("coordinator_bench", os.path.join(os.path.dirname(__file__),
+                                                                                     "coordinator.py"))
+    cb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cb)
+    fleet = shared.get(("trials", PEER)) or TrialFleet(model_of(PEER), reverse_traced=False, seed=args.seed)
+    shared[("trials", PEER)] = fleet
+
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from linkpass.coordinator import ray_actor  # noqa: PLC0415
+    from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: PLC0415
+    from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths  # noqa: PLC0415
+
+    model = cb.rail_optimized(*cb.SHAPE, addressed=True)
+    tables = cb.path_tables(fleet, model)
+    hosts = sorted(tables)
+    work = tempfile.mkdtemp(prefix="linkpass-bench-shards-")
+    with open(os.path.join(work, "fabric.json"), "w") as f:
+        json.dump(model.to_dict(), f)
+    settings = {"state_dir": os.path.join(work, "state"), "listen": f"127.0.0.1:{cb.free_port('127.0.0.1')}",
+                "fabric": os.path.join(work, "fabric.json"), "agent_timeout_s": 3600}
+    progress("starting Ray and one coordinator actor (one shard)")
+    ray_actor.connect(num_cpus=2)
+    try:
+        _, url = ray_actor.ensure(settings)
+        secret = read_agent_secret(os.path.join(settings["state_dir"], "agent.secret"))
+        tls = build_client_context(lab_paths(lab_dir(settings["state_dir"]), "ca")[0])
+        tokens = {h: agent_token(secret, h) for h in hosts}
+        _, _, plan_version = cb.register_all(url, tokens, hosts, tables, tls)
+        bodies = [json.dumps({"name": h, "drain_version": 0, "plan_version": plan_version, "digests": True,
+                              "digest": table_digest((r["id"], r["state"], r["reason"]) for r in tables[h])}).encode()
+                  for h in hosts]
+        # ingest_rates counts each report's paths; a heartbeat is one report
+        one = {h: [None] for h in hosts}
+        rates = cb.ingest_rates(url, tokens, "ingest-shards-1", hosts, one, bodies, 1, 3 if args.quick else 10, tls)
+    finally:
+        h = ray_actor.existing()
+        if h is not None:
+            ray_actor.stop(h)
+        ray_actor.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    r = row("ingest-shards-1", "rate", "per_s", rates, q=0.01, clients=cb.INGEST_CLIENTS, body="digest",
+            agents=len(hosts), paths_per_agent=len(tables[hosts[0]]))
+    shared["capacity"] = r["median"]
+    return [r]
+
+
+SHARD_COUNTS = (1, 4, 16, 64)
+
+
+def case_shards(args, shared) -> list[dict]:
+    from linkpass.core.shards import ShardMap  # noqa: PLC0415
+
+    model = shared.get(("model", BIG)) or model_of(BIG)
+    shared[("model", BIG)] = model
+    key = ("trials", BIG)
+    if key not in shared:
+        shared[key] = TrialFleet(model, reverse_traced=False, seed=args.seed)
+    fleet = shared[key]
+    capacity = shared.get("capacity")
+    counts = SHARD_COUNTS[:2] if args.quick else SHARD_COUNTS
+    trials = max(5, args.trials // 2)
+    out, base = [], {}
+    for shards in counts:
+        fleet.use_shards(shards)
+        held = fleet.localizer.held() if shards > 1 else [len(fleet.localizer), 0]
+        for faults, kind in ((1, "single"), (2, "double")):
+            res = run_trials(fleet, random.Random(args.seed + faults), trials, faults, f"{shards} shards {kind}")
+            if shards == 1:
+                base[faults] = res
+                continue
+            case, peer = f"localize-131k-s{shards}-{kind}", base.get(faults)
+            tp = res["tp"]
+            lat = [round(v, 3) for v in res["latency_ms"]]
+            out += [row(case, "latency", "ms", lat, "one shard", peer and [round(v, 3) for v in peer["latency_ms"]],
+                        target_max=LOCALIZE_TARGET_MS, root_ms=[round(v, 3) for v in res["root_ms"]],
+                        places_touched=res["places"]),
+                    row(case, "precision", "pct", res["precision"], "one shard", peer and peer["precision"],
+                        better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fp"]), 3) if tp + res["fp"] else None,
+                        true_positives=tp, false_positives=res["fp"], target_min=PR_TARGET_PCT),
+                    row(case, "recall", "pct", res["recall"], "one shard", peer and peer["recall"],
+                        better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fn"]), 3) if tp + res["fn"] else None,
+                        true_positives=tp, false_negatives=res["fn"], target_min=PR_TARGET_PCT)]
+        sizes = ShardMap(model, shards).sizes()
+        reports = [n / REPORT_HEARTBEAT_S for n in sizes]
+        extra = dict(hosts_per_shard=sizes, paths_held=held[:-1], root_paths_held=held[-1],
+                     reports_per_s=reports, capacity_reports_per_s=capacity)
+        if capacity:
+            pct = [round(100.0 * r / capacity, 2) for r in reports]
+            out.append(row(f"shard-load-131k-{shards}", "load", "pct", pct, target_max=50.0, max=max(pct),
+                           met=max(pct) <= 50.0, **extra))
+        progress(f"{shards} shards: hosts {min(sizes)}..{max(sizes)}, paths held {min(held[:-1])}..{max(held[:-1])}, "
+                 f"root {held[-1]}")
+    fleet.use_shards(1)
+    return out
+
+
 CASES = {"plan": case_plan, "localize_single": case_localize_single, "localize_double": case_localize_double,
-         "sim_day": case_sim_day}
+         "sim_day": case_sim_day, "ingest_shards": case_ingest_shards, "shards": case_shards}
 
 
 def main() -> int:

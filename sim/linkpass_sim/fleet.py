@@ -40,6 +40,7 @@ from linkpass.core.fabric import DOWN, HOST_LEAF, LEAF_SPINE, UP, FabricModel, d
 from linkpass.core.names import plane_of
 from linkpass.core.localize import Localizer, Observation, path_evidence
 from linkpass.core.plan import plan_probes
+from linkpass.core.shards import ShardedLocalizer, ShardMap
 from linkpass.core.telemetry import percentile
 
 from . import failures as fm
@@ -66,6 +67,7 @@ class SimConfig:
     resume_ms: float = 35.0  # after the move, the transport resends (demo, TCP: stall - reroute)
     go_back_n_packets: int = 100  # ASSUMED: packets RoCE resends per loss (BDP of 400G x 8 us / 4 KB)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    shards: int = 1  # coordinator shards the evidence is split over (core/shards.py); 1: one localizer
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ class Fleet:
         for h, planned in self.plan.paths.items():
             for p in planned:
                 add(h, p.peer, p.plane, 0 if p.spine is None else p.spine, 0 if p.core is None else p.core, False)
-        self.localizer = Localizer(self.model)
+        self.localizer = (Localizer(self.model) if self.config.shards == 1 else
+                          ShardedLocalizer(self.model, ShardMap(self.model, self.config.shards)))
         for sp in self.paths:
             self.localizer.update(Observation(sp.reporter, sp.key, sp.forward, None, False))
 
@@ -617,6 +620,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--checkpoint-min", type=float, default=30.0, help="checkpoint interval (default 30)")
     ap.add_argument("--restart-min", type=float, default=10.0, help="restart overhead (default 10)")
+    ap.add_argument("--shards", type=int, default=1,
+                    help="coordinator shards the evidence is split over, as the sharded coordinator does (default 1)")
     ap.add_argument("--report", metavar="DIR", help="write summary.json, report.md and plots here")
     ap.add_argument("-o", "--output", choices=("text", "json"), default="text")
     a = ap.parse_args(argv)
@@ -624,7 +629,8 @@ def main(argv=None) -> int:
         ap.error("--days must be > 0")
     try:
         params = jobmodel.JobParams(checkpoint_s=a.checkpoint_min * 60, restart_s=a.restart_min * 60)
-        Shape.for_gpus(a.gpus)
+        shape = Shape.for_gpus(a.gpus)
+        ShardMap(generated(shape.layout()), a.shards)  # a shard count the fabric cannot take is refused here
     except ValueError as exc:
         ap.error(str(exc))
 
@@ -632,7 +638,7 @@ def main(argv=None) -> int:
         print(f"  {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
 
     progress(f"building a {a.gpus}-GPU fabric, its probe plan and every probed path")
-    r = run(a.gpus, a.days, a.scenario, a.seed, params, progress=progress)
+    r = run(a.gpus, a.days, a.scenario, a.seed, params, config=SimConfig(shards=a.shards), progress=progress)
     s = summary(r)
     if a.report:
         from . import fleet_report

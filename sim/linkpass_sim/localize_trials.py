@@ -15,6 +15,11 @@ agents (random) are noisy: each marks a random 30 % of its paths bad with a rand
 and its truly bad paths good half the time. Only the observations that changed are update()'d
 into a Localizer that already holds the healthy fleet, then findings() is timed; afterwards the
 changed observations are set back to good.
+
+With shards (`use_shards`), the observations are split over a ShardedLocalizer
+(core/shards.py) as the sharded coordinator splits them: only the places (shards, root) a trial
+touched explain again, each timed on its own; the trial's latency is the slowest of them, as
+the shards and the root run in parallel, each in its own process.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import time
 
 from linkpass.core.localize import BOTH, Localizer, Observation
 from linkpass.core.plan import plan_probes
+from linkpass.core.shards import ROOT, ShardedLocalizer, ShardMap
 from linkpass.core.states import Direction
 
 from .report import progress, row
@@ -72,16 +78,34 @@ class TrialFleet:
                 for d in rev:
                     self.rev_index.setdefault(d, []).append(i)
         self.tiers = self.model.links_by_tier()
-        self.localizer = Localizer(self.model)
-        t_ingest = time.perf_counter()
-        for i in range(len(self.keys)):
-            self.localizer.update(self.observation(i, False, None))
-        self.initial_ingest_us = (time.perf_counter() - t_ingest) / len(self.keys) * 1e6
-        gc.collect()
-        gc.freeze()  # as the coordinator does once its state is loaded (coordinator/runner.py)
+        self.localizer: Localizer | ShardedLocalizer = Localizer(self.model)
+        self.initial_ingest_us = self._ingest()
         self.setup_s = time.perf_counter() - t
         progress(f"fleet: {len(self.model.links)} links, {len(self.keys)} planned paths, "
                  f"set up in {self.setup_s:.1f} s (ingest {self.initial_ingest_us:.1f} us/observation)")
+
+    def _ingest(self) -> float:
+        """The healthy fleet into self.localizer; microseconds per observation."""
+        t = time.perf_counter()
+        for i in range(len(self.keys)):
+            self.localizer.update(self.observation(i, False, None))
+        us = (time.perf_counter() - t) / len(self.keys) * 1e6
+        gc.collect()
+        gc.freeze()  # as the coordinator does once its state is loaded (coordinator/runner.py)
+        return us
+
+    def use_shards(self, shards: int) -> None:
+        """From now on, localize as `shards` coordinator shards and a root do (1: one Localizer)."""
+        gc.unfreeze()  # the old localizer's objects may go
+        self.localizer = None
+        gc.collect()
+        if shards == 1:
+            self.localizer = Localizer(self.model)
+        else:
+            self.localizer = ShardedLocalizer(self.model, ShardMap(self.model, shards))
+            self.localizer.clock = time.perf_counter
+        self.initial_ingest_us = self._ingest()
+        self.localizer.findings()  # the healthy fleet's first round (sharded: then only where evidence changes)
 
     def observation(self, i: int, bad: bool, direction: str | None) -> Observation:
         return Observation(self.reporter[i], self.keys[i], self.forward[i],
@@ -119,8 +143,10 @@ def verdicts(fleet: TrialFleet, rng: random.Random, truth: set[str]) -> dict[int
 
 
 def run_trials(fleet: TrialFleet, rng: random.Random, trials: int, faults: int, label: str) -> dict:
-    out = {"latency_ms": [], "precision": [], "recall": [], "update_us": [], "tp": 0, "fp": 0, "fn": 0}
+    out = {"latency_ms": [], "precision": [], "recall": [], "update_us": [], "tp": 0, "fp": 0, "fn": 0,
+           "root_ms": [], "places": []}
     loc = fleet.localizer
+    sharded = isinstance(loc, ShardedLocalizer)
     for t in range(trials):
         truth = random_faults(fleet, rng, faults)
         bad = verdicts(fleet, rng, truth)
@@ -128,17 +154,27 @@ def run_trials(fleet: TrialFleet, rng: random.Random, trials: int, faults: int, 
         for i, direction in bad.items():
             loc.update(fleet.observation(i, True, direction))
         t1 = time.perf_counter()
-        found = loc.findings()
+        if sharded:
+            found = loc.findings()
+            # the places explain in parallel, each round
+            latency_ms = sum(max((t[k] for t in loc.took.values()), default=0.0) for k in (0, 1)) * 1e3
+            out["root_ms"].append(sum(loc.took.get(ROOT, (0.0, 0.0))) * 1e3)
+            out["places"].append(len(loc.took))
+        else:
+            found = loc.findings()
+            latency_ms = (time.perf_counter() - t1) * 1e3
         t2 = time.perf_counter()
         for i in bad:  # back to the healthy fleet for the next trial
             loc.update(fleet.observation(i, False, None))
         t3 = time.perf_counter()
+        if sharded:
+            loc.findings()  # each place's first round on the healthy fleet again (not timed)
         got = {f.directed for f in found}
         tp, fp, fn = len(got & truth), len(got - truth), len(truth - got)
         out["tp"] += tp
         out["fp"] += fp
         out["fn"] += fn
-        out["latency_ms"].append((t2 - t1) * 1e3)
+        out["latency_ms"].append(latency_ms)
         out["precision"].append(100.0 * tp / len(got) if got else 100.0 if not truth else 0.0)
         out["recall"].append(100.0 * tp / len(truth))
         out["update_us"].append(((t1 - t0) + (t3 - t2)) / (2 * len(bad)) * 1e6 if bad else 0.0)

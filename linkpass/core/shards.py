@@ -1,0 +1,333 @@
+"""The fleet split over S coordinator shards and a root, and localization split the same way.
+
+Pure: no sockets, no Ray, no clock.
+
+Shard map
+---------
+A shard owns whole leaves, and whole pods while there are at least as many pods as shards: a
+host belongs to the shard of its leaf on the lowest plane it has an uplink on (hosts of a
+rail-optimized fleet sit under the same leaf position in every plane, so that one choice puts
+a host's every uplink in its shard). Leaves are taken in pod order and dealt in contiguous runs
+of about equal host counts; with S no more than the pods, the runs end on pod boundaries. Hosts
+with no uplink at all go to the last shard. The map is deterministic: every actor that builds
+it from the same model and S gets the same one (`digest` says so in one string).
+
+Localization
+------------
+Every directed link has one owner: a host's uplink the host's shard, a leaf's links to its
+spines the leaf's shard, a spine's links to the cores the shard of the spine's pod; a leaf or
+pod whose hosts are in several shards (more shards than pods: pods are split) has its links
+owned by the root. A path's evidence goes to the owner of every link it crosses or, its
+replies being untraced, may cross: the shards of its two ends, and the root when it runs
+between pods and one of them is split. So each owner holds every path over each link it owns,
+the same evidence one fleet-wide localizer would weigh there, and names only its own links
+(a fault on another's link is that one's to name, from the whole of its evidence). Findings are
+the union. With one shard, it owns every link and holds every path: today's fleet-wide
+localizer, decision for decision. The work divides by the shards: a shard holds its hosts'
+paths, a path between shards is held by both, the root holds what crosses split pods.
+
+Why whole paths and not per-link counts go to each owner: explaining a bad path needs to know
+which other links it crossed (a spine link is told from the leaf link before it by paths that
+cross one and not the other); a count of bad paths per link cannot tell them apart. A path is
+sent once with its links and afterwards only when its verdict changes, which is compact.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from .fabric import HOST_LEAF, LEAF_SPINE, FabricError, FabricModel, split_directed
+from .localize import Finding, Localizer, Observation
+
+ROOT = -1  # the place of a path between shards
+
+
+class ShardError(ValueError):
+    pass
+
+
+class ShardMap:
+    """Which shard each host belongs to (see the module doc)."""
+
+    def __init__(self, model: FabricModel, shards: int):
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ShardError(f"shards: expected a whole number of at least 1, got {shards!r}")
+        units = _leaf_units(model)  # [(pod key, hosts)] in pod order, unattached hosts last
+        if shards > max(1, len(units)):
+            raise ShardError(f"shards: {shards} is more than the fabric's {len(units)} leaves; a shard owns at "
+                             f"least one leaf (use at most {max(1, len(units))})")
+        self.shards = shards
+        self.model = model
+        pods = {pod for pod, _ in units}
+        self.by_pod = shards <= len(pods)
+        self._shard: dict[str, int] = {}
+        self._hosts: list[list[str]] = [[] for _ in range(shards)]
+        for k, run in enumerate(_runs(units, shards, whole_pods=self.by_pod)):
+            for _, hosts in run:
+                for h in hosts:
+                    self._shard[h] = k
+                    self._hosts[k].append(h)
+        # the owners of switches' links: a leaf's (a pod's) shard when all its hosts are in one,
+        # else the root
+        self._leaf_owner: dict[str, int] = {}
+        self._pod_owner: dict[tuple[int, int], int] = {}  # (plane, pod) -> owner
+        self._pod: dict[str, tuple[int, int]] = {}  # leaf -> (plane, pod)
+        for lk in model.links.values():
+            if lk.kind != HOST_LEAF:
+                continue
+            k = self._shard[lk.a]
+            self._leaf_owner[lk.b] = k if self._leaf_owner.get(lk.b, k) == k else ROOT
+            if lk.b not in self._pod:
+                try:
+                    self._pod[lk.b] = (lk.plane, model.pod_of(lk.b))
+                except FabricError:  # a leaf meeting no spine: no links above it
+                    pass
+        for leaf, k in self._leaf_owner.items():
+            pod = self._pod.get(leaf)
+            if pod is not None:
+                self._pod_owner[pod] = k if self._pod_owner.get(pod, k) == k else ROOT
+        self._spine_pod: dict[str, tuple[int, int]] = {}  # spine -> (plane, pod)
+        for lk in model.links.values():
+            if lk.kind == LEAF_SPINE and lk.a in self._pod:
+                self._spine_pod[lk.b] = self._pod[lk.a]
+
+    def shard_of(self, host: str) -> int:
+        try:
+            return self._shard[host]
+        except KeyError:
+            raise ShardError(f"host {host!r} is not in the fabric model, so it belongs to no shard") from None
+
+    def hosts_of(self, shard: int) -> list[str]:
+        return list(self._hosts[shard])
+
+    def sizes(self) -> list[int]:
+        return [len(h) for h in self._hosts]
+
+    def owner(self, directed_link: str) -> int:
+        """The shard (or ROOT) that names faults on this directed link (see the module doc)."""
+        lk = self.model.link(split_directed(directed_link)[0])
+        if lk.kind == HOST_LEAF:
+            return self._shard[lk.a]
+        if lk.kind == LEAF_SPINE:
+            return self._leaf_owner.get(lk.a, ROOT)
+        pod = self._spine_pod.get(lk.a)
+        return ROOT if pod is None else self._pod_owner.get(pod, ROOT)
+
+    def places(self, reporter: str, plane: int, peer: str | None) -> tuple[int, ...]:
+        """The owners of the links a path from `reporter` to `peer` on `plane` crosses or may
+        cross (its replies'), each once: where its evidence goes. A path to no known host goes
+        to the reporter's shard."""
+        out = [self._shard.get(reporter, ROOT)]
+        if peer is None or peer not in self._shard:
+            return tuple(out)
+        out.append(self._shard[peer])
+        try:
+            ends = (self.model.leaf_of(reporter, plane), self.model.leaf_of(peer, plane))
+        except FabricError:
+            return tuple(dict.fromkeys(out))
+        out += (self._leaf_owner.get(ends[0], ROOT), self._leaf_owner.get(ends[1], ROOT))
+        pods = (self._pod.get(ends[0]), self._pod.get(ends[1]))
+        if pods[0] != pods[1]:  # between pods: the spine-core links of both
+            out += (self._pod_owner.get(pods[0], ROOT), self._pod_owner.get(pods[1], ROOT))
+        return tuple(dict.fromkeys(out))
+
+    def digest(self) -> str:
+        """One string naming this exact assignment (equal maps, equal digests)."""
+        h = hashlib.sha256(str(self.shards).encode())
+        for k, hosts in enumerate(self._hosts):
+            h.update(f"|{k}:".encode() + ",".join(hosts).encode())
+        return h.hexdigest()[:16]
+
+    def describe(self) -> list[dict]:
+        """Per shard: its hosts' count and its first and last host (for `status` and logs)."""
+        return [{"shard": k, "hosts": len(h), "first": h[0] if h else None, "last": h[-1] if h else None}
+                for k, h in enumerate(self._hosts)]
+
+
+def _leaf_units(model: FabricModel) -> list[tuple[tuple, list[str]]]:
+    """Hosts grouped by their leaf on their lowest plane, leaves in (plane, pod, first seen) order."""
+    by_leaf: dict[str, list[str]] = {}
+    order: dict[str, tuple] = {}
+    unattached: list[str] = []
+    for n, host in enumerate(model.hosts):
+        for plane in range(model.planes):
+            try:
+                leaf = model.leaf_of(host, plane)
+            except FabricError:
+                continue
+            if leaf not in by_leaf:
+                try:
+                    pod = model.pod_of(leaf)
+                except FabricError:  # a leaf meeting no spine: a pod of its own
+                    pod = -1
+                order[leaf] = (plane, pod, len(order))
+                by_leaf[leaf] = []
+            by_leaf[leaf].append(host)
+            break
+        else:
+            unattached.append(host)
+    units = [((order[leaf][0], order[leaf][1]), by_leaf[leaf]) for leaf in sorted(by_leaf, key=order.__getitem__)]
+    if unattached:
+        if units:
+            units[-1] = (units[-1][0], units[-1][1] + unattached)
+        else:
+            units = [((0, 0), unattached)]
+    return units
+
+
+def _runs(units: list[tuple[tuple, list[str]]], shards: int, whole_pods: bool) -> list[list]:
+    """`units` dealt into `shards` contiguous runs of about equal host counts; with `whole_pods`
+    a run only ends where a pod does."""
+    if whole_pods:
+        groups: list[list] = []
+        for unit in units:
+            if groups and groups[-1][0][0] == unit[0]:
+                groups[-1].append(unit)
+            else:
+                groups.append([unit])
+    else:
+        groups = [[u] for u in units]
+    total = sum(len(h) for g in groups for _, h in g)
+    runs: list[list] = [[] for _ in range(shards)]
+    k, taken = 0, 0
+    for i, g in enumerate(groups):
+        size = sum(len(h) for _, h in g)
+        left = len(groups) - i  # groups still to deal, this one included
+        # move on when this run has its share, as long as every later run can still get a group
+        if runs[k] and k < shards - 1 and (taken + size / 2 > total * (k + 1) / shards or left <= shards - 1 - k):
+            k += 1
+        runs[k].extend(g)
+        taken += size
+    return runs
+
+
+class ShardedLocalizer:
+    """A Localizer per shard and one for the root, fed and read as the module doc says; the
+    same update / forget / findings as one Localizer."""
+
+    def __init__(self, model: FabricModel, shard_map: ShardMap, **localizer_options):
+        self.model = model
+        self.map = shard_map
+        self.shards = [Localizer(model, **localizer_options) for _ in range(shard_map.shards)]
+        self.root = Localizer(model, **localizer_options)
+        self._where: dict[str, tuple[int, ...]] = {}  # path key -> the places holding it
+        self.updates = [0] * (shard_map.shards + 1)  # observations received per place; the root's last
+        # each place's first round, kept until its evidence changes (explained again only then)
+        self._first: dict[int, tuple[set[str], list[Finding]]] = {}
+        self.took: dict[int, list[float]] = {}  # the last findings(): per place explained, seconds per round
+        self.clock = None  # a clock in seconds to fill `took` with (the benchmark's); None: not timed
+
+    def localizer(self, place: int) -> Localizer:
+        return self.root if place == ROOT else self.shards[place]
+
+    def places_of(self, obs: Observation) -> tuple[int, ...]:
+        ends = [None, None]
+        for n, d in enumerate((obs.forward[:1] + obs.forward[-1:]) if obs.forward else ()):
+            try:
+                lk = self.model.link(split_directed(d)[0])
+            except FabricError:
+                continue
+            if lk.kind == HOST_LEAF:
+                ends[n] = lk
+        if ends[0] is None:
+            return (self.map.shard_of(obs.reporter),)
+        return self.map.places(obs.reporter, ends[0].plane, None if ends[1] is None else ends[1].a)
+
+    def update(self, obs: Observation) -> tuple[int, ...]:
+        """Record `obs` with every place it belongs to (replacing the path's earlier observation,
+        wherever that was); returns those places."""
+        places = self.places_of(obs)
+        was = self._where.get(obs.key)
+        if was is not None and was != places:
+            for p in set(was) - set(places):
+                self.localizer(p).forget(obs.key)
+        self._where[obs.key] = places
+        for p in places:
+            self.localizer(p).update(obs)
+            self.updates[p] += 1
+            self._first.pop(p, None)
+        if was is not None:
+            for p in was:
+                self._first.pop(p, None)
+        return places
+
+    def forget(self, key: str) -> None:
+        for p in self._where.pop(key, ()):
+            self.localizer(p).forget(key)
+            self._first.pop(p, None)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def held(self) -> list[int]:
+        """Observations each place holds, the shards' then the root's."""
+        return [len(loc) for loc in self.shards] + [len(self.root)]
+
+    def places(self) -> tuple[int, ...]:
+        return (*range(self.map.shards), ROOT)
+
+    def reporter_claims(self) -> dict[str, int]:
+        """Reporter -> its claims over all its paths: its own shard holds every one of them."""
+        out: dict[str, int] = {}
+        for loc in self.shards:
+            for r, n in loc.claim_counts().items():
+                out[r] = max(out.get(r, 0), n)
+        return out
+
+    def explain_at(self, place: int, known: frozenset[str] | set[str] = frozenset(),
+                   reporter_claims: dict[str, int] | None = None,
+                   suspects: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], list[Finding]]:
+        """What `place` says: its suspects and its findings on the links it owns, given what the
+        others know (Localizer.explain)."""
+        found, fs = self.localizer(place).explain(known, reporter_claims, suspects)
+        return found, [f for f in fs if self.map.owner(f.directed) == place]
+
+    def findings(self) -> list[Finding]:
+        """Two rounds, as the shards and the root do over the network. First each place names
+        its links and its suspects, with each reporter's claims counted over all its paths (its
+        home shard's count). Then the places that named any explain again, given the suspects
+        found anywhere and the faults the others named on more bad paths: a noisy agent seen
+        here by one path is judged by all of it, and a claim shared with another owner's fault
+        does not make one of this place's links look guilty (its view of the other's link is
+        partial, the owner's whole)."""
+        counts = self.reporter_claims()
+        self.took = {}
+        for p in self.places():
+            if p not in self._first:  # the first round, where the evidence changed since the last
+                self._first[p] = self._timed(p, 0, self.explain_at, p, reporter_claims=counts)
+        suspects = frozenset().union(*(s for s, _ in self._first.values()))
+        named = {p: fs for p, (_, fs) in self._first.items()}
+        return merge_findings(self._timed(p, 1, self.explain_at, p, named_elsewhere(named, p), counts, suspects)[1]
+                              if named[p] else [] for p in self.places())
+
+    def _timed(self, place: int, round_: int, fn, *args, **kwargs):
+        if self.clock is None:
+            return fn(*args, **kwargs)
+        t = self.clock()
+        out = fn(*args, **kwargs)
+        self.took.setdefault(place, [0.0, 0.0])[round_] += self.clock() - t
+        return out
+
+
+def named_elsewhere(named: dict[int, list[Finding]], place: int) -> frozenset[str]:
+    """The directed links (with their alternatives) other places named on more bad paths than
+    the weakest finding of `place`: the whole evidence of a fault's owner outweighs the share of
+    it another place saw (an owner seeing less than a link it owns would not give way)."""
+    own = named.get(place) or []
+    if not own:
+        return frozenset()
+    weakest = min(f.bad_paths for f in own)
+    return frozenset(d for p, fs in named.items() if p != place for f in fs if f.bad_paths > weakest
+                     for d in (f.directed, *f.alternatives))
+
+
+def merge_findings(parts: Iterable[list[Finding]]) -> list[Finding]:
+    """The shards' and the root's findings as one list, most confident first as Localizer gives
+    (a directed link has one owner; were it named twice, the finding with more bad paths stays)."""
+    best: dict[str, Finding] = {}
+    for findings in parts:
+        for f in findings:
+            held = best.get(f.directed)
+            if held is None or (f.bad_paths, f.confidence) > (held.bad_paths, held.confidence):
+                best[f.directed] = f
+    return sorted(best.values(), key=lambda f: (-f.confidence, -f.bad_paths, f.directed))

@@ -1,0 +1,165 @@
+"""The fleet split over coordinator shards and a root (pure): the map, who owns which link,
+where a path's evidence goes, and localization split that way against one localizer."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from helpers import untraced_observations
+from linkpass.core.fabric import rail_optimized, three_tier
+from linkpass.core.localize import Localizer, Observation, localize
+from linkpass.core.plan import plan_probes
+from linkpass.core.shards import ROOT, ShardedLocalizer, ShardError, ShardMap, merge_findings
+
+pytestmark = pytest.mark.unit
+
+MODEL2 = rail_optimized(64, 2, 8, 4)  # 8 leaves of 8 hosts per plane, 4 spines, one pod
+MODEL3 = three_tier(256, 2, 4, 4, 4, 4)  # per plane 64 leaves, 16 pods of 4 leaves and 4 spines
+PLAN3 = plan_probes(MODEL3)
+
+
+def test_one_shard_holds_the_whole_fleet():
+    m = ShardMap(MODEL3, 1)
+    assert m.sizes() == [256] and m.by_pod
+    assert {m.owner(f"{n}:{d}") for n in MODEL3.links for d in ("up", "down")} == {0}
+
+
+@pytest.mark.parametrize("shards", [2, 3, 4, 16])
+def test_shards_own_whole_pods_while_there_are_enough(shards):
+    m = ShardMap(MODEL3, shards)
+    assert m.by_pod
+    assert sum(m.sizes()) == 256 and max(m.sizes()) - min(m.sizes()) <= 16  # a pod is 16 hosts
+    for plane in range(2):
+        for leaf in {MODEL3.leaf_of(h, plane) for h in MODEL3.hosts}:
+            pod = MODEL3.pod_of(leaf)
+            mates = [h for h in MODEL3.hosts if MODEL3.pod_of(MODEL3.leaf_of(h, plane)) == pod]
+            assert len({m.shard_of(h) for h in mates}) == 1, (leaf, pod)
+    # every link has a shard for owner, none the root: no pod is split
+    assert ROOT not in {m.owner(f"{n}:up") for n in MODEL3.links}
+
+
+def test_more_shards_than_pods_split_pods_and_the_root_owns_their_core_links():
+    m = ShardMap(MODEL3, 32)  # 16 pods per plane
+    assert not m.by_pod and m.sizes() == [8] * 32  # two leaves of 4 hosts each
+    owners = {MODEL3.link(n).kind: set() for n in MODEL3.links}
+    for n, lk in MODEL3.links.items():
+        owners[lk.kind].add(m.owner(f"{n}:down"))
+    assert owners["spine-core"] == {ROOT}
+    assert ROOT not in owners["host-leaf"] | owners["leaf-spine"]
+
+
+def test_the_map_is_the_same_wherever_it_is_built():
+    a, b = ShardMap(MODEL3, 5), ShardMap(three_tier(256, 2, 4, 4, 4, 4), 5)
+    assert a.digest() == b.digest() and a.describe() == b.describe()
+    assert ShardMap(MODEL3, 4).digest() != a.digest()
+
+
+def test_bad_shard_counts_are_refused_by_name():
+    for bad in (0, -1, 1.5, True, "4"):
+        with pytest.raises(ShardError, match="shards: expected a whole number"):
+            ShardMap(MODEL2, bad)
+    with pytest.raises(ShardError, match="more than the fabric's 8 leaves"):
+        ShardMap(MODEL2, 9)
+    with pytest.raises(ShardError, match="belongs to no shard"):
+        ShardMap(MODEL2, 2).shard_of("h999")
+
+
+def test_a_path_goes_to_the_owner_of_every_link_it_may_cross():
+    m = ShardMap(MODEL3, 16)  # one pod each
+    a, b = "h0", "h255"  # first and last pod
+    assert m.shard_of(a) == 0 and m.shard_of(b) == 15
+    assert m.places(a, 0, "h1") == (0,)  # same leaf
+    assert m.places(a, 0, b) == (0, 15)  # the core links of both pods are theirs
+    split = ShardMap(MODEL3, 32)
+    assert split.places(a, 0, b) == (0, 31, ROOT)  # pods split: the root holds paths between them
+    assert split.places(a, 0, "h8") == (0, 1)  # the same pod, another shard: no core link
+    assert split.places(a, 0, None) == (0,)
+
+
+def sharded_found(loc, obs):
+    for o in obs:
+        loc.update(o)
+    return {f.directed for f in loc.findings()}
+
+
+@pytest.mark.parametrize("shards", [1, 4, 32])
+@pytest.mark.parametrize("tier", ["host-leaf", "leaf-spine", "spine-core"])
+def test_sharded_localization_finds_what_one_localizer_finds(shards, tier):
+    # noise-free: with noisy agents a place may not see enough of one to suspect it (measured
+    # by sim/bench/scale.py's localize-131k-sS rows, not asserted here)
+    rng = random.Random(f"{shards}{tier}")
+    for name in rng.sample(sorted(MODEL3.links_by_tier()[tier]), 4):
+        truth = {f"{name}:up", f"{name}:down"} if rng.random() < 0.5 else {f"{name}:{rng.choice(('up', 'down'))}"}
+        obs = untraced_observations(MODEL3, PLAN3, truth, seed=rng.randrange(100))
+        one = {f.directed for f in localize(MODEL3, obs)}
+        loc = ShardedLocalizer(MODEL3, ShardMap(MODEL3, shards))
+        assert sharded_found(loc, obs) == one == truth, (shards, truth)
+
+
+def test_one_shard_decides_as_one_localizer_does():
+    rng = random.Random(3)
+    for _ in range(5):
+        truth = {f"{rng.choice(sorted(MODEL3.links))}:{rng.choice(('up', 'down'))}" for _ in range(2)}
+        obs = untraced_observations(MODEL3, PLAN3, truth, noisy=set(rng.sample(sorted(MODEL3.hosts), 3)))
+        loc = ShardedLocalizer(MODEL3, ShardMap(MODEL3, 1))
+        for o in obs:
+            loc.update(o)
+        assert [f.as_dict() for f in loc.findings()] == [f.as_dict() for f in localize(MODEL3, obs)]
+        assert loc.held() == [len(obs), 0]
+
+
+def test_a_fault_seen_by_another_shard_is_named_by_its_owner_only():
+    # paths from pod 0 into pod 1 cross pod 1's links; pod 0's shard sees part of their evidence,
+    # which, before the second round, made one of its own links look guilty
+    m = ShardMap(MODEL3, 16)
+    truth = {"p0l4-p0s4:down", "p0l4-p0s4:up"}  # pod 1's leaf 4 to its first spine, cut
+    obs = untraced_observations(MODEL3, PLAN3, truth, seed=5)
+    loc = ShardedLocalizer(MODEL3, m)
+    assert sharded_found(loc, obs) == truth
+    owner = m.owner("p0l4-p0s4:up")
+    assert {f.directed for f in loc.explain_at(owner)[1]} == truth
+    assert all(loc.explain_at(p)[1] == [] for p in loc.places() if p != owner)
+
+
+def test_update_moves_a_path_and_forget_takes_it_back():
+    m = ShardMap(MODEL3, 16)
+    loc = ShardedLocalizer(MODEL3, m)
+    near = Observation("h0", "h0/1", MODEL3.node_path("h0", "h1", 0, None), None, False)
+    far = Observation("h0", "h0/1", MODEL3.node_path("h0", "h255", 0, 1, 2), None, True, "forward")
+    assert loc.update(near) == (0,)
+    assert loc.held()[0] == 1 and sum(loc.held()) == 1
+    assert loc.update(far) == (0, 15)  # the same path, now to another pod: both ends' shards
+    assert loc.held()[0] == 1 and loc.held()[15] == 1 and len(loc) == 1
+    loc.forget("h0/1")
+    assert sum(loc.held()) == 0 and len(loc) == 0
+
+
+def test_localizer_known_links_explain_their_claims():
+    obs = untraced_observations(MODEL3, PLAN3, {"p0s2-p0c8:up"})
+    loc = Localizer(MODEL3)
+    for o in obs:
+        loc.update(o)
+    assert [f.directed for f in loc.findings()] == ["p0s2-p0c8:up"]
+    assert loc.explain(known={"p0s2-p0c8:up"})[1] == []  # its claims are explained by the known fault
+
+
+def test_merge_keeps_one_finding_per_link_most_confident_first():
+    obs = untraced_observations(MODEL3, PLAN3, {"h3-p0l0:up", "p0s2-p0c8:up"})
+    fs = localize(MODEL3, obs)
+    assert [f.directed for f in merge_findings([fs, fs[:1]])] == [f.directed for f in fs]
+
+
+def test_only_the_places_whose_evidence_changed_explain_again():
+    m = ShardMap(MODEL3, 16)
+    loc = ShardedLocalizer(MODEL3, m)
+    ticks = iter(range(10**6))
+    loc.clock = lambda: float(next(ticks))
+    for o in untraced_observations(MODEL3, PLAN3, set()):
+        loc.update(o)
+    assert loc.findings() == [] and set(loc.took) == set(loc.places())  # the first time: every place
+    loc.update(Observation("h0", "h0/x", MODEL3.node_path("h0", "h1", 0, None), None, True, "forward"))
+    loc.findings()
+    assert set(loc.took) == {0}  # a path inside shard 0: only shard 0 explains again
+    loc.findings()
+    assert loc.took == {}
