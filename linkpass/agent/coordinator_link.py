@@ -33,6 +33,12 @@ coordinator that predates it ignores the field.
 A 401 (this host's token revoked, say) makes the thread read coordinator.token_file again: a new
 token put there is used at once, without a restart.
 
+A sharded coordinator sends an agent to its shard (307 with the shard's URL): the thread
+registers there at once, with the same token and TLS settings, and only to an address of the
+same scheme (an https endpoint cannot send it to plain HTTP). coordinator.url stays where it
+starts: when the shard does not answer for MOVED_GIVE_UP failures in a row, the thread goes back
+to it, and the root sends it to the shard of the current map.
+
 Plans come whole (`plan`) or, once the agent holds one, as the change from its version
 (`plan_delta`: peers to add or refresh, names to drop), so a plan change costs the coordinator
 what changed rather than the fleet. This thread applies a delta to the plan it holds and hands
@@ -49,9 +55,10 @@ import random
 import threading
 import time
 from typing import Callable
+from urllib.parse import urlparse
 
 from ..coordinator.auth import read_token
-from ..coordinator.client import Client, Refusal, Unreachable
+from ..coordinator.client import Client, Moved, Refusal, Unreachable
 from ..coordinator.tls import TlsError, build_client_context
 from ..core.constants import REPORT_HEARTBEAT_S
 from ..core.report_digest import table_digest
@@ -104,6 +111,10 @@ class Backoff:
         return self.rng.uniform(0.0, window)
 
 
+MOVED_GIVE_UP = 3  # failures in a row at a shard's address before going back to coordinator.url
+MOVES_IN_A_ROW = 4  # redirects without an accepted call before waiting as for a refusal (a loop)
+
+
 class CoordinatorLink:
     def __init__(self, cfg: CoordinatorLinkConfig, identity: Callable[[], dict], rows: Callable[[], list[dict]],
                  on_drains: Callable[[tuple], None], on_plan: Callable[[object], None], log, *, rules: AnswerRules,
@@ -119,8 +130,10 @@ class CoordinatorLink:
         self.budget = budget  # the probe budget now (`probe_budget` of the current config); None: not sent
         self.budget_sent: dict | None = None  # as the coordinator last accepted it
         self.log = log
-        self.client = Client(cfg.url, read_token(cfg.token_file), timeout_s=2.0, tls=tls_context(cfg),
-                             insecure_http=cfg.insecure_http)
+        self.client = self._client(cfg.url, read_token(cfg.token_file))
+        self.url = cfg.url  # where it reports now: coordinator.url, or the shard it was sent to
+        self._moves = 0  # redirects since the last accepted call
+        self._failures_here = 0  # failures in a row at self.url
         if cfg.insecure_http:
             log("coordinator_insecure_http", url=cfg.url,
                 warning="plain HTTP (insecure_http): the agent's token and reports cross the network in cleartext")
@@ -138,6 +151,31 @@ class CoordinatorLink:
                       "plan_deltas_dropped": 0, "digests": 0, "tables": 0, "tables_asked": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="coordinator-link", daemon=True)
+
+    def _client(self, url: str, token: str | None) -> Client:
+        return Client(url, token, timeout_s=2.0, tls=tls_context(self.cfg), insecure_http=self.cfg.insecure_http)
+
+    def _go(self, url: str) -> None:
+        self.client.close()
+        self.client = self._client(url, self.client.token)
+        self.url = url
+
+    def _moved(self, exc: Moved) -> None:
+        """Sent to another endpoint: register there, if it is one this agent may go to."""
+        self.registered = False
+        self._moves += 1
+        target = exc.url or ""
+        if urlparse(target).scheme != urlparse(self.cfg.url).scheme or not urlparse(target).hostname \
+                or self._moves > MOVES_IN_A_ROW:
+            self.log("coordinator_refused", status=exc.status, error=f"not followed: {exc} (to {target!r}: "
+                     + ("too many redirects in a row" if self._moves > MOVES_IN_A_ROW else
+                        "not an address of the same scheme as coordinator.url") + ")")
+            self._moves = 0
+            self._go(self.cfg.url)
+            self._stop.wait(5.0)
+            return
+        self.log("coordinator_moved", url=target, was=self.url)
+        self._go(target)
 
     def start(self) -> "CoordinatorLink":
         self._thread.start()
@@ -195,17 +233,25 @@ class CoordinatorLink:
                     last_sent = now
                 if not self.reachable or self.busy:
                     self.reachable, self.busy = True, False
-                    self.log("coordinator_back", url=self.cfg.url)
+                    self.log("coordinator_back", url=self.url)
+                self._moves = self._failures_here = 0
                 self.backoff.reset()
                 self._stop.wait(self.cfg.report_ms / 1000)
             except Unreachable as exc:
                 self.stats["failures"] += 1
                 if self.reachable:
                     self.reachable = False
-                    self.log("coordinator_unreachable", url=self.cfg.url, error=str(exc),
+                    self.log("coordinator_unreachable", url=self.url, error=str(exc),
                              note="detection and failover go on locally; reports resume when it is back")
                 self.registered = False  # it may come back without our state: register again
+                self._failures_here += 1
+                if self.url != self.cfg.url and self._failures_here >= MOVED_GIVE_UP:
+                    self._failures_here = 0
+                    self._go(self.cfg.url)  # the shard is gone or moved: ask coordinator.url again
                 self._stop.wait(self.backoff.next())
+            except Moved as exc:
+                self.stats["refusals"] += 1
+                self._moved(exc)
             except Refusal as exc:
                 self.stats["refusals"] += 1
                 if exc.status in (429, 503):
@@ -264,7 +310,7 @@ class CoordinatorLink:
         self.budget_sent = budget
         self.registered = True
         self.stats["registrations"] += 1
-        self.log("coordinator_registered", url=self.cfg.url, paths=len(rows))
+        self.log("coordinator_registered", url=self.url, paths=len(rows))
         self._answer(answer)
 
     def _answer(self, answer: object) -> None:

@@ -55,6 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     co.add_argument("--listen", default=None, help=f"HOST:PORT of the endpoint (default {COORDINATOR_LISTEN}; "
                                                    f"0.0.0.0:{COORDINATOR_PORT} with --testbed, so namespaced agents reach it)")
     co.add_argument("--state-dir", default=None, help="SQLite database and tokens (default /var/lib/linkpass/coordinator)")
+    co.add_argument("--shards", type=int, default=None, metavar="S",
+                    help="coordinator shards agents report to (default 1). With S > 1 a root actor and S shard "
+                         "actors, each with its own endpoint (ports after --listen's, or --shard-listen); agents "
+                         "configured with the root's address are sent to their shard. Needs a fabric model")
+    co.add_argument("--shard-listen", action="append", default=None, metavar="HOST:PORT",
+                    help="a shard's endpoint, once per shard in order (default: the root's host, the ports after its own)")
     co.add_argument("--store", metavar="URL", default=None,
                     help="keep the state in PostgreSQL instead of SQLite in --state-dir: postgresql://USER@HOST:PORT/DB "
                          "(a server every Ray node reaches, so a restarted actor finds its state anywhere)")
@@ -850,7 +856,8 @@ def run_coordinator(args) -> int:
     if args.store is not None or args.store_password_file is not None or args.store_tls_ca is not None:
         settings.update(store=args.store, store_password_file=args.store_password_file,
                         store_tls_ca_file=args.store_tls_ca)
-    for name in ("agent_timeout_s", "agent_expire_s", "event_retention_count", "max_body_bytes"):
+    for name in ("agent_timeout_s", "agent_expire_s", "event_retention_count", "max_body_bytes", "shards",
+                 "shard_listen"):
         if getattr(args, name) is not None:
             settings[name] = getattr(args, name)
     if args.event_retention_days is not None:
@@ -867,11 +874,10 @@ def run_coordinator(args) -> int:
     follower = None
     try:
         if args.stop:
-            handle = ray_actor.existing()
-            if handle is None:
+            if ray_actor.existing() is None and not ray_actor.shards():
                 print("no coordinator actor is running")
                 return EXIT_WARNING
-            ray_actor.stop(handle)
+            ray_actor.stop_all()
             print("coordinator stopped")
             return EXIT_OK
         if not args.address:
@@ -885,6 +891,9 @@ def run_coordinator(args) -> int:
                            f"{log_path(settings)}") from exc
         print(f"coordinator up: {url} (Ray actor {ray_actor.NAMESPACE}/{ray_actor.ACTOR_NAME}, pid "
               f"{ray_actor.actor_pid(handle)})")
+        for k, h in enumerate(ray_actor.shards()):
+            print(f"  shard {k}: {ray_actor.endpoint(h)} (Ray actor {ray_actor.NAMESPACE}/"
+                  f"{ray_actor.SHARD_NAME.format(k)}); agents given the root's address are sent there")
         print(f"tokens: {settings['state_dir']}/{{reader,operator}}.token; agents: `linkpass coordinator token "
               f"HOST --state-dir {settings['state_dir']}` (one each); database: {settings['state_dir']}/coordinator.db")
         if args.insecure_http:
@@ -904,7 +913,7 @@ def run_coordinator(args) -> int:
         from ..coordinator.foreground import hold  # READY=1, WATCHDOG=1, STOPPING=1 under systemd
 
         hold(url, settings, end)  # until `end`, SIGTERM or Ctrl-C
-        ray_actor.stop(handle)
+        ray_actor.stop_all()
         return EXIT_OK
     finally:
         if follower is not None:

@@ -155,6 +155,10 @@ class Tokens:
         """The lowest epoch accepted per host, as the store holds it."""
         self._min_epochs = dict(epochs)
 
+    def min_epochs(self) -> dict[str, int]:
+        """What set_min_epochs was given last (a sharded coordinator's root hands it to its shards)."""
+        return dict(self._min_epochs)
+
     @classmethod
     def parse(cls, text: str, where: str = "tokens", agent_secret: bytes | None = None) -> "Tokens":
         try:

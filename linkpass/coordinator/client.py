@@ -38,6 +38,15 @@ class Refusal(RuntimeError):
         self.status = status
 
 
+class Moved(Refusal):
+    """307/308: this endpoint sends the caller elsewhere (a sharded coordinator's agents to their
+    shard); `url` is where, as the Location header says."""
+
+    def __init__(self, status: int, message: str, url: str | None):
+        super().__init__(status, message)
+        self.url = url
+
+
 class Client:
     def __init__(self, url: str, token: str | None, timeout_s: float = 5.0, tls: ssl.SSLContext | None = None,
                  insecure_http: bool = False, max_answer_bytes: int = MAX_ANSWER_BYTES):
@@ -112,8 +121,10 @@ class Client:
             doc = json.loads(data) if data else None
         except ValueError:
             doc = None
-        if resp.status >= 400:
+        if resp.status >= 400 or resp.status in (307, 308):
             msg = doc.get("error") if isinstance(doc, dict) else data[:200].decode(errors="replace")
+            if resp.status in (307, 308):
+                raise Moved(resp.status, msg or f"HTTP {resp.status}", resp.getheader("Location"))
             raise Refusal(resp.status, msg or f"HTTP {resp.status}")
         return doc if doc is not None else data
 

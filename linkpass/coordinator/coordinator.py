@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror, split_directed
 from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_cap, plan_probes
+from ..core.shards import ShardedLocalizer, ShardMap
 from ..core.report_digest import table_digest
 from ..core.states import Level, health_of, is_bad, is_good, worst
 from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, ProbeBudget, Refused, RegisterIn,  # noqa: F401
@@ -90,15 +91,20 @@ class _Changes:
 
 class Coordinator:
     def __init__(self, store: Store, model: FabricModel | None = None, config: CoordinatorConfig | None = None, *,
-                 now: float, cost_clock: Callable[[], float] = _no_cost):
+                 now: float, cost_clock: Callable[[], float] = _no_cost, shard_map: ShardMap | None = None):
         """`now`: the time on the clock every later call's `now` is on (the host's wall clock);
         `cost_clock`: a monotonic clock in seconds (the host passes time.perf_counter) that
-        bounds how much of the time localization and plan revision may take."""
+        bounds how much of the time localization and plan revision may take. `shard_map`: the
+        root of a sharded coordinator localizes as its shards' parts of the fabric, each
+        explaining again only when its evidence changed (core/shards.py)."""
         self.store = store
         self._cost_clock = cost_clock
         self.config = config or CoordinatorConfig()
         self.model = model
-        self.localizer = Localizer(model) if model is not None else None
+        self.localizer: Localizer | ShardedLocalizer | None = None
+        if model is not None:
+            self.localizer = (ShardedLocalizer(model, shard_map) if shard_map is not None and shard_map.shards > 1
+                              else Localizer(model))
         self.paths: dict[str, PathRecord] = {}
         self.by_reporter: dict[str, set[str]] = defaultdict(set)
         self.agents: dict[str, AgentRecord] = {}
@@ -240,6 +246,20 @@ class Coordinator:
                 self.counters["digest_mismatches"] += 1
                 answer["send_paths"] = True
         return answer
+
+    def heard_from(self, names, now: float) -> None:
+        """Agents a coordinator shard heard from (reports it answered itself, having nothing new):
+        alive now, as a report would make them. Names not registered here are skipped (the shard
+        sends them to register)."""
+        for name in names:
+            agent = self.agents.get(name)
+            if agent is None:
+                continue
+            if agent.lost:
+                agent.lost = False
+                self._members_changed = True
+                self.store.event("agent", name, name, what="returned")
+            agent.last_seen = max(agent.last_seen, now)
 
     def _put_path(self, reporter: str, p: PathIn, now: float, changes: _Changes) -> str:
         key = f"{reporter}/{p.id}"

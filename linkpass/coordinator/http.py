@@ -65,6 +65,7 @@ from ..observe.log import Logger
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
 from .auth import NEEDS, AuthError, Caller, Revoked, Tokens
 from .coordinator import Coordinator
+from .shard import Router, ShardFront
 from .requests import (CoordinatorError, DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal,
                        parse_decommission, parse_drain, parse_events_query, parse_register, parse_report, query_host)
 from .store import EVENT_KINDS
@@ -95,10 +96,15 @@ class Limits:
 
 
 class CoordinatorServer:
-    def __init__(self, coordinator: Coordinator, tokens: Tokens, host: str = "127.0.0.1", port: int = COORDINATOR_PORT,
-                 log=None, limits: Limits | None = None, tls: ssl.SSLContext | None = None,
-                 tokens_path: str | None = None):
+    def __init__(self, coordinator: Coordinator | ShardFront, tokens: Tokens, host: str = "127.0.0.1",
+                 port: int = COORDINATOR_PORT, log=None, limits: Limits | None = None, tls: ssl.SSLContext | None = None,
+                 tokens_path: str | None = None, router: Router | None = None):
+        """`coordinator`: a Coordinator (the whole coordinator, or the root of a sharded one,
+        which then sends agents to their shards as `router` says), or a ShardFront (a shard:
+        agents' registrations and reports, its health and metrics; the rest is the root's)."""
         self.coordinator = coordinator
+        self.shard = coordinator if isinstance(coordinator, ShardFront) else None
+        self.router = router
         self.tokens = tokens
         # the tokens file, re-read at a tick after it changed (`linkpass coordinator token create|revoke`)
         self.tokens_path = tokens_path
@@ -123,7 +129,7 @@ class CoordinatorServer:
         self._pool = ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="coordinator-worker")
         self.latency = RequestLatency(p for _, p in _ROUTES)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Metrics(self))
+        self.registry.register(_ShardMetrics(self) if self.shard is not None else _Metrics(self))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
@@ -322,6 +328,11 @@ class CoordinatorServer:
             status, kind = (405, "bad_request") if known else (404, "not_found")
             return await self._refuse(writer, remote, status, kind, f"no such endpoint: {req.method} {req.path}",
                                       close=req.length != 0, limited=False)
+        if self.shard is not None and req.path not in SHARD_PATHS:
+            return await self._refuse(writer, remote, 421, "not_found",
+                                      f"this is coordinator shard {self.shard.shard}: it takes agents' registrations "
+                                      f"and reports; {req.path} is the root's (the address `linkpass` is given, "
+                                      "as before sharding)", close=req.length != 0, limited=False)
         caller = None
         if route.action is not None:
             caller = self.tokens.caller(req.headers.get("authorization"))
@@ -392,7 +403,8 @@ class CoordinatorServer:
         self.latency.observe(req.path, time.perf_counter() - started)
         if status in (401, 403):
             self._refusals.note(remote)
-        writer.write(_response(status, doc, req.close))
+        moved = [("Location", doc["url"])] if status == 307 and isinstance(doc, dict) and "url" in doc else ()
+        writer.write(_response(status, doc, req.close, moved))
         try:
             await _within(writer.drain(), lim.read_timeout_s)
         except asyncio.TimeoutError:
@@ -425,7 +437,7 @@ class CoordinatorServer:
         except CoordinatorError as exc:
             if exc.status == 400:
                 self.count("bad_request")
-            return exc.status, {"error": str(exc)}
+            return exc.status, {"error": str(exc), **getattr(exc, "doc", {})}
         except Exception:  # noqa: BLE001 - one bad request must not take the endpoint down
             self.count("internal")
             self.log("request_failed", path=req.path, error=traceback.format_exc(limit=5))
@@ -487,18 +499,39 @@ class CoordinatorServer:
     def _post_register(self, req, body, caller, remote):
         r = parse_register(body)  # the whole body is checked before the lock, and before anything changes
         self._as_itself(caller, r.name, remote, req.path)
-        with self.lock:
-            out = self.coordinator.register(r, time.time())
-            self.reports += len(r.paths)
-        return 200, out
+        if self.router is not None:  # the root of a sharded coordinator: agents go to their shards
+            raise self.router.moved(r.name, self.url)
+        return 200, self.forwarded_register(r)
 
     def _post_report(self, req, body, caller, remote):
         r = parse_report(body)
         self._as_itself(caller, r.name, remote, req.path)
+        if self.router is not None:
+            raise self.router.moved(r.name, self.url)
+        return 200, self.forwarded_report(r)
+
+    # ---- what a shard asks of the root (shard.RootLink), and the endpoint's own calls ------
+    def forwarded_register(self, r: RegisterIn) -> dict:
+        with self.lock:
+            out = self.coordinator.register(r, time.time())
+            self.reports += len(r.paths)
+        return out
+
+    def forwarded_report(self, r: ReportIn) -> dict:
         with self.lock:
             out = self.coordinator.report(r, time.time())
             self.reports += len(r.changes) + len(r.paths or ())
-        return 200, out
+        return out
+
+    def heard(self, names: list[str]) -> tuple[int, int, dict[str, int]]:
+        with self.lock:
+            c = self.coordinator
+            c.heard_from(names, time.time())
+            return c.plan_version, c.drain_version, self.tokens.min_epochs()
+
+    def add_events(self, events: list[tuple]) -> None:
+        with self.lock:
+            self.coordinator.store.add_events(events)
 
     def _post_drain(self, req, body, caller, remote):
         d = parse_drain(body)
@@ -817,6 +850,55 @@ class RequestLatency:
         return fam
 
 
+def _endpoint_families(s: CoordinatorServer):
+    """The endpoint's own families: refusals, connections, pending requests, latency, version."""
+    e = CounterMetricFamily("linkpass_coordinator_request_errors", "Requests refused or failed", labels=["kind"])
+    with s._count_lock:
+        errors = sorted(s.errors.items())
+    for k, v in errors:
+        e.add_metric([k], v)
+    o = GaugeMetricFamily("linkpass_coordinator_connections", "Open client connections")
+    o.add_metric([], len(s._conns))
+    q = GaugeMetricFamily("linkpass_coordinator_requests_pending",
+                          "Requests holding a body, waiting for or in a worker (beyond the limit: 503)")
+    q.add_metric([], s.pending)
+    ql = GaugeMetricFamily("linkpass_coordinator_requests_pending_limit", "The endpoint's max_pending")
+    ql.add_metric([], s.limits.max_pending)
+    n = CounterMetricFamily("linkpass_coordinator_requests", "Requests whose head was read")
+    n.add_metric([], s.requests)
+    b = GaugeMetricFamily("linkpass_build_info", "1, labelled with the running LinkPass's version",
+                          labels=["version"])
+    b.add_metric([__version__], 1.0)
+    yield from (e, o, q, ql, n, s.latency.family(), b)
+
+
+SHARD_PATHS = ("/v1/healthz", "/v1/metrics", "/v1/register", "/v1/report", "/v1/whoami")
+
+
+class _ShardMetrics:
+    """A shard's Prometheus view: its agents and what it answered, forwarded, redirected."""
+
+    def __init__(self, server: CoordinatorServer):
+        self.server = server
+
+    def collect(self):
+        s = self.server
+        with s.lock:
+            st = s.shard.status()
+        labels = [str(st["shard"])]
+        a = GaugeMetricFamily("linkpass_coordinator_shard_agents", "Agents whose verdicts this shard holds",
+                              labels=["shard"])
+        a.add_metric(labels, st["agents"])
+        yield a
+        c = CounterMetricFamily("linkpass_coordinator_shard_reports",
+                                "Agents' reports and registrations, by what this shard did with them",
+                                labels=["shard", "outcome"])
+        for outcome in ("answered", "forwarded", "registrations", "redirected", "root_unreachable"):
+            c.add_metric(labels + [outcome], st.get(outcome, 0))
+        yield c
+        yield from _endpoint_families(s)
+
+
 class _Metrics:
     """Prometheus view, read at scrape time."""
 
@@ -865,24 +947,8 @@ class _Metrics:
         uc = CounterMetricFamily("linkpass_coordinator_changes_unknown_path",
                                  "Reported changes naming a path the coordinator does not hold (it asks for the table)")
         uc.add_metric([], unknown_changes)
-        e = CounterMetricFamily("linkpass_coordinator_request_errors", "Requests refused or failed", labels=["kind"])
-        with s._count_lock:
-            errors = sorted(s.errors.items())
-        for k, v in errors:
-            e.add_metric([k], v)
-        o = GaugeMetricFamily("linkpass_coordinator_connections", "Open client connections")
-        o.add_metric([], len(s._conns))
-        q = GaugeMetricFamily("linkpass_coordinator_requests_pending",
-                              "Requests holding a body, waiting for or in a worker (beyond the limit: 503)")
-        q.add_metric([], s.pending)
-        ql = GaugeMetricFamily("linkpass_coordinator_requests_pending_limit", "The endpoint's max_pending")
-        ql.add_metric([], s.limits.max_pending)
-        n = CounterMetricFamily("linkpass_coordinator_requests", "Requests whose head was read")
-        n.add_metric([], s.requests)
-        b = GaugeMetricFamily("linkpass_build_info", "1, labelled with the running LinkPass's version",
-                              labels=["version"])
-        b.add_metric([__version__], 1.0)
-        yield from (g, p, um, f, d, r, dg, ta, uc, e, o, q, ql, n, s.latency.family(), b)
+        yield from (g, p, um, f, d, r, dg, ta, uc)
+        yield from _endpoint_families(s)
         lf = GaugeMetricFamily("linkpass_coordinator_link_fault",
                                "Confidence of each directed link localized as faulty (direction: forward, reverse "
                                "or either)", labels=["link", "direction", "a", "b"])

@@ -19,7 +19,8 @@ import time
 import ray
 
 NAMESPACE = "linkpass"
-ACTOR_NAME = "coordinator"
+ACTOR_NAME = "coordinator"  # the coordinator, or the root of a sharded one
+SHARD_NAME = "coordinator-shard-{}"  # its shards
 
 
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
@@ -46,6 +47,76 @@ class CoordinatorActor:
         """Stop serving, as a clean stop does (its `stopped` log line); `stop()` ends the process."""
         self.server.close()
 
+    # what shards ask of the root (shard.RootLink, through RayRoot)
+    def forwarded_register(self, req):
+        return self.server.forwarded_register(req)
+
+    def forwarded_report(self, req):
+        return self.server.forwarded_report(req)
+
+    def heard(self, names):
+        return self.server.heard(names)
+
+    def add_events(self, events):
+        self.server.add_events(events)
+
+
+@ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+class ShardActor:
+    """Shard `shard` of a sharded coordinator (shard.py): its own endpoint; the root by name."""
+
+    def __init__(self, settings: dict, shard: int):
+        from .runner import actor_log, start_shard  # noqa: PLC0415 (imported in the actor's process)
+
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)  # as the root: it answers agents
+        except OSError:
+            pass
+        self.server = start_shard(settings, shard, RayRoot(), log=actor_log(settings))
+
+    def endpoint(self) -> str:
+        return self.server.url
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+class RayRoot:
+    """shard.RootLink over Ray: the root actor, found by name at each call (so a restarted root is
+    found again). Its refusals (CoordinatorError) come back as themselves; a root that is away or
+    slow, as RootUnreachable."""
+
+    TIMEOUT_S = 10.0
+
+    def _call(self, method: str, *args):
+        from .requests import CoordinatorError  # noqa: PLC0415
+        from .shard import RootUnreachable  # noqa: PLC0415
+
+        try:
+            handle = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
+            return ray.get(getattr(handle, method).remote(*args), timeout=self.TIMEOUT_S)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, CoordinatorError):
+                raise exc.cause from None
+            raise RootUnreachable(f"the root failed: {exc.cause!r}") from None
+        except (ValueError, ray.exceptions.RayError) as exc:  # ValueError: no actor of that name (yet)
+            raise RootUnreachable(f"the root actor does not answer ({type(exc).__name__})") from None
+
+    def register(self, req):
+        return self._call("forwarded_register", req)
+
+    def report(self, req):
+        return self._call("forwarded_report", req)
+
+    def heard(self, names):
+        return self._call("heard", names)
+
+    def add_events(self, events):
+        self._call("add_events", events)
+
 
 _FORK_GUARD = []
 
@@ -68,10 +139,35 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 def ensure(settings: dict, timeout_s: float = 60.0):
-    """The coordinator actor (get-if-exists, else create) and its endpoint URL once it answers."""
+    """The coordinator actor (get-if-exists, else create) and its endpoint URL once it answers;
+    with `shards` > 1 it is the root, and its shards are made the same way after it."""
     handle = CoordinatorActor.options(name=ACTOR_NAME, namespace=NAMESPACE, lifetime="detached",
                                       get_if_exists=True).remote(settings)
-    return handle, endpoint(handle, timeout_s)
+    url = endpoint(handle, timeout_s)
+    count = settings.get("shards") or 1
+    for k in range(count if count > 1 else 0):  # after the root: they share its lab CA, made by it
+        endpoint(shard(settings, k), timeout_s)
+    return handle, url
+
+
+def shard(settings: dict, k: int):
+    """Shard k's actor (get-if-exists, else create)."""
+    return ShardActor.options(name=SHARD_NAME.format(k), namespace=NAMESPACE, lifetime="detached",
+                              get_if_exists=True).remote(settings, k)
+
+
+def shards() -> list:
+    """The running shard actors, in order (none for an unsharded coordinator)."""
+    out = []
+    for k in range(MAX_SHARDS_LOOKED_UP):
+        try:
+            out.append(ray.get_actor(SHARD_NAME.format(k), namespace=NAMESPACE))
+        except ValueError:
+            return out
+    return out
+
+
+MAX_SHARDS_LOOKED_UP = 1024  # runner.MAX_SHARDS
 
 
 def endpoint(handle, timeout_s: float = 60.0) -> str:
@@ -88,6 +184,15 @@ def existing():
         return ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
     except ValueError:
         return None
+
+
+def stop_all(timeout_s: float = 15.0) -> None:
+    """Stop the coordinator for good: its shards, then the root (or the one actor)."""
+    for h in shards():
+        stop(h, timeout_s)
+    h = existing()
+    if h is not None:
+        stop(h, timeout_s)
 
 
 def stop(handle, timeout_s: float = 15.0) -> None:

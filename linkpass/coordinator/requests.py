@@ -49,6 +49,22 @@ class Refused(CoordinatorError):
     status = 409
 
 
+class Moved(CoordinatorError):
+    """The agent belongs to another coordinator shard: it registers and reports there (`url`)."""
+
+    status = 307
+
+    def __init__(self, message: str, url: str, shard: int):
+        super().__init__(message)
+        self.doc = {"url": url, "shard": shard}
+
+
+class Unavailable(CoordinatorError):
+    """What the request needs is away for now (a shard's root): the caller backs off and retries."""
+
+    status = 503
+
+
 @dataclass(frozen=True)
 class PathIn:
     id: int

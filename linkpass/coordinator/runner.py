@@ -28,6 +28,10 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
                      warning is logged). HTTPS is the default.
     log_level        debug, info, warning or error: log lines below it are not written (default
                      $LINKPASS_LOG_LEVEL of the process that starts it, or info)
+    shards           coordinator shards agents report to (default 1: the coordinator takes them
+                     itself). With S > 1 the coordinator started here is the root: it sends every
+                     agent to its shard (shard.py) and needs a fabric model (the map is by pod)
+    shard_listen     "HOST:PORT" of each shard (default: the root's host, ports listen+1 .. listen+S)
 
 Log lines (observe/log.py) go to stderr; inside the Ray actor, to <state_dir>/coordinator.log
 (`actor_log`), which `linkpass coordinator` copies to its own stderr.
@@ -49,7 +53,9 @@ from ..core.fabric import FabricError, FabricModel
 from ..core.constants import COORDINATOR_LISTEN
 from ..observe.log import RANK, LogFile, Logger
 from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
+from ..core.shards import ShardError, ShardMap
 from .http import CoordinatorServer, Limits
+from .shard import RootLink, Router, ShardFront
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import StoreError, open_store, parse_postgres_url
 from .requests import is_decimal
@@ -74,11 +80,49 @@ def load_model(settings: dict) -> FabricModel | None:
     return None
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, name: str = "listen") -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not is_decimal(port) or not 0 <= int(port) < 65536:
-        raise CoordinatorError(f"listen: expected HOST:PORT such as {COORDINATOR_LISTEN}, got {text!r}")
+        raise CoordinatorError(f"{name}: expected HOST:PORT such as {COORDINATOR_LISTEN}, got {text!r}")
     return host, int(port)
+
+
+MAX_SHARDS = 1024
+
+
+def shard_addresses(settings: dict) -> list[tuple[str, int]]:
+    """(host, port) each shard listens on: shard_listen, or the root's host and the ports after its own."""
+    shards = settings.get("shards") or 1
+    if settings.get("shard_listen"):
+        return [parse_listen(x, "shard_listen") for x in settings["shard_listen"]]
+    host, port = parse_listen(settings.get("listen") or COORDINATOR_LISTEN)
+    if port == 0 or port + shards >= 65536:
+        raise CoordinatorError(f"shard_listen: required with listen {host}:{port} (shards take the ports after the "
+                               "root's; give each shard's HOST:PORT)")
+    return [(host, port + 1 + k) for k in range(shards)]
+
+
+def router_of(settings: dict, model: FabricModel | None) -> Router | None:
+    """The shard map and the shards' URLs, for a sharded coordinator (None with one shard)."""
+    shards = settings.get("shards") or 1
+    if shards == 1:
+        return None
+    if model is None:
+        raise CoordinatorError("shards: a sharded coordinator needs a fabric model (--fabric or --testbed): its "
+                               "shards own pods or leaf groups of it")
+    try:
+        shard_map = ShardMap(model, shards)
+    except ShardError as exc:
+        raise CoordinatorError(f"settings.{exc}") from None
+    scheme = "http" if settings.get("insecure_http") else "https"
+    urls = [f"{scheme}://{_url_host(h)}:{p}" for h, p in shard_addresses(settings)]
+    return Router(shard_map, urls)
+
+
+def _url_host(host: str) -> str:
+    if host in WILDCARD:
+        return "127.0.0.1"  # a wildcard listener: the URL agents on this host can use (tls_san names others)
+    return f"[{host}]" if ":" in host else host
 
 
 TLS_SETTINGS = ("tls_cert_file", "tls_key_file", "tls_ca_file", "tls_san", "require_client_cert")
@@ -149,7 +193,7 @@ _NUMBERS = {
 
 def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
     """The coordinator's and the endpoint's settings, each checked; refusals name the setting."""
-    known = _PATHS + _FLAGS + ("tls_san", "log_level") + tuple(_NUMBERS)
+    known = _PATHS + _FLAGS + ("tls_san", "log_level", "shards", "shard_listen") + tuple(_NUMBERS)
     unknown = sorted(set(settings) - set(known))
     if unknown:
         raise CoordinatorError(f"settings.{unknown[0]}: not a coordinator setting; known: "
@@ -170,6 +214,18 @@ def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
             if settings.get(name) is not None:
                 raise CoordinatorError(f"settings.{name}: only with settings.store (a postgresql:// URL); the "
                                        "SQLite store in the state directory has no password and no connection")
+    shards = settings.get("shards")
+    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS):
+        raise CoordinatorError(f"settings.shards: expected a whole number 1..{MAX_SHARDS}, got {shards!r}")
+    listen = settings.get("shard_listen")
+    if listen is not None:
+        if not (isinstance(listen, (list, tuple)) and all(isinstance(x, str) for x in listen)):
+            raise CoordinatorError(f"settings.shard_listen: expected a list of HOST:PORT, one per shard, got {listen!r}")
+        if len(listen) != (shards or 1):
+            raise CoordinatorError(f"settings.shard_listen: {len(listen)} addresses for {shards or 1} shards; give "
+                                   "one per shard, or none (ports after the root's)")
+        for x in listen:
+            parse_listen(x, "shard_listen")
     san = settings.get("tls_san")
     if san is not None and not (isinstance(san, (list, tuple)) and all(isinstance(x, str) and x for x in san)):
         raise CoordinatorError(f"settings.tls_san: expected a list of host names or addresses, got {san!r}")
@@ -258,35 +314,69 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
-    """The coordinator serving, as `settings` say; `log`: where its log lines go (default stderr)."""
-    config, limits = check_settings(settings)
-    log = log or Logger("coordinator", level=settings.get("log_level"))
-    state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
-    host, port = parse_listen(settings.get("listen") or COORDINATOR_LISTEN)
-    tls = server_context(settings, state_dir, host)  # first: a bad TLS setting starts nothing
+def _credentials(settings: dict, state_dir: str) -> tuple[Tokens, str]:
+    """The tokens agents and operators authenticate with, and the file they come from."""
     tokens_path = settings.get("tokens") or ensure_tokens(state_dir)
     secret_path = settings.get("agent_secret") or ensure_secret(os.path.join(state_dir, SECRET_FILE))
     try:
         secret = read_agent_secret(secret_path)
         with open(tokens_path) as f:
-            tokens = Tokens.parse(f.read(), tokens_path, agent_secret=secret)
+            return Tokens.parse(f.read(), tokens_path, agent_secret=secret), tokens_path
     except OSError as exc:
         raise CoordinatorError(f"{exc.filename}: {exc.strerror}") from None
     except AuthError as exc:
         raise CoordinatorError(str(exc)) from None
+
+
+def start_shard(settings: dict, shard: int, root: RootLink, log: Logger | None = None) -> CoordinatorServer:
+    """Shard `shard` of a sharded coordinator serving (shard.py), with the root reached by `root`.
+    The same settings as the root's: the same tokens, TLS and fabric model."""
+    _, limits = check_settings(settings)
+    log = log or Logger("coordinator", level=settings.get("log_level"))
+    router = router_of(settings, load_model(settings))
+    if router is None or not 0 <= shard < router.map.shards:
+        raise CoordinatorError(f"shard {shard}: this coordinator has {settings.get('shards') or 1} shard(s)")
+    state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
+    host, port = shard_addresses(settings)[shard]
+    tls = server_context(settings, state_dir, host)
+    tokens, tokens_path = _credentials(settings, state_dir)
+    front = ShardFront(router, shard, root)
+    server = CoordinatorServer(front, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
+                               tokens_path=tokens_path)
+    log("started", url=server.url, pid=os.getpid(), shard=shard, hosts=len(router.map.hosts_of(shard)),
+        tls=tls is not None, client_certs=server.mutual)
+    return server
+
+
+def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
+    """The coordinator serving, as `settings` say; `log`: where its log lines go (default stderr).
+    With `shards` > 1, the root of a sharded coordinator (its shards: start_shard)."""
+    config, limits = check_settings(settings)
+    log = log or Logger("coordinator", level=settings.get("log_level"))
+    state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
+    host, port = parse_listen(settings.get("listen") or COORDINATOR_LISTEN)
+    tls = server_context(settings, state_dir, host)  # first: a bad TLS setting starts nothing
+    tokens, tokens_path = _credentials(settings, state_dir)
     try:
         store = open_store(settings.get("store"), settings.get("store_password_file"), state_dir,
                            on_committed=lambda events: log_history(log, events),
                            tls_ca_file=settings.get("store_tls_ca_file"))
     except StoreError as exc:
         raise CoordinatorError(str(exc)) from None
+    model = load_model(settings)
+    try:
+        router = router_of(settings, model)
+    except CoordinatorError:
+        store.close()
+        raise
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
-    coordinator = Coordinator(store, load_model(settings), config, now=time.time(), cost_clock=time.perf_counter)
+    coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter,
+                              shard_map=router.map if router else None)
     server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
-                               tokens_path=tokens_path)
+                               tokens_path=tokens_path, router=router)
     log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, store=store.kind, agents=len(coordinator.agents),
-        paths=len(coordinator.paths), tls=tls is not None, client_certs=server.mutual)
+        paths=len(coordinator.paths), tls=tls is not None, client_certs=server.mutual,
+        **({"shards": router.urls} if router else {}))
     if tls is None:
         log("insecure_http", url=server.url,
             warning="plain HTTP (insecure_http): tokens and reports cross the network in cleartext")

@@ -76,6 +76,7 @@ EVENTS = {
     # the agent's coordinator thread (agent/coordinator_link.py)
     "coordinator_registered": "info",
     "coordinator_back": "info",
+    "coordinator_moved": "info",
     "coordinator_token_reloaded": "info",
     "coordinator_unreachable": "warning",
     "coordinator_busy": "warning",

@@ -1,0 +1,221 @@
+"""A coordinator shard: the endpoint a share of the fleet's agents register and report to.
+
+    agents of shard k ── register / report ──► ShardFront k ──(only what is new)──► the root
+                                                    │ answers the rest itself
+    the root: the fleet's state, plan, drains, localization, history, the CLI's views
+
+A sharded coordinator is a root and S shards (core/shards.py maps hosts to shards by pod or
+leaf group). What scales with the fleet is the stream of reports: every agent reports at least
+once a second, and nearly all of those reports say nothing new (a heartbeat, or a digest of the
+verdicts the coordinator already holds). A shard takes its agents' reports, checks their tokens,
+keeps each agent's verdicts to check digests against, and answers a report that brings nothing
+new itself; registrations, changes, whole tables, budget changes and agents whose plan or drains
+are stale go to the root, whose answer the shard relays. Once a tick the shard tells the root
+which agents it heard from (liveness) and learns the current plan and drain versions.
+
+An agent that registers or reports at the wrong endpoint (the root, or another shard) is sent to
+its own with a redirect (307 and the URL), so an agent configured with the root's address finds
+its shard, and moves by itself when the shard map changes.
+
+A shard holds nothing that must survive it: restarted, it knows no agent's verdicts, forwards
+their reports and asks each for its whole table once (`send_paths`). When the root is away the
+shard still answers heartbeats; what needs the root is answered 503, and the agent keeps failing
+over locally and backs off, its registration standing.
+
+No Ray and no sockets here: the root is reached through a `RootLink` (in process for tests,
+`ray_actor.RayRoot` in a cluster); the shard's endpoint is `http.CoordinatorServer`.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Protocol
+
+from ..core.report_digest import table_digest
+from ..core.shards import ShardError, ShardMap
+from .requests import Moved, NotFound, RegisterIn, ReportIn, Unavailable, parse_register, parse_report
+
+
+class RootUnreachable(ConnectionError):
+    """The root did not answer (a RootLink raises it, whatever its transport)."""
+
+
+class RootLink(Protocol):
+    """What a shard asks of the root."""
+
+    def register(self, req: RegisterIn) -> dict: ...
+
+    def report(self, req: ReportIn) -> dict: ...
+
+    def heard(self, names: list[str]) -> tuple[int, int, dict[str, int]]:
+        """These agents are alive; returns the root's plan_version, drain_version and the
+        lowest agent-token epoch per revoked host (auth.Tokens)."""
+
+    def add_events(self, events: list[tuple]) -> None: ...
+
+
+class Router:
+    """Which endpoint each agent belongs to: the shard map and the shards' URLs."""
+
+    def __init__(self, shard_map: ShardMap, urls: list[str]):
+        if len(urls) != shard_map.shards:
+            raise ValueError(f"shard_listen: {len(urls)} addresses for {shard_map.shards} shards; give one per shard")
+        self.map = shard_map
+        self.urls = list(urls)
+
+    def owner(self, name: str) -> int:
+        try:
+            return self.map.shard_of(name)
+        except ShardError:
+            raise NotFound(f"host {name!r} is not in the fabric model, so no coordinator shard takes it; add it to "
+                           "the model (--fabric) or check the agent's host name") from None
+
+    def moved(self, name: str, here: str) -> Moved:
+        k = self.owner(name)
+        return Moved(f"agent {name} belongs to coordinator shard {k} at {self.urls[k]}, not {here}; it registers "
+                     "and reports there (agents follow this by themselves)", self.urls[k], k)
+
+
+class _RootStore:
+    """What the shard's endpoint asks of a store, answered from the root: the history events it
+    writes (refusals) go there, and the revoked agent tokens come from there (each tick)."""
+
+    def __init__(self, front: "ShardFront"):
+        self.front = front
+        self.epochs: dict[str, int] = {}
+        self.fresh = False  # epochs changed since the endpoint last read them
+
+    def add_events(self, events: list[tuple]) -> None:
+        try:
+            self.front.root.add_events(events)
+        except RootUnreachable:
+            self.front.counters["events_dropped"] += len(events)
+
+    def written_elsewhere(self) -> bool:
+        return self.fresh
+
+    def agent_epochs(self) -> dict[str, int]:
+        self.fresh = False
+        return dict(self.epochs)
+
+    def took(self, epochs: dict[str, int]) -> None:
+        if epochs != self.epochs:
+            self.epochs, self.fresh = dict(epochs), True
+
+
+class ShardFront:
+    """Shard `shard` of the coordinator (see the module doc). Called under the endpoint's lock."""
+
+    def __init__(self, router: Router, shard: int, root: RootLink):
+        self.router = router
+        self.shard = shard
+        self.root = root
+        self.url = router.urls[shard]
+        self.tables: dict[str, dict[int, tuple]] = {}  # agent -> path id -> (state, reason)
+        self.versions: tuple[int, int] | None = None  # the root's (plan_version, drain_version)
+        self._heard: set[str] = set()
+        self.counters: dict[str, int] = defaultdict(int)
+        self.store = _RootStore(self)
+        self.model = router.map.model
+
+    # ---- what agents send ---------------------------------------------------------------
+    def register(self, body, now: float) -> dict:
+        req = body if isinstance(body, RegisterIn) else parse_register(body)
+        self._mine(req.name)
+        answer = self._forward(self.root.register, req)
+        self.tables[req.name] = {p.id: (p.state, p.reason) for p in req.paths}
+        self.counters["registrations"] += 1
+        return answer
+
+    def report(self, body, now: float) -> dict:
+        req = body if isinstance(body, ReportIn) else parse_report(body)
+        name = req.name
+        self._mine(name)
+        self._heard.add(name)
+        table = self.tables.get(name)
+        if table is not None and self._nothing_new(req, table):
+            self.counters["answered"] += 1
+            plan_version, drain_version = self.versions
+            return {"drain_version": drain_version, "plan_version": plan_version,
+                    **({"digests": True} if req.digests else {})}
+        answer = self._forward(self.root.report, req)
+        self.counters["forwarded"] += 1
+        if req.paths is not None:
+            table = self.tables[name] = {p.id: (p.state, p.reason) for p in req.paths}
+        if table is None:
+            # restarted shard: ask for the whole table once, to check later digests against
+            answer = dict(answer, send_paths=True)
+        else:
+            for c in req.changes:
+                if c.id in table:
+                    table[c.id] = (c.state, c.reason)
+        return answer
+
+    def _mine(self, name: str) -> None:
+        if self.router.owner(name) != self.shard:
+            self.counters["redirected"] += 1
+            raise self.router.moved(name, self.url)
+
+    def _nothing_new(self, req: ReportIn, table: dict) -> bool:
+        """A heartbeat or digest the root would answer with nothing: no change, no table, no
+        budget, the agent's plan and drains current, its digest (if any) matching."""
+        if req.changes or req.paths is not None or req.probe_budget is not None or self.versions is None:
+            return False
+        plan_version, drain_version = self.versions
+        if req.plan_version != plan_version or req.drain_version != drain_version:
+            return False
+        return req.digest is None or req.digest == table_digest((i, s, r) for i, (s, r) in table.items())
+
+    def _forward(self, call, req):
+        try:
+            answer = call(req)
+        except RootUnreachable as exc:
+            self.counters["root_unreachable"] += 1
+            raise Unavailable(f"coordinator shard {self.shard} cannot reach the root ({exc}); retry later (the "
+                              "agent keeps failing over locally)") from None
+        if isinstance(answer, dict) and isinstance(answer.get("drain_version"), int) and \
+                isinstance(answer.get("plan_version"), int):
+            self.versions = (answer["plan_version"], answer["drain_version"])
+        return answer
+
+    # ---- periodic ----------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Tell the root who was heard from; learn its versions. The root away: try again next tick."""
+        names, self._heard = sorted(self._heard), set()
+        try:
+            plan_version, drain_version, epochs = self.root.heard(names)
+        except RootUnreachable:
+            self.counters["root_unreachable"] += 1
+            self._heard.update(names)
+            return
+        self.versions = (plan_version, drain_version)
+        self.store.took(epochs)  # the endpoint's tick reads them next (refresh_revocations)
+
+    def status(self) -> dict:
+        """This shard, for its metrics and its healthz."""
+        return {"shard": self.shard, "url": self.url, "agents": len(self.tables), "versions": self.versions,
+                **dict(self.counters)}
+
+
+class LocalRoot:
+    """The root in this process (tests, a single-host sharded coordinator without Ray): its
+    endpoint's own calls. `server` None: the root is away."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def _root(self):
+        if self.server is None:
+            raise RootUnreachable("the root is not running")
+        return self.server
+
+    def register(self, req: RegisterIn) -> dict:
+        return self._root().forwarded_register(req)
+
+    def report(self, req: ReportIn) -> dict:
+        return self._root().forwarded_report(req)
+
+    def heard(self, names: list[str]) -> tuple[int, int]:
+        return self._root().heard(names)
+
+    def add_events(self, events: list[tuple]) -> None:
+        self._root().add_events(events)

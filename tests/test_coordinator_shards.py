@@ -1,0 +1,232 @@
+"""A sharded coordinator's real endpoints in one process (HTTPS, the lab CA, SQLite), without
+Ray: the root sends agents to their shards, shards answer what brings nothing new and forward
+the rest, the root learns who is alive, a restarted shard asks for tables again, the root away,
+a real agent link following its redirect."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from linkpass.agent.answer import AnswerRules
+from linkpass.agent.config import CoordinatorLinkConfig
+from linkpass.agent.coordinator_link import CoordinatorLink
+from linkpass.coordinator import runner
+from linkpass.coordinator.client import Moved, Refusal
+from linkpass.coordinator.requests import CoordinatorError
+from linkpass.coordinator.shard import LocalRoot
+from linkpass.core.report_digest import table_digest
+
+from helpers import MODEL, agent_tokens, coordinator_client, free_port, identity, lab_ca_file, table_of, wait_until
+
+pytestmark = pytest.mark.service
+
+
+def settings_of(tmp_path, **more):
+    fabric = tmp_path / "fabric.json"
+    fabric.write_text(json.dumps(MODEL.to_dict()))
+    return {"state_dir": str(tmp_path / "state"), "listen": f"127.0.0.1:{free_port()}", "fabric": str(fabric),
+            "shards": 2, "shard_listen": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"], **more}
+
+
+class Sharded:
+    """A root and its shards, in this process."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.root = runner.start(settings)
+        self.link = LocalRoot(self.root)
+        self.shards = [runner.start_shard(settings, k, self.link) for k in range(2)]
+        self.tokens = agent_tokens(settings["state_dir"])
+
+    def client(self, url, host):
+        return coordinator_client(url, self.tokens[host], self.settings["state_dir"])
+
+    def restart_shard(self, k):
+        self.shards[k].close()
+        self.shards[k] = runner.start_shard(self.settings, k, self.link)
+
+    def close(self):
+        for s in self.shards:
+            s.close()
+        self.root.close()
+        self.root.coordinator.store.close()
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    s = Sharded(settings_of(tmp_path))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def owner(s, host):
+    return s.root.router.owner(host)
+
+
+def register_all(s):
+    answers = {}
+    for i in range(4):
+        h = f"h{i}"
+        with s.client(s.shards[owner(s, h)].url, h) as c:
+            answers[h] = c.post("/v1/register", {**identity(i), "paths": table_of(i), "digests": True,
+                                                 "plan_deltas": True})
+    return answers
+
+
+def test_the_root_sends_each_agent_to_its_shard(sharded):
+    s = sharded
+    assert [owner(s, f"h{i}") for i in range(4)] == [0, 0, 1, 1]  # one leaf each
+    for i in range(4):
+        with s.client(s.root.url, f"h{i}") as c, pytest.raises(Moved) as exc:
+            c.post("/v1/register", {**identity(i), "paths": table_of(i)})
+        assert exc.value.status == 307 and exc.value.url == s.shards[owner(s, f"h{i}")].url
+    with s.client(s.shards[0].url, "h2") as c, pytest.raises(Moved) as exc:  # the wrong shard, too
+        c.post("/v1/report", {"name": "h2"})
+    assert exc.value.url == s.shards[1].url
+    assert s.root.coordinator.agents == {}  # nothing was registered on the way
+
+
+def test_agents_registered_at_their_shards_are_the_roots_fleet(sharded):
+    s = sharded
+    answers = register_all(s)
+    assert sorted(s.root.coordinator.agents) == ["h0", "h1", "h2", "h3"]
+    assert len(s.root.coordinator.paths) == sum(len(table_of(i)) for i in range(4))
+    time.sleep(1.1)  # the plan is revised at most once a second
+    with s.client(s.shards[0].url, "h0") as c:
+        answer = c.post("/v1/report", {"name": "h0", "drain_version": answers["h0"]["drain_version"],
+                                       "plan_version": None, "digests": True})
+    peers = {p["name"] for p in answer["plan"]["peers"]}
+    assert {"h2", "h3"} & peers  # its plan names hosts of the other shard: the root plans the fleet
+
+
+def test_a_shard_answers_heartbeats_itself_and_the_root_hears_of_them(sharded):
+    s = sharded
+    answers = register_all(s)
+    root_reports = s.root.requests
+    with s.client(s.shards[0].url, "h0") as c:
+        beat = {"name": "h0", "drain_version": answers["h0"]["drain_version"],
+                "plan_version": answers["h0"]["plan_version"], "digests": True}
+        wait_until(lambda: s.shards[0].coordinator.versions is not None, 5, "the shard learns the root's versions")
+        beat["plan_version"] = s.shards[0].coordinator.versions[0]
+        with s.root.lock:
+            s.root.coordinator.agents["h0"].last_seen = before = time.time() - 5
+        for _ in range(5):
+            assert c.post("/v1/report", beat) == {"drain_version": beat["drain_version"],
+                                                  "plan_version": beat["plan_version"], "digests": True}
+        digest = table_digest((r["id"], r["state"], r["reason"]) for r in table_of(0))
+        assert "send_paths" not in c.post("/v1/report", {**beat, "digest": digest})
+    assert s.shards[0].coordinator.counters["answered"] == 6
+    assert s.root.requests == root_reports  # none of them reached the root's endpoint
+    wait_until(lambda: s.root.coordinator.agents["h0"].last_seen > before + 4, 5, "the root hears h0 is alive")
+
+
+def test_what_is_new_goes_to_the_root(sharded):
+    s = sharded
+    answers = register_all(s)
+    v = {"drain_version": answers["h2"]["drain_version"], "digests": True}
+    with s.client(s.shards[1].url, "h2") as c:
+        c.post("/v1/report", {"name": "h2", **v, "changes": [{"id": 1, "state": "down", "reason": "hard_failure"}]})
+        assert s.root.coordinator.paths["h2/1"].state == "down"
+        stale = table_digest((r["id"], r["state"], r["reason"]) for r in table_of(2))  # h2/1 still up in it
+        wait_until(lambda: s.shards[1].coordinator.versions is not None, 5, "the shard learns the root's versions")
+        answer = c.post("/v1/report", {"name": "h2", **v, "plan_version": s.shards[1].coordinator.versions[0],
+                                       "digest": stale})
+    assert answer.get("send_paths") is True  # the digest differs: the root asks for the whole table
+    assert s.shards[1].coordinator.counters["forwarded"] == 2
+
+
+def test_a_restarted_shard_asks_each_agent_for_its_table_once(sharded):
+    s = sharded
+    answers = register_all(s)
+    s.restart_shard(0)
+    with s.client(s.shards[0].url, "h1") as c:
+        beat = {"name": "h1", "drain_version": answers["h1"]["drain_version"], "digests": True}
+        assert c.post("/v1/report", beat).get("send_paths") is True
+        c.post("/v1/report", {**beat, "paths": table_of(1)})
+        wait_until(lambda: s.shards[0].coordinator.versions is not None, 5, "the shard learns the root's versions")
+        assert "send_paths" not in c.post("/v1/report", {**beat, "plan_version": s.shards[0].coordinator.versions[0]})
+    assert s.shards[0].coordinator.counters["answered"] == 1
+
+
+def test_with_the_root_away_heartbeats_are_answered_and_the_rest_is_503(sharded):
+    s = sharded
+    answers = register_all(s)
+    wait_until(lambda: s.shards[0].coordinator.versions is not None, 5, "the shard learns the root's versions")
+    s.link.server = None  # the root is away
+    beat = {"name": "h0", "drain_version": answers["h0"]["drain_version"],
+            "plan_version": s.shards[0].coordinator.versions[0]}
+    with s.client(s.shards[0].url, "h0") as c:
+        assert c.post("/v1/report", beat)["drain_version"] == beat["drain_version"]
+        with pytest.raises(Refusal) as exc:
+            c.post("/v1/report", {**beat, "changes": [{"id": 1, "state": "down", "reason": "hard_failure"}]})
+        assert exc.value.status == 503 and "cannot reach the root" in str(exc.value)
+    s.link.server = s.root
+    wait_until(lambda: s.shards[0].coordinator.counters["root_unreachable"] >= 1, 5, "the failed call is counted")
+
+
+def test_a_shard_serves_agents_only(sharded):
+    s = sharded
+    with coordinator_client(s.shards[0].url, None, s.settings["state_dir"]) as c:
+        with pytest.raises(Refusal) as exc:
+            c.get("/v1/status")
+        assert exc.value.status == 421 and "is the root's" in str(exc.value)
+        assert c.get("/v1/healthz") == {"ok": True}
+
+
+def test_an_agent_given_the_roots_address_finds_its_shard(sharded, tmp_path):
+    s = sharded
+    token = tmp_path / "h3.token"
+    token.write_text(s.tokens["h3"])
+    logged = []
+    cfg = CoordinatorLinkConfig(s.root.url, str(token), report_ms=50, ca_file=lab_ca_file(s.settings["state_dir"]))
+    link = CoordinatorLink(cfg, lambda: identity(3), lambda: table_of(3), lambda d: None, lambda p: None,
+                           lambda event, **f: logged.append((event, f)), rules=AnswerRules("h3", 4, 1024))
+    link.start()
+    try:
+        wait_until(lambda: "h3" in s.root.coordinator.agents, 10, "h3 registered through its shard")
+        assert link.url == s.shards[1].url
+        assert ("coordinator_moved", {"url": s.shards[1].url, "was": s.root.url}) in logged
+        wait_until(lambda: s.shards[1].coordinator.counters["answered"] > 0, 10, "its heartbeats answered by the shard")
+    finally:
+        link.stop()
+
+
+def test_a_shard_that_stays_away_sends_the_agent_back_to_the_root(sharded, tmp_path):
+    s = sharded
+    token = tmp_path / "h0.token"
+    token.write_text(s.tokens["h0"])
+    cfg = CoordinatorLinkConfig(s.root.url, str(token), report_ms=50, ca_file=lab_ca_file(s.settings["state_dir"]))
+    went = threading.Event()
+    link = CoordinatorLink(cfg, lambda: identity(0), lambda: table_of(0), lambda d: None, lambda p: None,
+                           lambda event, **f: went.set() if event == "coordinator_moved" else None,
+                           rules=AnswerRules("h0", 1, 1024))
+    link.backoff.first = link.backoff.cap = 0.05
+    link.start()
+    try:
+        assert went.wait(10)
+        wait_until(lambda: link.registered, 10, "h0 registered at shard 0")
+        s.shards[0].close()  # shard 0 is gone, and comes back elsewhere
+        s.settings["shard_listen"][0] = f"127.0.0.1:{free_port()}"
+        s.root.close()
+        s.root.coordinator.store.close()
+        s.root = runner.start(s.settings)
+        s.link.server = s.root
+        s.shards[0] = runner.start_shard(s.settings, 0, s.link)
+        wait_until(lambda: link.url == s.shards[0].url and link.registered, 30, "h0 back through the root at the new shard")
+    finally:
+        link.stop()
+
+
+def test_sharding_settings_are_checked_by_name(tmp_path):
+    for bad, why in (({"shards": 0}, "settings.shards: expected a whole number"),
+                     ({"shards": 3, "shard_listen": None}, "more than the fabric's 2 leaves"),
+                     ({"shard_listen": ["127.0.0.1:1"]}, "settings.shard_listen: 1 addresses for 2 shards"),
+                     ({"shard_listen": ["127.0.0.1:1", "nonsense"]}, "shard_listen: expected HOST:PORT"),
+                     ({"fabric": None}, "shards: a sharded coordinator needs a fabric model")):
+        with pytest.raises(CoordinatorError, match=why):
+            runner.start({k: v for k, v in {**settings_of(tmp_path), **bad}.items() if v is not None})
