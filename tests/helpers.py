@@ -430,3 +430,23 @@ def untraced_observations(model, plan, truth, *, noisy=(), seed=0):
                     bad, direction = True, rng.choice(("forward", "reverse", "both", None))
             out.append(Observation(host, f"{host}/{n}", fwd, None, bad, direction))
     return out
+
+
+def role_token(settings, role):
+    """The token the coordinator made for `role` (reader, operator) in its state directory."""
+    with open(os.path.join(settings["state_dir"], f"{role}.token")) as f:
+        return f.read().strip()
+
+
+def wait_answering(client, timeout_s: float = 60.0) -> dict:
+    """The coordinator's status, once its endpoint answers again (after a restart)."""
+    from linkpass.coordinator.client import Unreachable
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.get("/v1/status")
+        except Unreachable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

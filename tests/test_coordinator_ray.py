@@ -1,20 +1,19 @@
 """The coordinator as a real detached Ray actor: one bootstrap path (get-if-exists), and a killed
 actor process comes back on the same endpoint with everything it knew, from either store: SQLite
-in its state directory and PostgreSQL (a real server, started and removed here)."""
+in its state directory and PostgreSQL (a real server, started and removed here). A sharded
+coordinator's: test_coordinator_ray_shards.py."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
 import signal
-import time
 
 import pytest
 
 from linkpass.coordinator import ray_actor
-from linkpass.coordinator.client import Client, Unreachable
 
-from helpers import MODEL, agent_tokens, coordinator_client, free_port, identity, table_of
+from helpers import MODEL, agent_tokens, coordinator_client, free_port, identity, role_token as token, table_of, wait_answering
 from pgserver import PostgresServer
 
 pytestmark = pytest.mark.service
@@ -38,22 +37,6 @@ def actor(request, tmp_path_factory):
             if h is not None:
                 ray_actor.stop(h)
             ray_actor.shutdown()
-
-
-def token(settings, role):
-    with open(os.path.join(settings["state_dir"], f"{role}.token")) as f:
-        return f.read().strip()
-
-
-def wait_answering(client: Client, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return client.get("/v1/status")
-        except Unreachable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def actor_log(settings) -> list[dict]:
@@ -104,4 +87,5 @@ def test_killed_actor_restarts_and_loses_nothing(actor):
     for a in agents.values():
         a.close()
     op.close()
+
 

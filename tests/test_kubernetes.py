@@ -116,6 +116,32 @@ def test_the_coordinator_statefulset_runs_a_command_the_cli_has():
     assert agent_cfg["coordinator"]["url"] == f"https://{host}:{svc['spec']['ports'][0]['port']}"
 
 
+def test_the_ray_cluster_starts_a_sharded_coordinator_the_service_reaches():
+    from linkpass.cli.main import build_parser
+    from linkpass.coordinator.runner import shard_addresses
+
+    name = "linkpass-raycluster.yaml"
+    rc, svc, job = kind(name, "RayCluster"), kind(name, "Service"), kind(name, "Job")
+    assert rc["apiVersion"] == "ray.io/v1" and rc["spec"]["workerGroupSpecs"] == []  # every actor on the head pod
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(c["command"][1:])
+    assert args.address == f"ray://{rc['metadata']['name']}-head-svc:10001"  # KubeRay's name for the head's Service
+    assert args.shards == 16 and args.store.startswith("postgresql://")
+    # the shards listen on the ports after the root's; the Service carries all of them to the head pod
+    from linkpass.cli.coordinator import _tls_settings
+
+    settings = {"listen": args.listen, "shards": args.shards, **_tls_settings(args)}
+    assert [p["port"] for p in svc["spec"]["ports"]] == [9470] + [p for _, p in shard_addresses(settings)]
+    assert svc["spec"]["selector"]["ray.io/node-type"] == "head"
+    assert settings["tls_san"][0] == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"  # agents go there
+    # the paths the actors read are mounted on the head pod, where they run
+    mounts = {m["mountPath"] for m in head["containers"][0]["volumeMounts"]}
+    assert {args.state_dir, "/etc/linkpass", "/etc/linkpass-store"} <= mounts
+    assert args.fabric.startswith("/etc/linkpass/") and args.store_password_file.startswith("/etc/linkpass-store/")
+    assert head["securityContext"]["runAsNonRoot"] is True
+
+
 def test_containerfile_builds_the_images_the_manifests_name():
     text = CONTAINERFILE.read_text()
     stages = re.findall(r"^FROM \S+ AS (\w+)$", text, re.M)

@@ -31,7 +31,9 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     shards           coordinator shards agents report to (default 1: the coordinator takes them
                      itself). With S > 1 the coordinator started here is the root: it sends every
                      agent to its shard (shard.py) and needs a fabric model (the map is by pod)
-    shard_listen     "HOST:PORT" of each shard (default: the root's host, ports listen+1 .. listen+S)
+    shard_listen     "HOST:PORT" of each shard (default: the root's host, ports listen+1 .. listen+S).
+                     Agents are sent to that host, or for a wildcard address (0.0.0.0) to the
+                     first tls_san name
 
 Log lines (observe/log.py) go to stderr; inside the Ray actor, to <state_dir>/coordinator.log
 (`actor_log`), which `linkpass coordinator` copies to its own stderr.
@@ -115,13 +117,16 @@ def router_of(settings: dict, model: FabricModel | None) -> Router | None:
     except ShardError as exc:
         raise CoordinatorError(f"settings.{exc}") from None
     scheme = "http" if settings.get("insecure_http") else "https"
-    urls = [f"{scheme}://{_url_host(h)}:{p}" for h, p in shard_addresses(settings)]
+    urls = [f"{scheme}://{_url_host(h, settings)}:{p}" for h, p in shard_addresses(settings)]
     return Router(shard_map, urls)
 
 
-def _url_host(host: str) -> str:
+def _url_host(host: str, settings: dict) -> str:
+    """The host agents are sent to for a shard listening on `host`: itself, or for a wildcard
+    listener the first tls_san name (the name agents reach the coordinator by, which its
+    certificate names), else 127.0.0.1."""
     if host in WILDCARD:
-        return "127.0.0.1"  # a wildcard listener: the URL agents on this host can use (tls_san names others)
+        host = (settings.get("tls_san") or ["127.0.0.1"])[0]
     return f"[{host}]" if ":" in host else host
 
 

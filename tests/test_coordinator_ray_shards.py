@@ -1,0 +1,89 @@
+"""A sharded coordinator as real detached Ray actors, a root and two shards: agents given the root's
+address are sent to their shards, and a killed root or shard comes back with nothing lost, with
+either store (SQLite in the state directory, PostgreSQL: a real server, started and removed here)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from linkpass.coordinator import ray_actor
+from linkpass.coordinator.client import Moved, Refusal, Unreachable
+
+from helpers import (MODEL, agent_tokens, coordinator_client, free_port, identity, role_token, table_of,
+                     wait_answering, wait_until)
+from pgserver import PostgresServer
+
+pytestmark = pytest.mark.service
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def sharded(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("sharded")
+    (d / "fabric.json").write_text(json.dumps(MODEL.to_dict()))
+    settings = {"state_dir": str(d / "state"), "listen": f"127.0.0.1:{free_port()}", "fabric": str(d / "fabric.json"),
+                "shards": 2, "shard_listen": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    with contextlib.ExitStack() as stack:
+        if request.param == "postgresql":
+            pg = stack.enter_context(PostgresServer())
+            settings.update(store=pg.url, store_password_file=pg.password_file)
+        ray_actor.connect(num_cpus=2)
+        try:
+            handle, url = ray_actor.ensure(settings)
+            yield handle, url, settings
+        finally:
+            ray_actor.stop_all()
+            ray_actor.shutdown()
+
+
+def register_through_root(url, settings) -> dict:
+    """Each agent posts to the root, is sent to its shard and registers there; host -> its shard's client."""
+    out = {}
+    for h, t in agent_tokens(settings["state_dir"]).items():
+        i = int(h[1:])
+        with coordinator_client(url, t, settings["state_dir"]) as root, pytest.raises(Moved) as moved:
+            root.post("/v1/register", {**identity(i), "paths": table_of(i)})
+        out[h] = coordinator_client(moved.value.url, t, settings["state_dir"])
+        out[h].post("/v1/register", {**identity(i), "paths": table_of(i)})
+    return out
+
+
+@pytest.mark.parametrize("victim", ["shard", "root"])
+def test_a_killed_shard_or_root_restarts_and_loses_nothing(sharded, victim):
+    handle, url, settings = sharded
+    shards = ray_actor.shards()
+    assert len(shards) == 2 and {ray_actor.endpoint(h) for h in shards} == \
+        {f"https://{a}" for a in settings["shard_listen"]}
+    agents = register_through_root(url, settings)
+    op = coordinator_client(url, role_token(settings, "operator"), settings["state_dir"])
+    agents["h2"].post("/v1/report", {"name": "h2", "changes": [{"id": 3, "state": "down", "reason": "hard_failure"}]})
+    before = wait_answering(op)
+    assert before["agents"] == 4 and before["paths_by_state"].get("down", 0) >= 1
+
+    target = shards[1] if victim == "shard" else handle
+    old = ray_actor.actor_pid(target)
+    os.kill(old, signal.SIGKILL)
+    assert ray_actor.wait_restarted(target, old, timeout_s=90) != old
+    after = wait_answering(op)
+    for k in ("agents", "paths", "paths_by_state", "fabric"):
+        assert after[k] == before[k], k
+    # the agents of the shard carry on: a report that brings news reaches the root again
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            agents["h3"].post("/v1/report", {"name": "h3", "changes": [{"id": 1, "state": "down",
+                                                                          "reason": "hard_failure"}]})
+            break
+        except (Unreachable, Refusal):  # the shard's endpoint, or its root, is not back yet
+            assert time.monotonic() < deadline, "h3's shard never took its report again"
+            time.sleep(0.5)
+    wait_until(lambda: wait_answering(op)["paths_by_state"].get("down", 0) == before["paths_by_state"]["down"] + 1,
+               30, "h3's change reached the root through its shard")
+    agents["h3"].post("/v1/report", {"name": "h3", "changes": [{"id": 1, "state": "up", "reason": None}]})
+    for a in agents.values():
+        a.close()
+    op.close()
