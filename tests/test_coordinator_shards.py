@@ -18,6 +18,8 @@ from linkpass.coordinator.client import Moved, Refusal
 from linkpass.coordinator.requests import CoordinatorError
 from linkpass.coordinator.shard import LocalRoot
 from linkpass.core.report_digest import table_digest
+from linkpass.observe.prometheus import promtool
+from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import MODEL, agent_tokens, coordinator_client, free_port, identity, lab_ca_file, table_of, wait_until
 
@@ -176,6 +178,28 @@ def test_a_shard_serves_agents_only(sharded):
             c.get("/v1/status")
         assert exc.value.status == 421 and "is the root's" in str(exc.value)
         assert c.get("/v1/healthz") == {"ok": True}
+
+
+def test_a_shards_metrics_say_what_it_did_with_reports(sharded):
+    s = sharded
+    answers = register_all(s)
+    wait_until(lambda: s.shards[0].coordinator.versions is not None, 5, "the shard learns the root's versions")
+    with s.client(s.shards[0].url, "h0") as c:
+        c.post("/v1/report", {"name": "h0", "drain_version": answers["h0"]["drain_version"],
+                              "plan_version": s.shards[0].coordinator.versions[0]})
+    with s.client(s.shards[0].url, "h3") as c, pytest.raises(Moved):
+        c.post("/v1/report", {"name": "h3"})
+    with coordinator_client(s.shards[0].url, None, s.settings["state_dir"]) as c:
+        text = c.get("/metrics").decode()
+    lint = promtool("check", "metrics", stdin=text)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    got = {(x.name, tuple(sorted(x.labels.items()))): x.value for f in text_string_to_metric_families(text)
+           for x in f.samples}
+    assert got[("linkpass_coordinator_shard_agents", (("shard", "0"),))] == 2
+    assert got[("linkpass_coordinator_shard_reports_total", (("outcome", "answered"), ("shard", "0")))] == 1
+    assert got[("linkpass_coordinator_shard_reports_total", (("outcome", "registrations"), ("shard", "0")))] == 2
+    assert got[("linkpass_coordinator_shard_reports_total", (("outcome", "redirected"), ("shard", "0")))] == 1
+    assert ("linkpass_coordinator_requests_total", ()) in got  # the endpoint's own families too
 
 
 def test_an_agent_given_the_roots_address_finds_its_shard(sharded, tmp_path):

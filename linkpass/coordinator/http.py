@@ -872,7 +872,7 @@ def _endpoint_families(s: CoordinatorServer):
     yield from (e, o, q, ql, n, s.latency.family(), b)
 
 
-SHARD_PATHS = ("/v1/healthz", "/v1/metrics", "/v1/register", "/v1/report", "/v1/whoami")
+SHARD_PATHS = ("/v1/healthz", "/metrics", "/v1/register", "/v1/report", "/v1/whoami")
 
 
 class _ShardMetrics:

@@ -73,6 +73,11 @@ def spec() -> dict:
                 "schema": {"$ref": f"#/components/schemas/{_component(route.body, components)}"}}}}
         if path == "/metrics":
             op["responses"]["200"]["content"] = {"text/plain": {}}
+        if path in ("/v1/register", "/v1/report"):
+            op["responses"]["307"] = {
+                "description": "a sharded coordinator: this agent registers and reports at its shard (Location, and "
+                               "`url` and `shard` in the body)",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
         paths.setdefault(path, {})[method.lower()] = op
     components["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
     return {
