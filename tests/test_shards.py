@@ -86,12 +86,11 @@ def sharded_found(loc, obs):
 @pytest.mark.parametrize("shards", [1, 4, 32])
 @pytest.mark.parametrize("tier", ["host-leaf", "leaf-spine", "spine-core"])
 def test_sharded_localization_finds_what_one_localizer_finds(shards, tier):
-    # noise-free: with noisy agents a place may not see enough of one to suspect it (measured
-    # by sim/bench/scale.py's localize-131k-sS rows, not asserted here)
     rng = random.Random(f"{shards}{tier}")
+    noisy = set(rng.sample(sorted(MODEL3.hosts), 3))  # ~1 %
     for name in rng.sample(sorted(MODEL3.links_by_tier()[tier]), 4):
         truth = {f"{name}:up", f"{name}:down"} if rng.random() < 0.5 else {f"{name}:{rng.choice(('up', 'down'))}"}
-        obs = untraced_observations(MODEL3, PLAN3, truth, seed=rng.randrange(100))
+        obs = untraced_observations(MODEL3, PLAN3, truth, noisy=noisy, seed=rng.randrange(100))
         one = {f.directed for f in localize(MODEL3, obs)}
         loc = ShardedLocalizer(MODEL3, ShardMap(MODEL3, shards))
         assert sharded_found(loc, obs) == one == truth, (shards, truth)
@@ -107,6 +106,19 @@ def test_one_shard_decides_as_one_localizer_does():
             loc.update(o)
         assert [f.as_dict() for f in loc.findings()] == [f.as_dict() for f in localize(MODEL3, obs)]
         assert loc.held() == [len(obs), 0]
+
+
+def test_a_noisy_agent_is_judged_by_all_of_its_paths():
+    # h114 (shard 1) and h136 (shard 2) are noisy; both claim a path over p0s32-p0c1:down, owned
+    # by shard 2. Shard 2 sees one of h114's paths, not enough to suspect it, and no place sees
+    # enough good evidence on the other links of its claims: without the links their owners
+    # cleared, the two noisy claims made a finding there.
+    truth = {"p1l35-p1s34:down"}
+    obs = untraced_observations(MODEL3, PLAN3, truth, noisy={"h114", "h132", "h136"}, seed=7)
+    loc = ShardedLocalizer(MODEL3, ShardMap(MODEL3, 4))
+    assert sharded_found(loc, obs) == truth
+    alone = loc.explain_at(loc.map.owner("p0s32-p0c1:down"), reporter_claims=loc.reporter_claims())[1]
+    assert "p0s32-p0c1:down" in {f.directed for f in alone}  # what that shard says on its own evidence
 
 
 def test_a_fault_seen_by_another_shard_is_named_by_its_owner_only():

@@ -335,21 +335,31 @@ class Localizer:
         return out
 
     def explain(self, known: frozenset[str] | set[str] = frozenset(), reporter_claims: dict[str, int] | None = None,
-                suspects: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], list[Finding]]:
+                suspects: frozenset[str] | set[str] = frozenset(),
+                cleared: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], list[Finding]]:
         """(suspects, findings). For a localizer holding part of the fleet's paths
         (core/shards.py), what the other parts know: `known`, directed links found faulty
         elsewhere, whose claims count as explained from the start; `reporter_claims`, each
         reporter's claims over all its paths, which its shares of support are taken from (a
         noisy agent seen here by one path is not a whole reporter's worth); `suspects`,
-        reporters found noisy elsewhere."""
+        reporters found noisy elsewhere; `cleared`, directed links exonerated by a localizer
+        holding all of their evidence (here a part of it may not be enough)."""
         claims = self._claims()
         if reporter_claims:
             per = claims.per_reporter
             for r, n in reporter_claims.items():
                 if n > per.get(r, n):
                     per[r] = n
-        suspects, live_links = self._suspects(claims, set(suspects))
+        suspects, live_links = self._suspects(claims, set(suspects), cleared)
         return suspects, self._greedy(claims, suspects, live_links, known)
+
+    def named(self) -> set[str]:
+        """The directed links the bad observations' claims name."""
+        return {d for key in self._bad_keys for c in self._entries[key].claims for d in c}
+
+    def cleared(self, links: Iterable[str]) -> set[str]:
+        """Which of `links` are exonerated here (see exonerated())."""
+        return {d for d, ok in self._exonerated(links, frozenset()).items() if ok}
 
     def _claims(self) -> _Claims:
         """Phase 1: every bad observation's claims, numbered, and the claims naming each link."""
@@ -371,14 +381,19 @@ class Localizer:
             per_reporter[r] = per_reporter.get(r, 0) + 1
         return _Claims(reporter, keys, candidates, of, per_reporter)
 
-    def _suspects(self, claims: _Claims, suspects: set[str]) -> tuple[set[str], dict[str, list[int]]]:
+    def _suspects(self, claims: _Claims, suspects: set[str],
+                  cleared: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], dict[str, list[int]]]:
         """Phase 2: the suspects, and the links not exonerated once their votes stop counting
         (each with the claims naming it).
 
         A claim all of whose links work for others is contradicted; a reporter making several
         such claims is noisy or lying: its claims are set aside and its votes stop counting
-        (its bad votes no longer shield links, which can expose more suspects, so repeat)."""
+        (its bad votes no longer shield links, which can expose more suspects, so repeat).
+        Links in `cleared` count as exonerated whatever the votes here say."""
         status = self._exonerated(claims.of, suspects)
+        for d in cleared:
+            if d in status:
+                status[d] = True
         while True:
             live_links = {d: idx for d, idx in claims.of.items() if not status[d]}
             alive = [False] * len(claims.reporter)
@@ -407,7 +422,7 @@ class Localizer:
                 if all(reporter[i] in suspects for i in of[d]):
                     del status[d]
                     del of[d]
-            status.update(self._exonerated(touched.intersection(status), suspects))
+            status.update(self._exonerated(touched.intersection(status) - set(cleared), suspects))
 
     def _greedy(self, claims: _Claims, suspects: set[str], live_links: dict[str, list[int]],
                 known: frozenset[str] | set[str] = frozenset()) -> list[Finding]:

@@ -212,8 +212,10 @@ class ShardedLocalizer:
         self.root = Localizer(model, **localizer_options)
         self._where: dict[str, tuple[int, ...]] = {}  # path key -> the places holding it
         self.updates = [0] * (shard_map.shards + 1)  # observations received per place; the root's last
-        # each place's first round, kept until its evidence changes (explained again only then)
-        self._first: dict[int, tuple[set[str], list[Finding]]] = {}
+        # each place's first rounds, kept until its evidence (or what the others cleared) changes
+        self._cleared: dict[int, set[str]] = {}
+        # place -> (the cleared links its claims named, (its suspects, its findings))
+        self._first: dict[int, tuple[frozenset[str], tuple[set[str], list[Finding]]]] = {}
         self.took: dict[int, list[float]] = {}  # the last findings(): per place explained, seconds per round
         self.clock = None  # a clock in seconds to fill `took` with (the benchmark's); None: not timed
 
@@ -245,16 +247,20 @@ class ShardedLocalizer:
         for p in places:
             self.localizer(p).update(obs)
             self.updates[p] += 1
-            self._first.pop(p, None)
+            self._stale(p)
         if was is not None:
             for p in was:
-                self._first.pop(p, None)
+                self._stale(p)
         return places
+
+    def _stale(self, place: int) -> None:
+        self._first.pop(place, None)
+        self._cleared.pop(place, None)
 
     def forget(self, key: str) -> None:
         for p in self._where.pop(key, ()):
             self.localizer(p).forget(key)
-            self._first.pop(p, None)
+            self._stale(p)
 
     def __len__(self) -> int:
         return len(self._where)
@@ -274,38 +280,52 @@ class ShardedLocalizer:
                 out[r] = max(out.get(r, 0), n)
         return out
 
+    def cleared_at(self, place: int) -> set[str]:
+        """The links `place` owns that its bad paths name and its evidence exonerates."""
+        loc = self.localizer(place)
+        return loc.cleared(d for d in loc.named() if self.map.owner(d) == place)
+
     def explain_at(self, place: int, known: frozenset[str] | set[str] = frozenset(),
                    reporter_claims: dict[str, int] | None = None,
-                   suspects: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], list[Finding]]:
+                   suspects: frozenset[str] | set[str] = frozenset(),
+                   cleared: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], list[Finding]]:
         """What `place` says: its suspects and its findings on the links it owns, given what the
         others know (Localizer.explain)."""
-        found, fs = self.localizer(place).explain(known, reporter_claims, suspects)
+        found, fs = self.localizer(place).explain(known, reporter_claims, suspects, cleared)
         return found, [f for f in fs if self.map.owner(f.directed) == place]
 
     def findings(self) -> list[Finding]:
-        """Two rounds, as the shards and the root do over the network. First each place names
-        its links and its suspects, with each reporter's claims counted over all its paths (its
-        home shard's count). Then the places that named any explain again, given the suspects
-        found anywhere and the faults the others named on more bad paths: a noisy agent seen
-        here by one path is judged by all of it, and a claim shared with another owner's fault
-        does not make one of this place's links look guilty (its view of the other's link is
-        partial, the owner's whole)."""
+        """Three rounds, as the shards and the root do over the network. First each place says
+        which of its links the bad paths name are exonerated by its evidence (the whole of theirs).
+        Then each names its links and its suspects, those links counting as exonerated everywhere
+        and each reporter's claims counted over all its paths (its home shard's count). Then the
+        places that named any explain again, given the suspects found anywhere and the faults the
+        others named on more bad paths: a noisy agent seen here by one path is judged by all of
+        it, and a claim shared with another owner's fault does not make one of this place's links
+        look guilty (its view of the other's link is partial, the owner's whole). A place takes
+        the first two rounds again only when its evidence, or what the others cleared of the links
+        its claims name, changed."""
         counts = self.reporter_claims()
         self.took = {}
         for p in self.places():
-            if p not in self._first:  # the first round, where the evidence changed since the last
-                self._first[p] = self._timed(p, 0, self.explain_at, p, reporter_claims=counts)
-        suspects = frozenset().union(*(s for s, _ in self._first.values()))
-        named = {p: fs for p, (_, fs) in self._first.items()}
-        return merge_findings(self._timed(p, 1, self.explain_at, p, named_elsewhere(named, p), counts, suspects)[1]
-                              if named[p] else [] for p in self.places())
+            if p not in self._cleared:
+                self._cleared[p] = self._timed(p, 0, self.cleared_at, p)
+        cleared = frozenset().union(*self._cleared.values())
+        for p in self.places():
+            mine = cleared & self.localizer(p).named()  # what of it this place's claims name
+            if p not in self._first or self._first[p][0] != mine:
+                self._first[p] = (mine, self._timed(p, 1, self.explain_at, p, reporter_claims=counts, cleared=mine))
+        suspects = frozenset().union(*(s for _, (s, _) in self._first.values()))
+        named = {p: fs for p, (_, (_, fs)) in self._first.items()}
+        return merge_findings(self._timed(p, 2, self.explain_at, p, named_elsewhere(named, p), counts, suspects,
+                                          cleared)[1] if named[p] else [] for p in self.places())
 
     def _timed(self, place: int, round_: int, fn, *args, **kwargs):
         if self.clock is None:
             return fn(*args, **kwargs)
         t = self.clock()
         out = fn(*args, **kwargs)
-        self.took.setdefault(place, [0.0, 0.0])[round_] += self.clock() - t
+        self.took.setdefault(place, [0.0, 0.0, 0.0])[round_] += self.clock() - t
         return out
 
 

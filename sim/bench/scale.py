@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import time
 
@@ -148,12 +149,14 @@ def case_sim_day(args, shared) -> list[dict]:
                 outcomes_131k=kinds)]
 
 
-def case_ingest_shards(args, shared) -> list[dict]:
-    """One coordinator actor's endpoint, the 16k fleet registered, every agent sending digests."""
-    import importlib.util  # noqa: PLC0415
-    import json  # noqa: PLC0415
+INGEST_SHARDS = (1, 2, 4)
 
-    from linkpass.core.report_digest import table_digest  # noqa: PLC0415
+
+def case_ingest_shards(args, shared) -> list[dict]:
+    """The coordinator's real endpoints on local Ray, the 16k fleet registered, every agent
+    sending what it sends each second when nothing changed (its digest): one coordinator actor,
+    then a root and 2 and 4 shard actors, each agent reporting to its shard."""
+    import importlib.util  # noqa: PLC0415
 
     spec = importlib.util.spec_from_file_location("coordinator_bench", os.path.join(os.path.dirname(__file__),
                                                                                      "coordinator.py"))
@@ -161,46 +164,108 @@ def case_ingest_shards(args, shared) -> list[dict]:
     spec.loader.exec_module(cb)
     fleet = shared.get(("trials", PEER)) or TrialFleet(model_of(PEER), reverse_traced=False, seed=args.seed)
     shared[("trials", PEER)] = fleet
+    model = cb.rail_optimized(*cb.SHAPE, addressed=True)
+    tables = cb.path_tables(fleet, model)
+    out = []
+    for shards in INGEST_SHARDS[:2] if args.quick else INGEST_SHARDS:
+        rates, extra = ingest_through_shards(cb, model, tables, shards, 3 if args.quick else 10)
+        r = row(f"ingest-shards-{shards}", "rate", "per_s", rates, q=0.01, clients=cb.INGEST_CLIENTS, body="digest",
+                agents=len(tables), paths_per_agent=len(next(iter(tables.values()))), shards=shards,
+                per_shard_median=round(statistics.median(rates) / shards, 1), **extra)
+        out.append(r)
+        if shards == 1:
+            shared["capacity"] = r["median"]
+    return out
 
+
+def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[list[float], dict]:
+    import json  # noqa: PLC0415
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
+    import threading  # noqa: PLC0415
 
     from linkpass.coordinator import ray_actor  # noqa: PLC0415
     from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: PLC0415
+    from linkpass.coordinator.client import Client  # noqa: PLC0415
     from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths  # noqa: PLC0415
+    from linkpass.core.report_digest import table_digest  # noqa: PLC0415
+    from linkpass.core.shards import ShardMap  # noqa: PLC0415
 
-    model = cb.rail_optimized(*cb.SHAPE, addressed=True)
-    tables = cb.path_tables(fleet, model)
     hosts = sorted(tables)
     work = tempfile.mkdtemp(prefix="linkpass-bench-shards-")
     with open(os.path.join(work, "fabric.json"), "w") as f:
         json.dump(model.to_dict(), f)
     settings = {"state_dir": os.path.join(work, "state"), "listen": f"127.0.0.1:{cb.free_port('127.0.0.1')}",
                 "fabric": os.path.join(work, "fabric.json"), "agent_timeout_s": 3600}
-    progress("starting Ray and one coordinator actor (one shard)")
+    if shards > 1:
+        settings.update(shards=shards, shard_listen=[f"127.0.0.1:{cb.free_port('127.0.0.1')}" for _ in range(shards)])
+    progress(f"starting Ray, the coordinator and {shards} shard(s)" if shards > 1 else "starting Ray and one actor")
     ray_actor.connect(num_cpus=2)
     try:
-        _, url = ray_actor.ensure(settings)
+        _, root_url = ray_actor.ensure(settings)
+        urls = [ray_actor.endpoint(h) for h in ray_actor.shards()] or [root_url]
+        owner = ShardMap(model, shards)
+        url_of = {h: urls[owner.shard_of(h) if shards > 1 else 0] for h in hosts}
         secret = read_agent_secret(os.path.join(settings["state_dir"], "agent.secret"))
         tls = build_client_context(lab_paths(lab_dir(settings["state_dir"]), "ca")[0])
         tokens = {h: agent_token(secret, h) for h in hosts}
-        _, _, plan_version = cb.register_all(url, tokens, hosts, tables, tls)
-        bodies = [json.dumps({"name": h, "drain_version": 0, "plan_version": plan_version, "digests": True,
-                              "digest": table_digest((r["id"], r["state"], r["reason"]) for r in tables[h])}).encode()
-                  for h in hosts]
-        # ingest_rates counts each report's paths; a heartbeat is one report
-        one = {h: [None] for h in hosts}
-        rates = cb.ingest_rates(url, tokens, "ingest-shards-1", hosts, one, bodies, 1, 3 if args.quick else 10, tls)
+        clients = {u: Client(u, None, timeout_s=120, tls=tls) for u in urls}
+        for i, h in enumerate(hosts):
+            clients[url_of[h]].post_raw("/v1/register", json.dumps(
+                {"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {}, "paths": tables[h],
+                 "digests": True}).encode(), token=tokens[h])
+        time.sleep(2.5)  # the plan settles (revised at most once a second) and the shards learn its version
+        # the plan version every agent then holds (its own report, answered by the root)
+        plan_version = clients[url_of[hosts[0]]].post_raw("/v1/report", json.dumps(
+            {"name": hosts[0], "digests": True}).encode(), token=tokens[hosts[0]])["plan_version"]
+        for c in clients.values():
+            c.close()
+        bodies = {h: json.dumps({"name": h, "drain_version": 0, "plan_version": plan_version, "digests": True,
+                                 "digest": table_digest((r["id"], r["state"], r["reason"]) for r in tables[h])}).encode()
+                  for h in hosts}
+        rates = []
+        cursor = [0]
+        lock = threading.Lock()
+        for trial in range(trials):
+            stop = time.perf_counter() + cb.INGEST_WINDOW_S
+            done = [0] * cb.INGEST_CLIENTS
+
+            def client_loop(k: int) -> None:
+                mine = {u: Client(u, None, timeout_s=60, tls=tls) for u in urls}
+                while time.perf_counter() < stop:
+                    with lock:
+                        i = cursor[0]
+                        cursor[0] += 1
+                    h = hosts[i % len(hosts)]
+                    mine[url_of[h]].post_raw("/v1/report", bodies[h], token=tokens[h])
+                    done[k] += 1
+                for c in mine.values():
+                    c.close()
+
+            t = time.perf_counter()
+            threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(cb.INGEST_CLIENTS)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            rates.append(round(sum(done) / (time.perf_counter() - t), 1))
+            progress(f"ingest-shards-{shards} trial {trial + 1}/{trials}: {rates[-1]:.0f} reports/s")
+        extra = {}
+        if shards > 1:
+            answered = forwarded = 0
+            for u in urls:
+                with Client(u, None, tls=tls) as c:
+                    for line in c.get("/metrics").decode().splitlines():
+                        if line.startswith("linkpass_coordinator_shard_reports_total"):
+                            n = float(line.rsplit(" ", 1)[1])
+                            answered += n if 'outcome="answered"' in line else 0
+                            forwarded += n if 'outcome="forwarded"' in line else 0
+            extra = {"answered_by_shards": int(answered), "forwarded_to_root": int(forwarded)}
     finally:
-        h = ray_actor.existing()
-        if h is not None:
-            ray_actor.stop(h)
+        ray_actor.stop_all()
         ray_actor.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-    r = row("ingest-shards-1", "rate", "per_s", rates, q=0.01, clients=cb.INGEST_CLIENTS, body="digest",
-            agents=len(hosts), paths_per_agent=len(tables[hosts[0]]))
-    shared["capacity"] = r["median"]
-    return [r]
+    return rates, extra
 
 
 SHARD_COUNTS = (1, 4, 16, 64)
@@ -232,7 +297,8 @@ def case_shards(args, shared) -> list[dict]:
             lat = [round(v, 3) for v in res["latency_ms"]]
             out += [row(case, "latency", "ms", lat, "one shard", peer and [round(v, 3) for v in peer["latency_ms"]],
                         target_max=LOCALIZE_TARGET_MS, root_ms=[round(v, 3) for v in res["root_ms"]],
-                        places_touched=res["places"]),
+                        serial_ms_median=round(statistics.median(res["serial_ms"]), 3),
+                        serial_ms_p99=report.tail(res["serial_ms"], 0.99), places_touched=res["places"]),
                     row(case, "precision", "pct", res["precision"], "one shard", peer and peer["precision"],
                         better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fp"]), 3) if tp + res["fp"] else None,
                         true_positives=tp, false_positives=res["fp"], target_min=PR_TARGET_PCT),
