@@ -22,6 +22,7 @@ LINKPASS_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/...
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -450,3 +451,27 @@ def wait_answering(client, timeout_s: float = 60.0) -> dict:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def ray_coordinator(directory, store: str, **settings):
+    """The coordinator as Ray actors on a local Ray (the root and its shards with `shards`), with
+    the helpers' fleet model and the given store ("sqlite", or "postgresql": a real server,
+    started and removed here); yields (handle, url, settings). Stopped and Ray shut down after."""
+    from linkpass.coordinator import ray_actor
+    from pgserver import PostgresServer
+
+    (directory / "fabric.json").write_text(json.dumps(MODEL.to_dict()))
+    settings = {"state_dir": str(directory / "state"), "listen": f"127.0.0.1:{free_port()}",
+                "fabric": str(directory / "fabric.json"), **settings}
+    with contextlib.ExitStack() as stack:
+        if store == "postgresql":
+            pg = stack.enter_context(PostgresServer())
+            settings.update(store=pg.url, store_password_file=pg.password_file)
+        ray_actor.connect(num_cpus=2)
+        try:
+            handle, url = ray_actor.ensure(settings)
+            yield handle, url, settings
+        finally:
+            ray_actor.stop_all()
+            ray_actor.shutdown()

@@ -4,7 +4,6 @@ in its state directory and PostgreSQL (a real server, started and removed here).
 coordinator's: test_coordinator_ray_shards.py."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -13,30 +12,16 @@ import pytest
 
 from linkpass.coordinator import ray_actor
 
-from helpers import MODEL, agent_tokens, coordinator_client, free_port, identity, role_token as token, table_of, wait_answering
-from pgserver import PostgresServer
+from helpers import (agent_tokens, coordinator_client, identity, ray_coordinator, role_token as token, table_of,
+                     wait_answering)
 
 pytestmark = pytest.mark.service
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def actor(request, tmp_path_factory):
-    d = tmp_path_factory.mktemp("coord")
-    (d / "fabric.json").write_text(json.dumps(MODEL.to_dict()))
-    settings = {"state_dir": str(d / "state"), "listen": f"127.0.0.1:{free_port()}", "fabric": str(d / "fabric.json")}
-    with contextlib.ExitStack() as stack:
-        if request.param == "postgresql":
-            pg = stack.enter_context(PostgresServer())
-            settings.update(store=pg.url, store_password_file=pg.password_file)
-        ray_actor.connect(num_cpus=2)
-        try:
-            handle, url = ray_actor.ensure(settings)
-            yield handle, url, settings
-        finally:
-            h = ray_actor.existing()
-            if h is not None:
-                ray_actor.stop(h)
-            ray_actor.shutdown()
+    with ray_coordinator(tmp_path_factory.mktemp("coord"), request.param) as running:
+        yield running
 
 
 def actor_log(settings) -> list[dict]:

@@ -3,8 +3,6 @@ address are sent to their shards, and a killed root or shard comes back with not
 either store (SQLite in the state directory, PostgreSQL: a real server, started and removed here)."""
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import time
@@ -14,30 +12,18 @@ import pytest
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Moved, Refusal, Unreachable
 
-from helpers import (MODEL, agent_tokens, coordinator_client, free_port, identity, role_token, table_of,
+from helpers import (agent_tokens, coordinator_client, free_port, identity, ray_coordinator, role_token, table_of,
                      wait_answering, wait_until)
-from pgserver import PostgresServer
 
 pytestmark = pytest.mark.service
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def sharded(request, tmp_path_factory):
-    d = tmp_path_factory.mktemp("sharded")
-    (d / "fabric.json").write_text(json.dumps(MODEL.to_dict()))
-    settings = {"state_dir": str(d / "state"), "listen": f"127.0.0.1:{free_port()}", "fabric": str(d / "fabric.json"),
-                "shards": 2, "shard_listen": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
-    with contextlib.ExitStack() as stack:
-        if request.param == "postgresql":
-            pg = stack.enter_context(PostgresServer())
-            settings.update(store=pg.url, store_password_file=pg.password_file)
-        ray_actor.connect(num_cpus=2)
-        try:
-            handle, url = ray_actor.ensure(settings)
-            yield handle, url, settings
-        finally:
-            ray_actor.stop_all()
-            ray_actor.shutdown()
+    shard_listen = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    with ray_coordinator(tmp_path_factory.mktemp("sharded"), request.param, shards=2,
+                         shard_listen=shard_listen) as running:
+        yield running
 
 
 def register_through_root(url, settings) -> dict:

@@ -21,7 +21,8 @@ from linkpass.core.report_digest import table_digest
 from linkpass.observe.prometheus import promtool
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import MODEL, agent_tokens, coordinator_client, free_port, identity, lab_ca_file, table_of, wait_until
+from helpers import (MODEL, agent_tokens, coordinator_client, free_port, identity, lab_ca_file, role_token, table_of,
+                     wait_until)
 
 pytestmark = pytest.mark.service
 
@@ -178,6 +179,26 @@ def test_a_shard_serves_agents_only(sharded):
             c.get("/v1/status")
         assert exc.value.status == 421 and "is the root's" in str(exc.value)
         assert c.get("/v1/healthz") == {"ok": True}
+
+
+def test_status_shows_the_shards_and_one_that_is_away(sharded):
+    from linkpass.cli.coordinator import render_status
+
+    s = sharded
+    register_all(s)
+    op = coordinator_client(s.root.url, role_token(s.settings, "reader"), s.settings["state_dir"])
+    with op:
+        wait_until(lambda: not any(x["away"] for x in op.get("/v1/status")["shards"]), 5, "both shards heard from")
+        doc = op.get("/v1/status")
+        assert [(x["shard"], x["url"], x["hosts"]) for x in doc["shards"]] == \
+            [(0, s.shards[0].url, 2), (1, s.shards[1].url, 2)]
+        assert doc["health"] == "ok" and "coordinator shards: 2, all answering" in render_status(doc, time.time())
+        s.shards[1].close()
+        wait_until(lambda: op.get("/v1/status")["shards"][1]["away"], 10, "shard 1 counted away")
+        doc = op.get("/v1/status")
+    assert doc["health"] == "warning"
+    text = render_status(doc, time.time())
+    assert f"shard 1 ({s.shards[1].url}, 2 hosts) is away: not heard from for" in text
 
 
 def test_a_shards_metrics_say_what_it_did_with_reports(sharded):

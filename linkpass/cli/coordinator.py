@@ -364,6 +364,13 @@ def render_status(doc: dict, now: float, wide: bool = False) -> str:
     else:
         lines.append("fabric: no model loaded (start the coordinator with --testbed or --fabric to localize faults)")
     lines.append("paths: " + (", ".join(f"{n} {s}" for s, n in doc["paths_by_state"].items()) or "none reported"))
+    if doc.get("shards"):
+        away = [x for x in doc["shards"] if x["away"]]
+        lines.append(f"coordinator shards: {len(doc['shards'])}" + (", all answering" if not away else ""))
+        for x in away:
+            since = "never heard from" if x["heard_s"] is None else f"not heard from for {_span(x['heard_s'])}"
+            lines.append(paint(f"  shard {x['shard']} ({x['url']}, {x['hosts']} hosts) is away: {since}", "red") +
+                         " (its agents fail over locally and report again when it is back)")
     if doc["agents_lost"]:
         lines.append(paint("lost agents: " + ", ".join(doc["agents_lost"]), "red") +
                      " (no report for a while; they keep failing over locally if they run)")

@@ -105,6 +105,7 @@ class CoordinatorServer:
         self.coordinator = coordinator
         self.shard = coordinator if isinstance(coordinator, ShardFront) else None
         self.router = router
+        self.shards_heard: dict[int, float] = {}  # a root's shards: when each last told it who is alive
         self.tokens = tokens
         # the tokens file, re-read at a tick after it changed (`linkpass coordinator token create|revoke`)
         self.tokens_path = tokens_path
@@ -452,7 +453,14 @@ class CoordinatorServer:
 
     def _get_status(self, req, body, caller, remote):
         with self.lock:
-            return 200, self.coordinator.status(time.time())
+            now = time.time()
+            doc = self.coordinator.status(now)
+            shards = self.shards_status(now)
+        if shards is not None:
+            doc["shards"] = shards
+            if doc["health"] == "ok" and any(x["away"] for x in shards):
+                doc["health"] = "warning"  # its agents' reports are not arriving: they soon count as lost
+        return 200, doc
 
     def _get_links(self, req, body, caller, remote):
         with self.lock:
@@ -523,11 +531,25 @@ class CoordinatorServer:
             self.reports += len(r.changes) + len(r.paths or ())
         return out
 
-    def heard(self, names: list[str]) -> tuple[int, int, dict[str, int]]:
+    def heard(self, shard: int, names: list[str]) -> tuple[int, int, dict[str, int]]:
         with self.lock:
             c = self.coordinator
-            c.heard_from(names, time.time())
+            now = time.time()
+            self.shards_heard[shard] = now
+            c.heard_from(names, now)
             return c.plan_version, c.drain_version, self.tokens.min_epochs()
+
+    def shards_status(self, now: float) -> list[dict] | None:
+        """A root's shards for `status`: address, hosts, and how long since each was heard from."""
+        if self.router is None:
+            return None
+        out = []
+        for k, url in enumerate(self.router.urls):
+            at = self.shards_heard.get(k)
+            out.append({"shard": k, "url": url, "hosts": len(self.router.map.hosts_of(k)),
+                        "heard_s": None if at is None else round(now - at, 1),
+                        "away": at is None or now - at > SHARD_AWAY_S})
+        return out
 
     def add_events(self, events: list[tuple]) -> None:
         with self.lock:
@@ -872,6 +894,7 @@ def _endpoint_families(s: CoordinatorServer):
     yield from (e, o, q, ql, n, s.latency.family(), b)
 
 
+SHARD_AWAY_S = 3.0  # a shard tells the root who is alive every tick (100 ms); silent this long, it is away
 SHARD_PATHS = ("/v1/healthz", "/metrics", "/v1/register", "/v1/report", "/v1/whoami")
 
 

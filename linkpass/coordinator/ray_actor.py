@@ -23,19 +23,17 @@ ACTOR_NAME = "coordinator"  # the coordinator, or the root of a sharded one
 SHARD_NAME = "coordinator-shard-{}"  # its shards
 
 
-@ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
-class CoordinatorActor:
-    def __init__(self, settings: dict):
-        from .runner import actor_log, settle_heap, start  # noqa: PLC0415 (imported in the actor's process)
+class _Serving:
+    """An actor that serves an endpoint (`self.server`, http.CoordinatorServer)."""
 
+    @staticmethod
+    def _prompt() -> None:
         # Ray starts workers at nice 15 (batch work); the coordinator answers agents and on-call
         # and must not starve behind a busy host's batch jobs. Lowering needs CAP_SYS_NICE.
         try:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except OSError:
             pass
-        self.server = start(settings, log=actor_log(settings))
-        settle_heap()  # the actor's process is the coordinator's alone
 
     def endpoint(self) -> str:
         return self.server.url
@@ -47,6 +45,16 @@ class CoordinatorActor:
         """Stop serving, as a clean stop does (its `stopped` log line); `stop()` ends the process."""
         self.server.close()
 
+
+@ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+class CoordinatorActor(_Serving):
+    def __init__(self, settings: dict):
+        from .runner import actor_log, settle_heap, start  # noqa: PLC0415 (imported in the actor's process)
+
+        self._prompt()
+        self.server = start(settings, log=actor_log(settings))
+        settle_heap()  # the actor's process is the coordinator's alone
+
     # what shards ask of the root (shard.RootLink, through RayRoot)
     def forwarded_register(self, req):
         return self.server.forwarded_register(req)
@@ -54,34 +62,22 @@ class CoordinatorActor:
     def forwarded_report(self, req):
         return self.server.forwarded_report(req)
 
-    def heard(self, names):
-        return self.server.heard(names)
+    def heard(self, shard, names):
+        return self.server.heard(shard, names)
 
     def add_events(self, events):
         self.server.add_events(events)
 
 
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
-class ShardActor:
+class ShardActor(_Serving):
     """Shard `shard` of a sharded coordinator (shard.py): its own endpoint; the root by name."""
 
     def __init__(self, settings: dict, shard: int):
         from .runner import actor_log, start_shard  # noqa: PLC0415 (imported in the actor's process)
 
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, 0)  # as the root: it answers agents
-        except OSError:
-            pass
+        self._prompt()
         self.server = start_shard(settings, shard, RayRoot(), log=actor_log(settings))
-
-    def endpoint(self) -> str:
-        return self.server.url
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def close(self) -> None:
-        self.server.close()
 
 
 class RayRoot:
@@ -111,8 +107,8 @@ class RayRoot:
     def report(self, req):
         return self._call("forwarded_report", req)
 
-    def heard(self, names):
-        return self._call("heard", names)
+    def heard(self, shard, names):
+        return self._call("heard", shard, names)
 
     def add_events(self, events):
         self._call("add_events", events)

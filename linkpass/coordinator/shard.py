@@ -46,9 +46,9 @@ class RootLink(Protocol):
 
     def report(self, req: ReportIn) -> dict: ...
 
-    def heard(self, names: list[str]) -> tuple[int, int, dict[str, int]]:
-        """These agents are alive; returns the root's plan_version, drain_version and the
-        lowest agent-token epoch per revoked host (auth.Tokens)."""
+    def heard(self, shard: int, names: list[str]) -> tuple[int, int, dict[str, int]]:
+        """Shard `shard` is up and these agents are alive; returns the root's plan_version,
+        drain_version and the lowest agent-token epoch per revoked host (auth.Tokens)."""
 
     def add_events(self, events: list[tuple]) -> None: ...
 
@@ -182,7 +182,7 @@ class ShardFront:
         """Tell the root who was heard from; learn its versions. The root away: try again next tick."""
         names, self._heard = sorted(self._heard), set()
         try:
-            plan_version, drain_version, epochs = self.root.heard(names)
+            plan_version, drain_version, epochs = self.root.heard(self.shard, names)
         except RootUnreachable:
             self.counters["root_unreachable"] += 1
             self._heard.update(names)
@@ -214,8 +214,8 @@ class LocalRoot:
     def report(self, req: ReportIn) -> dict:
         return self._root().forwarded_report(req)
 
-    def heard(self, names: list[str]) -> tuple[int, int]:
-        return self._root().heard(names)
+    def heard(self, shard: int, names: list[str]) -> tuple[int, int, dict[str, int]]:
+        return self._root().heard(shard, names)
 
     def add_events(self, events: list[tuple]) -> None:
         self._root().add_events(events)

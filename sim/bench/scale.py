@@ -21,20 +21,22 @@ Rows:
                           crossed. Targets: <= 100 ms, >= 99 %.
   sim-131k-day            wall (s) of one simulated day (scenario clockwork), fabric, plan and
                           every probed path built inside; target <= 60 s.
-
-  ingest-shards-1         rate (reports/s) one coordinator actor takes through its real endpoint
-                          (local Ray, HTTPS, token auth, SQLite) from agents sending what they
-                          send every second when nothing changed: a digest of their verdicts;
-                          the 16k fleet registered. One shard's capacity; on this 2-core machine
-                          the figure per shard is the point (shards run on their own cores).
+  ingest-shards-S         rate (reports/s, all shards together) the coordinator takes through its
+                          real endpoints (local Ray, HTTPS, token auth, SQLite) from agents sending
+                          what they send every second when nothing changed, a digest of their
+                          verdicts; the 16k fleet registered; S = 1 (one actor), 2, 4 (a root and
+                          S shard actors, each agent reporting to its shard). On this 2-core
+                          machine the client, the root and every shard share the cores: the
+                          figure per shard is the point (a shard has a core of its own on a cluster).
   localize-131k-sS-single the 131k trials again with the evidence split over S shards and a root
   localize-131k-sS-double (core/shards.py), S = 4, 16, 64: latency (ms: the slowest place, per
-                          round, as they run in parallel), precision, recall; peer: one shard.
+                          round, as they run in parallel; serial_ms: one after another, as the
+                          root does them today), precision, recall; peer: one shard.
   shard-load-131k-S       per shard, its agents' reports/s (each agent reports at least every
                           REPORT_HEARTBEAT_S) against ingest-shards-1's median, pct, S = 1, 4, 16,
                           64; target <= 50 % for the S the docs recommend.
-
-Not measured here: ingest-shards-2|4 (shard actors behind their own endpoints are not built yet).
+  sim-131k-day-s16        wall (s) of the same simulated day with the agents' evidence split over
+                          16 shards and a root; peer: one shard, interleaved.
 """
 from __future__ import annotations
 
@@ -150,6 +152,31 @@ def case_sim_day(args, shared) -> list[dict]:
 
 
 INGEST_SHARDS = (1, 2, 4)
+
+
+SIM_SHARDS = 16
+
+
+def case_sim_day_sharded(args, shared) -> list[dict]:
+    """The 131k simulated day with the agents' evidence split over SIM_SHARDS coordinator shards
+    and a root (core/shards.py), against the same day with one localizer, interleaved."""
+    walls = {1: [], SIM_SHARDS: []}
+    outcomes = {}
+    for seed in range(1, args.seeds + 1):
+        for shards in (SIM_SHARDS, 1):
+            t = time.perf_counter()
+            r = fleet_sim.run(BIG, 1.0, "clockwork", seed, config=fleet_sim.SimConfig(shards=shards))
+            walls[shards].append(round(time.perf_counter() - t, 2))
+            k = outcomes.setdefault(shards, {"failures": 0, "localized": 0, "false_findings": 0})
+            for o in r.outcomes:
+                k["failures"] += 1
+                k["localized"] += o.localized
+                k["false_findings"] += o.false_findings
+            progress(f"day {seed}/{args.seeds} at {BIG} GPUs, {shards} shard(s): {walls[shards][-1]} s, "
+                     f"set-up {r.setup_s:.1f} s")
+    return [row(f"sim-131k-day-s{SIM_SHARDS}", "wall", "s", walls[SIM_SHARDS], "one shard", walls[1],
+                scenario="clockwork", target_s=DAY_TARGET_S, met=max(walls[SIM_SHARDS]) <= DAY_TARGET_S,
+                outcomes=outcomes[SIM_SHARDS], peer_outcomes=outcomes[1])]
 
 
 def case_ingest_shards(args, shared) -> list[dict]:
@@ -320,7 +347,8 @@ def case_shards(args, shared) -> list[dict]:
 
 
 CASES = {"plan": case_plan, "localize_single": case_localize_single, "localize_double": case_localize_double,
-         "sim_day": case_sim_day, "ingest_shards": case_ingest_shards, "shards": case_shards}
+         "sim_day": case_sim_day, "ingest_shards": case_ingest_shards, "shards": case_shards,
+         "sim_day_sharded": case_sim_day_sharded}
 
 
 def main() -> int:
