@@ -275,3 +275,21 @@ def test_sharding_settings_are_checked_by_name(tmp_path):
                      ({"fabric": None}, "shards: a sharded coordinator needs a fabric model")):
         with pytest.raises(CoordinatorError, match=why):
             runner.start({k: v for k, v in {**settings_of(tmp_path), **bad}.items() if v is not None})
+
+
+def test_a_cut_reported_through_the_shards_is_localized_by_the_root(sharded):
+    # the same cut as the unsharded coordinator's test, its evidence split over the shards' parts
+    s = sharded
+    register_all(s)
+    link = "p0l0-p0s1"
+    crossing = {f"{link}:up", f"{link}:down"}
+    c = s.root.coordinator
+    for i in range(4):
+        h = f"h{i}"
+        with s.root.lock:
+            changes = [{"id": int(k.split("/")[1]), "state": "down", "reason": "hard_failure"}
+                       for k, rec in c.paths.items() if rec.reporter == h and set(rec.links) & crossing]
+        with s.client(s.shards[owner(s, h)].url, h) as agent:
+            agent.post("/v1/report", {"name": h, "changes": changes})
+    wait_until(lambda: set(c.findings) == crossing, 10, "the root localizes the cut")
+    assert len(c.localizer.shards) == 2  # localized per part
