@@ -128,19 +128,53 @@ def test_a_shard_answers_heartbeats_itself_and_the_root_hears_of_them(sharded):
     wait_until(lambda: s.root.coordinator.agents["h0"].last_seen > before + 4, 5, "the root hears h0 is alive")
 
 
-def test_what_is_new_goes_to_the_root(sharded):
+def current(s, k, answers, host):
+    """A report's versions as the agent holds them once its shard knows the root's."""
+    wait_until(lambda: s.shards[k].coordinator.versions is not None, 5, "the shard learns the root's versions")
+    return {"drain_version": answers[host]["drain_version"], "plan_version": s.shards[k].coordinator.versions[0],
+            "digests": True}
+
+
+def test_changes_are_queued_for_the_root_and_the_rest_forwarded_at_once(sharded):
     s = sharded
     answers = register_all(s)
-    v = {"drain_version": answers["h2"]["drain_version"], "digests": True}
+    v = current(s, 1, answers, "h2")
     with s.client(s.shards[1].url, "h2") as c:
-        c.post("/v1/report", {"name": "h2", **v, "changes": [{"id": 1, "state": "down", "reason": "hard_failure"}]})
-        assert s.root.coordinator.paths["h2/1"].state == "down"
-        stale = table_digest((r["id"], r["state"], r["reason"]) for r in table_of(2))  # h2/1 still up in it
-        wait_until(lambda: s.shards[1].coordinator.versions is not None, 5, "the shard learns the root's versions")
-        answer = c.post("/v1/report", {"name": "h2", **v, "plan_version": s.shards[1].coordinator.versions[0],
-                                       "digest": stale})
-    assert answer.get("send_paths") is True  # the digest differs: the root asks for the whole table
-    assert s.shards[1].coordinator.counters["forwarded"] == 2
+        answer = c.post("/v1/report", {"name": "h2", **v, "changes": [{"id": 1, "state": "down",
+                                                                         "reason": "hard_failure"}]})
+        assert answer == {"drain_version": v["drain_version"], "plan_version": v["plan_version"], "digests": True}
+        wait_until(lambda: s.root.coordinator.paths["h2/1"].state == "down", 5, "the queued change reaches the root")
+        assert s.shards[1].coordinator.counters["queued"] == 1
+        assert s.shards[1].coordinator.counters.get("forwarded", 0) == 0
+        # a digest that differs from the shard's copy (it says h2/1 is up): the root is asked at once
+        stale = table_digest((r["id"], r["state"], r["reason"]) for r in table_of(2))
+        answer = c.post("/v1/report", {"name": "h2", **v, "digest": stale})
+    assert answer.get("send_paths") is True  # the root holds h2/1 down too: it asks for the table
+    assert s.shards[1].coordinator.counters["forwarded"] == 1
+
+
+def test_a_full_queue_is_503_and_nothing_of_the_report_is_kept(tmp_path):
+    s = Sharded(settings_of(tmp_path, max_queue=2))
+    try:
+        answers = register_all(s)
+        v = current(s, 0, answers, "h0")
+        s.link.server = None  # the root away: the queue fills
+        with s.client(s.shards[0].url, "h0") as c:
+            for pid in (1, 2):
+                c.post("/v1/report", {"name": "h0", **v, "changes": [{"id": pid, "state": "down",
+                                                                        "reason": "hard_failure"}]})
+            with pytest.raises(Refusal) as exc:
+                c.post("/v1/report", {"name": "h0", **v, "changes": [{"id": 3, "state": "down",
+                                                                        "reason": "hard_failure"}]})
+            assert exc.value.status == 503 and "max_queue" in str(exc.value)
+            assert s.shards[0].coordinator.tables["h0"][3] == ("up", None)  # the refused change is not held
+            s.link.server = s.root  # back: the queue drains in order, and takes the resent change
+            wait_until(lambda: not s.shards[0].coordinator.queue, 5, "the queue drains")
+            c.post("/v1/report", {"name": "h0", **v, "changes": [{"id": 3, "state": "down", "reason": "hard_failure"}]})
+        wait_until(lambda: all(s.root.coordinator.paths[f"h0/{p}"].state == "down" for p in (1, 2, 3)), 5,
+                   "every change at the root")
+    finally:
+        s.close()
 
 
 def test_a_restarted_shard_asks_each_agent_for_its_table_once(sharded):
@@ -156,20 +190,21 @@ def test_a_restarted_shard_asks_each_agent_for_its_table_once(sharded):
     assert s.shards[0].coordinator.counters["answered"] == 1
 
 
-def test_with_the_root_away_heartbeats_are_answered_and_the_rest_is_503(sharded):
+def test_with_the_root_away_heartbeats_and_changes_are_answered_and_the_rest_is_503(sharded):
     s = sharded
     answers = register_all(s)
-    wait_until(lambda: s.shards[0].coordinator.versions is not None, 5, "the shard learns the root's versions")
+    beat = {"name": "h0", **current(s, 0, answers, "h0")}
     s.link.server = None  # the root is away
-    beat = {"name": "h0", "drain_version": answers["h0"]["drain_version"],
-            "plan_version": s.shards[0].coordinator.versions[0]}
     with s.client(s.shards[0].url, "h0") as c:
         assert c.post("/v1/report", beat)["drain_version"] == beat["drain_version"]
-        with pytest.raises(Refusal) as exc:
-            c.post("/v1/report", {**beat, "changes": [{"id": 1, "state": "down", "reason": "hard_failure"}]})
+        c.post("/v1/report", {**beat, "changes": [{"id": 1, "state": "down", "reason": "hard_failure"}]})  # queued
+        with pytest.raises(Refusal) as exc:  # a whole table needs the root's answer
+            c.post("/v1/report", {**beat, "paths": table_of(0)})
         assert exc.value.status == 503 and "cannot reach the root" in str(exc.value)
+    wait_until(lambda: s.shards[0].coordinator.counters["root_unreachable"] >= 2, 5, "the failed calls are counted")
+    assert s.root.coordinator.paths["h0/1"].state == "up"
     s.link.server = s.root
-    wait_until(lambda: s.shards[0].coordinator.counters["root_unreachable"] >= 1, 5, "the failed call is counted")
+    wait_until(lambda: s.root.coordinator.paths["h0/1"].state == "down", 5, "the queued change arrives")
 
 
 def test_a_shard_serves_agents_only(sharded):

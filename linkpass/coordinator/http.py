@@ -93,6 +93,7 @@ class Limits:
     refusal_rate_per_s: float = 5.0  # refused requests per client address, sustained ...
     refusal_burst: int = 50  # ... and in a burst; beyond: 429 and the connection closed
     refusal_summary_s: float = 60.0  # unauthenticated refusals reach the history once per this
+    max_queue: int = 10_000  # a shard: reports answered and held for the root; beyond: 503
 
 
 class CoordinatorServer:
@@ -140,6 +141,8 @@ class CoordinatorServer:
         self._threads = [threading.Thread(target=self._serve_forever, args=(sock, started), name="coordinator-http",
                                           daemon=True),
                          threading.Thread(target=self._tick_loop, name="coordinator-tick", daemon=True)]
+        if self.shard is not None:
+            self._threads.append(threading.Thread(target=self._flush_loop, name="shard-flush", daemon=True))
         for t in self._threads:
             t.start()
         started.wait(10)
@@ -218,13 +221,29 @@ class CoordinatorServer:
         next_summary = time.monotonic() + self.limits.refusal_summary_s
         while not self._stop.wait(COORDINATOR_TICK_S):
             try:
+                if self.shard is not None:
+                    self.shard.tick(time.time())  # a call to the root: not under the endpoint's lock
                 with self.lock:
-                    self.coordinator.tick(time.time())
+                    if self.shard is None:
+                        self.coordinator.tick(time.time())
                     self.refresh_revocations()
                     self.refresh_tokens()
                     self._write_refusals(final=time.monotonic() >= next_summary)
                 if time.monotonic() >= next_summary:
                     next_summary = time.monotonic() + self.limits.refusal_summary_s
+            except Exception:  # noqa: BLE001 - the loop must outlive any one failure
+                self.count("tick")
+                self.log("tick_failed", error=traceback.format_exc(limit=5))
+
+    def _flush_loop(self) -> None:
+        """A shard: its queued reports to the root as they come (batched while a call is out);
+        with the root away, again every tick."""
+        while not self._stop.is_set():
+            try:
+                if self.shard.wait_queued(COORDINATOR_TICK_S):
+                    self.shard.flush()
+                    if self.shard.queue:
+                        self._stop.wait(COORDINATOR_TICK_S)  # the root did not take them: not a busy loop
             except Exception:  # noqa: BLE001 - the loop must outlive any one failure
                 self.count("tick")
                 self.log("tick_failed", error=traceback.format_exc(limit=5))
@@ -387,7 +406,12 @@ class CoordinatorServer:
             except asyncio.TimeoutError:
                 self.count("timeout")
                 return False
-            if len(raw) <= INLINE_MAX_BYTES and self.lock.acquire(blocking=False):
+            status = doc = None
+            if len(raw) <= INLINE_MAX_BYTES and self.shard is not None:
+                # a shard's small report: the loop answers it itself when it brings nothing new;
+                # one for the root goes to a worker (a call to the root must not hold the loop)
+                status, doc = self._serve(route, req, raw, caller, remote, inline=True)
+            elif len(raw) <= INLINE_MAX_BYTES and self.lock.acquire(blocking=False):
                 # the coordinator is free and the request small (a report, a status): the loop runs
                 # it itself; two thread hops per request cost more than the request (measured:
                 # ~40 % of ingest). Otherwise a worker waits for the lock, not the loop.
@@ -395,7 +419,7 @@ class CoordinatorServer:
                     status, doc = self._serve(route, req, raw, caller, remote)
                 finally:
                     self.lock.release()
-            else:
+            if doc is None:
                 status, doc = await self._loop.run_in_executor(self._pool, self._serve, route, req, raw, caller,
                                                                remote)
         finally:
@@ -427,10 +451,20 @@ class CoordinatorServer:
         return not close
 
     # ---- the workers -------------------------------------------------------------------
-    def _serve(self, route: "_Route", req: "_Head", raw: bytes, caller: Caller | None, remote: str):
-        """In a worker thread: the request's body parsed, checked and applied; (status, document)."""
+    def _serve(self, route: "_Route", req: "_Head", raw: bytes, caller: Caller | None, remote: str,
+               inline: bool = False):
+        """In a worker thread: the request's body parsed, checked and applied; (status, document).
+        `inline` (a shard, on the event loop): only what the shard answers itself; (None, None)
+        for the rest, which a worker then serves."""
         try:
             body = _json_body(raw, self.limits.json_max_depth) if req.method == "POST" else {}
+            if inline:
+                if route.fn is not CoordinatorServer._post_report:
+                    return None, None
+                r = parse_report(body)
+                self._as_itself(caller, r.name, remote, req.path)
+                answer = self.shard.local_answer(r)
+                return (None, None) if answer is None else (200, answer)
             return route.fn(self, req, body, caller, remote)
         except _HttpError as exc:
             self.count("bad_request" if exc.status == 400 else "forbidden" if exc.status == 403 else "not_found")
@@ -520,16 +554,41 @@ class CoordinatorServer:
 
     # ---- what a shard asks of the root (shard.RootLink), and the endpoint's own calls ------
     def forwarded_register(self, r: RegisterIn) -> dict:
-        with self.lock:
-            out = self.coordinator.register(r, time.time())
-            self.reports += len(r.paths)
+        if self.shard is not None:  # thread-safe itself, and calls the root outside any lock
+            out = self.shard.register(r, time.time())
+        else:
+            with self.lock:
+                out = self.coordinator.register(r, time.time())
+        self.count_reports(len(r.paths))
         return out
 
     def forwarded_report(self, r: ReportIn) -> dict:
-        with self.lock:
-            out = self.coordinator.report(r, time.time())
-            self.reports += len(r.changes) + len(r.paths or ())
+        if self.shard is not None:
+            out = self.shard.report(r, time.time())
+        else:
+            with self.lock:
+                out = self.coordinator.report(r, time.time())
+        self.count_reports(len(r.changes) + len(r.paths or ()))
         return out
+
+    def forwarded_reports(self, batch: list[ReportIn]) -> list[str | None]:
+        """A shard's queued reports, in order, under one hold of the lock; per report None, or
+        the refusal's message (the rest are applied all the same)."""
+        out: list[str | None] = []
+        with self.lock:
+            now = time.time()
+            for r in batch:
+                try:
+                    self.coordinator.report(r, now)
+                    out.append(None)
+                except CoordinatorError as exc:
+                    out.append(str(exc))
+        self.count_reports(sum(len(r.changes) for r in batch))
+        return out
+
+    def count_reports(self, n: int) -> None:
+        with self._count_lock:
+            self.reports += n
 
     def heard(self, shard: int, names: list[str]) -> tuple[int, int, dict[str, int]]:
         with self.lock:
@@ -916,9 +975,18 @@ class _ShardMetrics:
         c = CounterMetricFamily("linkpass_coordinator_shard_reports",
                                 "Agents' reports and registrations, by what this shard did with them",
                                 labels=["shard", "outcome"])
-        for outcome in ("answered", "forwarded", "registrations", "redirected", "root_unreachable"):
+        for outcome in ("answered", "queued", "forwarded", "registrations", "redirected", "queue_full",
+                        "refused_by_root", "root_unreachable"):
             c.add_metric(labels + [outcome], st.get(outcome, 0))
         yield c
+        q = GaugeMetricFamily("linkpass_coordinator_shard_queue", "Reports this shard answered and holds for the root",
+                              labels=["shard"])
+        q.add_metric(labels, st["queue"])
+        yield q
+        ql = GaugeMetricFamily("linkpass_coordinator_shard_queue_limit", "The shard's max_queue (beyond: 503)",
+                               labels=["shard"])
+        ql.add_metric(labels, st["max_queue"])
+        yield ql
         yield from _endpoint_families(s)
 
 

@@ -46,7 +46,9 @@ class _Serving:
         self.server.close()
 
 
-@ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
+# max_concurrency: a sharded coordinator's shards call the root side by side (each call takes
+# the endpoint's lock inside; the threads only overlap the calls' round trips)
+@ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=16)
 class CoordinatorActor(_Serving):
     def __init__(self, settings: dict):
         from .runner import actor_log, settle_heap, start  # noqa: PLC0415 (imported in the actor's process)
@@ -61,6 +63,9 @@ class CoordinatorActor(_Serving):
 
     def forwarded_report(self, req):
         return self.server.forwarded_report(req)
+
+    def forwarded_reports(self, batch):
+        return self.server.forwarded_reports(batch)
 
     def heard(self, shard, names):
         return self.server.heard(shard, names)
@@ -81,24 +86,29 @@ class ShardActor(_Serving):
 
 
 class RayRoot:
-    """shard.RootLink over Ray: the root actor, found by name at each call (so a restarted root is
-    found again). Its refusals (CoordinatorError) come back as themselves; a root that is away or
-    slow, as RootUnreachable."""
+    """shard.RootLink over Ray: the root actor, found by name (again after a failed call, so a
+    root stopped and started anew is found too; one Ray restarts keeps its handle). Its refusals
+    (CoordinatorError) come back as themselves; a root that is away or slow, as RootUnreachable."""
 
     TIMEOUT_S = 10.0
+
+    def __init__(self):
+        self._handle = None
 
     def _call(self, method: str, *args):
         from .requests import CoordinatorError  # noqa: PLC0415
         from .shard import RootUnreachable  # noqa: PLC0415
 
         try:
-            handle = ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
+            handle = self._handle = self._handle or ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
             return ray.get(getattr(handle, method).remote(*args), timeout=self.TIMEOUT_S)
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, CoordinatorError):
                 raise exc.cause from None
+            self._handle = None
             raise RootUnreachable(f"the root failed: {exc.cause!r}") from None
         except (ValueError, ray.exceptions.RayError) as exc:  # ValueError: no actor of that name (yet)
+            self._handle = None
             raise RootUnreachable(f"the root actor does not answer ({type(exc).__name__})") from None
 
     def register(self, req):
@@ -106,6 +116,9 @@ class RayRoot:
 
     def report(self, req):
         return self._call("forwarded_report", req)
+
+    def reports(self, batch):
+        return self._call("forwarded_reports", batch)
 
     def heard(self, shard, names):
         return self._call("heard", shard, names)

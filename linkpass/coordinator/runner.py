@@ -15,7 +15,8 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     event_retention_s, event_retention_count   events kept: at most this old, at most this many
                      (default 90 days, 1 000 000)
     max_body_bytes, max_connections, read_timeout_s, idle_timeout_s, workers, max_pending,
-    json_max_depth, events_limit_max, refusal_rate_per_s, refusal_burst, refusal_summary_s
+    json_max_depth, events_limit_max, refusal_rate_per_s, refusal_burst, refusal_summary_s,
+    max_queue (a shard's reports held for the root)
                      what one client may cost the endpoint (`http.Limits`, which gives the defaults)
     tls_cert_file, tls_key_file   the endpoint's certificate and key (PEM). Default: the lab CA's
                      in <state_dir>/tls, made on first start (lab_ca.py) with a client
@@ -193,6 +194,7 @@ _NUMBERS = {
     "refusal_rate_per_s": (Limits, 0.01, 1e6, False),
     "refusal_burst": (Limits, 1, 10**6, True),
     "refusal_summary_s": (Limits, 0.1, 86400.0, False),
+    "max_queue": (Limits, 1, 10_000_000, True),
 }
 
 
@@ -345,7 +347,7 @@ def start_shard(settings: dict, shard: int, root: RootLink, log: Logger | None =
     host, port = shard_addresses(settings)[shard]
     tls = server_context(settings, state_dir, host)
     tokens, tokens_path = _credentials(settings, state_dir)
-    front = ShardFront(router, shard, root)
+    front = ShardFront(router, shard, root, max_queue=limits.max_queue)
     server = CoordinatorServer(front, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
                                tokens_path=tokens_path)
     log("started", url=server.url, pid=os.getpid(), shard=shard, hosts=len(router.map.hosts_of(shard)),

@@ -9,25 +9,33 @@ leaf group). What scales with the fleet is the stream of reports: every agent re
 once a second, and nearly all of those reports say nothing new (a heartbeat, or a digest of the
 verdicts the coordinator already holds). A shard takes its agents' reports, checks their tokens,
 keeps each agent's verdicts to check digests against, and answers a report that brings nothing
-new itself; registrations, changes, whole tables, budget changes and agents whose plan or drains
-are stale go to the root, whose answer the shard relays. Once a tick the shard tells the root
-which agents it heard from (liveness) and learns the current plan and drain versions.
+new itself. A report whose news is only changes of paths it holds is answered too, and queued
+for the root: a flusher sends the queue in batches, one call for many reports, so the root's
+cost per change is its own work, not a round trip. The queue is bounded (`max_queue`): full, the
+shard answers 503 and the agent backs off and sends again, keeping its registration (back
+pressure, as a busy coordinator applies it). Registrations, whole tables, budget changes, digests
+that differ and agents whose plan or drains are stale go to the root at once (after what is
+queued, so the root applies an agent's reports in order), and the shard relays its answer. Once
+a tick the shard tells the root which agents it heard from (liveness) and learns the current
+plan and drain versions.
 
 An agent that registers or reports at the wrong endpoint (the root, or another shard) is sent to
 its own with a redirect (307 and the URL), so an agent configured with the root's address finds
 its shard, and moves by itself when the shard map changes.
 
 A shard holds nothing that must survive it: restarted, it knows no agent's verdicts, forwards
-their reports and asks each for its whole table once (`send_paths`). When the root is away the
-shard still answers heartbeats; what needs the root is answered 503, and the agent keeps failing
-over locally and backs off, its registration standing.
+their reports and asks each for its whole table once (`send_paths`), which also brings the root
+whatever changes were queued when it died. When the root is away the shard still answers
+heartbeats and queues changes until the queue is full; what needs the root's answer is answered
+503, and the agent keeps failing over locally and backs off, its registration standing.
 
 No Ray and no sockets here: the root is reached through a `RootLink` (in process for tests,
 `ray_actor.RayRoot` in a cluster); the shard's endpoint is `http.CoordinatorServer`.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+import threading
+from collections import defaultdict, deque
 from typing import Protocol
 
 from ..core.report_digest import table_digest
@@ -45,6 +53,9 @@ class RootLink(Protocol):
     def register(self, req: RegisterIn) -> dict: ...
 
     def report(self, req: ReportIn) -> dict: ...
+
+    def reports(self, batch: list[ReportIn]) -> list[str | None]:
+        """Apply queued reports in order; per report None, or the refusal's message."""
 
     def heard(self, shard: int, names: list[str]) -> tuple[int, int, dict[str, int]]:
         """Shard `shard` is up and these agents are alive; returns the root's plan_version,
@@ -103,9 +114,13 @@ class _RootStore:
 
 
 class ShardFront:
-    """Shard `shard` of the coordinator (see the module doc). Called under the endpoint's lock."""
+    """Shard `shard` of the coordinator (see the module doc). Thread-safe: its own lock guards
+    what it holds, and calls to the root are made outside it, so the endpoint's workers forward
+    reports to the root side by side (a call is a round trip to another process)."""
 
-    def __init__(self, router: Router, shard: int, root: RootLink):
+    MAX_BATCH = 1000  # queued reports per call to the root
+
+    def __init__(self, router: Router, shard: int, root: RootLink, max_queue: int = 10_000):
         self.router = router
         self.shard = shard
         self.root = root
@@ -116,35 +131,72 @@ class ShardFront:
         self.counters: dict[str, int] = defaultdict(int)
         self.store = _RootStore(self)
         self.model = router.map.model
+        self._lock = threading.Lock()
+        self.max_queue = max_queue
+        self.queue: deque[ReportIn] = deque()  # changes answered here, for the root
+        self._queued = threading.Condition(self._lock)
+        self._flushing = threading.Lock()  # one flush at a time: the root gets each report once, in order
 
     # ---- what agents send ---------------------------------------------------------------
     def register(self, body, now: float) -> dict:
         req = body if isinstance(body, RegisterIn) else parse_register(body)
         self._mine(req.name)
         answer = self._forward(self.root.register, req)
-        self.tables[req.name] = {p.id: (p.state, p.reason) for p in req.paths}
-        self.counters["registrations"] += 1
+        with self._lock:
+            self.tables[req.name] = {p.id: (p.state, p.reason) for p in req.paths}
+            self.counters["registrations"] += 1
         return answer
+
+    def local_answer(self, req: ReportIn) -> dict | None:
+        """The answer to a report that brings nothing new, or only changes of paths this shard
+        holds (queued for the root); None: it goes to the root now. Fast and never waits for the
+        root (the endpoint calls it on its event loop). Unavailable (503) when the queue is full."""
+        self._mine(req.name)
+        with self._lock:
+            self._heard.add(req.name)
+            table = self.tables.get(req.name)
+            if table is None or not self._current(req):
+                return None
+            if req.changes:
+                if any(c.id not in table for c in req.changes):
+                    return None  # a path the root may not hold either: it asks for the table
+                after = dict(table)
+                after.update((c.id, (c.state, c.reason)) for c in req.changes)
+                if not self._digest_matches(req, after):
+                    return None
+                if len(self.queue) >= self.max_queue:
+                    self.counters["queue_full"] += 1
+                    raise Unavailable(f"coordinator shard {self.shard} holds {len(self.queue)} reports for the root "
+                                      "(max_queue); retry later (the agent keeps failing over locally)")
+                table.update(after)
+                self.queue.append(req)
+                self.counters["queued"] += 1
+                self._queued.notify()
+            elif not self._digest_matches(req, table):
+                return None
+            else:
+                self.counters["answered"] += 1
+            plan_version, drain_version = self.versions
+        return {"drain_version": drain_version, "plan_version": plan_version,
+                **({"digests": True} if req.digests else {})}
 
     def report(self, body, now: float) -> dict:
         req = body if isinstance(body, ReportIn) else parse_report(body)
         name = req.name
-        self._mine(name)
-        self._heard.add(name)
-        table = self.tables.get(name)
-        if table is not None and self._nothing_new(req, table):
-            self.counters["answered"] += 1
-            plan_version, drain_version = self.versions
-            return {"drain_version": drain_version, "plan_version": plan_version,
-                    **({"digests": True} if req.digests else {})}
+        answer = self.local_answer(req)
+        if answer is not None:
+            return answer
+        self.flush()  # what is queued first: the root applies an agent's reports in order
         answer = self._forward(self.root.report, req)
-        self.counters["forwarded"] += 1
-        if req.paths is not None:
-            table = self.tables[name] = {p.id: (p.state, p.reason) for p in req.paths}
-        if table is None:
-            # restarted shard: ask for the whole table once, to check later digests against
-            answer = dict(answer, send_paths=True)
-        else:
+        with self._lock:
+            self.counters["forwarded"] += 1
+            if req.paths is not None:
+                table = self.tables[name] = {p.id: (p.state, p.reason) for p in req.paths}
+            else:
+                table = self.tables.get(name)
+            if table is None:
+                # restarted shard: ask for the whole table once, to check later digests against
+                return dict(answer, send_paths=True)
             for c in req.changes:
                 if c.id in table:
                     table[c.id] = (c.state, c.reason)
@@ -152,48 +204,85 @@ class ShardFront:
 
     def _mine(self, name: str) -> None:
         if self.router.owner(name) != self.shard:
-            self.counters["redirected"] += 1
+            with self._lock:
+                self.counters["redirected"] += 1
             raise self.router.moved(name, self.url)
 
-    def _nothing_new(self, req: ReportIn, table: dict) -> bool:
-        """A heartbeat or digest the root would answer with nothing: no change, no table, no
-        budget, the agent's plan and drains current, its digest (if any) matching."""
-        if req.changes or req.paths is not None or req.probe_budget is not None or self.versions is None:
+    def _current(self, req: ReportIn) -> bool:
+        """No whole table and no budget, and the agent's plan and drains are the root's current."""
+        if req.paths is not None or req.probe_budget is not None or self.versions is None:
             return False
-        plan_version, drain_version = self.versions
-        if req.plan_version != plan_version or req.drain_version != drain_version:
-            return False
+        return (req.plan_version, req.drain_version) == self.versions
+
+    @staticmethod
+    def _digest_matches(req: ReportIn, table: dict) -> bool:
         return req.digest is None or req.digest == table_digest((i, s, r) for i, (s, r) in table.items())
 
     def _forward(self, call, req):
         try:
             answer = call(req)
         except RootUnreachable as exc:
-            self.counters["root_unreachable"] += 1
+            with self._lock:
+                self.counters["root_unreachable"] += 1
             raise Unavailable(f"coordinator shard {self.shard} cannot reach the root ({exc}); retry later (the "
                               "agent keeps failing over locally)") from None
         if isinstance(answer, dict) and isinstance(answer.get("drain_version"), int) and \
                 isinstance(answer.get("plan_version"), int):
-            self.versions = (answer["plan_version"], answer["drain_version"])
+            with self._lock:
+                self.versions = (answer["plan_version"], answer["drain_version"])
         return answer
+
+    # ---- the queue ---------------------------------------------------------------------
+    def wait_queued(self, timeout_s: float) -> bool:
+        """Block until a report is queued (True) or `timeout_s` passes."""
+        with self._lock:
+            return bool(self.queue) or self._queued.wait(timeout_s)
+
+    def flush(self) -> None:
+        """Send what is queued to the root, in batches, in order. The root away: it stays queued."""
+        with self._flushing:
+            while True:
+                with self._lock:
+                    batch = [self.queue[i] for i in range(min(len(self.queue), self.MAX_BATCH))]
+                if not batch:
+                    return
+                try:
+                    refused = self.root.reports(batch)
+                except RootUnreachable:
+                    with self._lock:
+                        self.counters["root_unreachable"] += 1
+                    return
+                with self._lock:
+                    for req, why in zip(batch, refused):
+                        self.queue.popleft()
+                        if why is not None:
+                            # e.g. a root that lost the agent: its next report goes there and is
+                            # told to register; until then nothing of it is answered here
+                            self.tables.pop(req.name, None)
+                            self.counters["refused_by_root"] += 1
+                    self.counters["flushed"] += len(batch)
 
     # ---- periodic ----------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Tell the root who was heard from; learn its versions. The root away: try again next tick."""
-        names, self._heard = sorted(self._heard), set()
+        with self._lock:
+            names, self._heard = sorted(self._heard), set()
         try:
             plan_version, drain_version, epochs = self.root.heard(self.shard, names)
         except RootUnreachable:
-            self.counters["root_unreachable"] += 1
-            self._heard.update(names)
+            with self._lock:
+                self.counters["root_unreachable"] += 1
+                self._heard.update(names)
             return
-        self.versions = (plan_version, drain_version)
+        with self._lock:
+            self.versions = (plan_version, drain_version)
         self.store.took(epochs)  # the endpoint's tick reads them next (refresh_revocations)
 
     def status(self) -> dict:
-        """This shard, for its metrics and its healthz."""
-        return {"shard": self.shard, "url": self.url, "agents": len(self.tables), "versions": self.versions,
-                **dict(self.counters)}
+        """This shard, for its metrics."""
+        with self._lock:
+            return {"shard": self.shard, "url": self.url, "agents": len(self.tables), "versions": self.versions,
+                    "queue": len(self.queue), "max_queue": self.max_queue, **dict(self.counters)}
 
 
 class LocalRoot:
@@ -213,6 +302,9 @@ class LocalRoot:
 
     def report(self, req: ReportIn) -> dict:
         return self._root().forwarded_report(req)
+
+    def reports(self, batch: list[ReportIn]) -> list[str | None]:
+        return self._root().forwarded_reports(batch)
 
     def heard(self, shard: int, names: list[str]) -> tuple[int, int, dict[str, int]]:
         return self._root().heard(shard, names)

@@ -28,6 +28,8 @@ Rows:
                           S shard actors, each agent reporting to its shard). On this 2-core
                           machine the client, the root and every shard share the cores: the
                           figure per shard is the point (a shard has a core of its own on a cluster).
+                          Extra changes_per_s: reports that each carry one change, which the
+                          shards forward to the root (the root's own ingest bounds them).
   localize-131k-sS-single the 131k trials again with the evidence split over S shards and a root
   localize-131k-sS-double (core/shards.py), S = 4, 16, 64: latency (ms: the slowest place, per
                           round, as they run in parallel; serial_ms: one after another, as the
@@ -247,52 +249,66 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
             {"name": hosts[0], "digests": True}).encode(), token=tokens[hosts[0]])["plan_version"]
         for c in clients.values():
             c.close()
-        bodies = {h: json.dumps({"name": h, "drain_version": 0, "plan_version": plan_version, "digests": True,
-                                 "digest": table_digest((r["id"], r["state"], r["reason"]) for r in tables[h])}).encode()
-                  for h in hosts}
-        rates = []
+        digest = {h: table_digest((r["id"], r["state"], r["reason"]) for r in tables[h]) for h in hosts}
+        # per host, the bodies it sends in turn: a heartbeat with its digest; or a change of one
+        # path, down then up again (what a shard forwards to the root)
+        mixes = {"digest": {h: [json.dumps({"name": h, "drain_version": 0, "plan_version": plan_version,
+                                            "digests": True, "digest": digest[h]}).encode()] for h in hosts},
+                 "changes": {h: [json.dumps({"name": h, "drain_version": 0, "plan_version": plan_version,
+                                             "digests": True, "changes": [{"id": 1, "state": st, "reason": why}]}
+                                            ).encode() for st, why in (("down", "hard_failure"), ("up", None))]
+                             for h in hosts}}
+        rates = {}
         cursor = [0]
         lock = threading.Lock()
-        for trial in range(trials):
-            stop = time.perf_counter() + cb.INGEST_WINDOW_S
-            done = [0] * cb.INGEST_CLIENTS
+        for mix, bodies in mixes.items():
+            rates[mix] = []
+            for trial in range(trials if mix == "digest" else max(2, trials // 3)):
+                stop = time.perf_counter() + cb.INGEST_WINDOW_S
+                done = [0] * cb.INGEST_CLIENTS
 
-            def client_loop(k: int) -> None:
-                mine = {u: Client(u, None, timeout_s=60, tls=tls) for u in urls}
-                while time.perf_counter() < stop:
-                    with lock:
-                        i = cursor[0]
-                        cursor[0] += 1
-                    h = hosts[i % len(hosts)]
-                    mine[url_of[h]].post_raw("/v1/report", bodies[h], token=tokens[h])
-                    done[k] += 1
-                for c in mine.values():
-                    c.close()
+                def client_loop(k: int) -> None:
+                    mine = {u: Client(u, None, timeout_s=60, tls=tls) for u in urls}
+                    while time.perf_counter() < stop:
+                        with lock:
+                            i = cursor[0]
+                            cursor[0] += 1
+                        h = hosts[i % len(hosts)]
+                        turn = bodies[h]
+                        mine[url_of[h]].post_raw("/v1/report", turn[(i // len(hosts)) % len(turn)], token=tokens[h])
+                        done[k] += 1
+                    for c in mine.values():
+                        c.close()
 
-            t = time.perf_counter()
-            threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(cb.INGEST_CLIENTS)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            rates.append(round(sum(done) / (time.perf_counter() - t), 1))
-            progress(f"ingest-shards-{shards} trial {trial + 1}/{trials}: {rates[-1]:.0f} reports/s")
+                t = time.perf_counter()
+                threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(cb.INGEST_CLIENTS)]
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join()
+                rates[mix].append(round(sum(done) / (time.perf_counter() - t), 1))
+                progress(f"ingest-shards-{shards} {mix} trial {trial + 1}: {rates[mix][-1]:.0f} reports/s")
+            cursor[0] = 0  # every path back up: the changes mix ends on a whole round (down, up)
         extra = {}
         if shards > 1:
-            answered = forwarded = 0
+            answered = queued = forwarded = 0
             for u in urls:
                 with Client(u, None, tls=tls) as c:
                     for line in c.get("/metrics").decode().splitlines():
                         if line.startswith("linkpass_coordinator_shard_reports_total"):
                             n = float(line.rsplit(" ", 1)[1])
                             answered += n if 'outcome="answered"' in line else 0
+                            queued += n if 'outcome="queued"' in line else 0
                             forwarded += n if 'outcome="forwarded"' in line else 0
-            extra = {"answered_by_shards": int(answered), "forwarded_to_root": int(forwarded)}
+            extra = {"answered_by_shards": int(answered), "queued_for_root": int(queued),
+                     "forwarded_to_root": int(forwarded)}
+        extra["changes_per_s"] = rates["changes"]
+        extra["changes_median"] = statistics.median(rates["changes"])
     finally:
         ray_actor.stop_all()
         ray_actor.shutdown()
         shutil.rmtree(work, ignore_errors=True)
-    return rates, extra
+    return rates["digest"], extra
 
 
 SHARD_COUNTS = (1, 4, 16, 64)
