@@ -23,7 +23,7 @@ import yaml
 from linkpass.observe import dashboards as D
 from linkpass.observe.prometheus import promtool
 
-from helpers import lab_ca_file
+from helpers import MODEL, free_port, lab_ca_file
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -282,16 +282,27 @@ def test_expressions_name_only_metrics_the_agent_or_the_rules_export():
 @pytest.mark.service
 def test_expressions_name_only_metrics_linkpass_exports(tmp_path):
     from linkpass.coordinator import runner
+    from linkpass.coordinator.shard import LocalRoot
 
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0"})
+    # a sharded coordinator: the root exports the coordinator's families, a shard its own
+    (tmp_path / "fabric.json").write_text(json.dumps(MODEL.to_dict()))
+    settings = {"state_dir": str(tmp_path / "state"), "listen": f"127.0.0.1:{free_port()}",
+                "fabric": str(tmp_path / "fabric.json"), "shards": 2,
+                "shard_listen": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    srv = runner.start(settings)
+    shard = runner.start_shard(settings, 0, LocalRoot(srv))
+    coordinator = set()
     try:
         ctx = ssl.create_default_context(cafile=lab_ca_file(tmp_path / "state"))
-        with urllib.request.urlopen(srv.url + "/metrics", timeout=10, context=ctx) as answer:
-            coordinator = exposition_names(answer.read().decode())
+        for url in (srv.url, shard.url):
+            with urllib.request.urlopen(url + "/metrics", timeout=10, context=ctx) as answer:
+                coordinator |= exposition_names(answer.read().decode())
     finally:
+        shard.close()
         srv.close()
         srv.coordinator.store.close()
-    assert {"linkpass_coordinator_link_fault", "linkpass_coordinator_request_duration_seconds_bucket"} <= coordinator
+    assert {"linkpass_coordinator_link_fault", "linkpass_coordinator_request_duration_seconds_bucket",
+            "linkpass_coordinator_shard_queue"} <= coordinator
     wrong = unexported(exposition_names(GOLDEN.read_text()) | coordinator | rule_names())
     assert not wrong, "not exported by LinkPass:\n  " + "\n  ".join(wrong)
 

@@ -423,6 +423,16 @@ def fleet() -> dict:
                    unit="percentunit", w=8),
         timeseries("Coordinator resident memory", "Memory the coordinator process holds.",
                    [target(f"process_resident_memory_bytes{{{COORDINATOR}}}", "{{instance}}")], unit="bytes", w=8),
+        timeseries("Shards: reports per second by outcome", "A sharded coordinator's shards: reports answered "
+                   "there, queued for the root, forwarded at once, refused with 503 (queue full); empty with one "
+                   "shard.",
+                   [target(f"sum by (outcome) (rate(linkpass_coordinator_shard_reports_total{{{COORDINATOR}}}"
+                           f"[{RATE}]))", "{{outcome}}")], unit="ops", w=8),
+        timeseries("Shards: reports held for the root", "Each shard's queue for the root against its limit; "
+                   "a queue that stays up means the root is away or slower than the changes arrive.",
+                   [target(f"max by (shard) (linkpass_coordinator_shard_queue{{{COORDINATOR}}})", "shard {{shard}}"),
+                    target(f"max(linkpass_coordinator_shard_queue_limit{{{COORDINATOR}}})", "limit")],
+                   unit="short", w=8),
     ]
     return dashboard(
         "fleet", "LinkPass / Fleet",

@@ -47,6 +47,8 @@ class RulesConfig:
     overload_for: str = "15m"
     forged_for: str = "5m"
     coordinator_pending_ratio: float = 0.8
+    shard_queue_ratio: float = 0.5  # a shard's queue for the root this full: the root does not keep up
+    shard_queue_for: str = "5m"
     coordinator_latency_p99_s: float = 1.0
 
 
@@ -56,7 +58,7 @@ LAB = replace(PRODUCTION, rate_window="20s", path_down_for="1s", plane_down_for=
               gray_loss_for="1s", gray_after_down="15s", fail_static_for="1s", link_localized_for="1s",
               agent_down_for="10s",
               probe_thread_for="5s", coordinator_away_for="10s", route_storm_for="10s", overload_for="1m",
-              forged_for="10s")
+              forged_for="10s", shard_queue_for="10s")
 
 
 def recording(c: RulesConfig) -> list[dict]:
@@ -165,6 +167,14 @@ def alerts(c: RulesConfig) -> list[dict]:
                c.overload_for, "warning", "The coordinator is near its request limit or slow to answer reports",
                "Requests queue for its workers (beyond the limit agents get 503 and retry). See how to size it "
                "in docs/coordinator.md."),
+        _alert(c, "LinkPassCoordinatorShardBackedUp",
+               f"linkpass_coordinator_shard_queue{{{c.coordinator}}} / "
+               f"linkpass_coordinator_shard_queue_limit{{{c.coordinator}}} > {c.shard_queue_ratio} "
+               f"or increase(linkpass_coordinator_shard_reports_total{{{c.coordinator},outcome=\"queue_full\"}}[{w}]) > 0",
+               c.shard_queue_for, "warning", "Coordinator shard {{ $labels.shard }} holds reports the root does not take",
+               "Its queue for the root is over half full, or agents got 503 because it was full: the root is away "
+               "or slower than the changes arrive. Agents keep failing over locally and resend. See "
+               "docs/coordinator.md, Sharding."),
         _alert(c, "LinkPassRouteChangeStorm",
                f"instance:linkpass_route_changes:rate{w}{{{a}}} * 60 > {c.route_changes_per_min} "
                f"or sum by (job, instance) (increase(linkpass_route_changes_deferred_total{{{a}}}[{w}])) > 0",
