@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror, split_directed
 from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_cap, plan_probes
-from ..core.shards import ShardedLocalizer, ShardMap
 from ..core.report_digest import table_digest
 from ..core.states import Level, health_of, is_bad, is_good, worst
 from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, ProbeBudget, Refused, RegisterIn,  # noqa: F401
@@ -91,20 +90,17 @@ class _Changes:
 
 class Coordinator:
     def __init__(self, store: Store, model: FabricModel | None = None, config: CoordinatorConfig | None = None, *,
-                 now: float, cost_clock: Callable[[], float] = _no_cost, shard_map: ShardMap | None = None):
+                 now: float, cost_clock: Callable[[], float] = _no_cost):
         """`now`: the time on the clock every later call's `now` is on (the host's wall clock);
         `cost_clock`: a monotonic clock in seconds (the host passes time.perf_counter) that
-        bounds how much of the time localization and plan revision may take. `shard_map`: the
-        root of a sharded coordinator localizes as its shards' parts of the fabric, each
-        explaining again only when its evidence changed (core/shards.py)."""
+        bounds how much of the time localization and plan revision may take."""
         self.store = store
         self._cost_clock = cost_clock
         self.config = config or CoordinatorConfig()
         self.model = model
-        self.localizer: Localizer | ShardedLocalizer | None = None
-        if model is not None:
-            self.localizer = (ShardedLocalizer(model, shard_map) if shard_map is not None and shard_map.shards > 1
-                              else Localizer(model))
+        # fleet-wide, also at the root of a sharded coordinator: explained part by part
+        # (core/shards.py) in this one process it is slower, not faster (sim/bench/scale.py)
+        self.localizer = Localizer(model) if model is not None else None
         self.paths: dict[str, PathRecord] = {}
         self.by_reporter: dict[str, set[str]] = defaultdict(set)
         self.agents: dict[str, AgentRecord] = {}

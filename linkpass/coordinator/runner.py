@@ -377,8 +377,7 @@ def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
         store.close()
         raise
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
-    coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter,
-                              shard_map=router.map if router else None)
+    coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter)
     server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
                                tokens_path=tokens_path, router=router)
     log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, store=store.kind, agents=len(coordinator.agents),

@@ -99,7 +99,8 @@ class _RootStore:
         try:
             self.front.root.add_events(events)
         except RootUnreachable:
-            self.front.counters["events_dropped"] += len(events)
+            with self.front._lock:
+                self.front.counters["events_dropped"] += len(events)
 
     def written_elsewhere(self) -> bool:
         return self.fresh
@@ -187,6 +188,11 @@ class ShardFront:
         if answer is not None:
             return answer
         self.flush()  # what is queued first: the root applies an agent's reports in order
+        with self._lock:
+            behind = any(q.name == name for q in self.queue)
+        if behind:  # the root did not take them: this report must not overtake them
+            raise Unavailable(f"coordinator shard {self.shard} cannot reach the root with this agent's earlier "
+                              "reports; retry later (the agent keeps failing over locally)")
         answer = self._forward(self.root.report, req)
         with self._lock:
             self.counters["forwarded"] += 1

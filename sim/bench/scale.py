@@ -243,10 +243,16 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
             clients[url_of[h]].post_raw("/v1/register", json.dumps(
                 {"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {}, "paths": tables[h],
                  "digests": True}).encode(), token=tokens[h])
-        time.sleep(2.5)  # the plan settles (revised at most once a second) and the shards learn its version
-        # the plan version every agent then holds (its own report, answered by the root)
-        plan_version = clients[url_of[hosts[0]]].post_raw("/v1/report", json.dumps(
-            {"name": hosts[0], "digests": True}).encode(), token=tokens[hosts[0]])["plan_version"]
+        # the plan version every agent then holds, once the plan has settled (the same on two
+        # asks 1.5 s apart; the plan is revised at most once a second)
+        seen = []
+        while len(seen) < 2 or seen[-1] != seen[-2]:
+            if len(seen) > 20:
+                raise RuntimeError(f"the plan did not settle: versions {seen}")
+            time.sleep(1.5)
+            seen.append(clients[url_of[hosts[0]]].post_raw("/v1/report", json.dumps(
+                {"name": hosts[0], "digests": True}).encode(), token=tokens[hosts[0]])["plan_version"])
+        plan_version = seen[-1]
         for c in clients.values():
             c.close()
         digest = {h: table_digest((r["id"], r["state"], r["reason"]) for r in tables[h]) for h in hosts}
