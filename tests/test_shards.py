@@ -51,7 +51,7 @@ def test_more_shards_than_pods_split_pods_and_the_root_owns_their_core_links():
 
 def test_the_map_is_the_same_wherever_it_is_built():
     a, b = ShardMap(MODEL3, 5), ShardMap(three_tier(256, 2, 4, 4, 4, 4), 5)
-    assert a.digest() == b.digest() and a.describe() == b.describe()
+    assert a.digest() == b.digest() and [a.hosts_of(k) for k in range(5)] == [b.hosts_of(k) for k in range(5)]
     assert ShardMap(MODEL3, 4).digest() != a.digest()
 
 

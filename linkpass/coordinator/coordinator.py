@@ -98,8 +98,8 @@ class Coordinator:
         self._cost_clock = cost_clock
         self.config = config or CoordinatorConfig()
         self.model = model
-        # fleet-wide, also at the root of a sharded coordinator: explained part by part
-        # (core/shards.py) in this one process it is slower, not faster (sim/bench/scale.py)
+        # one fleet-wide localizer, also at the root of a sharded coordinator: explained part by
+        # part (core/shards.py) in one process it measured slower, not faster (sim/bench/scale.py)
         self.localizer = Localizer(model) if model is not None else None
         self.paths: dict[str, PathRecord] = {}
         self.by_reporter: dict[str, set[str]] = defaultdict(set)
@@ -211,11 +211,7 @@ class Coordinator:
         if agent is None:
             raise NotFound(f"agent {name!r} has not registered; it registers by itself on start "
                            "(restart it if this persists)")
-        if agent.lost:
-            agent.lost = False
-            self._members_changed = True
-            self.store.event("agent", name, name, what="returned")
-        agent.last_seen = now
+        self._alive(agent, now)
         budget = _budget_doc(req.probe_budget)
         if budget is not None and budget != agent.info.get("probe_budget"):
             agent.info["probe_budget"] = budget
@@ -249,13 +245,16 @@ class Coordinator:
         sends them to register)."""
         for name in names:
             agent = self.agents.get(name)
-            if agent is None:
-                continue
-            if agent.lost:
-                agent.lost = False
-                self._members_changed = True
-                self.store.event("agent", name, name, what="returned")
-            agent.last_seen = max(agent.last_seen, now)
+            if agent is not None:
+                self._alive(agent, max(agent.last_seen, now))
+
+    def _alive(self, agent: AgentRecord, now: float) -> None:
+        """The agent was heard from at `now`: a lost one has returned."""
+        if agent.lost:
+            agent.lost = False
+            self._members_changed = True
+            self.store.event("agent", agent.name, agent.name, what="returned")
+        agent.last_seen = now
 
     def _put_path(self, reporter: str, p: PathIn, now: float, changes: _Changes) -> str:
         key = f"{reporter}/{p.id}"

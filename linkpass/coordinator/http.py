@@ -965,8 +965,7 @@ class _ShardMetrics:
 
     def collect(self):
         s = self.server
-        with s.lock:
-            st = s.shard.status()
+        st = s.shard.status()  # under the shard's own lock
         labels = [str(st["shard"])]
         a = GaugeMetricFamily("linkpass_coordinator_shard_agents", "Agents whose verdicts this shard holds",
                               labels=["shard"])

@@ -167,16 +167,15 @@ def shard(settings: dict, k: int):
 
 def shards() -> list:
     """The running shard actors, in order (none for an unsharded coordinator)."""
+    from .runner import MAX_SHARDS  # noqa: PLC0415 (the settings' bound; runner is heavy to import)
+
     out = []
-    for k in range(MAX_SHARDS_LOOKED_UP):
+    for k in range(MAX_SHARDS):
         try:
             out.append(ray.get_actor(SHARD_NAME.format(k), namespace=NAMESPACE))
         except ValueError:
             return out
     return out
-
-
-MAX_SHARDS_LOOKED_UP = 1024  # runner.MAX_SHARDS
 
 
 def endpoint(handle, timeout_s: float = 60.0) -> str:

@@ -364,18 +364,14 @@ def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
     host, port = parse_listen(settings.get("listen") or COORDINATOR_LISTEN)
     tls = server_context(settings, state_dir, host)  # first: a bad TLS setting starts nothing
     tokens, tokens_path = _credentials(settings, state_dir)
+    model = load_model(settings)
+    router = router_of(settings, model)  # before the store: a bad shard setting opens nothing
     try:
         store = open_store(settings.get("store"), settings.get("store_password_file"), state_dir,
                            on_committed=lambda events: log_history(log, events),
                            tls_ca_file=settings.get("store_tls_ca_file"))
     except StoreError as exc:
         raise CoordinatorError(str(exc)) from None
-    model = load_model(settings)
-    try:
-        router = router_of(settings, model)
-    except CoordinatorError:
-        store.close()
-        raise
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
     coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter)
     server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,

@@ -1,6 +1,8 @@
 """The fleet split over S coordinator shards and a root, and localization split the same way.
 
-Pure: no sockets, no Ray, no clock.
+Pure: no sockets, no Ray, no clock. The coordinator uses the shard map (which shard takes which
+agent); the split localization is run by the simulator and the scale benchmark only: the
+coordinator's root localizes with one Localizer (docs/coordinator.md, Sharding).
 
 Shard map
 ---------
@@ -138,18 +140,13 @@ class ShardMap:
             h.update(f"|{k}:".encode() + ",".join(hosts).encode())
         return h.hexdigest()[:16]
 
-    def describe(self) -> list[dict]:
-        """Per shard: its hosts' count and its first and last host (for `status` and logs)."""
-        return [{"shard": k, "hosts": len(h), "first": h[0] if h else None, "last": h[-1] if h else None}
-                for k, h in enumerate(self._hosts)]
-
 
 def _leaf_units(model: FabricModel) -> list[tuple[tuple, list[str]]]:
     """Hosts grouped by their leaf on their lowest plane, leaves in (plane, pod, first seen) order."""
     by_leaf: dict[str, list[str]] = {}
     order: dict[str, tuple] = {}
     unattached: list[str] = []
-    for n, host in enumerate(model.hosts):
+    for host in model.hosts:
         for plane in range(model.planes):
             try:
                 leaf = model.leaf_of(host, plane)
@@ -211,9 +208,9 @@ class ShardedLocalizer:
         self.shards = [Localizer(model, **localizer_options) for _ in range(shard_map.shards)]
         self.root = Localizer(model, **localizer_options)
         self._where: dict[str, tuple[int, ...]] = {}  # path key -> the places holding it
-        self.updates = [0] * (shard_map.shards + 1)  # observations received per place; the root's last
-        # each place's first rounds, kept until its evidence (or what the others cleared) changes
-        self._cleared: dict[int, set[str]] = {}
+        # each place's first rounds, kept until its evidence (or what the others cleared) changes:
+        # place -> (the links its claims name, those of them it owns and clears)
+        self._cleared: dict[int, tuple[set[str], set[str]]] = {}
         # place -> (the cleared links its claims named, (its suspects, its findings))
         self._first: dict[int, tuple[frozenset[str], tuple[set[str], list[Finding]]]] = {}
         self.took: dict[int, list[float]] = {}  # the last findings(): per place explained, seconds per round
@@ -246,7 +243,6 @@ class ShardedLocalizer:
         self._where[obs.key] = places
         for p in places:
             self.localizer(p).update(obs)
-            self.updates[p] += 1
             self._stale(p)
         if was is not None:
             for p in was:
@@ -280,10 +276,12 @@ class ShardedLocalizer:
                 out[r] = max(out.get(r, 0), n)
         return out
 
-    def cleared_at(self, place: int) -> set[str]:
-        """The links `place` owns that its bad paths name and its evidence exonerates."""
+    def cleared_at(self, place: int) -> tuple[set[str], set[str]]:
+        """The links the bad paths `place` holds name, and those of them it owns and its evidence
+        exonerates."""
         loc = self.localizer(place)
-        return loc.cleared(d for d in loc.named() if self.map.owner(d) == place)
+        named = loc.named()
+        return named, loc.cleared(d for d in named if self.map.owner(d) == place)
 
     def explain_at(self, place: int, known: frozenset[str] | set[str] = frozenset(),
                    reporter_claims: dict[str, int] | None = None,
@@ -310,9 +308,9 @@ class ShardedLocalizer:
         for p in self.places():
             if p not in self._cleared:
                 self._cleared[p] = self._timed(p, 0, self.cleared_at, p)
-        cleared = frozenset().union(*self._cleared.values())
+        cleared = frozenset().union(*(c for _, c in self._cleared.values()))
         for p in self.places():
-            mine = cleared & self.localizer(p).named()  # what of it this place's claims name
+            mine = cleared & self._cleared[p][0]  # what of it this place's claims name
             if p not in self._first or self._first[p][0] != mine:
                 self._first[p] = (mine, self._timed(p, 1, self.explain_at, p, reporter_claims=counts, cleared=mine))
         suspects = frozenset().union(*(s for _, (s, _) in self._first.values()))

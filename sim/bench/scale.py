@@ -257,7 +257,7 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
             c.close()
         digest = {h: table_digest((r["id"], r["state"], r["reason"]) for r in tables[h]) for h in hosts}
         # per host, the bodies it sends in turn: a heartbeat with its digest; or a change of one
-        # path, down then up again (what a shard forwards to the root)
+        # path, down then up again (what a shard answers and queues for the root)
         mixes = {"digest": {h: [json.dumps({"name": h, "drain_version": 0, "plan_version": plan_version,
                                             "digests": True, "digest": digest[h]}).encode()] for h in hosts},
                  "changes": {h: [json.dumps({"name": h, "drain_version": 0, "plan_version": plan_version,
@@ -294,7 +294,7 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
                     th.join()
                 rates[mix].append(round(sum(done) / (time.perf_counter() - t), 1))
                 progress(f"ingest-shards-{shards} {mix} trial {trial + 1}: {rates[mix][-1]:.0f} reports/s")
-            cursor[0] = 0  # every path back up: the changes mix ends on a whole round (down, up)
+            cursor[0] = 0  # the next mix starts at its first body (the changes mix: down)
         extra = {}
         if shards > 1:
             answered = queued = forwarded = 0

@@ -40,7 +40,7 @@ from linkpass.core.fabric import DOWN, HOST_LEAF, LEAF_SPINE, UP, FabricModel, d
 from linkpass.core.names import plane_of
 from linkpass.core.localize import Localizer, Observation, path_evidence
 from linkpass.core.plan import plan_probes
-from linkpass.core.shards import ShardedLocalizer, ShardMap
+from linkpass.core.shards import ShardedLocalizer, ShardError, ShardMap
 from linkpass.core.telemetry import percentile
 
 from . import failures as fm
@@ -629,8 +629,7 @@ def main(argv=None) -> int:
         ap.error("--days must be > 0")
     try:
         params = jobmodel.JobParams(checkpoint_s=a.checkpoint_min * 60, restart_s=a.restart_min * 60)
-        shape = Shape.for_gpus(a.gpus)
-        ShardMap(generated(shape.layout()), a.shards)  # a shard count the fabric cannot take is refused here
+        Shape.for_gpus(a.gpus)
     except ValueError as exc:
         ap.error(str(exc))
 
@@ -638,7 +637,10 @@ def main(argv=None) -> int:
         print(f"  {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
 
     progress(f"building a {a.gpus}-GPU fabric, its probe plan and every probed path")
-    r = run(a.gpus, a.days, a.scenario, a.seed, params, config=SimConfig(shards=a.shards), progress=progress)
+    try:
+        r = run(a.gpus, a.days, a.scenario, a.seed, params, config=SimConfig(shards=a.shards), progress=progress)
+    except ShardError as exc:  # a shard count the fabric cannot take, found once the fabric is built
+        ap.error(str(exc))
     s = summary(r)
     if a.report:
         from . import fleet_report
