@@ -210,6 +210,24 @@ def test_with_the_root_away_heartbeats_and_changes_are_answered_and_the_rest_is_
     wait_until(lambda: s.root.coordinator.paths["h0/1"].state == "down", 5, "the queued change arrives")
 
 
+def test_a_registration_does_not_overtake_the_agents_queued_changes(sharded):
+    # an agent restarted while its shard still held its changes for the root: the registration
+    # (a whole new table) must reach the root after them, or their stale states would win
+    s = sharded
+    answers = register_all(s)
+    v = current(s, 0, answers, "h0")
+    s.link.server = None
+    with s.client(s.shards[0].url, "h0") as c:
+        c.post("/v1/report", {"name": "h0", **v, "changes": [{"id": 1, "state": "down", "reason": "hard_failure"}]})
+        with pytest.raises(Refusal) as exc:
+            c.post("/v1/register", {**identity(0), "paths": table_of(0)})
+        assert exc.value.status == 503 and "earlier reports" in str(exc.value)
+        s.link.server = s.root
+        wait_until(lambda: not s.shards[0].coordinator.queue, 5, "the queue drains")
+        c.post("/v1/register", {**identity(0), "paths": table_of(0)})
+    assert s.root.coordinator.paths["h0/1"].state == "up"  # the registration's table, applied last
+
+
 def test_a_shard_serves_agents_only(sharded):
     s = sharded
     with coordinator_client(s.shards[0].url, None, s.settings["state_dir"]) as c:

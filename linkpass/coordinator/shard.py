@@ -15,7 +15,8 @@ cost per change is its own work, not a round trip. The queue is bounded (`max_qu
 shard answers 503 and the agent backs off and sends again, keeping its registration (back
 pressure, as a busy coordinator applies it). Registrations, whole tables, budget changes, digests
 that differ and agents whose plan or drains are stale go to the root at once (after what is
-queued, so the root applies an agent's reports in order), and the shard relays its answer. Once
+queued, so the root applies an agent's reports and registrations in order), and the shard relays
+its answer. Once
 a tick the shard tells the root which agents it heard from (liveness) and learns the current
 plan and drain versions.
 
@@ -142,6 +143,7 @@ class ShardFront:
     def register(self, body, now: float) -> dict:
         req = body if isinstance(body, RegisterIn) else parse_register(body)
         self._mine(req.name)
+        self._after_queued(req.name)
         answer = self._forward(self.root.register, req)
         with self._lock:
             self.tables[req.name] = {p.id: (p.state, p.reason) for p in req.paths}
@@ -187,12 +189,7 @@ class ShardFront:
         answer = self.local_answer(req)
         if answer is not None:
             return answer
-        self.flush()  # what is queued first: the root applies an agent's reports in order
-        with self._lock:
-            behind = any(q.name == name for q in self.queue)
-        if behind:  # the root did not take them: this report must not overtake them
-            raise Unavailable(f"coordinator shard {self.shard} cannot reach the root with this agent's earlier "
-                              "reports; retry later (the agent keeps failing over locally)")
+        self._after_queued(name)
         answer = self._forward(self.root.report, req)
         with self._lock:
             self.counters["forwarded"] += 1
@@ -207,6 +204,17 @@ class ShardFront:
                 if c.id in table:
                     table[c.id] = (c.state, c.reason)
         return answer
+
+    def _after_queued(self, name: str) -> None:
+        """Before a call that needs the root's answer: what is queued goes first, so the root
+        applies an agent's reports (and a registration, which replaces its table) in order.
+        Unavailable (503) when the root did not take this agent's queued reports."""
+        self.flush()
+        with self._lock:
+            behind = any(q.name == name for q in self.queue)
+        if behind:
+            raise Unavailable(f"coordinator shard {self.shard} cannot reach the root with this agent's earlier "
+                              "reports; retry later (the agent keeps failing over locally)")
 
     def _mine(self, name: str) -> None:
         if self.router.owner(name) != self.shard:
