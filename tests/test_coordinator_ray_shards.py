@@ -8,11 +8,13 @@ import signal
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from linkpass.coordinator import ray_actor
 from linkpass.coordinator.client import Moved, Refusal, Unreachable
+from linkpass.core.shards import ShardMap
 
-from helpers import (agent_tokens, coordinator_client, free_port, identity, ray_coordinator, role_token, table_of,
+from helpers import (MODEL, agent_tokens, coordinator_client, free_port, identity, ray_coordinator, role_token, table_of,
                      wait_answering, wait_until)
 
 pytestmark = pytest.mark.service
@@ -73,3 +75,59 @@ def test_a_killed_shard_or_root_restarts_and_loses_nothing(sharded, victim):
     for a in agents.values():
         a.close()
     op.close()
+
+
+def cut_changes(host: str, state: str) -> list[dict]:
+    """`host`'s changes setting every path of its table over the cut link to `state`."""
+    i = int(host[1:])
+    out = []
+    for row in table_of(i):
+        if CUT & set(MODEL.links_of_path(host, row["plane"], row["hops"], row["peer_addr"])):
+            out.append({"id": row["id"], "state": state, "reason": "hard_failure" if state == "down" else None})
+    return out
+
+
+CUT = {"p0l0-p0s1:up", "p0l0-p0s1:down"}
+
+
+def test_the_shard_actors_localize_and_a_killed_ones_part_is_sent_again(sharded):
+    handle, url, settings = sharded
+    agents = register_through_root(url, settings)
+    op = coordinator_client(url, role_token(settings, "operator"), settings["state_dir"])
+
+    def localized():
+        doc = wait_answering(op)
+        return {f["directed"] for f in doc["findings"]}, {x["localized_by"] for x in doc["shards"]}
+
+    def report(state):
+        for h, a in agents.items():
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    a.post("/v1/report", {"name": h, "changes": cut_changes(h, state)})
+                    break
+                except (Unreachable, Refusal):  # a restarted shard, or its root, not back yet
+                    assert time.monotonic() < deadline, f"{h}'s shard never took its report"
+                    time.sleep(0.5)
+
+    report("down")
+    wait_until(lambda: localized() == (CUT, {"shard"}), 30, "the shards localize the cut")
+    whole = sent_whole(url, settings)
+    owner = ShardMap(MODEL, 2).owner("p0l0-p0s1:up")
+    victim = ray_actor.shards()[owner]
+    old = ray_actor.actor_pid(victim)
+    os.kill(old, signal.SIGKILL)
+    assert ray_actor.wait_restarted(victim, old, timeout_s=90) != old
+    report("up")  # the restarted shard's part is asked with nothing in it: the root sends it again
+    wait_until(lambda: localized() == (set(), {"shard"}), 60, "the cut cleared, localized by the shards again")
+    assert sent_whole(url, settings) > whole
+    for a in agents.values():
+        a.close()
+    op.close()
+
+
+def sent_whole(url, settings) -> float:
+    with coordinator_client(url, None, settings["state_dir"]) as c:
+        text = c.get("/metrics").decode()
+    return next(x.value for f in text_string_to_metric_families(text) for x in f.samples
+                if x.name == "linkpass_coordinator_localization_parts_sent_whole_total")

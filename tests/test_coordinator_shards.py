@@ -16,7 +16,7 @@ from linkpass.agent.coordinator_link import CoordinatorLink
 from linkpass.coordinator import runner
 from linkpass.coordinator.client import Moved, Refusal
 from linkpass.coordinator.requests import CoordinatorError
-from linkpass.coordinator.shard import LocalRoot
+from linkpass.coordinator.shard import LocalRoot, LocalShards
 from linkpass.core.report_digest import table_digest
 from linkpass.observe.prometheus import promtool
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,9 +39,10 @@ class Sharded:
 
     def __init__(self, settings):
         self.settings = settings
-        self.root = runner.start(settings)
+        self.shards = []  # the root reaches their parts of localization through this same list
+        self.root = runner.start(settings, shards=LocalShards(self.shards))
         self.link = LocalRoot(self.root)
-        self.shards = [runner.start_shard(settings, k, self.link) for k in range(2)]
+        self.shards.extend(runner.start_shard(settings, k, self.link) for k in range(2))
         self.tokens = agent_tokens(settings["state_dir"])
 
     def client(self, url, host):
@@ -266,12 +267,7 @@ def test_a_shards_metrics_say_what_it_did_with_reports(sharded):
                               "plan_version": s.shards[0].coordinator.versions[0]})
     with s.client(s.shards[0].url, "h3") as c, pytest.raises(Moved):
         c.post("/v1/report", {"name": "h3"})
-    with coordinator_client(s.shards[0].url, None, s.settings["state_dir"]) as c:
-        text = c.get("/metrics").decode()
-    lint = promtool("check", "metrics", stdin=text)
-    assert lint.returncode == 0, lint.stdout + lint.stderr
-    got = {(x.name, tuple(sorted(x.labels.items()))): x.value for f in text_string_to_metric_families(text)
-           for x in f.samples}
+    got = scrape(s, s.shards[0].url)
     assert got[("linkpass_coordinator_shard_agents", (("shard", "0"),))] == 2
     assert got[("linkpass_coordinator_shard_reports_total", (("outcome", "answered"), ("shard", "0")))] == 1
     assert got[("linkpass_coordinator_shard_reports_total", (("outcome", "registrations"), ("shard", "0")))] == 2
@@ -333,9 +329,9 @@ def test_sharding_settings_are_checked_by_name(tmp_path):
             runner.start({k: v for k, v in {**settings_of(tmp_path), **bad}.items() if v is not None})
 
 
-def test_a_cut_reported_through_the_shards_is_localized_by_the_root(sharded):
-    # the same cut as the unsharded coordinator's test, its reports queued by the shards
-    s = sharded
+def report_cut(s):
+    """The same cut as the unsharded coordinator's test, its reports queued by the shards;
+    (the root's coordinator, the directed links the root localized)."""
     register_all(s)
     link = "p0l0-p0s1"
     crossing = {f"{link}:up", f"{link}:down"}
@@ -348,3 +344,69 @@ def test_a_cut_reported_through_the_shards_is_localized_by_the_root(sharded):
         with s.client(s.shards[owner(s, h)].url, h) as agent:
             agent.post("/v1/report", {"name": h, "changes": changes})
     wait_until(lambda: set(c.findings) == crossing, 10, "the root localizes the cut")
+    return c, crossing
+
+
+def test_a_cut_reported_through_the_shards_is_localized_by_them(sharded):
+    c, crossing = report_cut(sharded)
+    assert set(c.findings) == crossing
+    # the shards explained it: each holds the evidence over its links, the root's own part none
+    # (no pod is split), and the root stood in for none
+    parts = c.localizer.parts
+    assert all(len(sh.shard.part) > 0 for sh in sharded.shards)
+    assert len(parts.root) == 0 and parts.standing_in == {}
+    shard0, root = scrape(sharded, sharded.shards[0].url), scrape(sharded, sharded.root.url)
+    assert shard0[("linkpass_coordinator_shard_localization_paths", (("shard", "0"),))] == len(parts.held[0]) > 0
+    assert shard0[("linkpass_coordinator_shard_localization_rounds_total", (("shard", "0"),))] >= 2
+    assert root[("linkpass_coordinator_localization_stood_in", ())] == 0
+
+
+def scrape(s, url) -> dict:
+    with coordinator_client(url, None, s.settings["state_dir"]) as c:
+        text = c.get("/metrics").decode()
+    lint = promtool("check", "metrics", stdin=text)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value for f in text_string_to_metric_families(text)
+            for x in f.samples}
+
+
+def test_a_restarted_shards_part_gets_its_evidence_again(sharded):
+    s = sharded
+    c, crossing = report_cut(s)
+    held = [len(sh.shard.part) for sh in s.shards]
+    whole = c.localizer.parts.counters["parts_sent_whole"]
+    assert whole == 2  # each part once, at the root's start
+    s.restart_shard(1)
+    assert len(s.shards[1].shard.part) == 0
+    with s.root.lock:  # the next news for shard 1's part finds it empty
+        c.localizer.update(next(iter(c.localizer.parts.held[1].values())))
+        c.relocalize(time.time())
+    assert set(c.findings) == crossing
+    assert [len(sh.shard.part) for sh in s.shards] == held
+    assert c.localizer.parts.standing_in == {}
+    assert scrape(s, s.root.url)[("linkpass_coordinator_localization_parts_sent_whole_total", ())] == 3
+
+
+def test_the_root_explains_the_part_of_a_shard_that_is_away_until_it_is_back(sharded):
+    s = sharded
+    c, crossing = report_cut(s)
+    parts = c.localizer.parts
+    away, s.shards[0] = s.shards[0], None
+    try:
+        with s.root.lock:
+            c.localizer.update(next(iter(parts.held[0].values())))  # a path of shard 0's again: it is asked
+            c.relocalize(time.time())
+        assert set(c.findings) == crossing and set(parts.standing_in) == {0}
+        assert [x["localized_by"] for x in s.root.shards_status(time.time())] == ["root", "shard"]
+    finally:
+        s.shards[0] = away
+    with s.root.lock:
+        c.localizer.update(next(iter(parts.held[0].values())))
+        c.relocalize(time.time())
+    assert set(parts.standing_in) == {0}, "tried again only after RETRY_S"
+    parts.clock = lambda: time.monotonic() + parts.RETRY_S
+    with s.root.lock:
+        c.localizer.update(next(iter(parts.held[0].values())))
+        c.relocalize(time.time())
+    assert set(c.findings) == crossing and parts.standing_in == {}
+    assert [x["localized_by"] for x in s.root.shards_status(time.time())] == ["shard", "shard"]

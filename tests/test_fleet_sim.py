@@ -183,7 +183,7 @@ def test_three_tier_gray_loss_above_the_leaf_is_found_and_left(three, link):
 def test_a_sharded_coordinator_finds_the_same_faults():
     # the evidence split over 4 coordinator shards (one pod each) and a root, as core/shards.py does
     sharded = fleet.Fleet(Shape(256, 2, 16, 4, leaves_per_pod=4, cores_per_group=4), fleet.SimConfig(shards=4))
-    assert len(sharded.localizer.shards) == 4
+    assert sharded.localizer.map.shards == 4
     for link in ("p1s5-p1c7:up", "p0l6-p0s6:down"):
         name, direction = link.split(":")
         o = fleet.simulate(sharded, Failure(10.0, "gray", (name, direction), loss=0.05), np.random.default_rng(6))

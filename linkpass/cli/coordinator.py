@@ -371,6 +371,10 @@ def render_status(doc: dict, now: float, wide: bool = False) -> str:
             since = "never heard from" if x["heard_s"] is None else f"not heard from for {_span(x['heard_s'])}"
             lines.append(paint(f"  shard {x['shard']} ({x['url']}, {x['hosts']} hosts) is away: {since}", "red") +
                          " (its agents fail over locally and report again when it is back)")
+        by_root = [str(x["shard"]) for x in doc["shards"] if x.get("localized_by") == "root"]
+        if by_root:
+            lines.append(f"  the root localizes the part of shard(s) {', '.join(by_root)} itself until they answer "
+                         "(slower, same findings)")
     if doc["agents_lost"]:
         lines.append(paint("lost agents: " + ", ".join(doc["agents_lost"]), "red") +
                      " (no report for a while; they keep failing over locally if they run)")

@@ -27,6 +27,7 @@ from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, Fabric
 from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_cap, plan_probes
 from ..core.report_digest import table_digest
+from ..core.shards import ShardedLocalizer
 from ..core.states import Level, health_of, is_bad, is_good, worst
 from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, ProbeBudget, Refused, RegisterIn,  # noqa: F401
                        ReportIn, is_decimal, parse_register, parse_report)
@@ -90,17 +91,18 @@ class _Changes:
 
 class Coordinator:
     def __init__(self, store: Store, model: FabricModel | None = None, config: CoordinatorConfig | None = None, *,
-                 now: float, cost_clock: Callable[[], float] = _no_cost):
+                 now: float, cost_clock: Callable[[], float] = _no_cost,
+                 localizer: Localizer | ShardedLocalizer | None = None):
         """`now`: the time on the clock every later call's `now` is on (the host's wall clock);
         `cost_clock`: a monotonic clock in seconds (the host passes time.perf_counter) that
-        bounds how much of the time localization and plan revision may take."""
+        bounds how much of the time localization and plan revision may take; `localizer`: one
+        for the whole fleet by default, or a sharded coordinator's root's, split over its
+        shards (core/shards.py)."""
         self.store = store
         self._cost_clock = cost_clock
         self.config = config or CoordinatorConfig()
         self.model = model
-        # one fleet-wide localizer, also at the root of a sharded coordinator: explained part by
-        # part (core/shards.py) in one process it measured slower, not faster (sim/bench/scale.py)
-        self.localizer = Localizer(model) if model is not None else None
+        self.localizer = localizer if localizer is not None else Localizer(model) if model is not None else None
         self.paths: dict[str, PathRecord] = {}
         self.by_reporter: dict[str, set[str]] = defaultdict(set)
         self.agents: dict[str, AgentRecord] = {}

@@ -599,15 +599,19 @@ class CoordinatorServer:
             return c.plan_version, c.drain_version, self.tokens.min_epochs()
 
     def shards_status(self, now: float) -> list[dict] | None:
-        """A root's shards for `status`: address, hosts, and how long since each was heard from."""
+        """A root's shards for `status`: address, hosts, how long since each was heard from, and
+        where its part of localization runs (the shard, or the root standing in for it)."""
         if self.router is None:
             return None
+        parts = getattr(self.coordinator.localizer, "parts", None)
+        here = set(range(len(self.router.urls))) if parts is None else set(parts.standing_in)
         out = []
         for k, url in enumerate(self.router.urls):
             at = self.shards_heard.get(k)
             out.append({"shard": k, "url": url, "hosts": len(self.router.map.hosts_of(k)),
                         "heard_s": None if at is None else round(now - at, 1),
-                        "away": at is None or now - at > SHARD_AWAY_S})
+                        "away": at is None or now - at > SHARD_AWAY_S,
+                        "localized_by": "root" if k in here else "shard"})
         return out
 
     def add_events(self, events: list[tuple]) -> None:
@@ -986,6 +990,19 @@ class _ShardMetrics:
                                labels=["shard"])
         ql.add_metric(labels, st["max_queue"])
         yield ql
+        lp = GaugeMetricFamily("linkpass_coordinator_shard_localization_paths",
+                               "Paths whose evidence this shard's part of localization holds (sent by the root)",
+                               labels=["shard"])
+        lp.add_metric(labels, st["part_paths"])
+        yield lp
+        lr = CounterMetricFamily("linkpass_coordinator_shard_localization_rounds",
+                                 "The root's localization rounds this shard answered", labels=["shard"])
+        lr.add_metric(labels, st["part_rounds"])
+        yield lr
+        ls = CounterMetricFamily("linkpass_coordinator_shard_localization_seconds",
+                                 "Seconds this shard spent answering them", labels=["shard"])
+        ls.add_metric(labels, st["part_seconds"])
+        yield ls
         yield from _endpoint_families(s)
 
 
@@ -1013,6 +1030,8 @@ class _Metrics:
             digests, tables_asked = c.counters["digests"], c.counters["digest_mismatches"]
             findings_now = [dict(fd) for fd in c.findings.values()]
             agents_now = sorted((a.name, a.lost) for a in c.agents.values())
+            parts = getattr(c.localizer, "parts", None)
+            parts = parts.status() if hasattr(parts, "status") else None  # a sharded root's
         g = GaugeMetricFamily("linkpass_coordinator_agents", "Registered agents", labels=["status"])
         g.add_metric(["reporting"], agents - lost)
         g.add_metric(["lost"], lost)
@@ -1049,3 +1068,12 @@ class _Metrics:
         for host, is_lost in agents_now:
             au.add_metric([host], 0.0 if is_lost else 1.0)
         yield from (lf, au)
+        if parts is not None:
+            si = GaugeMetricFamily("linkpass_coordinator_localization_stood_in",
+                                   "Shards whose part of localization the root explains itself (they do not answer)")
+            si.add_metric([], len(parts["standing_in"]))
+            rs = CounterMetricFamily("linkpass_coordinator_localization_parts_sent_whole",
+                                     "Times a shard's part was sent its whole evidence: at the root's start, and "
+                                     "again after the shard restarted or stopped answering")
+            rs.add_metric([], parts.get("parts_sent_whole", 0))
+            yield from (si, rs)

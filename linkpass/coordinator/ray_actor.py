@@ -54,7 +54,8 @@ class CoordinatorActor(_Serving):
         from .runner import actor_log, settle_heap, start  # noqa: PLC0415 (imported in the actor's process)
 
         self._prompt()
-        self.server = start(settings, log=actor_log(settings))
+        sharded = (settings.get("shards") or 1) > 1
+        self.server = start(settings, log=actor_log(settings), shards=RayShards() if sharded else None)
         settle_heap()  # the actor's process is the coordinator's alone
 
     # what shards ask of the root (shard.RootLink, through RayRoot)
@@ -83,6 +84,10 @@ class ShardActor(_Serving):
 
         self._prompt()
         self.server = start_shard(settings, shard, RayRoot(), log=actor_log(settings))
+
+    def localize_part(self, *call):
+        """A round of the root's localization at this shard's part (shard.PartHost)."""
+        return self.server.shard.part.call(*call)
 
 
 class RayRoot:
@@ -125,6 +130,46 @@ class RayRoot:
 
     def add_events(self, events):
         self._call("add_events", events)
+
+
+class RayShards:
+    """shard.ShardLink over Ray: the shard actors, found by name (again after a failed call),
+    asked side by side. A shard that is away, or slower than TIMEOUT_S, answers ShardUnreachable
+    (the root explains its part itself meanwhile); a part that lost its evidence, PartLost."""
+
+    TIMEOUT_S = 2.0
+
+    def __init__(self):
+        self._handles: dict[int, object] = {}
+
+    def parts(self, calls: dict) -> dict:
+        from .shard import PartLost, ShardUnreachable  # noqa: PLC0415
+
+        out: dict = {}
+        refs = {}
+        for k, call in calls.items():
+            try:
+                handle = self._handles.get(k) or ray.get_actor(SHARD_NAME.format(k), namespace=NAMESPACE)
+            except ValueError:
+                out[k] = ShardUnreachable(f"no actor {SHARD_NAME.format(k)}")
+                continue
+            self._handles[k] = handle
+            refs[k] = handle.localize_part.remote(*call)
+        if refs:
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.TIMEOUT_S)
+        for k, ref in refs.items():
+            try:
+                out[k] = ray.get(ref, timeout=0)
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, PartLost):
+                    out[k] = exc.cause
+                else:
+                    self._handles.pop(k, None)
+                    out[k] = ShardUnreachable(f"shard {k} failed: {exc.cause!r}")
+            except ray.exceptions.RayError as exc:  # dead, restarting, or not done in time
+                self._handles.pop(k, None)
+                out[k] = ShardUnreachable(f"shard {k} does not answer ({type(exc).__name__})")
+        return out
 
 
 _FORK_GUARD = []

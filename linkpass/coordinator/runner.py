@@ -56,9 +56,9 @@ from ..core.fabric import FabricError, FabricModel
 from ..core.constants import COORDINATOR_LISTEN
 from ..observe.log import RANK, LogFile, Logger
 from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
-from ..core.shards import ShardError, ShardMap
+from ..core.shards import ShardedLocalizer, ShardError, ShardMap
 from .http import CoordinatorServer, Limits
-from .shard import RootLink, Router, ShardFront
+from .shard import RootLink, Router, ShardFront, ShardLink, ShardParts
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import StoreError, open_store, parse_postgres_url
 from .requests import is_decimal
@@ -355,9 +355,10 @@ def start_shard(settings: dict, shard: int, root: RootLink, log: Logger | None =
     return server
 
 
-def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
+def start(settings: dict, log: Logger | None = None, shards: ShardLink | None = None) -> CoordinatorServer:
     """The coordinator serving, as `settings` say; `log`: where its log lines go (default stderr).
-    With `shards` > 1, the root of a sharded coordinator (its shards: start_shard)."""
+    With `shards` > 1, the root of a sharded coordinator (its shards: start_shard), which
+    localizes through its shards, reached by `shards` (without it: with one localizer here)."""
     config, limits = check_settings(settings)
     log = log or Logger("coordinator", level=settings.get("log_level"))
     state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
@@ -373,7 +374,10 @@ def start(settings: dict, log: Logger | None = None) -> CoordinatorServer:
     except StoreError as exc:
         raise CoordinatorError(str(exc)) from None
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
-    coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter)
+    localizer = None
+    if router is not None and shards is not None:
+        localizer = ShardedLocalizer(model, router.map, ShardParts(model, router.map, shards))
+    coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter, localizer=localizer)
     server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
                                tokens_path=tokens_path, router=router)
     log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, store=store.kind, agents=len(coordinator.agents),

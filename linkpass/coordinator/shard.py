@@ -30,17 +30,30 @@ whatever changes were queued when it died. When the root is away the shard still
 heartbeats and queues changes until the queue is full; what needs the root's answer is answered
 503, and the agent keeps failing over locally and backs off, its registration standing.
 
-No Ray and no sockets here: the root is reached through a `RootLink` (in process for tests,
-`ray_actor.RayRoot` in a cluster); the shard's endpoint is `http.CoordinatorServer`.
+Each shard also localizes its part of the fabric (core/shards.py): it holds a `Part`, the
+evidence of every path that may cross a link it owns, and answers the root's rounds. The root
+sends each part the changes of its evidence with the next round's question (`ShardParts`), so
+evidence crosses once and the shards' rounds run side by side in their own processes. The root
+keeps what it sent: a shard that restarted (its part empty) gets its whole evidence again, and
+for a shard that does not answer the root explains that part itself until it does.
+
+No Ray and no sockets here: the root is reached through a `RootLink`, the shards through a
+`ShardLink` (in process for tests, `ray_actor.RayRoot` and `RayShards` in a cluster); the
+shard's endpoint is `http.CoordinatorServer`.
 """
 from __future__ import annotations
 
+import secrets
 import threading
+import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from typing import Protocol
 
 from ..core.report_digest import table_digest
-from ..core.shards import ShardError, ShardMap
+from ..core.fabric import FabricModel
+from ..core.localize import Observation
+from ..core.shards import ROOT, Call, Part, ShardError, ShardMap
 from .requests import Moved, NotFound, RegisterIn, ReportIn, Unavailable, parse_register, parse_report
 
 
@@ -63,6 +76,28 @@ class RootLink(Protocol):
         drain_version and the lowest agent-token epoch per revoked host (auth.Tokens)."""
 
     def add_events(self, events: list[tuple]) -> None: ...
+
+
+class PartLost(Exception):
+    """A shard's part does not hold what the root sent it (the shard, or the root, restarted):
+    the root sends the whole evidence again."""
+
+
+class ShardUnreachable(ConnectionError):
+    """A shard did not answer (a ShardLink gives it, whatever its transport)."""
+
+
+# a round at a shard: (the root's session, the generation the part must be at or None to start
+# afresh, its generation after, evidence changes, the Part method, its arguments)
+PartCall = tuple[str, "int | None", int, list, str, tuple]
+
+
+class ShardLink(Protocol):
+    """What the root asks of its shards."""
+
+    def parts(self, calls: dict[int, PartCall]) -> dict[int, object]:
+        """PartHost.call at each shard in `calls`, side by side; per shard its answer, or the
+        exception instead (PartLost, ShardUnreachable)."""
 
 
 class Router:
@@ -115,6 +150,139 @@ class _RootStore:
             self.epochs, self.fresh = dict(epochs), True
 
 
+class PartHost:
+    """A shard's part of split localization, fed and asked by the root (ShardParts). Thread-safe."""
+
+    METHODS = ("cleared", "explain")
+
+    def __init__(self, shard_map: ShardMap, shard: int):
+        self.map = shard_map
+        self.shard = shard
+        self.part = Part(shard_map.model, shard_map, shard)
+        self.session: str | None = None  # the root that fed it, and how far
+        self.generation = 0
+        self.rounds = 0  # the root's questions answered, and the seconds they took here
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def call(self, session: str, before: int | None, after: int, changes: list, method: str, args: tuple):
+        if method not in self.METHODS:
+            raise ValueError(f"no part method {method!r}")
+        with self._lock:
+            t = time.perf_counter()
+            if before is None:
+                self.part = Part(self.map.model, self.map, self.shard)
+            elif (session, before) != (self.session, self.generation):
+                raise PartLost(f"shard {self.shard}'s part is at {self.generation} from {self.session}, not {before} "
+                               f"from {session}")
+            self.session, self.generation = None, 0  # a failure below leaves it to start afresh
+            self.part.apply(changes)
+            self.session, self.generation = session, after
+            out = getattr(self.part, method)(*args)
+            self.rounds += 1
+            self.seconds += time.perf_counter() - t
+            return out
+
+    def __len__(self) -> int:
+        return len(self.part)
+
+
+class ShardParts:
+    """core/shards.Parts at a sharded coordinator's root: each shard's part in the shard, reached
+    through `link`, the root's own here. It keeps every shard's evidence as sent, to send it whole
+    to a part that lost it, and to explain a part itself (`standing_in`) while its shard does not
+    answer; it tries the shard again after RETRY_S."""
+
+    RETRY_S = 5.0
+
+    def __init__(self, model: FabricModel, shard_map: ShardMap, link: ShardLink,
+                 clock: Callable[[], float] = time.monotonic):
+        self.model = model
+        self.map = shard_map
+        self.link = link
+        self.clock = clock
+        self.session = secrets.token_hex(8)  # a restarted root's parts start afresh
+        self.root = Part(model, shard_map, ROOT)
+        self.held: dict[int, dict[str, Observation]] = {k: {} for k in range(shard_map.shards)}
+        self.generation: dict[int, int | None] = dict.fromkeys(range(shard_map.shards))  # None: start afresh
+        self.standing_in: dict[int, Part] = {}
+        self._retry_at: dict[int, float] = {}
+        self.counters: dict[str, int] = defaultdict(int)
+
+    def run(self, calls: dict[int, Call]) -> dict[int, object]:
+        out: dict[int, object] = {}
+        sent: dict[int, PartCall] = {}
+        now = self.clock()
+        for p, (changes, method, args) in calls.items():
+            if p == ROOT:
+                self.root.apply(changes)
+                out[p] = getattr(self.root, method)(*args)
+                continue
+            held = self.held[p]
+            for c in changes:
+                if isinstance(c, str):
+                    held.pop(c, None)
+                else:
+                    held[c.key] = c
+            stand_in = self.standing_in.get(p)
+            if stand_in is not None:
+                stand_in.apply(changes)
+                if now < self._retry_at[p]:
+                    out[p] = getattr(stand_in, method)(*args)
+                    continue
+            sent[p] = self._call(p, changes, method, args)
+        answers = self.link.parts(sent) if sent else {}
+        lost = {p: self._call(p, [], *sent[p][4:], afresh=True) for p, a in answers.items() if isinstance(a, PartLost)}
+        if lost:
+            sent.update(lost)
+            answers.update(self.link.parts(lost))
+        for p, a in answers.items():
+            if isinstance(a, Exception):
+                self.generation[p] = None
+                self._retry_at[p] = now + self.RETRY_S
+                if p not in self.standing_in:
+                    self.counters["parts_stood_in"] += 1
+                    self.standing_in[p] = Part(self.model, self.map, p)
+                    self.standing_in[p].apply(self.held[p].values())
+                out[p] = getattr(self.standing_in[p], sent[p][4])(*sent[p][5])
+            else:
+                if sent[p][1] is None:
+                    self.counters["parts_sent_whole"] += 1
+                self.generation[p] = sent[p][2]
+                self.standing_in.pop(p, None)
+                out[p] = a
+        return out
+
+    def _call(self, p: int, changes: list, method: str, args: tuple, afresh: bool = False) -> PartCall:
+        gen = None if afresh else self.generation[p]
+        if gen is None:  # the whole evidence, to a part that starts afresh
+            return (self.session, None, 1, list(self.held[p].values()), method, args)
+        return (self.session, gen, gen + 1 if changes else gen, changes, method, args)
+
+    def status(self) -> dict:
+        return {"standing_in": sorted(self.standing_in), **dict(self.counters)}
+
+
+class LocalShards:
+    """ShardLink in this process (tests): the shards' endpoints, asked one after another;
+    None in `servers` is a shard that is away."""
+
+    def __init__(self, servers: list):
+        self.servers = servers
+
+    def parts(self, calls: dict[int, PartCall]) -> dict[int, object]:
+        out: dict[int, object] = {}
+        for k, call in calls.items():
+            server = self.servers[k] if k < len(self.servers) else None
+            try:
+                if server is None:
+                    raise ShardUnreachable(f"shard {k} is not running")
+                out[k] = server.shard.part.call(*call)
+            except (PartLost, ShardUnreachable) as exc:
+                out[k] = exc
+        return out
+
+
 class ShardFront:
     """Shard `shard` of the coordinator (see the module doc). Thread-safe: its own lock guards
     what it holds, and calls to the root are made outside it, so the endpoint's workers forward
@@ -138,6 +306,7 @@ class ShardFront:
         self.queue: deque[ReportIn] = deque()  # changes answered here, for the root
         self._queued = threading.Condition(self._lock)
         self._flushing = threading.Lock()  # one flush at a time: the root gets each report once, in order
+        self.part = PartHost(router.map, shard)  # its part of localization, fed by the root
 
     # ---- what agents send ---------------------------------------------------------------
     def register(self, body, now: float) -> dict:
@@ -295,8 +464,10 @@ class ShardFront:
     def status(self) -> dict:
         """This shard, for its metrics."""
         with self._lock:
-            return {"shard": self.shard, "url": self.url, "agents": len(self.tables), "versions": self.versions,
-                    "queue": len(self.queue), "max_queue": self.max_queue, **dict(self.counters)}
+            out = {"shard": self.shard, "url": self.url, "agents": len(self.tables), "versions": self.versions,
+                   "queue": len(self.queue), "max_queue": self.max_queue, **dict(self.counters)}
+        return {**out, "part_paths": len(self.part), "part_rounds": self.part.rounds,
+                "part_seconds": self.part.seconds}
 
 
 class LocalRoot:

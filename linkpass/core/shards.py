@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Protocol
 
 from .fabric import HOST_LEAF, LEAF_SPINE, FabricError, FabricModel, split_directed
 from .localize import Finding, Localizer, Observation
@@ -198,26 +199,104 @@ def _runs(units: list[tuple[tuple, list[str]]], shards: int, whole_pods: bool) -
     return runs
 
 
-class ShardedLocalizer:
-    """A Localizer per shard and one for the root, fed and read as the module doc says; the
-    same update / forget / findings as one Localizer."""
+class Part:
+    """One place's share of split localization: the evidence of the paths that may cross its
+    links, and its answers in the rounds (`ShardedLocalizer.findings`). The root runs one for
+    itself; a shard actor runs its own (coordinator/shard.py, PartHost)."""
+
+    def __init__(self, model: FabricModel, shard_map: ShardMap, place: int, **localizer_options):
+        self.map = shard_map
+        self.place = place
+        self.loc = Localizer(model, **localizer_options)
+
+    def apply(self, changes: Iterable[Observation | str]) -> None:
+        """An Observation records (or replaces) its path; a key alone forgets that path."""
+        for c in changes:
+            if isinstance(c, str):
+                self.loc.forget(c)
+            else:
+                self.loc.update(c)
+
+    def __len__(self) -> int:
+        return len(self.loc)
+
+    def cleared(self) -> tuple[set[str], set[str], dict[str, int]]:
+        """The first round: the links the bad paths held here name, those of them this place owns
+        and its evidence exonerates, and each reporter's claims here."""
+        named = self.loc.named()
+        return named, self.loc.cleared(d for d in named if self.map.owner(d) == self.place), self.loc.claim_counts()
+
+    def explain(self, known: frozenset[str] | set[str] = frozenset(), reporter_claims: dict[str, int] | None = None,
+                suspects: frozenset[str] | set[str] = frozenset(),
+                cleared: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], list[Finding]]:
+        """The later rounds: this place's suspects and its findings on the links it owns, given
+        what the others know (Localizer.explain)."""
+        found, fs = self.loc.explain(known, reporter_claims, suspects, cleared)
+        return found, [f for f in fs if self.map.owner(f.directed) == self.place]
+
+
+# what a place is asked in one round: (its evidence changes since the last call, the Part method, its arguments)
+Call = tuple[list, str, tuple]
+
+
+class Parts(Protocol):
+    """Where the places' Parts run: `run` gives each place in `calls` its changes, calls the
+    method and returns the answers by place (all of them: a place it cannot reach it answers
+    some other way, as LocalParts does in one process)."""
+
+    def run(self, calls: dict[int, Call]) -> dict[int, object]: ...
+
+
+class LocalParts:
+    """Every place's Part in this process, asked one after another (the simulator, the benchmark
+    and the tests). With `clock` set, `took` says per place how long each round took."""
 
     def __init__(self, model: FabricModel, shard_map: ShardMap, **localizer_options):
+        self.parts = {p: Part(model, shard_map, p, **localizer_options) for p in (*range(shard_map.shards), ROOT)}
+        self.clock = None  # seconds (the benchmark's); None: not timed
+        self.took: dict[int, list[float]] = {}
+        self.round = 0
+
+    def run(self, calls: dict[int, Call]) -> dict[int, object]:
+        out = {}
+        for p, (changes, method, args) in calls.items():
+            t = self.clock() if self.clock is not None else 0.0
+            part = self.parts[p]
+            part.apply(changes)
+            out[p] = getattr(part, method)(*args)
+            if self.clock is not None:
+                self.took.setdefault(p, [0.0, 0.0, 0.0])[self.round] += self.clock() - t
+        return out
+
+
+class ShardedLocalizer:
+    """Localization split over the shards and the root as the module doc says, with the same
+    update / forget / findings as one Localizer. The places' Parts run where `parts` puts them:
+    all in this process by default, in the shard actors at a sharded coordinator's root."""
+
+    def __init__(self, model: FabricModel, shard_map: ShardMap, parts: Parts | None = None, **localizer_options):
         self.model = model
         self.map = shard_map
-        self.shards = [Localizer(model, **localizer_options) for _ in range(shard_map.shards)]
-        self.root = Localizer(model, **localizer_options)
+        self.parts = parts if parts is not None else LocalParts(model, shard_map, **localizer_options)
         self._where: dict[str, tuple[int, ...]] = {}  # path key -> the places holding it
-        # each place's first rounds, kept until its evidence (or what the others cleared) changes:
-        # place -> (the links its claims name, those of them it owns and clears)
-        self._cleared: dict[int, tuple[set[str], set[str]]] = {}
+        self._changes: dict[int, list] = {p: [] for p in self.places()}  # not yet sent to the place
+        # each place's first round, kept until its evidence changes: place -> (named, cleared, claims)
+        self._cleared: dict[int, tuple[set[str], set[str], dict[str, int]]] = {}
         # place -> (the cleared links its claims named, (its suspects, its findings))
         self._first: dict[int, tuple[frozenset[str], tuple[set[str], list[Finding]]]] = {}
-        self.took: dict[int, list[float]] = {}  # the last findings(): per place explained, seconds per round
-        self.clock = None  # a clock in seconds to fill `took` with (the benchmark's); None: not timed
 
-    def localizer(self, place: int) -> Localizer:
-        return self.root if place == ROOT else self.shards[place]
+    @property
+    def took(self) -> dict[int, list[float]]:
+        """Per place explained in the last findings(), seconds per round (LocalParts with a clock)."""
+        return getattr(self.parts, "took", {})
+
+    @property
+    def clock(self):
+        return getattr(self.parts, "clock", None)
+
+    @clock.setter
+    def clock(self, clock) -> None:
+        self.parts.clock = clock
 
     def places_of(self, obs: Observation) -> tuple[int, ...]:
         ends = [None, None]
@@ -234,19 +313,17 @@ class ShardedLocalizer:
 
     def update(self, obs: Observation) -> tuple[int, ...]:
         """Record `obs` with every place it belongs to (replacing the path's earlier observation,
-        wherever that was); returns those places."""
+        wherever that was); returns those places. Places learn it at the next findings()."""
         places = self.places_of(obs)
         was = self._where.get(obs.key)
         if was is not None and was != places:
             for p in set(was) - set(places):
-                self.localizer(p).forget(obs.key)
+                self._changes[p].append(obs.key)
+                self._stale(p)
         self._where[obs.key] = places
         for p in places:
-            self.localizer(p).update(obs)
+            self._changes[p].append(obs)
             self._stale(p)
-        if was is not None:
-            for p in was:
-                self._stale(p)
         return places
 
     def _stale(self, place: int) -> None:
@@ -255,7 +332,7 @@ class ShardedLocalizer:
 
     def forget(self, key: str) -> None:
         for p in self._where.pop(key, ()):
-            self.localizer(p).forget(key)
+            self._changes[p].append(key)
             self._stale(p)
 
     def __len__(self) -> int:
@@ -263,37 +340,54 @@ class ShardedLocalizer:
 
     def held(self) -> list[int]:
         """Observations each place holds, the shards' then the root's."""
-        return [len(loc) for loc in self.shards] + [len(self.root)]
+        out = [0] * (self.map.shards + 1)
+        for places in self._where.values():
+            for p in places:
+                out[p] += 1  # ROOT (-1) counts last
+        return out
 
     def places(self) -> tuple[int, ...]:
         return (*range(self.map.shards), ROOT)
 
-    def reporter_claims(self) -> dict[str, int]:
-        """Reporter -> its claims over all its paths: its own shard holds every one of them."""
-        out: dict[str, int] = {}
-        for loc in self.shards:
-            for r, n in loc.claim_counts().items():
-                out[r] = max(out.get(r, 0), n)
-        return out
+    def _ask(self, round_: int, calls: dict[int, tuple[str, tuple]]) -> dict[int, object]:
+        """One round: each place in `calls` gets its changes with its question, all at once."""
+        batch = {}
+        for p, (method, args) in calls.items():
+            batch[p] = (self._changes[p], method, args)
+            self._changes[p] = []
+        if hasattr(self.parts, "round"):
+            self.parts.round = round_
+        return self.parts.run(batch) if batch else {}
 
-    def cleared_at(self, place: int) -> tuple[set[str], set[str]]:
-        """The links the bad paths `place` holds name, and those of them it owns and its evidence
-        exonerates."""
-        loc = self.localizer(place)
-        named = loc.named()
-        return named, loc.cleared(d for d in named if self.map.owner(d) == place)
+    def cleared_at(self, place: int) -> tuple[set[str], set[str], dict[str, int]]:
+        """Part.cleared at `place`, now."""
+        return self._ask(0, {place: ("cleared", ())})[place]
 
     def explain_at(self, place: int, known: frozenset[str] | set[str] = frozenset(),
                    reporter_claims: dict[str, int] | None = None,
                    suspects: frozenset[str] | set[str] = frozenset(),
                    cleared: frozenset[str] | set[str] = frozenset()) -> tuple[set[str], list[Finding]]:
-        """What `place` says: its suspects and its findings on the links it owns, given what the
-        others know (Localizer.explain)."""
-        found, fs = self.localizer(place).explain(known, reporter_claims, suspects, cleared)
-        return found, [f for f in fs if self.map.owner(f.directed) == place]
+        """Part.explain at `place`, now."""
+        return self._ask(1, {place: ("explain", (known, reporter_claims, suspects, cleared))})[place]
+
+    def reporter_claims(self) -> dict[str, int]:
+        """Reporter -> its claims over all its paths: its own shard holds every one of them."""
+        self._first_round()
+        out: dict[str, int] = {}
+        for p, (_, _, claims) in self._cleared.items():
+            if p != ROOT:
+                for r, n in claims.items():
+                    out[r] = max(out.get(r, 0), n)
+        return out
+
+    def _first_round(self) -> None:
+        if hasattr(self.parts, "took"):
+            self.parts.took = {}
+        stale = {p: ("cleared", ()) for p in self.places() if p not in self._cleared}
+        self._cleared.update(self._ask(0, stale))
 
     def findings(self) -> list[Finding]:
-        """Three rounds, as the shards and the root do over the network. First each place says
+        """Three rounds, each asking the places it needs at once. First each place says
         which of its links the bad paths name are exonerated by its evidence (the whole of theirs).
         Then each names its links and its suspects, those links counting as exonerated everywhere
         and each reporter's claims counted over all its paths (its home shard's count). Then the
@@ -303,28 +397,22 @@ class ShardedLocalizer:
         look guilty (its view of the other's link is partial, the owner's whole). A place takes
         the first two rounds again only when its evidence, or what the others cleared of the links
         its claims name, changed."""
-        counts = self.reporter_claims()
-        self.took = {}
-        for p in self.places():
-            if p not in self._cleared:
-                self._cleared[p] = self._timed(p, 0, self.cleared_at, p)
-        cleared = frozenset().union(*(c for _, c in self._cleared.values()))
+        counts = self.reporter_claims()  # the first round
+        cleared = frozenset().union(*(c for _, c, _ in self._cleared.values()))
+        second = {}
         for p in self.places():
             mine = cleared & self._cleared[p][0]  # what of it this place's claims name
             if p not in self._first or self._first[p][0] != mine:
-                self._first[p] = (mine, self._timed(p, 1, self.explain_at, p, reporter_claims=counts, cleared=mine))
+                second[p] = mine
+        answers = self._ask(1, {p: ("explain", (frozenset(), counts, frozenset(), mine))
+                                for p, mine in second.items()})
+        for p, mine in second.items():
+            self._first[p] = (mine, answers[p])
         suspects = frozenset().union(*(s for _, (s, _) in self._first.values()))
         named = {p: fs for p, (_, (_, fs)) in self._first.items()}
-        return merge_findings(self._timed(p, 2, self.explain_at, p, named_elsewhere(named, p), counts, suspects,
-                                          cleared)[1] if named[p] else [] for p in self.places())
-
-    def _timed(self, place: int, round_: int, fn, *args, **kwargs):
-        if self.clock is None:
-            return fn(*args, **kwargs)
-        t = self.clock()
-        out = fn(*args, **kwargs)
-        self.took.setdefault(place, [0.0, 0.0, 0.0])[round_] += self.clock() - t
-        return out
+        third = self._ask(2, {p: ("explain", (named_elsewhere(named, p), counts, suspects, cleared))
+                              for p in self.places() if named[p]})
+        return merge_findings(fs for _, fs in third.values())
 
 
 def named_elsewhere(named: dict[int, list[Finding]], place: int) -> frozenset[str]:
