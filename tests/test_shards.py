@@ -10,7 +10,8 @@ from helpers import untraced_observations
 from linkpass.core.fabric import rail_optimized, three_tier
 from linkpass.core.localize import Localizer, Observation, localize
 from linkpass.core.plan import plan_probes
-from linkpass.core.shards import ROOT, ShardedLocalizer, ShardError, ShardMap, merge_findings
+from linkpass.coordinator.shard import PartHost, PartLost, ShardParts, ShardUnreachable
+from linkpass.core.shards import ROOT, LocalParts, ShardedLocalizer, ShardError, ShardMap, merge_findings
 
 pytestmark = pytest.mark.unit
 
@@ -175,3 +176,113 @@ def test_only_the_places_whose_evidence_changed_explain_again():
     assert set(loc.took) == {0}  # a path inside shard 0: only shard 0 explains again
     loc.findings()
     assert loc.took == {}
+
+
+class CountingParts(LocalParts):
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.sent = 0
+
+    def run(self, calls):
+        self.sent += sum(len(changes) for changes, _, _ in calls.values())
+        return super().run(calls)
+
+
+def test_a_place_told_nothing_for_long_gets_each_path_once():
+    m = ShardMap(MODEL3, 4)
+    parts = CountingParts(MODEL3, m)
+    loc = ShardedLocalizer(MODEL3, m, parts)
+    obs = untraced_observations(MODEL3, PLAN3, {"p0s32-p0c1:down"})
+    for _ in range(20):  # every path reported twenty times over before the places are asked
+        for o in obs:
+            loc.update(o)
+    gone = loc.update(obs[0])
+    loc.forget(obs[0].key)
+    assert {f.directed for f in loc.findings()} == {"p0s32-p0c1:down"}
+    assert parts.sent == sum(loc.held()) + len(gone)  # each path once, the forgotten one's key once
+
+
+def sharded_via(link_factory, obs, shards=4):
+    m = ShardMap(MODEL3, shards)
+    hosts = [PartHost(m, k) for k in range(shards)]
+    parts = ShardParts(MODEL3, m, link_factory(hosts))
+    loc = ShardedLocalizer(MODEL3, m, parts)
+    for o in obs:
+        loc.update(o)
+    return loc, parts, hosts
+
+
+class InProcess:
+    """ShardLink to PartHosts in this process; `away`: shards that do not answer."""
+
+    def __init__(self, hosts):
+        self.hosts, self.away, self.calls = hosts, set(), 0
+
+    def parts(self, calls):
+        out = {}
+        for k, call in calls.items():
+            self.calls += 1
+            try:
+                if k in self.away:
+                    raise ShardUnreachable(f"shard {k} is away")
+                out[k] = self.hosts[k].call(*call)
+            except (PartLost, ShardUnreachable) as exc:
+                out[k] = exc
+        return out
+
+
+def test_parts_in_their_shards_find_what_parts_in_one_process_find():
+    truth = {"p0s32-p0c1:down", "p1l6-p1s6:up"}
+    obs = untraced_observations(MODEL3, PLAN3, truth, noisy={"h7", "h200"}, seed=4)
+    loc, parts, hosts = sharded_via(InProcess, obs)
+    assert sharded_found(loc, []) == truth == {f.directed for f in localize(MODEL3, obs)}
+    assert sum(len(h) for h in hosts) == sum(loc.held()[:4]) and len(parts.root) == loc.held()[4]
+    assert parts.counters["parts_sent_whole"] == 4 and parts.standing_in == {}
+
+
+def test_a_part_that_lost_its_evidence_gets_it_whole_and_answers_the_same():
+    truth = {"p0s32-p0c1:down"}
+    obs = untraced_observations(MODEL3, PLAN3, truth, seed=5)
+    loc, parts, hosts = sharded_via(InProcess, obs)
+    assert sharded_found(loc, []) == truth
+    owner = loc.map.owner("p0s32-p0c1:down")
+    held = len(hosts[owner])
+    hosts[owner].__init__(loc.map, owner)  # the shard restarted: its part is empty
+    loc.update(next(o for o in obs if owner in loc.places_of(o)))  # news for it
+    assert {f.directed for f in loc.findings()} == truth
+    assert len(hosts[owner]) == held and parts.counters["parts_sent_whole"] == 5
+
+
+def test_the_root_stands_in_for_a_shard_that_does_not_answer_and_gives_it_back():
+    truth = {"p1l6-p1s6:up"}
+    obs = untraced_observations(MODEL3, PLAN3, truth, seed=6)
+    now = [0.0]
+    loc, parts, hosts = sharded_via(InProcess, [])
+    parts.clock = lambda: now[0]
+    owner = loc.map.owner("p1l6-p1s6:up")
+    parts.link.away.add(owner)
+    for o in obs:
+        loc.update(o)
+    assert {f.directed for f in loc.findings()} == truth and set(parts.standing_in) == {owner}
+    asked = parts.link.calls
+    loc.update(obs[0])
+    loc.findings()
+    assert parts.link.calls - asked == len(loc.places_of(obs[0])) - (owner in loc.places_of(obs[0])), \
+        "not asked again before RETRY_S"
+    parts.link.away.clear()
+    now[0] += parts.RETRY_S
+    loc.update(next(o for o in obs if owner in loc.places_of(o)))
+    assert {f.directed for f in loc.findings()} == truth and parts.standing_in == {}
+    assert len(hosts[owner]) == len(parts.held[owner]) > 0
+
+
+def test_a_part_answers_only_the_root_that_fed_it_and_only_its_questions():
+    m = ShardMap(MODEL3, 4)
+    host = PartHost(m, 1)
+    assert host.call("a", None, 1, [], "cleared", ()) == (set(), set(), {})
+    with pytest.raises(PartLost):
+        host.call("b", 1, 1, [], "cleared", ())  # another root's session
+    with pytest.raises(PartLost):
+        host.call("a", 3, 3, [], "cleared", ())  # changes it never got
+    with pytest.raises(ValueError, match="no part method"):
+        host.call("a", 1, 1, [], "apply", ([],))

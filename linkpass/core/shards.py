@@ -279,7 +279,9 @@ class ShardedLocalizer:
         self.map = shard_map
         self.parts = parts if parts is not None else LocalParts(model, shard_map, **localizer_options)
         self._where: dict[str, tuple[int, ...]] = {}  # path key -> the places holding it
-        self._changes: dict[int, list] = {p: [] for p in self.places()}  # not yet sent to the place
+        # not yet sent to each place: path key -> its Observation, or the key to forget it (the
+        # last word per path: a place told nothing for hours gets each path once, not its history)
+        self._changes: dict[int, dict[str, Observation | str]] = {p: {} for p in self.places()}
         # each place's first round, kept until its evidence changes: place -> (named, cleared, claims)
         self._cleared: dict[int, tuple[set[str], set[str], dict[str, int]]] = {}
         # place -> (the cleared links its claims named, (its suspects, its findings))
@@ -318,11 +320,11 @@ class ShardedLocalizer:
         was = self._where.get(obs.key)
         if was is not None and was != places:
             for p in set(was) - set(places):
-                self._changes[p].append(obs.key)
+                self._changes[p][obs.key] = obs.key
                 self._stale(p)
         self._where[obs.key] = places
         for p in places:
-            self._changes[p].append(obs)
+            self._changes[p][obs.key] = obs
             self._stale(p)
         return places
 
@@ -332,7 +334,7 @@ class ShardedLocalizer:
 
     def forget(self, key: str) -> None:
         for p in self._where.pop(key, ()):
-            self._changes[p].append(key)
+            self._changes[p][key] = key
             self._stale(p)
 
     def __len__(self) -> int:
@@ -353,8 +355,8 @@ class ShardedLocalizer:
         """One round: each place in `calls` gets its changes with its question, all at once."""
         batch = {}
         for p, (method, args) in calls.items():
-            batch[p] = (self._changes[p], method, args)
-            self._changes[p] = []
+            batch[p] = (list(self._changes[p].values()), method, args)
+            self._changes[p] = {}
         if hasattr(self.parts, "round"):
             self.parts.round = round_
         return self.parts.run(batch) if batch else {}
