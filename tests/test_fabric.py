@@ -231,3 +231,12 @@ def test_131k_gpu_three_tier_fleet_builds():
     assert m.node_path("h0", "h16383", 7, 31, 31) == (
         "h0-p7l0:up", "p7l0-p7s31:up", "p7s31-p7c1023:up", "p7s511-p7c1023:down", "p7l511-p7s511:down",
         "h16383-p7l511:down")
+
+
+def test_reverse_possible_with_a_limit_lists_them_or_none():
+    three = F.three_tier(64, 2, 4, 4, 2, 4)
+    for src, dst in (("h0", "h1"), ("h0", "h5"), ("h0", "h40")):  # same leaf, same pod, between pods
+        for plane in range(2):
+            every = three.reverse_possible(src, plane, dst)
+            assert three.reverse_possible(src, plane, dst, len(every)) == every
+            assert three.reverse_possible(src, plane, dst, len(every) - 1) == ()

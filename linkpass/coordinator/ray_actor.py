@@ -12,6 +12,7 @@ files (`log_to_driver=False`): `linkpass coordinator` copies that file to its ow
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -80,14 +81,18 @@ class ShardActor(_Serving):
     """Shard `shard` of a sharded coordinator (shard.py): its own endpoint; the root by name."""
 
     def __init__(self, settings: dict, shard: int):
-        from .runner import actor_log, start_shard  # noqa: PLC0415 (imported in the actor's process)
+        from .runner import actor_log, settle_heap, start_shard  # noqa: PLC0415 (imported in the actor's process)
 
         self._prompt()
         self.server = start_shard(settings, shard, RayRoot(), log=actor_log(settings))
+        settle_heap()  # the fleet model, out of the collector's sight (see settle_heap)
 
     def localize_part(self, *call):
         """A round of the root's localization at this shard's part (shard.PartHost)."""
-        return self.server.shard.part.call(*call)
+        out = self.server.shard.part.call(*call)
+        if call[1] is None:
+            gc.freeze()  # a part's whole evidence arrived: it stays, as the model does
+        return out
 
 
 class RayRoot:
@@ -134,10 +139,13 @@ class RayRoot:
 
 class RayShards:
     """shard.ShardLink over Ray: the shard actors, found by name (again after a failed call),
-    asked side by side. A shard that is away, or slower than TIMEOUT_S, answers ShardUnreachable
-    (the root explains its part itself meanwhile); a part that lost its evidence, PartLost."""
+    asked side by side. A shard that is away, or slower than TIMEOUT_S (and PER_CHANGE_S for
+    each piece of evidence sent: a part's whole evidence at start is ~10^5), answers
+    ShardUnreachable (the root explains its part itself meanwhile); a part that lost its
+    evidence, PartLost."""
 
     TIMEOUT_S = 2.0
+    PER_CHANGE_S = 50e-6
 
     def __init__(self):
         self._handles: dict[int, object] = {}
@@ -156,7 +164,8 @@ class RayShards:
             self._handles[k] = handle
             refs[k] = handle.localize_part.remote(*call)
         if refs:
-            ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.TIMEOUT_S)
+            most = max(len(calls[k][3]) for k in refs)
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.TIMEOUT_S + self.PER_CHANGE_S * most)
         for k, ref in refs.items():
             try:
                 out[k] = ray.get(ref, timeout=0)

@@ -109,6 +109,7 @@ class FabricModel:
         self._uplink: dict[tuple[str, int], str] = {}  # (host, plane) -> link name
         self._pods: list[list[list[str]]] = [[] for _ in range(planes)]  # plane -> pod -> spine names by index
         self._pod_of: dict[str, int] = {}  # leaf or spine -> its pod's index in its plane
+        self._counted: dict[tuple[str, str], int] = {}  # _replies_count's answers
         self._spine_index: dict[str, int] = {}  # spine -> its index in its pod
         self._leaf_spine: dict[tuple[str, int], str] = {}  # (leaf, spine index) -> link name
         self._groups: list[dict[int, list[str]]] = [{} for _ in range(planes)]  # plane -> spine index -> cores
@@ -311,12 +312,16 @@ class FabricModel:
         # between leaves the spine is ECMP's choice; for a same-leaf pair these two are the path
         return (directed(up.name, UP), directed(down.name, DOWN))
 
-    def reverse_possible(self, src_host: str, plane: int, dst_host: str) -> tuple[str, ...]:
+    def reverse_possible(self, src_host: str, plane: int, dst_host: str, limit: int | None = None) -> tuple[str, ...]:
         """Links a reply dst -> src may cross: the definite ones and, between leaves, every link
         of every spine (and between pods, core) ECMP may pick. One of them must be faulty when a
-        reply is lost; none of them but the definite ones can be credited when it arrives."""
+        reply is lost; none of them but the definite ones can be credited when it arrives.
+        With `limit`: () when they would be more (a large fabric's replies between pods may
+        cross thousands; counted before they are listed)."""
         up = self.uplink(dst_host, plane)
         down = self.uplink(src_host, plane)
+        if limit is not None and (2 if up.b == down.b else self._replies_count(up.b, down.b, plane)) > limit:
+            return ()
         out = [directed(up.name, UP)]
         if up.b != down.b:
             cores = range(self.cores_per_group(plane))
@@ -332,6 +337,21 @@ class FabricModel:
                 out.append(directed(last.name, DOWN))
         out.append(directed(down.name, DOWN))
         return tuple(out)
+
+    def _replies_count(self, from_leaf: str, to_leaf: str, plane: int) -> int:
+        """How many links reverse_possible lists between two leaves (kept per pair: every
+        lost reply between them asks)."""
+        n = self._counted.get((from_leaf, to_leaf))
+        if n is None:
+            n, cores = 2, self.cores_per_group(plane)
+            for index in range(self.spines_per_pod(plane)):
+                pair = (self._leaf_spine.get((from_leaf, index)), self._leaf_spine.get((to_leaf, index)))
+                if None not in pair:
+                    n += 2 + (2 * cores if self.links[pair[0]].b != self.links[pair[1]].b else 0)
+            if len(self._counted) >= 100_000:  # bounded: pairs seen long ago are counted again
+                self._counted.clear()
+            self._counted[(from_leaf, to_leaf)] = n
+        return n
 
     def links_of_path(self, src_host: str, plane: int, hops: Sequence[str | None],
                       dst_addr: str) -> tuple[str, ...]:

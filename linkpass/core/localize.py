@@ -281,8 +281,9 @@ class Localizer:
             last = self.model.link(split_directed(obs.forward[-1])[0])
             if last.kind != HOST_LEAF:
                 return ()  # not a path to a host: nothing is known about replies
-            links = self.model.reverse_possible if possible else self.model.reverse_definite
-            return links(obs.reporter, last.plane, last.a)
+            if possible:  # a claim longer than max_candidates is dropped (_entry): not listed at all
+                return self.model.reverse_possible(obs.reporter, last.plane, last.a, self.max_candidates)
+            return self.model.reverse_definite(obs.reporter, last.plane, last.a)
         except FabricError:
             return ()
 

@@ -31,9 +31,13 @@ Rows:
                           Extra changes_per_s: reports that each carry one change, which the
                           shards forward to the root (the root's own ingest bounds them).
   localize-131k-sS-single the 131k trials again with the evidence split over S shards and a root
-  localize-131k-sS-double (core/shards.py), S = 4, 16, 64: latency (ms: the slowest place, per
-                          round, as they run in parallel; serial_ms: one after another, as the
-                          root does them today), precision, recall; peer: one shard.
+  localize-131k-sS-double (core/shards.py), S = 4, 16, 64, all in this process: latency (ms: the
+                          slowest place, per round, as if each ran in its own process;
+                          serial_ms: one after another), precision, recall; peer: one shard.
+  localize-131k-s16-ray-* the same with the 16 parts in real shard actors on local Ray, this
+                          process the root: latency (ms, the wall time of findings(): the rounds'
+                          calls, the shards' work, the root's), precision, recall; peer: one
+                          localizer in the same run. On 2 cores the 16 shards share them.
   shard-load-131k-S       per shard, its agents' reports/s (each agent reports at least every
                           REPORT_HEARTBEAT_S) against ingest-shards-1's median, pct, S = 1, 4, 16,
                           64; target <= 50 % for the S the docs recommend.
@@ -43,6 +47,7 @@ Rows:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -207,13 +212,45 @@ def case_ingest_shards(args, shared) -> list[dict]:
     return out
 
 
-def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[list[float], dict]:
+@contextlib.contextmanager
+def coordinator_on_ray(model, shards: int):
+    """The coordinator as real actors on a local Ray (a root and `shards` shards, or one actor),
+    with `model`, in a temporary state directory; yields (settings, the endpoints agents use).
+    Stopped, Ray shut down and the directory removed after."""
     import json  # noqa: PLC0415
     import shutil  # noqa: PLC0415
+    import socket  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
-    import threading  # noqa: PLC0415
 
     from linkpass.coordinator import ray_actor  # noqa: PLC0415
+
+    def free_port() -> int:
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            return sk.getsockname()[1]
+
+    work = tempfile.mkdtemp(prefix="linkpass-bench-shards-")
+    with open(os.path.join(work, "fabric.json"), "w") as f:
+        json.dump(model.to_dict(), f)
+    settings = {"state_dir": os.path.join(work, "state"), "listen": f"127.0.0.1:{free_port()}",
+                "fabric": os.path.join(work, "fabric.json"), "agent_timeout_s": 3600}
+    if shards > 1:
+        settings.update(shards=shards, shard_listen=[f"127.0.0.1:{free_port()}" for _ in range(shards)])
+    progress(f"starting Ray, the coordinator and {shards} shard(s)" if shards > 1 else "starting Ray and one actor")
+    ray_actor.connect(num_cpus=2)
+    try:
+        _, root_url = ray_actor.ensure(settings, timeout_s=600)
+        yield settings, [ray_actor.endpoint(h) for h in ray_actor.shards()] or [root_url]
+    finally:
+        ray_actor.stop_all()
+        ray_actor.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[list[float], dict]:
+    import json  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
     from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: PLC0415
     from linkpass.coordinator.client import Client  # noqa: PLC0415
     from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths  # noqa: PLC0415
@@ -221,18 +258,7 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
     from linkpass.core.shards import ShardMap  # noqa: PLC0415
 
     hosts = sorted(tables)
-    work = tempfile.mkdtemp(prefix="linkpass-bench-shards-")
-    with open(os.path.join(work, "fabric.json"), "w") as f:
-        json.dump(model.to_dict(), f)
-    settings = {"state_dir": os.path.join(work, "state"), "listen": f"127.0.0.1:{cb.free_port('127.0.0.1')}",
-                "fabric": os.path.join(work, "fabric.json"), "agent_timeout_s": 3600}
-    if shards > 1:
-        settings.update(shards=shards, shard_listen=[f"127.0.0.1:{cb.free_port('127.0.0.1')}" for _ in range(shards)])
-    progress(f"starting Ray, the coordinator and {shards} shard(s)" if shards > 1 else "starting Ray and one actor")
-    ray_actor.connect(num_cpus=2)
-    try:
-        _, root_url = ray_actor.ensure(settings)
-        urls = [ray_actor.endpoint(h) for h in ray_actor.shards()] or [root_url]
+    with coordinator_on_ray(model, shards) as (settings, urls):
         owner = ShardMap(model, shards)
         url_of = {h: urls[owner.shard_of(h) if shards > 1 else 0] for h in hosts}
         secret = read_agent_secret(os.path.join(settings["state_dir"], "agent.secret"))
@@ -310,10 +336,6 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
                      "forwarded_to_root": int(forwarded)}
         extra["changes_per_s"] = rates["changes"]
         extra["changes_median"] = statistics.median(rates["changes"])
-    finally:
-        ray_actor.stop_all()
-        ray_actor.shutdown()
-        shutil.rmtree(work, ignore_errors=True)
     return rates["digest"], extra
 
 
@@ -368,9 +390,58 @@ def case_shards(args, shared) -> list[dict]:
     return out
 
 
+RAY_SHARDS = 16
+
+
+def case_shards_ray(args, shared) -> list[dict]:
+    """The 131k trials with the parts in real shard actors on local Ray (a root actor and 16
+    shards started as `linkpass coordinator --shards 16` does); this process is the root's
+    localizer (ShardParts over RayShards, as the root actor holds them). Peer: one localizer,
+    the same trials in the same run."""
+    from linkpass.coordinator.ray_actor import RayShards  # noqa: PLC0415
+    from linkpass.coordinator.shard import ShardParts  # noqa: PLC0415
+    from linkpass.core.shards import ShardMap  # noqa: PLC0415
+
+    model = shared.get(("model", BIG)) or model_of(BIG)
+    shared[("model", BIG)] = model
+    fleet = shared.get(("trials", BIG)) or TrialFleet(model, reverse_traced=False, seed=args.seed)
+    shared[("trials", BIG)] = fleet
+    trials = max(5, args.trials // 2)
+    fleet.use_shards(1)
+    peer = {faults: run_trials(fleet, random.Random(args.seed + faults), trials, faults, f"one localizer {kind}")
+            for faults, kind in ((1, "single"), (2, "double"))}
+    out = []
+    with coordinator_on_ray(model, RAY_SHARDS):
+        parts = ShardParts(model, ShardMap(model, RAY_SHARDS), RayShards())
+        t = time.perf_counter()
+        fleet.use_shards(RAY_SHARDS, parts)
+        progress(f"the healthy fleet's evidence to {RAY_SHARDS} shard actors: {time.perf_counter() - t:.1f} s")
+        for faults, kind in ((1, "single"), (2, "double")):
+            res = run_trials(fleet, random.Random(args.seed + faults), trials, faults, f"ray shards {kind}")
+            case, base, tp = f"localize-131k-s{RAY_SHARDS}-ray-{kind}", peer[faults], res["tp"]
+            lat = [round(v, 3) for v in res["latency_ms"]]
+            out += [row(case, "latency", "ms", lat, "one localizer", [round(v, 3) for v in base["latency_ms"]],
+                        target_max=LOCALIZE_TARGET_MS, met=max(lat) <= LOCALIZE_TARGET_MS,
+                        stood_in=sorted(parts.standing_in), sent_whole=parts.counters["parts_sent_whole"],
+                        # the peer's latency leaves out taking the reports in (update(), at ingest);
+                        # the shards take theirs in within the first round, so it is in `lat`
+                        peer_update_ms=[round(v, 3) for v in base["update_ms"]],
+                        peer_update_ms_median=round(statistics.median(base["update_ms"]), 3)),
+                    row(case, "precision", "pct", res["precision"], "one localizer", base["precision"],
+                        better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fp"]), 3) if tp + res["fp"] else None,
+                        true_positives=tp, false_positives=res["fp"], target_min=PR_TARGET_PCT),
+                    row(case, "recall", "pct", res["recall"], "one localizer", base["recall"],
+                        better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fn"]), 3) if tp + res["fn"] else None,
+                        true_positives=tp, false_negatives=res["fn"], target_min=PR_TARGET_PCT)]
+            progress(f"ray shards {kind}: median {statistics.median(lat):.1f} ms (one localizer "
+                     f"{statistics.median(base['latency_ms']):.1f} ms), stood in for {sorted(parts.standing_in)}")
+        fleet.use_shards(1)
+    return out
+
+
 CASES = {"plan": case_plan, "localize_single": case_localize_single, "localize_double": case_localize_double,
          "sim_day": case_sim_day, "ingest_shards": case_ingest_shards, "shards": case_shards,
-         "sim_day_sharded": case_sim_day_sharded}
+         "sim_day_sharded": case_sim_day_sharded, "shards_ray": case_shards_ray}
 
 
 def main() -> int:

@@ -20,7 +20,9 @@ With shards (`use_shards`), the observations are split over a ShardedLocalizer
 (core/shards.py) as the sharded coordinator splits them: only the places (shards, root) a trial
 touched explain again, each timed on its own; the trial's latency is the slowest of them, as
 the shards and the root run in parallel, each in its own process (`serial_ms`: the same
-places explained one after another, as one process does).
+places explained one after another, as one process does). With the places in shard actors
+(`parts`, the scale benchmark's Ray case), the latency is the wall time of findings(): the
+rounds' calls, the shards' work side by side and the root's own.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import time
 
 from linkpass.core.localize import BOTH, Localizer, Observation
 from linkpass.core.plan import plan_probes
-from linkpass.core.shards import ROOT, ShardedLocalizer, ShardMap
+from linkpass.core.shards import ROOT, LocalParts, ShardedLocalizer, ShardMap
 from linkpass.core.states import Direction
 
 from .report import progress, row
@@ -95,16 +97,19 @@ class TrialFleet:
         gc.freeze()  # as the coordinator does once its state is loaded (coordinator/runner.py)
         return us
 
-    def use_shards(self, shards: int) -> None:
-        """From now on, localize as `shards` coordinator shards and a root do (1: one Localizer)."""
+    def use_shards(self, shards: int, parts=None) -> None:
+        """From now on, localize as `shards` coordinator shards and a root do (1: one Localizer);
+        `parts`: where the places run (core/shards.Parts; default all in this process, timed
+        each on its own)."""
         gc.unfreeze()  # the old localizer's objects may go
         self.localizer = None
         gc.collect()
         if shards == 1:
             self.localizer = Localizer(self.model)
         else:
-            self.localizer = ShardedLocalizer(self.model, ShardMap(self.model, shards))
-            self.localizer.clock = time.perf_counter
+            self.localizer = ShardedLocalizer(self.model, ShardMap(self.model, shards), parts)
+            if parts is None:
+                self.localizer.clock = time.perf_counter
         self.initial_ingest_us = self._ingest()
         self.localizer.findings()  # the healthy fleet's first round (sharded: then only where evidence changes)
 
@@ -144,10 +149,11 @@ def verdicts(fleet: TrialFleet, rng: random.Random, truth: set[str]) -> dict[int
 
 
 def run_trials(fleet: TrialFleet, rng: random.Random, trials: int, faults: int, label: str) -> dict:
-    out = {"latency_ms": [], "precision": [], "recall": [], "update_us": [], "tp": 0, "fp": 0, "fn": 0,
+    out = {"latency_ms": [], "precision": [], "recall": [], "update_us": [], "update_ms": [], "tp": 0, "fp": 0, "fn": 0,
            "root_ms": [], "places": [], "serial_ms": []}
     loc = fleet.localizer
-    sharded = isinstance(loc, ShardedLocalizer)
+    # places timed each on its own (in this process), or elsewhere: then the wall time is the latency
+    sharded = isinstance(loc, ShardedLocalizer) and isinstance(loc.parts, LocalParts)
     for t in range(trials):
         truth = random_faults(fleet, rng, faults)
         bad = verdicts(fleet, rng, truth)
@@ -169,7 +175,7 @@ def run_trials(fleet: TrialFleet, rng: random.Random, trials: int, faults: int, 
         for i in bad:  # back to the healthy fleet for the next trial
             loc.update(fleet.observation(i, False, None))
         t3 = time.perf_counter()
-        if sharded:
+        if isinstance(loc, ShardedLocalizer):
             loc.findings()  # each place's first round on the healthy fleet again (not timed)
         got = {f.directed for f in found}
         tp, fp, fn = len(got & truth), len(got - truth), len(truth - got)
@@ -180,6 +186,7 @@ def run_trials(fleet: TrialFleet, rng: random.Random, trials: int, faults: int, 
         out["precision"].append(100.0 * tp / len(got) if got else 100.0 if not truth else 0.0)
         out["recall"].append(100.0 * tp / len(truth))
         out["update_us"].append(((t1 - t0) + (t3 - t2)) / (2 * len(bad)) * 1e6 if bad else 0.0)
+        out["update_ms"].append((t1 - t0) * 1e3)  # the trial's reports into the localizer, before findings()
         if fp or fn:
             progress(f"{label} trial {t + 1}: truth {sorted(truth)} found {sorted(got)}")
     return out
