@@ -216,12 +216,12 @@ class InProcess:
     """ShardLink to PartHosts in this process; `away`: shards that do not answer."""
 
     def __init__(self, hosts):
-        self.hosts, self.away, self.calls = hosts, set(), 0
+        self.hosts, self.away, self.asked = hosts, set(), []
 
     def parts(self, calls):
         out = {}
         for k, call in calls.items():
-            self.calls += 1
+            self.asked.append(k)
             try:
                 if k in self.away:
                     raise ShardUnreachable(f"shard {k} is away")
@@ -264,15 +264,23 @@ def test_the_root_stands_in_for_a_shard_that_does_not_answer_and_gives_it_back()
     for o in obs:
         loc.update(o)
     assert {f.directed for f in loc.findings()} == truth and set(parts.standing_in) == {owner}
-    asked = parts.link.calls
-    loc.update(obs[0])
-    loc.findings()
-    assert parts.link.calls - asked == len(loc.places_of(obs[0])) - (owner in loc.places_of(obs[0])), \
-        "not asked again before RETRY_S"
+    news = next(o for o in obs if owner in loc.places_of(o))
+
+    def asked_after(seconds: float) -> bool:
+        """News for the shard's part `seconds` later: was the shard asked (or its stand-in)?"""
+        now[0] += seconds
+        before = len(parts.link.asked)
+        loc.update(news)
+        assert {f.directed for f in loc.findings()} == truth
+        return owner in parts.link.asked[before:]
+
+    r = parts.RETRY_S
+    assert not asked_after(r - 1) and asked_after(1)  # failed at 0: tried again at RETRY_S
+    assert not asked_after(2 * r - 1) and asked_after(1)  # failed again: twice as long
+    assert set(parts.standing_in) == {owner}
     parts.link.away.clear()
-    now[0] += parts.RETRY_S
-    loc.update(next(o for o in obs if owner in loc.places_of(o)))
-    assert {f.directed for f in loc.findings()} == truth and parts.standing_in == {}
+    assert asked_after(4 * r)
+    assert parts.standing_in == {}
     assert len(hosts[owner]) == len(parts.held[owner]) > 0
 
 

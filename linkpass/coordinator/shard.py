@@ -191,9 +191,12 @@ class ShardParts:
     """core/shards.Parts at a sharded coordinator's root: each shard's part in the shard, reached
     through `link`, the root's own here. It keeps every shard's evidence as sent, to send it whole
     to a part that lost it, and to explain a part itself (`standing_in`) while its shard does not
-    answer; it tries the shard again after RETRY_S."""
+    answer; it tries the shard again after RETRY_S, twice as long after each failure in a row up
+    to RETRY_MAX_S (a call to a shard that is restarting waits for the link's timeout, under the
+    root's lock)."""
 
     RETRY_S = 5.0
+    RETRY_MAX_S = 60.0
 
     def __init__(self, model: FabricModel, shard_map: ShardMap, link: ShardLink,
                  clock: Callable[[], float] = time.monotonic):
@@ -207,6 +210,7 @@ class ShardParts:
         self.generation: dict[int, int | None] = dict.fromkeys(range(shard_map.shards))  # None: start afresh
         self.standing_in: dict[int, Part] = {}
         self._retry_at: dict[int, float] = {}
+        self._failures: dict[int, int] = {}  # failures in a row, per shard
         self.counters: dict[str, int] = defaultdict(int)
 
     def run(self, calls: dict[int, Call]) -> dict[int, object]:
@@ -239,7 +243,8 @@ class ShardParts:
         for p, a in answers.items():
             if isinstance(a, Exception):
                 self.generation[p] = None
-                self._retry_at[p] = now + self.RETRY_S
+                n = self._failures[p] = self._failures.get(p, 0) + 1
+                self._retry_at[p] = now + min(self.RETRY_MAX_S, self.RETRY_S * 2 ** (n - 1))
                 if p not in self.standing_in:
                     self.counters["parts_stood_in"] += 1
                     self.standing_in[p] = Part(self.model, self.map, p)
@@ -250,6 +255,7 @@ class ShardParts:
                     self.counters["parts_sent_whole"] += 1
                 self.generation[p] = sent[p][2]
                 self.standing_in.pop(p, None)
+                self._failures.pop(p, None)
                 out[p] = a
         return out
 

@@ -1,8 +1,9 @@
 """The fleet split over S coordinator shards and a root, and localization split the same way.
 
 Pure: no sockets, no Ray, no clock. The coordinator uses the shard map (which shard takes which
-agent); the split localization is run by the simulator and the scale benchmark only: the
-coordinator's root localizes with one Localizer (docs/coordinator.md, Sharding).
+agent) and the split localization: a sharded coordinator's root holds a ShardedLocalizer whose
+parts run in its shards (coordinator/shard.py, ShardParts); the simulator and the scale benchmark
+run every part in one process (LocalParts).
 
 Shard map
 ---------
@@ -27,6 +28,10 @@ the same evidence one fleet-wide localizer would weigh there, and names only its
 the union. With one shard, it owns every link and holds every path: today's fleet-wide
 localizer, decision for decision. The work divides by the shards: a shard holds its hosts'
 paths, a path between shards is held by both, the root holds what crosses split pods.
+
+A place learns its evidence when it is next asked (`Parts.run`): the changes since, the last
+word per path, travel with the round's question, so a part in another process gets each change
+once and no call of its own.
 
 Why whole paths and not per-link counts go to each owner: explaining a bad path needs to know
 which other links it crossed (a spine link is told from the leaf link before it by paths that

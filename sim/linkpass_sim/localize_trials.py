@@ -92,6 +92,8 @@ class TrialFleet:
         t = time.perf_counter()
         for i in range(len(self.keys)):
             self.localizer.update(self.observation(i, False, None))
+        if isinstance(self.localizer, ShardedLocalizer):
+            self.localizer.findings()  # the places take their evidence in (sharded: then only where it changes)
         us = (time.perf_counter() - t) / len(self.keys) * 1e6
         gc.collect()
         gc.freeze()  # as the coordinator does once its state is loaded (coordinator/runner.py)
@@ -111,7 +113,6 @@ class TrialFleet:
             if parts is None:
                 self.localizer.clock = time.perf_counter
         self.initial_ingest_us = self._ingest()
-        self.localizer.findings()  # the healthy fleet's first round (sharded: then only where evidence changes)
 
     def observation(self, i: int, bad: bool, direction: str | None) -> Observation:
         return Observation(self.reporter[i], self.keys[i], self.forward[i],
