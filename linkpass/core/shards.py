@@ -284,6 +284,7 @@ class ShardedLocalizer:
         self.map = shard_map
         self.parts = parts if parts is not None else LocalParts(model, shard_map, **localizer_options)
         self._where: dict[str, tuple[int, ...]] = {}  # path key -> the places holding it
+        self._forward: dict[str, tuple[str, ...]] = {}  # path key -> the links its places were found from
         # not yet sent to each place: path key -> its Observation, or the key to forget it (the
         # last word per path: a place told nothing for hours gets each path once, not its history)
         self._changes: dict[int, dict[str, Observation | str]] = {p: {} for p in self.places()}
@@ -321,8 +322,13 @@ class ShardedLocalizer:
     def update(self, obs: Observation) -> tuple[int, ...]:
         """Record `obs` with every place it belongs to (replacing the path's earlier observation,
         wherever that was); returns those places. Places learn it at the next findings()."""
-        places = self.places_of(obs)
         was = self._where.get(obs.key)
+        seen = self._forward.get(obs.key)
+        if seen is not None and seen == obs.forward:
+            places = was  # the same links as before: the same places (the common case: a verdict changed)
+        else:
+            places = self.places_of(obs)
+            self._forward[obs.key] = obs.forward
         if was is not None and was != places:
             for p in set(was) - set(places):
                 self._changes[p][obs.key] = obs.key
@@ -338,6 +344,7 @@ class ShardedLocalizer:
         self._cleared.pop(place, None)
 
     def forget(self, key: str) -> None:
+        self._forward.pop(key, None)
         for p in self._where.pop(key, ()):
             self._changes[p][key] = key
             self._stale(p)
