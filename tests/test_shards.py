@@ -167,7 +167,7 @@ def test_only_the_places_whose_evidence_changed_explain_again():
     m = ShardMap(MODEL3, 16)
     loc = ShardedLocalizer(MODEL3, m)
     ticks = iter(range(10**6))
-    loc.clock = lambda: float(next(ticks))
+    loc.parts.clock = lambda: float(next(ticks))
     for o in untraced_observations(MODEL3, PLAN3, set()):
         loc.update(o)
     assert loc.findings() == [] and set(loc.took) == set(loc.places())  # the first time: every place
@@ -183,9 +183,9 @@ class CountingParts(LocalParts):
         super().__init__(*a)
         self.sent = 0
 
-    def run(self, calls):
+    def run(self, calls, round_):
         self.sent += sum(len(changes) for changes, _, _ in calls.values())
-        return super().run(calls)
+        return super().run(calls, round_)
 
 
 def test_a_place_told_nothing_for_long_gets_each_path_once():

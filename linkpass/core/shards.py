@@ -247,9 +247,9 @@ Call = tuple[list, str, tuple]
 class Parts(Protocol):
     """Where the places' Parts run: `run` gives each place in `calls` its changes, calls the
     method and returns the answers by place (all of them: a place it cannot reach it answers
-    some other way, as LocalParts does in one process)."""
+    some other way, as LocalParts does in one process). `round_`: which of findings()' three."""
 
-    def run(self, calls: dict[int, Call]) -> dict[int, object]: ...
+    def run(self, calls: dict[int, Call], round_: int) -> dict[int, object]: ...
 
 
 class LocalParts:
@@ -260,9 +260,8 @@ class LocalParts:
         self.parts = {p: Part(model, shard_map, p, **localizer_options) for p in (*range(shard_map.shards), ROOT)}
         self.clock = None  # seconds (the benchmark's); None: not timed
         self.took: dict[int, list[float]] = {}
-        self.round = 0
 
-    def run(self, calls: dict[int, Call]) -> dict[int, object]:
+    def run(self, calls: dict[int, Call], round_: int) -> dict[int, object]:
         out = {}
         for p, (changes, method, args) in calls.items():
             t = self.clock() if self.clock is not None else 0.0
@@ -270,7 +269,7 @@ class LocalParts:
             part.apply(changes)
             out[p] = getattr(part, method)(*args)
             if self.clock is not None:
-                self.took.setdefault(p, [0.0, 0.0, 0.0])[self.round] += self.clock() - t
+                self.took.setdefault(p, [0.0, 0.0, 0.0])[round_] += self.clock() - t
         return out
 
 
@@ -296,15 +295,7 @@ class ShardedLocalizer:
     @property
     def took(self) -> dict[int, list[float]]:
         """Per place explained in the last findings(), seconds per round (LocalParts with a clock)."""
-        return getattr(self.parts, "took", {})
-
-    @property
-    def clock(self):
-        return getattr(self.parts, "clock", None)
-
-    @clock.setter
-    def clock(self, clock) -> None:
-        self.parts.clock = clock
+        return self.parts.took if isinstance(self.parts, LocalParts) else {}
 
     def places_of(self, obs: Observation) -> tuple[int, ...]:
         ends = [None, None]
@@ -369,9 +360,7 @@ class ShardedLocalizer:
         for p, (method, args) in calls.items():
             batch[p] = (list(self._changes[p].values()), method, args)
             self._changes[p] = {}
-        if hasattr(self.parts, "round"):
-            self.parts.round = round_
-        return self.parts.run(batch) if batch else {}
+        return self.parts.run(batch, round_) if batch else {}
 
     def cleared_at(self, place: int) -> tuple[set[str], set[str], dict[str, int]]:
         """Part.cleared at `place`, now."""
@@ -395,8 +384,8 @@ class ShardedLocalizer:
         return out
 
     def _first_round(self) -> None:
-        if hasattr(self.parts, "took"):
-            self.parts.took = {}
+        if isinstance(self.parts, LocalParts):
+            self.parts.took = {}  # what this findings() call explains
         stale = {p: ("cleared", ()) for p in self.places() if p not in self._cleared}
         self._cleared.update(self._ask(0, stale))
 

@@ -111,7 +111,7 @@ class TrialFleet:
         else:
             self.localizer = ShardedLocalizer(self.model, ShardMap(self.model, shards), parts)
             if parts is None:
-                self.localizer.clock = time.perf_counter
+                self.localizer.parts.clock = time.perf_counter
         self.initial_ingest_us = self._ingest()
 
     def observation(self, i: int, bad: bool, direction: str | None) -> Observation:
