@@ -217,6 +217,7 @@ class InProcess:
 
     def __init__(self, hosts):
         self.hosts, self.away, self.asked = hosts, set(), []
+        self.lose_sends = False
 
     def parts(self, calls):
         out = {}
@@ -229,6 +230,10 @@ class InProcess:
             except (PartLost, ShardUnreachable) as exc:
                 out[k] = exc
         return out
+
+    def send(self, calls):
+        if not self.lose_sends:
+            self.parts(calls)
 
 
 def test_parts_in_their_shards_find_what_parts_in_one_process_find():
@@ -294,3 +299,25 @@ def test_a_part_answers_only_the_root_that_fed_it_and_only_its_questions():
         host.call("a", 3, 3, [], "cleared", ())  # changes it never got
     with pytest.raises(ValueError, match="no part method"):
         host.call("a", 1, 1, [], "apply", ([],))
+
+
+def test_evidence_sent_ahead_is_taken_in_before_the_question_and_a_lost_send_heals():
+    truth = {"p0s32-p0c1:down"}
+    obs = untraced_observations(MODEL3, PLAN3, truth, seed=7)
+    loc, parts, hosts = sharded_via(InProcess, obs)
+    assert {f.directed for f in loc.findings()} == truth
+    owner = loc.map.owner("p0s32-p0c1:down")
+    bad = next(o for o in obs if o.bad and owner in loc.places_of(o))
+    loc.update(Observation(bad.reporter, bad.key, bad.forward, None, False))
+    asked = len(parts.link.asked)
+    loc.send()
+    assert hosts[owner].generation == parts.generation[owner] and len(parts.link.asked) > asked
+    assert not hosts[owner].part.loc._entries[bad.key].obs.bad  # taken in, nothing asked
+    whole = parts.counters["parts_sent_whole"]
+    parts.link.lose_sends = True  # the next send never arrives
+    loc.update(bad)
+    loc.send()
+    parts.link.lose_sends = False
+    assert {f.directed for f in loc.findings()} == truth
+    behind = [p for p in loc.places_of(bad) if p != ROOT]  # each part the lost send was for
+    assert parts.counters["parts_sent_whole"] == whole + len(behind) and owner in behind

@@ -385,6 +385,8 @@ class Coordinator:
             self._touched_at = now
             self.store.touch_agents({a.name: a.last_seen for a in self.agents.values()})
         self._current_plan(now)  # joins and leaves since the last revision
+        if isinstance(self.localizer, ShardedLocalizer):
+            self.localizer.send()  # the shards take this tick's evidence in now, side by side
         if self._dirty and now >= self._localize_at:
             t = self._cost_clock()
             self.relocalize(now)

@@ -181,6 +181,18 @@ class RayShards:
         return out
 
 
+    def send(self, calls: dict) -> None:
+        for k, call in calls.items():
+            try:
+                handle = self._handles.get(k) or ray.get_actor(SHARD_NAME.format(k), namespace=NAMESPACE)
+            except ValueError:
+                continue  # no such actor: the next question finds it unreachable
+            self._handles[k] = handle
+            # not awaited: Ray runs an actor's calls from one caller in order, so the next
+            # question finds these applied (or, failed, its part's generation tells: PartLost)
+            handle.localize_part.remote(*call)
+
+
 _FORK_GUARD = []
 
 

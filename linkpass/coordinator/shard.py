@@ -32,10 +32,11 @@ heartbeats and queues changes until the queue is full; what needs the root's ans
 
 Each shard also localizes its part of the fabric (core/shards.py): it holds a `Part`, the
 evidence of every path that may cross a link it owns, and answers the root's rounds. The root
-sends each part the changes of its evidence with the next round's question (`ShardParts`), so
-evidence crosses once and the shards' rounds run side by side in their own processes. The root
-keeps what it sent: a shard that restarted (its part empty) gets its whole evidence again, and
-for a shard that does not answer the root explains that part itself until it does.
+sends each part the changes of its evidence every tick, not awaiting them, and with its next
+question whatever came since (`ShardParts`), so evidence crosses once and the shards take it in
+and explain side by side in their own processes. Every call says how far the part should be: a
+part that is not (its shard restarted, a send was lost) gets its whole evidence again, which the
+root keeps; for a shard that does not answer the root explains that part itself until it does.
 
 No Ray and no sockets here: the root is reached through a `RootLink`, the shards through a
 `ShardLink` (in process for tests, `ray_actor.RayRoot` and `RayShards` in a cluster); the
@@ -99,6 +100,10 @@ class ShardLink(Protocol):
         """PartHost.call at each shard in `calls`, side by side; per shard its answer, or the
         exception instead (PartLost, ShardUnreachable)."""
 
+    def send(self, calls: dict[int, PartCall]) -> None:
+        """PartHost.call at each shard in `calls`, in order after what was sent or asked
+        before, not waiting (a failure shows at the next question: PartLost)."""
+
 
 class Router:
     """Which endpoint each agent belongs to: the shard map and the shards' URLs."""
@@ -153,7 +158,7 @@ class _RootStore:
 class PartHost:
     """A shard's part of split localization, fed and asked by the root (ShardParts). Thread-safe."""
 
-    METHODS = ("cleared", "explain")
+    METHODS = ("cleared", "explain", "count")
 
     def __init__(self, shard_map: ShardMap, shard: int):
         self.map = shard_map
@@ -222,12 +227,7 @@ class ShardParts:
                 self.root.apply(changes)
                 out[p] = getattr(self.root, method)(*args)
                 continue
-            held = self.held[p]
-            for c in changes:
-                if isinstance(c, str):
-                    held.pop(c, None)
-                else:
-                    held[c.key] = c
+            self._hold(p, changes)
             stand_in = self.standing_in.get(p)
             if stand_in is not None:
                 stand_in.apply(changes)
@@ -259,6 +259,30 @@ class ShardParts:
                 out[p] = a
         return out
 
+    def send(self, changes: dict[int, list]) -> None:
+        calls: dict[int, PartCall] = {}
+        for p, c in changes.items():
+            if p == ROOT:
+                self.root.apply(c)
+                continue
+            self._hold(p, c)
+            if p in self.standing_in:
+                self.standing_in[p].apply(c)  # the shard gets it all when it answers again
+            elif self.generation[p] is not None:  # (None: it gets it all with its next question)
+                gen = self.generation[p]
+                calls[p] = (self.session, gen, gen + 1, c, "count", ())
+                self.generation[p] = gen + 1  # lost on the way, it is PartLost at the next question
+        if calls:
+            self.link.send(calls)
+
+    def _hold(self, p: int, changes: list) -> None:
+        held = self.held[p]
+        for c in changes:
+            if isinstance(c, str):
+                held.pop(c, None)
+            else:
+                held[c.key] = c
+
     def _call(self, p: int, changes: list, method: str, args: tuple, afresh: bool = False) -> PartCall:
         gen = None if afresh else self.generation[p]
         if gen is None:  # the whole evidence, to a part that starts afresh
@@ -287,6 +311,9 @@ class LocalShards:
             except (PartLost, ShardUnreachable) as exc:
                 out[k] = exc
         return out
+
+    def send(self, calls: dict[int, PartCall]) -> None:
+        self.parts(calls)  # in order, and what fails shows at the next question
 
 
 class ShardFront:

@@ -29,9 +29,9 @@ the union. With one shard, it owns every link and holds every path: today's flee
 localizer, decision for decision. The work divides by the shards: a shard holds its hosts'
 paths, a path between shards is held by both, the root holds what crosses split pods.
 
-A place learns its evidence when it is next asked (`Parts.run`): the changes since, the last
-word per path, travel with the round's question, so a part in another process gets each change
-once and no call of its own.
+A place learns its evidence when it is next asked (`Parts.run`), or sooner when it is sent
+(`send`): the changes since, the last word per path, so a part in another process gets each
+change once.
 
 Why whole paths and not per-link counts go to each owner: explaining a bad path needs to know
 which other links it crossed (a spine link is told from the leaf link before it by paths that
@@ -225,6 +225,10 @@ class Part:
     def __len__(self) -> int:
         return len(self.loc)
 
+    def count(self) -> int:
+        """The paths held (a question that costs nothing: whatever came before it is applied)."""
+        return len(self.loc)
+
     def cleared(self) -> tuple[set[str], set[str], dict[str, int]]:
         """The first round: the links the bad paths held here name, those of them this place owns
         and its evidence exonerates, and each reporter's claims here."""
@@ -251,6 +255,9 @@ class Parts(Protocol):
 
     def run(self, calls: dict[int, Call], round_: int) -> dict[int, object]: ...
 
+    def send(self, changes: dict[int, list]) -> None:
+        """Each place's evidence changes now, no question asked and no answer awaited."""
+
 
 class LocalParts:
     """Every place's Part in this process, asked one after another (the simulator, the benchmark
@@ -271,6 +278,10 @@ class LocalParts:
             if self.clock is not None:
                 self.took.setdefault(p, [0.0, 0.0, 0.0])[round_] += self.clock() - t
         return out
+
+    def send(self, changes: dict[int, list]) -> None:
+        for p, c in changes.items():
+            self.parts[p].apply(c)
 
 
 class ShardedLocalizer:
@@ -353,6 +364,16 @@ class ShardedLocalizer:
 
     def places(self) -> tuple[int, ...]:
         return (*range(self.map.shards), ROOT)
+
+    def send(self) -> None:
+        """Hand every place its evidence changes now, asking nothing: a sharded coordinator's root
+        does it each tick, so its shards take reports in as they arrive (side by side, outside
+        the root) rather than within the next findings()."""
+        batch = {p: list(c.values()) for p, c in self._changes.items() if c}
+        for p in batch:
+            self._changes[p] = {}
+        if batch:
+            self.parts.send(batch)
 
     def _ask(self, round_: int, calls: dict[int, tuple[str, tuple]]) -> dict[int, object]:
         """One round: each place in `calls` gets its changes with its question, all at once."""

@@ -17,8 +17,9 @@ into a Localizer that already holds the healthy fleet, then findings() is timed;
 changed observations are set back to good.
 
 With shards (`use_shards`), the observations are split over a ShardedLocalizer
-(core/shards.py) as the sharded coordinator splits them: only the places (shards, root) a trial
-touched explain again, each timed on its own; the trial's latency is the slowest of them, as
+(core/shards.py) as the sharded coordinator splits them, and sent to the places before
+findings() as the root sends them each tick (taking them in is `update_ms`, as updating one
+localizer is): only the places (shards, root) a trial touched explain again, each timed on its own; the trial's latency is the slowest of them, as
 the shards and the root run in parallel, each in its own process (`serial_ms`: the same
 places explained one after another, as one process does). With the places in shard actors
 (`parts`, the scale benchmark's Ray case), the latency is the wall time of findings(): the
@@ -161,6 +162,11 @@ def run_trials(fleet: TrialFleet, rng: random.Random, trials: int, faults: int, 
         t0 = time.perf_counter()
         for i, direction in bad.items():
             loc.update(fleet.observation(i, True, direction))
+        if isinstance(loc, ShardedLocalizer):
+            # the root sends the evidence as it arrives (each tick); the parts take it in
+            loc.send()
+            if not sharded:  # parts elsewhere: wait until each has (a question answered after it)
+                loc.parts.run({p: ([], "count", ()) for p in range(loc.map.shards)}, 0)
         t1 = time.perf_counter()
         if sharded:
             found = loc.findings()
