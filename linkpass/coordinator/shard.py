@@ -218,7 +218,7 @@ class ShardParts:
         self._failures: dict[int, int] = {}  # failures in a row, per shard
         self.counters: dict[str, int] = defaultdict(int)
 
-    def run(self, calls: dict[int, Call], round_: int = 0) -> dict[int, object]:
+    def run(self, calls: dict[int, Call], round_: int) -> dict[int, object]:
         out: dict[int, object] = {}
         sent: dict[int, PartCall] = {}
         now = self.clock()

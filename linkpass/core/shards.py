@@ -323,7 +323,7 @@ class ShardedLocalizer:
 
     def update(self, obs: Observation) -> tuple[int, ...]:
         """Record `obs` with every place it belongs to (replacing the path's earlier observation,
-        wherever that was); returns those places. Places learn it at the next findings()."""
+        wherever that was); returns those places. They learn it at the next send() or findings()."""
         was = self._where.get(obs.key)
         seen = self._forward.get(obs.key)
         if seen is not None and seen == obs.forward:
