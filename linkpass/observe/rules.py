@@ -49,6 +49,7 @@ class RulesConfig:
     coordinator_pending_ratio: float = 0.8
     shard_queue_ratio: float = 0.5  # a shard's queue for the root this full: the root does not keep up
     shard_queue_for: str = "5m"
+    shard_stood_in_for: str = "10m"  # a shard's part localized by the root: slower, same findings
     coordinator_latency_p99_s: float = 1.0
 
 
@@ -58,7 +59,7 @@ LAB = replace(PRODUCTION, rate_window="20s", path_down_for="1s", plane_down_for=
               gray_loss_for="1s", gray_after_down="15s", fail_static_for="1s", link_localized_for="1s",
               agent_down_for="10s",
               probe_thread_for="5s", coordinator_away_for="10s", route_storm_for="10s", overload_for="1m",
-              forged_for="10s", shard_queue_for="10s")
+              forged_for="10s", shard_queue_for="10s", shard_stood_in_for="10s")
 
 
 def recording(c: RulesConfig) -> list[dict]:
@@ -175,6 +176,13 @@ def alerts(c: RulesConfig) -> list[dict]:
                "Its queue for the root is over half full, or agents got 503 because it was full: the root is away "
                "or slower than the changes arrive. Agents keep failing over locally and resend. See "
                "docs/coordinator.md, Sharding."),
+        _alert(c, "LinkPassCoordinatorShardNotLocalizing",
+               f"linkpass_coordinator_localization_stood_in{{{c.coordinator}}} > 0",
+               c.shard_stood_in_for, "warning",
+               "The coordinator's root localizes {{ $value }} shard part(s) itself",
+               "A shard does not answer the root's localization rounds (away, restarting, or slower than "
+               "their timeout): the root explains that part of the fabric from the evidence it keeps. The "
+               "findings are the same, found slower, under the root's lock. See docs/coordinator.md, Sharding."),
         _alert(c, "LinkPassRouteChangeStorm",
                f"instance:linkpass_route_changes:rate{w}{{{a}}} * 60 > {c.route_changes_per_min} "
                f"or sum by (job, instance) (increase(linkpass_route_changes_deferred_total{{{a}}}[{w}])) > 0",
