@@ -216,10 +216,11 @@ class InProcess:
     """ShardLink to PartHosts in this process; `away`: shards that do not answer."""
 
     def __init__(self, hosts):
-        self.hosts, self.away, self.asked = hosts, set(), []
+        self.hosts, self.away, self.asked, self.timeouts = hosts, set(), [], []
         self.lose_sends = False
 
-    def parts(self, calls):
+    def parts(self, calls, timeout_s=0.0):
+        self.timeouts.append(timeout_s)
         out = {}
         for k, call in calls.items():
             self.asked.append(k)
@@ -321,3 +322,19 @@ def test_evidence_sent_ahead_is_taken_in_before_the_question_and_a_lost_send_hea
     assert {f.directed for f in loc.findings()} == truth
     behind = [p for p in loc.places_of(bad) if p != ROOT]  # each part the lost send was for
     assert parts.counters["parts_sent_whole"] == whole + len(behind) and owner in behind
+
+
+def test_a_shard_has_time_for_the_evidence_it_takes_in_first():
+    obs = untraced_observations(MODEL3, PLAN3, {"p0s32-p0c1:down"}, seed=8)
+    loc, parts, hosts = sharded_via(InProcess, obs)
+    loc.findings()  # each part got all of its evidence: its timeout grew with it
+    biggest = max(len(h) for h in hosts)
+    assert parts.link.timeouts[0] == pytest.approx(parts.TIMEOUT_S + parts.PER_CHANGE_S * biggest)
+    assert parts.link.timeouts[-1] == pytest.approx(parts.TIMEOUT_S)  # later rounds: nothing to take in
+    for o in obs:  # a storm sent ahead and not yet confirmed: the next question waits for it too
+        loc.update(Observation(o.reporter, o.key, o.forward, None, True))
+    sent = {p: len(c) for p, c in loc._changes.items() if c and p != ROOT}
+    loc.send()
+    loc.findings()
+    assert parts.link.timeouts[-3] == pytest.approx(parts.TIMEOUT_S + parts.PER_CHANGE_S * max(sent.values()))
+    assert parts.link.timeouts[-1] == pytest.approx(parts.TIMEOUT_S)  # answered: nothing outstanding

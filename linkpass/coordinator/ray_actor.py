@@ -139,18 +139,14 @@ class RayRoot:
 
 class RayShards:
     """shard.ShardLink over Ray: the shard actors, found by name (again after a failed call),
-    asked side by side. A shard that is away, or slower than TIMEOUT_S (and PER_CHANGE_S for
-    each piece of evidence sent: a part's whole evidence at start is ~10^5), answers
+    asked side by side. A shard that is away, or slower than the timeout, answers
     ShardUnreachable (the root explains its part itself meanwhile); a part that lost its
     evidence, PartLost."""
-
-    TIMEOUT_S = 2.0
-    PER_CHANGE_S = 50e-6
 
     def __init__(self):
         self._handles: dict[int, object] = {}
 
-    def parts(self, calls: dict) -> dict:
+    def parts(self, calls: dict, timeout_s: float) -> dict:
         from .shard import PartLost, ShardUnreachable  # noqa: PLC0415
 
         out: dict = {}
@@ -164,8 +160,7 @@ class RayShards:
             self._handles[k] = handle
             refs[k] = handle.localize_part.remote(*call)
         if refs:
-            most = max(len(calls[k][3]) for k in refs)
-            ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.TIMEOUT_S + self.PER_CHANGE_S * most)
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         for k, ref in refs.items():
             try:
                 out[k] = ray.get(ref, timeout=0)

@@ -96,9 +96,9 @@ PartCall = tuple[str, "int | None", int, list, str, tuple]
 class ShardLink(Protocol):
     """What the root asks of its shards."""
 
-    def parts(self, calls: dict[int, PartCall]) -> dict[int, object]:
+    def parts(self, calls: dict[int, PartCall], timeout_s: float) -> dict[int, object]:
         """PartHost.call at each shard in `calls`, side by side; per shard its answer, or the
-        exception instead (PartLost, ShardUnreachable)."""
+        exception instead (PartLost; ShardUnreachable, also for no answer within `timeout_s`)."""
 
     def send(self, calls: dict[int, PartCall]) -> None:
         """PartHost.call at each shard in `calls`, in order after what was sent or asked
@@ -197,11 +197,15 @@ class ShardParts:
     through `link`, the root's own here. It keeps every shard's evidence as sent, to send it whole
     to a part that lost it, and to explain a part itself (`standing_in`) while its shard does not
     answer; it tries the shard again after RETRY_S, twice as long after each failure in a row up
-    to RETRY_MAX_S (a call to a shard that is restarting waits for the link's timeout, under the
-    root's lock)."""
+    to RETRY_MAX_S (a call to a shard that is restarting waits for the timeout, under the root's
+    lock). A shard has TIMEOUT_S to answer, and PER_CHANGE_S more for each piece of evidence it
+    takes in first: in the call, and sent before it and not yet confirmed by an answer (a storm's
+    evidence, ~10^5 a part at 131 072 GPUs, takes seconds)."""
 
     RETRY_S = 5.0
     RETRY_MAX_S = 60.0
+    TIMEOUT_S = 2.0
+    PER_CHANGE_S = 50e-6
 
     def __init__(self, model: FabricModel, shard_map: ShardMap, link: ShardLink,
                  clock: Callable[[], float] = time.monotonic):
@@ -216,6 +220,7 @@ class ShardParts:
         self.standing_in: dict[int, Part] = {}
         self._retry_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}  # failures in a row, per shard
+        self._unconfirmed: dict[int, int] = defaultdict(int)  # changes sent since the shard's last answer
         self.counters: dict[str, int] = defaultdict(int)
 
     def run(self, calls: dict[int, Call], round_: int) -> dict[int, object]:
@@ -235,11 +240,11 @@ class ShardParts:
                     out[p] = getattr(stand_in, method)(*args)
                     continue
             sent[p] = self._call(p, changes, method, args)
-        answers = self.link.parts(sent) if sent else {}
+        answers = self.link.parts(sent, self._timeout(sent)) if sent else {}
         lost = {p: self._call(p, [], *sent[p][4:], afresh=True) for p, a in answers.items() if isinstance(a, PartLost)}
         if lost:
             sent.update(lost)
-            answers.update(self.link.parts(lost))
+            answers.update(self.link.parts(lost, self._timeout(lost)))
         for p, a in answers.items():
             if isinstance(a, Exception):
                 self.generation[p] = None
@@ -256,6 +261,7 @@ class ShardParts:
                 self.generation[p] = sent[p][2]
                 self.standing_in.pop(p, None)
                 self._failures.pop(p, None)
+                self._unconfirmed.pop(p, None)
                 out[p] = a
         return out
 
@@ -272,8 +278,15 @@ class ShardParts:
                 gen = self.generation[p]
                 calls[p] = (self.session, gen, gen + 1, c, "count", ())
                 self.generation[p] = gen + 1  # lost on the way, it is PartLost at the next question
+                self._unconfirmed[p] += len(c)
         if calls:
             self.link.send(calls)
+
+    def _timeout(self, calls: dict[int, PartCall]) -> float:
+        """How long the slowest of `calls` may take: its evidence to take in, and what was sent
+        before it."""
+        most = max(len(c[3]) + (0 if c[1] is None else self._unconfirmed.get(p, 0)) for p, c in calls.items())
+        return self.TIMEOUT_S + self.PER_CHANGE_S * most
 
     def _hold(self, p: int, changes: list) -> None:
         held = self.held[p]
@@ -300,7 +313,7 @@ class LocalShards:
     def __init__(self, servers: list):
         self.servers = servers
 
-    def parts(self, calls: dict[int, PartCall]) -> dict[int, object]:
+    def parts(self, calls: dict[int, PartCall], timeout_s: float = 0.0) -> dict[int, object]:
         out: dict[int, object] = {}
         for k, call in calls.items():
             server = self.servers[k] if k < len(self.servers) else None
