@@ -65,7 +65,7 @@ from ..observe.log import Logger
 from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
 from .auth import NEEDS, AuthError, Caller, Revoked, Tokens
 from .coordinator import Coordinator
-from .shard import Router, ShardFront
+from .shard import Router, ShardFront, ShardParts
 from .requests import (CoordinatorError, DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal,
                        parse_decommission, parse_drain, parse_events_query, parse_register, parse_report, query_host)
 from .store import EVENT_KINDS
@@ -603,7 +603,7 @@ class CoordinatorServer:
         where its part of localization runs (the shard, or the root standing in for it)."""
         if self.router is None:
             return None
-        parts = getattr(self.coordinator.localizer, "parts", None)
+        parts = _shard_parts(self.coordinator)
         here = set(range(len(self.router.urls))) if parts is None else set(parts.standing_in)
         out = []
         for k, url in enumerate(self.router.urls):
@@ -961,6 +961,23 @@ SHARD_AWAY_S = 3.0  # a shard tells the root who is alive every tick (100 ms); s
 SHARD_PATHS = ("/v1/healthz", "/metrics", "/v1/register", "/v1/report", "/v1/whoami")
 
 
+def _shard_parts(c: Coordinator) -> ShardParts | None:
+    """A sharded root's parts of localization in its shards (None: it localizes alone)."""
+    parts = getattr(c.localizer, "parts", None)
+    return parts if isinstance(parts, ShardParts) else None
+
+
+# a shard's part of localization: (family, name, help, its key in ShardFront.status())
+_SHARD_PART_FAMILIES = (
+    (GaugeMetricFamily, "linkpass_coordinator_shard_localization_paths",
+     "Paths whose evidence this shard's part of localization holds (sent by the root)", "part_paths"),
+    (CounterMetricFamily, "linkpass_coordinator_shard_localization_rounds",
+     "The root's localization rounds this shard answered", "part_rounds"),
+    (CounterMetricFamily, "linkpass_coordinator_shard_localization_seconds",
+     "Seconds this shard spent answering them", "part_seconds"),
+)
+
+
 class _ShardMetrics:
     """A shard's Prometheus view: its agents and what it answered, forwarded, redirected."""
 
@@ -990,19 +1007,10 @@ class _ShardMetrics:
                                labels=["shard"])
         ql.add_metric(labels, st["max_queue"])
         yield ql
-        lp = GaugeMetricFamily("linkpass_coordinator_shard_localization_paths",
-                               "Paths whose evidence this shard's part of localization holds (sent by the root)",
-                               labels=["shard"])
-        lp.add_metric(labels, st["part_paths"])
-        yield lp
-        lr = CounterMetricFamily("linkpass_coordinator_shard_localization_rounds",
-                                 "The root's localization rounds this shard answered", labels=["shard"])
-        lr.add_metric(labels, st["part_rounds"])
-        yield lr
-        ls = CounterMetricFamily("linkpass_coordinator_shard_localization_seconds",
-                                 "Seconds this shard spent answering them", labels=["shard"])
-        ls.add_metric(labels, st["part_seconds"])
-        yield ls
+        for family, name, doc, key in _SHARD_PART_FAMILIES:
+            m = family(name, doc, labels=["shard"])
+            m.add_metric(labels, st[key])
+            yield m
         yield from _endpoint_families(s)
 
 
@@ -1030,8 +1038,8 @@ class _Metrics:
             digests, tables_asked = c.counters["digests"], c.counters["digest_mismatches"]
             findings_now = [dict(fd) for fd in c.findings.values()]
             agents_now = sorted((a.name, a.lost) for a in c.agents.values())
-            parts = getattr(c.localizer, "parts", None)
-            parts = parts.status() if hasattr(parts, "status") else None  # a sharded root's
+            parts = _shard_parts(c)
+            parts = parts and parts.status()
         g = GaugeMetricFamily("linkpass_coordinator_agents", "Registered agents", labels=["status"])
         g.add_metric(["reporting"], agents - lost)
         g.add_metric(["lost"], lost)

@@ -146,19 +146,26 @@ class RayShards:
     def __init__(self):
         self._handles: dict[int, object] = {}
 
+    def _handle(self, k: int):
+        """Shard k's actor, or None when there is none of that name."""
+        if k not in self._handles:
+            try:
+                self._handles[k] = ray.get_actor(SHARD_NAME.format(k), namespace=NAMESPACE)
+            except ValueError:
+                return None
+        return self._handles[k]
+
     def parts(self, calls: dict, timeout_s: float) -> dict:
         from .shard import PartLost, ShardUnreachable  # noqa: PLC0415
 
         out: dict = {}
         refs = {}
         for k, call in calls.items():
-            try:
-                handle = self._handles.get(k) or ray.get_actor(SHARD_NAME.format(k), namespace=NAMESPACE)
-            except ValueError:
+            handle = self._handle(k)
+            if handle is None:
                 out[k] = ShardUnreachable(f"no actor {SHARD_NAME.format(k)}")
-                continue
-            self._handles[k] = handle
-            refs[k] = handle.localize_part.remote(*call)
+            else:
+                refs[k] = handle.localize_part.remote(*call)
         if refs:
             ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         for k, ref in refs.items():
@@ -175,17 +182,13 @@ class RayShards:
                 out[k] = ShardUnreachable(f"shard {k} does not answer ({type(exc).__name__})")
         return out
 
-
     def send(self, calls: dict) -> None:
         for k, call in calls.items():
-            try:
-                handle = self._handles.get(k) or ray.get_actor(SHARD_NAME.format(k), namespace=NAMESPACE)
-            except ValueError:
-                continue  # no such actor: the next question finds it unreachable
-            self._handles[k] = handle
-            # not awaited: Ray runs an actor's calls from one caller in order, so the next
-            # question finds these applied (or, failed, its part's generation tells: PartLost)
-            handle.localize_part.remote(*call)
+            handle = self._handle(k)
+            if handle is not None:  # none: the next question finds it unreachable
+                # not awaited: Ray runs an actor's calls from one caller in order, so the next
+                # question finds these applied (or, failed, its part's generation tells: PartLost)
+                handle.localize_part.remote(*call)
 
 
 _FORK_GUARD = []

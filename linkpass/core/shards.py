@@ -293,8 +293,8 @@ class ShardedLocalizer:
         self.model = model
         self.map = shard_map
         self.parts = parts if parts is not None else LocalParts(model, shard_map, **localizer_options)
-        self._where: dict[str, tuple[int, ...]] = {}  # path key -> the places holding it
-        self._forward: dict[str, tuple[str, ...]] = {}  # path key -> the links its places were found from
+        # path key -> (the links its places were found from, the places holding it)
+        self._where: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
         # not yet sent to each place: path key -> its Observation, or the key to forget it (the
         # last word per path: a place told nothing for hours gets each path once, not its history)
         self._changes: dict[int, dict[str, Observation | str]] = {p: {} for p in self.places()}
@@ -324,18 +324,14 @@ class ShardedLocalizer:
     def update(self, obs: Observation) -> tuple[int, ...]:
         """Record `obs` with every place it belongs to (replacing the path's earlier observation,
         wherever that was); returns those places. They learn it at the next send() or findings()."""
-        was = self._where.get(obs.key)
-        seen = self._forward.get(obs.key)
-        if seen is not None and seen == obs.forward:
-            places = was  # the same links as before: the same places (the common case: a verdict changed)
-        else:
-            places = self.places_of(obs)
-            self._forward[obs.key] = obs.forward
+        seen, was = self._where.get(obs.key, (None, None))
+        # the same links as before: the same places (the common case: a verdict changed)
+        places = was if seen == obs.forward else self.places_of(obs)
         if was is not None and was != places:
             for p in set(was) - set(places):
                 self._changes[p][obs.key] = obs.key
                 self._stale(p)
-        self._where[obs.key] = places
+        self._where[obs.key] = (obs.forward, places)
         for p in places:
             self._changes[p][obs.key] = obs
             self._stale(p)
@@ -346,8 +342,7 @@ class ShardedLocalizer:
         self._cleared.pop(place, None)
 
     def forget(self, key: str) -> None:
-        self._forward.pop(key, None)
-        for p in self._where.pop(key, ()):
+        for p in self._where.pop(key, ((), ()))[1]:
             self._changes[p][key] = key
             self._stale(p)
 
@@ -357,7 +352,7 @@ class ShardedLocalizer:
     def held(self) -> list[int]:
         """Observations each place holds, the shards' then the root's."""
         out = [0] * (self.map.shards + 1)
-        for places in self._where.values():
+        for _, places in self._where.values():
             for p in places:
                 out[p] += 1  # ROOT (-1) counts last
         return out

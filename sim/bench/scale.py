@@ -344,6 +344,15 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
 SHARD_COUNTS = (1, 4, 16, 64)
 
 
+def quality_rows(case: str, res: dict, peer_name: str, peer: dict | None) -> list[dict]:
+    """Precision and recall rows of `res` (run_trials), overall and per trial, against `peer`."""
+    tp = res["tp"]
+    return [row(case, metric, "pct", res[metric], peer_name, peer and peer[metric], better="higher", q=0.01,
+                overall=round(100.0 * tp / (tp + res[wrong]), 3) if tp + res[wrong] else None,
+                true_positives=tp, target_min=PR_TARGET_PCT, **{label: res[wrong]})
+            for metric, wrong, label in (("precision", "fp", "false_positives"), ("recall", "fn", "false_negatives"))]
+
+
 def case_shards(args, shared) -> list[dict]:
     from linkpass.core.shards import ShardMap  # noqa: PLC0415
 
@@ -366,18 +375,12 @@ def case_shards(args, shared) -> list[dict]:
                 base[faults] = res
                 continue
             case, peer = f"localize-131k-s{shards}-{kind}", base.get(faults)
-            tp = res["tp"]
             lat = [round(v, 3) for v in res["latency_ms"]]
             out += [row(case, "latency", "ms", lat, "one shard", peer and [round(v, 3) for v in peer["latency_ms"]],
                         target_max=LOCALIZE_TARGET_MS, root_ms=[round(v, 3) for v in res["root_ms"]],
                         serial_ms_median=round(statistics.median(res["serial_ms"]), 3),
                         serial_ms_p99=report.tail(res["serial_ms"], 0.99), places_touched=res["places"]),
-                    row(case, "precision", "pct", res["precision"], "one shard", peer and peer["precision"],
-                        better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fp"]), 3) if tp + res["fp"] else None,
-                        true_positives=tp, false_positives=res["fp"], target_min=PR_TARGET_PCT),
-                    row(case, "recall", "pct", res["recall"], "one shard", peer and peer["recall"],
-                        better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fn"]), 3) if tp + res["fn"] else None,
-                        true_positives=tp, false_negatives=res["fn"], target_min=PR_TARGET_PCT)]
+                    *quality_rows(case, res, "one shard", peer)]
         sizes = ShardMap(model, shards).sizes()
         reports = [n / REPORT_HEARTBEAT_S for n in sizes]
         extra = dict(hosts_per_shard=sizes, paths_held=held[:-1], root_paths_held=held[-1],
@@ -420,7 +423,7 @@ def case_shards_ray(args, shared) -> list[dict]:
         progress(f"the healthy fleet's evidence to {RAY_SHARDS} shard actors: {time.perf_counter() - t:.1f} s")
         for faults, kind in ((1, "single"), (2, "double")):
             res = run_trials(fleet, random.Random(args.seed + faults), trials, faults, f"ray shards {kind}")
-            case, base, tp = f"localize-131k-s{RAY_SHARDS}-ray-{kind}", peer[faults], res["tp"]
+            case, base = f"localize-131k-s{RAY_SHARDS}-ray-{kind}", peer[faults]
             lat = [round(v, 3) for v in res["latency_ms"]]
             out += [row(case, "latency", "ms", lat, "one localizer", [round(v, 3) for v in base["latency_ms"]],
                         target_max=LOCALIZE_TARGET_MS, met=max(lat) <= LOCALIZE_TARGET_MS,
@@ -429,12 +432,7 @@ def case_shards_ray(args, shared) -> list[dict]:
                         # update(), the root's send to the shards and their taking them in
                         update_ms_median=round(statistics.median(res["update_ms"]), 3),
                         peer_update_ms_median=round(statistics.median(base["update_ms"]), 3)),
-                    row(case, "precision", "pct", res["precision"], "one localizer", base["precision"],
-                        better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fp"]), 3) if tp + res["fp"] else None,
-                        true_positives=tp, false_positives=res["fp"], target_min=PR_TARGET_PCT),
-                    row(case, "recall", "pct", res["recall"], "one localizer", base["recall"],
-                        better="higher", q=0.01, overall=round(100.0 * tp / (tp + res["fn"]), 3) if tp + res["fn"] else None,
-                        true_positives=tp, false_negatives=res["fn"], target_min=PR_TARGET_PCT)]
+                    *quality_rows(case, res, "one localizer", base)]
             progress(f"ray shards {kind}: median {statistics.median(lat):.1f} ms (one localizer "
                      f"{statistics.median(base['latency_ms']):.1f} ms), stood in for {sorted(parts.standing_in)}")
         fleet.use_shards(1)
