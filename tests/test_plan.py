@@ -7,6 +7,7 @@ import time
 import pytest
 
 from linkpass.core.fabric import FabricError, rail_optimized, three_tier
+from linkpass.core.localize import Observation, localize
 from linkpass.core.plan import PlannedPath, coverage, plan_cap, plan_probes, planned_links
 
 pytestmark = pytest.mark.unit
@@ -139,7 +140,7 @@ def test_three_tier_plan_covers_every_directed_link_of_every_tier_twice(shape):
 def test_three_tier_plan_is_constant_per_host_and_crosses_pods():
     m = three_tier(1024, 2, 16, 8, 8, 8)  # 64 leaves, 8 pods of 8 leaves and 8 spines, 8 cores a group
     plan = plan_probes(m)
-    assert all(len(ps) == 3 * 2 for ps in plan.paths.values())
+    assert all(len(ps) == (3 + 1) * 2 for ps in plan.paths.values())
     # per plane, a host's first paths leave its pod (the core tier is watched by the plan itself, not
     # by repairs) and its last stays in it, to another leaf (its lost replies name few links)
     for h, ps in plan.paths.items():
@@ -189,9 +190,56 @@ def test_three_tier_caps_move_probes_and_report_what_stays_short(shape):
 def test_32k_gpu_three_tier_plan_covers_everything():
     m = three_tier(4096, 8, 32, 16, 16, 16)  # 128 leaves, 8 pods, 256 cores per plane
     plan = plan_probes(m)
-    assert plan.total_paths == 4096 * 8 * 3
+    assert plan.total_paths == 4096 * 8 * (3 + 1)
     cov = coverage(m, plan)
     assert len(cov) == 2 * len(m.links) and min(cov.values()) >= 2
+    assert min(probe_reporters(m, plan, "spine-core").values()) >= 3
+
+
+def probe_reporters(model, plan, kind):
+    """Distinct reporters whose probes (not replies) cross each directed link of `kind`."""
+    out = {f"{lk.name}:{d}": set() for lk in model.links.values() if lk.kind == kind for d in ("up", "down")}
+    for h, ps in plan.paths.items():
+        for p in ps:
+            for d in model.node_path(h, p.peer, p.plane, p.spine, p.core):
+                if d in out:
+                    out[d].add(h)
+    return {d: len(r) for d, r in out.items()}
+
+
+@pytest.mark.parametrize("shape", [(128, 1, 4, 4, 4, 4), (2048, 1, 8, 8, 8, 8), (200, 2, 8, 4, 4, 4)])
+def test_three_tier_probes_into_a_pod_through_one_core_come_from_different_spine_core_links(shape):
+    """Two probes through one (spine, core) pair from one pod into another would witness that
+    pod's core-spine link and this pod's spine-core link alike: a fault on one reads as the other."""
+    m = three_tier(*shape)
+    plan = plan_probes(m)
+    came_by: dict[str, list[str]] = {}
+    for h, ps in plan.paths.items():
+        for p in ps:
+            if p.core is not None:
+                up, down = [d for d in m.node_path(h, p.peer, p.plane, p.spine, p.core)
+                            if m.links[d.rsplit(":", 1)[0]].kind == "spine-core"]
+                came_by.setdefault(down, []).append(up)
+    assert came_by and all(len(set(ups)) == len(ups) for ups in came_by.values())
+
+
+def test_three_tier_core_links_have_three_probing_reporters_so_one_noisy_agent_cannot_hide_a_cut():
+    """Replies between pods are not traced, so a spine-core link's probes are its only witnesses:
+    with 3 reporters each way, one of them saying good (a noisy agent) still leaves 2 that say bad,
+    and the localizer names the link."""
+    # the 131 072-GPU fabric's proportions: a pod has as many hosts as (spine, core) pairs
+    m = three_tier(128, 1, 4, 4, 4, 4)
+    plan = plan_probes(m)
+    counts = probe_reporters(m, plan, "spine-core")
+    assert min(counts.values()) >= 3
+    keys = [(h, n, p) for h, ps in plan.paths.items() for n, p in enumerate(ps)]
+    forward = [m.node_path(h, p.peer, p.plane, p.spine, p.core) for h, _, p in keys]
+    for d in sorted(d for d in counts if d.startswith("p0s")):
+        crossing = sorted({h for (h, _, _), fwd in zip(keys, forward) if d in fwd})
+        for noisy in crossing:
+            obs = [Observation(h, f"{h}/{n}", fwd, None, d in fwd and h != noisy, "forward" if d in fwd and h != noisy else None)
+                   for (h, n, _), fwd in zip(keys, forward)]
+            assert d in {f.directed for f in localize(m, obs)}, (d, noisy)
 
 
 # ---- caps: the probe budgets agents report --------------------------------------------------

@@ -110,16 +110,18 @@ def test_one_shard_decides_as_one_localizer_does():
 
 
 def test_a_noisy_agent_is_judged_by_all_of_its_paths():
-    # h114 (shard 1) and h136 (shard 2) are noisy; both claim a path over p0s32-p0c1:down, owned
-    # by shard 2. Shard 2 sees one of h114's paths, not enough to suspect it, and no place sees
-    # enough good evidence on the other links of its claims: without the links their owners
-    # cleared, the two noisy claims made a finding there.
+    # h6 (shard 0) and h238 (shard 3) are noisy; claims of both name p1s18-p1c10:up, owned by
+    # shard 1, beside one true claim over it (h78's). Shard 1 sees too few of their paths to
+    # suspect them: on its own evidence, three reporters name that link. Judged by all of their
+    # paths, the places that hold the rest, they are suspects and their claims go.
     truth = {"p1l35-p1s34:down"}
-    obs = untraced_observations(MODEL3, PLAN3, truth, noisy={"h114", "h132", "h136"}, seed=7)
+    obs = untraced_observations(MODEL3, PLAN3, truth, noisy={"h6", "h37", "h238"}, seed=37)
     loc = ShardedLocalizer(MODEL3, ShardMap(MODEL3, 4))
     assert sharded_found(loc, obs) == truth
-    alone = loc.explain_at(loc.map.owner("p0s32-p0c1:down"), reporter_claims=loc.reporter_claims())[1]
-    assert "p0s32-p0c1:down" in {f.directed for f in alone}  # what that shard says on its own evidence
+    owner = loc.map.owner("p1s18-p1c10:up")
+    assert owner == 1 and {loc.map.shard_of("h6"), loc.map.shard_of("h238")} == {0, 3}
+    alone = loc.explain_at(owner, reporter_claims=loc.reporter_claims())[1]
+    assert [sorted(f.reporters) for f in alone if f.directed == "p1s18-p1c10:up"] == [["h238", "h6", "h78"]]
 
 
 def test_a_fault_seen_by_another_shard_is_named_by_its_owner_only():

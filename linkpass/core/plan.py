@@ -16,7 +16,7 @@ have hosts), spreading over the spines in turn, so each leaf-spine link gets its
 probes and the probes arriving from other leaves. In a 3-tier plane the hosts of a pod probe the
 hosts at the same place in other pods instead, their paths dealt over every (spine, core) pair of
 the pod in turn, so every tier's links get the pod's own probes and the ones arriving from other
-pods. A repair pass then adds the few paths that uneven shapes (a short last leaf or pod, more
+pods; each host there gets one path more, inside its pod (see `_Sparse._build_pods`). A repair pass then adds the few paths that uneven shapes (a short last leaf or pod, more
 spines or cores than a leaf's or pod's probes) need to reach 2 reporters everywhere. Total paths
 grow linearly with the fleet.
 
@@ -335,9 +335,14 @@ class _Sparse:
         last path stays in the pod, to the host at its place under the next leaf: the replies to
         it cross few links, so when they are lost the localizer can weigh them (a reply lost
         between pods may have crossed any of thousands of links, and is not weighed); that is
-        what corroborates a host's uplink upwards, which its own probes alone cannot."""
+        what corroborates a host's uplink upwards, which its own probes alone cannot.
+
+        That path comes on top of the host's `per_host` paths between pods: the replies between
+        pods are not weighed, so the probes are a spine-core link's only witnesses, and with
+        `per_host` of them per host each direction of it gets that many reporters; 3, so one
+        noisy agent saying good cannot leave a real fault there with a single reporter."""
         members = [[h for g in self.groups_of_pod[pod] for h in self.groups[g]] for pod in self.pods]
-        n, c, width = len(self.pods), self.per_host, self.spines * self.cores
+        n, c, width = len(self.pods), self.per_host + 1, self.spines * self.cores
         for o, hosts in enumerate(members):
             own = self.groups_of_pod[self.pods[o]]
             # each host's pod-mate: the host at its place under the pod's next leaf (one leaf: the next host on it)
@@ -347,19 +352,29 @@ class _Sparse:
                 for j, h in enumerate(self.groups[g]):
                     home[h] = nxt[(j + (len(own) == 1)) % len(nxt)]
             q = self.seed  # the pod's paths between pods so far: its next (spine, core) pair
+            # (pair, pod offset) taken: two of a pod's paths through one pair into one other pod
+            # would make that pod's core-spine link and this pod's spine-core link share those
+            # witnesses, and a fault on one could be read as the other
+            taken: set[tuple[int, int]] = set()
             for x, h in enumerate(hosts):
                 share, added = shares.get(h), 0
                 for k in range(c):
                     if share is not None and added >= share:
                         break
-                    if k == c - 1 and c > 1:
+                    if k == c - 1:
                         peer = home[h]
                         added += self.add(h, peer, *self.route(h, peer, (x + self.seed) % self.spines))
                         continue
                     pair = q % width
                     q += 1
                     # each k a different pod; a host's neighbours in the pod head for other pods still
-                    target = members[(o + 1 + (k + x // self.spines) % (n - 1)) % n]
+                    off = (k + x // self.spines) % (n - 1)
+                    for _ in range(n - 1):  # bounded: past that, every pod is taken for this pair
+                        if (pair, off) not in taken:
+                            break
+                        off = (off + 1) % (n - 1)
+                    taken.add((pair, off))
+                    target = members[(o + 1 + off) % n]
                     added += self.add(h, target[x % len(target)], pair % self.spines, pair // self.spines)
 
     def repair(self) -> None:
