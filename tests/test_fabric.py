@@ -63,6 +63,21 @@ def test_node_path_and_reverse_definite():
         m.uplink("h99", 0)
 
 
+@pytest.mark.parametrize("make", [lambda: F.rail_optimized(64, 2, 8, 4), lambda: F.three_tier(256, 2, 4, 4, 4, 4)])
+def test_reversed_path_is_the_node_path_back_and_shares_its_names(make):
+    model = make()
+    hosts = model.hosts
+    for n, (a, b) in enumerate([(hosts[0], hosts[1]), (hosts[0], hosts[9]), (hosts[3], hosts[-1]), (hosts[-2], hosts[5])]):
+        plane, spine, core = n % 2, n % 4, (n + 1) % 4
+        fwd = model.node_path(a, b, plane, spine, core)
+        back = model.node_path(b, a, plane, spine, core)
+        assert model.reversed_path(fwd) == back
+        # made once per link: two paths over one link hold the same string, not copies
+        assert all(x is y for x, y in zip(model.reversed_path(fwd), back))
+        # a path the model has not made itself (its names new to it): the same answer
+        assert make().reversed_path(fwd) == back
+
+
 def test_links_of_path_from_real_hops(testbed_model):
     m = testbed_model
     # h0 -> h2 on plane 0 through spine 1: leaf p0l0 answers on its h0 side, the spine on its

@@ -146,7 +146,7 @@ def test_update_replaces_by_key_and_forget_undoes():
     loc = Localizer(MODEL)
     for o in healthy:
         loc.update(o)
-    baseline = (dict(loc._good_count), {d: dict(v) for d, v in loc._good_by.items()})
+    baseline = (dict(loc._good_votes), {d: dict(v) for d, v in loc._good_by.items()})
     for o in observations(truth):
         loc.update(o)
     assert len(loc) == len(healthy)
@@ -154,7 +154,7 @@ def test_update_replaces_by_key_and_forget_undoes():
     for o in healthy:  # the fault heals: the same keys, good again
         loc.update(o)
     assert loc.findings() == []
-    assert (dict(loc._good_count), {d: dict(v) for d, v in loc._good_by.items()}) == baseline
+    assert (dict(loc._good_votes), {d: dict(v) for d, v in loc._good_by.items()}) == baseline
     assert loc._bad_by == {}
     for o in observations(truth):
         loc.update(o)
@@ -165,7 +165,7 @@ def test_update_replaces_by_key_and_forget_undoes():
     loc.forget("no-such-key")
     for o in healthy:
         loc.forget(o.key)
-    assert len(loc) == 0 and loc._good_count == {} and loc._good_by == {} and loc._bad_by == {}
+    assert len(loc) == 0 and loc._good_votes == {} and loc._bad_votes == {} and loc._good_by == {} and loc._bad_by == {}
 
 
 def test_findings_carry_their_evidence():

@@ -110,6 +110,8 @@ class FabricModel:
         self._pods: list[list[list[str]]] = [[] for _ in range(planes)]  # plane -> pod -> spine names by index
         self._pod_of: dict[str, int] = {}  # leaf or spine -> its pod's index in its plane
         self._counted: dict[tuple[str, str], int] = {}  # _replies_count's answers
+        self._ends_of: dict[str, tuple[str, str]] = {}  # link name -> its directed names (_ends)
+        self._opposite: dict[str, str] = {}  # directed name -> the same link's other direction
         self._spine_index: dict[str, int] = {}  # spine -> its index in its pod
         self._leaf_spine: dict[tuple[str, int], str] = {}  # (leaf, spine index) -> link name
         self._groups: list[dict[int, list[str]]] = [{} for _ in range(planes)]  # plane -> spine index -> cores
@@ -278,6 +280,26 @@ class FabricModel:
         return out
 
     # ---- paths -----------------------------------------------------------------------------
+    def _ends(self, name: str) -> tuple[str, str]:
+        """("name:up", "name:down") ([0] up, [1] down), made once per link: the millions of paths a
+        large fleet's localizer holds share them instead of each carrying copies."""
+        ends = self._ends_of.get(name)
+        if ends is None:
+            ends = self._ends_of[name] = (directed(name, UP), directed(name, DOWN))
+            self._opposite[ends[0]], self._opposite[ends[1]] = ends[1], ends[0]
+        return ends
+
+    def reversed_path(self, path: Sequence[str]) -> tuple[str, ...]:
+        """The links of `path` (as `node_path` gives it) the other way: what the path's replies
+        cross when they return through the same spine and core. Cheaper than a second
+        `node_path`, for callers that build millions of paths."""
+        opposite = self._opposite
+        try:
+            return tuple([opposite[d] for d in reversed(path)])
+        except KeyError:  # a directed name not made here: the long way
+            return tuple(self._ends(name)[1 if direction == UP else 0]
+                         for name, direction in map(split_directed, reversed(path)))
+
     def node_path(self, src_host: str, dst_host: str, plane: int, spine: int | None,
                   core: int | None = None) -> tuple[str, ...]:
         """Directed links from src to dst on `plane` through spine index `spine` and, between
@@ -288,19 +310,19 @@ class FabricModel:
         up = self.uplink(src_host, plane)
         down = self.uplink(dst_host, plane)
         if up.b == down.b:
-            return (directed(up.name, UP), directed(down.name, DOWN))
+            return (self._ends(up.name)[0], self._ends(down.name)[1])
         if spine is None:
             raise FabricError(f"{src_host} and {dst_host} are on different leaves of plane {plane}: "
                              "a path between them needs a spine index")
         first, last = self.leaf_spine(up.b, spine), self.leaf_spine(down.b, spine)
         if first.b == last.b:
-            return (directed(up.name, UP), directed(first.name, UP), directed(last.name, DOWN), directed(down.name, DOWN))
+            return (self._ends(up.name)[0], self._ends(first.name)[0], self._ends(last.name)[1], self._ends(down.name)[1])
         if core is None:
             raise FabricError(f"{src_host} and {dst_host} are in different pods of plane {plane}: "
                              "a path between them needs a core index")
-        return (directed(up.name, UP), directed(first.name, UP), directed(self.spine_core(first.b, core).name, UP),
-                directed(self.spine_core(last.b, core).name, DOWN), directed(last.name, DOWN),
-                directed(down.name, DOWN))
+        return (self._ends(up.name)[0], self._ends(first.name)[0], self._ends(self.spine_core(first.b, core).name)[0],
+                self._ends(self.spine_core(last.b, core).name)[1], self._ends(last.name)[1],
+                self._ends(down.name)[1])
 
     def same_pod(self, src_host: str, dst_host: str, plane: int) -> bool:
         return self._pod_of.get(self.leaf_of(src_host, plane)) == self._pod_of.get(self.leaf_of(dst_host, plane))
@@ -310,7 +332,7 @@ class FabricModel:
         up = self.uplink(dst_host, plane)
         down = self.uplink(src_host, plane)
         # between leaves the spine is ECMP's choice; for a same-leaf pair these two are the path
-        return (directed(up.name, UP), directed(down.name, DOWN))
+        return (self._ends(up.name)[0], self._ends(down.name)[1])
 
     def reverse_possible(self, src_host: str, plane: int, dst_host: str, limit: int | None = None) -> tuple[str, ...]:
         """Links a reply dst -> src may cross: the definite ones and, between leaves, every link
@@ -322,7 +344,7 @@ class FabricModel:
         down = self.uplink(src_host, plane)
         if limit is not None and (2 if up.b == down.b else self._replies_count(up.b, down.b, plane)) > limit:
             return ()
-        out = [directed(up.name, UP)]
+        out = [self._ends(up.name)[0]]
         if up.b != down.b:
             cores = range(self.cores_per_group(plane))
             for index in range(self.spines_per_pod(plane)):
@@ -330,12 +352,12 @@ class FabricModel:
                 if None in pair:
                     continue
                 first, last = self.links[pair[0]], self.links[pair[1]]
-                out.append(directed(first.name, UP))
+                out.append(self._ends(first.name)[0])
                 if first.b != last.b:
                     for c in cores:
-                        out += (directed(self._spine_core[(first.b, c)], UP), directed(self._spine_core[(last.b, c)], DOWN))
-                out.append(directed(last.name, DOWN))
-        out.append(directed(down.name, DOWN))
+                        out += (self._ends(self._spine_core[(first.b, c)])[0], self._ends(self._spine_core[(last.b, c)])[1])
+                out.append(self._ends(last.name)[1])
+        out.append(self._ends(down.name)[1])
         return tuple(out)
 
     def _replies_count(self, from_leaf: str, to_leaf: str, plane: int) -> int:

@@ -149,7 +149,6 @@ class Localizer:
         self._entries: dict[str, _Entry] = {}
         self._bad_keys: set[str] = set()
         self._by_reporter: dict[str, set[str]] = {}
-        self._good_count: dict[str, int] = {}  # directed link -> good observations crossing it
         self._good_by: dict[str, dict[str, int]] = {}  # directed link -> reporter -> good evidence
         self._bad_by: dict[str, dict[str, int]] = {}  # directed link -> reporter -> bad observations
         # directed link -> reporters voting it good / bad (more good than bad evidence there, or
@@ -165,12 +164,24 @@ class Localizer:
             self.forget(obs.key)
         entry = self._entry(obs, way)
         self._entries[obs.key] = entry
-        self._by_reporter.setdefault(obs.reporter, set()).add(obs.key)
         r = obs.reporter
-        good_count = self._good_count
-        for d in entry.credited:
-            good_count[d] = good_count.get(d, 0) + 1
-            self._add(self._good_by, self._bad_by, d, r, +1)
+        keys = self._by_reporter.get(r)
+        if keys is None:
+            keys = self._by_reporter[r] = set()
+        keys.add(obs.key)
+        good_by, bad_by, good_votes = self._good_by, self._bad_by, self._good_votes
+        for d in entry.credited:  # _add(good_by, bad_by, d, r, +1), inline: every path's hot loop
+            by = good_by.get(d)
+            if by is None:
+                by = good_by[d] = {}
+            n = by.get(r, 0)
+            by[r] = n + 1
+            other = bad_by.get(d)
+            m = other.get(r, 0) if other else 0
+            if n == m == 0:  # r's first evidence on d: a new good vote
+                good_votes[d] = good_votes.get(d, 0) + 1
+            elif n <= m:
+                self._move_vote(d, n - m, n - m + 1)
         if obs.bad:
             self._bad_keys.add(obs.key)
             for d in entry.blamed:
@@ -186,7 +197,6 @@ class Localizer:
         if not keys:
             del self._by_reporter[r]
         for d in entry.credited:
-            _decrement(self._good_count, d)
             self._drop(self._good_by, self._bad_by, d, r, +1)
         if entry.obs.bad:
             self._bad_keys.discard(key)
@@ -483,11 +493,12 @@ class Localizer:
 
     def _good_paths(self, d: str, suspects: set[str]) -> int:
         """Good observations across `d`, not counting the suspects' (their word counts for nothing)."""
-        good = self._good_count.get(d, 0)
-        if suspects and good:
-            by = self._good_by[d]
-            good -= sum(by.get(r, 0) for r in suspects)
-        return good
+        by = self._good_by.get(d)
+        if not by:
+            return 0
+        if suspects:
+            return sum(n for r, n in by.items() if r not in suspects)
+        return sum(by.values())
 
     def _twins(self, d: str, live: list[int], live_links: dict[str, list[int]], explained: list[bool],
                claim_cands: list[tuple[str, ...]], suspects: set[str]) -> tuple[str, ...]:
