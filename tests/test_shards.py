@@ -50,6 +50,22 @@ def test_more_shards_than_pods_split_pods_and_the_root_owns_their_core_links():
     assert ROOT not in owners["host-leaf"] | owners["leaf-spine"]
 
 
+@pytest.mark.parametrize("model,shards", [(MODEL3, 4), (MODEL3, 16), (MODEL3, 32), (MODEL2, 3)])
+def test_places_are_the_owners_of_what_a_path_may_cross(model, shards):
+    m = ShardMap(model, shards)
+    rng = random.Random(shards)
+    for _ in range(300):
+        a, b = rng.sample(model.hosts, 2)
+        plane = rng.randrange(model.planes)
+        owners = {m.shard_of(a), m.shard_of(b)}
+        for spine in range(model.spines_per_pod(plane)):
+            for core in range(max(1, model.cores_per_group(plane))):
+                for d in model.node_path(a, b, plane, spine, core) + model.node_path(b, a, plane, spine, core):
+                    owners.add(m.owner(d))
+        assert set(m.places(a, plane, b)) == owners and len(m.places(a, plane, b)) == len(owners)
+        assert m.places(a, plane, b)[0] == m.shard_of(a)  # the reporter's own shard first
+
+
 def test_the_map_is_the_same_wherever_it_is_built():
     a, b = ShardMap(MODEL3, 5), ShardMap(three_tier(256, 2, 4, 4, 4, 4), 5)
     assert a.digest() == b.digest() and [a.hosts_of(k) for k in range(5)] == [b.hosts_of(k) for k in range(5)]

@@ -112,6 +112,7 @@ class FabricModel:
         self._counted: dict[tuple[str, str], int] = {}  # _replies_count's answers
         self._ends_of: dict[str, tuple[str, str]] = {}  # link name -> its directed names (_ends)
         self._opposite: dict[str, str] = {}  # directed name -> the same link's other direction
+        self._uplink_ends_of: dict[tuple[str, int], tuple[str, str]] = {}  # (host, plane) -> _ends of its uplink
         self._spine_index: dict[str, int] = {}  # spine -> its index in its pod
         self._leaf_spine: dict[tuple[str, int], str] = {}  # (leaf, spine index) -> link name
         self._groups: list[dict[int, list[str]]] = [{} for _ in range(planes)]  # plane -> spine index -> cores
@@ -329,10 +330,16 @@ class FabricModel:
 
     def reverse_definite(self, src_host: str, plane: int, dst_host: str) -> tuple[str, ...]:
         """Links every reply dst -> src crosses, whatever spine ECMP picks for it."""
-        up = self.uplink(dst_host, plane)
-        down = self.uplink(src_host, plane)
         # between leaves the spine is ECMP's choice; for a same-leaf pair these two are the path
-        return (self._ends(up.name)[0], self._ends(down.name)[1])
+        return (self._uplink_ends(dst_host, plane)[0], self._uplink_ends(src_host, plane)[1])
+
+    def _uplink_ends(self, host: str, plane: int) -> tuple[str, str]:
+        """`_ends` of the host's uplink on `plane` (every healthy path a localizer takes in asks)."""
+        key = (host, plane)
+        ends = self._uplink_ends_of.get(key)
+        if ends is None:
+            ends = self._uplink_ends_of[key] = self._ends(self.uplink(host, plane).name)
+        return ends
 
     def reverse_possible(self, src_host: str, plane: int, dst_host: str, limit: int | None = None) -> tuple[str, ...]:
         """Links a reply dst -> src may cross: the definite ones and, between leaves, every link

@@ -288,9 +288,9 @@ class Localizer:
         if not obs.forward:
             return ()
         try:
-            last = self.model.link(split_directed(obs.forward[-1])[0])
-            if last.kind != HOST_LEAF:
-                return ()  # not a path to a host: nothing is known about replies
+            last = self.model.links.get(obs.forward[-1].rpartition(":")[0])
+            if last is None or last.kind != HOST_LEAF:
+                return ()  # not a path to a host (or no link of this fleet): nothing is known about replies
             if possible:  # a claim longer than max_candidates is dropped (_entry): not listed at all
                 return self.model.reverse_possible(obs.reporter, last.plane, last.a, self.max_candidates)
             return self.model.reverse_definite(obs.reporter, last.plane, last.a)

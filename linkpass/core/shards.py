@@ -94,6 +94,8 @@ class ShardMap:
             pod = self._pod.get(leaf)
             if pod is not None:
                 self._pod_owner[pod] = k if self._pod_owner.get(pod, k) == k else ROOT
+        # no switch link left to the root: a path's places are its two ends' shards, nothing more
+        self._ends_only = ROOT not in self._leaf_owner.values() and ROOT not in self._pod_owner.values()
         self._spine_pod: dict[str, tuple[int, int]] = {}  # spine -> (plane, pod)
         for lk in model.links.values():
             if lk.kind == LEAF_SPINE and lk.a in self._pod:
@@ -129,6 +131,8 @@ class ShardMap:
         if peer is None or peer not in self._shard:
             return tuple(out)
         out.append(self._shard[peer])
+        if self._ends_only:  # (every leaf's and pod's links are its hosts' shard's)
+            return tuple(out) if out[0] != out[1] else (out[0],)
         try:
             ends = (self.model.leaf_of(reporter, plane), self.model.leaf_of(peer, plane))
         except FabricError:
@@ -310,12 +314,10 @@ class ShardedLocalizer:
 
     def places_of(self, obs: Observation) -> tuple[int, ...]:
         ends = [None, None]
+        links = self.model.links
         for n, d in enumerate((obs.forward[:1] + obs.forward[-1:]) if obs.forward else ()):
-            try:
-                lk = self.model.link(split_directed(d)[0])
-            except FabricError:
-                continue
-            if lk.kind == HOST_LEAF:
+            lk = links.get(d.rpartition(":")[0])  # None: no link of this fleet
+            if lk is not None and lk.kind == HOST_LEAF:
                 ends[n] = lk
         if ends[0] is None:
             return (self.map.shard_of(obs.reporter),)

@@ -95,7 +95,8 @@ class Fleet:
         self.paths: list[SimPath] = []
         self.by_link: dict[str, list[int]] = defaultdict(list)
         by_link = self.by_link
-        self.by_pair: dict[tuple[str, str], list[int]] = {}
+        self.by_pair: dict[tuple[str, str], list[int]] = defaultdict(list)
+        by_pair = self.by_pair
         seen: set[tuple] = set()
         m = self.model
         hosts = m.hosts
@@ -105,9 +106,10 @@ class Fleet:
         def add(reporter, peer, plane, spine, core, job):
             # keyed on the ECMP choice asked for, as the 16 384-GPU figures were made: a same-leaf
             # peer gets one path per choice, all crossing the same links
-            if (reporter, peer, plane, spine, core) in seen:
+            key = (reporter, peer, plane, spine, core)
+            if key in seen:
                 return
-            seen.add((reporter, peer, plane, spine, core))
+            seen.add(key)
             if m.leaf_of(reporter, plane) == m.leaf_of(peer, plane):
                 spine = core = None
             elif m.same_pod(reporter, peer, plane):
@@ -118,7 +120,7 @@ class Fleet:
             self.paths.append(SimPath(reporter, peer, plane, spine, core, f"{reporter}/{i}", fwd, rev, job))
             for d in fwd + rev:  # no link is in both, nor twice in one: they go opposite ways
                 by_link[d].append(i)
-            self.by_pair.setdefault((reporter, peer), []).append(i)
+            by_pair[(reporter, peer)].append(i)
 
         n = len(hosts)
         for i, h in enumerate(hosts):  # the job: a ring over hosts on every rail, both neighbours
