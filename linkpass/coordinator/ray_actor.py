@@ -19,6 +19,8 @@ import time
 
 import ray
 
+from ..core import heap
+
 NAMESPACE = "linkpass"
 ACTOR_NAME = "coordinator"  # the coordinator, or the root of a sharded one
 SHARD_NAME = "coordinator-shard-{}"  # its shards
@@ -52,12 +54,12 @@ class _Serving:
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=16)
 class CoordinatorActor(_Serving):
     def __init__(self, settings: dict):
-        from .runner import actor_log, settle_heap, start  # noqa: PLC0415 (imported in the actor's process)
+        from .runner import actor_log, start  # noqa: PLC0415 (imported in the actor's process)
 
         self._prompt()
         sharded = (settings.get("shards") or 1) > 1
         self.server = start(settings, log=actor_log(settings), shards=RayShards() if sharded else None)
-        settle_heap()  # the actor's process is the coordinator's alone
+        heap.settle()  # the actor's process is the coordinator's alone
 
     # what shards ask of the root (shard.RootLink, through RayRoot)
     def forwarded_register(self, req):
@@ -81,11 +83,11 @@ class ShardActor(_Serving):
     """Shard `shard` of a sharded coordinator (shard.py): its own endpoint; the root by name."""
 
     def __init__(self, settings: dict, shard: int):
-        from .runner import actor_log, settle_heap, start_shard  # noqa: PLC0415 (imported in the actor's process)
+        from .runner import actor_log, start_shard  # noqa: PLC0415 (imported in the actor's process)
 
         self._prompt()
         self.server = start_shard(settings, shard, RayRoot(), log=actor_log(settings))
-        settle_heap()  # the fleet model, out of the collector's sight (see settle_heap)
+        heap.settle()  # the fleet model, out of the collector's sight (core/heap.py)
 
     def localize_part(self, *call):
         """A round of the root's localization at this shard's part (shard.PartHost)."""

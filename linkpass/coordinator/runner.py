@@ -45,7 +45,6 @@ its name.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -53,6 +52,7 @@ import resource
 import time
 
 from ..core.fabric import FabricError, FabricModel
+from ..core.heap import collector_paused
 from ..core.constants import COORDINATOR_LISTEN
 from ..observe.log import RANK, LogFile, Logger
 from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
@@ -311,16 +311,6 @@ def log_history(log: Logger, events: list[tuple]) -> None:
             log("plan_coverage", **f)
 
 
-def settle_heap() -> None:
-    """For the coordinator's own process, once it has started: the fleet model and the restored
-    state live as long as the process; out of the cyclic collector's sight, a full collection does
-    not walk them (at 131 072 GPUs the localizer's millions of objects made one a 1.3 s pause in
-    the middle of a findings() call). Not for a process that starts coordinators and goes on with
-    other work (a test run): what is frozen is never collected."""
-    gc.collect()
-    gc.freeze()
-
-
 def _credentials(settings: dict, state_dir: str) -> tuple[Tokens, str]:
     """The tokens agents and operators authenticate with, and the file they come from."""
     tokens_path = settings.get("tokens") or ensure_tokens(state_dir)
@@ -377,7 +367,8 @@ def start(settings: dict, log: Logger | None = None, shards: ShardLink | None = 
     localizer = None
     if router is not None and shards is not None:
         localizer = ShardedLocalizer(model, router.map, ShardParts(model, router.map, shards))
-    coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter, localizer=localizer)
+    with collector_paused():  # the restored state: the whole fleet's paths at once (core/heap.py)
+        coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter, localizer=localizer)
     server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
                                tokens_path=tokens_path, router=router)
     log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, store=store.kind, agents=len(coordinator.agents),

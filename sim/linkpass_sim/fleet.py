@@ -38,7 +38,9 @@ from linkpass.core import wire
 from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
-from linkpass.core.fabric import DOWN, HOST_LEAF, LEAF_SPINE, UP, FabricModel, directed, generated, split_directed
+from linkpass.core import heap
+from linkpass.core.heap import collector_paused
+from linkpass.core.fabric import DOWN, HOST_LEAF, LEAF_SPINE, UP, FabricError, FabricModel, directed, generated, split_directed
 from linkpass.core.names import plane_of
 from linkpass.core.localize import Localizer, Observation, path_evidence
 from linkpass.core.plan import plan_probes
@@ -90,6 +92,11 @@ class Fleet:
     def __init__(self, shape: Shape, config: SimConfig | None = None, seed: int = 0):
         self.shape = shape
         self.config = config or SimConfig()
+        with collector_paused():  # millions of paths, none of them garbage (linkpass/core/heap.py)
+            self._build(seed)
+
+    def _build(self, seed: int) -> None:
+        shape = self.shape
         self.model: FabricModel = generated(shape.layout())
         self.plan = plan_probes(self.model, seed=seed)
         self.paths: list[SimPath] = []
@@ -102,6 +109,14 @@ class Fleet:
         hosts = m.hosts
         spines, cores = shape.spines_per_pod, max(1, shape.cores_per_group)
         k_paths = min(self.config.job_paths_per_peer, spines * cores)
+        # each host's leaf per plane and each leaf's pod, looked up once (millions of paths ask)
+        leaf = {(h, p): m.leaf_of(h, p) for h in hosts for p in range(m.planes)}
+        pod = {}
+        for lf in set(leaf.values()):
+            try:
+                pod[lf] = m.pod_of(lf)
+            except FabricError:  # a leaf meeting no spine: in no pod
+                pass
 
         def add(reporter, peer, plane, spine, core, job):
             # keyed on the ECMP choice asked for, as the 16 384-GPU figures were made: a same-leaf
@@ -110,9 +125,10 @@ class Fleet:
             if key in seen:
                 return
             seen.add(key)
-            if m.leaf_of(reporter, plane) == m.leaf_of(peer, plane):
+            a, b = leaf[reporter, plane], leaf[peer, plane]
+            if a == b:
                 spine = core = None
-            elif m.same_pod(reporter, peer, plane):
+            elif pod.get(a) == pod.get(b):
                 core = None
             fwd = m.node_path(reporter, peer, plane, spine, core)
             rev = m.reversed_path(fwd)  # the replies return the same way
@@ -138,6 +154,8 @@ class Fleet:
                           ShardedLocalizer(self.model, ShardMap(self.model, self.config.shards)))
         for sp in self.paths:
             self.localizer.update(Observation(sp.reporter, sp.key, sp.forward, None, False))
+        if isinstance(self.localizer, ShardedLocalizer):
+            self.localizer.send()  # the parts take the healthy fleet in now, as shards do when agents register
 
     # ---- what a failure does to the fabric -----------------------------------------------------
     def effects(self, f: Failure, t0_ns: int) -> list[Effect]:
@@ -546,17 +564,18 @@ def run(gpus: int = 16_384, days: float = 1.0, scenario: str = "llama3", seed: i
     fails = fm.draw(scenario, shape, days, rng)
     outcomes, hits_with, hits_without = [], [], []
     network = [f for f in fails if f.network]
-    for f in fails:
-        o = None
-        if f.network:
-            o = simulate(fleet, f, rng)
-            outcomes.append(o)
-            if progress is not None:
-                progress(f"{len(outcomes)}/{len(network)} network failures simulated ({f.kind} at "
-                         f"{f.t_s / 3600:.1f} h: stall {o.stall_ms:.0f} ms, {o.agents} agents)")
-        w, wo = hits_for(f, o, params, cfg)
-        hits_with += w
-        hits_without += wo
+    with heap.frozen():  # the fleet's millions of paths out of the collector's passes (core/heap.py)
+        for f in fails:
+            o = None
+            if f.network:
+                o = simulate(fleet, f, rng)
+                outcomes.append(o)
+                if progress is not None:
+                    progress(f"{len(outcomes)}/{len(network)} network failures simulated ({f.kind} at "
+                             f"{f.t_s / 3600:.1f} h: stall {o.stall_ms:.0f} ms, {o.agents} agents)")
+            w, wo = hits_for(f, o, params, cfg)
+            hits_with += w
+            hits_without += wo
     wall = days * fm.DAY_S
     counts: dict[str, int] = {}
     for f in fails:

@@ -31,6 +31,8 @@ import gc
 import random
 import time
 
+from linkpass.core import heap
+from linkpass.core.heap import collector_paused
 from linkpass.core.localize import BOTH, Localizer, Observation
 from linkpass.core.plan import plan_probes
 from linkpass.core.shards import ROOT, LocalParts, ShardedLocalizer, ShardMap
@@ -91,13 +93,13 @@ class TrialFleet:
     def _ingest(self) -> float:
         """The healthy fleet into self.localizer; microseconds per observation."""
         t = time.perf_counter()
-        for i in range(len(self.keys)):
-            self.localizer.update(self.observation(i, False, None))
-        if isinstance(self.localizer, ShardedLocalizer):
-            self.localizer.findings()  # the places take their evidence in (sharded: then only where it changes)
+        with collector_paused():  # as the coordinator loads its state (core/heap.py)
+            for i in range(len(self.keys)):
+                self.localizer.update(self.observation(i, False, None))
+            if isinstance(self.localizer, ShardedLocalizer):
+                self.localizer.findings()  # the places take their evidence in (sharded: then only where it changes)
         us = (time.perf_counter() - t) / len(self.keys) * 1e6
-        gc.collect()
-        gc.freeze()  # as the coordinator does once its state is loaded (coordinator/runner.py)
+        heap.settle()  # as the coordinator does once its state is loaded (coordinator/ray_actor.py)
         return us
 
     def use_shards(self, shards: int, parts=None) -> None:

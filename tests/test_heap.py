@@ -1,0 +1,43 @@
+"""The collector around a large built state (core/heap.py): paused while it is built, frozen
+while it is worked over, and as it was afterwards."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from linkpass.core import heap
+
+pytestmark = pytest.mark.unit
+
+
+def test_collector_paused_restores_the_collector_also_on_error():
+    assert gc.isenabled()
+    with heap.collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with heap.collector_paused():
+            raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()  # a caller that had it off: left off
+    try:
+        with heap.collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_frozen_thaws_so_later_garbage_cycles_are_collected():
+    class Node:
+        pass
+
+    before = gc.get_freeze_count()
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only the collector frees it
+    with heap.frozen():
+        assert gc.get_freeze_count() > before  # the cycle too, among everything
+    assert gc.get_freeze_count() == 0
+    del a, b
+    assert gc.collect() >= 2  # thawed: the dropped cycle is found
