@@ -41,3 +41,21 @@ def test_frozen_thaws_so_later_garbage_cycles_are_collected():
     assert gc.get_freeze_count() == 0
     del a, b
     assert gc.collect() >= 2  # thawed: the dropped cycle is found
+
+
+def test_localization_runs_with_the_collector_paused(monkeypatch):
+    from linkpass.core.fabric import rail_optimized
+    from linkpass.core.localize import Localizer, Observation
+    from linkpass.core.shards import Part, ShardMap
+
+    model = rail_optimized(8, 1, 4, 2)
+    loc = Localizer(model)
+    loc.update(Observation("h0", "h0/0", model.node_path("h0", "h5", 0, 1), None, True, "forward"))
+    seen = []
+    greedy = Localizer._greedy
+    monkeypatch.setattr(Localizer, "_greedy", lambda self, *a: seen.append(gc.isenabled()) or greedy(self, *a))
+    loc.findings()
+    named = Localizer.named
+    monkeypatch.setattr(Localizer, "named", lambda self: seen.append(gc.isenabled()) or named(self))
+    Part(model, ShardMap(model, 2), 0).cleared()
+    assert seen == [False, False] and gc.isenabled()
