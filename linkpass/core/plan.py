@@ -16,9 +16,10 @@ have hosts), spreading over the spines in turn, so each leaf-spine link gets its
 probes and the probes arriving from other leaves. In a 3-tier plane the hosts of a pod probe the
 hosts at the same place in other pods instead, their paths dealt over every (spine, core) pair of
 the pod in turn, so every tier's links get the pod's own probes and the ones arriving from other
-pods; each host there gets one path more, inside its pod (see `_Sparse._build_pods`). A repair pass then adds the few paths that uneven shapes (a short last leaf or pod, more
-spines or cores than a leaf's or pod's probes) need to reach 2 reporters everywhere. Total paths
-grow linearly with the fleet.
+pods; each host there gets one path more, inside its pod (see `_Sparse._build_pods`). A repair
+pass then adds the few paths that uneven shapes (a short last leaf or pod, more spines or cores
+than a leaf's or pod's probes) need to reach 2 reporters everywhere. Total paths grow linearly
+with the fleet.
 
 Caps (`caps`: host -> most planned paths it may take, from the probe budget its agent reports,
 `plan_cap`) bound what each reporter is given. A full mesh that would exceed one becomes a sparse
@@ -338,9 +339,9 @@ class _Sparse:
         what corroborates a host's uplink upwards, which its own probes alone cannot.
 
         That path comes on top of the host's `per_host` paths between pods: the replies between
-        pods are not weighed, so the probes are a spine-core link's only witnesses, and with
-        `per_host` of them per host each direction of it gets that many reporters; 3, so one
-        noisy agent saying good cannot leave a real fault there with a single reporter."""
+        pods are not weighed, so the probes are a spine-core link's only witnesses. Each
+        direction of one gets per_host x the pod's hosts / its (spine, core) pairs reporters: 3
+        at 131 072 GPUs, so one noisy agent saying good still leaves 2 that say bad."""
         members = [[h for g in self.groups_of_pod[pod] for h in self.groups[g]] for pod in self.pods]
         n, c, width = len(self.pods), self.per_host + 1, self.spines * self.cores
         for o, hosts in enumerate(members):
