@@ -29,7 +29,9 @@ Rows:
                           machine the client, the root and every shard share the cores: the
                           figure per shard is the point (a shard has a core of its own on a cluster).
                           Extra changes_per_s: reports that each carry one change, which the
-                          shards forward to the root (the root's own ingest bounds them).
+                          shards forward to the root (the root's own ingest bounds them);
+                          cpu_s_per_report: each shard's (or the one actor's) CPU seconds per
+                          digest report (process_cpu_seconds_total), cpu_s_root the root's meanwhile.
   localize-131k-sS-single the 131k trials again with the evidence split over S shards and a root
   localize-131k-sS-double (core/shards.py), S = 4, 16, 64, all in this process: latency (ms: the
                           slowest place, per round, as if each ran in its own process;
@@ -42,7 +44,8 @@ Rows:
                           2 cores the 16 shards share them.
   shard-load-131k-S       per shard, its agents' reports/s (each agent reports at least every
                           REPORT_HEARTBEAT_S) against ingest-shards-1's median, pct, S = 1, 4, 16,
-                          64; target <= 50 % for the S the docs recommend.
+                          64; target <= 50 % for the S the docs recommend. Extra cpu_share_pct:
+                          the share of a core those reports take at the one actor's CPU per report.
   sim-131k-day-s16        wall (s) of the same simulated day with the agents' evidence split over
                           16 shards and a root; peer: one shard, interleaved.
 """
@@ -211,13 +214,15 @@ def case_ingest_shards(args, shared) -> list[dict]:
         out.append(r)
         if shards == 1:
             shared["capacity"] = r["median"]
+            shared["cpu_s_per_report"] = extra["cpu_s_per_report"][0]
     return out
 
 
 @contextlib.contextmanager
 def coordinator_on_ray(model, shards: int):
     """The coordinator as real actors on a local Ray (a root and `shards` shards, or one actor),
-    with `model`, in a temporary state directory; yields (settings, the endpoints agents use).
+    with `model`, in a temporary state directory; yields (settings, the endpoints agents use, the
+    root's or the one actor's).
     Stopped, Ray shut down and the directory removed after."""
     import json  # noqa: PLC0415
     import shutil  # noqa: PLC0415
@@ -242,11 +247,26 @@ def coordinator_on_ray(model, shards: int):
     ray_actor.connect(num_cpus=2)
     try:
         _, root_url = ray_actor.ensure(settings, timeout_s=600)
-        yield settings, [ray_actor.endpoint(h) for h in ray_actor.shards()] or [root_url]
+        yield settings, [ray_actor.endpoint(h) for h in ray_actor.shards()] or [root_url], root_url
     finally:
         ray_actor.stop_all()
         ray_actor.shutdown()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def cpu_seconds(urls: list[str], tls) -> dict[str, float]:
+    """Each endpoint's process CPU seconds so far (its `process_cpu_seconds_total`)."""
+    from linkpass.coordinator.client import Client  # noqa: PLC0415
+
+    out = {}
+    for u in urls:
+        with Client(u, None, tls=tls) as c:
+            for line in c.get("/metrics").decode().splitlines():
+                if line.startswith("process_cpu_seconds_total "):
+                    out[u] = float(line.rsplit(" ", 1)[1])
+        if u not in out:
+            raise RuntimeError(f"{u}/metrics has no process_cpu_seconds_total")
+    return out
 
 
 def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[list[float], dict]:
@@ -260,7 +280,7 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
     from linkpass.core.shards import ShardMap  # noqa: PLC0415
 
     hosts = sorted(tables)
-    with coordinator_on_ray(model, shards) as (settings, urls):
+    with coordinator_on_ray(model, shards) as (settings, urls, root_url):
         owner = ShardMap(model, shards)
         url_of = {h: urls[owner.shard_of(h) if shards > 1 else 0] for h in hosts}
         secret = read_agent_secret(os.path.join(settings["state_dir"], "agent.secret"))
@@ -295,8 +315,11 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
         rates = {}
         cursor = [0]
         lock = threading.Lock()
+        sent = dict.fromkeys(urls, 0)  # digest reports per endpoint
+        endpoints = list(dict.fromkeys([*urls, root_url]))
         for mix, bodies in mixes.items():
             rates[mix] = []
+            cpu_before = cpu_seconds(endpoints, tls)
             for trial in range(trials if mix == "digest" else max(2, trials // 3)):
                 stop = time.perf_counter() + cb.INGEST_WINDOW_S
                 done = [0] * cb.INGEST_CLIENTS
@@ -311,6 +334,9 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
                         turn = bodies[h]
                         mine[url_of[h]].post_raw("/v1/report", turn[(i // len(hosts)) % len(turn)], token=tokens[h])
                         done[k] += 1
+                        if mix == "digest":
+                            with lock:
+                                sent[url_of[h]] += 1
                     for c in mine.values():
                         c.close()
 
@@ -323,6 +349,8 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
                 rates[mix].append(round(sum(done) / (time.perf_counter() - t), 1))
                 progress(f"ingest-shards-{shards} {mix} trial {trial + 1}: {rates[mix][-1]:.0f} reports/s")
             cursor[0] = 0  # the next mix starts at its first body (the changes mix: down)
+            if mix == "digest":  # each process's CPU for the reports it took in
+                cpu = {u: round(t - cpu_before[u], 3) for u, t in cpu_seconds(endpoints, tls).items()}
         extra = {}
         if shards > 1:
             answered = queued = forwarded = 0
@@ -336,6 +364,10 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
                             forwarded += n if 'outcome="forwarded"' in line else 0
             extra = {"answered_by_shards": int(answered), "queued_for_root": int(queued),
                      "forwarded_to_root": int(forwarded)}
+        # CPU seconds a shard (or the one actor) spent per digest report, and the root's meanwhile
+        extra["cpu_s_per_report"] = [round(cpu[u] / sent[u], 9) if sent[u] else None for u in urls]
+        extra["cpu_s_root"] = cpu[root_url] if shards > 1 else None
+        extra["digest_reports"] = sum(sent.values())
         extra["changes_per_s"] = rates["changes"]
         extra["changes_median"] = statistics.median(rates["changes"])
     return rates["digest"], extra
@@ -385,6 +417,9 @@ def case_shards(args, shared) -> list[dict]:
         reports = [n / REPORT_HEARTBEAT_S for n in sizes]
         extra = dict(hosts_per_shard=sizes, paths_held=held[:-1], root_paths_held=held[-1],
                      reports_per_s=reports, capacity_reports_per_s=capacity)
+        cpu_per_report = shared.get("cpu_s_per_report")
+        if cpu_per_report:  # the share of a core each shard's reports take, at the one actor's cost per report
+            extra["cpu_share_pct"] = [round(100.0 * r * cpu_per_report, 2) for r in reports]
         if capacity:
             pct = [round(100.0 * r / capacity, 2) for r in reports]
             out.append(row(f"shard-load-131k-{shards}", "load", "pct", pct, target_max=50.0, max=max(pct),
