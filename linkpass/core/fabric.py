@@ -199,6 +199,11 @@ class FabricModel:
         except KeyError:
             raise FabricError(f"no link named {name!r} in this fleet") from None
 
+    def link_at(self, directed_link: str) -> FleetLink | None:
+        """The link a directed name ("h0-p0l0:up") is on; None when no link of this fleet is
+        (cheaper than `link(split_directed(...))`: asked for every path taken in)."""
+        return self.links.get(directed_link.rpartition(":")[0])
+
     def tier(self, link_name: str) -> str:
         return self.link(link_name).kind
 

@@ -289,7 +289,7 @@ class Localizer:
         if not obs.forward:
             return ()
         try:
-            last = self.model.links.get(obs.forward[-1].rpartition(":")[0])
+            last = self.model.link_at(obs.forward[-1])
             if last is None or last.kind != HOST_LEAF:
                 return ()  # not a path to a host (or no link of this fleet): nothing is known about replies
             if possible:  # a claim longer than max_candidates is dropped (_entry): not listed at all

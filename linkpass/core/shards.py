@@ -316,9 +316,8 @@ class ShardedLocalizer:
 
     def places_of(self, obs: Observation) -> tuple[int, ...]:
         ends = [None, None]
-        links = self.model.links
         for n, d in enumerate((obs.forward[:1] + obs.forward[-1:]) if obs.forward else ()):
-            lk = links.get(d.rpartition(":")[0])  # None: no link of this fleet
+            lk = self.model.link_at(d)
             if lk is not None and lk.kind == HOST_LEAF:
                 ends[n] = lk
         if ends[0] is None:

@@ -39,7 +39,6 @@ from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Ac
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
 from linkpass.core import heap
-from linkpass.core.heap import collector_paused
 from linkpass.core.fabric import DOWN, HOST_LEAF, LEAF_SPINE, UP, FabricError, FabricModel, directed, generated, split_directed
 from linkpass.core.names import plane_of
 from linkpass.core.localize import Localizer, Observation, path_evidence
@@ -92,7 +91,7 @@ class Fleet:
     def __init__(self, shape: Shape, config: SimConfig | None = None, seed: int = 0):
         self.shape = shape
         self.config = config or SimConfig()
-        with collector_paused():  # millions of paths, none of them garbage (linkpass/core/heap.py)
+        with heap.collector_paused():  # millions of paths, none of them garbage (linkpass/core/heap.py)
             self._build(seed)
 
     def _build(self, seed: int) -> None:

@@ -19,9 +19,10 @@ changed observations are set back to good.
 With shards (`use_shards`), the observations are split over a ShardedLocalizer
 (core/shards.py) as the sharded coordinator splits them, and sent to the places before
 findings() as the root sends them each tick (taking them in is `update_ms`, as updating one
-localizer is): only the places (shards, root) a trial touched explain again, each timed on its own; the trial's latency is the slowest of them, as
-the shards and the root run in parallel, each in its own process (`serial_ms`: the same
-places explained one after another, as one process does). With the places in shard actors
+localizer is): only the places (shards, root) a trial touched explain again, each timed on its
+own; the trial's latency is the slowest of them, as the shards and the root run in parallel,
+each in its own process (`serial_ms`: the same places explained one after another, as one
+process does). With the places in shard actors
 (`parts`, the scale benchmark's Ray case), the latency is the wall time of findings(): the
 rounds' calls, the shards' work side by side and the root's own.
 """
@@ -32,7 +33,6 @@ import random
 import time
 
 from linkpass.core import heap
-from linkpass.core.heap import collector_paused
 from linkpass.core.localize import BOTH, Localizer, Observation
 from linkpass.core.plan import plan_probes
 from linkpass.core.shards import ROOT, LocalParts, ShardedLocalizer, ShardMap
@@ -93,7 +93,7 @@ class TrialFleet:
     def _ingest(self) -> float:
         """The healthy fleet into self.localizer; microseconds per observation."""
         t = time.perf_counter()
-        with collector_paused():  # as the coordinator loads its state (core/heap.py)
+        with heap.collector_paused():  # as the coordinator loads its state (core/heap.py)
             for i in range(len(self.keys)):
                 self.localizer.update(self.observation(i, False, None))
             if isinstance(self.localizer, ShardedLocalizer):
