@@ -151,3 +151,26 @@ def test_flap_alternates_and_stops_on_clear(clean_faults):
     faults.clear(fab.prefix)
     assert faults.active(fab.prefix) == []
     assert traffic.send_flow(fab, 2, 0, plane=1, count=500, interval_s=0.0005).loss_pct == 0
+
+
+@pytest.mark.parametrize("order", ["all-at-once", "first-then-second", "second-then-first"])
+def test_both_links_of_one_spine_down_clear_in_any_order(clean_faults, ports, order):
+    """Both leaf links of spine p0s0 down: bringing one back must not need the other's port (the
+    spine's routes through a port still down are left for when it comes up)."""
+    fab = clean_faults
+    links = ["p0l0-p0s0", "p0l1-p0s0"]
+    for link in links:
+        faults.apply(fab.prefix, FaultSpec("down", link))
+    assert loss(fab, 0, 3, ports[(0, 3, "p0s0")], count=100) == 100
+    if order == "all-at-once":
+        assert {f["link"] for f in faults.clear(fab.prefix)} == set(links)
+    else:
+        first, second = links if order == "first-then-second" else links[::-1]
+        assert [f["link"] for f in faults.clear(fab.prefix, first)] == [first]
+        assert [f["link"] for f in faults.active(fab.prefix)] == [second]
+        assert loss(fab, 0, 3, ports[(0, 3, "p0s0")], count=100) == 100  # the other link is still down
+        assert [f["link"] for f in faults.clear(fab.prefix, second)] == [second]
+    assert faults.active(fab.prefix) == []
+    assert loss(fab, 0, 3, ports[(0, 3, "p0s0")], count=200) == 0
+    assert loss(fab, 3, 0, ports[(3, 0, "p0s0")], count=200) == 0
+    assert all(r["ok"] for r in traffic.reachability(fab, tries=2))  # every route came back

@@ -92,3 +92,17 @@ def test_congestion_leaving_a_soft_roce_guest_is_refused_and_the_other_direction
             F.validate(gfab, F.FaultSpec("congest", "h0-p0l0", direction, {"rate": "10mbit"}))
     assert F.validate(gfab, F.FaultSpec("congest", "h0-p0l0", "p0l0", {"rate": "10mbit"})).direction == "p0l0"
     assert F.validate(gfab, F.FaultSpec("congest", "h1-p0l0", None, {"rate": "10mbit"}))  # a namespace host
+
+
+def test_restorable_keeps_only_hops_on_ports_that_are_up():
+    single = T.Route("198.18.0.0/24", (("198.18.1.0", "l0"),))
+    ecmp = T.Route("198.18.2.0/24", (("198.18.1.0", "l0"), ("198.18.1.2", "l1")), src="198.18.9.1")
+    assert F.restorable([single, ecmp], {"l0", "l1"}) == [single, ecmp]
+    assert F.restorable([single, ecmp], {"l1"}) == [T.Route("198.18.2.0/24", (("198.18.1.2", "l1"),), "198.18.9.1")]
+    assert F.restorable([single, ecmp], set()) == []
+    # a spine's baseline: every route has one hop, through one leaf port
+    spine = T.make_fabric(T.preset("default"), "lp", "198.19.0.0/24").routes["p0s0"]
+    ports = {hop[1] for r in spine for hop in r.via}
+    assert len(ports) == 2
+    one = sorted(ports)[0]
+    assert F.restorable(spine, {one}) == [r for r in spine if r.via[0][1] == one] != []

@@ -34,9 +34,10 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 from ..kernel import netns as ns_io
 from . import state
 from .build import TestbedError, ensure_neighbors, ensure_routes, load_fabric
-from .topology import Fabric, Link
+from .topology import Fabric, Link, Route
 
 KINDS = ("down", "flap", "loss", "mtu", "congest")
+IFF_UP = 0x1  # <linux/if.h>
 L2_HEADER = 14  # netdev egress sees the Ethernet header in `meta length`, ingress does not
 LOSS_SCALE = 1_000_000  # loss resolution: 1 ppm
 MAX_FLAP_DURATION_S = 3600.0
@@ -122,6 +123,18 @@ def _directions(lk: Link, direction: str | None) -> list[str]:
     return ["up"] if direction == lk.a else ["down"]
 
 
+def restorable(routes: list[Route], up_ifnames: set[str]) -> list[Route]:
+    """The baseline routes that can be put back while only `up_ifnames` are up: the kernel refuses
+    a nexthop on an admin-down port (ENETUNREACH), so a route keeps its hops on ports that are up
+    and is left out when it has none. Bringing up the other ports restores the rest."""
+    out = []
+    for route in routes:
+        via = tuple(hop for hop in route.via if hop[1] in up_ifnames)
+        if via:
+            out.append(route if via == route.via else Route(route.dst, via, route.src))
+    return out
+
+
 def nft_table(prefix: str) -> str:
     return f"{prefix}_faults"
 
@@ -186,9 +199,11 @@ def set_link_state(fab: Fabric, lk: Link, up: bool) -> tuple[int, int, int]:
         ipr.link("set", index=idx, state="up" if up else "down")
         stamp = _stamp(before, time.monotonic_ns(), LINK_DOWN_SHARE)
         if up:
-            # admin-down flushed the neighbours and routes of this port; put the baseline back
-            ensure_neighbors(ipr, fab.neighbors(lk.b))
-            ensure_routes(ipr, fab.routes.get(lk.b, []))
+            # admin-down flushed the neighbours and routes of this port; put the baseline back,
+            # through the ports that are up (another link of this node may still be down)
+            up_ifnames = {ln.get_attr("IFLA_IFNAME") for ln in ipr.get_links() if ln["flags"] & IFF_UP}
+            ensure_neighbors(ipr, [n for n in fab.neighbors(lk.b) if n[0] in up_ifnames])
+            ensure_routes(ipr, restorable(fab.routes.get(lk.b, []), up_ifnames))
     return stamp
 
 
@@ -289,30 +304,39 @@ def clear_ids(prefix: str, ids: list[int]) -> list[dict]:
 
 
 def _clear_where(prefix: str, selected) -> list[dict]:
-    """Undo the selected faults; each removed record gets `cleared_mono_ns`, when it stopped."""
+    """Undo the selected faults; each removed record gets `cleared_mono_ns`, when it stopped.
+
+    Each fault is undone on its own: one that cannot be (the kernel refused) keeps its record,
+    the others are cleared and recorded as such, and the error names what is left."""
     fab = load_fabric(prefix)
     with state.locked(prefix):
         doc = state.load(prefix)
         if doc is None:
             raise TestbedError(f"testbed {prefix!r} went away")
-        gone = [f for f in doc["faults"] if selected(f)]
-        keep = [f for f in doc["faults"] if f not in gone]
+        chosen = [f for f in doc["faults"] if selected(f)]
+        gone, failed = [], []
         nft_nodes = set()
-        for f in gone:
+        for f in chosen:
             lk = fab.link(f["link"])
-            if f["kind"] == "flap":
-                _stop_flapper(f.get("pid"))
-                effective = set_link_state(fab, lk, up=True)[0]
-            elif f["kind"] == "down":
-                effective = set_link_state(fab, lk, up=True)[0]
-            elif f["kind"] == "congest":
-                for node, ifname in _congest_ends(lk, f.get("direction")):
-                    _clear_tbf(fab, node, ifname)
-                effective = time.monotonic_ns()
-            else:
-                nft_nodes.add(lk.b)
-                effective = None
+            try:
+                if f["kind"] == "flap":
+                    _stop_flapper(f.get("pid"))
+                    effective = set_link_state(fab, lk, up=True)[0]
+                elif f["kind"] == "down":
+                    effective = set_link_state(fab, lk, up=True)[0]
+                elif f["kind"] == "congest":
+                    for node, ifname in _congest_ends(lk, f.get("direction")):
+                        _clear_tbf(fab, node, ifname)
+                    effective = time.monotonic_ns()
+                else:
+                    nft_nodes.add(lk.b)
+                    effective = None
+            except Exception as exc:  # noqa: BLE001 - reported below, with the fault it belongs to
+                failed.append((f, exc))
+                continue
             f["cleared_mono_ns"] = effective
+            gone.append(f)
+        keep = [f for f in doc["faults"] if f not in gone]
         for node in sorted(nft_nodes):
             t = _apply_nft(fab, keep, node)[0]
             for f in gone:
@@ -320,6 +344,10 @@ def _clear_where(prefix: str, selected) -> list[dict]:
                     f["cleared_mono_ns"] = t
         doc["faults"] = keep
         state.save(prefix, doc)
+    if failed:
+        what = "; ".join(f"fault {f['id']} ({f['kind']} on {f['link']}): {exc}" for f, exc in failed)
+        raise TestbedError(f"{len(failed)} of {len(chosen)} faults could not be cleared and are still recorded: "
+                           f"{what}; `linkpass testbed down --prefix {prefix}` removes the whole testbed")
     return gone
 
 
