@@ -5,6 +5,7 @@ both, and unknown fields are refused by both."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,31 @@ def test_auto_values_are_valid_and_resolve():
     assert VALIDATOR.is_valid(as_json(doc))
     cfg = parse(doc, HostFacts("h7", (("lo", "198.18.0.7/32"), ("m", "198.19.0.7/24"), ("p0", "198.18.64.15/31"))))
     assert (cfg.agent_id, cfg.metrics_address, cfg.nics[0].gateway) == (3323068423, "198.19.0.7", "198.18.64.14")
+
+
+PATH_FIELDS = ["fleet_key_file", "fleet_key_accept_file"] + \
+    [w for w, spec in SCALARS.items() if spec[0] in ("path", "optional_path")]
+
+
+def test_every_file_field_is_a_path_field():
+    # a file or folder the agent opens must be checked as an absolute path, not as a plain string
+    named = {w for w in SCALARS if w.endswith(("_file", "_dir", ".journal", ".path"))}
+    assert named <= set(PATH_FIELDS) and len(PATH_FIELDS) >= 9
+
+
+@pytest.mark.parametrize("where", PATH_FIELDS)
+def test_a_relative_path_is_refused_by_name_and_by_the_schema(where):
+    def with_value(value):
+        if "." not in where:
+            return {**BASE, where: value}
+        section, key = where.split(".")
+        sec = {**BASE.get(section, {}), key: value}
+        if key in ("cert_file", "key_file"):  # they go together: the other one is valid
+            sec.setdefault("key_file" if key == "cert_file" else "cert_file", "/etc/linkpass/tls/h7.pem")
+        return {**BASE, section: sec}
+
+    assert both(with_value("/var/lib/linkpass/x")) == (True, True)
+    for relative in ("x", "./x", "../etc/x", "lanes"):
+        with pytest.raises(ConfigError, match=rf"^{where}: '{re.escape(relative)}' is not an absolute path; e\.g\. /"):
+            parse(with_value(relative))
+        assert not VALIDATOR.is_valid(as_json(with_value(relative)))

@@ -616,6 +616,10 @@ def test_an_agent_applying_deltas_holds_the_coordinators_plan(tmp_path, seed):
     ({"max_body_bytes": float("inf")}, "settings.max_body_bytes"),
     ({"max_connections": True}, "settings.max_connections"),
     ({"agent_timeout_s": 60, "agent_expire_s": 30}, "settings.agent_expire_s: 30 s must be longer than agent_timeout_s"),
+    ({"state_dir": "state"}, "settings.state_dir: 'state' is not an absolute path"),
+    ({"fabric": "./fabric.json"}, r"settings.fabric: './fabric.json' is not an absolute path"),
+    ({"tls_key_file": "tls/c.key"}, "settings.tls_key_file: 'tls/c.key' is not an absolute path"),
+    ({"store": "postgresql://lp@db/lp", "store_password_file": "pw"}, "settings.store_password_file: 'pw' is not"),
 ])
 def test_coordinator_settings_are_checked_by_name(settings, words):
     from linkpass.coordinator.runner import check_settings

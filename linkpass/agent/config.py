@@ -202,6 +202,21 @@ def _str(value, where: str) -> str:
     return value
 
 
+# what each path field's refusal suggests (the module docstring's examples)
+PATH_EXAMPLES = {"fleet_key_file": "/etc/linkpass/fleet.key", "fleet_key_accept_file": "/etc/linkpass/fleet-next.key",
+                 "probe.lanes_dir": "/run/linkpass/lanes", "routes.journal": "/run/linkpass/routes.journal",
+                 "entropy.path": ENTROPY_PATH, "coordinator.token_file": "/etc/linkpass/agent.token",
+                 "coordinator.ca_file": "/etc/linkpass/tls/ca.crt", "coordinator.cert_file": "/etc/linkpass/tls/h0.crt",
+                 "coordinator.key_file": "/etc/linkpass/tls/h0.key"}
+
+
+def _path(value, where: str) -> str:
+    text = _str(value, where)
+    if not text.startswith("/"):
+        raise ConfigError(f"{where}: {text!r} is not an absolute path; e.g. {PATH_EXAMPLES[where]}")
+    return text
+
+
 def _bool(value, where: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
@@ -274,7 +289,9 @@ DETECT = {"miss_threshold": ("miss_threshold", 1, 1, 100, None),
 
 # Every scalar field of the sections: (JSON type, low, high) for numbers, (type,) otherwise; the
 # parser checks values by it (`_checked`) and `schema()` is made from it, so the two cannot differ.
-# "address" is an IP address, "string" a non-empty string, "optional" a string or null.
+# "address" is an IP address, "string" a non-empty string, "optional" a string or null, "path" an
+# absolute path and "optional_path" one or null: the agent runs from / under systemd and from
+# anywhere by hand, so a relative path would name a different file depending on where it started.
 SCALARS: dict[str, tuple] = {
     "probe.interval_ms": ("number", 0.1, 60_000),
     "probe.idle_interval_ms": ("number", 0.1, 60_000),  # and at least probe.interval_ms
@@ -283,7 +300,7 @@ SCALARS: dict[str, tuple] = {
     "probe.standby_interval_ms": ("number", 0.1, 60_000),  # between probe.interval_ms and idle_interval_ms
     "probe.progress_interval_ms": ("number", 0.1, 60_000),  # and at least probe.interval_ms
     "probe.progress_window_ms": ("number", 0.5, 10_000),
-    "probe.lanes_dir": ("string",),
+    "probe.lanes_dir": ("path",),
     "probe.unreported_rdma_pps": ("number", 0, 100_000_000),
     "probe.budget_pps": ("number", 0, 10_000_000),
     "probe.budget_cpu_pct": ("number", 0, 800),
@@ -300,19 +317,19 @@ SCALARS: dict[str, tuple] = {
     "metrics.per_path": ("boolean",),
     "routes.enabled": ("boolean",),
     "routes.rto_min_ms": ("integer", 1, 1000),
-    "routes.journal": ("string",),
+    "routes.journal": ("path",),
     "routes.max_changes_per_s": ("number", 1, 100_000),
     "entropy.enabled": ("boolean",),
-    "entropy.path": ("string",),
+    "entropy.path": ("path",),
     "coordinator.url": ("string",),
-    "coordinator.token_file": ("string",),
+    "coordinator.token_file": ("path",),
     "coordinator.report_ms": ("integer", 10, 60_000),
     "coordinator.summary_s": ("number", 1, 3600),
     "coordinator.follow_plan": ("boolean",),
     "coordinator.max_plan_peers": ("integer", 1, 65536),
-    "coordinator.ca_file": ("optional",),
-    "coordinator.cert_file": ("optional",),
-    "coordinator.key_file": ("optional",),
+    "coordinator.ca_file": ("optional_path",),
+    "coordinator.cert_file": ("optional_path",),
+    "coordinator.key_file": ("optional_path",),
     "coordinator.insecure_http": ("boolean",),
 }
 
@@ -333,6 +350,10 @@ def _checked(s: "_Section", key: str):
         return _engine(value, where)
     if kind == "optional":
         return _optional_str(value, where)
+    if kind == "path":
+        return _path(value, where)
+    if kind == "optional_path":
+        return None if value is None else _path(value, where)
     return _str(value, where)
 
 
@@ -466,8 +487,9 @@ def _nic_of(plane: int, subnet, host: HostFacts) -> dict:
 def _identity(top: dict) -> dict:
     return {"agent_id": _int(_need(top, "agent_id", ""), "agent_id", 1, 2**32 - 1),
             "name": _str(_need(top, "name", ""), "name"),
-            "fleet_key_file": _str(_need(top, "fleet_key_file", ""), "fleet_key_file"),
-            "fleet_key_accept_file": _optional_str(top.get("fleet_key_accept_file"), "fleet_key_accept_file"),
+            "fleet_key_file": _path(_need(top, "fleet_key_file", ""), "fleet_key_file"),
+            "fleet_key_accept_file": None if top.get("fleet_key_accept_file") is None else
+            _path(top["fleet_key_accept_file"], "fleet_key_accept_file"),
             "service": _addr(_need(top, "service", ""), "service")}
 
 
@@ -540,8 +562,6 @@ def _probe(raw) -> dict:
     if out["standby_interval_ms"] > out["idle_interval_ms"]:
         raise ConfigError(f"probe.standby_interval_ms: {out['standby_interval_ms']:g} is above probe.idle_interval_ms "
                           f"({out['idle_interval_ms']:g}); a failover target is probed at least as often as an idle path")
-    if not out["lanes_dir"].startswith("/"):
-        raise ConfigError(f"probe.lanes_dir: {out['lanes_dir']!r} is not an absolute path; e.g. /run/linkpass/lanes")
     return out
 
 
@@ -670,6 +690,7 @@ _SECTIONS = {"probe": (PROBE, AgentConfig), "api": (API, AgentConfig), "metrics"
 _AUTO = {"const": AUTO, "description": "derived from this host's addresses (host: says where)"}
 _ADDRESS = {"type": "string", "description": "an IPv4 or IPv6 address"}
 _SUBNET = {"type": "string", "description": "an IPv4 or IPv6 subnet, e.g. 198.18.64.0/18"}
+_PATH = {"type": "string", "minLength": 1, "pattern": "^/", "description": "an absolute path"}
 
 
 def _scalar_schema(where: str) -> dict:
@@ -684,6 +705,10 @@ def _scalar_schema(where: str) -> dict:
         return {"enum": list(PROBE_ENGINES)}
     if kind == "optional":
         return {"type": ["string", "null"], "minLength": 1}
+    if kind == "path":
+        return dict(_PATH)
+    if kind == "optional_path":
+        return {**_PATH, "type": ["string", "null"]}
     return {"type": "string", "minLength": 1}
 
 
@@ -737,8 +762,8 @@ def schema() -> dict:
         "properties": {
             "agent_id": {"anyOf": [_AUTO, agent_id]},
             "name": {"type": "string", "minLength": 1, "description": "this host's name, or auto"},
-            "fleet_key_file": {"type": "string", "minLength": 1},
-            "fleet_key_accept_file": {"type": ["string", "null"], "minLength": 1},
+            "fleet_key_file": dict(_PATH),
+            "fleet_key_accept_file": {**_PATH, "type": ["string", "null"]},
             "service": {"anyOf": [_AUTO, _ADDRESS]},
             "nics": {"anyOf": [_AUTO, {"type": "array", "minItems": 1, "items": nic}]},
             "host": host,

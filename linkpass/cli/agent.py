@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ..observe.log import RANK
+from .files import absolute
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Run the LinkPass agent on this host (in this network namespace). It needs "
                                     "CAP_NET_RAW and CAP_NET_ADMIN (root has them; the systemd unit grants them to "
                                     "the linkpass user) and, for SCHED_FIFO, CAP_SYS_NICE or an RLIMIT_RTPRIO.")
-    ag.add_argument("--config", metavar="FILE",
+    ag.add_argument("--config", metavar="FILE", type=absolute,
                     help="YAML config (every field: docs/failover.md; one file for a fleet: docs/install.md)")
     ag.add_argument("--check-config", action="store_true",
                     help="check the config, its key and TLS files and the capabilities here, show what `auto` "

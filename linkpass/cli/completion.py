@@ -15,6 +15,7 @@ import io
 from dataclasses import dataclass, field
 
 from .output import EXIT_OK, error
+from .files import absolute
 
 SHELLS = ("bash", "zsh", "fish")
 COMPLETE_TIMEOUT_S = 1.0  # `__complete`: per connect and read; a Tab must not stall the shell
@@ -436,7 +437,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "with `man -l -`; or write every page to DIR (--out) for MANPATH: linkpass.1, "
                                    "linkpass-status.1, linkpass-coordinator-token.1, ...")
     m.add_argument("command", nargs="*", help="the command whose page to print, e.g. status or coordinator token")
-    m.add_argument("--out", metavar="DIR", help="write every page into DIR (made if missing) instead")
+    m.add_argument("--out", metavar="DIR", type=absolute, help="write every page into DIR (made if missing) instead")
     m.set_defaults(func=run_man)
 
 

@@ -25,6 +25,7 @@ from .output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, EXIT_W
 from ..core.fabric import DOWN, UP
 from ..core.states import BAD, Level, health_of, state_of, worst
 from ..observe.log import RANK
+from .files import absolute
 
 # a link's health (the coordinator's `links` rows) as a level, like a path's state
 _LINK_HEALTH = {"ok": Level.OK, "drained": Level.WARNING, "unwatched": Level.WARNING, "faulty": Level.CRITICAL}
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     co.add_argument("--address", help="Ray cluster to join (e.g. ray://head:10001 or auto); default: a local Ray")
     co.add_argument("--listen", default=None, help=f"HOST:PORT of the endpoint (default {COORDINATOR_LISTEN}; "
                                                    f"0.0.0.0:{COORDINATOR_PORT} with --testbed, so namespaced agents reach it)")
-    co.add_argument("--state-dir", default=None, help="SQLite database and tokens (default /var/lib/linkpass/coordinator)")
+    co.add_argument("--state-dir", default=None, type=absolute, help="SQLite database and tokens (default /var/lib/linkpass/coordinator)")
     co.add_argument("--shards", type=int, default=None, metavar="S",
                     help="coordinator shards agents report to (default 1). With S > 1 a root actor and S shard "
                          "actors, each with its own endpoint (ports after --listen's, or --shard-listen); agents "
@@ -64,14 +65,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     co.add_argument("--store", metavar="URL", default=None,
                     help="keep the state in PostgreSQL instead of SQLite in --state-dir: postgresql://USER@HOST:PORT/DB "
                          "(a server every Ray node reaches, so a restarted actor finds its state anywhere)")
-    co.add_argument("--store-password-file", metavar="FILE", default=None,
+    co.add_argument("--store-password-file", metavar="FILE", type=absolute, default=None,
                     help="the --store user's password (one line, mode 0600; never in the URL)")
-    co.add_argument("--store-tls-ca", metavar="FILE", default=None,
+    co.add_argument("--store-tls-ca", metavar="FILE", type=absolute, default=None,
                     help="check the --store server's TLS certificate against this CA (PEM) and the URL's host; "
                          "without it TLS is used if the server offers it, unverified")
     src = co.add_mutually_exclusive_group()
     src.add_argument("--testbed", metavar="PREFIX", help="use this running testbed's fabric as the fleet model")
-    src.add_argument("--fabric", metavar="FILE", help="fleet model JSON (links, hosts, addresses)")
+    src.add_argument("--fabric", metavar="FILE", type=absolute, help="fleet model JSON (links, hosts, addresses)")
     co.add_argument("--max-drain-share", type=float, default=0.05,
                     help="blast-radius guard: share of one tier's links in one plane that may be drained (default 0.05)")
     co.add_argument("--agent-timeout-s", type=float, default=None,
@@ -91,9 +92,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "info); in the foreground they are copied from <state-dir>/coordinator.log to stderr")
     tls = co.add_argument_group("TLS", "HTTPS by default; without --tls-cert, a lab CA in <state-dir>/tls is made on "
                                        "first start (docs/security.md, TLS set-up)")
-    tls.add_argument("--tls-cert", metavar="FILE", help="the endpoint's certificate (PEM; with --tls-key)")
-    tls.add_argument("--tls-key", metavar="FILE", help="its private key (PEM)")
-    tls.add_argument("--tls-ca", metavar="FILE", help="CA of client certificates (default: the lab CA's)")
+    tls.add_argument("--tls-cert", metavar="FILE", type=absolute, help="the endpoint's certificate (PEM; with --tls-key)")
+    tls.add_argument("--tls-key", metavar="FILE", type=absolute, help="its private key (PEM)")
+    tls.add_argument("--tls-ca", metavar="FILE", type=absolute, help="CA of client certificates (default: the lab CA's)")
     tls.add_argument("--tls-san", metavar="NAMES", help="more names/addresses for the lab CA's coordinator "
                                                       "certificate, comma-separated (--testbed adds its address)")
     tls.add_argument("--require-client-cert", action="store_true",
@@ -124,12 +125,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="an agent host (e.g. h3), or an action on listed tokens").complete = "hosts"
     tk.add_argument("--role", choices=("reader", "operator"), help="with create: what the token may do")
     tk.add_argument("-o", "--output", choices=("table", "json"), default="table", help="with list")
-    tk.add_argument("--state-dir", default=None, help="the coordinator's state (default /var/lib/linkpass/coordinator)")
+    tk.add_argument("--state-dir", default=None, type=absolute, help="the coordinator's state (default /var/lib/linkpass/coordinator)")
     tk.add_argument("--store", metavar="URL", default=None,
                     help="the coordinator's PostgreSQL store, when it keeps its state there (as its --store)")
-    tk.add_argument("--store-password-file", metavar="FILE", default=None, help="that store user's password")
-    tk.add_argument("--store-tls-ca", metavar="FILE", default=None, help="that store server's CA (as the coordinator's)")
-    tk.add_argument("--out", metavar="FILE", help="write the token to FILE (mode 0600) instead of printing it")
+    tk.add_argument("--store-password-file", metavar="FILE", type=absolute, default=None, help="that store user's password")
+    tk.add_argument("--store-tls-ca", metavar="FILE", type=absolute, default=None, help="that store server's CA (as the coordinator's)")
+    tk.add_argument("--out", metavar="FILE", type=absolute, help="write the token to FILE (mode 0600) instead of printing it")
     tk.add_argument("--revoke", action="store_true",
                     help="refuse every earlier token of HOST (stolen, leaked, host rebuilt) and print the new one")
     tk.add_argument("--reason", help="why you revoke (recorded in the history with your user name)")
@@ -217,23 +218,23 @@ def client_args(p: argparse.ArgumentParser, for_what: str = "") -> None:
     p.add_argument("--coordinator", metavar="URL", help=f"coordinator endpoint{for_what} (default "
                                                         "$LINKPASS_COORDINATOR, the context's, or "
                                                         f"{COORDINATOR_URL})")
-    p.add_argument("--token-file", metavar="FILE", help="file holding your token (default: $LINKPASS_TOKEN, "
+    p.add_argument("--token-file", metavar="FILE", type=absolute, help="file holding your token (default: $LINKPASS_TOKEN, "
                                                         "the context's token-file, ~/.config/linkpass/token, or on "
                                                         "the coordinator's host its reader.token)")
     p.add_argument("--context", metavar="NAME", help="a context of the config file: its coordinator, token and "
                                                      "TLS files (default $LINKPASS_CONTEXT or current-context)")
-    p.add_argument("--config-file", metavar="FILE", help="the CLI's config file (default $LINKPASS_CONFIG or "
+    p.add_argument("--config-file", metavar="FILE", type=absolute, help="the CLI's config file (default $LINKPASS_CONFIG or "
                                                          "~/.config/linkpass/config.yaml)")
     tls_args(p)
 
 
 def tls_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ca-file", metavar="FILE", help="CA the coordinator's certificate must chain to (default "
+    p.add_argument("--ca-file", metavar="FILE", type=absolute, help="CA the coordinator's certificate must chain to (default "
                                                      "$LINKPASS_CA_FILE, the context's; on its host its lab CA; "
                                                      "else the system's)")
-    p.add_argument("--cert-file", metavar="FILE", help="your client certificate, for mutual TLS (default "
+    p.add_argument("--cert-file", metavar="FILE", type=absolute, help="your client certificate, for mutual TLS (default "
                                                        "$LINKPASS_CERT_FILE, the context's)")
-    p.add_argument("--key-file", metavar="FILE", help="its private key (default $LINKPASS_KEY_FILE, the context's)")
+    p.add_argument("--key-file", metavar="FILE", type=absolute, help="its private key (default $LINKPASS_KEY_FILE, the context's)")
     p.add_argument("--insecure-http", action="store_true",
                    help="allow an http:// coordinator URL (your token crosses the network in cleartext)")
 

@@ -10,6 +10,7 @@ from ..core.constants import AGENT_API_PORT
 from ..doctor.checks import FAIL, OK, SKIP, WARN, Check, report, run_checks
 from ..doctor.gather import gather
 from .output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
+from .files import absolute
 
 
 def exit_code(checks: list[Check]) -> int:
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Check this host (or --netns NAME) for the LinkPass agent: sysctls, capabilities, "
                                    "configured NICs and gateways, RDMA devices, routes to peers, clock sync and the "
                                    "local agent. Exit 0 all ok, 1 some warning, 2 some failure, 3 bad --netns.")
-    p.add_argument("--config", metavar="FILE", help="the agent's YAML config: enables the NIC and route checks")
+    p.add_argument("--config", metavar="FILE", type=absolute, help="the agent's YAML config: enables the NIC and route checks")
     p.add_argument("--netns", metavar="NAME", help="run every check inside this network namespace (e.g. lp-h0)")
     p.add_argument("--api-port", type=int, default=None, help=f"agent API port (default: the config's, else "
                                                              f"{AGENT_API_PORT})")

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from .output import EXIT_OK, EXIT_UNKNOWN, error
+from .files import absolute
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = t.add_subparsers(dest="tls_command", metavar="COMMAND")
     i = tsub.add_parser("init", help="make (or keep) a lab CA, the coordinator's certificate and client certificates",
                         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    i.add_argument("--dir", required=True, help="where the files go (made 0700; every file 0600)")
+    i.add_argument("--dir", required=True, type=absolute, help="where the files go (made 0700; every file 0600)")
     i.add_argument("--hosts", default="", metavar="NAMES",
                    help="agent hosts that get a client certificate (NAME.crt/.key), comma-separated; "
                         "the CLI's `cli` is always made")

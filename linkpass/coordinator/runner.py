@@ -175,6 +175,10 @@ def server_context(settings: dict, state_dir: str, host: str):
 
 _PATHS = ("state_dir", "listen", "fabric_model", "fabric", "tokens", "agent_secret", "tls_cert_file", "tls_key_file",
           "tls_ca_file", "store", "store_password_file", "store_tls_ca_file")
+# settings that name a file or folder: absolute, since the coordinator runs as a Ray actor, whose
+# working directory is Ray's, not the caller's (the CLI makes its arguments absolute)
+_FILES = ("state_dir", "fabric", "tokens", "agent_secret", "tls_cert_file", "tls_key_file", "tls_ca_file",
+          "store_password_file", "store_tls_ca_file")
 _FLAGS = ("require_client_cert", "insecure_http")
 # number settings: (the dataclass that owns the default, lowest, highest, integer?)
 _NUMBERS = {
@@ -208,6 +212,11 @@ def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
     for name in _FLAGS:
         if settings.get(name) is not None and not isinstance(settings[name], bool):
             raise CoordinatorError(f"settings.{name}: expected true or false, got {settings[name]!r}")
+    for name in _FILES:
+        value = settings.get(name)
+        if value is not None and not (isinstance(value, str) and value.startswith("/")):
+            raise CoordinatorError(f"settings.{name}: {value!r} is not an absolute path; the coordinator's actor "
+                                   "does not run in the caller's folder (e.g. /var/lib/linkpass/coordinator)")
     level = settings.get("log_level")
     if level is not None and level not in RANK:
         raise CoordinatorError(f"settings.log_level: expected one of {', '.join(RANK)}, got {level!r}")

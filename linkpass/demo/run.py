@@ -34,6 +34,7 @@ from ..cli.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, paint, table
 from ..core.names import host_name
 from . import timeline
 from .script import SCRIPT, Scripted, select
+from ..cli.files import absolute
 
 HOSTS = [0, 1, 2, 3]
 DEFAULT_PREFIX = "lpdemo"
@@ -51,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--faults", metavar="KINDS", help=f"comma-separated subset of: {', '.join(s.kind for s in SCRIPT)}")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table",
                    help="json: the summary on stdout, progress on stderr")
-    p.add_argument("--out", metavar="DIR", help="output folder (default out/demo-<time>): plot, summary, logs")
+    p.add_argument("--out", metavar="DIR", type=absolute, help="output folder (default out/demo-<time>): plot, summary, logs")
     p.add_argument("--size-mb", type=float, default=4.0, help="all-reduce bucket, MB of float32 (default 4)")
     p.add_argument("--plugin-size-mb", type=float, default=1.0,
                    help="the NCCL-plugin job's all-reduce, MB of uint32 (default 1: beside the gloo job on two "
@@ -74,7 +75,9 @@ class Demo:
     def __init__(self, args, stack: ExitStack):
         self.args, self.stack = args, stack
         self.json_out = args.output == "json"
-        self.out = args.out or os.path.join("out", "demo-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        # absolute from here on: the folder is written into the agents' configs and read by
+        # processes started elsewhere (absolute() is --out's argparse type)
+        self.out = args.out or absolute(os.path.join("out", "demo-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S")))
         os.makedirs(self.out, exist_ok=True)
         self.script = select(args.faults)
         self.fab = None

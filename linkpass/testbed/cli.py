@@ -11,6 +11,7 @@ from ..cli.output import EXIT_CRITICAL, EXIT_OK, FORMATS, emit, paint, table
 from . import build, faults, traffic
 from ..core.names import host_name
 from .topology import Fabric, load_spec_text, parse_rdma_hosts, preset, check_prefix, PRESETS
+from ..cli.files import absolute
 
 DEFAULT_PREFIX = os.environ.get("LINKPASS_PREFIX", "lp")
 
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = tsub.add_parser("up", help="build a testbed")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--topology", metavar="FILE", help="YAML topology file")
+    src.add_argument("--topology", metavar="FILE", type=absolute, help="YAML topology file")
     src.add_argument("--preset", default=None, choices=sorted(PRESETS), help="named topology (default: default)")
     p.add_argument("--rdma-hosts", metavar="LIST", default=None,
                    help="hosts to run as Soft-RoCE guests (QEMU, real verbs), e.g. 0,3; overrides the topology's "

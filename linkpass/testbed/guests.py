@@ -39,7 +39,7 @@ from .topology import Fabric, TestbedError, mac_of, nic_ifname
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGE_SCRIPT = os.path.join(REPO, "rdma", "guest", "build-image.sh")
-IMAGE_CACHE = os.environ.get("LINKPASS_GUEST_CACHE", "/var/cache/linkpass/guest")
+IMAGE_CACHE = os.path.abspath(os.environ.get("LINKPASS_GUEST_CACHE", "/var/cache/linkpass/guest"))
 QEMU = "qemu-system-x86_64"
 READY, FAIL = "LINKPASS-GUEST-READY", "LINKPASS-GUEST-FAIL"
 PANIC = ("Kernel panic", "end Kernel panic")

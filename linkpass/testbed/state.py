@@ -12,7 +12,7 @@ import json
 import os
 from typing import Iterator
 
-STATE_DIR = os.environ.get("LINKPASS_TESTBED_STATE_DIR", "/run/linkpass/testbed")
+STATE_DIR = os.path.abspath(os.environ.get("LINKPASS_TESTBED_STATE_DIR", "/run/linkpass/testbed"))
 
 
 def state_path(prefix: str) -> str:
