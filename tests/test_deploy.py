@@ -28,5 +28,5 @@ def test_daemonset_asks_for_what_the_agent_needs():
     # the command's flags exist in the CLI
     from linkpass.cli.main import build_parser
 
-    args = build_parser().parse_args(agent["command"][1:3] + ["x.yaml"])
-    assert args.config == "x.yaml"
+    args = build_parser().parse_args(agent["command"][1:])
+    assert args.config == agent["command"][3] and args.config.startswith("/etc/linkpass/")

@@ -75,10 +75,23 @@ def test_the_docs_commands_work_from_a_folder_outside_the_repository(tmp_path):
     os.makedirs(work)
     prefix = prefix_for("w")
     try:
-        up = run(["testbed", "up", "--preset", "tiny", "--prefix", prefix], work, timeout=180)
+        up = run(["testbed", "up", "--preset", "tiny", "--agents", "--prefix", prefix], work, timeout=180)
         assert up.returncode == 0, up.stderr[-2000:]
+        # the agents outlive the command; each answers for its host in the host's namespace
+        view = ["ip", "netns", "exec", f"{prefix}-h0", *LINKPASS, "paths", "--local", "-o", "json"]
+        rows = json.loads(subprocess.run(view, cwd=work, capture_output=True, text=True, timeout=60,
+                                         env={**os.environ, "PYTHONPATH": ROOT}).stdout)
+        assert {(r["peer"], r["plane"]) for r in rows} == {("h1", 0), ("h1", 1)}
         down = run(["testbed", "fault", "--prefix", prefix, "down", "h0-p0l0"], work)
         assert down.returncode == 0, down.stderr
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            rows = json.loads(subprocess.run(view, cwd=work, capture_output=True, text=True, timeout=60,
+                                             env={**os.environ, "PYTHONPATH": ROOT}).stdout)
+            if {r["plane"] for r in rows if r["state"] == "down"} == {0}:
+                break
+            time.sleep(0.2)
+        assert {r["plane"] for r in rows if r["state"] == "down"} == {0}, rows
         clear = run(["testbed", "fault", "--prefix", prefix, "--clear"], work)
         assert clear.returncode == 0, clear.stderr
 
@@ -118,5 +131,18 @@ def test_the_docs_commands_work_from_a_folder_outside_the_repository(tmp_path):
         assert re.search(r"fleet_key_file: 'fleet.key' is not an absolute path; e\.g\. /etc/linkpass/fleet\.key",
                          bad.stderr), bad.stderr
         assert os.path.join(work, "relative.yaml") in bad.stderr  # the file named as a path that works anywhere
+        gone = run(["testbed", "down", "--prefix", prefix], work)
+        assert gone.returncode == 0, gone.stderr
+        assert not [p for p in os.listdir("/proc") if p.isdigit() and _is_agent_of(p, prefix)]
     finally:
         run(["testbed", "clean", "--prefix", prefix], work)
+
+
+def _is_agent_of(pid: str, prefix: str) -> bool:
+    """A `linkpass agent` whose config lies in this testbed's agents folder."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"agent" in argv and any(f"/{prefix}-agents/".encode() in a for a in argv)

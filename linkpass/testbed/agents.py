@@ -39,6 +39,7 @@ class Agents:
     tls_dir: str | None = None  # the coordinator's lab CA: each agent gets its CA and a client certificate
     probe: dict | None = None  # more of the agents' `probe:` config section
     route_options: dict | None = None  # more of the agents' `routes:` config section
+    detach: bool = False  # own sessions: they outlive the process that started them (`testbed up --agents`)
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
 
     def start(self, wait_s: float = 30.0) -> "Agents":
@@ -51,7 +52,8 @@ class Agents:
             log = open(self.log_path(h), "w")
             self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(host_name(h)), *LINKPASS, "agent",
                                               "--config", configs[h], *self.extra_args],
-                                             stdout=subprocess.DEVNULL, stderr=log)
+                                             stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL,
+                                             start_new_session=self.detach)
             log.close()
         deadline = time.monotonic() + wait_s
         for h in self.hosts:

@@ -11,6 +11,7 @@ import errno
 import ipaddress
 import os
 import re
+import shutil
 import signal
 import time
 from typing import Callable
@@ -275,6 +276,7 @@ def _teardown(prefix: str) -> dict:
     for name in namespaces:
         ns_io.remove_netns(name)
     guests.remove_dirs(prefix)
+    shutil.rmtree(state.agents_dir(prefix), ignore_errors=True)  # `up --agents`: stopped with their namespaces
     return {"processes": len(pids), "links": len(links), "namespaces": len(namespaces)}
 
 

@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rdma-hosts", metavar="LIST", default=None,
                    help="hosts to run as Soft-RoCE guests (QEMU, real verbs), e.g. 0,3; overrides the topology's "
                         "rdma_hosts; the guest image is built on first use (minutes) and cached")
+    p.add_argument("--agents", action="store_true",
+                   help="also start `linkpass agent` on every host (probes every 5 ms, routes and entropy table "
+                        "on; logs and configs in the testbed's state folder); `testbed down` stops them")
     common(p)
     p.set_defaults(func=cmd_up)
 
@@ -118,8 +121,28 @@ def cmd_up(args) -> int:
           f"{spec.leaves_per_plane} leaves + {spec.spines_per_plane} spines per plane", file=sys.stderr)
     fab = build.up(spec, args.prefix, _progress)
     print(f"  {paint('✓', 'green', sys.stderr)} up in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
+    if args.agents:
+        _start_agents(fab)
     _show(fab, args.output)
     return EXIT_OK
+
+
+LAB_INTERVAL_MS = 5.0  # as the demo: agents at 1 ms on every host saturate a 2-core machine
+
+
+def _start_agents(fab: Fabric) -> None:
+    """An agent per host (Soft-RoCE guests excepted), detached: they run until `testbed down`."""
+    from . import state
+    from .agents import Agents
+
+    hosts = [h for h in range(fab.spec.hosts) if not fab.is_guest(host_name(h))]
+    directory = state.agents_dir(fab.prefix)
+    _progress(f"starting an agent on {len(hosts)} hosts (every {LAB_INTERVAL_MS:g} ms on every path; "
+              f"logs in {directory})")
+    Agents(fab, directory, hosts, interval_ms=LAB_INTERVAL_MS, detach=True).start()
+    ns = fab.netns(host_name(hosts[0]))
+    _progress(f"each agent's view: `ip netns exec {ns} linkpass paths --local` (its first 10 s window counts "
+              "the probes sent before every peer's agent had started as lost)")
 
 
 def _show(fab: Fabric, fmt: str) -> None:

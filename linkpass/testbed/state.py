@@ -19,6 +19,11 @@ def state_path(prefix: str) -> str:
     return os.path.join(STATE_DIR, f"{prefix}.json")
 
 
+def agents_dir(prefix: str) -> str:
+    """`testbed up --agents`: the agents' configs, key, logs, journals and entropy tables."""
+    return os.path.join(STATE_DIR, f"{prefix}-agents")
+
+
 def flap_log_path(prefix: str, fault_id: int) -> str:
     return os.path.join(STATE_DIR, f"{prefix}-flap-{fault_id}.log")
 
