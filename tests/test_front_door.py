@@ -78,16 +78,18 @@ def test_the_docs_commands_work_from_a_folder_outside_the_repository(tmp_path):
         up = run(["testbed", "up", "--preset", "tiny", "--agents", "--prefix", prefix], work, timeout=180)
         assert up.returncode == 0, up.stderr[-2000:]
         # the agents outlive the command; each answers for its host in the host's namespace
-        view = ["ip", "netns", "exec", f"{prefix}-h0", *LINKPASS, "paths", "--local", "-o", "json"]
-        rows = json.loads(subprocess.run(view, cwd=work, capture_output=True, text=True, timeout=60,
-                                         env={**os.environ, "PYTHONPATH": ROOT}).stdout)
+        def h0_view() -> list[dict]:
+            view = ["ip", "netns", "exec", f"{prefix}-h0", *LINKPASS, "paths", "--local", "-o", "json"]
+            return json.loads(subprocess.run(view, cwd=work, capture_output=True, text=True, timeout=60,
+                                             env={**os.environ, "PYTHONPATH": ROOT}).stdout)
+
+        rows = h0_view()
         assert {(r["peer"], r["plane"]) for r in rows} == {("h1", 0), ("h1", 1)}
         down = run(["testbed", "fault", "--prefix", prefix, "down", "h0-p0l0"], work)
         assert down.returncode == 0, down.stderr
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            rows = json.loads(subprocess.run(view, cwd=work, capture_output=True, text=True, timeout=60,
-                                             env={**os.environ, "PYTHONPATH": ROOT}).stdout)
+            rows = h0_view()
             if {r["plane"] for r in rows if r["state"] == "down"} == {0}:
                 break
             time.sleep(0.2)
