@@ -112,8 +112,21 @@ def test_an_owner_only_fleet_key_file_is_read_also_through_a_symlink(tmp_path):
         load_fleet_key(key_file(tmp_path, 0o600, bytes(16)))
     with pytest.raises(ConfigError, match="is not a regular file"):
         load_fleet_key(str(tmp_path))
-    with pytest.raises(ConfigError, match="cannot read .*nothing"):
-        load_fleet_key(str(tmp_path / "nothing"))
+
+
+@pytest.mark.unit
+def test_a_missing_fleet_key_file_says_how_to_make_one_and_that_way_works(tmp_path):
+    import re
+    import subprocess
+
+    path = str(tmp_path / "fleet.key")
+    with pytest.raises(ConfigError) as err:
+        load_fleet_key(path)
+    msg = str(err.value)
+    assert msg.startswith(f"fleet_key_file: {path} does not exist"), msg
+    command = re.search(r"`([^`]+)`", msg).group(1)
+    subprocess.run(["sh", "-c", command], check=True)  # what the message tells the reader to type
+    assert len(load_fleet_key(path)) == 32
 
 
 @pytest.mark.unit

@@ -39,6 +39,10 @@ def load_fleet_key(path: str, field: str = "fleet_key_file") -> bytes:
     """The key in `path`, or ConfigError naming the config field, the file and the fix."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"{field}: {path} does not exist; the fleet's key (the same file on every host) goes "
+                          f"there, e.g. made once with `(umask 077; python3 -c 'import secrets; "
+                          f"print(secrets.token_hex(32))' > {path})` (docs/install.md)") from None
     except OSError as exc:
         raise ConfigError(f"{field}: cannot read {path} ({exc.strerror})") from None
     try:
