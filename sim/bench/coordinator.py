@@ -28,6 +28,21 @@ Targets: findings() <= 100 ms, precision and recall >= 99 %, ingest >= 20 000 re
 """
 from __future__ import annotations
 
+# what this benchmark measures: a change to any of these after a run makes the figures quoted
+# from it stale (tests/test_benchmark_freshness.py lists them)
+MEASURES = (
+    "linkpass/core/localize.py",
+    "linkpass/core/fabric.py",
+    "linkpass/core/plan.py",
+    "linkpass/coordinator/coordinator.py",
+    "linkpass/coordinator/http.py",
+    "linkpass/coordinator/store.py",
+    "linkpass/coordinator/shard.py",
+    "sim/linkpass_sim/localize_trials.py",
+    "sim/bench/coordinator.py",
+)
+
+
 import argparse
 import json
 import os

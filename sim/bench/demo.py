@@ -15,6 +15,19 @@ two cores costs the job here).
 """
 from __future__ import annotations
 
+# what this benchmark measures: a change to any of these after a run makes the figures quoted
+# from it stale (tests/test_benchmark_freshness.py lists them)
+MEASURES = (
+    "linkpass/demo",
+    "linkpass/core/detector.py",
+    "linkpass/agent/failover.py",
+    "linkpass/agent/routes.py",
+    "rdma/nccl/lp_plugin.c",
+    "rdma/nccl/lp_lanes.c",
+    "sim/bench/demo.py",
+)
+
+
 import argparse
 import os
 import sys

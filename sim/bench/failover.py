@@ -19,6 +19,21 @@ uplink cuts under the same load), route_ops (per_s; peer pyroute2).
 """
 from __future__ import annotations
 
+# what this benchmark measures: a change to any of these after a run makes the figures quoted
+# from it stale (tests/test_benchmark_freshness.py lists them)
+MEASURES = (
+    "linkpass/core/detector.py",
+    "linkpass/agent/failover.py",
+    "linkpass/agent/decide.py",
+    "linkpass/agent/daemon.py",
+    "linkpass/agent/routes.py",
+    "linkpass/agent/netlink.py",
+    "linkpass/probe/_probecore.c",
+    "linkpass/probe/engine.py",
+    "sim/bench/failover.py",
+)
+
+
 import argparse
 import os
 import shutil

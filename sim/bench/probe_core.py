@@ -19,6 +19,18 @@ the figures are reported as measured.)
 """
 from __future__ import annotations
 
+# what this benchmark measures: a change to any of these after a run makes the figures quoted
+# from it stale (tests/test_benchmark_freshness.py lists them)
+MEASURES = (
+    "linkpass/probe/_probecore.c",
+    "linkpass/probe/probe_rx.h",
+    "linkpass/probe/probe_wire.h",
+    "linkpass/probe/engine.py",
+    "linkpass/probe/reference.py",
+    "sim/bench/probe_core.py",
+)
+
+
 import argparse
 import os
 import resource

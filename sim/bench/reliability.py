@@ -54,6 +54,19 @@ entry in ROWS.
 """
 from __future__ import annotations
 
+# what this benchmark measures: a change to any of these after a run makes the figures quoted
+# from it stale (tests/test_benchmark_freshness.py lists them)
+MEASURES = (
+    "linkpass/probe/_probecore.c",
+    "linkpass/probe/probe_rx.h",
+    "linkpass/probe/probe_wire.h",
+    "linkpass/coordinator/http.py",
+    "linkpass/agent/routes.py",
+    "linkpass/agent/daemon.py",
+    "sim/bench/reliability.py",
+)
+
+
 import argparse
 import json
 import os

@@ -51,6 +51,21 @@ Rows:
 """
 from __future__ import annotations
 
+# what this benchmark measures: a change to any of these after a run makes the figures quoted
+# from it stale (tests/test_benchmark_freshness.py lists them)
+MEASURES = (
+    "linkpass/core/localize.py",
+    "linkpass/core/fabric.py",
+    "linkpass/core/plan.py",
+    "linkpass/core/shards.py",
+    "linkpass/core/heap.py",
+    "linkpass/coordinator/shard.py",
+    "linkpass/coordinator/coordinator.py",
+    "sim/linkpass_sim",
+    "sim/bench/scale.py",
+)
+
+
 import argparse
 import contextlib
 import os

@@ -1,6 +1,7 @@
-"""The benchmark report format (the workplace's BENCHMARKS.md), in one place for every
+"""The benchmark report format (docs/benchmarks/README.md), in one place for every
 `sim/bench/*.py`: trial statistics, the JSON document, the progress line and the root check
-they all need."""
+they all need. Each document records the commit it ran on (and whether the tree had uncommitted
+changes), so a figure quoted from it can be checked against later changes to the code it measures."""
 from __future__ import annotations
 
 import datetime as dt
@@ -8,6 +9,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -53,8 +55,29 @@ def require_root() -> bool:
 
 
 def document(benchmark: str, rows: list[dict], **extra) -> dict:
+    commit, dirty = checkout()
     return {"benchmark": benchmark, "when": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "machine": f"{os.cpu_count()} cores, Linux {platform.release().split('-')[0]}", "rows": rows, **extra}
+            "machine": f"{os.cpu_count()} cores, Linux {platform.release().split('-')[0]}",
+            "commit": commit, "dirty": dirty, "rows": rows, **extra}
+
+
+def checkout() -> tuple[str | None, bool | None]:
+    """(the commit the benchmarks' tree is at, whether tracked files differ from it), or
+    (None, None) outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if not head:
+        return None, None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return head.strip(), None if status is None else bool(status.strip())
 
 
 def write(doc: dict, path: str | None) -> None:
