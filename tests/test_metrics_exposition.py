@@ -29,7 +29,7 @@ class Engine:
 
     def __init__(self):
         self.paths: dict[int, ProbedPath] = {}
-        self.stats = {"sent": 40, "reflected": 38, "replies": 36, "received": 74}
+        self.stats = {"sent": 40, "reflected": 38, "replies": 36, "received": 74, "confirm_rounds": 3, "confirm_refused": 1}
         self.drops = {"replay": 2, "bad_tag": 1}
 
 

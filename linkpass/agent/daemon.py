@@ -290,6 +290,8 @@ class Agent:
         self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
                                  log, routes=self.routes, entropy=self.entropy,
                                  set_rto=self.engine.set_rto)
+        if hasattr(self.engine, "set_confirm"):  # the C core; the verbs engine has no confirmation rounds
+            self.engine.set_confirm(self.failover.detector.config.miss_threshold)
         self.view = TelemetryView(self.engine, self.labels, offset_ns=self._offset_of_peer, state_of=self._state_of)
         self.api: LocalApi | None = None
         self.metrics_server = None

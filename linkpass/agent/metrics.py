@@ -65,6 +65,10 @@ SPECS: dict[str, Spec] = {
     "linkpass_probe_other_key_packets": Spec(CounterMetricFamily,
                                             "Packets authenticated with the second fleet key accepted during a key "
                                             "rotation (fleet_key_accept_file): peers still, or already, signing with it"),
+    "linkpass_probe_confirmation_rounds": Spec(CounterMetricFamily,
+                                              "Confirmation rounds: a probe on every path to a peer, sent when a miss "
+                                              "makes one of them DOWN (sent), or refused by the per-peer budget "
+                                              "(refused)", ("result",)),
     # telemetry, per path: only with metrics.per_path
     "linkpass_path_probe_requests": Spec(CounterMetricFamily, "Probe requests sent on the path", _PATH),
     "linkpass_path_probe_replies": Spec(CounterMetricFamily, "Authenticated replies received on the path", _PATH),
@@ -253,7 +257,11 @@ class TelemetryCollector:
                 packets.add_metric([kind], counters["stats"][kind])
         other_key = family("linkpass_probe_other_key_packets")
         other_key.add_metric([], counters["stats"].get("other_key", 0))
-        yield from (sent, replies, lost, loss_ratio, p50, p99, rtt_h, drops, packets, other_key)
+        confirm = family("linkpass_probe_confirmation_rounds")
+        for result, key in (("sent", "confirm_rounds"), ("refused", "confirm_refused")):
+            if key in counters["stats"]:
+                confirm.add_metric([result], counters["stats"][key])
+        yield from (sent, replies, lost, loss_ratio, p50, p99, rtt_h, drops, packets, other_key, confirm)
         if per_path:
             yield from (p_sent, p_replies, p_lost, p_loss, p_p50, p_p99, p_rtt)
 

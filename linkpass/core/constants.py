@@ -22,5 +22,9 @@ ENTROPY_PATH = "/run/linkpass/entropy"  # the entropy table's default file (tmpf
 # ---- cadences ----------------------------------------------------------------------------------
 BATCH_S = 0.01  # the agent takes on-time replies this often (RTT, delay, good-probe counts; hold-down timers)
 ENTROPY_HEARTBEAT_S = 0.1  # the entropy writer's heartbeat (readers treat a silent writer as gone)
+# confirmation rounds (probe core): at most this many per peer a second, this many at once; a
+# round is one probe per path to the peer, sent when a path's miss makes it DOWN
+CONFIRM_PER_PEER_PER_S = 20.0
+CONFIRM_BURST = 4
 REPORT_HEARTBEAT_S = 1.0  # an agent with nothing to report still reports this often (the coordinator's liveness)
 COORDINATOR_TICK_S = 0.1  # the coordinator runs liveness and localization this often

@@ -72,7 +72,17 @@ typedef struct {
  *   MISS      a request whose deadline passed with no reply: seq, size, t1 = sent, t4 = deadline.
  *             Judged when the loop has read every packet that arrived before the deadline (the
  *             evidence time), or when a reply to a later request of the path arrived after it.
- *   LATE      a reply that came after its request was judged missed (or that matched none). */
+ *   LATE      a reply that came after its request was judged missed (or that matched none).
+ *
+ * Confirmation (set_confirm): the miss that completes `threshold` misses in a row on a path, the
+ * one its detector declares it DOWN on, pulls the next probe of every path to the same peer
+ * forward to now, that path's own included. The data path acts on a DOWN only once another path
+ * of the peer answers on time a probe sent after it (agent/decide.py, silence_confirmed): these
+ * probes are that evidence, a round trip after the miss instead of the rest of a probe interval
+ * (an idle path's is 100 ms) later, and their on-time answers go to Python at once instead of
+ * with the next batch. Bounded per peer, since a flapping or hostile fabric could otherwise turn
+ * every miss into a burst: `burst` rounds, refilled at `per_s` a second; a refused round is
+ * counted and the probes keep their schedule. */
 enum { EV_ANSWERED = 1, EV_MISS = 2, EV_LATE = 3 };
 typedef struct { /* little-endian, 64 bytes: "<IIQIIIIqqqq" */
     uint32_t kind, path_id;
@@ -85,7 +95,7 @@ typedef struct { /* little-endian, 64 bytes: "<IIQIIIIqqqq" */
 typedef struct {
     uint64_t seq;
     int64_t t_sent, deadline;
-    uint8_t waiting, size;
+    uint8_t waiting, size, confirm; /* confirm: sent by a confirmation round */
 } out_t;
 
 typedef struct {
@@ -104,6 +114,9 @@ typedef struct {
     uint64_t exp_seq; /* requests below this are judged */
     ev_t agg; /* pending ANSWERED (agg.count > 0) */
     uint64_t first_seq, next_seq, sent; /* replies are to requests in [first_seq, next_seq) */
+    uint32_t misses_in_row; /* small probes judged missed since the last reply (the detector's streak) */
+    uint8_t confirm_next; /* the next probe is a confirmation round's */
+    int64_t confirm_tat; /* the peer's confirmation budget (GCRA: theoretical arrival time, monotonic ns) */
     replay_t replay;
 } path_t;
 
@@ -143,6 +156,10 @@ typedef struct {
     int notify; /* set under `mu` when one was pushed; the loop signals efd after unlocking */
     int64_t drained_local;
     uint64_t sent, reflected, replies, received, wakeups, evidence_updates;
+    /* confirmation rounds (set_confirm; 0: off), and what they did */
+    uint32_t confirm_threshold, confirm_burst;
+    int64_t confirm_period_ns;
+    uint64_t confirm_rounds, confirm_probes, confirm_refused;
     /* synthetic clock: local = base_local + (true - base_true) * (1 + rate_ppb / 1e9) */
     int64_t clk_base_true, clk_base_local, clk_rate_ppb;
     uint64_t rng; /* xorshift64* for jitter */
@@ -196,6 +213,7 @@ typedef struct txbatch {
     uint64_t seq[BATCH];
     int64_t t1[BATCH];
     uint8_t size_probe[BATCH];
+    uint8_t confirm[BATCH];
 } txbatch_t;
 
 static ev_t *ev_push(Core *c) {
@@ -215,6 +233,27 @@ static void flush_answered(Core *c, path_t *pt) {
     pt->agg.worst_rtt = 0;
 }
 
+static void wake_loop(Core *c);
+
+/* a confirmation round for pt's peer, if its budget allows (see the judging-mode comment) */
+static void confirm_round(Core *c, const path_t *pt) {
+    int64_t now = now_ns(CLOCK_MONOTONIC), tat = now;
+    for (int i = 0; i < c->npaths; i++) /* the peer's budget: the latest its paths hold */
+        if (c->paths[i].peer_id == pt->peer_id && c->paths[i].confirm_tat > tat) tat = c->paths[i].confirm_tat;
+    if (tat - now > (int64_t)(c->confirm_burst - 1) * c->confirm_period_ns) { c->confirm_refused++; return; }
+    tat += c->confirm_period_ns;
+    for (int i = 0; i < c->npaths; i++) {
+        path_t *q = &c->paths[i];
+        if (q->peer_id != pt->peer_id) continue;
+        q->confirm_tat = tat;
+        q->confirm_next = 1;
+        q->next_due = 0; /* due now: send_due takes it on the loop's next turn */
+        c->confirm_probes++;
+    }
+    c->confirm_rounds++;
+    wake_loop(c); /* a miss judged on a reply's wake-up: the loop must not sleep before sending */
+}
+
 static void emit_miss(Core *c, path_t *pt, out_t *o) {
     flush_answered(c, pt);
     ev_t *e = ev_push(c);
@@ -223,6 +262,8 @@ static void emit_miss(Core *c, path_t *pt, out_t *o) {
         e->t1 = o->t_sent; e->t4 = o->deadline;
     }
     o->waiting = 0;
+    /* the detector's streak: full-size probes are the MTU check's, not counted (core/detector.py) */
+    if (!o->size && ++pt->misses_in_row == c->confirm_threshold) confirm_round(c, pt);
 }
 
 /* judge every request of the path, oldest first, whose deadline is before `until` */
@@ -237,10 +278,11 @@ static void expire(Core *c, path_t *pt, int64_t until) {
     }
 }
 
-static void track_sent(Core *c, path_t *pt, uint64_t seq, int64_t t1, uint8_t size) {
+static void track_sent(Core *c, path_t *pt, uint64_t seq, int64_t t1, uint8_t size, uint8_t confirm) {
     out_t *o = &pt->out[seq % OUT_SLOTS];
     if (o->waiting) emit_miss(c, pt, o); /* OUT_SLOTS requests later and still unanswered */
     o->seq = seq; o->t_sent = t1; o->deadline = t1 + pt->rto_ns; o->size = size; o->waiting = 1;
+    o->confirm = confirm;
 }
 
 /* a reply in judging mode: fold it into ANSWERED if on time, else a LATE event */
@@ -258,9 +300,12 @@ static void track_reply(Core *c, path_t *pt, const probe_t *p, int64_t t_rx) {
             a->t1 = p->t1; a->t2 = p->t2; a->t3 = p->t3; a->t4 = t_rx;
         }
         a->size |= o->size;
+        pt->misses_in_row = 0;
+        if (o->confirm) flush_answered(c, pt); /* the evidence a DOWN waits for: to Python now */
         return;
     }
     if (o->waiting && o->seq == p->seq) emit_miss(c, pt, o); /* late: judged before it is heard */
+    pt->misses_in_row = 0; /* any reply, a late one too, ends the detector's streak */
     flush_answered(c, pt);
     ev_t *e = ev_push(c);
     if (e) {
@@ -282,7 +327,8 @@ static void tx_flush(Core *c, int nic, txbatch_t *b) {
             if (b->what[i] < 0) { c->reflected++; continue; }
             c->paths[b->what[i]].sent++;
             c->sent++;
-            if (c->tracking) track_sent(c, &c->paths[b->what[i]], b->seq[i], b->t1[i], b->size_probe[i]);
+            if (c->tracking)
+                track_sent(c, &c->paths[b->what[i]], b->seq[i], b->t1[i], b->size_probe[i], b->confirm[i]);
         }
         off += r;
     }
@@ -356,6 +402,8 @@ static void queue_probe(Core *c, int nic, int i, txbatch_t *tx) {
     tx[nic].seq[tx[nic].n - 1] = p.seq;
     tx[nic].t1[tx[nic].n - 1] = p.t1;
     tx[nic].size_probe[tx[nic].n - 1] = (uint8_t)size_probe;
+    tx[nic].confirm[tx[nic].n - 1] = pt->confirm_next;
+    pt->confirm_next = 0;
     size_t len = encode(&c->rx.keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + IP_UDP_LEN);
     build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
     tx[nic].iov[tx[nic].n - 1].iov_len = IP_UDP_LEN + len;
@@ -1012,6 +1060,23 @@ static PyObject *Core_set_rto(Core *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_confirm(threshold, per_s, burst): confirmation rounds on the miss that completes `threshold`
+ * misses in a row (0: none), at most `burst` rounds per peer, refilled at `per_s` a second */
+static PyObject *Core_set_confirm(Core *self, PyObject *args) {
+    NEED_READY(self);
+    unsigned int threshold, burst;
+    double per_s;
+    if (!PyArg_ParseTuple(args, "IdI", &threshold, &per_s, &burst)) return NULL;
+    if (threshold > 1000 || !(per_s >= 0.01 && per_s <= 10000.0) || burst < 1 || burst > 1000)
+        return PyErr_Format(PyExc_ValueError, "threshold 0..1000, per_s 0.01..10000, burst 1..1000");
+    pthread_mutex_lock(&self->mu);
+    self->confirm_threshold = threshold;
+    self->confirm_period_ns = (int64_t)(1e9 / per_s);
+    self->confirm_burst = burst;
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_set_size_probe(Core *self, PyObject *args) {
     NEED_READY(self);
     unsigned int path_id, every;
@@ -1055,8 +1120,9 @@ static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
     uint64_t drops_now[D_COUNT];
     pthread_mutex_lock(&self->mu);
     memcpy(drops_now, self->rx.drops, sizeof drops_now);
-    uint64_t v[11] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
-                      self->rx.reflect_used, self->rx.expired, self->rx.other_key_ok, self->lane_looks, self->lane_changes};
+    uint64_t v[14] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
+                      self->rx.reflect_used, self->rx.expired, self->rx.other_key_ok, self->lane_looks, self->lane_changes,
+                      self->confirm_rounds, self->confirm_probes, self->confirm_refused};
     pthread_mutex_unlock(&self->mu);
     PyObject *drops = PyDict_New();
     if (!drops) return NULL;
@@ -1066,10 +1132,11 @@ static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
         if (!n || PyDict_SetItemString(drops, DROP_NAMES[i], n) < 0) { Py_XDECREF(n); Py_DECREF(drops); return NULL; }
         Py_DECREF(n);
     }
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0], "reflected", v[1],
-                         "replies", v[2], "received", v[3], "wakeups", v[4], "evidence_updates", v[5],
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0],
+                         "reflected", v[1], "replies", v[2], "received", v[3], "wakeups", v[4], "evidence_updates", v[5],
                          "reflector_entries", v[6], "reflector_expired", v[7], "other_key", v[8], "lane_looks", v[9],
-                         "lane_changes", v[10], "drops", drops);
+                         "lane_changes", v[10], "confirm_rounds", v[11], "confirm_probes", v[12],
+                         "confirm_refused", v[13], "drops", drops);
 }
 
 static PyObject *Core_declare_pads(Core *self, PyObject *args) {
@@ -1237,6 +1304,8 @@ static PyMethodDef Core_methods[] = {
     {"add_path", (PyCFunction)Core_add_path, METH_VARARGS,
      "add_path(path_id, nic, peer_id, peer_addr4, sport, interval_ns, pad, first_due_monotonic_ns[, pair_gap_ns])"},
     {"remove_path", (PyCFunction)Core_remove_path, METH_VARARGS, "remove_path(path_id)"},
+    {"set_confirm", (PyCFunction)Core_set_confirm, METH_VARARGS,
+     "set_confirm(threshold, per_s, burst): confirmation rounds on the miss that completes threshold misses in a row"},
     {"set_interval", (PyCFunction)Core_set_interval, METH_VARARGS, "set_interval(path_id, interval_ns)"},
     {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
     {"watch_lanes", (PyCFunction)Core_watch_lanes, METH_VARARGS,

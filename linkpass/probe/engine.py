@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..core import wire
+from ..core.constants import CONFIRM_BURST, CONFIRM_PER_PEER_PER_S
 from ..core.probe_event import ProbeEvent, from_record
 from ..core.telemetry import PathTelemetry, feed_events
 from .common import ExchangeRecord, PathIds, PathSpec, ProbedPath, check_engine_args, open_nic_sockets
@@ -52,8 +53,10 @@ class CoreProbeEngine:
     MAX_KEPT = 1_000_000
     LANE_WATCH = True  # watch_lanes(): the loop reads lane reports, Python looks when they change
     # the counters `stats` reports (drop counters by reason: `drops`); reflector_entries is a level
-    # other_key: packets authenticated with the other fleet key accepted during a key rotation
-    STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired", "other_key")
+    # other_key: packets authenticated with the other fleet key accepted during a key rotation;
+    # confirm_*: confirmation rounds (set_confirm) sent, the probes they sent, rounds refused by the budget
+    STATS = ("sent", "reflected", "replies", "received", "reflector_entries", "reflector_expired", "other_key",
+             "confirm_rounds", "confirm_probes", "confirm_refused")
 
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None,
                  clock_segment: Callable[[int], tuple[int, int, int]] | None = None, seed: int = 1,
@@ -130,6 +133,14 @@ class CoreProbeEngine:
     def set_reflector_idle(self, idle_s: float) -> None:
         """A reflector entry (a peer's path) not heard from for this long is freed."""
         self.core.set_reflector_idle(int(idle_s * 1e9))
+
+    def set_confirm(self, miss_threshold: int, per_peer_per_s: float = CONFIRM_PER_PEER_PER_S,
+                    burst: int = CONFIRM_BURST) -> None:
+        """On the miss that completes `miss_threshold` misses in a row on a path (the detector's
+        DOWN), probe every path to that peer at once and hand their on-time answers to Python at
+        once: the evidence that confirms the DOWN, a round trip later. At most `burst` rounds per
+        peer, refilled at `per_peer_per_s`; 0 turns it off."""
+        self.core.set_confirm(miss_threshold, per_peer_per_s, burst)
 
     def set_interval(self, path_id: int, interval_s: float) -> None:
         """Probe a path faster (active: traffic on it) or slower (idle); a faster rate starts at once."""
