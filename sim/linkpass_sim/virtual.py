@@ -18,6 +18,12 @@ own feed first), so its transitions, plane choices and entropy entries are the o
 would make. Probe outcomes are drawn with numpy per step; Python work per step is one ANSWERED
 event per path unless a probe was lost.
 
+Confirmation rounds are the C core's too: the miss that completes a path's streak pulls the next
+probe of every path to that peer forward to its deadline (within each peer's budget), and an
+on-time answer to such a probe wakes the loop. One liberty: the pulled probe is the path's next
+probe already drawn (its loss fate and delays kept), or its next one drawn at that time, and
+the probes after it keep their schedule (the C core restarts it half an interval later).
+
 Two liberties with the daemon's timing, both to save simulation steps and neither able to change
 a decision: a miss wakes the loop only for the paths to the peers concerned (the others' on-time
 replies wait for the next 10 ms batch; a peer's plane and port choice reads only its own paths),
@@ -33,9 +39,9 @@ import numpy as np
 
 from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
-from linkpass.core.constants import BATCH_S
+from linkpass.core.constants import BATCH_S, CONFIRM_BURST, CONFIRM_PER_PEER_PER_S
 from linkpass.core.detector import Detector, DetectorConfig, State, Transition
-from linkpass.core.probe_event import ProbeEvent
+from linkpass.core.probe_event import EV_MISS, ProbeEvent
 from linkpass.core.states import DARK
 from linkpass.core.telemetry import LossCounters, feed_events
 
@@ -122,10 +128,11 @@ class VirtualPath:
     loss: LossCounters = field(default_factory=LossCounters)
 
 
-# path index, probe, sent, reply (NEVER: none), deadline, full-size, reflector's rx count, and how
+# path index, probe, sent, reply (NEVER: none), deadline, full-size, reflector's rx count, how
 # long the reflector held it (a stall): t2 is stamped on arrival (the kernel's receive timestamp)
-# and t3 on sending, so the hold is in neither one-way delay, as on the real reflector
-_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold")
+# and t3 on sending, so the hold is in neither one-way delay, as on the real reflector; and
+# whether a confirmation round sent it
+_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold", "conf")
 
 
 class VirtualAgent:
@@ -151,6 +158,10 @@ class VirtualAgent:
         self._ready = False
         self._pend = {c: np.zeros(0, np.int64) for c in _COLS}
         self._late: list[tuple[int, ...]] = []  # (arrival, j, seq, t1, rx, hold) of missed probes
+        # confirmation rounds, as the C core's set_confirm(miss_threshold, ...) does them
+        self._confirm_threshold = config.miss_threshold
+        self._confirm_period = round(1e9 / CONFIRM_PER_PEER_PER_S)
+        self.confirm = {"rounds": 0, "probes": 0, "refused": 0}
 
     # ---- what Failover calls ------------------------------------------------------------
     def _log(self, event: str, **fields) -> None:
@@ -195,6 +206,9 @@ class VirtualAgent:
         self._effects = list(effects.values())
         peer_index: dict[str, int] = {}
         self._peer_of = np.array([peer_index.setdefault(p.info.peer, len(peer_index)) for p in ps], np.int64)
+        self._misses = np.zeros(n, np.int64)  # small probes missed since the last reply (the streak)
+        self._conf_next = np.zeros(n, bool)  # the next probe drawn is a round's
+        self._confirm_tat = np.zeros(len(peer_index), np.int64)  # each peer's budget (GCRA)
         self._loss = {p.info.path_id: p.loss for p in ps}  # what the events feed (feed_events)
         self._ready = True
 
@@ -239,8 +253,15 @@ class VirtualAgent:
         rx = self._rx_total[j] + cs - before[j]
         self._rx_total += np.bincount(j, weights=arrived, minlength=len(counts)).astype(np.int64)
         self._next_seq = last
+        conf = np.zeros(total, np.int64)
+        if self._conf_next.any():
+            first = starts[counts > 0]  # each path's first probe of this block
+            hit = first[self._conf_next[j[first]]]
+            conf[hit] = 1
+            self._conf_next[j[hit]] = False
         block = {"j": j, "seq": seq, "t1": t1, "arr": np.where(fwd_lost | rev_lost, NEVER, t3 + owd_r),
-                 "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": rx, "hold": t3 - t3_free}
+                 "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": rx, "hold": t3 - t3_free,
+                 "conf": conf}
         self._pend = {c: np.concatenate([self._pend[c], block[c]]) for c in _COLS}
 
     def _next_notify(self, until_ns: int) -> int:
@@ -259,6 +280,9 @@ class VirtualAgent:
             first = min(first, int(dl[missed].min()))
         if self._late:
             first = min(first, self._late[0][0])
+        answers = (self._pend["conf"] == 1) & (arr <= dl)
+        if answers.any():  # a round's on-time answer is handed over at once
+            first = min(first, max(int(arr[answers].min()), self.now_ns + 1))
         return first
 
     def _judge(self, now: int, all_paths: bool) -> list[ProbeEvent]:
@@ -271,7 +295,7 @@ class VirtualAgent:
         on_time = arr <= dl
         decided = np.where(on_time, arr, dl) <= now
         if not all_paths and len(self.paths) > 1:
-            woke = set(self._peer_of[P["j"][decided & ~on_time]].tolist())
+            woke = set(self._peer_of[P["j"][decided & (~on_time | (P["conf"] == 1))]].tolist())
             woke |= {int(self._peer_of[x[1]]) for x in self._late if x[0] <= now}
             decided &= np.isin(self._peer_of[P["j"]], list(woke))
         events: list[ProbeEvent] = []
@@ -305,8 +329,49 @@ class VirtualAgent:
             a, jj, seq, t1, rx, hold = heapq.heappop(self._late)
             half = (a - t1 - REFLECT_NS - hold) // 2
             events.append(ProbeEvent.late(jj + 1, seq, rx, t1, t1 + half, t1 + half + REFLECT_NS + hold, a))
+        self._confirm(events)
         feed_events(events, self._loss)  # as engine.poll does before the daemon sees the events
         return events
+
+    def _confirm(self, events: list[ProbeEvent]) -> None:
+        """The C core's confirmation rounds for these events: the streaks they extend or end, and
+        a round at the deadline of each miss that completes one."""
+        for e in sorted(events, key=lambda e: e.t4):
+            j = e.path_id - 1
+            if e.kind != EV_MISS:
+                self._misses[j] = 0
+            elif not e.size_probe:
+                self._misses[j] += 1
+                if self._misses[j] == self._confirm_threshold:
+                    self._round(j, e.t4)
+
+    def _round(self, j: int, judged: int) -> None:
+        at = judged + 1  # the C loop sends on its next turn, after the miss at `judged` is judged
+        peer = self._peer_of[j]
+        tat = max(int(self._confirm_tat[peer]), at)
+        if tat - at > (CONFIRM_BURST - 1) * self._confirm_period:
+            self.confirm["refused"] += 1
+            return
+        self._confirm_tat[peer] = tat + self._confirm_period
+        self.confirm["rounds"] += 1
+        P = self._pend
+        for q in np.flatnonzero(self._peer_of == peer).tolist():
+            later = np.flatnonzero((P["j"] == q) & (P["t1"] > at))
+            if len(later):  # its next probe is drawn already: sent now instead
+                i = later[np.argmin(P["t1"][later])]
+                early = int(P["t1"][i]) - at
+                P["t1"][i] = at
+                if P["arr"][i] < NEVER:
+                    P["arr"][i] -= early
+                P["dl"][i] = at + self._rto[q]
+                P["conf"][i] = 1
+            elif self._phase[q] + (self._next_seq[q] - 1) * self._interval[q] <= at:
+                # none drawn after the round: the next one is drawn at its time
+                self._phase[q] = at - self._next_seq[q] * self._interval[q]
+                self._conf_next[q] = True
+            else:
+                continue  # one sent after the round's time was answered already (in these events)
+            self.confirm["probes"] += 1
 
     @staticmethod
     def _answered_groups(R: dict) -> list[ProbeEvent]:
