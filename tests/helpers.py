@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -69,10 +68,12 @@ def check_golden(name: str, text: str) -> None:
 
 def free_port() -> int:
     """A TCP port free on every address right now: on loopback, and on the management address
-    the testbed's namespaces reach."""
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
+    the testbed's namespaces reach. Below the ephemeral range, as the demo picks the
+    coordinator's: one the kernel hands out (bind to 0) can be taken by Ray's own outgoing
+    connections before the actor that is given it binds it."""
+    from linkpass.demo.run import _port_outside_ephemeral
+
+    return _port_outside_ephemeral()
 
 
 class LogDrain:
