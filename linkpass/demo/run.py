@@ -35,6 +35,7 @@ from ..core.names import host_name
 from . import timeline
 from .script import SCRIPT, Scripted, select
 from ..cli.files import absolute
+from ..testbed.agents import LAB_INTERVAL_MS
 
 HOSTS = [0, 1, 2, 3]
 DEFAULT_PREFIX = "lpdemo"
@@ -60,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compute-ms", type=float, default=10.0, help="simulated compute per step (default 10)")
     p.add_argument("--job-timeout-s", type=float, default=30.0,
                    help="collective timeout; a failed collective restarts the job (default 30, like NCCL)")
-    p.add_argument("--interval-ms", type=float, default=5.0,
-                   help="agents' probe interval (default 5: four agents at 1 ms saturate a 2-core machine)")
+    p.add_argument("--interval-ms", type=float, default=LAB_INTERVAL_MS,
+                   help=f"agents' probe interval (default {LAB_INTERVAL_MS:g}: four agents at 1 ms saturate a 2-core machine)")
     p.add_argument("--rto-min-ms", type=int, default=10,
                    help="rto_min on the agents' routes: how soon TCP retransmits onto the new path (default 10)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help=f"name prefix of the demo testbed (default {DEFAULT_PREFIX})")

@@ -22,6 +22,8 @@ from ..core.states import USABLE, state_of
 from .topology import Fabric, nic_ifname
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
+# the lab's agents' probe interval (demo, `testbed up --agents`): four at 1 ms saturate a 2-core machine
+LAB_INTERVAL_MS = 5.0
 
 
 @dataclass

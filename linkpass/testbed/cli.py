@@ -127,13 +127,10 @@ def cmd_up(args) -> int:
     return EXIT_OK
 
 
-LAB_INTERVAL_MS = 5.0  # as the demo: agents at 1 ms on every host saturate a 2-core machine
-
-
 def _start_agents(fab: Fabric) -> None:
     """An agent per host (Soft-RoCE guests excepted), detached: they run until `testbed down`."""
     from . import state
-    from .agents import Agents
+    from .agents import LAB_INTERVAL_MS, Agents
 
     hosts = [h for h in range(fab.spec.hosts) if not fab.is_guest(host_name(h))]
     directory = state.agents_dir(fab.prefix)
