@@ -1,8 +1,9 @@
 """Confirmation rounds, on virtual time with the real decision code (Failover, the detector) and
-the simulator's copy of the C core's judging: the miss that makes a path DOWN asks at once for a
-probe on every path to that peer, and the round's on-time answer confirms the DOWN a round trip
-later, even when the peer's other paths are idle (probed every 100 ms). The rounds are bounded
-per peer. (The C core's own rounds, on real sockets: tests/test_engine_robustness.py.)"""
+the simulator's copy of the C core's judging: each miss of a streak asks at once for a probe on
+every path to that peer (a poll sequence: the streak's misses come a timeout apart), and the
+DOWN-making miss's round, sent a host stall's spread after the silence began, confirms the DOWN
+a round trip later, even when the peer's other paths are idle (probed every 100 ms). The rounds
+are bounded per peer. (The C core's own rounds, on real sockets: tests/test_engine_robustness.py.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +36,7 @@ def _agent(idle_ns: int, effects_of) -> VirtualAgent:
     return agent
 
 
-def test_a_down_on_an_active_path_is_confirmed_a_round_trip_later_though_the_other_plane_is_idle():
+def test_a_cut_is_detected_a_few_timeouts_after_it_and_routed_around_at_once_though_the_other_plane_is_idle():
     cut_at = 2_000 * MS + 123 * US
     cut = Effect(frozenset({"up-0-0", "up-0-1"}), "down", cut_at, 10_000 * MS)
     agent = _agent(100 * MS, lambda plane, spine: [cut] if plane == 0 else [])
@@ -43,11 +44,14 @@ def test_a_down_on_an_active_path_is_confirmed_a_round_trip_later_though_the_oth
     down = min(t.at_ns for t in agent.transitions if t.new is State.DOWN and t.path in (1, 2))
     moved = [t for t, _, planes in agent.plane_log if t >= cut_at and planes == (1,)]
     assert moved, agent.plane_log
-    # the round went out at the DOWN-making miss, on every path to h2 (the idle ones included),
-    # and its answers (a ~10 us round trip) are the evidence: no wait for plane 1's next probe,
-    # up to 100 ms away
-    assert agent.confirm["rounds"] >= 1 and agent.confirm["probes"] >= 4 and agent.confirm["refused"] == 0
-    assert 0 < moved[0] - down < 200 * US, (moved[0] - down) / 1e6
+    # a round at each miss of the streak, on every path to h2 (the idle ones included): the three
+    # misses a timeout (250 us) apart, not a probe interval (1 ms), so the DOWN comes within
+    # ~1.3 ms of the cut; the DOWN's round goes out 2 ms after the silence began (the stall
+    # spread) and its answers (a ~10 us round trip) are the evidence: no wait for plane 1's next
+    # probe, up to 100 ms away
+    assert agent.confirm["rounds"] >= 3 and agent.confirm["probes"] >= 12 and agent.confirm["refused"] == 0
+    assert 0 < down - cut_at < 1_500 * US, (down - cut_at) / 1e6
+    assert 0 < moved[0] - cut_at < 3 * MS, (moved[0] - cut_at) / 1e6
 
 
 def test_rounds_are_bounded_per_peer_when_a_link_flaps_fast():

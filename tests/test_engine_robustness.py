@@ -367,12 +367,14 @@ def test_a_wake_up_no_probe_is_due_in_sends_nothing_early(fabric, tmp_path):
         b.close()
 
 
-def test_the_miss_that_makes_a_path_down_probes_the_peers_other_paths_at_once(clean_faults):
-    """Confirmation rounds: plane 0's path to h3 goes dark; the miss that completes the detector's
-    streak (3) sends a probe on every path to h3 at once, the slow one on plane 1 included (5 s
-    interval: without the round it would not be probed again in this test), and that probe's
+def test_each_miss_of_a_streak_probes_the_peers_paths_at_once(clean_faults):
+    """Confirmation rounds, a poll sequence: plane 0's path to h3 (probed every 50 ms) goes dark;
+    each miss of the detector's streak (3) sends a probe on every path to h3 at once, the slow
+    one on plane 1 included (5 s interval: without the rounds it would not be probed again in
+    this test), so the three misses come a timeout (5 ms) apart, not 50 ms, and the last round's
     on-time answer reaches Python sent after the DOWN-making miss's deadline. Rounds are per
-    peer: a path to another peer is not probed; and the budget refuses a second round."""
+    peer: a path to another peer is probed only by its own streak's rounds; and the budget
+    refuses rounds beyond it."""
     from linkpass.core.probe_event import EV_ANSWERED, EV_MISS
     from linkpass.testbed import faults
     from linkpass.testbed.faults import FaultSpec
@@ -383,39 +385,43 @@ def test_the_miss_that_makes_a_path_down_probes_the_peers_other_paths_at_once(cl
         for plane in (0, 1):
             a.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(0, plane))
             b.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(3, plane))
-        a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.001))
+        a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.05))
         a.add_path(PathSpec(2, "p1", 2, fab.nic_addr(3, 1), 50001, interval_s=5.0))
         a.add_path(PathSpec(3, "p1", 7, fab.nic_addr(1, 1), 50002, interval_s=5.0))  # another peer, no reflector
         a.track(True)
         for pid in (1, 2, 3):
-            a.set_rto(pid, 20_000_000)
-        a.set_confirm(3, 0.01, 1)  # one round, then one per 100 s
+            a.set_rto(pid, 5_000_000)
+        a.set_confirm(3, 0.01, 3)  # three rounds per peer, then one per 100 s
         b.start_background()
         a.start_background()
         time.sleep(0.3)
         a.poll(True)
-        assert (a.core.path_sent(2), a.core.path_sent(3)) == (1, 1)  # each slow path's first probe only
+        # peer 7 never answers: its path's streak made its three rounds (its own probes only)
+        assert (a.core.path_sent(2), a.core.path_sent(3)) == (1, 4)
+        stats = a.stats
+        assert (stats["confirm_rounds"], stats["confirm_probes"], stats["confirm_refused"]) == (3, 3, 0)
         faults.apply(fab.prefix, FaultSpec("down", "h0-p0l0"))
         deadline = time.monotonic() + 2.0
         events = []
-        while time.monotonic() < deadline and not [e for e in events if e.kind == EV_ANSWERED and e.path_id == 2]:
+        while time.monotonic() < deadline and len([e for e in events if e.kind == EV_ANSWERED and e.path_id == 2]) < 3:
             a.wait(0.1)
             events += a.poll(False)[0]  # what C hands over unasked: misses, and a round's answers
         misses = [e for e in events if e.kind == EV_MISS and e.path_id == 1]
         answers = [e for e in events if e.kind == EV_ANSWERED and e.path_id == 2]
-        assert len(misses) >= 3 and answers, events[:10]
-        assert answers[0].t1 > misses[2].t4  # sent after the deadline of the miss that makes the DOWN
-        assert a.core.path_sent(2) == 2 and a.core.path_sent(3) == 1  # the round; not the other peer's path
+        assert len(misses) >= 3 and len(answers) == 3, events[:10]
+        assert misses[2].t4 - misses[0].t4 < 30_000_000  # a timeout apart (+ a loop turn), not 50 ms
+        assert answers[-1].t1 > misses[2].t4  # sent after the deadline of the miss that makes the DOWN
+        assert a.core.path_sent(2) == 4 and a.core.path_sent(3) == 4  # three rounds; not the other peer's path
         stats = a.stats
-        assert (stats["confirm_rounds"], stats["confirm_probes"], stats["confirm_refused"]) == (1, 2, 0)
-        # the path comes back (its streak ends), goes dark again: the budget refuses the second round
+        assert (stats["confirm_rounds"], stats["confirm_probes"], stats["confirm_refused"]) == (6, 9, 0)
+        # the path comes back (its streak ends), goes dark again: the budget refuses the rounds
         faults.clear(fab.prefix)
         time.sleep(0.3)
         faults.apply(fab.prefix, FaultSpec("down", "h0-p0l0"))
         time.sleep(0.3)
         stats = a.stats
-        assert (stats["confirm_rounds"], stats["confirm_refused"]) == (1, 1)
-        assert a.core.path_sent(2) == 2
+        assert (stats["confirm_rounds"], stats["confirm_refused"]) == (6, 3)
+        assert a.core.path_sent(2) == 4
     finally:
         a.close()
         b.close()

@@ -147,13 +147,35 @@ def _rig_with_an_allowance() -> _Rig:
     return rig
 
 
-def test_after_an_allowance_a_real_cut_still_moves_the_route_about_one_allowance_later():
+def test_after_an_allowance_a_real_cut_moves_the_route_once_a_stall_is_ruled_out():
+    """Plane 1 goes dark while plane 0 answers every probe on time: after the DOWN (three
+    misses), the next probe of the dark path misses too while plane 0's, sent with it, is answered
+    on time, and no path was late or missing since the silence began: no stall explains it, so
+    the route moves then, not an allowance later."""
     rig = _rig_with_an_allowance()
     allowance = rig.fo.allowance_ns("h2")
     assert allowance > 10 * MS
     cut = rig.seq
     for _ in range(200):
         rig.tick(lambda pid: "lost" if pid >= 3 else "ok")
+        if rig.routes.sets[-1] == ("h2", (0,)):
+            break
+    took_ms = rig.seq - cut
+    assert rig.routes.sets[-1] == ("h2", (0,))
+    assert took_ms <= 4, (took_ms, allowance / MS)  # 3 misses, then the re-probe's miss
+    assert rig.fo.counters["route_changes"] == 2  # installed, then moved once
+
+
+def test_after_an_allowance_a_cut_with_another_path_late_since_waits_out_the_allowance():
+    """The same cut, but a probe of plane 0 sent as the silence began is answered late: a stall
+    reaching the paths one after another could explain the silence, so the DOWN is acted on
+    only once it has stood for the allowance."""
+    rig = _rig_with_an_allowance()
+    allowance = rig.fo.allowance_ns("h2")
+    assert allowance > 10 * MS
+    cut = rig.seq
+    for k in range(200):
+        rig.tick(lambda pid: "lost" if pid >= 3 else (("late", 2 * MS) if k == 0 and pid == 1 else "ok"))
         if rig.routes.sets[-1] == ("h2", (0,)):
             break
     took_ms = rig.seq - cut

@@ -86,6 +86,22 @@ def test_a_real_cut_during_the_stalls_is_still_routed_around():
     assert not [p for t, p in moved[1:] if p != (1,)], "plane 0 came back while it was cut"
 
 
+def test_a_real_cut_while_an_allowance_stands_is_routed_around_without_waiting_for_it():
+    """The stalls have left an allowance of tens of ms; the cut comes between stalls. Its DOWN's
+    round shows the path silent while the other plane answers on time, with no other path late
+    or missing since the silence began: a stall is ruled out and the route moves a timeout after
+    the confirmation, not an allowance later."""
+    cut_at = 15_000 * MS + 246_912
+    stalls = _stalls(2, 2_000 * MS, 20_000 * MS)
+    cut = Effect(frozenset(LINKS[(0, 0)] + LINKS[(0, 1)]), "down", cut_at, 20_000 * MS)
+    agent = _agent(2, lambda plane, spine: _stall_effects(stalls, plane, spine) + ([cut] if plane == 0 else []))
+    agent.run_until(17_000 * MS)
+    moved = [(t, planes) for t, _, planes in agent.plane_log if t >= cut_at]
+    assert moved and moved[0][1] == (1,), agent.plane_log[-5:]
+    assert agent.failover.allowance_ns("h2") > 20 * MS  # the stalls' allowance stands
+    assert moved[0][0] - cut_at < 6 * MS, (moved[0][0] - cut_at) / MS
+
+
 def test_on_a_calm_host_a_cut_moves_the_route_within_a_few_probe_intervals():
     """No stall ever: the allowance stays 0, and waiting for an on-time answer sent after the
     DOWN costs about one probe interval."""

@@ -291,7 +291,8 @@ class Agent:
                                  log, routes=self.routes, entropy=self.entropy,
                                  set_rto=self.engine.set_rto)
         if hasattr(self.engine, "set_confirm"):  # the C core; the verbs engine has no confirmation rounds
-            self.engine.set_confirm(self.failover.detector.config.miss_threshold)
+            self.engine.set_confirm(self.failover.detector.config.miss_threshold,
+                                    spread_ns=self.failover.stall_spread_ns)
         self.view = TelemetryView(self.engine, self.labels, offset_ns=self._offset_of_peer, state_of=self._state_of)
         self.api: LocalApi | None = None
         self.metrics_server = None

@@ -13,7 +13,8 @@ NCCL plugin) can do better and use exactly the healthy paths of every plane.
              fail-static, so a transport still has somewhere to go
 
 A path gone silent is only held against its plane once the peer answers another path on time
-after it was declared DOWN (`silence_confirmed`). When every path to a peer goes dark at once, the peer (its
+for a probe sent after it was declared DOWN, and no sooner than a host stall's spread after its
+silence began (`silence_confirmed`). When every path to a peer goes dark at once, the peer (its
 host, its agent, its scheduler) is the likelier culprit than its links, and moving its traffic
 from plane to plane would only churn routes: they stay as they are.
 """
@@ -53,12 +54,17 @@ def usable_planes(states_by_plane: Mapping[int, Iterable[State]]) -> PlaneChoice
     return PlaneChoice(partial, "partial" if partial else "none")
 
 
-def silence_confirmed(down_at_ns: int, others_last_on_time_ns: Iterable[int]) -> bool:
+def silence_confirmed(down_at_ns: int, others_last_on_time_ns: Iterable[int], silent_from_ns: int | None = None,
+                      stall_spread_ns: int = 0) -> bool:
     """Whether a path's DOWN is confirmed by the peer answering another path *on time* for a
-    probe sent after the DOWN was declared (send times, our clock). A late answer does not
-    confirm: when a host is kept waiting, every path's replies are late together, and the DOWN
-    path's own late replies are then on their way too."""
-    return any(t > down_at_ns for t in others_last_on_time_ns)
+    probe sent after the DOWN was declared, and at least `stall_spread_ns` after the path's first
+    missed probe (`silent_from_ns`, if known) was sent (send times, our clock). A late answer does
+    not confirm: when a host is kept waiting, every path's replies are late together, and the DOWN
+    path's own late replies are then on their way too. Nor does an answer sent sooner after the
+    silence began: a stall reaches a peer's paths up to a spread apart, and that path may just not
+    have been reached yet."""
+    since = down_at_ns if silent_from_ns is None else max(down_at_ns, silent_from_ns + stall_spread_ns)
+    return any(t > since for t in others_last_on_time_ns)
 
 
 def crosses(hops: Iterable[str | None], peer_addr: str, link_addrs: Iterable[str]) -> bool:

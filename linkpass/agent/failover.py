@@ -30,10 +30,19 @@ the scheduler, or the software fabric starved of CPU; not a link. Such bursts ma
 the late replies then undo (the detector's spurious-DOWN rule), but a route moved in between is
 two needless route changes and a flow re-hashed twice. So each burst sets the peer's *lateness
 allowance*: `lateness_factor` × the burst's lateness beyond the timeout, capped at
-`lateness_cap_ns`, halving every `lateness_half_life_ns`. A DOWN is acted on only once it has
-stood for the allowance with no late reply undoing it. On a calm host the allowance is zero and
-detection is as fast as the detector; under sustained starvation a real cut is routed around
-about one allowance later (sim/bench/failover.py, row healthy-saturated and cut-saturated).
+`lateness_cap_ns`, halving every `lateness_half_life_ns`. A DOWN is acted on once it has stood
+for the allowance with no late reply undoing it, or sooner, once the stall is ruled out: the
+path missed a probe sent after the DOWN while another path of the peer answered one on time, and
+every other path of the peer that is not dark itself answered on time every probe sent since the
+path's silence began (a stall then would explain the silence). The probe core sends those probes at the DOWN (its
+confirmation round), so a real cut on a host with a standing allowance is routed around about
+one timeout after the DOWN. On a calm host the allowance is zero and detection is as fast as the
+detector (sim/bench/failover.py, rows healthy-saturated and cut-saturated).
+
+A stall does not reach all of a peer's paths at the same instant (threads and softirqs are kept
+waiting one after another): an on-time answer on another path confirms a DOWN only for a probe
+sent at least `stall_spread_ns` after the DOWN path's silence began (decide.silence_confirmed),
+and the probe core's round for the DOWN goes out no sooner.
 """
 from __future__ import annotations
 
@@ -41,6 +50,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ..core.constants import HOST_STALL_SPREAD_NS
 from ..core.clock import Exchange, PairEstimator
 from ..core.detector import Detector, Reason, State, Transition
 from ..core.entropy_table import Entry
@@ -87,7 +97,7 @@ class Failover:
                  set_rto: Callable[[int, int], None] | None = None, lateness_window_ns: int = 50_000_000,
                  lateness_factor: float = 1.5, lateness_cap_ns: int = 100_000_000,
                  lateness_half_life_ns: int = 60_000_000_000, confirm_window_ns: int = 100_000_000,
-                 unanswered_grace_ns: int = 5_000_000_000):
+                 unanswered_grace_ns: int = 5_000_000_000, stall_spread_ns: int = HOST_STALL_SPREAD_NS):
         self.detector = detector
         self.loss_of = loss_of
         self.log = log
@@ -101,6 +111,10 @@ class Failover:
         self.unanswered_grace_ns = unanswered_grace_ns
         self._judge_unanswered_from: dict[int, int] = {}
         self._last_on_time: dict[int, int] = {}  # path -> send time of its newest on-time answer
+        self._last_missed: dict[int, int] = {}  # path -> send time of its newest missed probe
+        self._silent_from: dict[int, int] = {}  # path -> send time of the first miss of its current streak
+        self._last_late: dict[int, int] = {}  # path -> send time of its newest late-answered probe
+        self.stall_spread_ns = stall_spread_ns
         self.peer_silent: set[str] = set()
         self.set_rto = set_rto  # pushes a path's timeout to the data path that judges deadlines
         self._rto_pushed: dict[int, int] = {}
@@ -162,6 +176,9 @@ class Failover:
                 self.last_transition.pop(pid, None)
                 self._last_answered.pop(pid, None)
                 self._last_on_time.pop(pid, None)
+                self._last_missed.pop(pid, None)
+                self._silent_from.pop(pid, None)
+                self._last_late.pop(pid, None)
                 self._judge_unanswered_from.pop(pid, None)
                 self._down_at.pop(pid, None)
                 self._held.discard(pid)
@@ -204,10 +221,17 @@ class Failover:
             dirty.add(pid)
             kind, t1, t4 = ev.kind, ev.t1, ev.t4
             if kind == EV_MISS:
+                if t1 > self._last_missed.get(pid, 0):
+                    self._last_missed[pid] = t1
+                if not ev.size_probe:  # the detector's streak: full-size probes are the MTU check's
+                    self._silent_from.setdefault(pid, t1)
                 if pid in answered or t4 >= self._judge_unanswered_from.setdefault(pid, t4 + self.unanswered_grace_ns):
                     out += det.on_miss(pid, ev.seq, t4, bool(ev.size_probe))  # t4: the deadline
                 continue
             t2, t3 = ev.t2, ev.t3
+            self._silent_from.pop(pid, None)  # any reply, a late one too, ends the streak
+            if kind != EV_ANSWERED and t1 > self._last_late.get(pid, 0):
+                self._last_late[pid] = t1
             first_answer = pid not in answered
             if t1 > answered.get(pid, 0):
                 answered[pid] = t1
@@ -397,8 +421,9 @@ class Failover:
                 self._pending.discard(peer)
 
     def _note_decision_time(self, peer: str, unconfirmed: list[int], held: list[int]) -> None:
-        """A held DOWN is decided when its allowance ends; an unconfirmed one by the next on-time
-        answers of the peer's other paths (wanted at once, while the DOWN is young: a real cut's
+        """A held DOWN is decided when its allowance ends (or sooner, by its re-probe's miss, an
+        event that wakes the caller anyway); an unconfirmed one by the next on-time answers of the
+        peer's other paths (wanted at once, while the DOWN is young: a real cut's
         route should not wait for the next batch of answers)."""
         allowance = self.allowance_ns(peer)
         times = [self._down_at.get(pid, 0) + allowance for pid in held]
@@ -420,18 +445,22 @@ class Failover:
                           ) -> tuple[dict[int, State], list[int], list[int]]:
         """Path states as the data path should see them: a DOWN path whose silence no other path
         of the same peer confirms, or that has stood for less than the peer's lateness allowance,
-        counts as UP until then; returns the states, the unconfirmed paths and the held ones."""
+        counts as UP until then (unless a stall is ruled out sooner: see the module doc); returns
+        the states, the unconfirmed paths and the held ones."""
         on_time = {pid: self._last_on_time.get(pid, 0) for ids in planes.values() for pid in ids}
         allowance = self.allowance_ns(peer)
         eff: dict[int, State] = {}
         unconfirmed, held = [], []
         for pid in on_time:
             st = self.detector[pid].state
+            down_at = self._down_at.get(pid, 0)
+            silent_from = self._silent_from.get(pid)
             if st is State.DOWN and not silence_confirmed(
-                    self._down_at.get(pid, 0), (t for q, t in on_time.items() if q != pid)):
+                    down_at, (t for q, t in on_time.items() if q != pid), silent_from, self.stall_spread_ns):
                 unconfirmed.append(pid)
                 st = State.UP
-            elif st is State.DOWN and self._now_ns < self._down_at.get(pid, 0) + allowance:
+            elif (st is State.DOWN and self._now_ns < down_at + allowance
+                  and not self._stall_ruled_out(pid, on_time, down_at, silent_from)):
                 if pid not in self._held:
                     self._held.add(pid)
                     self.counters["down_held_for_lateness"] += 1
@@ -445,6 +474,17 @@ class Failover:
                 st = State.DOWN
             eff[pid] = st
         return eff, unconfirmed, held
+
+    def _stall_ruled_out(self, pid: int, peer_paths: Iterable[int], down_at: int, silent_from: int | None) -> bool:
+        """Whether a confirmed DOWN is a path's, not a stall's, before the lateness allowance has
+        run out: the path missed a probe sent after the DOWN, and every other path of the peer
+        that is not dark itself answered on time every probe sent since the path's silence began
+        (a miss there may be a late reply still on its way)."""
+        since = down_at if silent_from is None else silent_from
+        det = self.detector
+        return (self._last_missed.get(pid, 0) > down_at
+                and all(max(self._last_late.get(q, 0), self._last_missed.get(q, 0)) < since
+                        for q in peer_paths if q != pid and det[q].state not in (State.DOWN, State.DAMPED)))
 
     def waiting_for(self, pid: int) -> list[str]:
         """What still keeps a RECOVERING path out of use, in words (the detector's, as of the newest

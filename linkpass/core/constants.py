@@ -23,8 +23,13 @@ ENTROPY_PATH = "/run/linkpass/entropy"  # the entropy table's default file (tmpf
 BATCH_S = 0.01  # the agent takes on-time replies this often (RTT, delay, good-probe counts; hold-down timers)
 ENTROPY_HEARTBEAT_S = 0.1  # the entropy writer's heartbeat (readers treat a silent writer as gone)
 # confirmation rounds (probe core): at most this many per peer a second, this many at once; a
-# round is one probe per path to the peer, sent when a path's miss makes it DOWN
+# round is one probe per path to the peer, sent on each miss of a streak up to the one that makes
+# a path DOWN (miss_threshold rounds a DOWN: the burst covers four paths to a peer failing at once)
 CONFIRM_PER_PEER_PER_S = 20.0
-CONFIRM_BURST = 4
+CONFIRM_BURST = 12
+# how far apart in time a host stall (a thread or softirq kept waiting) may reach a peer's paths:
+# an on-time answer on one path confirms another's DOWN only for a probe sent this long after the
+# DOWN path's streak began, and the probe core sends the DOWN's round no sooner
+HOST_STALL_SPREAD_NS = 2_000_000
 REPORT_HEARTBEAT_S = 1.0  # an agent with nothing to report still reports this often (the coordinator's liveness)
 COORDINATOR_TICK_S = 0.1  # the coordinator runs liveness and localization this often

@@ -74,15 +74,19 @@ typedef struct {
  *             evidence time), or when a reply to a later request of the path arrived after it.
  *   LATE      a reply that came after its request was judged missed (or that matched none).
  *
- * Confirmation (set_confirm): the miss that completes `threshold` misses in a row on a path, the
- * one its detector declares it DOWN on, pulls the next probe of every path to the same peer
- * forward to now, that path's own included. The data path acts on a DOWN only once another path
- * of the peer answers on time a probe sent after it (agent/decide.py, silence_confirmed): these
- * probes are that evidence, a round trip after the miss instead of the rest of a probe interval
- * (an idle path's is 100 ms) later, and their on-time answers go to Python at once instead of
- * with the next batch. Bounded per peer, since a flapping or hostile fabric could otherwise turn
- * every miss into a burst: `burst` rounds, refilled at `per_s` a second; a refused round is
- * counted and the probes keep their schedule. */
+ * Confirmation (set_confirm), a poll sequence: each miss of a streak, up to the one that
+ * completes `threshold` misses in a row (the one the detector declares the path DOWN on), pulls
+ * the next probe of every path to the same peer forward to now, that path's own included. So a
+ * streak's misses come a timeout apart, not a probe interval apart; the last round's probes are
+ * the evidence the data path waits for before it acts on a DOWN (another path of the peer
+ * answering on time a probe sent after it, agent/decide.py silence_confirmed; the missed path's
+ * own re-probe missing too is what lets it act while the peer's lateness allowance would hold
+ * it), a round trip after the miss instead of the rest of a probe interval (an idle path's is
+ * 100 ms) later; their on-time answers go to Python at once instead of with the next batch.
+ * A round asked for while the peer's previous one is still unsent is the same round. Bounded per
+ * peer, since a flapping or hostile fabric could otherwise turn every miss into a burst: `burst`
+ * rounds, refilled at `per_s` a second; a refused round is counted and the probes keep their
+ * schedule. */
 enum { EV_ANSWERED = 1, EV_MISS = 2, EV_LATE = 3 };
 typedef struct { /* little-endian, 64 bytes: "<IIQIIIIqqqq" */
     uint32_t kind, path_id;
@@ -115,7 +119,9 @@ typedef struct {
     ev_t agg; /* pending ANSWERED (agg.count > 0) */
     uint64_t first_seq, next_seq, sent; /* replies are to requests in [first_seq, next_seq) */
     uint32_t misses_in_row; /* small probes judged missed since the last reply (the detector's streak) */
-    uint8_t confirm_next; /* the next probe is a confirmation round's */
+    int64_t streak_t1; /* send time of the streak's first miss (agent clock) */
+    int64_t confirm_due[2]; /* when a confirmation round's probe goes out (monotonic ns; 0: none):
+                             * [0] a streak's round, [1] the DOWN-making miss's */
     int64_t confirm_tat; /* the peer's confirmation budget (GCRA: theoretical arrival time, monotonic ns) */
     replay_t replay;
 } path_t;
@@ -158,7 +164,7 @@ typedef struct {
     uint64_t sent, reflected, replies, received, wakeups, evidence_updates;
     /* confirmation rounds (set_confirm; 0: off), and what they did */
     uint32_t confirm_threshold, confirm_burst;
-    int64_t confirm_period_ns;
+    int64_t confirm_period_ns, confirm_spread_ns;
     uint64_t confirm_rounds, confirm_probes, confirm_refused;
     /* synthetic clock: local = base_local + (true - base_true) * (1 + rate_ppb / 1e9) */
     int64_t clk_base_true, clk_base_local, clk_rate_ppb;
@@ -235,22 +241,34 @@ static void flush_answered(Core *c, path_t *pt) {
 
 static void wake_loop(Core *c);
 
-/* a confirmation round for pt's peer, if its budget allows (see the judging-mode comment) */
-static void confirm_round(Core *c, const path_t *pt) {
-    int64_t now = now_ns(CLOCK_MONOTONIC), tat = now;
-    for (int i = 0; i < c->npaths; i++) /* the peer's budget: the latest its paths hold */
-        if (c->paths[i].peer_id == pt->peer_id && c->paths[i].confirm_tat > tat) tat = c->paths[i].confirm_tat;
-    if (tat - now > (int64_t)(c->confirm_burst - 1) * c->confirm_period_ns) { c->confirm_refused++; return; }
-    tat += c->confirm_period_ns;
+/* a confirmation round for pt's peer, if its budget allows (see the judging-mode comment); the
+ * round of the DOWN-making miss goes out no sooner than a host stall's spread after the streak's
+ * first miss was sent, since the answers it is for confirm only from then on (agent/failover.py) */
+static void confirm_round(Core *c, const path_t *pt, int last) {
+    int64_t now = now_ns(CLOCK_MONOTONIC), tat = now, due = now;
+    if (last) {
+        int64_t wait = pt->streak_t1 + c->confirm_spread_ns - local_clock(c, now_ns(CLOCK_REALTIME));
+        if (wait > 0) due = now + wait;
+    }
+    int pending = 1; /* the peer's previous round of this kind has not gone out yet: the same round */
+    for (int i = 0; i < c->npaths; i++) { /* the peer's budget: the latest its paths hold */
+        const path_t *q = &c->paths[i];
+        if (q->peer_id != pt->peer_id) continue;
+        if (q->confirm_tat > tat) tat = q->confirm_tat;
+        if (!q->confirm_due[last]) pending = 0;
+    }
+    if (!pending) {
+        if (tat - now > (int64_t)(c->confirm_burst - 1) * c->confirm_period_ns) { c->confirm_refused++; return; }
+        tat += c->confirm_period_ns;
+        c->confirm_rounds++;
+    }
     for (int i = 0; i < c->npaths; i++) {
         path_t *q = &c->paths[i];
         if (q->peer_id != pt->peer_id) continue;
-        q->confirm_tat = tat;
-        q->confirm_next = 1;
-        q->next_due = 0; /* due now: send_due takes it on the loop's next turn */
-        c->confirm_probes++;
+        if (!pending) q->confirm_tat = tat;
+        if (!q->confirm_due[last]) c->confirm_probes++;
+        if (!q->confirm_due[last] || q->confirm_due[last] > due) q->confirm_due[last] = due;
     }
-    c->confirm_rounds++;
     wake_loop(c); /* a miss judged on a reply's wake-up: the loop must not sleep before sending */
 }
 
@@ -263,7 +281,9 @@ static void emit_miss(Core *c, path_t *pt, out_t *o) {
     }
     o->waiting = 0;
     /* the detector's streak: full-size probes are the MTU check's, not counted (core/detector.py) */
-    if (!o->size && ++pt->misses_in_row == c->confirm_threshold) confirm_round(c, pt);
+    if (o->size) return;
+    if (++pt->misses_in_row == 1) pt->streak_t1 = o->t_sent;
+    if (pt->misses_in_row <= c->confirm_threshold) confirm_round(c, pt, pt->misses_in_row == c->confirm_threshold);
 }
 
 /* judge every request of the path, oldest first, whose deadline is before `until` */
@@ -390,7 +410,7 @@ static void handle_packet(Core *c, int nic, const uint8_t *data, size_t n, const
     x->t1 = p.t1; x->t2 = p.t2; x->t3 = p.t3; x->t4 = t_rx;
 }
 
-static void queue_probe(Core *c, int nic, int i, txbatch_t *tx) {
+static void queue_probe(Core *c, int nic, int i, txbatch_t *tx, uint8_t confirm) {
     path_t *pt = &c->paths[i];
     if (tx[nic].n == BATCH) tx_flush(c, nic, &tx[nic]);
     probe_t p = {0};
@@ -402,8 +422,7 @@ static void queue_probe(Core *c, int nic, int i, txbatch_t *tx) {
     tx[nic].seq[tx[nic].n - 1] = p.seq;
     tx[nic].t1[tx[nic].n - 1] = p.t1;
     tx[nic].size_probe[tx[nic].n - 1] = (uint8_t)size_probe;
-    tx[nic].confirm[tx[nic].n - 1] = pt->confirm_next;
-    pt->confirm_next = 0;
+    tx[nic].confirm[tx[nic].n - 1] = confirm;
     size_t len = encode(&c->rx.keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + IP_UDP_LEN);
     build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
     tx[nic].iov[tx[nic].n - 1].iov_len = IP_UDP_LEN + len;
@@ -413,7 +432,10 @@ static void queue_probe(Core *c, int nic, int i, txbatch_t *tx) {
 static int any_due(const Core *c, int64_t now_mono) {
     for (int i = 0; i < c->npaths; i++) {
         const path_t *pt = &c->paths[i];
-        if (pt->next_due <= now_mono + COALESCE_NS || (pt->pair_due && pt->pair_due <= now_mono)) return 1;
+        if (pt->next_due <= now_mono + COALESCE_NS || (pt->pair_due && pt->pair_due <= now_mono)
+            || (pt->confirm_due[0] && pt->confirm_due[0] <= now_mono)
+            || (pt->confirm_due[1] && pt->confirm_due[1] <= now_mono))
+            return 1;
     }
     return 0;
 }
@@ -427,12 +449,19 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
             path_t *pt = &c->paths[i];
             if (pt->nic != nic) continue;
             if (pt->pair_due && pt->pair_due <= now_mono) { /* second probe of a coded pair */
-                queue_probe(c, nic, i, tx);
+                queue_probe(c, nic, i, tx, 0);
                 pt->pair_due = 0;
+            }
+            int conf = 0; /* a confirmation round's probe, besides the schedule (one for both kinds) */
+            for (int k = 0; k < 2; k++)
+                if (pt->confirm_due[k] && pt->confirm_due[k] <= now_mono) { conf = 1; pt->confirm_due[k] = 0; }
+            if (conf) {
+                queue_probe(c, nic, i, tx, 1);
+                continue;
             }
             int64_t early = pt->interval_ns / EARLY_SHARE;
             if (pt->next_due > now_mono + (early > COALESCE_NS ? early : COALESCE_NS)) continue;
-            queue_probe(c, nic, i, tx);
+            queue_probe(c, nic, i, tx, 0);
             /* the pair's second probe goes out `gap` later, alone: on a software fabric a
              * back-to-back pair is spread by the first packet's own forwarding work */
             if (pt->pair_gap_ns) pt->pair_due = now_mono + pt->pair_gap_ns;
@@ -525,6 +554,8 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
             path_t *pt = &c->paths[i];
             if (pt->next_due < next) next = pt->next_due;
             if (pt->pair_due && pt->pair_due < next) next = pt->pair_due;
+            for (int k = 0; k < 2; k++)
+                if (pt->confirm_due[k] && pt->confirm_due[k] < next) next = pt->confirm_due[k];
             if (c->tracking && pt->exp_seq < pt->next_seq) { /* judge a miss the moment it is due */
                 out_t *o = &pt->out[pt->exp_seq % OUT_SLOTS];
                 if (o->waiting && o->seq == pt->exp_seq && o->deadline + mono_minus_local < next)
@@ -1060,19 +1091,24 @@ static PyObject *Core_set_rto(Core *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* set_confirm(threshold, per_s, burst): confirmation rounds on the miss that completes `threshold`
- * misses in a row (0: none), at most `burst` rounds per peer, refilled at `per_s` a second */
+/* set_confirm(threshold, per_s, burst[, spread_ns]): confirmation rounds on each miss of a streak
+ * up to the one that completes `threshold` misses in a row (0: none), at most `burst` rounds per
+ * peer, refilled at `per_s` a second; the DOWN-making miss's round no sooner than `spread_ns`
+ * after the streak's first miss was sent */
 static PyObject *Core_set_confirm(Core *self, PyObject *args) {
     NEED_READY(self);
     unsigned int threshold, burst;
     double per_s;
-    if (!PyArg_ParseTuple(args, "IdI", &threshold, &per_s, &burst)) return NULL;
-    if (threshold > 1000 || !(per_s >= 0.01 && per_s <= 10000.0) || burst < 1 || burst > 1000)
-        return PyErr_Format(PyExc_ValueError, "threshold 0..1000, per_s 0.01..10000, burst 1..1000");
+    long long spread_ns = 0;
+    if (!PyArg_ParseTuple(args, "IdI|L", &threshold, &per_s, &burst, &spread_ns)) return NULL;
+    if (threshold > 1000 || !(per_s >= 0.01 && per_s <= 10000.0) || burst < 1 || burst > 1000
+        || spread_ns < 0 || spread_ns > 1000000000LL)
+        return PyErr_Format(PyExc_ValueError, "threshold 0..1000, per_s 0.01..10000, burst 1..1000, spread_ns 0..1e9");
     pthread_mutex_lock(&self->mu);
     self->confirm_threshold = threshold;
     self->confirm_period_ns = (int64_t)(1e9 / per_s);
     self->confirm_burst = burst;
+    self->confirm_spread_ns = spread_ns;
     pthread_mutex_unlock(&self->mu);
     Py_RETURN_NONE;
 }
@@ -1305,7 +1341,7 @@ static PyMethodDef Core_methods[] = {
      "add_path(path_id, nic, peer_id, peer_addr4, sport, interval_ns, pad, first_due_monotonic_ns[, pair_gap_ns])"},
     {"remove_path", (PyCFunction)Core_remove_path, METH_VARARGS, "remove_path(path_id)"},
     {"set_confirm", (PyCFunction)Core_set_confirm, METH_VARARGS,
-     "set_confirm(threshold, per_s, burst): confirmation rounds on the miss that completes threshold misses in a row"},
+     "set_confirm(threshold, per_s, burst[, spread_ns]): confirmation rounds on each miss of a streak, up to the one that completes threshold misses in a row"},
     {"set_interval", (PyCFunction)Core_set_interval, METH_VARARGS, "set_interval(path_id, interval_ns)"},
     {"set_clock", (PyCFunction)Core_set_clock, METH_VARARGS, "set_clock(base_true_ns, base_local_ns, rate_ppb)"},
     {"watch_lanes", (PyCFunction)Core_watch_lanes, METH_VARARGS,

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..core import wire
-from ..core.constants import CONFIRM_BURST, CONFIRM_PER_PEER_PER_S
+from ..core.constants import CONFIRM_BURST, CONFIRM_PER_PEER_PER_S, HOST_STALL_SPREAD_NS
 from ..core.probe_event import ProbeEvent, from_record
 from ..core.telemetry import PathTelemetry, feed_events
 from .common import ExchangeRecord, PathIds, PathSpec, ProbedPath, check_engine_args, open_nic_sockets
@@ -135,12 +135,14 @@ class CoreProbeEngine:
         self.core.set_reflector_idle(int(idle_s * 1e9))
 
     def set_confirm(self, miss_threshold: int, per_peer_per_s: float = CONFIRM_PER_PEER_PER_S,
-                    burst: int = CONFIRM_BURST) -> None:
-        """On the miss that completes `miss_threshold` misses in a row on a path (the detector's
-        DOWN), probe every path to that peer at once and hand their on-time answers to Python at
-        once: the evidence that confirms the DOWN, a round trip later. At most `burst` rounds per
-        peer, refilled at `per_peer_per_s`; 0 turns it off."""
-        self.core.set_confirm(miss_threshold, per_peer_per_s, burst)
+                    burst: int = CONFIRM_BURST, spread_ns: int = HOST_STALL_SPREAD_NS) -> None:
+        """On each miss of a streak, up to the one that completes `miss_threshold` misses in a
+        row on a path (the detector's DOWN), probe every path to that peer at once and hand their
+        on-time answers to Python at once: the streak's misses come a timeout apart, and the last
+        round's answers confirm the DOWN a round trip later; that round goes out no sooner than
+        `spread_ns` after the streak's first miss was sent (the answers Failover takes as
+        confirmation). At most `burst` rounds per peer, refilled at `per_peer_per_s`; 0 turns it off."""
+        self.core.set_confirm(miss_threshold, per_peer_per_s, burst, spread_ns)
 
     def set_interval(self, path_id: int, interval_s: float) -> None:
         """Probe a path faster (active: traffic on it) or slower (idle); a faster rate starts at once."""

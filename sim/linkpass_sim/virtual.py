@@ -39,7 +39,7 @@ import numpy as np
 
 from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
-from linkpass.core.constants import BATCH_S, CONFIRM_BURST, CONFIRM_PER_PEER_PER_S
+from linkpass.core.constants import BATCH_S, CONFIRM_BURST, CONFIRM_PER_PEER_PER_S, HOST_STALL_SPREAD_NS
 from linkpass.core.detector import Detector, DetectorConfig, State, Transition
 from linkpass.core.probe_event import EV_MISS, ProbeEvent
 from linkpass.core.states import DARK
@@ -132,7 +132,7 @@ class VirtualPath:
 # long the reflector held it (a stall): t2 is stamped on arrival (the kernel's receive timestamp)
 # and t3 on sending, so the hold is in neither one-way delay, as on the real reflector; and
 # whether a confirmation round sent it
-_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold", "conf")
+_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold", "conf", "t3")
 
 
 class VirtualAgent:
@@ -209,6 +209,8 @@ class VirtualAgent:
         self._misses = np.zeros(n, np.int64)  # small probes missed since the last reply (the streak)
         self._conf_next = np.zeros(n, bool)  # the next probe drawn is a round's
         self._confirm_tat = np.zeros(len(peer_index), np.int64)  # each peer's budget (GCRA)
+        self._round_at = np.full((2, len(peer_index)), -1, np.int64)  # each peer's newest round of each kind
+        self._streak_t1 = np.zeros(n, np.int64)  # send time of each streak's first miss
         self._loss = {p.info.path_id: p.loss for p in ps}  # what the events feed (feed_events)
         self._ready = True
 
@@ -261,7 +263,7 @@ class VirtualAgent:
             self._conf_next[j[hit]] = False
         block = {"j": j, "seq": seq, "t1": t1, "arr": np.where(fwd_lost | rev_lost, NEVER, t3 + owd_r),
                  "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": rx, "hold": t3 - t3_free,
-                 "conf": conf}
+                 "conf": conf, "t3": t3}
         self._pend = {c: np.concatenate([self._pend[c], block[c]]) for c in _COLS}
 
     def _next_notify(self, until_ns: int) -> int:
@@ -335,19 +337,28 @@ class VirtualAgent:
 
     def _confirm(self, events: list[ProbeEvent]) -> None:
         """The C core's confirmation rounds for these events: the streaks they extend or end, and
-        a round at the deadline of each miss that completes one."""
+        a round at the deadline of each miss of a streak up to the one that completes it (that
+        one no sooner than the host-stall spread after the streak's first miss was sent). The C
+        core sends a round's probes besides the schedule; here a round moves each path's next
+        probe to the round's time instead (a probe fewer; the same evidence, at the same time)."""
         for e in sorted(events, key=lambda e: e.t4):
             j = e.path_id - 1
             if e.kind != EV_MISS:
                 self._misses[j] = 0
             elif not e.size_probe:
                 self._misses[j] += 1
-                if self._misses[j] == self._confirm_threshold:
-                    self._round(j, e.t4)
+                if self._misses[j] == 1:
+                    self._streak_t1[j] = e.t1
+                if self._misses[j] <= self._confirm_threshold:
+                    last = int(self._misses[j] == self._confirm_threshold)
+                    at = e.t4 + 1  # the C loop sends on its next turn, after the miss at t4 is judged
+                    self._round(j, max(at, int(self._streak_t1[j]) + HOST_STALL_SPREAD_NS) if last else at, last)
 
-    def _round(self, j: int, judged: int) -> None:
-        at = judged + 1  # the C loop sends on its next turn, after the miss at `judged` is judged
+    def _round(self, j: int, at: int, last: int) -> None:
         peer = self._peer_of[j]
+        if self._round_at[last, peer] == at:
+            return  # the peer's round of this loop turn, asked for again: the same round
+        self._round_at[last, peer] = at
         tat = max(int(self._confirm_tat[peer]), at)
         if tat - at > (CONFIRM_BURST - 1) * self._confirm_period:
             self.confirm["refused"] += 1
@@ -357,12 +368,18 @@ class VirtualAgent:
         P = self._pend
         for q in np.flatnonzero(self._peer_of == peer).tolist():
             later = np.flatnonzero((P["j"] == q) & (P["t1"] > at))
-            if len(later):  # its next probe is drawn already: sent now instead
+            if len(later):  # its next probe is drawn already: sent at the round's time instead
                 i = later[np.argmin(P["t1"][later])]
                 early = int(P["t1"][i]) - at
                 P["t1"][i] = at
+                free = int(P["t3"][i] - P["hold"][i]) - early  # reaching the reflector `early` sooner
+                t3 = np.array([free])
+                for e, fwd, rev in self._effects:  # a stall holds it as it would any probe then
+                    if e.kind == "stall" and (fwd[q] or rev[q]):
+                        t3 = e.reflected_at(t3)
                 if P["arr"][i] < NEVER:
-                    P["arr"][i] -= early
+                    P["arr"][i] += int(t3[0]) - int(P["t3"][i])
+                P["t3"][i], P["hold"][i] = int(t3[0]), int(t3[0]) - free
                 P["dl"][i] = at + self._rto[q]
                 P["conf"][i] = 1
             elif self._phase[q] + (self._next_seq[q] - 1) * self._interval[q] <= at:
