@@ -75,16 +75,17 @@ typedef struct {
  *   LATE      a reply that came after its request was judged missed (or that matched none).
  *
  * Confirmation (set_confirm), a poll sequence: each miss of a streak, up to the one that
- * completes `threshold` misses in a row (the one the detector declares the path DOWN on), pulls
- * the next probe of every path to the same peer forward to now, that path's own included. So a
- * streak's misses come a timeout apart, not a probe interval apart; the last round's probes are
- * the evidence the data path waits for before it acts on a DOWN (another path of the peer
- * answering on time a probe sent after it, agent/decide.py silence_confirmed; the missed path's
- * own re-probe missing too is what lets it act while the peer's lateness allowance would hold
- * it), a round trip after the miss instead of the rest of a probe interval (an idle path's is
- * 100 ms) later; their on-time answers go to Python at once instead of with the next batch.
- * A round asked for while the peer's previous one is still unsent is the same round. Bounded per
- * peer, since a flapping or hostile fabric could otherwise turn every miss into a burst: `burst`
+ * completes `threshold` misses in a row (the one the detector declares the path DOWN on), sends
+ * one probe on every path to the same peer, that path's own included, besides their schedule:
+ * at once, so a streak's misses come a timeout apart, not a probe interval apart; the DOWN-making
+ * miss's round no sooner than `spread_ns` after the streak's first miss was sent. That round's
+ * probes are the evidence the data path waits for before it acts on a DOWN (another path of the
+ * peer answering on time a probe sent then, agent/decide.py silence_confirmed; the missed path's
+ * own probe missing too is what lets it act while the peer's lateness allowance would hold it),
+ * instead of the other paths' next scheduled probes (an idle path's is 100 ms away); their
+ * on-time answers go to Python at once instead of with the next batch. A round asked for while
+ * the peer's previous one of the same kind is still unsent is the same round. Bounded per peer,
+ * since a flapping or hostile fabric could otherwise turn every miss into a burst: `burst`
  * rounds, refilled at `per_s` a second; a refused round is counted and the probes keep their
  * schedule. */
 enum { EV_ANSWERED = 1, EV_MISS = 2, EV_LATE = 3 };
