@@ -281,10 +281,12 @@ def test_changing_the_real_detector_changes_the_simulation(small, monkeypatch):
     o = fleet.simulate(small, Failure(10.0, "cable", ("h9", 1)), np.random.default_rng(8))
     assert len(calls) >= len(o.detect_ms) > 0
     # and one threshold of the agent's config is the simulation's: 5 misses instead of 3, two
-    # more timeouts (>= 250 us each: the confirmation rounds send each next probe at the miss)
+    # more misses a timeout (>= 250 us) or less apart (each miss's confirmation round probes the
+    # path at once, and so do the rounds of the peer's other paths' misses)
     slow = fleet.Fleet(Shape.for_gpus(512), fleet.SimConfig(detector=detector.DetectorConfig(miss_threshold=5)))
     o5 = fleet.simulate(slow, Failure(10.0, "cable", ("h9", 1)), np.random.default_rng(8))
-    assert min(o5.detect_ms) > min(o.detect_ms) + 0.45
+    assert np.median(o5.detect_ms) > np.median(o.detect_ms) + 0.2, (o.detect_ms, o5.detect_ms)
+    assert min(o5.detect_ms) > min(o.detect_ms)
 
 
 def test_changing_the_real_localizer_changes_the_simulation(small, monkeypatch):

@@ -132,7 +132,7 @@ class VirtualPath:
 # long the reflector held it (a stall): t2 is stamped on arrival (the kernel's receive timestamp)
 # and t3 on sending, so the hold is in neither one-way delay, as on the real reflector; and
 # whether a confirmation round sent it
-_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold", "conf", "t3")
+_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold", "conf", "t3", "fa")
 
 
 class VirtualAgent:
@@ -207,7 +207,6 @@ class VirtualAgent:
         peer_index: dict[str, int] = {}
         self._peer_of = np.array([peer_index.setdefault(p.info.peer, len(peer_index)) for p in ps], np.int64)
         self._misses = np.zeros(n, np.int64)  # small probes missed since the last reply (the streak)
-        self._conf_next = np.zeros(n, bool)  # the next probe drawn is a round's
         self._confirm_tat = np.zeros(len(peer_index), np.int64)  # each peer's budget (GCRA)
         self._round_at = np.full((2, len(peer_index)), -1, np.int64)  # each peer's newest round of each kind
         self._streak_t1 = np.zeros(n, np.int64)  # send time of each streak's first miss
@@ -226,6 +225,19 @@ class VirtualAgent:
         starts = np.cumsum(counts) - counts
         seq = self._next_seq[j] + (np.arange(total) - starts[j])
         t1 = self._phase[j] + seq * self._interval[j]
+        block = self._draw(j, seq, t1)
+        arrived = block["fa"]
+        cs = np.cumsum(arrived)
+        before = np.where(starts > 0, cs[np.maximum(starts - 1, 0)], 0)
+        block["rx"] = self._rx_total[j] + cs - before[j]
+        self._rx_total += np.bincount(j, weights=arrived, minlength=len(counts)).astype(np.int64)
+        self._next_seq = last
+        self._pend = {c: np.concatenate([self._pend[c], block[c]]) for c in _COLS}
+
+    def _draw(self, j: np.ndarray, seq: np.ndarray, t1: np.ndarray) -> dict:
+        """The fates of probes (path index, seq, send time): delays, the effects' losses and
+        stalls; every column but `rx` (the peer's count, which the caller knows)."""
+        total = len(j)
         every = self._size_every[j]
         size = (every > 0) & ((seq + self._size_offset[j]) % np.maximum(every, 1) == 0)
         owd_f = self._half_base[j] + (self.rng.exponential(1.0, total) * self._half_jitter[j]).astype(np.int64)
@@ -249,22 +261,10 @@ class VirtualAgent:
                 sel = mask[j]
                 if sel.any():
                     lost[sel] |= e.drops(t[sel], size[sel], self.rng)
-        arrived = (~fwd_lost).astype(np.int64)
-        cs = np.cumsum(arrived)
-        before = np.where(starts > 0, cs[np.maximum(starts - 1, 0)], 0)
-        rx = self._rx_total[j] + cs - before[j]
-        self._rx_total += np.bincount(j, weights=arrived, minlength=len(counts)).astype(np.int64)
-        self._next_seq = last
-        conf = np.zeros(total, np.int64)
-        if self._conf_next.any():
-            first = starts[counts > 0]  # each path's first probe of this block
-            hit = first[self._conf_next[j[first]]]
-            conf[hit] = 1
-            self._conf_next[j[hit]] = False
-        block = {"j": j, "seq": seq, "t1": t1, "arr": np.where(fwd_lost | rev_lost, NEVER, t3 + owd_r),
-                 "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": rx, "hold": t3 - t3_free,
-                 "conf": conf, "t3": t3}
-        self._pend = {c: np.concatenate([self._pend[c], block[c]]) for c in _COLS}
+        return {"j": j, "seq": seq, "t1": t1, "arr": np.where(fwd_lost | rev_lost, NEVER, t3 + owd_r),
+                "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": np.zeros(total, np.int64),
+                "hold": t3 - t3_free, "conf": np.zeros(total, np.int64), "t3": t3,
+                "fa": (~fwd_lost).astype(np.int64)}
 
     def _next_notify(self, until_ns: int) -> int:
         """The first time before `until_ns` the C core would wake the loop: a miss or a late reply."""
@@ -365,30 +365,31 @@ class VirtualAgent:
             return
         self._confirm_tat[peer] = tat + self._confirm_period
         self.confirm["rounds"] += 1
-        P = self._pend
         for q in np.flatnonzero(self._peer_of == peer).tolist():
-            later = np.flatnonzero((P["j"] == q) & (P["t1"] > at))
-            if len(later):  # its next probe is drawn already: sent at the round's time instead
-                i = later[np.argmin(P["t1"][later])]
-                early = int(P["t1"][i]) - at
-                P["t1"][i] = at
-                free = int(P["t3"][i] - P["hold"][i]) - early  # reaching the reflector `early` sooner
-                t3 = np.array([free])
-                for e, fwd, rev in self._effects:  # a stall holds it as it would any probe then
-                    if e.kind == "stall" and (fwd[q] or rev[q]):
-                        t3 = e.reflected_at(t3)
-                if P["arr"][i] < NEVER:
-                    P["arr"][i] += int(t3[0]) - int(P["t3"][i])
-                P["t3"][i], P["hold"][i] = int(t3[0]), int(t3[0]) - free
-                P["dl"][i] = at + self._rto[q]
-                P["conf"][i] = 1
-            elif self._phase[q] + (self._next_seq[q] - 1) * self._interval[q] <= at:
-                # none drawn after the round: the next one is drawn at its time
-                self._phase[q] = at - self._next_seq[q] * self._interval[q]
-                self._conf_next[q] = True
-            else:
-                continue  # one sent after the round's time was answered already (in these events)
+            self._extra_probe(q, at)
             self.confirm["probes"] += 1
+
+    def _extra_probe(self, q: int, at: int) -> None:
+        """A round's probe on path `q` at `at`, besides the schedule, as the C core sends it: it
+        takes the next sequence number, so the path's later probes (drawn or not) move up one."""
+        P = self._pend
+        later = np.flatnonzero((P["j"] == q) & (P["t1"] > at))
+        s = int(P["seq"][later].min()) if len(later) else int(self._next_seq[q])
+        block = self._draw(np.array([q]), np.array([s]), np.array([at], np.int64))
+        fa = int(block["fa"][0])
+        if len(later):
+            first = later[np.argmin(P["seq"][later])]
+            rx = int(P["rx"][first]) - int(P["fa"][first])  # the peer's count before the first later probe
+            P["seq"][later] += 1
+            P["rx"][later] += fa
+        else:
+            rx = int(self._rx_total[q])
+        block["rx"][0] = rx + fa
+        block["conf"][0] = 1
+        self._rx_total[q] += fa
+        self._next_seq[q] += 1
+        self._phase[q] -= self._interval[q]  # seq n + 1 is sent when n would have been
+        self._pend = {c: np.concatenate([P[c], block[c]]) for c in _COLS}
 
     @staticmethod
     def _answered_groups(R: dict) -> list[ProbeEvent]:
