@@ -29,7 +29,7 @@ from . import benchkit
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
 TOLERANCE_PCT = 20.0
-# the testbed's detection figures (sim/bench/failover.py --detect-only, 20 trials per case), shipped with the package
+# the testbed's detection figures (sim/bench/failover.py's detect rows, 20 trials per case), shipped with the package
 TESTBED_JSON = os.path.join(os.path.dirname(__file__), "data", "failover-detect.json")
 A, B = host_name(benchkit.A), host_name(benchkit.B)  # the hosts the benchmark's agents run on
 # measured on the testbed's h0 -> h2 paths (60 s, agents idle): p50 8-9 µs, p99 70-127 µs, no
