@@ -155,8 +155,11 @@ def _processes(*needles: str) -> list[int]:
 def test_ctrl_c_mid_run_leaves_nothing_behind_and_the_demo_reruns(tmp_path):
     prefix = prefix_for("m")
     rays_before = set(_processes("raylet"))
+    # Ctrl-C as a terminal delivers it: a shell's background job inherits SIGINT ignored (POSIX),
+    # and Python then leaves it ignored, so the demo would run on
     proc = subprocess.Popen([sys.executable, "-m", "linkpass.cli", "demo", "--prefix", prefix, "--faults", "uplink-cut",
-                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     try:
         for line in proc.stdout:  # interrupt once the job runs under the first fault
