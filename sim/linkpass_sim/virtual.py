@@ -130,9 +130,9 @@ class VirtualPath:
 
 # path index, probe, sent, reply (NEVER: none), deadline, full-size, reflector's rx count, how
 # long the reflector held it (a stall): t2 is stamped on arrival (the kernel's receive timestamp)
-# and t3 on sending, so the hold is in neither one-way delay, as on the real reflector; and
-# whether a confirmation round sent it
-_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold", "conf", "t3", "fa")
+# and t3 on sending, so the hold is in neither one-way delay, as on the real reflector; whether
+# a confirmation round sent it; whether the request reached the reflector (counted in rx)
+_COLS = ("j", "seq", "t1", "arr", "dl", "size", "rx", "hold", "conf", "fa")
 
 
 class VirtualAgent:
@@ -263,7 +263,7 @@ class VirtualAgent:
                     lost[sel] |= e.drops(t[sel], size[sel], self.rng)
         return {"j": j, "seq": seq, "t1": t1, "arr": np.where(fwd_lost | rev_lost, NEVER, t3 + owd_r),
                 "dl": t1 + self._rto[j], "size": size.astype(np.int64), "rx": np.zeros(total, np.int64),
-                "hold": t3 - t3_free, "conf": np.zeros(total, np.int64), "t3": t3,
+                "hold": t3 - t3_free, "conf": np.zeros(total, np.int64),
                 "fa": (~fwd_lost).astype(np.int64)}
 
     def _next_notify(self, until_ns: int) -> int:
@@ -338,9 +338,8 @@ class VirtualAgent:
     def _confirm(self, events: list[ProbeEvent]) -> None:
         """The C core's confirmation rounds for these events: the streaks they extend or end, and
         a round at the deadline of each miss of a streak up to the one that completes it (that
-        one no sooner than the host-stall spread after the streak's first miss was sent). The C
-        core sends a round's probes besides the schedule; here a round moves each path's next
-        probe to the round's time instead (a probe fewer; the same evidence, at the same time)."""
+        one no sooner than the host-stall spread after the streak's first miss was sent), its
+        probes sent besides the schedule, as the C core sends them (_extra_probe)."""
         for e in sorted(events, key=lambda e: e.t4):
             j = e.path_id - 1
             if e.kind != EV_MISS:
