@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from linkpass.coordinator import runner
 from linkpass.coordinator.client import Refusal
+from linkpass.coordinator.http import json_depth_ok
 from linkpass.observe.prometheus import promtool
 
 from helpers import MODEL, agent_tokens, coordinator_client, identity, lab_ca_file, table_of, wait_until
@@ -358,6 +360,86 @@ def test_deep_json_and_odd_queries_are_400s(server):
                 c.get("/v1/plan", **q)
         assert len(c.get("/v1/events", limit=10_000)) <= 10_000
     assert srv.errors["internal"] == 0
+
+
+def reference_depth(doc) -> int:
+    if isinstance(doc, dict):
+        return 1 + max(map(reference_depth, doc.values()), default=0)
+    if isinstance(doc, list):
+        return 1 + max(map(reference_depth, doc), default=0)
+    return 0
+
+
+def test_the_depth_check_agrees_with_the_parser_on_valid_json():
+    """Every valid document: the check passes exactly when the parsed document nests at most
+    max_depth containers, strings full of brackets, quotes and backslashes included."""
+    import random
+
+    rng = random.Random(7)
+    tricky = ['"', "\\", "[", "]", "{", "}", "\\\"", "a", "\u005b", "\\["]
+
+    def doc(depth):
+        if depth == 0 or rng.random() < 0.2:
+            return "".join(rng.choice(tricky) for _ in range(rng.randrange(6)))
+        if rng.random() < 0.5:
+            return [doc(depth - 1) for _ in range(rng.randrange(1, 3))]
+        return {f"k{i}{rng.choice(tricky)}": doc(depth - 1) for i in range(rng.randrange(1, 3))}
+
+    for _ in range(3000):
+        d = doc(rng.randrange(1, 12))
+        raw = json.dumps(d, ensure_ascii=rng.random() < 0.5).encode()
+        for limit in (1, 3, 6, 10):
+            assert json_depth_ok(raw, limit) == (reference_depth(d) <= limit), (raw, limit)
+
+
+def test_a_body_built_to_be_slow_to_check_does_not_hold_the_coordinator(server):
+    """Unterminated escaped quotes and more brackets than the limit: the check is linear, so a
+    64 KiB body of them is refused at once and the coordinator answers everyone meanwhile."""
+    srv, tokens = server
+    evil = b'{"name": "h0", "x": "' + b'\\"' * (32 << 10) + b"[" * 40
+    done = threading.Event()
+
+    def send():
+        try:
+            status, doc = raw_request(srv, post_head("/v1/report", len(evil), tokens["h0"]), evil, timeout_s=60)
+            assert status == 400
+        finally:
+            done.set()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    t0 = time.monotonic()
+    answered = 0
+    while not done.is_set() and time.monotonic() - t0 < 60:
+        assert raw_request(srv, b"GET /v1/healthz HTTP/1.1\r\nHost: x\r\n\r\n", timeout_s=2.0)[0] == 200
+        answered += 1
+    assert done.wait(10)
+    # the old check took ~17 s on this body, holding the loop: every health check above would time out
+    assert time.monotonic() - t0 < 5.0, "checking one 64 KiB body took seconds"
+    assert srv.errors["internal"] == 0
+
+
+def test_no_body_is_parsed_under_the_coordinator_lock(server, monkeypatch):
+    """Parsing and checking a body is the request's own cost: it happens before the lock that
+    serialises every request is taken, whichever thread runs it."""
+    from linkpass.coordinator import http as coordinator_http
+
+    srv, tokens = server
+    held = []
+    real = coordinator_http._json_body
+
+    def spy(raw, max_depth):
+        held.append(srv.lock._is_owned())
+        return real(raw, max_depth)
+
+    monkeypatch.setattr(coordinator_http, "_json_body", spy)
+    with connect(srv, tokens["h0"]) as agent:
+        for _ in range(5):
+            agent.post("/v1/report", {"name": "h0"})
+    with connect(srv, tokens["operator"]) as op:
+        with pytest.raises(Refusal):
+            op.post("/v1/drain", {"link": "no-such-link"})
+    assert len(held) >= 6 and not any(held)
 
 
 def test_decommission_over_http_and_the_cli(server):

@@ -23,7 +23,8 @@ coroutine, not a thread, and slow or idle clients cannot starve anyone:
   runs in its own coroutine within tls.HANDSHAKE_TIMEOUT_S; a failed one is counted (kind "tls");
 - the token is checked from the head, before a byte of the body is read; then Content-Length
   against `max_body_bytes` (413); chunked bodies are refused (411: send Content-Length); JSON
-  nested deeper than `json_max_depth` is refused (400) before it is parsed;
+  nested deeper than `json_max_depth` is refused (400) before it is parsed (a check linear in
+  the body, whatever its bytes); a body is parsed and checked whole before the lock is taken;
 - an agent token of an epoch its host no longer accepts (revoked; the store's agent_epochs, read
   at start and at the tick after another process wrote the store) gets 401 naming the host,
   counted as kind "revoked";
@@ -55,6 +56,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 from urllib.parse import parse_qs, urlparse
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
@@ -407,21 +409,28 @@ class CoordinatorServer:
                 self.count("timeout")
                 return False
             status = doc = None
-            if len(raw) <= INLINE_MAX_BYTES and self.shard is not None:
-                # a shard's small report: the loop answers it itself when it brings nothing new;
-                # one for the root goes to a worker (a call to the root must not hold the loop)
-                status, doc = self._serve(route, req, raw, caller, remote, inline=True)
-            elif len(raw) <= INLINE_MAX_BYTES and self.lock.acquire(blocking=False):
-                # the coordinator is free and the request small (a report, a status): the loop runs
-                # it itself; two thread hops per request cost more than the request (measured:
-                # ~40 % of ingest). Otherwise a worker waits for the lock, not the loop.
-                try:
-                    status, doc = self._serve(route, req, raw, caller, remote)
-                finally:
-                    self.lock.release()
+            arg = _UNPARSED
+            if len(raw) <= INLINE_MAX_BYTES:
+                # a small body is parsed and checked here, before any lock is taken: every step is
+                # linear in its size, which INLINE_MAX_BYTES keeps to a fraction of a millisecond
+                arg, status, doc = self._prepare(route, req, raw)
+                if doc is not None:
+                    pass  # refused: answered below
+                elif self.shard is not None:
+                    # a shard's small report: the loop answers it itself when it brings nothing new;
+                    # one for the root goes to a worker (a call to the root must not hold the loop)
+                    status, doc = self._serve(route, req, arg, caller, remote, inline=True)
+                elif self.lock.acquire(blocking=False):
+                    # the coordinator is free and the request small (a report, a status): the loop runs
+                    # it itself; two thread hops per request cost more than the request (measured:
+                    # ~40 % of ingest). Otherwise a worker waits for the lock, not the loop.
+                    try:
+                        status, doc = self._serve(route, req, arg, caller, remote)
+                    finally:
+                        self.lock.release()
             if doc is None:
-                status, doc = await self._loop.run_in_executor(self._pool, self._serve, route, req, raw, caller,
-                                                               remote)
+                status, doc = await self._loop.run_in_executor(self._pool, self._serve, route, req, arg, caller,
+                                                               remote, False, raw)
         finally:
             self.pending -= 1
             self._pending.release()
@@ -451,21 +460,38 @@ class CoordinatorServer:
         return not close
 
     # ---- the workers -------------------------------------------------------------------
-    def _serve(self, route: "_Route", req: "_Head", raw: bytes, caller: Caller | None, remote: str,
-               inline: bool = False):
-        """In a worker thread: the request's body parsed, checked and applied; (status, document).
-        `inline` (a shard, on the event loop): only what the shard answers itself; (None, None)
-        for the rest, which a worker then serves."""
+    def _prepare(self, route: "_Route", req: "_Head", raw: bytes):
+        """The request's argument (its body parsed and checked whole: requests.py), never under
+        the lock; (argument, None, None), or (_UNPARSED, status, document) for a refused body."""
         try:
-            body = _json_body(raw, self.limits.json_max_depth) if req.method == "POST" else {}
+            if req.method != "POST":
+                return None, None, None
+            return route.parse(_json_body(raw, self.limits.json_max_depth)), None, None
+        except _HttpError as exc:
+            self.count("bad_request")
+            return _UNPARSED, exc.status, {"error": exc.message}
+        except CoordinatorError as exc:
+            self.count("bad_request")
+            return _UNPARSED, exc.status, {"error": str(exc), **getattr(exc, "doc", {})}
+
+    def _serve(self, route: "_Route", req: "_Head", arg, caller: Caller | None, remote: str,
+               inline: bool = False, raw: bytes = b""):
+        """The request applied; (status, document). `arg`: what _prepare made of the body, or
+        _UNPARSED (a worker then parses `raw` first, outside the lock, which the handlers take
+        themselves). `inline` (a shard, on the event loop): only what the shard answers itself;
+        (None, None) for the rest, which a worker then serves."""
+        if arg is _UNPARSED:
+            arg, status, doc = self._prepare(route, req, raw)
+            if doc is not None:
+                return status, doc
+        try:
             if inline:
                 if route.fn is not CoordinatorServer._post_report:
                     return None, None
-                r = parse_report(body)
-                self._as_itself(caller, r.name, remote, req.path)
-                answer = self.shard.local_answer(r)
+                self._as_itself(caller, arg.name, remote, req.path)
+                answer = self.shard.local_answer(arg)
                 return (None, None) if answer is None else (200, answer)
-            return route.fn(self, req, body, caller, remote)
+            return route.fn(self, req, arg, caller, remote)
         except _HttpError as exc:
             self.count("bad_request" if exc.status == 400 else "forbidden" if exc.status == 403 else "not_found")
             return exc.status, {"error": exc.message}
@@ -538,15 +564,13 @@ class CoordinatorServer:
 
         return 200, spec()
 
-    def _post_register(self, req, body, caller, remote):
-        r = parse_register(body)  # the whole body is checked before the lock, and before anything changes
+    def _post_register(self, req, r: RegisterIn, caller, remote):
         self._as_itself(caller, r.name, remote, req.path)
         if self.router is not None:  # the root of a sharded coordinator: agents go to their shards
             raise self.router.moved(r.name, self.url)
         return 200, self.forwarded_register(r)
 
-    def _post_report(self, req, body, caller, remote):
-        r = parse_report(body)
+    def _post_report(self, req, r: ReportIn, caller, remote):
         self._as_itself(caller, r.name, remote, req.path)
         if self.router is not None:
             raise self.router.moved(r.name, self.url)
@@ -618,19 +642,16 @@ class CoordinatorServer:
         with self.lock:
             self.coordinator.store.add_events(events)
 
-    def _post_drain(self, req, body, caller, remote):
-        d = parse_drain(body)
+    def _post_drain(self, req, d: DrainIn, caller, remote):
         with self.lock:
             return 200, self.coordinator.drain(d.link, d.reason, caller.name, time.time(), dry_run=d.dry_run,
                                                force=d.force, for_s=d.for_s)
 
-    def _post_undrain(self, req, body, caller, remote):
-        d = parse_drain(body, undrain=True)
+    def _post_undrain(self, req, d: DrainIn, caller, remote):
         with self.lock:
             return 200, self.coordinator.undrain(d.link, caller.name, time.time(), dry_run=d.dry_run)
 
-    def _post_decommission(self, req, body, caller, remote):
-        d = parse_decommission(body)
+    def _post_decommission(self, req, d: DecommissionIn, caller, remote):
         with self.lock:
             return 200, self.coordinator.decommission(d.host, d.reason, caller.name, time.time(), dry_run=d.dry_run)
 
@@ -643,6 +664,7 @@ class _Route:
     summary: str = ""
     query: tuple[tuple[str, str, bool], ...] = ()  # (name, JSON type, required) the handler reads
     body: type | None = None  # the request dataclass its parser (requests.py) makes
+    parse: object = None  # that parser: the body's JSON document -> the handler's argument
 
 
 _HOST_Q = ("host", "string", False)
@@ -666,16 +688,19 @@ _ROUTES = {
                                          ("limit", "integer", False), ("kind", "string", False),
                                          ("link", "string", False), _HOST_Q)),
     ("POST", "/v1/register"): _Route("report", CoordinatorServer._post_register,
-                                     "an agent's identity and whole path table, as its own host", body=RegisterIn),
+                                     "an agent's identity and whole path table, as its own host", body=RegisterIn,
+                                     parse=parse_register),
     ("POST", "/v1/report"): _Route("report", CoordinatorServer._post_report,
-                                   "an agent's changed paths (or whole table), as its own host", body=ReportIn),
+                                   "an agent's changed paths (or whole table), as its own host", body=ReportIn,
+                                   parse=parse_report),
     ("POST", "/v1/drain"): _Route("drain", CoordinatorServer._post_drain,
                                   "steer every agent off a link (guarded; recorded with the caller's name)",
-                                  body=DrainIn),
+                                  body=DrainIn, parse=parse_drain),
     ("POST", "/v1/undrain"): _Route("drain", CoordinatorServer._post_undrain, "let agents use a drained link again",
-                                    body=DrainIn),
+                                    body=DrainIn, parse=lambda doc: parse_drain(doc, undrain=True)),
     ("POST", "/v1/decommission"): _Route("decommission", CoordinatorServer._post_decommission,
-                                         "forget an agent and its paths", body=DecommissionIn),
+                                         "forget an agent and its paths", body=DecommissionIn,
+                                         parse=parse_decommission),
 }
 
 
@@ -753,23 +778,29 @@ def _parse_head(head: bytes) -> _Head:
                  headers.get("expect", "").lower() == "100-continue")
 
 
-_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"\\')
-_EMPTY_PAIR = re.compile(rb"\[\]|\{\}")
+_ESCAPE = re.compile(rb"\\.", re.S)  # a backslash and the byte it escapes
+_STRING = re.compile(rb'"[^"]*"')  # a string, once its escapes are gone
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+_STEP = [0] * 256  # how a byte changes the nesting depth
+for _b in b"[{":
+    _STEP[_b] = 1
+for _b in b"]}":
+    _STEP[_b] = -1
 
 
 def json_depth_ok(raw: bytes, max_depth: int) -> bool:
-    """Whether the JSON text nests at most `max_depth` containers (checked without parsing it:
-    the parser recurses). Each pass removes the innermost containers, one level."""
+    """Whether the JSON text nests at most `max_depth` containers, checked without parsing it
+    (the parser recurses) in time linear in its length, whatever the bytes: escapes go first
+    (left to right, so a backslash pairs as the parser pairs it), then every byte but brackets
+    and quotes, then strings, with any brackets in them, as quote pairs; the deepest point is
+    the running sum of what remains. Text that is not JSON may pass: the parser refuses it."""
     if raw.count(b"[") + raw.count(b"{") <= max_depth:
         return True
-    # brackets, quotes and backslashes only (in C, fast); then strings, with any brackets in them, go
-    s = _STRINGS.sub(b"", raw.translate(None, _NOT_STRUCTURE))
-    for _ in range(max_depth):
-        if not s:
-            return True
-        s = _EMPTY_PAIR.sub(b"", s)
-    return not s
+    s = _STRING.sub(b"", _ESCAPE.sub(b"", raw).translate(None, _NOT_STRUCTURE))
+    return b'"' not in s and max(accumulate(map(_STEP.__getitem__, s)), default=0) <= max_depth
+
+
+_UNPARSED = object()  # a request whose body has not been parsed yet
 
 
 def _json_body(raw: bytes, max_depth: int) -> dict:
