@@ -86,15 +86,16 @@ def decode_header(buf: bytes, size: int) -> Header:
     return Header(capacity, pid, min(used, capacity), heartbeat)
 
 
-def decode_lanes(copy: bytes, live: bytes | None = None) -> list[Lane]:
-    """The open lanes of a report: `copy` is the whole file as read once; `live` (same length or
-    None), the file read again after, whose `seq` words must equal the copy's for a lane to count:
-    a lane whose identity changed in between is left for the next look."""
-    head = decode_header(copy, len(copy))
+def decode_lanes(copy: bytes, live: bytes | None = None, size: int | None = None) -> list[Lane]:
+    """The open lanes of a report: `copy` is the file as read once from its start (the whole
+    file, or at least the header and its `used` slots when `size` gives the file's size); `live`
+    (same length or None), the same bytes read again after, whose `seq` words must equal the
+    copy's for a lane to count: a lane whose identity changed in between is left for the next look."""
+    head = decode_header(copy, len(copy) if size is None else size)
     if live is not None and len(live) != len(copy):
         raise LanesBad("the file changed size between two reads")
     out = []
-    for slot in range(head.used):
+    for slot in range(min(head.used, (len(copy) - HEADER_SIZE) // LANE_SIZE)):
         off = HEADER_SIZE + slot * LANE_SIZE
         seq, state, family, plane, sport, kind, peer, sent, acked, progress = _LANE.unpack_from(copy, off)
         if state != STATE_OPEN or seq & 1:

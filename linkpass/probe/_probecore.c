@@ -182,11 +182,16 @@ typedef struct {
     struct txbatch *bg_tx;
     uint8_t *bg_rx;
     /* lane watch (lane_watch.h): every half window the loop reads the job's lane reports and
-     * wakes Python only when what its rate rule reads changed, instead of Python waking to look */
+     * wakes Python only when what its rate rule reads changed, instead of Python waking to look.
+     * The reports are any local user's files: a look reads at most LW_LOOK_BYTES of lanes (a
+     * report it has no room for keeps its last digest and goes first next time) and runs under
+     * `lane_mu` alone, which guards these fields, never under `mu` */
+    pthread_mutex_t lane_mu;
     int lane_fds[MAX_LANE_REPORTS]; /* the loop's own duplicates of the agent's descriptors */
-    int nlanes;
+    uint64_t lane_h[MAX_LANE_REPORTS]; /* each report's digest as last read */
+    int nlanes, lane_first;
     int64_t lane_window_ns, lane_silent_ns, lane_next;
-    uint64_t lane_digest, lane_looks, lane_changes;
+    uint64_t lane_digest, lane_looks, lane_changes, lane_deferred;
     int lane_changed; /* set by a look whose digest differed; lanes_changed() reads and clears it */
     uint8_t *lane_buf; /* LW_MAX_BYTES */
 } Core;
@@ -479,28 +484,44 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
     }
 }
 
-/* one look at every watched lane report: pread cannot fault on a file its writer truncates, as
- * a mapping would; a report that cannot be read digests as one that is not a report */
-static void lane_look(Core *c, int64_t now) {
+/* one look at the watched lane reports (under lane_mu); returns whether the digest changed.
+ * pread cannot fault on a file its writer truncates, as a mapping would; a report that cannot be
+ * read digests as one that is not a report, a gone writer's (heartbeat over LW_STALE_NS old) as
+ * one without lanes, read no further than its header */
+static int lane_look(Core *c, int64_t now) {
     uint64_t h = lw_mix(0, (uint64_t)c->nlanes);
-    for (int i = 0; i < c->nlanes; i++) {
+    long budget = LW_LOOK_BYTES;
+    int first = c->nlanes ? c->lane_first % c->nlanes : 0, next_first = -1;
+    for (int k = 0; k < c->nlanes; k++) {
+        int i = (first + k) % c->nlanes;
         ssize_t n = pread(c->lane_fds[i], c->lane_buf, LW_HEADER, 0);
         size_t len = n > 0 ? (size_t)n : 0;
         long want = lw_lanes_wanted(c->lane_buf, len);
+        if (want > 0 && lw_gone(c->lane_buf, now)) {
+            c->lane_h[i] = LW_GONE;
+            continue;
+        }
+        if (want > budget && budget < LW_LOOK_BYTES) { /* no room in this look: its last digest stands */
+            c->lane_deferred++;
+            if (next_first < 0) next_first = i;
+            continue;
+        }
         if (want > 0) {
+            budget -= want;
             ssize_t m = pread(c->lane_fds[i], c->lane_buf + LW_HEADER, (size_t)want, LW_HEADER);
             if (m > 0) len += (size_t)m;
         }
-        h = lw_mix(h, lw_digest(c->lane_buf, len, now, c->lane_window_ns, c->lane_silent_ns));
+        c->lane_h[i] = lw_digest(c->lane_buf, len, now, c->lane_window_ns, c->lane_silent_ns);
     }
+    for (int i = 0; i < c->nlanes; i++) h = lw_mix(h, c->lane_h[i]);
+    c->lane_first = next_first < 0 ? 0 : next_first;
     c->lane_looks++;
     c->lane_next = now + c->lane_window_ns / 2;
-    if (h != c->lane_digest) {
-        c->lane_digest = h;
-        c->lane_changed = 1;
-        c->lane_changes++;
-        c->notify = 1;
-    }
+    if (h == c->lane_digest) return 0;
+    c->lane_digest = h;
+    c->lane_changed = 1;
+    c->lane_changes++;
+    return 1;
 }
 
 /* wakes the loop from ppoll: a path added, a shorter interval, a stop */
@@ -537,19 +558,23 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
     for (;;) {
         int64_t now = now_ns(CLOCK_MONOTONIC);
         if (now >= end || c->thread_stop) break;
-        pthread_mutex_lock(&c->mu);
-        send_due(c, now, tx);
-        rx_sweep(&c->rx, now, SWEEP_SLOTS);
         int64_t next = end;
+        int lanes_changed = 0;
+        pthread_mutex_lock(&c->lane_mu);
         if (c->nlanes) {
             /* up to a quarter window early when the loop is awake anyway: a look of its own is a
              * wake-up of its own, which costs the thread more than the look */
-            if (now >= c->lane_next - c->lane_window_ns / 4) {
-                lane_look(c, now);
-                signal_python(c);
-            }
+            if (now >= c->lane_next - c->lane_window_ns / 4) lanes_changed = lane_look(c, now);
             if (c->lane_next < next) next = c->lane_next;
         }
+        pthread_mutex_unlock(&c->lane_mu);
+        pthread_mutex_lock(&c->mu);
+        if (lanes_changed) {
+            c->notify = 1;
+            signal_python(c);
+        }
+        send_due(c, now, tx);
+        rx_sweep(&c->rx, now, SWEEP_SLOTS);
         int64_t mono_minus_local = c->tracking ? now - local_clock(c, now_ns(CLOCK_REALTIME)) : 0;
         for (int i = 0; i < c->npaths; i++) {
             path_t *pt = &c->paths[i];
@@ -653,6 +678,7 @@ static PyObject *Core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!self) return NULL;
     self->efd = self->wfd = -1;
     pthread_mutex_init(&self->mu, NULL);
+    pthread_mutex_init(&self->lane_mu, NULL);
     return (PyObject *)self;
 }
 
@@ -748,6 +774,7 @@ static void Core_dealloc(Core *self) {
     if (self->efd >= 0) close(self->efd);
     if (self->wfd >= 0) close(self->wfd);
     pthread_mutex_destroy(&self->mu);
+    pthread_mutex_destroy(&self->lane_mu);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -907,15 +934,17 @@ static PyObject *Core_watch_lanes(Core *self, PyObject *args) {
         return NULL;
     }
     int old[MAX_LANE_REPORTS], nold;
-    pthread_mutex_lock(&self->mu);
+    pthread_mutex_lock(&self->lane_mu);
     nold = self->nlanes;
     memcpy(old, self->lane_fds, sizeof(int) * (size_t)nold);
     memcpy(self->lane_fds, fds, sizeof(int) * (size_t)n);
+    memset(self->lane_h, 0, sizeof self->lane_h);
     self->nlanes = (int)n;
+    self->lane_first = 0;
     self->lane_window_ns = window;
     self->lane_silent_ns = silent;
     self->lane_next = 0; /* at once: the first look tells Python what it sees */
-    pthread_mutex_unlock(&self->mu);
+    pthread_mutex_unlock(&self->lane_mu);
     for (int i = 0; i < nold; i++) close(old[i]);
     wake_loop(self);
     Py_RETURN_NONE;
@@ -923,10 +952,10 @@ static PyObject *Core_watch_lanes(Core *self, PyObject *args) {
 
 static PyObject *Core_lanes_changed(Core *self, PyObject *Py_UNUSED(ignored)) {
     NEED_READY(self);
-    pthread_mutex_lock(&self->mu);
+    pthread_mutex_lock(&self->lane_mu);
     int changed = self->lane_changed;
     self->lane_changed = 0;
-    pthread_mutex_unlock(&self->mu);
+    pthread_mutex_unlock(&self->lane_mu);
     return PyBool_FromLong(changed);
 }
 
@@ -1157,10 +1186,15 @@ static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
     uint64_t drops_now[D_COUNT];
     pthread_mutex_lock(&self->mu);
     memcpy(drops_now, self->rx.drops, sizeof drops_now);
-    uint64_t v[14] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
-                      self->rx.reflect_used, self->rx.expired, self->rx.other_key_ok, self->lane_looks, self->lane_changes,
-                      self->confirm_rounds, self->confirm_probes, self->confirm_refused};
+    uint64_t v[15] = {self->sent, self->reflected, self->replies, self->received, self->wakeups, self->evidence_updates,
+                      self->rx.reflect_used, self->rx.expired, self->rx.other_key_ok, 0, 0,
+                      self->confirm_rounds, self->confirm_probes, self->confirm_refused, 0};
     pthread_mutex_unlock(&self->mu);
+    pthread_mutex_lock(&self->lane_mu);
+    v[9] = self->lane_looks;
+    v[10] = self->lane_changes;
+    v[14] = self->lane_deferred;
+    pthread_mutex_unlock(&self->lane_mu);
     PyObject *drops = PyDict_New();
     if (!drops) return NULL;
     for (int i = 0; i < D_COUNT; i++) {
@@ -1169,11 +1203,11 @@ static PyObject *Core_counters(Core *self, PyObject *Py_UNUSED(ignored)) {
         if (!n || PyDict_SetItemString(drops, DROP_NAMES[i], n) < 0) { Py_XDECREF(n); Py_DECREF(drops); return NULL; }
         Py_DECREF(n);
     }
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0],
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "sent", v[0],
                          "reflected", v[1], "replies", v[2], "received", v[3], "wakeups", v[4], "evidence_updates", v[5],
                          "reflector_entries", v[6], "reflector_expired", v[7], "other_key", v[8], "lane_looks", v[9],
                          "lane_changes", v[10], "confirm_rounds", v[11], "confirm_probes", v[12],
-                         "confirm_refused", v[13], "drops", drops);
+                         "confirm_refused", v[13], "lane_deferred", v[14], "drops", drops);
 }
 
 static PyObject *Core_declare_pads(Core *self, PyObject *args) {

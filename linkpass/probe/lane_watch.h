@@ -29,6 +29,9 @@
 #define LW_MAX_BYTES (LW_HEADER + LW_LANE * LW_MAX_CAPACITY)
 #define LW_FUTURE_SLACK_NS 1000000 /* activity.FUTURE_SLACK_NS: a write racing the look */
 #define LW_NOT_A_REPORT 0x6c616e6573626164ULL
+#define LW_GONE 0x6c616e6573676f6eULL /* the digest of a gone writer's report */
+#define LW_STALE_NS 1000000000LL /* lanes_reader.STALE_NS: a writer silent this long is gone */
+#define LW_LOOK_BYTES (256L << 10) /* lane bytes one look reads (lanes_reader.LOOK_BYTES) */
 
 static inline uint64_t lw_u64(const uint8_t *p) {
     uint64_t v = 0;
@@ -55,6 +58,13 @@ static inline long lw_lanes_wanted(const uint8_t *buf, size_t len) {
     if (cap < 1 || cap > LW_MAX_CAPACITY) return -1;
     if (used > cap) used = cap;
     return (long)used * LW_LANE;
+}
+
+/* Whether a report's writer is gone: its heartbeat (header of a report, already checked) is
+ * over LW_STALE_NS old; a heartbeat of 0 (not yet beating) or in the future is not gone. */
+static inline int lw_gone(const uint8_t *buf, int64_t now) {
+    int64_t beat = (int64_t)lw_u64(buf + 24);
+    return beat > 0 && now - beat > LW_STALE_NS;
 }
 
 /* The digest of one report (`len` bytes read from its start) at `now` (CLOCK_MONOTONIC ns). */

@@ -90,9 +90,15 @@ class LaneReport:
                 fd = os.open(path, flags, 0o644)
                 break
             except FileExistsError:
-                if attempt:
-                    raise
-                os.unlink(path)  # an earlier process with this pid left it
+                try:
+                    if attempt:
+                        raise
+                    os.unlink(path)  # an earlier process with this pid left it
+                except OSError as exc:  # not ours to remove (another user's, or not a file): unreported
+                    print(f"linkpass lanes: not reporting lanes ({path} exists and cannot be replaced: "
+                          f"{exc.strerror or 'it came back'}); the agent probes this job's paths as it would "
+                          "without reports", file=sys.stderr)
+                    return None
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):
                     print(f"linkpass lanes: not reporting lanes ({directory}: {exc.strerror}); "
