@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import os
 import sqlite3
 
 import pytest
@@ -154,3 +155,32 @@ def test_a_certificate_names_its_common_names_and_dns_sans():
     assert not names_host(names, "LinkPass lab")  # the organisation is not a name
     assert certificate_names(None) == certificate_names({}) == frozenset()
 
+
+
+def test_a_secret_written_into_a_shared_directory_reaches_no_file_planted_there(tmp_path):
+    """Files another user planted where a secret goes (a link at the temporary name the old
+    writer used, a link at the target, a world-readable file at either): the secret ends up in a
+    new file of mode 0600, and the files the links pointed to are untouched."""
+    from linkpass.coordinator.auth import write_private
+
+    victim = tmp_path / "victim"
+    victim.write_text("theirs\n")
+    out = tmp_path / "agent.token"
+    (tmp_path / "agent.token.tmp").symlink_to(victim)
+    write_private(str(out), "secret\n")
+    assert victim.read_text() == "theirs\n"
+    assert out.read_text() == "secret\n" and not out.is_symlink()
+    assert os.stat(out).st_mode & 0o777 == 0o600
+
+    other = tmp_path / "op.token"
+    other.symlink_to(victim)  # a link at the target itself is replaced, not followed
+    write_private(str(other), b"secret2\n")
+    assert victim.read_text() == "theirs\n" and not other.is_symlink() and other.read_text() == "secret2\n"
+
+    planted = tmp_path / "reader.token"
+    planted.write_text("")
+    os.chmod(planted, 0o644)
+    write_private(str(planted), "secret3\n")
+    assert os.stat(planted).st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.token", "agent.token.tmp", "op.token",
+                                                          "reader.token", "victim"]  # no temporary left

@@ -38,11 +38,13 @@ agent secret.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import os
 import re
 import secrets
+import tempfile
 from dataclasses import dataclass
 
 import yaml
@@ -348,13 +350,22 @@ def read_agent_secret(path: str) -> bytes:
     return secret
 
 
-def write_private(path: str, text: str) -> None:
-    """Write a secret file readable by its owner only (atomically: a reader never sees half)."""
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def write_private(path: str, data: str | bytes) -> None:
+    """Write a secret file readable by its owner only, atomically (a reader never sees half).
+    The file is made new under a name nobody could have planted (mkstemp: O_EXCL, mode 0600, this
+    process's owner), then renamed over `path`, which replaces a link there rather than follows it:
+    a directory others can write to cannot hand the secret to a file of theirs."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def read_token(path: str) -> str:

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .auth import write_private
 from .tls import SERVER, lab_paths as paths
 
 CA_DAYS = 3650
@@ -196,15 +197,8 @@ def _write(directory: str, name: str, cert, key) -> None:
     """Key first, then certificate, each 0600 and atomic: a crash in between leaves a new key beside
     the old certificate, which the next run finds mismatched and issues again."""
     cert_path, key_path = paths(directory, name)
-    _write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+    write_private(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                serialization.NoEncryption()))
-    _write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _write_private(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o600)  # O_CREAT's mode does not apply to a leftover tmp file
-    os.replace(tmp, path)
