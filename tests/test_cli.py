@@ -372,3 +372,30 @@ def test_complete_gives_up_fast_on_a_silent_coordinator(capsys):
                      "--insecure-http")
         took = time.monotonic() - t0
     assert result == (EXIT_OK, "", "") and took < 4
+
+
+# ---- untrusted strings -------------------------------------------------------------------------
+HOSTILE = ["x\x1b]52;c;aGVsbG8=\x07", "\x1b[32mhealthy\x1b[0m", "lone \x1b", "\u202eright-to-left", "a\r\nb"]
+
+
+def test_what_agents_and_the_coordinator_say_reaches_the_terminal_escaped(capsys, fake):
+    """Strings from the coordinator (an agent's reason or version, an event's detail) are shown,
+    never acted on: no escape, control or bidi character reaches stdout or stderr, a lone ESC does
+    not break the table, and -o json still carries the text exactly."""
+    events = [{"id": k + 1, "ts": 1_700_000_000 + k, "kind": kind, "actor": "h1", "subject": s,
+               "detail": {"state": "down", "reason": s, "peer": "h2", "plane": 0, "why": s, "action": "drain"}}
+              for k, (kind, s) in enumerate(zip(["detection", "refused", "detection", "agent", "detection"], HOSTILE))]
+    fake.routes[("GET", "/v1/events")] = (200, events)
+    for wide in ([], ["-o", "wide"]):
+        code, out, err = ask(capsys, fake, "events", *wide)
+        assert code == EXIT_OK, err
+        assert not any(c in out + err for c in "\x1b\x07\u202e\r"), out
+        assert "\\x1b]52;c;aGVsbG8=\\x07" in out and "lone \\x1b" in out
+    code, out, _ = ask(capsys, fake, "events", "-o", "json")
+    assert [e["subject"] for e in json.loads(out)] == HOSTILE
+    fake.routes[("GET", "/v1/agents")] = (200, [dict(AGENTS[0], version=HOSTILE[1])])
+    code, out, err = ask(capsys, fake, "agents", "-o", "wide")
+    assert "\x1b" not in out and "\\x1b[32mhealthy" in out
+    fake.routes[("GET", "/v1/status")] = (409, {"error": "refused \x1b]0;title\x07 by the guard"})
+    code, out, err = ask(capsys, fake, "status")
+    assert "\x1b" not in err and "\\x1b]0;title\\x07" in err

@@ -327,6 +327,13 @@ def test_bodies_over_the_cap_are_refused_before_they_are_read(tmp_path):
      r"paths\[1\]\.hops\[0\]: expected an IP address"),
     ("/v1/drain", {"link": "p0l0-p0s0", "reason": "x", "dry_run": "false"}, "dry_run: expected true or false"),
     ("/v1/decommission", {"host": "h3"}, "reason"),
+    # what reaches an operator's terminal is printable: no OSC 52 (clipboard), no fake colours
+    ("/v1/report", {"name": "h0", "changes": [{"id": 0, "state": "down", "reason": "x\x1b]52;c;aGk=\x07"}]},
+     r"changes\[0\]\.reason: printable characters only; got '\\x1b' at position 1"),
+    ("/v1/report", {"name": "h0", "paths": [dict(table_of(0)[0], reason="\u202eevil")]},
+     r"paths\[0\]\.reason: printable characters only"),
+    ("/v1/register", {**identity(0), "version": "\x1b[32m0.1.0", "paths": []}, "version: printable characters only"),
+    ("/v1/drain", {"link": "p0l0-p0s0", "reason": "planned\r\nfake line"}, "reason: printable characters only"),
 ])
 def test_bad_fields_are_400s_naming_the_field(server, path, body, words):
     srv, tokens = server

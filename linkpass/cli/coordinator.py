@@ -21,7 +21,7 @@ import time
 
 from ..core.constants import COORDINATOR_LISTEN, COORDINATOR_PORT, COORDINATOR_URL
 from .output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING, FORMATS, CliError, emit,
-                     error, paint, paint_level, table, warn)
+                     error, paint, paint_level, printable_doc, table, warn)
 from ..core.fabric import DOWN, UP
 from ..core.states import BAD, Level, health_of, state_of, worst
 from ..observe.log import RANK
@@ -582,7 +582,7 @@ def _print_stream(rows, fmt, header: bool) -> None:
         for e in rows:  # one JSON document per line: `| jq` friendly
             print(json.dumps(e, default=str))
         return
-    text = render_events(rows, fmt == "wide")
+    text = render_events(printable_doc(rows), fmt == "wide")
     lines = text.splitlines()
     print("\n".join(lines if header else lines[1:]))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any, Iterable, Sequence
 
@@ -53,20 +54,37 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+_SGR = re.compile("\033\\[[0-9;]*m")
+
+
 def _strip(text: str) -> str:
     """Visible part of a possibly coloured cell."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] == "\033":
-            i = text.index("m", i) + 1
-            continue
-        out.append(text[i])
-        i += 1
-    return "".join(out)
+    return _SGR.sub("", text)
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on (escapes, control characters, bidi
+    overrides) shown as its Python escape: text from agents and the coordinator is untrusted, and
+    an OSC sequence in a path's reason could set an operator's clipboard or title, or fake a colour."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def printable_doc(doc: Any) -> Any:
+    """`doc` (JSON-like) with every string, keys included, made printable()."""
+    if isinstance(doc, str):
+        return printable(doc)
+    if isinstance(doc, dict):
+        return {printable_doc(k): printable_doc(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [printable_doc(v) for v in doc]
+    return doc
 
 
 def emit(doc: Any, fmt: str, render_table) -> None:
-    """Print `doc` as JSON/YAML, or call render_table(doc) -> str for table/wide."""
+    """Print `doc` as JSON/YAML (which escape what a terminal would act on), or call
+    render_table(doc) -> str for table/wide, with every string of `doc` made printable first."""
     if fmt == "json":
         print(json.dumps(doc, indent=2, default=str))
     elif fmt == "yaml":
@@ -74,7 +92,7 @@ def emit(doc: Any, fmt: str, render_table) -> None:
 
         print(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False), end="")
     else:
-        print(render_table(doc))
+        print(render_table(printable_doc(doc)))
 
 
 class CliError(Exception):
@@ -90,9 +108,9 @@ class CliError(Exception):
 def error(message: str, code: int = EXIT_UNKNOWN) -> int:
     """Print `linkpass: error: MESSAGE` on stderr (stdout stays for the output proper, empty on
     error, so `-o json` stays parseable); returns `code`."""
-    print(f"{paint('linkpass: error:', 'red', sys.stderr)} {message}", file=sys.stderr)
+    print(f"{paint('linkpass: error:', 'red', sys.stderr)} {printable(message)}", file=sys.stderr)
     return code
 
 
 def warn(message: str) -> None:
-    print(f"{paint('linkpass: warning:', 'yellow', sys.stderr)} {message}", file=sys.stderr)
+    print(f"{paint('linkpass: warning:', 'yellow', sys.stderr)} {printable(message)}", file=sys.stderr)

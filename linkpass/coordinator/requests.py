@@ -193,7 +193,7 @@ def parse_report(body) -> ReportIn:
         if type(c) is dict:  # the common case inline, as for paths
             cid, state, reason = c.get("id"), c.get("state"), c.get("reason")
             if (type(cid) is int and 0 <= cid <= MAX_ID and type(state) is str and state in _STATES
-                    and (reason is None or (type(reason) is str and len(reason) <= MAX_TEXT))):
+                    and (reason is None or (type(reason) is str and len(reason) <= MAX_TEXT and reason.isprintable()))):
                 changes.append(ChangeIn(cid, state, reason))
                 continue
         at = f"changes[{i}]."
@@ -324,6 +324,9 @@ def _text(v, where: str, most: int) -> str:
     if not isinstance(v, str) or len(v) > most:
         raise CoordinatorError(f"{where}: expected a string of at most {most} characters, got "
                                f"{_kind(v) if not isinstance(v, str) else f'{len(v)} characters'}")
+    if not v.isprintable():  # it reaches operators' terminals: no escapes, control or bidi characters
+        bad = next(c for c in v if not c.isprintable())
+        raise CoordinatorError(f"{where}: printable characters only; got {bad!r} at position {v.index(bad)}")
     return v
 
 
@@ -422,7 +425,7 @@ def _path_fast(p) -> PathIn | None:
     state, reason, peer_addr, hops = p.get("state"), p.get("reason"), p.get("peer_addr", ""), p.get("hops")
     if not (type(pid) is int and 0 <= pid <= MAX_ID and type(plane) is int and 0 <= plane < MAX_PLANES
             and type(sport) is int and 0 <= sport <= 65535 and type(state) is str and state in _STATES
-            and (reason is None or (type(reason) is str and len(reason) <= MAX_TEXT))
+            and (reason is None or (type(reason) is str and len(reason) <= MAX_TEXT and reason.isprintable()))
             and type(peer) is str and HOST_NAME_RE.fullmatch(peer)):
         return None
     if peer_addr != "":
