@@ -10,7 +10,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 # the stamp names a checksum of everything the install builds from, so a change to the C core rebuilds it
 BUILD_INPUTS := pyproject.toml setup.py deploy/install-os-deps.sh deploy/install-test-deps.sh linkpass/probe/_probecore.c \
-                linkpass/probe/probe_wire.h linkpass/probe/probe_rx.h linkpass/probe/lane_watch.h linkpass/kernel/_barrier.c linkpass/kernel/barrier.h \
+                linkpass/probe/probe_wire.h linkpass/probe/blake2b.h linkpass/probe/probe_rx.h linkpass/probe/lane_watch.h linkpass/kernel/_barrier.c linkpass/kernel/barrier.h \
                 rdma/entropy_table.h \
                 $(wildcard rdma/nccl/*.c rdma/nccl/*.h) rdma/nccl/Makefile
 STAMP := $(VENV)/.installed-$(shell cat $(BUILD_INPUTS) 2>/dev/null | cksum | cut -d' ' -f1)

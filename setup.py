@@ -29,7 +29,7 @@ class BuildExtAndPlugin(build_ext):
 
 
 setup(ext_modules=[Extension("linkpass.probe._probecore", sources=["linkpass/probe/_probecore.c"],
-                             depends=["linkpass/probe/probe_wire.h", "linkpass/probe/probe_rx.h", "linkpass/probe/lane_watch.h"],
+                             depends=["linkpass/probe/probe_wire.h", "linkpass/probe/blake2b.h", "linkpass/probe/probe_rx.h", "linkpass/probe/lane_watch.h"],
                              extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
                                                  "-Wno-unused-parameter", "-Wno-cast-function-type"]),
                    # the entropy table's seqlock on weakly ordered CPUs (aarch64): a memory barrier

@@ -40,6 +40,7 @@ def test_a_sanitizer_report_fails_the_run(harness, tmp_path):
     assert gate in rx
     for name, text in (("probe_wire.h", src.replace(bound, "if (n != (size_t)MIN_PAYLOAD + pad) return D_BAD_LENGTH;")),
                        ("probe_rx.h", rx.replace(gate, "if (pad <= MAX_PAD && !r->pad_ok[pad]) return")),
+                       ("blake2b.h", (fuzz.HERE / "blake2b.h").read_text()),
                        ("fuzz_harness.c", fuzz.HARNESS.read_text())):
         (tmp_path / name).write_text(text)
     broken = fuzz.build(tmp_path, src_dir=tmp_path)

@@ -25,6 +25,7 @@ MEASURES = (
     "linkpass/probe/_probecore.c",
     "linkpass/probe/probe_rx.h",
     "linkpass/probe/probe_wire.h",
+    "linkpass/probe/blake2b.h",
     "linkpass/probe/engine.py",
     "linkpass/probe/reference.py",
     "sim/bench/probe_core.py",

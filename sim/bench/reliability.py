@@ -60,6 +60,7 @@ MEASURES = (
     "linkpass/probe/_probecore.c",
     "linkpass/probe/probe_rx.h",
     "linkpass/probe/probe_wire.h",
+    "linkpass/probe/blake2b.h",
     "linkpass/coordinator/http.py",
     "linkpass/agent/routes.py",
     "linkpass/agent/daemon.py",
