@@ -227,7 +227,7 @@ def test_listen_accept_and_connect_never_block(tmp_path, version):
     try:
         addr = socket.inet_aton("127.0.0.1")
         eps = struct.pack("<4sHH", addr, silent.getsockname()[1], 0) + bytes(8 * 7)
-        handle = struct.pack("<IHBBQ", 0x4C504E31, 1, 1, 0, 0x1234) + eps
+        handle = struct.pack("<IHBBQ", 0x4C504E31, 2, 1, 0, 0x1234) + bytes(16) + eps
         (tmp_path / "h").write_text(handle.ljust(128, b"\0").hex() + "\n")
         r = nccl_harness("-v", str(version), "nonblocking", "-H", str(tmp_path / "h"), "-T", "5", timeout=60)
     finally:

@@ -457,7 +457,7 @@ static int cmd_transfer(struct lpn *p, const struct opts *o) {
            "send_done=%zu recv_done=%zu checked=%s gbps=%.2f\n", p->version, x.r_done, x.bytes, x.wrong, x.bad_size,
            kills, el, x.s_done, x.r_done, x.no_check ? "no" : "yes", el > 0 ? x.bytes * 8.0 / el / 1e6 : 0.0);
     int (*stats)(char *, size_t) = (int (*)(char *, size_t))dlsym(p->dl, "linkpass_nccl_stats");
-    if (stats) { char b[512]; stats(b, sizeof b); printf("stats %s\n", b); }
+    if (stats) { char b[1024]; stats(b, sizeof b); printf("stats %s\n", b); }
     int code = 0;
     if (o->kill_all_ms) {
         if (x.err) printf("error rc=%d call=%s after_ms=%.0f\n", x.err, x.err_call, x.err_at - cut_at);

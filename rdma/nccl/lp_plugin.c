@@ -53,11 +53,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "../../linkpass/probe/blake2b.h"
 #include "../entropy_table.h"
 #include "lp_lanes.h"
 #include "lp_plugin.h"
@@ -76,8 +78,11 @@
 #define LP_CTL_MAX (256 * 1024)        /* control bytes a lane may owe before it counts as stuck */
 #define LP_PING_NS 100000000ull        /* an idle lane is pinged every 100 ms */
 #define LP_CONNECT_MIN_NS 1000000000ull
-#define LP_PENDING_MAX 256
+#define LP_PENDING_MAX 256             /* sockets waiting for their first frame, from every source ... */
+#define LP_PENDING_PER_SOURCE 16       /* ... and from one address: beyond, its oldest is closed */
+#define LP_ACCEPTS_PER_PASS 64         /* per plane and progress pass: bounded work under a flood */
 #define LP_PENDING_NS 5000000000ull
+#define LP_KEY_LEN 16                  /* the listen handle's secret, which signs every lane's hello */
 #define LP_LINGER_NS 1000000000ull     /* a closed receive comm's last ACKs get this long to leave */
 #define LP_READ_BUDGET (4u << 20)
 #define LP_LOOK_MS 10             /* the progress thread's longest sleep */
@@ -269,21 +274,24 @@ struct hello { /* payload of F_HELLO: the first frame on every lane's socket, se
     uint64_t nonce;  /* the send comm's */
     uint32_t chunk;
     uint16_t plane, lane;
-    uint32_t epoch;  /* reconnects of this lane */
+    uint32_t epoch;  /* reconnects of this lane: a receiver takes only a later one than it has */
     uint32_t kind;   /* LK_TCP, or LK_VERBS: a struct lpv_info (the sender's QP) follows */
+    uint8_t mac[B2_TAG_LEN]; /* BLAKE2b under the handle's key over the hello (mac zero) and the QP info */
 };
-_Static_assert(sizeof(struct hello) == 40, "hello is 40 bytes");
+_Static_assert(sizeof(struct hello) == 56, "hello is 56 bytes");
 /* F_HELLO_OK carries no payload on a TCP lane, the receiver's struct lpv_info on a verbs lane. */
 #define LP_BOOT_MAX (sizeof(struct frame) + sizeof(struct hello) + sizeof(struct lpv_info))
 
 #define LP_HANDLE_MAGIC 0x4c504e31u /* "LPN1" */
 #define LP_HF_VERBS 0x1u           /* the listener takes verbs lanes */
+#define LP_HANDLE_VERSION 2
 struct handle { /* what listen() writes into NCCL's 128-byte handle */
     uint32_t magic;
     uint16_t version;
     uint8_t nplanes;
     uint8_t flags;
     uint64_t token;
+    uint8_t key[LP_KEY_LEN]; /* only holders of the handle can sign a lane's hello */
     struct { uint32_t addr; uint16_t port; uint16_t reserved; } ep[LP_MAX_PLANES];
 };
 _Static_assert(sizeof(struct handle) <= NCCL_NET_HANDLE_MAXSIZE, "the handle must fit NCCL's 128 bytes");
@@ -367,6 +375,7 @@ struct comm {
     int respread; /* a verbs lane came up: see whether the plane's lanes are spread over its healthy paths */
     struct comm *next;
     uint64_t token, nonce;
+    uint8_t key[LP_KEY_LEN]; /* the listen handle's: signs (sender) and checks (receiver) every hello */
     struct { struct in_addr addr; uint16_t port; } peer[LP_MAX_PLANES];
     struct lane lanes[LP_MAX_LANES];
     int nlanes;
@@ -386,11 +395,19 @@ struct comm {
 
 struct lcomm {
     int closing, dev;
+    int taken; /* its receive comm exists: a handle makes one comm, NCCL connects to it once */
     uint64_t token;
+    uint8_t key[LP_KEY_LEN];
     struct lcomm *next;
 };
 
-struct pending { int fd; uint64_t since; size_t got; uint8_t buf[LP_BOOT_MAX]; };
+struct pending { int fd; uint32_t src; uint64_t since; size_t got; uint8_t buf[LP_BOOT_MAX]; };
+
+/* why a socket's first frame was refused (linkpass_nccl_stats: hellos_<name>) */
+enum { HR_MALFORMED, HR_UNKNOWN, HR_UNSIGNED, HR_REPLAYED, HR_SECOND_COMM, HR_CHUNK, HR_KIND, HR_EVICTED, HR_TIMEOUT,
+       HR_COUNT };
+static const char *HR_NAMES[HR_COUNT] = {"malformed", "unknown_token", "unsigned", "replayed", "second_comm",
+                                         "chunk_mismatch", "transport_mismatch", "evicted", "timed_out"};
 
 struct ctx { uint64_t commId; int trafficClass; };
 
@@ -406,7 +423,7 @@ static struct {
     struct lcomm *lcomms;
     struct pending pend[LP_PENDING_MAX];
     int npend;
-    uint64_t token_next;
+    uint64_t hellos_refused[HR_COUNT];
     /* entropy table */
     struct lpe_table et;
     int et_open, et_valid;
@@ -655,6 +672,23 @@ static void table_ports(const struct comm *c, int q, struct tports *t) {
     for (int i = 0; i < t->n; i++) t->port[i] = lpe_get16(e + LPE_E_PORTS + 2 * (size_t)i);
 }
 
+/* Unpredictable bytes (tokens, nonces, handle keys): the kernel's CSPRNG; -1 (said) when it
+ * fails, and the caller makes no handle rather than one someone else could guess. */
+static int random_bytes(void *out, size_t n) {
+    uint8_t *p = out;
+    while (n) {
+        ssize_t got = getrandom(p, n, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            LP_WARN("getrandom failed (%s): no secret for a connection's handle", got < 0 ? strerror(errno) : "no bytes");
+            return -1;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
 static uint64_t rng_next(void) {
     G.rng ^= G.rng << 13;
     G.rng ^= G.rng >> 7;
@@ -755,6 +789,7 @@ static void lane_connected(struct comm *c, struct lane *l, uint64_t now) {
     memcpy(l->boot, &f, sizeof f);
     memcpy(l->boot + sizeof f, &h, sizeof h);
     if (l->v) memcpy(l->boot + sizeof f + sizeof h, &me, sizeof me);
+    b2_tag16(c->key, LP_KEY_LEN, l->boot + sizeof f, f.len, l->boot + sizeof f + offsetof(struct hello, mac));
     l->boot_len = sizeof f + f.len;
     l->boot_off = 0;
     lane_event(l, LP_EV_CONNECTED);
@@ -1530,6 +1565,32 @@ static size_t pending_want(const struct pending *p) {
     return sizeof(struct frame) + (len == sizeof(struct hello) + sizeof(struct lpv_info) ? len : sizeof(struct hello));
 }
 
+/* A refused first frame: counted by why, the first of each kind said once, the socket closed. */
+static void refuse_hello(struct pending *p, int why, const char *detail) {
+    if (!G.hellos_refused[why]++) {
+        char a[INET_ADDRSTRLEN];
+        struct in_addr src = {.s_addr = p->src};
+        LP_INFO("a lane from %s was refused (%s%s%s); further ones are counted (linkpass_nccl_stats hellos_%s)",
+                addr_str(src, a), HR_NAMES[why], detail ? ": " : "", detail ? detail : "", HR_NAMES[why]);
+    }
+    close(p->fd);
+}
+
+/* Whether a hello (and the QP info after it, `extra` bytes) carries the tag of `key`. */
+static int hello_signed(const uint8_t *hello, size_t len, const uint8_t key[LP_KEY_LEN]) {
+    uint8_t copy[sizeof(struct hello) + sizeof(struct lpv_info)], tag[B2_TAG_LEN];
+    if (len > sizeof copy) return 0;
+    memcpy(copy, hello, len);
+    memset(copy + offsetof(struct hello, mac), 0, B2_TAG_LEN);
+    b2_tag16(key, LP_KEY_LEN, copy, len, tag);
+    uint8_t diff = 0;
+    for (int i = 0; i < B2_TAG_LEN; i++) diff |= tag[i] ^ hello[offsetof(struct hello, mac) + i]; /* constant time */
+    return diff == 0;
+}
+
+/* A socket's first frame, checked cheapest first: its shape, then whose handle it names, then
+ * the handle's key (a forged or guessed token gets nothing), then that it is not a replay and
+ * asks for what this host gives; only then is a comm, a lane or a queue pair made for it. */
 static void pending_hello(struct pending *p, uint64_t now) {
     struct frame f;
     struct hello h;
@@ -1539,33 +1600,48 @@ static void pending_hello(struct pending *p, uint64_t now) {
     int verbs = f.len == sizeof h + sizeof qp;
     if (verbs) memcpy(&qp, p->buf + sizeof f + sizeof h, sizeof qp);
     if (f.type != F_HELLO || (f.len != sizeof h && !verbs) || h.kind != (verbs ? LK_VERBS : LK_TCP) ||
-        h.magic != LP_HELLO_MAGIC || h.lane >= LP_MAX_LANES || h.plane >= cfg.nplanes || h.chunk < 4096 ||
-        h.chunk > (64u << 20)) {
-        G.totals[4]++;
-        close(p->fd);
+        h.magic != LP_HELLO_MAGIC || h.lane >= LP_MAX_LANES || h.plane >= cfg.nplanes) {
+        refuse_hello(p, HR_MALFORMED, NULL);
+        return;
+    }
+    struct comm *c = NULL;
+    for (struct comm *x = G.comms; x; x = x->next)
+        if (x->kind == K_RECV && !x->closing && !x->failed && x->token == h.token && x->nonce == h.nonce) c = x;
+    struct lcomm *lc = NULL;
+    if (!c)
+        for (struct lcomm *x = G.lcomms; x; x = x->next) if (!x->closing && x->token == h.token) lc = x;
+    if (!c && !lc) { refuse_hello(p, HR_UNKNOWN, "nobody listens for its handle (any more)"); return; }
+    if (!hello_signed(p->buf + sizeof f, f.len, c ? c->key : lc->key)) {
+        refuse_hello(p, HR_UNSIGNED, "its hello is not signed with the handle's key");
+        return;
+    }
+    if (c && h.epoch <= c->lanes[h.lane].epoch) { refuse_hello(p, HR_REPLAYED, "an earlier connection of a lane"); return; }
+    if (!c && lc->taken) { refuse_hello(p, HR_SECOND_COMM, "its handle already has its connection"); return; }
+    if (h.chunk != cfg.chunk) { /* the listener's chunk size: what it pins per lane is its own choice */
+        char d[160];
+        snprintf(d, sizeof d, "it sends %u KiB chunks, this host takes %zu KiB: set LINKPASS_CHUNK_KB the same on every "
+                 "host", h.chunk / 1024, cfg.chunk / 1024);
+        refuse_hello(p, HR_CHUNK, d);
         return;
     }
     if (verbs && !cfg.verbs) {
         if (!G.warned_verbs_peer++)
             LP_WARN("a peer asked for verbs lanes, but this host uses TCP lanes (%s); its lanes are refused: set "
                     "LINKPASS_TRANSPORT the same on every host", cfg.no_verbs[0] ? cfg.no_verbs : "LINKPASS_TRANSPORT=tcp");
+        G.hellos_refused[HR_KIND]++;
         close(p->fd);
         return;
     }
-    struct comm *c = NULL;
-    for (struct comm *x = G.comms; x; x = x->next)
-        if (x->kind == K_RECV && !x->closing && !x->failed && x->token == h.token && x->nonce == h.nonce) c = x;
     if (!c) {
-        struct lcomm *lc = NULL;
-        for (struct lcomm *x = G.lcomms; x; x = x->next) if (!x->closing && x->token == h.token) lc = x;
-        if (!lc) { G.totals[4]++; close(p->fd); return; } /* nobody listens for it (any more) */
         c = comm_new(K_RECV);
         if (!c) { close(p->fd); return; }
+        lc->taken = 1;
+        memcpy(c->key, lc->key, LP_KEY_LEN);
         c->token = h.token;
         c->nonce = h.nonce;
         c->verbs = verbs;
         c->dev = lc->dev;
-        c->chunk = h.chunk;
+        c->chunk = cfg.chunk;
         c->nplanes = cfg.nplanes;
         c->nlanes = LP_MAX_LANES;
         c->last_rx = now;
@@ -1575,7 +1651,7 @@ static void pending_hello(struct pending *p, uint64_t now) {
         if (getpeername(p->fd, (struct sockaddr *)&pa, &pl) == 0) addr_str(pa.sin_addr, a);
         snprintf(c->peer_name, sizeof c->peer_name, "%s", a);
     }
-    if (h.chunk != c->chunk || c->verbs != verbs) { G.totals[4]++; close(p->fd); return; }
+    if (c->verbs != verbs) { refuse_hello(p, HR_KIND, "its lanes were of the other kind"); return; }
     struct lpv_lane *v = NULL;
     if (verbs) { /* our QP on the sender's port, connected to its QP before we answer */
         char why[200] = "";
@@ -1595,6 +1671,7 @@ static void pending_hello(struct pending *p, uint64_t now) {
     if (l->fd >= 0) lane_close(c, l); /* the sender re-made this lane: the old socket is dead to it */
     l->fd = p->fd;
     l->ever = 1;
+    l->epoch = h.epoch;
     l->plane = h.plane;
     l->state = L_LIVE;
     l->cause[0] = 0;
@@ -1621,11 +1698,53 @@ static void pending_hello(struct pending *p, uint64_t now) {
     }
 }
 
+/* The sockets waiting for their first frame: read what has come, hand over whole ones, close
+ * the ones past their time. */
+static void pending_read(uint64_t now) {
+    for (int i = 0; i < G.npend;) {
+        struct pending *p = &G.pend[i];
+        ssize_t n = 0;
+        for (int k = 0; k < 2 && p->got < pending_want(p); k++) { /* the header says how much follows */
+            n = recv(p->fd, p->buf + p->got, pending_want(p) - p->got, MSG_DONTWAIT);
+            if (n <= 0) break;
+            p->got += (size_t)n;
+        }
+        int drop = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        int late = !drop && now - p->since > LP_PENDING_NS;
+        int whole = p->got > sizeof(struct frame) && p->got == pending_want(p);
+        if (whole) pending_hello(p, now);
+        else if (late) refuse_hello(p, HR_TIMEOUT, "no first frame within 5 s");
+        else if (drop) close(p->fd);
+        if (drop || late || whole) G.pend[i] = G.pend[--G.npend];
+        else i++;
+    }
+}
+
+/* Room for a socket from `src`: at LP_PENDING_PER_SOURCE from that address, or LP_PENDING_MAX in
+ * all, the oldest of them is closed. A flood of sockets that never say hello evicts itself: a
+ * real lane's hello follows its connect within a round trip and is read before it is oldest. */
+static void pending_room(uint32_t src) {
+    int mine = 0, oldest = -1, oldest_mine = -1;
+    for (int i = 0; i < G.npend; i++) {
+        if (oldest < 0 || G.pend[i].since < G.pend[oldest].since) oldest = i;
+        if (G.pend[i].src != src) continue;
+        mine++;
+        if (oldest_mine < 0 || G.pend[i].since < G.pend[oldest_mine].since) oldest_mine = i;
+    }
+    int evict = mine >= LP_PENDING_PER_SOURCE ? oldest_mine : G.npend >= LP_PENDING_MAX ? oldest : -1;
+    if (evict < 0) return;
+    refuse_hello(&G.pend[evict], HR_EVICTED, "more sockets without a first frame than the listener keeps");
+    G.pend[evict] = G.pend[--G.npend];
+}
+
 static void acceptor(uint64_t now) {
+    pending_read(now);
     for (int q = 0; q < cfg.nplanes; q++) {
         if (G.listen_fd[q] < 0) continue;
-        while (G.npend < LP_PENDING_MAX) {
-            int fd = accept4(G.listen_fd[q], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        for (int k = 0; k < LP_ACCEPTS_PER_PASS; k++) {
+            struct sockaddr_in from = {0};
+            socklen_t fl = sizeof from;
+            int fd = accept4(G.listen_fd[q], (struct sockaddr *)&from, &fl, SOCK_NONBLOCK | SOCK_CLOEXEC);
             if (fd < 0 && errno == EINVAL) { /* the socket stopped listening (shut down): peers cannot reach us */
                 char s[INET_ADDRSTRLEN];
                 LP_WARN("plane %d (%s): the listening socket failed; peers cannot connect to this host on it", q,
@@ -1637,26 +1756,11 @@ static void acceptor(uint64_t now) {
             if (fd < 0) break;
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            G.pend[G.npend++] = (struct pending){.fd = fd, .since = now};
+            pending_room(from.sin_addr.s_addr);
+            G.pend[G.npend++] = (struct pending){.fd = fd, .src = from.sin_addr.s_addr, .since = now};
         }
     }
-    for (int i = 0; i < G.npend;) {
-        struct pending *p = &G.pend[i];
-        ssize_t n = 0;
-        int drop = 0;
-        for (int k = 0; k < 2 && p->got < pending_want(p); k++) { /* the header says how much follows */
-            n = recv(p->fd, p->buf + p->got, pending_want(p) - p->got, MSG_DONTWAIT);
-            if (n <= 0) break;
-            p->got += (size_t)n;
-        }
-        drop = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
-               now - p->since > LP_PENDING_NS;
-        int whole = p->got > sizeof(struct frame) && p->got == pending_want(p);
-        if (whole) pending_hello(p, now);
-        else if (drop) close(p->fd);
-        if (drop || whole) G.pend[i] = G.pend[--G.npend];
-        else i++;
-    }
+    pending_read(now);
 }
 
 /* ---- the progress thread -------------------------------------------------------------------- */
@@ -1823,10 +1927,8 @@ static void global_init(void) {
         G.listen_port[q] = ntohs(a.sin_port);
     }
     uint64_t seed = now_ns() ^ ((uint64_t)getpid() << 32);
-    FILE *f = fopen("/dev/urandom", "rb");
-    if (f) { if (fread(&seed, sizeof seed, 1, f) != 1) seed ^= (uint64_t)(uintptr_t)&seed; fclose(f); }
-    G.token_next = seed | 1;
-    G.rng = (seed * 0x9E3779B97F4A7C15ull) | 1;
+    if (random_bytes(&seed, sizeof seed) < 0) seed ^= (uint64_t)(uintptr_t)&seed;
+    G.rng = (seed * 0x9E3779B97F4A7C15ull) | 1; /* source ports only: not a secret */
     if (pthread_create(&G.thread, NULL, progress_main, NULL) != 0) { report_close(); return; }
     G.inited = 1;
     char s[INET_ADDRSTRLEN];
@@ -1907,11 +2009,15 @@ ncclResult_t lp_listen(void *ctx, int dev, void *handle, void **listenComm) {
     if (dev < 0 || dev >= cfg.nplanes) return ncclInvalidArgument;
     struct lcomm *lc = calloc(1, sizeof *lc);
     if (!lc) return ncclSystemError;
-    struct handle h = {.magic = LP_HANDLE_MAGIC, .version = 1, .nplanes = (uint8_t)cfg.nplanes,
+    struct handle h = {.magic = LP_HANDLE_MAGIC, .version = LP_HANDLE_VERSION, .nplanes = (uint8_t)cfg.nplanes,
                        .flags = cfg.verbs ? LP_HF_VERBS : 0};
+    if (random_bytes(&h.token, sizeof h.token) < 0 || random_bytes(h.key, sizeof h.key) < 0) {
+        free(lc);
+        return ncclSystemError;
+    }
+    lc->token = h.token;
+    memcpy(lc->key, h.key, sizeof lc->key);
     pthread_mutex_lock(&G.mu);
-    G.token_next = G.token_next * 6364136223846793005ull + 1442695040888963407ull;
-    lc->token = h.token = G.token_next;
     lc->dev = dev;
     for (int q = 0; q < cfg.nplanes; q++) {
         h.ep[q].addr = cfg.nic[q].addr.s_addr;
@@ -1931,8 +2037,9 @@ ncclResult_t lp_connect(void *ctx, int dev, void *handle, void **sendComm) {
     if (dev < 0 || dev >= cfg.nplanes) return ncclInvalidArgument;
     struct handle h;
     memcpy(&h, handle, sizeof h);
-    if (h.magic != LP_HANDLE_MAGIC || h.version != 1 || h.nplanes == 0 || h.nplanes > LP_MAX_PLANES) {
-        LP_WARN("connect: the handle is not a LinkPass handle (is the peer using another net plugin?)");
+    if (h.magic != LP_HANDLE_MAGIC || h.version != LP_HANDLE_VERSION || h.nplanes == 0 || h.nplanes > LP_MAX_PLANES) {
+        LP_WARN("connect: the handle is not a LinkPass handle of this version (is the peer using another net plugin, "
+                "or another LinkPass release?)");
         return ncclInternalError;
     }
     pthread_mutex_lock(&G.mu);
@@ -1944,8 +2051,8 @@ ncclResult_t lp_connect(void *ctx, int dev, void *handle, void **sendComm) {
         c = comm_new(K_SEND);
         if (!c) { pthread_mutex_unlock(&G.mu); return ncclSystemError; }
         c->token = h.token;
-        G.token_next = G.token_next * 6364136223846793005ull + 1442695040888963407ull;
-        c->nonce = G.token_next;
+        memcpy(c->key, h.key, sizeof c->key);
+        if (random_bytes(&c->nonce, sizeof c->nonce) < 0) c->failed = 1; /* answered below */
         c->dev = dev;
         c->cur_plane = dev; /* where traffic belongs: leaving it is logged, also on the first chunk */
         c->chunk = cfg.chunk;
@@ -2174,6 +2281,8 @@ __attribute__((visibility("default"))) int linkpass_nccl_stats(char *buf, size_t
                      cfg.verbs ? "verbs" : "tcp");
     for (int q = 0; q < cfg.nplanes && k >= 0 && (size_t)k < n; q++)
         k += snprintf(buf + k, n - (size_t)k, " chunks_plane%d=%llu", q, (unsigned long long)G.chunks_plane[q]);
+    for (int r = 0; r < HR_COUNT && k >= 0 && (size_t)k < n; r++)
+        k += snprintf(buf + k, n - (size_t)k, " hellos_%s=%llu", HR_NAMES[r], (unsigned long long)G.hellos_refused[r]);
     pthread_mutex_unlock(&G.mu);
     return k;
 }
