@@ -164,3 +164,37 @@ def test_a_removed_paths_pending_events_are_dropped_with_it(engine):
 def time_ns_after(path) -> int:
     """An evidence time past every deadline of the path's requests in flight."""
     return max(deadline for _, deadline, _ in path.out.values()) + 1
+
+
+class HelloSock:
+    """The stand-in hello socket: datagrams to read (then EAGAIN), answers kept."""
+
+    def __init__(self, incoming):
+        self.incoming, self.sent = list(incoming), []
+
+    def recvfrom(self, n):
+        if not self.incoming:
+            raise BlockingIOError
+        return self.incoming.pop(0)
+
+    def sendto(self, data, addr):
+        self.sent.append((data, addr[0]))
+
+
+def test_a_replayed_ask_from_one_address_does_not_starve_the_peers_discovery(engine):
+    """One signed ASK, seen and replayed a thousand times a second from another address: that
+    address gets a few answers, and a peer's own ASK in the same second is still answered."""
+    codec = wire.Codec(KEY)
+    replayed = codec.encode_hello(wire.HELLO_ASK, 9, 0, 0x5EED)
+    flood = [(replayed, ("198.18.64.99", wire.HELLO_PORT))] * 1000
+    mine = codec.encode_hello(wire.HELLO_ASK, PEER, 0, 0xABC)
+    nic = engine.nics["p0"]
+    nic.hello = HelloSock(flood + [(mine, (PEER_ADDR, wire.HELLO_PORT))])
+    while nic.hello.incoming:
+        engine._hellos(nic)
+    to = [dst for _, dst in nic.hello.sent]
+    assert to.count("198.18.64.99") == V.HELLO_ANSWERS_PER_SOURCE_PER_S
+    assert to.count(PEER_ADDR) == 1
+    kind, agent_id, qpn, nonce = codec.decode_hello(nic.hello.sent[-1][0])
+    assert (kind, agent_id, qpn, nonce) == (wire.HELLO_ANSWER, ME, MY_QPN, 0xABC)
+    assert engine.drop_counts["hello_over_budget"] == 1000 - V.HELLO_ANSWERS_PER_SOURCE_PER_S

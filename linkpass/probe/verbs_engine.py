@@ -51,7 +51,9 @@ MAX_ROUNDS = 8  # CQ polls per wake-up
 MAX_REFLECTED = 65536
 HELLO_ASK_EVERY_S = 0.5  # while a peer's QP is unknown
 HELLO_REASK_SILENT_S = 1.0  # a peer silent this long may have restarted with a new QP
-HELLO_ANSWERS_PER_S = 200  # answers given, all askers together: a flood costs a counter
+HELLO_ANSWERS_PER_S = 200  # answers to askers this agent does not probe, all together: a flood costs a counter
+HELLO_ANSWERS_PER_SOURCE_PER_S = 5  # answers to one address (a peer asks every 0.5 s while it learns)
+HELLO_SOURCES = 4096  # addresses whose answers are counted (the least recent forgotten first)
 IDLE_WAKE_NS = 100_000_000  # the loop sleeps at most this long (a change of paths wakes it at once)
 # requests due within this window go out together: a wake-up costs far more than a packet in
 # Python (the C core coalesces likewise), and it moves a probe by at most this much
@@ -160,7 +162,8 @@ class VerbsProbeEngine:
         self._kick_r, self._kick_w = os.pipe()  # the loop sleeps on it: paths or rates changed
         for fd in (self._wake_r, self._wake_w, self._kick_r, self._kick_w):
             os.set_blocking(fd, False)
-        self._answers = (0, 0)  # (second, answers given in it)
+        self._answers = (0, 0)  # (second, answers given in it to askers that are not peers)
+        self._answers_to: OrderedDict[str, tuple[int, int]] = OrderedDict()  # address -> (second, answers)
         self._housekeeping_ns = 0  # when hellos and the sweep are next due
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -570,10 +573,7 @@ class VerbsProbeEngine:
                 self.drop_counts[f"hello_{err.reason}"] += 1
                 continue
             if kind == wire.HELLO_ASK:
-                second = time.monotonic_ns() // 1_000_000_000
-                n = self._answers[1] + 1 if self._answers[0] == second else 1
-                self._answers = (second, n)
-                if n > HELLO_ANSWERS_PER_S:
+                if not self._may_answer(src, time.monotonic_ns() // 1_000_000_000):
                     self.drop_counts["hello_over_budget"] += 1
                     continue
                 try:
@@ -590,6 +590,23 @@ class VerbsProbeEngine:
                 if peer.qpn != qpn:
                     self.counters["peer_qp_learned"] += 1
                 peer.qpn, peer.nonces, peer.heard_ns = qpn, (), time.monotonic_ns()
+
+    def _may_answer(self, src: str, second: int) -> bool:
+        """An ASK is signed, but one seen can be replayed from anywhere: each address gets a few
+        answers a second, and askers this agent does not probe share one budget, so a replayed
+        ASK never starves the peers' discovery of their QPs."""
+        at, n = self._answers_to.pop(src, (second, 0))
+        n = n + 1 if at == second else 1
+        self._answers_to[src] = (second, n)
+        if len(self._answers_to) > HELLO_SOURCES:
+            self._answers_to.popitem(last=False)
+        if n > HELLO_ANSWERS_PER_SOURCE_PER_S:
+            return False
+        if src in self.peers:
+            return True
+        n = self._answers[1] + 1 if self._answers[0] == second else 1
+        self._answers = (second, n)
+        return n <= HELLO_ANSWERS_PER_S
 
     # ---- the agent's side ----------------------------------------------------------------
     def wait(self, timeout_s: float) -> bool:
