@@ -292,6 +292,14 @@ def test_the_unit_grants_what_the_agent_asks_for_and_the_doctor_agrees():
     assert sys_nice.status == DC.WARN and "LimitRTPRIO=10" in sys_nice.fix
 
 
+def test_the_agent_unit_raises_the_descriptor_limit():
+    """The agent's HTTP servers are capped (agent/api.py HttpLimits), but probes, netlink and the
+    journal need descriptors too: the unit lifts the soft limit of 1024 well clear of all of them."""
+    text = unit_text("linkpass-agent")
+    nofile = directive(text, "LimitNOFILE")
+    assert len(nofile) == 1 and int(nofile[0]) >= 65536
+
+
 # ---- the files in deploy/systemd ---------------------------------------------------------------
 
 @pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed")
