@@ -363,31 +363,42 @@ def sysctl_file() -> dict[str, str]:
     return out
 
 
-def test_the_sysctl_file_is_what_the_doctor_asks_for():
+def test_the_sysctl_file_and_the_doctors_lines_for_the_host_are_what_the_doctor_asks_for():
     """A host as distributions leave it fails or warns on every sysctl check; with the shipped
-    file's values applied the doctor's checks all pass, and the file sets nothing it does not read."""
+    file's values and the lines the doctor prints for this host's own settings (its fabric NICs'
+    rp_filter, its whole reserved-ports list) the checks all pass. The file itself sets nothing
+    for every interface and replaces no list the host may have."""
     shipped = sysctl_file()
     assert set(shipped) <= set(DG.SYSCTLS), "every key the file sets is one the doctor reads"
+    assert not any("rp_filter" in k for k in shipped), "rp_filter is loosened on the fabric NICs only"
+    assert "net.ipv4.ip_local_reserved_ports" not in shipped, "the reserved ports are one list: the host's"
     stock = {"net.ipv4.fib_multipath_hash_policy": "0", "net.ipv4.conf.all.rp_filter": "1",
              "net.ipv4.conf.default.rp_filter": "1", "net.ipv4.conf.p0.rp_filter": "1",
              "net.ipv4.conf.p1.rp_filter": "1", "net.ipv4.icmp_errors_use_inbound_ifaddr": "0",
              "net.ipv4.ip_forward": "1", "net.ipv4.ip_local_port_range": "32768\t60999",
-             "net.ipv4.ip_local_reserved_ports": ""}
+             "net.ipv4.ip_local_reserved_ports": "8000-8010,50000"}
 
-    def sysctl_rows(values, nics):
+    def sysctl_rows(values):
         facts = healthy()
-        facts.sysctl, facts.nics = values, nics
+        facts.sysctl = values
         return {c.name: c for c in DC.run_checks(facts) if c.name.startswith("sysctl.")}
 
-    for nics in (healthy().nics, ()):  # with the agent's config, and without
-        before = sysctl_rows(stock, nics)
-        assert all(c.status != DC.OK for c in before.values()), before
-        after = sysctl_rows({**stock, **shipped}, nics)
-        assert set(after) == set(before) and all(c.status == DC.OK for c in after.values()), after
-    # the reserved ports are the agent's default discovery ports, exactly
+    before = sysctl_rows(stock)
+    assert all(c.status != DC.OK for c in before.values()), before
+    host_lines = {}
+    for c in sysctl_rows({**stock, **shipped}).values():  # what is left is the host's own: the doctor says it
+        if c.status != DC.OK:
+            for kv in c.fix.split("sysctl -w ", 1)[1].split("  (")[0].split():
+                key, _, value = kv.partition("=")
+                host_lines[key] = value.strip('"')
+    assert set(host_lines) == {"net.ipv4.conf.p0.rp_filter", "net.ipv4.conf.p1.rp_filter",
+                               "net.ipv4.ip_local_reserved_ports"}, host_lines
     from linkpass.core.constants import DISCOVERY_PORTS, PROBE_PORT_BASE
 
-    assert shipped["net.ipv4.ip_local_reserved_ports"] == f"{PROBE_PORT_BASE}-{PROBE_PORT_BASE + DISCOVERY_PORTS - 1}"
+    ours = f"{PROBE_PORT_BASE}-{PROBE_PORT_BASE + DISCOVERY_PORTS - 1}"
+    assert host_lines["net.ipv4.ip_local_reserved_ports"] == f"8000-8010,{ours},50000"  # the host's kept
+    after = sysctl_rows({**stock, **shipped, **host_lines})
+    assert set(after) == set(before) and all(c.status == DC.OK for c in after.values()), after
 
 
 def test_only_the_files_the_package_knows_are_shipped():

@@ -136,11 +136,11 @@ def check_rp_filter(f: Facts) -> Check:
         if not seen:
             return Check(name, SKIP, "rp_filter not readable", "", reads)
         if strict:
+            # the kernel takes the larger of `all` and the interface's: 2 on the NIC is loose whatever `all` is
             keys = " ".join(f"net.ipv4.conf.{i}.rp_filter=2" for i in strict)
-            extra = " and net.ipv4.conf.all.rp_filter=2" if all_v == 1 else ""
             return Check(name, FAIL, f"strict reverse-path filter on {', '.join(strict)}: replies that come back "
                          "over another plane after a failover are dropped",
-                         f"sysctl -w {keys}{extra}  (2 = loose; 0 = off)", reads)
+                         f"sysctl -w {keys}  (2 = loose; persist it in /etc/sysctl.d/)", reads)
         return Check(name, OK, f"not strict on fabric NICs ({', '.join(seen)}; 0 off, 2 loose)", "", reads)
     reads = "net.ipv4.conf.{all,default}.rp_filter"
     dflt = _int(f.sysctl.get("net.ipv4.conf.default.rp_filter"))
@@ -148,8 +148,9 @@ def check_rp_filter(f: Facts) -> Check:
         return Check(name, SKIP, "rp_filter not readable", "", reads)
     if 1 in (all_v, dflt):
         return Check(name, WARN, f"strict reverse-path filter (all={all_v}, default={dflt}): replies over another "
-                     "plane are dropped on any NIC that inherits it (pass --config to check the fabric NICs)",
-                     "sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.default.rp_filter=2", reads)
+                     "plane are dropped on any fabric NIC that inherits it (pass --config to check the fabric NICs)",
+                     "sysctl -w net.ipv4.conf.<each fabric NIC>.rp_filter=2  (loose on the planes only; persist it "
+                     "in /etc/sysctl.d/)", reads)
     return Check(name, OK, f"not strict (all={all_v}, default={dflt})", "", reads)
 
 
@@ -199,11 +200,13 @@ def check_port_range(f: Facts) -> Check:
     if all(any(r_lo <= p <= r_hi for r_lo, r_hi in reserved) for p in range(max(lo, a_lo), min(hi, a_hi) + 1)):
         return Check("sysctl.port_range", OK, f"ephemeral ports {lo}-{hi} overlap the agent's {a_lo}-{a_hi}, "
                      "but those are reserved (ip_local_reserved_ports)", "", reads)
+    # the list is the host's whole list: the fix keeps what it reserves already
+    merged = ",".join(f"{r_lo}-{r_hi}" if r_hi > r_lo else str(r_lo) for r_lo, r_hi in sorted({*reserved, (a_lo, a_hi)}))
     return Check("sysctl.port_range", WARN,
                  f"ephemeral ports {lo}-{hi} overlap the agent's probe ports {a_lo}-{a_hi}: a connection may take "
                  "one and the agent cannot probe that path",
-                 _sysctl_cmd("net.ipv4.ip_local_reserved_ports", f"{a_lo}-{a_hi}", f.netns)
-                 + f"  (or set {key} to end below {a_lo})", reads)
+                 _sysctl_cmd("net.ipv4.ip_local_reserved_ports", merged, f.netns)
+                 + f"  (persist it in /etc/sysctl.d/; or set {key} to end below {a_lo})", reads)
 
 
 _CAPS = ((CAP_NET_ADMIN, "net_admin", FAIL, "the agent cannot size its probe sockets' receive buffers "
