@@ -1,7 +1,8 @@
 """The coordinator as a real detached Ray actor: one bootstrap path (get-if-exists), and a killed
 actor process comes back on the same endpoint with everything it knew, from either store: SQLite
-in its state directory and PostgreSQL (a real server, started and removed here). A sharded
-coordinator's: test_coordinator_ray_shards.py."""
+in its state directory and PostgreSQL (a real server, started and removed here); and the actors'
+internal methods refuse a driver without their credential. A sharded coordinator's:
+test_coordinator_ray_shards.py."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ import pytest
 
 from linkpass.coordinator import ray_actor
 
-from helpers import (agent_tokens, coordinator_client, identity, ray_coordinator, role_token as token, table_of,
-                     wait_answering)
+from helpers import (agent_tokens, coordinator_client, free_port, identity, ray_coordinator, role_token as token,
+                     table_of, wait_answering)
 
 pytestmark = pytest.mark.service
 
@@ -74,3 +75,52 @@ def test_killed_actor_restarts_and_loses_nothing(actor):
     op.close()
 
 
+
+
+def test_the_roots_internal_methods_refuse_a_driver_without_the_actors_credential(actor):
+    """Any driver of the Ray cluster (this test process is one) finds the root by name. What only
+    its shards may call (their agents' registrations and reports, history events) is refused
+    without the credential the actors derive from the agent secret, or with another one; with
+    it, the calls are taken. Ray's token authentication keeps unknown drivers off the cluster;
+    this keeps a driver that got on from speaking for agents."""
+    import ray
+
+    from linkpass.coordinator.requests import parse_register, parse_report
+
+    _, url, settings = actor
+    root = ray.get_actor(ray_actor.ACTOR_NAME, namespace=ray_actor.NAMESPACE)  # no LinkPass code needed
+    down = parse_report({"name": "h1", "changes": [{"id": 2, "state": "down", "reason": "hard_failure"}]})
+    calls = {"forwarded_register": (parse_register({**identity(1), "paths": table_of(1)}),),
+             "forwarded_report": (down,), "forwarded_reports": ([down],), "heard": (0, ["h1"]),
+             "add_events": ([(1.0, "agent", "intruder", "h1", {"what": "lost"})],)}
+    for method, args in calls.items():
+        with pytest.raises(PermissionError, match=f"{method}: refused: no credential"):
+            ray.get(getattr(root, method).remote(*args), timeout=60)
+        with pytest.raises(PermissionError, match=f"{method}: refused: the credential is not"):
+            ray.get(getattr(root, method).remote(*args, credential="0" * 64), timeout=60)
+    op = coordinator_client(url, token(settings, "operator"), settings["state_dir"])
+    assert not [e for e in op.get("/v1/events", since=0) if e.get("actor") == "intruder"]  # none of it arrived
+    op.close()
+    credential = ray_actor.actor_credential(settings)
+    assert ray.get(root.forwarded_reports.remote([], credential=credential), timeout=60) == []
+    assert ray.get(root.add_events.remote([], credential=credential), timeout=60) is None
+
+
+def test_a_shards_part_refuses_a_driver_without_the_actors_credential(actor):
+    """A shard's localize_part (the root's rounds of localization) takes the same credential: a
+    shard of a two-shard coordinator of the same state directory, beside the running root."""
+    import ray
+
+    _, _, settings = actor
+    two = {**settings, "shards": 2, "shard_listen": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    shard = ray_actor.ShardActor.options(name="credential-check-shard", namespace=ray_actor.NAMESPACE).remote(two, 0)
+    try:
+        ray_actor.endpoint(shard)
+        fresh = ("a-session", None, 1, [], "count", ())  # start the part afresh, and count its paths
+        with pytest.raises(PermissionError, match="localize_part: refused: no credential"):
+            ray.get(shard.localize_part.remote(*fresh), timeout=60)
+        with pytest.raises(PermissionError, match="localize_part: refused: the credential is not"):
+            ray.get(shard.localize_part.remote(*fresh, credential="0" * 64), timeout=60)
+        assert ray.get(shard.localize_part.remote(*fresh, credential=ray_actor.actor_credential(two)), timeout=60) == 0
+    finally:
+        ray_actor.stop(shard)

@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Start the coordinator as a detached, named Ray actor. Without --address it "
                                     "starts a local Ray instance and stays in the foreground until Ctrl-C; with "
                                     "--address it joins that Ray cluster, makes sure the actor runs, and returns.")
-    co.add_argument("--address", help="Ray cluster to join (e.g. ray://head:10001 or auto); default: a local Ray")
+    co.add_argument("--address", help="Ray cluster to join (auto: this node's; HOST:6379 from a Ray node; ray://HOST:10001 "
+                    "with ray[client]); default: a local Ray")
     co.add_argument("--listen", default=None, help=f"HOST:PORT of the endpoint (default {COORDINATOR_LISTEN}; "
                                                    f"0.0.0.0:{COORDINATOR_PORT} with --testbed, so namespaced agents reach it)")
     co.add_argument("--state-dir", default=None, type=absolute, help="SQLite database and tokens (default /var/lib/linkpass/coordinator)")

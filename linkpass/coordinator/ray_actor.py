@@ -9,10 +9,30 @@ daemons and never talk to Ray: they use the actor's HTTP endpoint.
 
 The actor's log lines go to <state_dir>/coordinator.log (runner.actor_log), not to Ray's worker
 files (`log_to_driver=False`): `linkpass coordinator` copies that file to its own stderr.
+
+Who may call the actors. A driver connected to the Ray cluster can find every named actor and call
+its methods; the methods by which a sharded coordinator's actors feed each other (the root's
+`forwarded_*`, `heard` and `add_events`, a shard's `localize_part`) take agents' reports and write
+history as if an authenticated agent had sent them. Two walls keep other drivers out:
+  1. Ray's token authentication (RAY_AUTH_MODE=token): a process without the cluster's token does
+     not reach Ray at all. `ray.init()` of a local Ray turns it on by itself; a cluster started
+     with `ray start` (KubeRay) has it only when every node is given the token
+     (deploy/kubernetes/linkpass-raycluster.yaml does, from a Secret).
+  2. The actors' credential (`actor_credential`): each of those methods takes `credential=` and
+     refuses a call without the right one (ActorCredentialError). The actors derive it themselves
+     from the agent secret they already read (every actor of one coordinator reads the same one),
+     so it never travels in the actors' creation arguments; a driver that merely connected to Ray
+     and calls `ray.get_actor("coordinator", namespace="linkpass").forwarded_report.remote(...)`
+     is refused. This is a second wall, not a sandbox: a driver inside the cluster can still run
+     its own code on the actors' node (a task reading the secret file) or kill the actors, which
+     only the first wall prevents. `endpoint`, `pid` and `close` stay open: they give nothing
+     away, and any driver could `ray.kill` an actor anyway.
 """
 from __future__ import annotations
 
 import gc
+import hashlib
+import hmac
 import os
 import signal
 import time
@@ -25,9 +45,52 @@ NAMESPACE = "linkpass"
 ACTOR_NAME = "coordinator"  # the coordinator, or the root of a sharded one
 SHARD_NAME = "coordinator-shard-{}"  # its shards
 
+# the derivation's own label: an agent token's MAC input starts "linkpass agent", so no agent
+# token (every node holds its own) is this credential, nor gives it away
+_CREDENTIAL_CONTEXT = b"linkpass ray actors v1\0"
+
+
+class ActorCredentialError(PermissionError):
+    """A call to a coordinator actor's internal method came without the actors' credential (or
+    with another one): only the coordinator's own actors make those calls."""
+
+
+def actor_credential(settings: dict) -> str:
+    """The credential the coordinator's actors present to each other (module docstring, Who may
+    call): HMAC-SHA256 of the agent secret (settings.agent_secret, or <state_dir>/agent.secret,
+    made if missing as the coordinator itself does), under a label of its own. The same for the
+    root and every shard, and again after Ray restarts one; a new agent secret makes a new one."""
+    from .auth import SECRET_FILE, AuthError, ensure_secret, read_agent_secret  # noqa: PLC0415
+    from .requests import CoordinatorError  # noqa: PLC0415
+    from .runner import DEFAULT_STATE_DIR  # noqa: PLC0415
+
+    state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
+    try:
+        path = settings.get("agent_secret") or ensure_secret(os.path.join(state_dir, SECRET_FILE))
+        secret = read_agent_secret(path)
+    except OSError as exc:
+        raise CoordinatorError(f"{exc.filename}: {exc.strerror}") from None
+    except AuthError as exc:
+        raise CoordinatorError(str(exc)) from None
+    return hmac.new(secret, _CREDENTIAL_CONTEXT, hashlib.sha256).hexdigest()
+
 
 class _Serving:
     """An actor that serves an endpoint (`self.server`, http.CoordinatorServer)."""
+
+    _credential: str = ""  # actor_credential(settings), set first thing in __init__
+
+    def _admit(self, method: str, credential) -> None:
+        """Refuse a call to an internal method that lacks the actors' credential."""
+        if credential is None:
+            raise ActorCredentialError(
+                f"{type(self).__name__}.{method}: refused: no credential. Only the coordinator's own actors "
+                "call this method, with credential= derived from the agent secret (ray_actor.actor_credential)")
+        if not (isinstance(credential, str) and self._credential
+                and hmac.compare_digest(credential.encode(), self._credential.encode())):
+            raise ActorCredentialError(
+                f"{type(self).__name__}.{method}: refused: the credential is not this coordinator's (its actors "
+                "derive it from the agent secret; were they started with different ones?)")
 
     @staticmethod
     def _prompt() -> None:
@@ -54,27 +117,36 @@ class _Serving:
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=16)
 class CoordinatorActor(_Serving):
     def __init__(self, settings: dict):
-        from .runner import actor_log, start  # noqa: PLC0415 (imported in the actor's process)
+        from .runner import actor_log, check_settings, start  # noqa: PLC0415 (imported in the actor's process)
 
         self._prompt()
+        check_settings(settings)  # a bad setting is refused by its name before any file is read
+        self._credential = actor_credential(settings)
         sharded = (settings.get("shards") or 1) > 1
-        self.server = start(settings, log=actor_log(settings), shards=RayShards() if sharded else None)
+        links = RayShards(self._credential) if sharded else None
+        self.server = start(settings, log=actor_log(settings), shards=links)
         heap.settle()  # the actor's process is the coordinator's alone
 
-    # what shards ask of the root (shard.RootLink, through RayRoot)
-    def forwarded_register(self, req):
+    # what shards ask of the root (shard.RootLink, through RayRoot); each refuses a call without
+    # the actors' credential (module docstring, Who may call)
+    def forwarded_register(self, req, *, credential=None):
+        self._admit("forwarded_register", credential)
         return self.server.forwarded_register(req)
 
-    def forwarded_report(self, req):
+    def forwarded_report(self, req, *, credential=None):
+        self._admit("forwarded_report", credential)
         return self.server.forwarded_report(req)
 
-    def forwarded_reports(self, batch):
+    def forwarded_reports(self, batch, *, credential=None):
+        self._admit("forwarded_reports", credential)
         return self.server.forwarded_reports(batch)
 
-    def heard(self, shard, names):
+    def heard(self, shard, names, *, credential=None):
+        self._admit("heard", credential)
         return self.server.heard(shard, names)
 
-    def add_events(self, events):
+    def add_events(self, events, *, credential=None):
+        self._admit("add_events", credential)
         self.server.add_events(events)
 
 
@@ -83,14 +155,18 @@ class ShardActor(_Serving):
     """Shard `shard` of a sharded coordinator (shard.py): its own endpoint; the root by name."""
 
     def __init__(self, settings: dict, shard: int):
-        from .runner import actor_log, start_shard  # noqa: PLC0415 (imported in the actor's process)
+        from .runner import actor_log, check_settings, start_shard  # noqa: PLC0415 (imported in the actor's process)
 
         self._prompt()
-        self.server = start_shard(settings, shard, RayRoot(), log=actor_log(settings))
+        check_settings(settings)
+        self._credential = actor_credential(settings)  # the root's too: derived from the same agent secret
+        self.server = start_shard(settings, shard, RayRoot(self._credential), log=actor_log(settings))
         heap.settle()  # the fleet model, out of the collector's sight (core/heap.py)
 
-    def localize_part(self, *call):
-        """A round of the root's localization at this shard's part (shard.PartHost)."""
+    def localize_part(self, *call, credential=None):
+        """A round of the root's localization at this shard's part (shard.PartHost); only from the
+        root (its credential)."""
+        self._admit("localize_part", credential)
         out = self.server.shard.part.call(*call)
         if call[1] is None:
             gc.freeze()  # a part's whole evidence arrived: it stays, as the model does
@@ -99,13 +175,15 @@ class ShardActor(_Serving):
 
 class RayRoot:
     """shard.RootLink over Ray: the root actor, found by name (again after a failed call, so a
-    root stopped and started anew is found too; one Ray restarts keeps its handle). Its refusals
-    (CoordinatorError) come back as themselves; a root that is away or slow, as RootUnreachable."""
+    root stopped and started anew is found too; one Ray restarts keeps its handle), called with
+    the actors' credential. Its refusals (CoordinatorError) come back as themselves; a root that
+    is away or slow, or refuses the credential, as RootUnreachable."""
 
     TIMEOUT_S = 10.0
 
-    def __init__(self):
+    def __init__(self, credential: str):
         self._handle = None
+        self._credential = credential
 
     def _call(self, method: str, *args):
         from .requests import CoordinatorError  # noqa: PLC0415
@@ -113,7 +191,7 @@ class RayRoot:
 
         try:
             handle = self._handle = self._handle or ray.get_actor(ACTOR_NAME, namespace=NAMESPACE)
-            return ray.get(getattr(handle, method).remote(*args), timeout=self.TIMEOUT_S)
+            return ray.get(getattr(handle, method).remote(*args, credential=self._credential), timeout=self.TIMEOUT_S)
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, CoordinatorError):
                 raise exc.cause from None
@@ -141,12 +219,14 @@ class RayRoot:
 
 class RayShards:
     """shard.ShardLink over Ray: the shard actors, found by name (again after a failed call),
-    asked side by side. A shard that is away, or slower than the timeout, answers
+    asked side by side, with the actors' credential (`actor_credential` of the coordinator's
+    settings). A shard that is away, slower than the timeout, or refuses the credential answers
     ShardUnreachable (the root explains its part itself meanwhile); a part that lost its
     evidence, PartLost."""
 
-    def __init__(self):
+    def __init__(self, credential: str):
         self._handles: dict[int, object] = {}
+        self._credential = credential
 
     def _handle(self, k: int):
         """Shard k's actor, or None when there is none of that name."""
@@ -167,7 +247,7 @@ class RayShards:
             if handle is None:
                 out[k] = ShardUnreachable(f"no actor {SHARD_NAME.format(k)}")
             else:
-                refs[k] = handle.localize_part.remote(*call)
+                refs[k] = handle.localize_part.remote(*call, credential=self._credential)
         if refs:
             ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         for k, ref in refs.items():
@@ -190,7 +270,7 @@ class RayShards:
             if handle is not None:  # none: the next question finds it unreachable
                 # not awaited: Ray runs an actor's calls from one caller in order, so the next
                 # question finds these applied (or, failed, its part's generation tells: PartLost)
-                handle.localize_part.remote(*call)
+                handle.localize_part.remote(*call, credential=self._credential)
 
 
 _FORK_GUARD = []

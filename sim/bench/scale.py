@@ -453,6 +453,7 @@ def case_shards_ray(args, shared) -> list[dict]:
     shards started as `linkpass coordinator --shards 16` does); this process is the root's
     localizer (ShardParts over RayShards, as the root actor holds them). Peer: one localizer,
     the same trials in the same run."""
+    from linkpass.coordinator import ray_actor  # noqa: PLC0415
     from linkpass.coordinator.ray_actor import RayShards  # noqa: PLC0415
     from linkpass.coordinator.shard import ShardParts  # noqa: PLC0415
     from linkpass.core.shards import ShardMap  # noqa: PLC0415
@@ -466,8 +467,8 @@ def case_shards_ray(args, shared) -> list[dict]:
     peer = {faults: run_trials(fleet, random.Random(args.seed + faults), trials, faults, f"one localizer {kind}")
             for faults, kind in ((1, "single"), (2, "double"))}
     out = []
-    with coordinator_on_ray(model, RAY_SHARDS):
-        parts = ShardParts(model, ShardMap(model, RAY_SHARDS), RayShards())
+    with coordinator_on_ray(model, RAY_SHARDS) as (settings, _, _):
+        parts = ShardParts(model, ShardMap(model, RAY_SHARDS), RayShards(ray_actor.actor_credential(settings)))
         t = time.perf_counter()
         fleet.use_shards(RAY_SHARDS, parts)
         progress(f"the healthy fleet's evidence to {RAY_SHARDS} shard actors: {time.perf_counter() - t:.1f} s")
