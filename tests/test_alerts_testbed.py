@@ -6,6 +6,7 @@ Agents probe every 10 ms (four agents and the software fabric share two cores); 
 runs in this process (the Ray actor runs the same server: tests/test_coordinator_fleet.py)."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -36,7 +37,8 @@ def lab(fabric, tmp_path_factory):
         agents = Agents(fabric, str(d / "agents"), HOSTS, interval_ms=10.0, coordinator=link,
                         detect={"flap_half_life_ms": 2000}, tls_dir=lab_dir(settings["state_dir"])).start()
         prom = for_lab([f"{fabric.mgmt_addr(h)}:{AGENT_METRICS_PORT}" for h in HOSTS],
-                       f"{fabric.mgmt_root_addr}:{port}", lab_dir(settings["state_dir"]))
+                       f"{fabric.mgmt_root_addr}:{port}", lab_dir(settings["state_dir"]),
+                       os.path.join(settings["state_dir"], "reader.token"))
         wait_until(lambda: (lambda t: len(t) == 5 and all(t.values()))(prom.targets_up()), 30,
                    "Prometheus to scrape 4 agents and the coordinator", prom.targets_up)
         yield fabric, agents, prom

@@ -214,7 +214,7 @@ def test_garbage_is_answered_and_counted(server):
         agent.post("/v1/report", {"name": "h0", "paths": [{"peer": "h1"}]})
     assert srv.errors["bad_request"] >= 4
     assert agent.get("/v1/healthz") == {"ok": True}  # still serving
-    metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
+    metrics = connect(srv, tokens["reader"]).get("/metrics").decode()
     assert 'linkpass_coordinator_request_errors_total{kind="bad_request"}' in metrics
     assert 'linkpass_coordinator_agents{status="reporting"} 4.0' in metrics
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
@@ -447,6 +447,56 @@ def test_no_body_is_parsed_under_the_coordinator_lock(server, monkeypatch):
         with pytest.raises(Refusal):
             op.post("/v1/drain", {"link": "no-such-link"})
     assert len(held) >= 6 and not any(held)
+
+
+def test_anonymous_metrics_are_counts_that_name_no_host_or_link_and_take_no_lock(server):
+    """Without a token /metrics has the counts (what a fleet-wide alert needs), none of the series
+    that name hosts and links, and it is answered while the coordinator's lock is held elsewhere;
+    with a reader's token it has them too. A wrong token is refused, not served as anonymous."""
+    srv, tokens = server
+    with connect(srv, tokens["h1"]) as agent:
+        agent.post("/v1/report", {"name": "h1", "changes": [{"id": 1, "state": "down", "reason": "loss"}]})
+    with srv.lock:  # the lock every request against the coordinator takes: anonymous scrapes never do
+        anonymous = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
+        spec = json.loads(urlopen(srv, srv.url + "/v1/openapi.json", timeout=5).read())
+    names = {f.name for f in text_string_to_metric_families(anonymous)}
+    assert "linkpass_coordinator_agent_up" not in names and "linkpass_coordinator_link_fault" not in names
+    assert not any(f"h{i}" in anonymous for i in range(4)) and "p0l" not in anonymous
+    assert 'linkpass_coordinator_paths{state="down"} 1.0' in anonymous
+    assert 'linkpass_coordinator_agents{status="reporting"} 4.0' in anonymous
+    assert "/metrics" in spec["paths"]
+    named = connect(srv, tokens["reader"]).get("/metrics").decode()
+    assert 'linkpass_coordinator_agent_up{host="h1"} 1.0' in named
+    assert 'linkpass_coordinator_paths{state="down"} 1.0' in named
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urlopen(srv, urllib.request.Request(srv.url + "/metrics", headers={"Authorization": "Bearer nope"}), 5)
+    assert exc.value.code == 401
+
+
+def test_the_path_counts_kept_as_paths_change_match_a_count_of_every_path(server):
+    """The counts /metrics and status read are kept as reports come, not counted at each read:
+    after registrations, changes, a re-registration and a decommission they equal a full count."""
+    import collections
+    import random
+
+    srv, tokens = server
+    rng = random.Random(3)
+    for round_ in range(30):
+        host = f"h{rng.randrange(4)}"
+        with connect(srv, tokens[host]) as agent:
+            if round_ == 12:
+                agent.post("/v1/register", {**identity(int(host[1:])), "paths": table_of(int(host[1:]))[:5]})
+                continue
+            changes = [{"id": rng.randrange(1, 11), "state": rng.choice(["up", "down", "suspect", "degraded"]),
+                        "reason": None} for _ in range(3)]
+            agent.post("/v1/report", {"name": host, "changes": changes})
+    with connect(srv, tokens["operator"]) as op:
+        op.post("/v1/decommission", {"host": "h3", "reason": "rebuilt"})
+    c = srv.coordinator
+    with srv.lock:
+        truth = collections.Counter(rec.state for rec in c.paths.values())
+        assert dict(c.state_counts) == dict(truth) and sum(truth.values()) == len(c.paths)
+        assert c.paths_unmapped == sum(1 for rec in c.paths.values() if not rec.links)
 
 
 def test_decommission_over_http_and_the_cli(server):

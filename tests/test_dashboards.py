@@ -294,8 +294,10 @@ def test_expressions_name_only_metrics_linkpass_exports(tmp_path):
     coordinator = set()
     try:
         ctx = ssl.create_default_context(cafile=lab_ca_file(tmp_path / "state"))
+        reader = (tmp_path / "state" / "reader.token").read_text().strip()  # the series naming links need one
         for url in (srv.url, shard.url):
-            with urllib.request.urlopen(url + "/metrics", timeout=10, context=ctx) as answer:
+            ask = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {reader}"})
+            with urllib.request.urlopen(ask, timeout=10, context=ctx) as answer:
                 coordinator |= exposition_names(answer.read().decode())
     finally:
         shard.close()

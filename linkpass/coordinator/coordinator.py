@@ -104,6 +104,10 @@ class Coordinator:
         self.model = model
         self.localizer = localizer if localizer is not None else Localizer(model) if model is not None else None
         self.paths: dict[str, PathRecord] = {}
+        # kept as paths come, change and go, so counting them costs no walk of every path (and
+        # no lock: /metrics reads a copy)
+        self.state_counts: dict[str, int] = defaultdict(int)
+        self.paths_unmapped = 0  # held paths whose hops fit no path of the fleet model
         self.by_reporter: dict[str, set[str]] = defaultdict(set)
         self.agents: dict[str, AgentRecord] = {}
         self.findings: dict[str, dict] = {}  # directed link -> finding dict
@@ -153,9 +157,20 @@ class Coordinator:
             except FabricError:
                 rec.links = ()
                 self.counters["paths_unmapped"] += 1
+        old = self.paths.get(rec.key)
+        if old is not None:
+            self._tally(old, -1)
         self.paths[rec.key] = rec
+        self._tally(rec, 1)
         self.by_reporter[rec.reporter].add(rec.key)
         self._observe(rec)
+
+    def _tally(self, rec: PathRecord, n: int) -> None:
+        self.state_counts[rec.state] += n
+        if not self.state_counts[rec.state]:
+            del self.state_counts[rec.state]
+        if self.model is not None and not rec.links:
+            self.paths_unmapped += n
 
     def _observe(self, rec: PathRecord) -> None:
         if self.localizer is None or not rec.links:
@@ -285,7 +300,9 @@ class Coordinator:
 
     def _set_state(self, rec: PathRecord, state: str, reason: str | None, now: float, changes: _Changes) -> None:
         was_bad = is_bad(rec.state)
+        self._tally(rec, -1)
         rec.state, rec.reason, rec.updated = state, reason, now
+        self._tally(rec, 1)
         self.counters["path_changes"] += 1
         changes.states.append((state, reason, now, rec.key))
         self._observe(rec)
@@ -298,6 +315,7 @@ class Coordinator:
         rec = self.paths.pop(key, None)
         if rec is None:
             return
+        self._tally(rec, -1)
         self.by_reporter[rec.reporter].discard(key)
         if self.localizer is not None:
             self.localizer.forget(key)
@@ -655,9 +673,7 @@ class Coordinator:
 
     # ---- views (the CLI and dashboards) -------------------------------------------------
     def status(self, now: float) -> dict:
-        states = defaultdict(int)
-        for rec in self.paths.values():
-            states[rec.state] += 1
+        states = dict(self.state_counts)
         lost = sorted(n for n, a in self.agents.items() if a.lost)
         # a fault is critical for the fleet once it is localized (or an agent is lost); before
         # that, paths that are not ok are a warning, however bad each one is

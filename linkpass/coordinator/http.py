@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import functools
 import json
 import os
 import re
@@ -132,10 +133,17 @@ class CoordinatorServer:
         self._conns: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="coordinator-worker")
         self.latency = RequestLatency(p for _, p in _ROUTES)
+        # /metrics without a token: counts, read without the lock; with one, also the series that
+        # name hosts and links (their values are a reader's to see)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_ShardMetrics(self) if self.shard is not None else _Metrics(self))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
+        self.named_registry = CollectorRegistry(auto_describe=False)
+        for c in list(self.registry._collector_to_names):
+            self.named_registry.register(c)
+        if self.shard is None:
+            self.named_registry.register(_NamedMetrics(self))
         sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.address = sock.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
@@ -356,7 +364,7 @@ class CoordinatorServer:
                                       f"and reports; {req.path} is the root's (the address `linkpass` is given, "
                                       "as before sharding)", close=req.length != 0, limited=False)
         caller = None
-        if route.action is not None:
+        if route.action is not None and not (route.token_optional and "authorization" not in req.headers):
             caller = self.tokens.caller(req.headers.get("authorization"))
             if isinstance(caller, Revoked):
                 self._refusals.revoked(caller.host, remote)
@@ -382,8 +390,10 @@ class CoordinatorServer:
                 return await self._refuse(writer, remote, 403, "forbidden",
                                           f"{caller.name} has role {caller.role!r}; this needs role "
                                           f"{NEEDS[route.action]!r}", close=req.length != 0)
-        if route.fn is CoordinatorServer._get_healthz and not req.length:  # liveness never waits for a worker
-            writer.write(_response(200, {"ok": True}, req.close))
+        if route.lock_free and caller is None and not req.length:
+            # liveness, the API's description, the anonymous counts: never a worker, never the lock
+            status, doc = self._serve(route, req, None, caller, remote)
+            writer.write(_response(status, doc, req.close))
             await _within(writer.drain(), lim.read_timeout_s)
             return not req.close
         if req.length is None:
@@ -554,15 +564,13 @@ class CoordinatorServer:
         return 200, {"name": caller.name, "role": caller.role, "host": caller.host}
 
     def _get_metrics(self, req, body, caller, remote):
-        return 200, generate_latest(self.registry)
+        return 200, generate_latest(self.registry if caller is None else self.named_registry)
 
     def _get_healthz(self, req, body, caller, remote):
         return 200, {"ok": True}
 
     def _get_openapi(self, req, body, caller, remote):
-        from .openapi import spec
-
-        return 200, spec()
+        return 200, _openapi()
 
     def _post_register(self, req, r: RegisterIn, caller, remote):
         self._as_itself(caller, r.name, remote, req.path)
@@ -665,13 +673,19 @@ class _Route:
     query: tuple[tuple[str, str, bool], ...] = ()  # (name, JSON type, required) the handler reads
     body: type | None = None  # the request dataclass its parser (requests.py) makes
     parse: object = None  # that parser: the body's JSON document -> the handler's argument
+    token_optional: bool = False  # without a token it answers what needs none (the action's role: more)
+    lock_free: bool = False  # answered without a token by the loop itself: takes no lock, no worker
 
 
 _HOST_Q = ("host", "string", False)
 _ROUTES = {
-    ("GET", "/v1/healthz"): _Route(None, CoordinatorServer._get_healthz, "liveness, for probes and load balancers"),
-    ("GET", "/metrics"): _Route(None, CoordinatorServer._get_metrics, "Prometheus exposition"),
-    ("GET", "/v1/openapi.json"): _Route(None, CoordinatorServer._get_openapi, "this API, as OpenAPI 3.1"),
+    ("GET", "/v1/healthz"): _Route(None, CoordinatorServer._get_healthz, "liveness, for probes and load balancers",
+                                   lock_free=True),
+    ("GET", "/metrics"): _Route("read", CoordinatorServer._get_metrics,
+                                "Prometheus exposition: counts without a token; with a reader's, also the series "
+                                "that name hosts and links", token_optional=True, lock_free=True),
+    ("GET", "/v1/openapi.json"): _Route(None, CoordinatorServer._get_openapi, "this API, as OpenAPI 3.1",
+                                        lock_free=True),
     ("GET", "/v1/whoami"): _Route("read", CoordinatorServer._get_whoami, "the caller's name, role and host"),
     ("GET", "/v1/status"): _Route("read", CoordinatorServer._get_status,
                                   "fleet health: agents, paths by state, localized faults, drains"),
@@ -801,6 +815,14 @@ def json_depth_ok(raw: bytes, max_depth: int) -> bool:
 
 
 _UNPARSED = object()  # a request whose body has not been parsed yet
+
+
+@functools.cache
+def _openapi() -> dict:
+    """The API's description: made once (the routes are fixed), never under the lock."""
+    from .openapi import spec
+
+    return spec()
 
 
 def _json_body(raw: bytes, max_depth: int) -> dict:
@@ -1046,7 +1068,8 @@ class _ShardMetrics:
 
 
 class _Metrics:
-    """Prometheus view, read at scrape time."""
+    """Prometheus view, read at scrape time: counts only, which name no host or link, read without
+    the lock (the coordinator keeps them as paths change; a copy of a dict is one step for Python)."""
 
     def __init__(self, server: CoordinatorServer):
         self.server = server
@@ -1054,25 +1077,17 @@ class _Metrics:
     def collect(self):
         s = self.server
         c = s.coordinator
-        with s.lock:
-            agents = len(c.agents)
-            lost = sum(a.lost for a in c.agents.values())
-            states: dict[str, int] = {}
-            unmapped = 0
-            for rec in c.paths.values():
-                states[rec.state] = states.get(rec.state, 0) + 1
-                unmapped += not rec.links
-            if c.model is None:
-                unmapped = 0  # without a fleet model no path is mapped, and none is expected to be
-            unknown_changes = c.counters["changes_unknown_path"]
-            findings, drains = len(c.findings), len(c.drains)
-            digests, tables_asked = c.counters["digests"], c.counters["digest_mismatches"]
-            findings_now = [dict(fd) for fd in c.findings.values()]
-            agents_now = sorted((a.name, a.lost) for a in c.agents.values())
-            parts = _shard_parts(c)
-            parts = parts and parts.status()
+        agents = list(c.agents.values())
+        lost = sum(a.lost for a in agents)
+        states = dict(c.state_counts)
+        unmapped = c.paths_unmapped
+        unknown_changes = c.counters["changes_unknown_path"]
+        findings, drains = len(c.findings), len(c.drains)
+        digests, tables_asked = c.counters["digests"], c.counters["digest_mismatches"]
+        parts = _shard_parts(c)
+        parts = parts and parts.status()
         g = GaugeMetricFamily("linkpass_coordinator_agents", "Registered agents", labels=["status"])
-        g.add_metric(["reporting"], agents - lost)
+        g.add_metric(["reporting"], len(agents) - lost)
         g.add_metric(["lost"], lost)
         p = GaugeMetricFamily("linkpass_coordinator_paths", "Paths reported, by state", labels=["state"])
         for st, n in sorted(states.items()):
@@ -1097,6 +1112,30 @@ class _Metrics:
         uc.add_metric([], unknown_changes)
         yield from (g, p, um, f, d, r, dg, ta, uc)
         yield from _endpoint_families(s)
+        if parts is not None:
+            si = GaugeMetricFamily("linkpass_coordinator_localization_stood_in",
+                                   "Shards whose part of localization the root explains itself (they do not answer)")
+            si.add_metric([], len(parts["standing_in"]))
+            rs = CounterMetricFamily("linkpass_coordinator_localization_parts_sent_whole",
+                                     "Times a shard's part was sent its whole evidence: at the root's start, and "
+                                     "again after the shard restarted or stopped answering")
+            rs.add_metric([], parts.get("parts_sent_whole", 0))
+            yield from (si, rs)
+
+
+class _NamedMetrics:
+    """The series that name hosts and links (each localized link's confidence, each agent's
+    liveness): with a token only, read under the lock."""
+
+    def __init__(self, server: CoordinatorServer):
+        self.server = server
+
+    def collect(self):
+        s = self.server
+        c = s.coordinator
+        with s.lock:
+            findings_now = [dict(fd) for fd in c.findings.values()]
+            agents_now = sorted((a.name, a.lost) for a in c.agents.values())
         lf = GaugeMetricFamily("linkpass_coordinator_link_fault",
                                "Confidence of each directed link localized as faulty (direction: forward, reverse "
                                "or either)", labels=["link", "direction", "a", "b"])
@@ -1107,12 +1146,3 @@ class _Metrics:
         for host, is_lost in agents_now:
             au.add_metric([host], 0.0 if is_lost else 1.0)
         yield from (lf, au)
-        if parts is not None:
-            si = GaugeMetricFamily("linkpass_coordinator_localization_stood_in",
-                                   "Shards whose part of localization the root explains itself (they do not answer)")
-            si.add_metric([], len(parts["standing_in"]))
-            rs = CounterMetricFamily("linkpass_coordinator_localization_parts_sent_whole",
-                                     "Times a shard's part was sent its whole evidence: at the root's start, and "
-                                     "again after the shard restarted or stopped answering")
-            rs.add_metric([], parts.get("parts_sent_whole", 0))
-            yield from (si, rs)

@@ -60,6 +60,11 @@ def spec() -> dict:
                                           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}}
         if route.action is None:
             op["security"] = []
+        elif route.token_optional:
+            op["security"] = [{}, {"bearer": []}]
+            op["x-linkpass-role"] = NEEDS[route.action]
+            op["description"] = (f"answers without a token; a token of role {NEEDS[route.action]} (or any other) "
+                                 "gets more")
         else:
             op["x-linkpass-role"] = NEEDS[route.action]
             op["description"] = f"needs a token of role {NEEDS[route.action]}" + (

@@ -85,6 +85,7 @@ class Demo:
         self.agents = None
         self.coordinator_url = None
         self.reader_token = None
+        self.reader_token_file = None  # Prometheus reads it for the series that name hosts and links
         self.tls_dir = None  # the coordinator's lab CA
         self.prom = None  # the demo's Prometheus (linkpass.observe.prometheus), when it could start
         self.alerts: dict[str, list[tuple[float, float]]] = {}  # alertname -> firing spans, LinkPass on
@@ -145,7 +146,8 @@ class Demo:
         handle, _ = ray_actor.ensure(settings)
         self.stack.callback(self.stop_coordinator)
         self.coordinator_url = f"https://{self.fab.mgmt_root_addr}:{port}"
-        self.reader_token = open(os.path.join(state, "reader.token")).read().strip()
+        self.reader_token_file = os.path.join(state, "reader.token")
+        self.reader_token = open(self.reader_token_file).read().strip()
         self.tls_dir = lab_dir(state)
         self.progress(f"coordinator answers at {self.coordinator_url} (TLS, client certificates required; "
                       f"state and lab CA in {state})")
@@ -205,7 +207,7 @@ class Demo:
         coordinator = self.coordinator_url.split("://", 1)[1] if self.coordinator_url else None
         try:
             self.prom = for_lab([f"{self.fab.mgmt_addr(h)}:{AGENT_METRICS_PORT}" for h in HOSTS], coordinator,
-                                self.tls_dir)
+                                self.tls_dir, self.reader_token_file)
         except (PrometheusMissing, RuntimeError) as exc:
             self.progress(paint(f"no Prometheus ({exc}); the ALERT column stays empty", "yellow", self.stream))
             return

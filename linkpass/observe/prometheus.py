@@ -54,7 +54,8 @@ class Prometheus:
     `close()`. `tls` ({job: {"ca_file", "cert_file", "key_file"}}) scrapes that job over HTTPS."""
 
     def __init__(self, targets: dict[str, list[str]], rules_text: str, scrape_s: float = 1.0, eval_s: float = 1.0,
-                 tls: dict[str, dict] | None = None, start_timeout_s: float = 30.0):
+                 tls: dict[str, dict] | None = None, start_timeout_s: float = 30.0,
+                 token_files: dict[str, str] | None = None):
         import yaml
 
         self.dir = tempfile.mkdtemp(prefix="linkpass-prometheus-")
@@ -70,6 +71,8 @@ class Prometheus:
                 j = {"job_name": job, "static_configs": [{"targets": list(hosts)}]}
                 if tls and job in tls:
                     j.update(scheme="https", tls_config=dict(tls[job]))
+                if token_files and job in token_files:  # a bearer token read from the file at each scrape
+                    j["authorization"] = {"type": "Bearer", "credentials_file": token_files[job]}
                 jobs.append(j)
             ms = lambda s: f"{round(s * 1000)}ms"  # noqa: E731 - Prometheus durations take no fractions
             config = {"global": {"scrape_interval": ms(scrape_s), "evaluation_interval": ms(eval_s),
@@ -178,10 +181,12 @@ def _union(spans: list[tuple[float, float]], gap: float) -> list[tuple[float, fl
 AGENT_JOB, COORDINATOR_JOB = "linkpass-agent", "linkpass-coordinator"  # the rules' default selectors
 
 
-def for_lab(agents: list[str], coordinator: str | None = None, tls_dir: str | None = None) -> Prometheus:
+def for_lab(agents: list[str], coordinator: str | None = None, tls_dir: str | None = None,
+            token_file: str | None = None) -> Prometheus:
     """Prometheus for a lab (the demo, the tests): scraping the agents' metrics endpoints
     (host:port) and the coordinator's (host:port, over HTTPS with the lab CA's client
-    certificate when `tls_dir` is given) every second, with the project's rules at LAB durations."""
+    certificate when `tls_dir` is given, with the reader token in `token_file` for the series that
+    name hosts and links) every second, with the project's rules at LAB durations."""
     from ..coordinator.tls import LOCAL_CLIENT, lab_paths
     from .rules import LAB, render
 
@@ -190,4 +195,5 @@ def for_lab(agents: list[str], coordinator: str | None = None, tls_dir: str | No
     if coordinator and tls_dir:
         cert, key = lab_paths(tls_dir, LOCAL_CLIENT)
         tls = {COORDINATOR_JOB: {"ca_file": lab_paths(tls_dir, "ca")[0], "cert_file": cert, "key_file": key}}
-    return Prometheus(targets, render(LAB), tls=tls)
+    tokens = {COORDINATOR_JOB: token_file} if coordinator and token_file else None
+    return Prometheus(targets, render(LAB), tls=tls, token_files=tokens)
