@@ -848,3 +848,48 @@ def test_paths_the_fleet_model_cannot_map_are_counted_in_the_metrics(server):
     metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
     assert "linkpass_coordinator_paths_unmapped 1.0" in metrics
     assert "linkpass_coordinator_changes_unknown_path_total 1.0" in metrics
+
+
+def test_one_token_has_a_request_budget_and_others_are_not_slowed(tmp_path):
+    """A token past its budget gets 429 without its body being read, counted by its own kind;
+    another agent's reports go on being answered meanwhile."""
+    srv, tokens = start(tmp_path, token_rate_per_s=1.0, token_burst=5)
+    try:
+        codes = []
+        with connect(srv, tokens["h0"]) as hog:
+            for _ in range(12):
+                try:
+                    hog.post("/v1/report", {"name": "h0"})
+                    codes.append(200)
+                except Refusal as exc:
+                    codes.append(exc.status)
+                    assert "more than 1 requests a second" in str(exc)
+        # the burst (one of it went on the registration), then a refill at most
+        assert 4 <= codes.count(200) <= 6 and set(codes[7:]) == {429}, codes
+        with connect(srv, tokens["h1"]) as other:
+            assert "drain_version" in other.post("/v1/report", {"name": "h1"})
+        assert srv.errors["token_budget"] == codes.count(429)
+    finally:
+        srv.close()
+        srv.coordinator.store.close()
+
+
+def test_a_report_checks_its_digest_against_the_changes_alone(server, monkeypatch):
+    """An agent's digest is checked against a sum the coordinator keeps as verdicts change: a report
+    of one change with a digest hashes that change's rows, not the agent's whole table."""
+    from linkpass.coordinator import coordinator as C
+    from linkpass.core.report_digest import table_digest
+
+    srv, tokens = server
+    rows = {r["id"]: (r["state"], r["reason"]) for r in table_of(0)}
+    rows[2] = ("down", "loss")
+    hashed = []
+    real = C.row_hash
+    monkeypatch.setattr(C, "row_hash", lambda *r: hashed.append(r) or real(*r))
+    with connect(srv, tokens["h0"]) as agent:
+        answer = agent.post("/v1/report", {"name": "h0", "digests": True, "changes": [{"id": 2, "state": "down",
+                                                                                        "reason": "loss"}],
+                                           "digest": table_digest((i, s, r) for i, (s, r) in rows.items())})
+    assert "send_paths" not in answer  # the digest matched
+    assert len(hashed) == 2, hashed  # the changed row out, its new self in: not the 10 rows held
+    assert srv.coordinator.counters["digests"] == 1

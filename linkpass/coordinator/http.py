@@ -96,6 +96,8 @@ class Limits:
     refusal_rate_per_s: float = 5.0  # refused requests per client address, sustained ...
     refusal_burst: int = 50  # ... and in a burst; beyond: 429 and the connection closed
     refusal_summary_s: float = 60.0  # unauthenticated refusals reach the history once per this
+    token_rate_per_s: float = 50.0  # requests per token, sustained (an agent sends a few a second at most) ...
+    token_burst: int = 200  # ... and in a burst; beyond: 429, and the body is never read
     max_queue: int = 10_000  # a shard: reports answered and held for the root; beyond: 503
 
 
@@ -119,12 +121,13 @@ class CoordinatorServer:
         self.log = log or Logger("coordinator")  # observe/log.py: JSON lines on stderr
         self.errors = dict.fromkeys(("bad_request", "unauthenticated", "forbidden", "too_large", "length_required",
                                      "rate_limited", "timeout", "evicted", "busy", "not_found", "internal", "tick",
-                                     "tls", "revoked"), 0)
+                                     "tls", "revoked", "token_budget"), 0)
         self.requests = 0
         self.reports = 0
         self.pending = 0  # requests past the max_pending gate (the loop's own count)
         self._count_lock = threading.Lock()
         self._refusals = _Refusals(self.limits)
+        self._per_token = _Buckets(self.limits.token_rate_per_s, self.limits.token_burst)  # by caller name
         self._stop = threading.Event()
         self.tls = tls  # an ssl.SSLContext (tls.build_server_context): HTTPS; None: plain HTTP
         self.scheme = "https" if tls is not None else "http"
@@ -384,6 +387,11 @@ class CoordinatorServer:
                                           f"{why}: with mutual TLS an agent's token travels only with its own "
                                           f"host's certificate (CN or DNS SAN {caller.host!r}; `linkpass tls init "
                                           f"--hosts {caller.host}` issues one)", close=req.length != 0)
+            if not self._per_token.take(caller.name):
+                return await self._refuse(writer, remote, 429, "token_budget",
+                                          f"{caller.name} sent more than {lim.token_rate_per_s:g} requests a second "
+                                          f"(burst {lim.token_burst}): slow down", close=req.length != 0,
+                                          limited=False, extra=[("Retry-After", "1")])
             if not caller.may(route.action):
                 self._refusals.forbidden(caller, remote, req.path, f"role {caller.role} may not {route.action}",
                                          record=route.action in ("drain", "decommission"))
@@ -858,15 +866,39 @@ def _response(status: int, doc, close: bool, extra=()) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
 
 
+class _Buckets:
+    """A token bucket per key (a client address, a caller), the least recently used forgotten
+    beyond `keep`. Thread-safe."""
+
+    def __init__(self, rate: float, burst: int, keep: int = TRACKED_ADDRESSES):
+        self.rate, self.burst, self.keep = rate, float(burst), keep
+        self._lock = threading.Lock()
+        self._buckets: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+
+    def take(self, key: str) -> bool:
+        """One from `key`'s bucket; False when it is empty."""
+        now = time.monotonic()
+        with self._lock:
+            b = self._buckets.pop(key, None) or [self.burst, now]
+            b[0] = min(self.burst, b[0] + (now - b[1]) * self.rate)
+            b[1] = now
+            ok = b[0] >= 1.0
+            if ok:
+                b[0] -= 1.0
+            self._buckets[key] = b
+            while len(self._buckets) > self.keep:
+                self._buckets.popitem(last=False)
+        return ok
+
+
 class _Refusals:
     """Refused requests: a token bucket per client address (rate limit), and what of them goes
     into the history. Called from the loop and the workers; `take` from the tick thread."""
 
     def __init__(self, limits: Limits):
-        self.rate, self.burst = limits.refusal_rate_per_s, float(limits.refusal_burst)
+        self._rate = _Buckets(limits.refusal_rate_per_s, limits.refusal_burst)
         self.window_s = limits.refusal_summary_s
         self._lock = threading.Lock()
-        self._buckets: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
         self._unauth: collections.Counter = collections.Counter()
         self._unauth_paths: collections.Counter = collections.Counter()
         self._revoked: collections.Counter = collections.Counter()  # host -> requests with a revoked token
@@ -878,20 +910,7 @@ class _Refusals:
 
     def note(self, remote: str | None) -> bool:
         """One refusal from `remote`; False if it is over its rate."""
-        if remote is None:
-            return True
-        now = time.monotonic()
-        with self._lock:
-            b = self._buckets.pop(remote, None) or [self.burst, now]
-            b[0] = min(self.burst, b[0] + (now - b[1]) * self.rate)
-            b[1] = now
-            ok = b[0] >= 1.0
-            if ok:
-                b[0] -= 1.0
-            self._buckets[remote] = b
-            while len(self._buckets) > TRACKED_ADDRESSES:
-                self._buckets.popitem(last=False)
-        return ok
+        return remote is None or self._rate.take(remote)
 
     def unauthenticated(self, remote: str, path: str) -> None:
         with self._lock:

@@ -16,7 +16,7 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
                      (default 90 days, 1 000 000)
     max_body_bytes, max_connections, read_timeout_s, idle_timeout_s, workers, max_pending,
     json_max_depth, events_limit_max, refusal_rate_per_s, refusal_burst, refusal_summary_s,
-    max_queue (a shard's reports held for the root)
+    token_rate_per_s, token_burst, max_queue (a shard's reports held for the root)
                      what one client may cost the endpoint (`http.Limits`, which gives the defaults)
     tls_cert_file, tls_key_file   the endpoint's certificate and key (PEM). Default: the lab CA's
                      in <state_dir>/tls, made on first start (lab_ca.py) with a client
@@ -27,6 +27,15 @@ settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
     require_client_cert   mutual TLS: refuse clients without a certificate the CA signed
     insecure_http    serve plain HTTP instead (tokens then cross the network in cleartext; a
                      warning is logged). HTTPS is the default.
+    store            keep the state in PostgreSQL, postgresql://USER@HOST[:PORT]/DATABASE (default:
+                     SQLite in state_dir); store_password_file: that user's password (one line)
+    store_tls_ca_file   the CA that signed the PostgreSQL server's certificate (default: the system's
+                     trust store). The store is reached over TLS only, the certificate verified and
+                     its name checked against the URL's host; the user authenticates with
+                     SCRAM-SHA-256 only
+    store_insecure_plaintext   reach the store without TLS instead (its traffic crosses the
+                     network unencrypted and the server is not authenticated by a certificate; a
+                     warning is logged)
     log_level        debug, info, warning or error: log lines below it are not written (default
                      $LINKPASS_LOG_LEVEL of the process that starts it, or info)
     shards           coordinator shards agents report to (default 1: the coordinator takes them
@@ -60,7 +69,7 @@ from ..core.shards import ShardedLocalizer, ShardError, ShardMap
 from .http import CoordinatorServer, Limits
 from .shard import RootLink, Router, ShardFront, ShardLink, ShardParts
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
-from .store import StoreError, open_store, parse_postgres_url
+from .store import StoreError, open_store, parse_postgres_url, redacted
 from .requests import is_decimal
 from .tls import LOCAL_CLIENT, SERVER, TlsError, build_server_context, lab_dir, lab_paths
 
@@ -179,7 +188,7 @@ _PATHS = ("state_dir", "listen", "fabric_model", "fabric", "tokens", "agent_secr
 # working directory is Ray's, not the caller's (the CLI makes its arguments absolute)
 _FILES = ("state_dir", "fabric", "tokens", "agent_secret", "tls_cert_file", "tls_key_file", "tls_ca_file",
           "store_password_file", "store_tls_ca_file")
-_FLAGS = ("require_client_cert", "insecure_http")
+_FLAGS = ("require_client_cert", "insecure_http", "store_insecure_plaintext")
 # number settings: (the dataclass that owns the default, lowest, highest, integer?)
 _NUMBERS = {
     "max_drain_share": (CoordinatorConfig, 0.0, 1.0, False),
@@ -198,6 +207,8 @@ _NUMBERS = {
     "refusal_rate_per_s": (Limits, 0.01, 1e6, False),
     "refusal_burst": (Limits, 1, 10**6, True),
     "refusal_summary_s": (Limits, 0.1, 86400.0, False),
+    "token_rate_per_s": (Limits, 0.01, 1e6, False),
+    "token_burst": (Limits, 1, 10**6, True),
     "max_queue": (Limits, 1, 10_000_000, True),
 }
 
@@ -225,9 +236,12 @@ def check_settings(settings: dict) -> tuple[CoordinatorConfig, Limits]:
             parse_postgres_url(settings["store"])  # a bad URL is refused here, before anything starts
         except StoreError as exc:
             raise CoordinatorError(f"settings.{exc}") from None
+        if settings.get("store_insecure_plaintext") and settings.get("store_tls_ca_file") is not None:
+            raise CoordinatorError("settings.store_tls_ca_file: not used with settings.store_insecure_plaintext (no "
+                                   "TLS to verify); remove one of the two")
     else:
-        for name in ("store_password_file", "store_tls_ca_file"):
-            if settings.get(name) is not None:
+        for name in ("store_password_file", "store_tls_ca_file", "store_insecure_plaintext"):
+            if settings.get(name) not in (None, False):
                 raise CoordinatorError(f"settings.{name}: only with settings.store (a postgresql:// URL); the "
                                        "SQLite store in the state directory has no password and no connection")
     shards = settings.get("shards")
@@ -369,7 +383,8 @@ def start(settings: dict, log: Logger | None = None, shards: ShardLink | None = 
     try:
         store = open_store(settings.get("store"), settings.get("store_password_file"), state_dir,
                            on_committed=lambda events: log_history(log, events),
-                           tls_ca_file=settings.get("store_tls_ca_file"))
+                           tls_ca_file=settings.get("store_tls_ca_file"),
+                           insecure_plaintext=bool(settings.get("store_insecure_plaintext")))
     except StoreError as exc:
         raise CoordinatorError(str(exc)) from None
     # the wall clock, as CoordinatorServer passes it to every call; perf_counter times its own work
@@ -386,4 +401,8 @@ def start(settings: dict, log: Logger | None = None, shards: ShardLink | None = 
     if tls is None:
         log("insecure_http", url=server.url,
             warning="plain HTTP (insecure_http): tokens and reports cross the network in cleartext")
+    if store.kind == "postgresql" and settings.get("store_insecure_plaintext"):
+        log("store_insecure_plaintext", level="warning", store=redacted(settings["store"]),
+            warning="PostgreSQL store without TLS (store_insecure_plaintext): the fleet's state and the "
+                    "revocations cross the network unencrypted, and no certificate says which server answers")
     return server

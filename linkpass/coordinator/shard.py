@@ -52,7 +52,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Protocol
 
-from ..core.report_digest import table_digest
+from ..core.report_digest import RunningDigest
 from ..core.fabric import FabricModel
 from ..core.heap import collector_paused
 from ..core.localize import Observation
@@ -344,7 +344,7 @@ class ShardFront:
         self.shard = shard
         self.root = root
         self.url = router.urls[shard]
-        self.tables: dict[str, dict[int, tuple]] = {}  # agent -> path id -> (state, reason)
+        self.tables: dict[str, RunningDigest] = {}  # agent -> its verdicts, path id -> (state, reason)
         self.versions: tuple[int, int] | None = None  # the root's (plan_version, drain_version)
         self._heard: set[str] = set()
         self.counters: dict[str, int] = defaultdict(int)
@@ -364,7 +364,7 @@ class ShardFront:
         self._after_queued(req.name)
         answer = self._forward(self.root.register, req)
         with self._lock:
-            self.tables[req.name] = {p.id: (p.state, p.reason) for p in req.paths}
+            self.tables[req.name] = RunningDigest((p.id, p.state, p.reason) for p in req.paths)
             self.counters["registrations"] += 1
         return answer
 
@@ -381,19 +381,19 @@ class ShardFront:
             if req.changes:
                 if any(c.id not in table for c in req.changes):
                     return None  # a path the root may not hold either: it asks for the table
-                after = dict(table)
-                after.update((c.id, (c.state, c.reason)) for c in req.changes)
-                if not self._digest_matches(req, after):
+                changes = [(c.id, c.state, c.reason) for c in req.changes]
+                if req.digest is not None and req.digest != table.digest_after(changes):
                     return None
                 if len(self.queue) >= self.max_queue:
                     self.counters["queue_full"] += 1
                     raise Unavailable(f"coordinator shard {self.shard} holds {len(self.queue)} reports for the root "
                                       "(max_queue); retry later (the agent keeps failing over locally)")
-                table.update(after)
+                for pid, state, reason in changes:
+                    table.set(pid, state, reason)
                 self.queue.append(req)
                 self.counters["queued"] += 1
                 self._queued.notify()
-            elif not self._digest_matches(req, table):
+            elif req.digest is not None and req.digest != table.digest():
                 return None
             else:
                 self.counters["answered"] += 1
@@ -412,7 +412,7 @@ class ShardFront:
         with self._lock:
             self.counters["forwarded"] += 1
             if req.paths is not None:
-                table = self.tables[name] = {p.id: (p.state, p.reason) for p in req.paths}
+                table = self.tables[name] = RunningDigest((p.id, p.state, p.reason) for p in req.paths)
             else:
                 table = self.tables.get(name)
             if table is None:
@@ -420,7 +420,7 @@ class ShardFront:
                 return dict(answer, send_paths=True)
             for c in req.changes:
                 if c.id in table:
-                    table[c.id] = (c.state, c.reason)
+                    table.set(c.id, c.state, c.reason)
         return answer
 
     def _after_queued(self, name: str) -> None:
@@ -445,10 +445,6 @@ class ShardFront:
         if req.paths is not None or req.probe_budget is not None or self.versions is None:
             return False
         return (req.plan_version, req.drain_version) == self.versions
-
-    @staticmethod
-    def _digest_matches(req: ReportIn, table: dict) -> bool:
-        return req.digest is None or req.digest == table_digest((i, s, r) for i, (s, r) in table.items())
 
     def _forward(self, call, req):
         try:
