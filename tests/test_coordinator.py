@@ -721,3 +721,32 @@ def test_a_running_digest_is_the_digest_of_its_rows_whatever_the_order_of_change
             rows[pid] = (s, r)
         assert d.digest() == foretold == table_digest((i, s, r) for i, (s, r) in rows.items())
     assert d.digest() != table_digest((i, s, r) for i, (s, r) in list(rows.items())[1:])  # a row less: another
+
+
+def test_one_reporter_s_flapping_table_reaches_the_history_in_a_bounded_number_of_events(tmp_path):
+    """A reporter's detections and recoveries are written one by one up to the window's budget,
+    the rest as one summary when the window ends; another reporter's are not held back, and every
+    path's state is current all the same."""
+    from linkpass.coordinator import coordinator as C
+    from helpers import four_agents_registered
+
+    c, store = four_agents_registered(str(tmp_path / "c.db"))
+    try:
+        t = 1001.0
+        for rnd in range(5):  # 5 x 10 paths down, then up: 100 changes from h0 in one window
+            for state in ("down", "up"):
+                c.report({"name": "h0", "changes": [{"id": r["id"], "state": state, "reason": None}
+                                                    for r in table_of(0)]}, t)
+                t += 0.1
+        c.report({"name": "h1", "changes": [{"id": 1, "state": "down", "reason": "loss"}]}, t)
+        assert c.paths["h0/1"].state == "up" and c.paths["h1/1"].state == "down"
+        ev = store.events(kinds=["detection", "recovery"], limit=10_000)
+        assert sum(e["actor"] == "h0" for e in ev) == C.DETECTION_EVENTS_PER_WINDOW
+        assert sum(e["actor"] == "h1" for e in ev) == 1
+        c.tick(t + C.DETECTION_WINDOW_S)
+        summary = [e for e in store.events(kinds=["detection"], limit=10_000) if e["detail"].get("summary")]
+        assert len(summary) == 1 and summary[0]["actor"] == "h0"
+        d = summary[0]["detail"]
+        assert d["detections"] + d["recoveries"] == 100 - C.DETECTION_EVENTS_PER_WINDOW
+    finally:
+        store.close()

@@ -69,8 +69,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     co.add_argument("--store-password-file", metavar="FILE", type=absolute, default=None,
                     help="the --store user's password (one line, mode 0600; never in the URL)")
     co.add_argument("--store-tls-ca", metavar="FILE", type=absolute, default=None,
-                    help="check the --store server's TLS certificate against this CA (PEM) and the URL's host; "
-                         "without it TLS is used if the server offers it, unverified")
+                    help="the CA (PEM) that signed the --store server's TLS certificate (default: the system's "
+                         "trust store); the store is reached over TLS only, its certificate checked against the "
+                         "CA and the URL's host")
+    co.add_argument("--store-insecure-plaintext", action="store_true",
+                    help="reach the --store server without TLS: the state crosses the network unencrypted, to a "
+                         "server no certificate vouches for (a warning is logged)")
     src = co.add_mutually_exclusive_group()
     src.add_argument("--testbed", metavar="PREFIX", help="use this running testbed's fabric as the fleet model")
     src.add_argument("--fabric", metavar="FILE", type=absolute, help="fleet model JSON (links, hosts, addresses)")
@@ -131,6 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="the coordinator's PostgreSQL store, when it keeps its state there (as its --store)")
     tk.add_argument("--store-password-file", metavar="FILE", type=absolute, default=None, help="that store user's password")
     tk.add_argument("--store-tls-ca", metavar="FILE", type=absolute, default=None, help="that store server's CA (as the coordinator's)")
+    tk.add_argument("--store-insecure-plaintext", action="store_true",
+                    help="reach that store without TLS (as the coordinator's)")
     tk.add_argument("--out", metavar="FILE", type=absolute, help="write the token to FILE (mode 0600) instead of printing it")
     tk.add_argument("--revoke", action="store_true",
                     help="refuse every earlier token of HOST (stolen, leaked, host rebuilt) and print the new one")
@@ -526,6 +532,9 @@ def parse_since(text: str, now: float) -> float:
 def _summary(e: dict) -> str:
     d = e["detail"]
     k = e["kind"]
+    if k == "detection" and d.get("summary"):
+        return (f"{d.get('detections')} detections and {d.get('recoveries')} recoveries more in "
+                f"{d.get('window_s'):g} s, counted together")
     if k in ("detection", "recovery"):
         return f"{d.get('state')} {d.get('reason') or ''} (peer {d.get('peer')}, plane {d.get('plane')})".replace("  ", " ")
     if k == "localization":
@@ -649,10 +658,17 @@ def _decommission(args) -> int:
 def _token(args) -> int:
     """`token HOST`, or the listed tokens' actions (create, list, revoke)."""
     words = args.target
-    for flag, given in (("--store-password-file", args.store_password_file), ("--store-tls-ca", args.store_tls_ca)):
+    for flag, given in (("--store-password-file", args.store_password_file), ("--store-tls-ca", args.store_tls_ca),
+                        ("--store-insecure-plaintext", args.store_insecure_plaintext or None)):
         if given is not None and args.store is None:
             return error(f"{flag}: only with --store (the SQLite store in --state-dir has no password and no "
                          "connection)")
+    if args.store_insecure_plaintext:
+        if args.store_tls_ca is not None:
+            return error("--store-tls-ca: not used with --store-insecure-plaintext (no TLS to verify); remove one "
+                         "of the two")
+        warn("PostgreSQL store without TLS (--store-insecure-plaintext): the store's traffic crosses the network "
+             "unencrypted")
     if words[0] in ("create", "list", "revoke"):
         return _listed_token(args, words[0], words[1:])
     if len(words) != 1:
@@ -695,7 +711,8 @@ def _listed_token(args, action: str, rest: list[str]) -> int:
             rows = listed_tokens(path)
             revoked = {}
             if args.store is not None or os.path.exists(os.path.join(state, DB_FILE)):
-                store = open_store(args.store, args.store_password_file, state, tls_ca_file=args.store_tls_ca)
+                store = open_store(args.store, args.store_password_file, state, tls_ca_file=args.store_tls_ca,
+                                   insecure_plaintext=args.store_insecure_plaintext)
                 try:
                     revoked = store.agent_epochs()
                 finally:
@@ -733,7 +750,8 @@ def _agent_token(args) -> int:
         secret = read_agent_secret(path)
         agent_token(secret, args.host)  # the host name is checked before anything is written
         if args.revoke or args.store is not None or os.path.exists(db):
-            store = open_store(args.store, args.store_password_file, state, tls_ca_file=args.store_tls_ca)
+            store = open_store(args.store, args.store_password_file, state, tls_ca_file=args.store_tls_ca,
+                               insecure_plaintext=args.store_insecure_plaintext)
         if args.revoke:
             epoch = store.revoke_agent(args.host, _local_user(), args.reason or "revoked by `linkpass coordinator "
                                        "token HOST --revoke`", time.time(), MAX_EPOCH)
@@ -866,9 +884,15 @@ def run_coordinator(args) -> int:
                 "fabric_model": _testbed_model(args.testbed) if args.testbed else None,
                 "listen": args.listen or (f"0.0.0.0:{COORDINATOR_PORT}" if args.testbed else COORDINATOR_LISTEN),
                 "max_drain_share": args.max_drain_share, "log_level": log_level, **tls}
-    if args.store is not None or args.store_password_file is not None or args.store_tls_ca is not None:
+    if args.store_insecure_plaintext and args.store_tls_ca is not None:
+        return error("--store-tls-ca: not used with --store-insecure-plaintext (no TLS to verify); remove one of "
+                     "the two")
+    if (args.store is not None or args.store_password_file is not None or args.store_tls_ca is not None
+            or args.store_insecure_plaintext):
         settings.update(store=args.store, store_password_file=args.store_password_file,
                         store_tls_ca_file=args.store_tls_ca)
+        if args.store_insecure_plaintext:
+            settings["store_insecure_plaintext"] = True
     for name in ("agent_timeout_s", "agent_expire_s", "event_retention_count", "max_body_bytes", "shards",
                  "shard_listen"):
         if getattr(args, name) is not None:
@@ -911,6 +935,9 @@ def run_coordinator(args) -> int:
               f"HOST --state-dir {settings['state_dir']}` (one each); database: {settings['state_dir']}/coordinator.db")
         if args.insecure_http:
             print(paint("warning: plain HTTP (--insecure-http): tokens cross the network in cleartext", "yellow"))
+        if args.store_insecure_plaintext:
+            print(paint("warning: PostgreSQL store without TLS (--store-insecure-plaintext): the fleet's state "
+                        "crosses the network unencrypted", "yellow"))
         else:
             print(f"TLS: certificate {settings.get('tls_cert_file') or lab_paths(lab_dir(settings['state_dir']), SERVER)[0]}"
                   f"; clients verify it with {settings.get('tls_ca_file') or lab_paths(lab_dir(settings['state_dir']), 'ca')[0]}"

@@ -37,6 +37,10 @@ PLAN_REVISE_S = 1.0
 PLAN_HISTORY = 16  # plan versions kept to answer agents with a delta from theirs
 TOUCH_S = 10.0
 RETAIN_EVERY_S = 60.0  # old events are pruned this often
+# a reporter's detections and recoveries reach the history one by one up to this many per window;
+# the rest of the window as one summary event (one agent's flapping table must not bury the rest)
+DETECTION_EVENTS_PER_WINDOW = 64
+DETECTION_WINDOW_S = 10.0
 def _no_cost() -> float:
     """The cost clock when the host gives none: localization and planning count as free."""
     return 0.0
@@ -118,6 +122,8 @@ class Coordinator:
         self.agents: dict[str, AgentRecord] = {}
         self.findings: dict[str, dict] = {}  # directed link -> finding dict
         self.counters: dict[str, int] = defaultdict(int)
+        # reporter -> [window start, events written in it, {kind: events held back}] (see _flush)
+        self._detections: dict[str, list] = {}
         self.started = now
         self._dirty = False
         self._recover()
@@ -329,10 +335,42 @@ class Coordinator:
     def _flush(self, changes: _Changes) -> None:
         # one transaction: states stored without their events would stay so after a restart,
         # since the agent's retry of the same change then changes nothing
+        events = [e for e in changes.events if self._record_detection(e)]
         with self.store.transaction():
             self.store.put_paths(changes.paths)
             self.store.put_states(changes.states)
-            self.store.add_events(changes.events)
+            self.store.add_events(events)
+
+    def _record_detection(self, event: tuple) -> bool:
+        """Whether a detection or recovery goes into the history one by one: up to
+        DETECTION_EVENTS_PER_WINDOW per reporter and window; the rest is counted, and written as
+        one summary event when the window ends (_summarize_detections)."""
+        ts, kind, reporter = event[0], event[1], event[2]
+        if kind not in ("detection", "recovery"):
+            return True
+        w = self._detections.get(reporter)
+        if w is None or ts - w[0] >= DETECTION_WINDOW_S:
+            self._summarize_detections(ts, only=reporter)
+            w = self._detections[reporter] = [ts, 0, {}]
+        if w[1] < DETECTION_EVENTS_PER_WINDOW:
+            w[1] += 1
+            return True
+        w[2][kind] = w[2].get(kind, 0) + 1
+        self.counters["detections_summarized"] += 1
+        return False
+
+    def _summarize_detections(self, now: float, only: str | None = None) -> None:
+        """One event per reporter whose window ended with detections held back."""
+        for reporter in [only] if only is not None else list(self._detections):
+            w = self._detections.get(reporter)
+            if w is None or now - w[0] < DETECTION_WINDOW_S:
+                continue
+            del self._detections[reporter]
+            if w[2]:
+                self.store.event("detection", reporter, reporter, summary=True, window_s=DETECTION_WINDOW_S,
+                                 detections=w[2].get("detection", 0), recoveries=w[2].get("recovery", 0),
+                                 note=f"beyond {DETECTION_EVENTS_PER_WINDOW} a window one by one, this reporter's "
+                                      "changes are counted here; its paths' states are current all the same")
 
     def _answer(self, name: str, req: RegisterIn | ReportIn, now: float) -> dict:
         """What the agent needs back: drains and its probe plan, when its copies are stale."""
@@ -389,6 +427,7 @@ class Coordinator:
                              silent_s=round(now - a.last_seen, 1),
                              note=f"silent longer than agent_expire_s ({self.config.agent_expire_s:g} s): forgotten; "
                                   "it registers again if it comes back")
+        self._summarize_detections(now)
         if now >= self._retain_at:
             self._retain_at = now + RETAIN_EVERY_S
             removed = self.store.prune_events(now - self.config.event_retention_s, self.config.event_retention_count)
