@@ -467,8 +467,8 @@ def ray_coordinator(directory, store: str, **settings):
                 "fabric": str(directory / "fabric.json"), **settings}
     with contextlib.ExitStack() as stack:
         if store == "postgresql":
-            pg = stack.enter_context(PostgresServer())
-            settings.update(store=pg.url, store_password_file=pg.password_file)
+            pg = stack.enter_context(PostgresServer(tls=True))
+            settings.update(pg.settings)
         ray_actor.connect(num_cpus=2)
         try:
             handle, url = ray_actor.ensure(settings)

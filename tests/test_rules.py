@@ -221,7 +221,7 @@ def test_the_example_prometheus_config_is_valid_and_names_the_rules_jobs(tmp_pat
     etc = tmp_path / "etc" / "prometheus"
     (etc / "linkpass").mkdir(parents=True)
     (etc / "linkpass-agents").mkdir()
-    for name in ("ca.crt", "prometheus.crt", "prometheus.key"):
+    for name in ("ca.crt", "prometheus.crt", "prometheus.key", "reader.token"):
         (etc / "linkpass" / name).write_text("")
     (etc / "linkpass-agents" / "rack1.yml").write_text('- targets: ["198.19.0.2:9472"]\n')
     with open(os.path.join(src, "prometheus.yml")) as f:

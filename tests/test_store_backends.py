@@ -1,8 +1,16 @@
 """The coordinator's store on both backends: SQLite (a file, the default) and PostgreSQL (a real
 server, started and removed here). The same calls must keep the same state on either, a
 transaction must commit whole or not at all, the schema makes itself, and another process's
-revocation must be seen."""
+revocation must be seen. PostgreSQL is reached over verified TLS only (plaintext when asked for
+by name) and its user authenticates with SCRAM-SHA-256 only."""
 from __future__ import annotations
+
+import io
+import json
+import socket
+import ssl
+import struct
+import threading
 
 import pytest
 
@@ -14,7 +22,7 @@ from pgserver import PostgresServer
 
 @pytest.fixture(scope="module")
 def pg():
-    with PostgresServer() as server:
+    with PostgresServer(tls=True) as server:
         yield server
 
 
@@ -29,7 +37,7 @@ def opener(request, tmp_path):
         server = request.getfixturevalue("pg")
 
         def open_one():
-            return open_store(server.url, server.password_file, str(tmp_path / "unused"))
+            return open_store(server.url, server.password_file, str(tmp_path / "unused"), tls_ca_file=server.ca_file)
         s = open_one()
         for table in ("events", "drains", "agents", "paths", "agent_epochs"):
             s.db.execute(f"DELETE FROM {table}")
@@ -159,7 +167,7 @@ def test_the_token_cli_revokes_into_the_postgresql_store_the_coordinator_reads(p
     state = tmp_path / "state"
     ensure_secret(str(state / SECRET_FILE))
     ensure_tokens(str(state))
-    coordinator = open_store(pg.url, pg.password_file, str(state))
+    coordinator = open_store(pg.url, pg.password_file, str(state), tls_ca_file=pg.ca_file)
     for table in ("events", "agent_epochs"):
         coordinator.db.execute(f"DELETE FROM {table}")
     coordinator.written_elsewhere()
@@ -168,12 +176,17 @@ def test_the_token_cli_revokes_into_the_postgresql_store_the_coordinator_reads(p
         return subprocess.run([*LINKPASS, "coordinator", "token", *args, "--state-dir", str(state)],
                               capture_output=True, text=True, timeout=60)
 
-    out = cli("h1", "--revoke", "--reason", "leaked", "--store", pg.url, "--store-password-file", pg.password_file)
+    store = ("--store", pg.url, "--store-password-file", pg.password_file)
+    untrusted = cli("h1", "--revoke", *store)  # the system's trust store does not know the server's CA
+    assert untrusted.returncode != 0 and "TLS certificate is not trusted" in untrusted.stderr, untrusted.stderr
+    both = cli("h1", "--revoke", *store, "--store-tls-ca", pg.ca_file, "--store-insecure-plaintext")
+    assert both.returncode != 0 and "--store-tls-ca: not used with --store-insecure-plaintext" in both.stderr
+    out = cli("h1", "--revoke", "--reason", "leaked", *store, "--store-tls-ca", pg.ca_file)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("lpa1.h1.1.")
     assert coordinator.written_elsewhere() and coordinator.agent_epochs() == {"h1": 1}
     assert not os.path.exists(state / "coordinator.db")  # nothing went to a SQLite file beside the secret
-    listed = cli("list", "-o", "json", "--store", pg.url, "--store-password-file", pg.password_file)
+    listed = cli("list", "-o", "json", *store, "--store-tls-ca", pg.ca_file)
     assert listed.returncode == 0 and json.loads(listed.stdout)["agent_hosts_revoked"] == {"h1": 1}, listed.stderr
     alone = cli("h1", "--store-password-file", pg.password_file)
     assert alone.returncode != 0 and "--store-password-file: only with --store" in alone.stderr
@@ -184,7 +197,7 @@ def test_the_token_cli_revokes_into_the_postgresql_store_the_coordinator_reads(p
 def test_a_postgresql_store_reconnects_after_the_server_dropped_it(pg, tmp_path):
     """A server restart drops the coordinator's connection: the next statement reconnects by itself;
     one inside a transaction fails it whole (nothing half stored), and the next one reconnects."""
-    s = open_store(pg.url, pg.password_file, str(tmp_path))
+    s = open_store(pg.url, pg.password_file, str(tmp_path), tls_ca_file=pg.ca_file)
     s.db.execute("DELETE FROM drains")
     s.db.execute("DELETE FROM events")
     s.set_drain("p0l0-p0s0", "before", "alice", 1.0)
@@ -201,27 +214,205 @@ def test_a_postgresql_store_reconnects_after_the_server_dropped_it(pg, tmp_path)
     s.close()
 
 
+def ssl_in_use(store) -> bool:
+    return store.db.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0]
+
+
 @pytest.mark.service
-def test_a_postgresql_store_over_tls_checks_the_server_s_certificate(tmp_path):
+def test_a_postgresql_store_is_reached_over_verified_tls_only(tmp_path, monkeypatch):
+    """verify-full: the server's certificate chains to store_tls_ca_file (without it, to the
+    system's trust store) and names the URL's host; never an unverified or a plaintext fallback."""
     from linkpass.coordinator import lab_ca
     from linkpass.coordinator.tls import lab_paths
 
     with PostgresServer(tls=True) as server:
         s = open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=server.ca_file)
-        assert s.db.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True
+        assert ssl_in_use(s) is True
         s.set_drain("p0l0-p0s0", "over tls", "alice", 1.0)
         assert list(s.drains()) == ["p0l0-p0s0"]
         s.close()
-        # no CA given: TLS when the server offers it, but any certificate will do (nothing verified)
-        unverified = open_store(server.url, server.password_file, str(tmp_path))
-        assert unverified.db.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True
-        unverified.close()
+        # no CA given: the system's trust store, which does not know this server's CA
+        with pytest.raises(StoreError, match=r"TLS certificate is not trusted \(.*\): it must be signed by the CA "
+                                             "of store_tls_ca_file"):
+            open_store(server.url, server.password_file, str(tmp_path))
         other = str(tmp_path / "other-ca")
         lab_ca.ensure(other, sans=["127.0.0.1"])
-        with pytest.raises(StoreError, match="signed by the CA of store_tls_ca_file"):
+        with pytest.raises(StoreError, match="TLS certificate is not trusted .*signed by the CA of store_tls_ca_file"):
             open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=lab_paths(other, "ca")[0])
         with pytest.raises(StoreError, match="store_tls_ca_file: .*/nope: No such file"):
             open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=str(tmp_path / "nope"))
+        with pytest.raises(StoreError, match="store_tls_ca_file: not used with store_insecure_plaintext"):
+            open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=server.ca_file,
+                       insecure_plaintext=True)
+        # the system's trust store is the default one, verified the same way
+        monkeypatch.setenv("SSL_CERT_FILE", server.ca_file)
+        s = open_store(server.url, server.password_file, str(tmp_path))
+        assert ssl_in_use(s) is True and s.db.db.linkpass_auth == "scram"  # the server proved it knows the password
+        s.close()
+        monkeypatch.delenv("SSL_CERT_FILE")
+        # plaintext, asked for by name, is plaintext even where the server offers TLS
+        s = open_store(server.url, server.password_file, str(tmp_path), insecure_plaintext=True)
+        assert ssl_in_use(s) is False and s.db.db.linkpass_auth == "scram"
+        s.close()
+
+
+@pytest.mark.service
+def test_a_certificate_that_does_not_name_the_url_s_host_is_refused(tmp_path):
+    with PostgresServer(tls=True, cert_names=("db.linkpass.test",)) as server:  # signed by the CA given, for another name
+        with pytest.raises(StoreError, match=r"TLS certificate is not trusted \(.*mismatch.*\): .* name the "
+                                             r"URL's host 127\.0\.0\.1"):
+            open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=server.ca_file)
+
+
+@pytest.mark.service
+def test_a_server_without_tls_is_refused_unless_plaintext_is_asked_for_by_name(tmp_path):
+    """The coordinator's default against a server that has no TLS: it does not start (it used to
+    connect in plaintext). With store_insecure_plaintext it does, and logs a warning."""
+    from linkpass.coordinator import runner
+    from linkpass.coordinator.requests import CoordinatorError
+    from linkpass.observe.log import Logger
+
+    with PostgresServer() as server:
+        with pytest.raises(StoreError, match="does not offer TLS .* store_tls_ca_file .* store_insecure_plaintext"):
+            open_store(server.url, server.password_file, str(tmp_path))
+        settings = {"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "store": server.url,
+                    "store_password_file": server.password_file}
+        with pytest.raises(CoordinatorError, match="does not offer TLS .* store_insecure_plaintext"):
+            runner.start(settings)
+        with pytest.raises(CoordinatorError, match="settings.store_tls_ca_file: not used with "
+                                                   "settings.store_insecure_plaintext"):
+            runner.start({**settings, "store_insecure_plaintext": True, "store_tls_ca_file": "/etc/ssl/ca.crt"})
+        out = io.StringIO()
+        srv = runner.start({**settings, **server.settings}, log=Logger("coordinator", stream=out))
+        try:
+            assert server.settings["store_insecure_plaintext"] is True
+            assert ssl_in_use(srv.coordinator.store) is False
+            lines = [json.loads(line) for line in out.getvalue().splitlines()]
+            warned = [x for x in lines if x["event"] == "store_insecure_plaintext"]
+            assert len(warned) == 1 and warned[0]["level"] == "warning" and warned[0]["store"] == server.url
+            assert "without TLS" in warned[0]["warning"]
+        finally:
+            srv.close()
+            srv.coordinator.store.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("settings, says", [
+    ({"store_insecure_plaintext": True}, "settings.store_insecure_plaintext: only with settings.store"),
+    ({"store": "postgresql://u@h/db", "store_insecure_plaintext": "yes"},
+     "settings.store_insecure_plaintext: expected true or false"),
+    ({"store": "postgresql://u@h/db", "store_insecure_plaintext": True, "store_tls_ca_file": "/ca.crt"},
+     "settings.store_tls_ca_file: not used with settings.store_insecure_plaintext"),
+])
+def test_the_plaintext_setting_is_checked_by_name(settings, says):
+    from linkpass.coordinator.requests import CoordinatorError
+    from linkpass.coordinator.runner import check_settings
+
+    with pytest.raises(CoordinatorError, match=says):
+        check_settings(settings)
+
+
+@pytest.mark.service
+@pytest.mark.parametrize("auth, says", [("password", "asked for the password in cleartext"),
+                                        ("md5", "asked for the password as an MD5 hash")])
+def test_a_server_that_asks_for_a_cleartext_or_md5_password_is_refused(tmp_path, auth, says):
+    with PostgresServer(tls=True, auth=auth) as server:
+        with pytest.raises(StoreError, match=f"{says} .*SCRAM-SHA-256 only and sent nothing of the password.*"
+                                             "password_encryption = scram-sha-256.*scram-sha-256 in pg_hba.conf"):
+            open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=server.ca_file)
+
+
+class FakePostgres:
+    """A server that answers the startup message with one authentication request and keeps what
+    the client sends after it (over TLS with a lab CA's certificate for 127.0.0.1, or none)."""
+
+    def __init__(self, request: bytes, tls: ssl.SSLContext | None):
+        self.request, self.tls = request, tls
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(20)
+        self.port = self.listener.getsockname()[1]
+        self.after: bytes | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _exactly(self, conn, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = conn.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("closed")
+            data += chunk
+        return data
+
+    def _serve(self):
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:  # nobody came: self.after stays None
+            self.listener.close()
+            return
+        conn.settimeout(10)
+        try:
+            while True:
+                n, code = struct.unpack("!ii", self._exactly(conn, 8))
+                body = self._exactly(conn, n - 8)
+                if code != 80877103:  # the startup message
+                    assert body.startswith(b"user\0")
+                    break
+                conn.sendall(b"S" if self.tls else b"N")  # an SSLRequest
+                if self.tls:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+            conn.sendall(self.request)
+            after = b""
+            try:
+                while chunk := conn.recv(65536):
+                    after += chunk
+            except OSError:
+                pass
+            self.after = after
+        finally:
+            conn.close()
+            self.listener.close()
+
+    def messages(self) -> list[bytes]:
+        """The type of each message the client sent after the request."""
+        self.thread.join(timeout=30)
+        assert self.after is not None, "the client never got as far as the authentication request"
+        data, types = self.after, []
+        while data:
+            types.append(data[:1])
+            data = data[1 + struct.unpack("!i", data[1:5])[0]:]
+        return types
+
+
+@pytest.mark.service
+@pytest.mark.parametrize("over_tls", [True, False])
+@pytest.mark.parametrize("code, extra, says", [
+    (3, b"", "asked for the password in cleartext"),
+    (5, b"salt", "asked for the password as an MD5 hash"),
+    (0, b"", "let the user in without a SCRAM-SHA-256 exchange"),
+])
+def test_nothing_of_the_password_is_sent_to_a_server_that_asks_for_it_otherwise(tmp_path, over_tls, code, extra,
+                                                                                says):
+    """pg8000 by itself answers a cleartext or an MD5 request with the password: here the request
+    is refused before a PasswordMessage ('p') goes out, whatever TLS carries it."""
+    from linkpass.coordinator import lab_ca
+    from linkpass.coordinator.tls import SERVER, lab_paths
+
+    context, ca = None, None
+    if over_tls:
+        lab_ca.ensure(str(tmp_path / "ca"), sans=["127.0.0.1"])
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*lab_paths(str(tmp_path / "ca"), SERVER))
+        ca = lab_paths(str(tmp_path / "ca"), "ca")[0]
+    server = FakePostgres(b"R" + struct.pack("!ii", 8 + len(extra), code) + extra, context)
+    (tmp_path / "pw").write_text("hunter2-secret\n")
+    with pytest.raises(StoreError) as refused:
+        open_store(f"postgresql://linkpass@127.0.0.1:{server.port}/linkpass", str(tmp_path / "pw"), str(tmp_path),
+                   tls_ca_file=ca, **({} if over_tls else {"insecure_plaintext": True}))
+    sent = server.messages()
+    assert b"p" not in sent and set(sent) <= {b"X"}, sent  # no PasswordMessage; at most a Terminate
+    assert b"hunter2" not in server.after
+    assert says in str(refused.value) and "SCRAM-SHA-256 only" in str(refused.value), refused.value
 
 
 @pytest.mark.unit

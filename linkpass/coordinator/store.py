@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import ssl
+import struct
 import time
 import urllib.parse
 from typing import Any, Callable, Iterable
@@ -144,31 +146,84 @@ class _Sqlite:
 
 
 class _Postgres:
-    """A PostgreSQL server, `postgresql://USER@HOST[:PORT]/DATABASE`, its password from a file."""
+    """A PostgreSQL server, `postgresql://USER@HOST[:PORT]/DATABASE`, its password from a file.
+
+    Reached over TLS with the server's certificate verified and its name checked against the
+    URL's host (libpq's sslmode=verify-full): `tls` is the context to verify with (None: the
+    system's trust store), or False for no TLS at all, which only store_insecure_plaintext asks
+    for. The user authenticates with SCRAM-SHA-256 only (`_scram_only`): a server that asks for
+    the password in cleartext or as MD5, or lets the user in without a password, is refused
+    before anything of the password is sent."""
 
     kind = "postgresql"
     types = {"serial": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION"}
 
-    def __init__(self, url: str, password: str | None, tls: ssl.SSLContext | None = None):
+    def __init__(self, url: str, password: str | None, tls: ssl.SSLContext | None | bool = None):
         import pg8000.dbapi  # only a coordinator that uses PostgreSQL needs the driver
 
         self._pg = pg8000.dbapi
+        self._connection = _scram_only(pg8000.dbapi)
         self.params = parse_postgres_url(url)
         self.password = password
-        self.tls = tls
+        self.tls = ssl.create_default_context() if tls is None else tls
         self.where = redacted(url)
         self.in_tx = False
         self.db = None
         self._connect()
 
-    def _connect(self) -> None:
+    def _socket(self) -> socket.socket:
+        """A connection to the server, over TLS unless self.tls is False. The TLS request is made
+        here rather than by the driver, so that nothing but verified TLS (or plaintext asked for
+        by name) ever carries the startup message."""
+        host, port = self.params["host"], self.params["port"]
+        sock = socket.create_connection((host, port), timeout=_PG_TIMEOUT_S)
         try:
-            self.db = self._pg.connect(**self.params, password=self.password, timeout=30,
-                                       application_name="linkpass-coordinator", ssl_context=self.tls)
-        except (self._pg.Error, OSError) as exc:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if self.tls is False:
+                return sock
+            sock.sendall(struct.pack("!ii", 8, _PG_SSL_REQUEST))
+            answer = sock.recv(1)
+            if not answer:
+                raise ConnectionError("the server closed the connection at the TLS request")
+            if answer != b"S":  # "N": no TLS here
+                raise _Refused("the server does not offer TLS (ssl = off in its postgresql.conf); the coordinator "
+                               "reaches PostgreSQL over verified TLS only: turn TLS on at the server (ssl = on, with "
+                               "a certificate naming the URL's host) and give its CA in store_tls_ca_file "
+                               "(--store-tls-ca; without it the system's trust store is used), or, on a network "
+                               "that is yours alone, set store_insecure_plaintext (--store-insecure-plaintext)")
+            return self.tls.wrap_socket(sock, server_hostname=host)  # the context checks the name
+        except BaseException:
+            sock.close()
+            raise
+
+    def _connect(self) -> None:
+        sock = None
+        try:
+            sock = self._socket()
+            # the driver is handed the connection made above and adds no TLS of its own
+            self.db = self._connection(**self.params, password=self.password, sock=sock, ssl_context=_pg_no_tls(),
+                                       application_name="linkpass-coordinator")
+            if self.db.linkpass_auth != "scram":  # a driver that bypassed _scram_only's check
+                self.db.close()
+                raise _Refused("the PostgreSQL driver (pg8000) did not let the coordinator check how it "
+                               "authenticates; install the pg8000 of the coordinator extra")
+        except BaseException as exc:
             self.db = None
-            tls = (" and its certificate is signed by the CA of store_tls_ca_file for the URL's host name"
-                   if self.tls is not None else "")
+            if sock is not None:
+                sock.close()
+            refused = _refusal(exc)
+            if refused is not None:
+                raise StoreError(f"{self.where}: refused to connect to the coordinator's PostgreSQL store: "
+                                 f"{refused}") from None
+            if isinstance(exc, ssl.SSLCertVerificationError):
+                raise StoreError(f"{self.where}: the PostgreSQL server's TLS certificate is not trusted "
+                                 f"({exc.verify_message}): it must be signed by the CA of store_tls_ca_file "
+                                 "(--store-tls-ca; without it the system's trust store) and name the URL's host "
+                                 f"{self.params['host']}") from None
+            if not isinstance(exc, (self._pg.Error, OSError)):
+                raise
+            tls = "" if self.tls is False else (" and its certificate is signed by the CA of store_tls_ca_file "
+                                                "for the URL's host name")
             raise StoreError(f"{self.where}: cannot connect to the coordinator's PostgreSQL store ({_pg_message(exc)}); "
                              "check the server runs and is reachable from this node, the user and database "
                              f"exist, store_password_file holds that user's password{tls}") from None
@@ -228,6 +283,104 @@ class _Postgres:
             pass  # a connection the server already dropped
 
 
+_PG_TIMEOUT_S = 30  # connecting, and every read and write after
+_PG_SSL_REQUEST = 80877103  # the protocol's SSLRequest code
+
+# what a PostgreSQL server may ask for (AuthenticationRequest codes); the coordinator answers SASL
+# with SCRAM-SHA-256 and nothing else
+_AUTH_OK, _AUTH_CLEARTEXT, _AUTH_MD5, _AUTH_SASL, _AUTH_SASL_CONTINUE, _AUTH_SASL_FINAL = 0, 3, 5, 10, 11, 12
+_SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-256-PLUS")  # -PLUS: bound to the TLS channel
+_SCRAM_ONLY = ("the coordinator authenticates with SCRAM-SHA-256 only and sent nothing of the password: on the "
+               "server set password_encryption = scram-sha-256, set the user's password again (so that it is "
+               "stored as SCRAM) and give the user the method scram-sha-256 in pg_hba.conf")
+
+
+class _Refused(Exception):
+    """What the server asked for is not what the coordinator does; nothing more was sent."""
+
+
+def _refusal(exc: BaseException | None) -> _Refused | None:
+    """The refusal behind `exc`: the driver may wrap it in an error of its own while it closes."""
+    for _ in range(8):
+        if exc is None or isinstance(exc, _Refused):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _pg_no_tls() -> Any:
+    """pg8000's ssl_context for "add no TLS" to a socket it is given: False since pg8000 1.31
+    (None there means "try TLS"), None before (where False is no value)."""
+    import pg8000
+
+    try:
+        version = tuple(int(x) for x in pg8000.__version__.split(".")[:2])
+    except (AttributeError, ValueError):
+        version = (1, 31)
+    return False if version >= (1, 31) else None
+
+
+_SCRAM_ONLY_CLASS: dict = {}
+
+
+def _scram_only(dbapi) -> type:
+    """pg8000's connection, answering the server's authentication requests with SCRAM-SHA-256
+    only. pg8000 itself answers a request for the password in cleartext (AuthenticationCleartext-
+    Password) or as an MD5 hash (AuthenticationMD5Password) by sending it, which a server that
+    is not the real one (or a server set up so) would read; here such a request is refused
+    before anything is sent, and so is a server that lets the user in without a SCRAM exchange
+    (its end of which proves it knows the password). `linkpass_auth` is "scram" once the
+    exchange completed and the server proved itself."""
+    if "class" in _SCRAM_ONLY_CLASS:
+        return _SCRAM_ONLY_CLASS["class"]
+
+    class ScramOnlyConnection(dbapi.Connection):
+        def __init__(self, *args, **kwargs):
+            self.linkpass_auth = None  # None, "sasl" (started), "scram" (the server's proof checked)
+            super().__init__(*args, **kwargs)
+
+        def handle_AUTHENTICATION_REQUEST(self, data, context):
+            code = struct.unpack("!i", bytes(data[:4]))[0]
+            if code == _AUTH_CLEARTEXT:
+                raise _Refused(f"the server asked for the password in cleartext (pg_hba.conf method password); "
+                               f"{_SCRAM_ONLY}")
+            if code == _AUTH_MD5:
+                raise _Refused(f"the server asked for the password as an MD5 hash (pg_hba.conf method md5, or "
+                               f"the password stored as MD5); {_SCRAM_ONLY}")
+            if code == _AUTH_SASL:
+                offered = [m.decode("ascii", "replace") for m in bytes(data[4:]).split(b"\0") if m]
+                if not set(offered) & set(_SCRAM):
+                    raise _Refused(f"the server offers SASL mechanisms {', '.join(offered) or 'none'}, not "
+                                   f"SCRAM-SHA-256; {_SCRAM_ONLY}")
+                if self.password is None:
+                    raise _Refused("the server asks for the user's password and store_password_file "
+                                   "(--store-password-file) names none")
+                self.linkpass_auth = "sasl"
+            elif code in (_AUTH_SASL_CONTINUE, _AUTH_SASL_FINAL):
+                if self.linkpass_auth != "sasl":
+                    raise _Refused("the server continued a SCRAM exchange that had not begun")
+            elif code == _AUTH_OK:
+                if self.linkpass_auth != "scram":
+                    raise _Refused("the server let the user in without a SCRAM-SHA-256 exchange (pg_hba.conf "
+                                   "method trust, or another that asks for no password), so it proved nothing of "
+                                   "itself; the coordinator authenticates with SCRAM-SHA-256 only: give the user a "
+                                   "password (in store_password_file) and the method scram-sha-256 in pg_hba.conf")
+            else:  # Kerberos, SCM credentials, GSSAPI, SSPI, or unknown
+                raise _Refused(f"the server asked for authentication method {code}; {_SCRAM_ONLY}")
+            try:
+                super().handle_AUTHENTICATION_REQUEST(data, context)
+            except (dbapi.Error, OSError):
+                raise
+            except Exception as exc:  # scramp's: the server's proof or a message that does not parse
+                raise _Refused(f"the SCRAM-SHA-256 exchange failed ({exc}): the server did not prove it knows "
+                               "the user's password") from None
+            if code == _AUTH_SASL_FINAL:
+                self.linkpass_auth = "scram"  # set_server_final checked the server's signature
+
+    _SCRAM_ONLY_CLASS["class"] = ScramOnlyConnection
+    return ScramOnlyConnection
+
+
 def parse_postgres_url(url: str) -> dict:
     """pg8000's connect() arguments from `postgresql://USER@HOST[:PORT]/DATABASE`. A password in
     the URL is refused: URLs end up in logs and process lists (use a password file)."""
@@ -266,14 +419,19 @@ def _pg_message(exc: BaseException) -> str:
 
 
 def open_store(url: str | None, password_file: str | None, state_dir: str,
-               on_committed: Callable[[list[tuple]], None] | None = None, tls_ca_file: str | None = None) -> Store:
+               on_committed: Callable[[list[tuple]], None] | None = None, tls_ca_file: str | None = None,
+               insecure_plaintext: bool = False) -> Store:
     """The store a coordinator's settings name: `url` (settings.store, a postgresql:// URL) with
-    its user's password in `password_file` (settings.store_password_file), over TLS verified with
-    `tls_ca_file` (settings.store_tls_ca_file; None: the driver's default, TLS if the server offers
-    it but its certificate unchecked), or without a URL the SQLite file in `state_dir`."""
+    its user's password in `password_file` (settings.store_password_file), over TLS with the
+    server's certificate verified for the URL's host against `tls_ca_file`
+    (settings.store_tls_ca_file; None: the system's trust store), or, only with
+    `insecure_plaintext` (settings.store_insecure_plaintext), without TLS; or without a URL the
+    SQLite file in `state_dir`."""
     if url is None:
         return Store(os.path.join(state_dir, DB_FILE), on_committed)
     parse_postgres_url(url)
+    if insecure_plaintext and tls_ca_file is not None:
+        raise StoreError("store_tls_ca_file: not used with store_insecure_plaintext (no TLS); remove one of the two")
     password = None
     if password_file is not None:
         try:
@@ -285,10 +443,10 @@ def open_store(url: str | None, password_file: str | None, state_dir: str,
         if not password:
             raise StoreError(f"store_password_file: {password_file} is empty; it holds the password of the "
                              "store URL's user (one line)")
-    tls = None
-    if tls_ca_file is not None:
-        try:
-            tls = ssl.create_default_context(cafile=tls_ca_file)  # the server's name checked against the URL's host
+    tls: ssl.SSLContext | bool = False
+    if not insecure_plaintext:
+        try:  # verify-full: the chain to this CA (or the system's), the server's name against the URL's host
+            tls = ssl.create_default_context(cafile=tls_ca_file)
         except (OSError, ssl.SSLError) as exc:
             raise StoreError(f"store_tls_ca_file: {tls_ca_file}: {getattr(exc, 'strerror', None) or exc}; it holds "
                              "the PEM certificate of the CA that signed the PostgreSQL server's") from None
@@ -297,9 +455,10 @@ def open_store(url: str | None, password_file: str | None, state_dir: str,
 
 class Store:
     def __init__(self, path: str, on_committed: Callable[[list[tuple]], None] | None = None,
-                 password: str | None = None, tls: ssl.SSLContext | None = None):
+                 password: str | None = None, tls: ssl.SSLContext | None | bool = None):
         """`path`: an SQLite file, or a `postgresql://USER@HOST[:PORT]/DATABASE` URL (`password`: its
-        user's, `tls`: verify the server with it). `on_committed(events)`: called with the events of each transaction once it has
+        user's, `tls`: verify the server with it, None: with the system's trust store, False: no
+        TLS). `on_committed(events)`: called with the events of each transaction once it has
         committed (never for one rolled back): what the coordinator's log shows of its history."""
         self.path = path
         self.on_committed = on_committed

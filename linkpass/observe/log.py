@@ -86,6 +86,7 @@ EVENTS = {
     "coordinator_link_error": "error",
     # the coordinator (coordinator/http.py, coordinator/runner.py)
     "insecure_http": "warning",
+    "store_insecure_plaintext": "warning",
     # the coordinator's history, as it commits it (coordinator/runner.py: log_history)
     "localized": "warning",
     "localization_cleared": "info",
