@@ -426,6 +426,19 @@ def test_a_silent_agent_expires_and_the_fleet_is_healthy_again(tmp_path):
     store.close()
 
 
+def test_path_churn_never_pushes_operators_actions_out_of_the_history(tmp_path):
+    """Retention by count keeps the newest detections and recoveries and, apart, the newest of the
+    rest: a flood of path changes after a drain leaves the drain and the refusals in the history."""
+    store = Store(str(tmp_path / "c.db"))
+    store.add_events([(1.0, "drain", "alice", "p0l0-p0s0", {}), (2.0, "refused", "mallory", "drain", {})])
+    store.add_events([(3.0 + i, "detection" if i % 2 else "recovery", "h0", f"h0/{i % 7}", {}) for i in range(500)])
+    store.prune_events(before_ts=0.0, keep=20)
+    kept = store.events(limit=10**6)
+    assert [e["kind"] for e in kept[:2]] == ["drain", "refused"]
+    assert sum(e["kind"] in ("detection", "recovery") for e in kept) == 20 and len(kept) == 22
+    store.close()
+
+
 def test_events_are_kept_by_age_and_by_count(tmp_path):
     store = Store(str(tmp_path / "c.db"))
     store.add_events([(float(t), "agent", "x", "h0", {"n": t}) for t in range(1000)])

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL         -- JSON: why and the rest
 );
 CREATE INDEX IF NOT EXISTS events_ts ON events (ts);
+CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);  -- retention keeps detections apart
 CREATE TABLE IF NOT EXISTS drains (
     link TEXT PRIMARY KEY,
     reason TEXT NOT NULL,
@@ -84,6 +85,7 @@ CREATE TABLE IF NOT EXISTS agent_epochs (
 
 EVENT_KINDS = ("detection", "recovery", "localization", "cleared", "drain", "undrain", "refused", "agent",
                "coordinator")
+CHURN_KINDS_SQL = "kind IN ('detection', 'recovery')"  # what agents' path changes write: retained apart
 
 
 class StoreError(RuntimeError):
@@ -524,13 +526,17 @@ class Store:
                 for i, ts, k, a, s, d in self.db.execute(q, args)]
 
     def prune_events(self, before_ts: float, keep: int) -> int:
-        """Retention: delete events older than `before_ts`, then all but the newest `keep`;
-        returns how many went."""
+        """Retention: delete events older than `before_ts`, then all but the newest `keep`
+        detections and recoveries and, counted apart, all but the newest `keep` of the rest
+        (drains, refusals, agents, localizations): however fast agents' paths change, their churn
+        never pushes an operator's action out of the history. Returns how many went."""
         with self._tx():
             n = self.db.execute("DELETE FROM events WHERE ts < ?", (before_ts,)).rowcount
-            row = self.db.execute("SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?", (keep,)).fetchone()
-            if row is not None:
-                n += self.db.execute("DELETE FROM events WHERE id <= ?", (row[0],)).rowcount
+            for which in CHURN_KINDS_SQL, f"NOT {CHURN_KINDS_SQL}":
+                row = self.db.execute(f"SELECT id FROM events WHERE {which} ORDER BY id DESC LIMIT 1 OFFSET ?",
+                                      (keep,)).fetchone()
+                if row is not None:
+                    n += self.db.execute(f"DELETE FROM events WHERE {which} AND id <= ?", (row[0],)).rowcount
         return n
 
     def event_count(self) -> int:
