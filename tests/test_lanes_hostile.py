@@ -139,3 +139,27 @@ def test_a_planted_file_in_the_writer_s_place_leaves_the_job_unreported_not_fail
     (d / f"{L.FILE_PREFIX}{os.getpid()}").mkdir()
     assert LaneReport.open(str(d)) is None
     assert "not reporting lanes" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_a_scan_tries_a_bounded_number_of_files_and_silent_ones_last(tmp_path, monkeypatch):
+    """Thousands of silent files: a scan opens at most MAX_OPENS of them, and a live report
+    among them is found within a few scans, however it is named."""
+    d = tmp_path / "lanes"
+    reader = LR.LanesReader(str(d))
+    now = time.monotonic_ns()
+    for k in range(2000):
+        report(d / f"lanes.0{k:05d}", 1, heartbeat=now - 5 * LR.STALE_NS, peer="198.18.64.9")
+    report(d / "lanes.zzz", 1, heartbeat=now + 10**12)
+    opened = []
+    real = LR.os.open
+    monkeypatch.setattr(LR.os, "open", lambda *a, **k: opened.append(a[0]) or real(*a, **k))
+    found_at = None
+    for scan in range(8):
+        opened.clear()
+        got = reader.look(now + scan * LR.RESCAN_NS)
+        assert len(opened) <= LR.MAX_OPENS
+        if got and found_at is None:
+            found_at = scan
+    assert found_at is not None and found_at <= 2000 // LR.MAX_OPENS + 1
+    reader.close()

@@ -11,7 +11,8 @@ directory is trusted and no user can cost the agent more than a bounded share:
   evidence); when an owner has more files than its share, silent ones make room for the others;
 - a look reads at most LOOK_BYTES of lanes; a report it has no room for keeps the lanes of its
   last read, and goes first at the next look;
-- the directory listing is read at most MAX_ENTRIES names deep, once a second.
+- the directory listing is read at most MAX_ENTRIES names deep, once a second, and at most
+  MAX_OPENS files are tried per scan (a silent one after the others of its owner).
 
 They are read, not mapped: a writer that truncates its file would make a read through a mapping
 fault and kill the agent; a short read is only a bad report.
@@ -27,6 +28,7 @@ from ..core.lanes import decode_header, decode_lanes, file_size
 MAX_FILES = 256  # reports open at once (the probe core watches as many)
 PER_OWNER = 32  # ... of one owner: a GPU host's jobs of one user run a process per GPU
 MAX_ENTRIES = 16384  # directory entries looked at per scan
+MAX_OPENS = 512  # files tried per scan (a silent one is tried again after the others)
 LOOK_BYTES = 256 << 10  # lane bytes read per look (each report read twice: its copy, then its seq words)
 RESCAN_NS = 1_000_000_000  # new reports are found this often
 STALE_NS = 1_000_000_000  # a writer silent this long is gone (or hung): its lanes are no evidence
@@ -107,7 +109,7 @@ class LanesReader:
             if not os.path.lexists(os.path.join(self.directory, name)):
                 del self.bad[name]
         self._passed &= names
-        over = 0
+        over, tries = 0, 0
         for uid, mine in sorted(owners.items(), key=lambda kv: len(kv[1])):  # small owners first
             held = [self.reports[n] for n in mine if n in self.reports]
             waiting = sorted((n for n in mine if n not in self.reports),
@@ -120,9 +122,10 @@ class LanesReader:
                 self._drop(rep.name)
                 held.remove(rep)
             for name in waiting:
-                if len(held) >= PER_OWNER or len(self.reports) >= MAX_FILES:
+                if len(held) >= PER_OWNER or len(self.reports) >= MAX_FILES or tries >= MAX_OPENS:
                     over += 1
                     continue
+                tries += 1
                 rep = self._open(name, uid, now_ns)
                 if rep is not None:
                     held.append(rep)
@@ -151,6 +154,7 @@ class LanesReader:
             # again is opened at a later scan); after REMOVE_NS its file goes
             os.close(fd)
             self.bad.pop(name, None)
+            self._passed.add(name)  # the others of its owner are tried first at the next scan
             if now_ns - head.heartbeat_ns > REMOVE_NS:
                 self._unlink(name, st.st_ino)
             return None
