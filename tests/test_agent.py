@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -438,7 +439,10 @@ def test_agents_refuse_bad_coordinator_answers_and_run_on(clean_faults, tmp_path
         assert [r.split(":")[0] for r in rejected] == ["drains[0]", "drains[0].addrs", "answer", "plan.peers[0]",
                                                        "plan.peers[0].service"], rejected
         assert "differs from the config file's peer 'h2'" in rejected[3] and "host names" in rejected[4]
-        assert "linkpass_agent_coordinator_answers_rejected_total 5.0" in metrics_of(fab, A)
+        metrics = metrics_of(fab, A)
+        assert "linkpass_agent_coordinator_answers_rejected_total 5.0" in metrics
+        # its HTTP servers count their connections: this scrape's own among them
+        assert re.search(r'linkpass_agent_http_connections_total\{outcome="accepted",server="(local-api|metrics)"\} [1-9]', metrics)
         # the data path never moved: both planes to the peer, its paths probed at the config's addresses
         assert routes_of(fab, A).get(fab.service_addr(B)) == (0, 1)
         assert not ag.events(A, "plan_applied") and not ag.events(A, "loop_error")

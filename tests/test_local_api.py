@@ -81,7 +81,7 @@ def test_prometheus_exposition_is_per_peer_and_plane_by_default(h0_api):
                  "process_cpu_seconds", "process_resident_memory_bytes", "python_info"):
         assert name in families, sorted(families)
     assert not [n for n in families if n.startswith("linkpass_path_")], "per-path series without metrics.per_path"
-    allowed = {"peer", "plane", "direction", "le", "reason", "kind", "result"}  # each a bounded set
+    allowed = {"peer", "plane", "direction", "le", "reason", "kind", "result", "server", "outcome"}  # each a bounded set
     for fam in families.values():
         if fam.name.startswith("linkpass_"):
             for s in fam.samples:

@@ -4,6 +4,7 @@ label sets are an interface: dashboards and alert rules depend on them), and thr
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -14,7 +15,7 @@ from linkpass.agent.daemon import LOOP_STEPS
 from linkpass.agent.decide import PathInfo
 from linkpass.agent.failover import Failover
 from linkpass.core.budget import apportion
-from linkpass.agent.metrics import SPECS, AgentCollector, DecisionCollector, TelemetryCollector
+from linkpass.agent.metrics import SPECS, AgentCollector, DecisionCollector, HttpCollector, TelemetryCollector
 from linkpass.core.detector import Detector, DetectorConfig
 from linkpass.core.telemetry import PathTelemetry
 from linkpass.observe.prometheus import promtool
@@ -64,12 +65,17 @@ def agent_exposition(per_path: bool, layout=(("h1", 0, 0), ("h1", 0, 1), ("h1", 
                                               "lanes_unknown": 7},
                                     "rdma_unreported_planes": 1,
                                     "budget": apportion({1: ("active", 0.001), 2: ("coverage", 0.1)}, 505.0)})
+    http = HttpCollector(lambda: [
+        SimpleNamespace(label="local-api", stats={"accepted": 40, "refused": 1, "evicted": 3, "timed_out": 2,
+                                                  "accept_failed": 0}),
+        SimpleNamespace(label="metrics", stats={"accepted": 9, "refused": 0, "evicted": 0, "timed_out": 0,
+                                                "accept_failed": 0})])
     decisions = DecisionCollector(lambda: fo, lambda: per_path)
     if process:
-        registry = metrics_registry(view, [decisions, agent], lambda: per_path)
+        registry = metrics_registry(view, [decisions, agent], lambda: per_path, http=http)
     else:
         registry = CollectorRegistry(auto_describe=False)
-        for c in (TelemetryCollector(view, lambda: per_path), decisions, agent):
+        for c in (TelemetryCollector(view, lambda: per_path), decisions, agent, http):
             registry.register(c)
     return generate_latest(registry).decode().replace(f'version="{__version__}"', 'version="VERSION"')
 

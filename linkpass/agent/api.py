@@ -33,6 +33,7 @@ import selectors
 import socket
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -44,7 +45,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollect
 from ..kernel import netns as ns_io
 from ..core.constants import AGENT_API_PORT
 from ..core.telemetry import LossSnapshot
-from .metrics import TelemetryCollector
+from .metrics import HttpCollector, TelemetryCollector
 
 IN_FLIGHT_S = 0.2  # a path silent for less than this is late, not lossy; a detector is far faster
 
@@ -158,13 +159,16 @@ class ProbeProgress:
                      f"{len(self.engine.paths)} paths are configured\n").encode()
 
 
-def metrics_registry(view: TelemetryView, collectors=(), per_path: Callable[[], bool] = lambda: False):
-    """The agent's exposition: its own collectors, plus the process's CPU, memory and file
+def metrics_registry(view: TelemetryView, collectors=(), per_path: Callable[[], bool] = lambda: False,
+                     http: HttpCollector | None = None):
+    """The agent's exposition: its own collectors and its HTTP servers' connections (`http`; by
+    default every AgentHTTPServer of this process), plus the process's CPU, memory and file
     descriptors and the Python runtime (what node-level dashboards expect of every daemon)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TelemetryCollector(view, per_path))
     for c in collectors:
         registry.register(c)
+    registry.register(http or HttpCollector(lambda: list(AgentHTTPServer.live)))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
@@ -259,10 +263,12 @@ class AgentHTTPServer(HTTPServer):
     by a pause)."""
 
     request_queue_size = 1024  # a burst of connects waits in the kernel's queue, not in SYN retries
+    live: "weakref.WeakSet[AgentHTTPServer]" = weakref.WeakSet()  # this process's, for /metrics
 
     def __init__(self, address, handler, limits: HttpLimits | None = None, name: str = "http"):
         self.limits = limits or HttpLimits()
         self.name = name
+        self.label = name  # linkpass_agent_http_connections_total{server}
         self.stats = dict.fromkeys(("accepted", "refused", "evicted", "timed_out", "accept_failed"), 0)
         self._waiting: OrderedDict[socket.socket, _Waiting] = OrderedDict()  # oldest first; the loop's own
         self._answering: dict[str, int] = {}  # client address -> connections being answered
@@ -274,6 +280,7 @@ class AgentHTTPServer(HTTPServer):
         self._resume_at: float | None = None
         super().__init__(address, handler)
         self.socket.setblocking(False)
+        AgentHTTPServer.live.add(self)
 
     @property
     def open_connections(self) -> int:
@@ -324,6 +331,7 @@ class AgentHTTPServer(HTTPServer):
         self._stopped.wait()
 
     def server_close(self) -> None:
+        AgentHTTPServer.live.discard(self)
         super().server_close()
         self._wake_r.close()
         self._wake_w.close()

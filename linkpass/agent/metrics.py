@@ -19,7 +19,7 @@ delays would mix offsets; RTT needs no offset and is a real histogram.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -137,6 +137,12 @@ SPECS: dict[str, Spec] = {
     "linkpass_agent_coordinator_answers_rejected": Spec(CounterMetricFamily,
                                                         "Coordinator answers refused whole (shape, sizes, addresses, "
                                                         "peers): none of such an answer is applied"),
+    "linkpass_agent_http_connections": Spec(CounterMetricFamily,
+                                            "Connections to the agent's HTTP servers (server: local-api, or metrics: "
+                                            "/metrics on the management address) by outcome: accepted, "
+                                            "refused (503 at the caps), evicted (idle, to make room), timed_out "
+                                            "(no request head in time, or an answer not read), accept_failed",
+                                            ("server", "outcome")),
 }
 
 
@@ -366,3 +372,18 @@ class AgentCollector:
             errors.add_metric([step], n)
         rejected.add_metric([], c["answers_rejected"])
         yield from (errors, rejected)
+
+
+class HttpCollector:
+    """linkpass_agent_http_connections_total: what each of the agent's HTTP servers (`servers()`:
+    objects with `label` and `stats`) saw of its clients."""
+
+    def __init__(self, servers: Callable[[], Iterable]):
+        self.servers = servers
+
+    def collect(self):
+        conns = family("linkpass_agent_http_connections")
+        for server in sorted(self.servers(), key=lambda s: s.label):
+            for outcome, n in dict(server.stats).items():
+                conns.add_metric([server.label, outcome], n)
+        yield conns
