@@ -138,15 +138,14 @@ class CoordinatorServer:
         self.latency = RequestLatency(p for _, p in _ROUTES)
         # /metrics without a token: counts, read without the lock; with one, also the series that
         # name hosts and links (their values are a reader's to see)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_ShardMetrics(self) if self.shard is not None else _Metrics(self))
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        self.named_registry = CollectorRegistry(auto_describe=False)
-        for c in list(self.registry._collector_to_names):
+        counts = [_ShardMetrics(self) if self.shard is not None else _Metrics(self),
+                  ProcessCollector(registry=None), PlatformCollector(registry=None)]
+        named = [_NamedMetrics(self)] if self.shard is None else []
+        self.registry, self.named_registry = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
+        for c in counts:
+            self.registry.register(c)
+        for c in counts + named:
             self.named_registry.register(c)
-        if self.shard is None:
-            self.named_registry.register(_NamedMetrics(self))
         sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.address = sock.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
@@ -431,14 +430,12 @@ class CoordinatorServer:
             if len(raw) <= INLINE_MAX_BYTES:
                 # a small body is parsed and checked here, before any lock is taken: every step is
                 # linear in its size, which INLINE_MAX_BYTES keeps to a fraction of a millisecond
-                arg, status, doc = self._prepare(route, req, raw)
-                if doc is not None:
-                    pass  # refused: answered below
-                elif self.shard is not None:
+                arg, status, doc = self._prepare(route, req, raw)  # a refused body: doc set, answered below
+                if doc is None and self.shard is not None:
                     # a shard's small report: the loop answers it itself when it brings nothing new;
                     # one for the root goes to a worker (a call to the root must not hold the loop)
                     status, doc = self._serve(route, req, arg, caller, remote, inline=True)
-                elif self.lock.acquire(blocking=False):
+                elif doc is None and self.lock.acquire(blocking=False):
                     # the coordinator is free and the request small (a report, a status): the loop runs
                     # it itself; two thread hops per request cost more than the request (measured:
                     # ~40 % of ingest). Otherwise a worker waits for the lock, not the loop.
