@@ -420,7 +420,8 @@ def test_each_miss_of_a_streak_probes_the_peers_paths_at_once(clean_faults):
         faults.apply(fab.prefix, FaultSpec("down", "h0-p0l0"))
         time.sleep(0.3)
         stats = a.stats
-        assert (stats["confirm_rounds"], stats["confirm_refused"]) == (6, 3)
+        # no round beyond the budget; a miss while the path came back may be refused too
+        assert stats["confirm_rounds"] == 6 and stats["confirm_refused"] >= 3, stats
         assert a.core.path_sent(2) == 4
     finally:
         a.close()

@@ -1698,26 +1698,30 @@ static void pending_hello(struct pending *p, uint64_t now) {
     }
 }
 
-/* The sockets waiting for their first frame: read what has come, hand over whole ones, close
- * the ones past their time. */
-static void pending_read(uint64_t now) {
-    for (int i = 0; i < G.npend;) {
-        struct pending *p = &G.pend[i];
-        ssize_t n = 0;
-        for (int k = 0; k < 2 && p->got < pending_want(p); k++) { /* the header says how much follows */
-            n = recv(p->fd, p->buf + p->got, pending_want(p) - p->got, MSG_DONTWAIT);
-            if (n <= 0) break;
-            p->got += (size_t)n;
-        }
-        int drop = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-        int late = !drop && now - p->since > LP_PENDING_NS;
-        int whole = p->got > sizeof(struct frame) && p->got == pending_want(p);
-        if (whole) pending_hello(p, now);
-        else if (late) refuse_hello(p, HR_TIMEOUT, "no first frame within 5 s");
-        else if (drop) close(p->fd);
-        if (drop || late || whole) G.pend[i] = G.pend[--G.npend];
-        else i++;
+/* One socket waiting for its first frame: read what has come, hand it over when whole, close it
+ * past its time; 1 when it left the table (its slot now holds the last one). */
+static int pending_step(int i, uint64_t now) {
+    struct pending *p = &G.pend[i];
+    ssize_t n = 0;
+    for (int k = 0; k < 2 && p->got < pending_want(p); k++) { /* the header says how much follows */
+        n = recv(p->fd, p->buf + p->got, pending_want(p) - p->got, MSG_DONTWAIT);
+        if (n <= 0) break;
+        p->got += (size_t)n;
     }
+    int drop = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    int late = !drop && now - p->since > LP_PENDING_NS;
+    int whole = p->got > sizeof(struct frame) && p->got == pending_want(p);
+    if (whole) pending_hello(p, now);
+    else if (late) refuse_hello(p, HR_TIMEOUT, "no first frame within 5 s");
+    else if (drop) close(p->fd);
+    if (!(drop || late || whole)) return 0;
+    G.pend[i] = G.pend[--G.npend];
+    return 1;
+}
+
+static void pending_read(uint64_t now) {
+    for (int i = 0; i < G.npend;)
+        if (!pending_step(i, now)) i++;
 }
 
 /* Room for a socket from `src`: at LP_PENDING_PER_SOURCE from that address, or LP_PENDING_MAX in
@@ -1758,6 +1762,8 @@ static void acceptor(uint64_t now) {
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             pending_room(from.sin_addr.s_addr);
             G.pend[G.npend++] = (struct pending){.fd = fd, .src = from.sin_addr.s_addr, .since = now};
+            /* a lane's hello comes with its connect: read at once, it is never the oldest to evict */
+            pending_step(G.npend - 1, now);
         }
     }
     pending_read(now);
