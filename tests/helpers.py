@@ -71,9 +71,9 @@ def free_port() -> int:
     the testbed's namespaces reach. Below the ephemeral range, as the demo picks the
     coordinator's: one the kernel hands out (bind to 0) can be taken by Ray's own outgoing
     connections before the actor that is given it binds it."""
-    from linkpass.demo.run import _port_outside_ephemeral
+    from linkpass.testbed.ports import free_port as lab_port
 
-    return _port_outside_ephemeral()
+    return lab_port()
 
 
 class LogDrain:

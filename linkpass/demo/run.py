@@ -24,7 +24,6 @@ import datetime as dt
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from . import timeline
 from .script import SCRIPT, Scripted, select
 from ..cli.files import absolute
 from ..testbed.agents import LAB_INTERVAL_MS
+from ..testbed.ports import free_port
 
 HOSTS = [0, 1, 2, 3]
 DEFAULT_PREFIX = "lpdemo"
@@ -127,18 +127,20 @@ class Demo:
                                f"{bad[0]['src']} → {bad[0]['dst']} plane {bad[0]['plane']}")
         self.progress(f"every host reaches every host over every plane ({len(rows)} paths)")
 
-    def start_coordinator(self) -> None:
+    def start_coordinator(self, extra: dict | None = None) -> None:
+        """The coordinator as a detached Ray actor; `extra`: more of its settings (shards, a
+        PostgreSQL store), over the demo's."""
         from ..coordinator import ray_actor
         from ..coordinator.tls import lab_dir
         from ..core.fabric import from_testbed
 
         self.step("starting the coordinator: a Ray actor on a local Ray")
-        port = _port_outside_ephemeral()
+        port = free_port()
         state = os.path.abspath(os.path.join(self.out, "coordinator"))
         # HTTPS with mutual TLS: the coordinator makes its lab CA in <state>/tls on first start, its
         # certificate naming the address the namespaced agents reach it on
         settings = {"state_dir": state, "listen": f"0.0.0.0:{port}", "fabric_model": from_testbed(self.fab).to_dict(),
-                    "tls_san": [self.fab.mgmt_root_addr], "require_client_cert": True}
+                    "tls_san": [self.fab.mgmt_root_addr], "require_client_cert": True, **(extra or {})}
         sigterm = signal.getsignal(signal.SIGTERM)
         ray_actor.connect(num_cpus=1)
         signal.signal(signal.SIGTERM, sigterm)  # Ray installs its own; ours unwinds through the cleanup
@@ -165,7 +167,7 @@ class Demo:
         from ..coordinator import ray_actor
 
         if getattr(self, "_actor", None) is not None:
-            ray_actor.stop(self._actor)
+            ray_actor.stop_all()  # the shards, if any, then the root
             self._actor = None
         ray_actor.shutdown()
 
@@ -546,29 +548,6 @@ def _check_linkpass_absent(fab, hosts: list[int]) -> dict:
                 continue
             agents += b"linkpass.cli" in argv and b"agent" in argv
     return {"linkpass_routes": routes, "agents_running": agents}
-
-
-def _port_outside_ephemeral() -> int:
-    """A free TCP port between Ray's worker ports (10002-19999) and the job's store (29500): one
-    the kernel hands out (bind to 0) can be taken by Ray's own connections before the coordinator
-    actor binds it."""
-    import random
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(200):  # bounded: a busy host still leaves most of these free
-        port = rng.randrange(20000, max(20001, min(low, 29000)))
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free TCP port for the coordinator between 20000 and 29000")
 
 
 def _print_report(demo: Demo, on_all: dict, off_all: dict, plot: str, code: int, elapsed: float) -> None:

@@ -81,20 +81,31 @@ class Prometheus:
             with open(os.path.join(self.dir, "prometheus.yml"), "w") as f:
                 yaml.safe_dump(config, f, sort_keys=False)
             self.log = open(os.path.join(self.dir, "prometheus.log"), "w")
-            self.proc = subprocess.Popen(
-                [binary("prometheus"), f"--config.file={self.dir}/prometheus.yml",
-                 f"--storage.tsdb.path={self.dir}/data", f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--storage.tsdb.retention.time=1d", "--web.console.templates=/nonexistent",
-                 "--web.console.libraries=/nonexistent"],
-                stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = time.monotonic() + start_timeout_s
-            while not self._ready():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Prometheus did not start: {self.log_tail()}")
-                time.sleep(0.2)
+            self._launch(start_timeout_s)
         except BaseException:
             self.close()
             raise
+
+    def _launch(self, timeout_s: float) -> None:
+        self.proc = subprocess.Popen(
+            [binary("prometheus"), f"--config.file={self.dir}/prometheus.yml",
+             f"--storage.tsdb.path={self.dir}/data", f"--web.listen-address=127.0.0.1:{self.port}",
+             "--storage.tsdb.retention.time=1d", "--web.console.templates=/nonexistent",
+             "--web.console.libraries=/nonexistent"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Prometheus did not start: {self.log_tail()}")
+            time.sleep(0.2)
+
+    def restart(self, timeout_s: float = 60.0) -> None:
+        """SIGKILL the server, as a crash would, and start it again on the same port and data
+        (its write-ahead log replayed: the series and the alerts' state from before are kept)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._launch(timeout_s)
 
     def _ready(self) -> bool:
         try:

@@ -43,30 +43,55 @@ class Agents:
     route_options: dict | None = None  # more of the agents' `routes:` config section
     detach: bool = False  # own sessions: they outlive the process that started them (`testbed up --agents`)
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+    configs: dict[int, str] = field(default_factory=dict)  # host -> its config file, once started
 
     def start(self, wait_s: float = 30.0) -> "Agents":
         """Start every agent and wait until each has logged `started`."""
-        configs = write_agent_configs(self.fab, self.directory, self.key, interval_ms=self.interval_ms,
-                                      routes=self.routes, entropy=self.entropy, detect=self.detect, hosts=self.hosts,
-                                      coordinator=self.coordinator, probe=self.probe,
-                                      route_options=self.route_options, tls_dir=self.tls_dir)
+        self.configs = write_agent_configs(self.fab, self.directory, self.key, interval_ms=self.interval_ms,
+                                           routes=self.routes, entropy=self.entropy, detect=self.detect,
+                                           hosts=self.hosts, coordinator=self.coordinator, probe=self.probe,
+                                           route_options=self.route_options, tls_dir=self.tls_dir)
         for h in self.hosts:
-            log = open(self.log_path(h), "w")
-            self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(host_name(h)), *LINKPASS, "agent",
-                                              "--config", configs[h], *self.extra_args],
-                                             stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL,
-                                             start_new_session=self.detach)
-            log.close()
+            self._spawn(h, "w")
         deadline = time.monotonic() + wait_s
         for h in self.hosts:
-            while not self.events(h, "started"):
-                if self.procs[h].poll() is not None:
-                    raise RuntimeError(f"agent on {host_name(h)} exited with {self.procs[h].returncode}: "
-                                       f"{open(self.log_path(h)).read()[-1500:]}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"agent on {host_name(h)} did not start within {wait_s} s")
-                time.sleep(0.05)
+            self._wait_started(h, 1, deadline, wait_s)
         return self
+
+    def _spawn(self, h: int, mode: str) -> None:
+        log = open(self.log_path(h), mode)
+        self.procs[h] = subprocess.Popen(["ip", "netns", "exec", self.fab.netns(host_name(h)), *LINKPASS, "agent",
+                                          "--config", self.configs[h], *self.extra_args],
+                                         stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL,
+                                         start_new_session=self.detach)
+        log.close()
+
+    def _wait_started(self, h: int, count: int, deadline: float, wait_s: float) -> None:
+        """Until the agent on h has logged `started` `count` times in all (its log spans restarts)."""
+        while len(self.events(h, "started")) < count:
+            if self.procs[h].poll() is not None:
+                raise RuntimeError(f"agent on {host_name(h)} exited with {self.procs[h].returncode}: "
+                                   f"{open(self.log_path(h)).read()[-1500:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"agent on {host_name(h)} did not start within {wait_s} s")
+            time.sleep(0.05)
+
+    def kill(self, host: int) -> int:
+        """SIGKILL the agent on `host`, as a crash or the OOM killer would: nothing of it runs after
+        (no route clean-up, no goodbye to the coordinator). Returns when it is gone: CLOCK_MONOTONIC
+        ns of the kill."""
+        p = self.procs[host]
+        p.send_signal(signal.SIGKILL)
+        killed = time.monotonic_ns()
+        p.wait(timeout=10)
+        return killed
+
+    def restart(self, host: int, wait_s: float = 30.0) -> None:
+        """Start the agent on `host` again on its config, its log continued (a path's state in
+        path_states() starts afresh from there), and wait until it has logged `started`."""
+        before = len(self.events(host, "started"))
+        self._spawn(host, "a")
+        self._wait_started(host, before + 1, time.monotonic() + wait_s, wait_s)
 
     def log_path(self, host: int) -> str:
         return os.path.join(self.directory, f"agent-{host_name(host)}.log")
@@ -97,10 +122,14 @@ class Agents:
 
     def path_states(self, host: int) -> dict[int, str]:
         """Each path's latest state as the agent logged it (paths never logged are up; a path
-        that only went SUSPECT is not logged and counts as up too)."""
+        that only went SUSPECT is not logged and counts as up too). An agent that started again
+        starts its paths afresh: only what it logged since its last `started` counts."""
         states: dict[int, str] = {}
-        for ev in self.events(host, "path_state"):
-            states[ev["path"]] = ev["new"]
+        for ev in self.events(host):
+            if ev.get("event") == "started":
+                states.clear()
+            elif ev.get("event") == "path_state":
+                states[ev["path"]] = ev["new"]
         return states
 
     def wait_healthy(self, hosts=None, timeout_s: float = 60.0) -> bool:
