@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reliability under hostile input: one function per row, picked by name.
 
-    python sim/bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost,agent-sigkill,coordinator-flood,actor-kill] [--json FILE]
+    python sim/bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost,agent-sigkill,coordinator-flood,actor-kill,soak,chaos] [--json FILE]
 
 Rows (ROWS below maps each name to its function; a function takes `quick` and returns its rows):
 
@@ -47,6 +47,14 @@ Rows (ROWS below maps each name to its function; a function takes `quick` and re
 - `soak` (root): the demo's setup with both its jobs (gloo and the NCCL plugin's ring) while
   faults of every kind, at random, follow one another for 30 minutes (--quick: 2): per job,
   restarts (failed collectives), wrong results, faults no agent saw; all should be 0.
+- `chaos` (root): the soak with every moving part of a deployment and processes killed at
+  random moments: a root and 2 shards as Ray actors on PostgreSQL (TLS), Prometheus with the
+  alert rules, both jobs, faults of every kind, and in about every other fault's window an agent
+  (SIGKILL, half of them mid-change), the root, a shard, PostgreSQL or Prometheus killed and
+  started again; 30 minutes (--quick: 3). Figures: collective errors and wrong results per job,
+  stale or missing routes after each agent restart, events lost at the coordinator, localization
+  after restarts against faults with none near (the peer), alerts still firing at the end, and
+  how long each kind of process took to come back (the comment above `Strike` has the rules).
 
 healthy-saturated and cut-saturated are the failover
 benchmark's (sim/bench/failover.py). Others are added as functions of the same shape and an
@@ -62,6 +70,12 @@ MEASURES = (
     "linkpass/probe/probe_wire.h",
     "linkpass/probe/blake2b.h",
     "linkpass/coordinator/http.py",
+    "linkpass/coordinator/coordinator.py",
+    "linkpass/coordinator/shard.py",
+    "linkpass/coordinator/store.py",
+    "linkpass/coordinator/ray_actor.py",
+    "linkpass/agent/coordinator_link.py",
+    "linkpass/agent/failover.py",
     "linkpass/agent/routes.py",
     "linkpass/agent/daemon.py",
     "sim/bench/reliability.py",
@@ -85,6 +99,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -596,6 +611,383 @@ def row_soak(quick: bool) -> list[dict]:
         rows.append({"case": f"soak-{job}", "metric": "faults_unseen", "unit": "count", "n": len(done),
                      "median": sum(1 for f in run.faults if f.detect_ms is None), "p99": None, "job": job,
                      "note": "faults no agent judged a path of (the job may not have crossed them)"})
+    return rows
+
+
+# ---- chaos --------------------------------------------------------------------------------------
+# The soak's setup made harder: the coordinator is a root and 2 shards (detached Ray actors) on a
+# PostgreSQL store (a real server, TLS verify-full), Prometheus scrapes every agent and the root
+# with LinkPass's alert rules, and both jobs run. Faults of every kind follow one another at the
+# busiest link of their tier; in about every other fault's window one process is killed at a
+# random moment (kinds dealt from a shuffled deck, so each comes up as often): an agent (SIGKILL;
+# half of them the moment it logs its first route change of the fault, half at a random moment;
+# down 0.2-3 s, then started again on its config), the coordinator's root or one shard (SIGKILL of
+# the actor's process; Ray restarts it), the PostgreSQL server (stopped at once, every
+# connection dropped, started again) or Prometheus (SIGKILL, started again on its data).
+#
+# What is judged, all from real state (kernel routes, the agents' logs, the coordinator's store
+# through its API, Prometheus' ALERTS series):
+# - per job: collectives that failed (each a restart of the job) and wrong results;
+# - after each agent restart: routes right after its reconcile (missing: a peer without one;
+#   stale: planes neither the reconcile's nor a later logged change's) and, at the next calm (the
+#   fault cleared, every path back up), every host's routes exactly every peer over both planes;
+# - events lost: every interval of >= LOST_MIN_S an agent held a path bad must have a detection
+#   at the coordinator for that host's path (or a per-window summary of its detections); those
+#   overlapping an outage of the root, a shard or PostgreSQL are counted apart;
+# - localization: faults right after a restart of the root, a shard or PostgreSQL named by the
+#   coordinator as often as faults with no restart near them (the peer, same run);
+# - alerts: how many fired, how many still fire at the end (all cleared is the target).
+
+CHAOS_S, CHAOS_QUICK_S = 1800, 180
+STRIKE_SHARE = 0.5  # of the faults' windows in which one process is killed
+STRIKES = ("agent", "root", "shard", "postgresql", "prometheus")
+COORDINATOR_SIDE = ("root", "shard", "postgresql")
+LOST_MIN_S = 1.0  # a bad interval this long is always reported (report_ms is 50)
+OUTAGE_GRACE_S = 5.0  # after an outage's end: the agents' backoff and re-registration
+CALM_ROUTES_S = 10.0  # at calm, how long a host's routes may take to be whole again
+
+
+@dataclass
+class Strike:
+    kind: str  # one of STRIKES
+    target: str  # host name, "root", "shard1", "postgresql", "prometheus"
+    fault: int  # index of the fault in whose window it fell
+    at: float | None = None  # wall clock s of the kill
+    back: float | None = None  # ... when it answered again
+    mid_change: bool = False  # an agent killed within 50 ms after logging a route change
+    stale: int = 0  # routes right after the restart's reconcile (agents)
+    missing: int = 0
+    error: str | None = None
+
+
+class Chaos:
+    """The chaos soak's moving parts and what each strike left behind."""
+
+    def __init__(self, demo, pg, rng: random.Random):
+        self.demo, self.pg, self.rng = demo, pg, rng
+        self.strikes: list[Strike] = []
+        self.deck: list[str] = []
+        self.kills_by_host: dict[int, list[float]] = {h: [] for h in demo.agents.hosts}
+
+    def deal(self) -> str:
+        if not self.deck:
+            self.deck = list(STRIKES)
+            self.rng.shuffle(self.deck)
+        return self.deck.pop()
+
+    def strike_in(self, kind: str, fault: int, hold_s: float) -> threading.Thread:
+        """Start a thread that kills one process of `kind` during fault `fault`'s window."""
+        from linkpass.testbed import faults as F
+
+        target = {"agent": host_name(self.rng.choice(self.demo.agents.hosts)), "shard": f"shard{self.rng.randrange(2)}"
+                  }.get(kind, kind)
+        s = Strike(kind, target, fault)
+        self.strikes.append(s)
+        after_change = kind == "agent" and self.rng.random() < 0.5
+        delay = self.rng.uniform(0.0, hold_s + 1.0)
+        t0 = time.time()
+
+        def run():
+            try:
+                deadline = time.monotonic() + 60
+                while not F.active(self.demo.args.prefix) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                if after_change:
+                    self._kill_agent(s, t0, until=time.monotonic() + hold_s + 5)
+                else:
+                    time.sleep(delay)
+                    getattr(self, "_kill_" + kind)(s, t0)
+            except Exception as exc:  # noqa: BLE001 - recorded on the strike; the soak goes on
+                s.error = repr(exc)
+                progress(f"strike {kind} {target} failed: {exc!r}")
+
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        return th
+
+
+def first_route_change(agents, until: float) -> int | None:
+    """The host whose agent logs a route change first from now on (its log tailed every 2 ms),
+    or None by `until` (monotonic s)."""
+    offsets = {h: os.path.getsize(agents.log_path(h)) for h in agents.hosts}
+    rest = {h: b"" for h in agents.hosts}
+    while time.monotonic() < until:
+        for h in agents.hosts:
+            with open(agents.log_path(h), "rb") as f:
+                f.seek(offsets[h])
+                chunk = f.read()
+            offsets[h] += len(chunk)
+            *lines, rest[h] = (rest[h] + chunk).split(b"\n")
+            if any(b'"event": "route_change"' in line for line in lines):
+                return h
+        time.sleep(0.002)
+    return None
+
+    def _kill_agent(self, s: Strike, t0: float, until: float | None = None) -> None:
+        agents = self.demo.agents
+        if until is not None:  # the host that logs the fault's first route change, the moment it does
+            s.target = host_name(first_route_change(agents, until) or int(s.target[1:]))
+        h = int(s.target[1:])
+        killed_mono = agents.kill(h)
+        s.at = time.time() - (time.monotonic_ns() - killed_mono) / 1e9
+        self.kills_by_host[h].append(s.at)
+        s.mid_change = any(0 <= s.at - e["ts"] <= 0.05 for e in agents.events(h, "route_change"))
+        time.sleep(self.rng.uniform(0.2, 3.0))
+        before = len(agents.events(h))
+        agents.restart(h)
+        s.back = time.time()
+        kernel = kernel_routes(self.demo.fab, h)
+        new = agents.events(h)[before:]
+        rec = next(e for e in new if e.get("event") == "routes_reconciled")
+        s.stale, s.missing = judge(self.demo.fab, h, kernel, rec["installed"],
+                                   [e for e in new if e.get("event") == "route_change"])
+        if s.stale or s.missing:
+            progress(f"{s.target} after its restart: stale {s.stale}, missing {s.missing}: kernel {kernel}, "
+                     f"installed {rec['installed']}")
+
+    def _kill_actor(self, s: Strike, handle) -> None:
+        from linkpass.coordinator import ray_actor
+
+        pid = ray_actor.actor_pid(handle)
+        os.kill(pid, signal.SIGKILL)
+        s.at = time.time()
+        ray_actor.wait_restarted(handle, pid, timeout_s=120)
+        s.back = time.time()
+
+    def _kill_root(self, s: Strike, t0: float) -> None:
+        from linkpass.coordinator import ray_actor
+
+        self._kill_actor(s, ray_actor.existing())
+
+    def _kill_shard(self, s: Strike, t0: float) -> None:
+        from linkpass.coordinator import ray_actor
+
+        self._kill_actor(s, ray_actor.shards()[int(s.target[5:])])
+
+    def _kill_postgresql(self, s: Strike, t0: float) -> None:
+        s.at = time.time()
+        self.pg.restart()
+        s.back = time.time()
+
+    def _kill_prometheus(self, s: Strike, t0: float) -> None:
+        s.at = time.time()
+        self.demo.prom.restart()
+        s.back = time.time()
+
+    def outages(self) -> list[tuple[float, float]]:
+        """When the root, a shard or PostgreSQL was away, the agents' way back included."""
+        return [(s.at, (s.back or s.at) + OUTAGE_GRACE_S) for s in self.strikes
+                if s.kind in COORDINATOR_SIDE and s.at is not None]
+
+
+def calm_routes(fab, hosts: list[int]) -> list[int]:
+    """Hosts whose routes are not, within CALM_ROUTES_S, exactly every peer over every plane."""
+    planes = tuple(range(fab.spec.planes))
+    want = {h: {fab.service_addr(j): planes for j in range(fab.spec.hosts) if j != h} for h in hosts}
+    deadline = time.monotonic() + CALM_ROUTES_S
+    bad = list(hosts)
+    while bad and time.monotonic() < deadline:
+        bad = [h for h in bad if kernel_routes(fab, h) != want[h]]
+        if bad:
+            time.sleep(0.2)
+    for h in bad:
+        progress(f"{host_name(h)}'s routes at calm: {kernel_routes(fab, h)}")
+    return bad
+
+
+def bad_intervals(evs: list[dict], kills: list[float], until: float) -> list[tuple[int, str, float, float]]:
+    """(path, peer, from, to) wall s of each interval an agent held a path bad, from its log
+    (restarts included: an incarnation's intervals end at its kill)."""
+    from linkpass.core.states import is_bad
+
+    out, since, incarnation = [], {}, -1
+    for e in evs + [{"event": "started", "ts": until}]:
+        if e.get("event") == "started":
+            end = kills[incarnation] if 0 <= incarnation < len(kills) else e["ts"]
+            out += [(p, peer, t, end) for p, (peer, t) in since.items()]
+            since, incarnation = {}, incarnation + 1
+        elif e.get("event") == "path_state":
+            if is_bad(e.get("new")):
+                since.setdefault(e["path"], (e["peer"], e["ts"]))
+            elif e["path"] in since:
+                peer, t = since.pop(e["path"])
+                out.append((e["path"], peer, t, e["ts"]))
+    return out
+
+
+def coordinator_history(demo) -> list[dict]:
+    """Every detection and recovery in the coordinator's store, per host (the API's page bound
+    is the newest 10 000: asked per host so no page is full)."""
+    out = []
+    with demo.client() as c:
+        for h in demo.agents.hosts:
+            got = c.get("/v1/events", kind="detection,recovery", host=host_name(h), limit=10000)
+            if len(got) >= 10000:
+                raise RuntimeError(f"{host_name(h)}: 10 000 events or more; the check would miss some")
+            out += got
+    return out
+
+
+def lost_events(demo, chaos: Chaos, end: float) -> dict:
+    history = coordinator_history(demo)
+    outages = chaos.outages()
+    # a path to a host whose agent is down is DOWN here, but no other path to that peer answers to
+    # confirm it, so its agent reports it suspect, by design (no evidence against any link)
+    peer_down = {host_name(int(s.target[1:])): [] for s in chaos.strikes if s.kind == "agent"}
+    for s in chaos.strikes:
+        if s.kind == "agent" and s.at is not None:
+            peer_down[s.target].append((s.at, (s.back or end) + 1.0))
+    checked = in_outage = lost = lost_in_outage = summarized = peer_agent_down = 0
+    examples = []
+    for h in demo.agents.hosts:
+        name = host_name(h)
+        for path, peer, a, b in bad_intervals(demo.agents.events(h), chaos.kills_by_host[h], end):
+            if b - a < LOST_MIN_S:
+                continue
+            if any(a <= d_end and d_start <= b for d_start, d_end in peer_down.get(peer, ())):
+                peer_agent_down += 1
+                continue
+            overlaps = any(a - OUTAGE_GRACE_S <= o_end and o_start <= b for o_start, o_end in outages)
+            checked += 1
+            in_outage += overlaps
+            seen = [e for e in history if e["kind"] == "detection" and a - 1 <= e["ts"] <= b + OUTAGE_GRACE_S
+                    and (e["subject"] == f"{name}/{path}" or (e["actor"] == name and e["detail"].get("summary")))]
+            summarized += bool(seen) and all(e["detail"].get("summary") for e in seen)
+            if not seen:
+                lost_in_outage += overlaps
+                lost += not overlaps
+                if len(examples) < 10:
+                    examples.append({"host": name, "path": path, "peer": peer, "from": round(a, 3), "to": round(b, 3),
+                                     "in_outage": overlaps})
+    return {"checked": checked, "in_outage": in_outage, "lost": lost, "lost_in_outage": lost_in_outage,
+            "covered_by_summary": summarized, "peer_agent_down_not_checked": peer_agent_down, "examples": examples}
+
+
+def row_chaos(quick: bool) -> list[dict]:
+    """The `chaos` rows (see the comment above Strike)."""
+    import argparse as _argparse
+    from contextlib import ExitStack
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+    from pgserver import PostgresServer  # the tests' real PostgreSQL server (TLS, SCRAM)
+
+    from linkpass.demo.run import Demo
+    from linkpass.demo.script import SCRIPT
+    from linkpass.testbed.ports import free_port as lab_port
+
+    seconds = CHAOS_QUICK_S if quick else CHAOS_S
+    rng = random.Random(29)
+    work = tempfile.mkdtemp(prefix="linkpass-bench-chaos-")
+    dargs = _argparse.Namespace(prefix="lpchao", keep=False, out=work, output="table", faults=None, size_mb=4.0,
+                                plugin_size_mb=1.0, compute_ms=10.0, job_timeout_s=30.0, interval_ms=5.0,
+                                compare=False, rto_min_ms=10, job="both")
+    try:
+        with ExitStack() as stack:
+            pg = stack.enter_context(PostgresServer(tls=True))
+            demo = Demo(dargs, stack)
+            demo.build()
+            demo.start_coordinator({"shards": 2, "shard_listen": [f"0.0.0.0:{lab_port()}" for _ in range(2)],
+                                    **pg.settings})
+            demo.start_agents()
+            demo.start_prometheus()
+            if demo.prom is None:
+                raise RuntimeError("the chaos soak needs Prometheus (deploy/install-test-deps.sh installs it)")
+            jobs = demo.start_jobs("chaos", linkpass=True)
+            chaos = Chaos(demo, pg, rng)
+            done, calm_checks, calm_bad, calm_bad_restarted, coordinator_wrong = [], 0, 0, 0, 0
+            paths = demo.wait_coordinator(lambda st: True, 30)["paths"]
+
+            def coordinator_calm() -> bool:
+                """Whether the coordinator holds every path, up, within CALM_ROUTES_S."""
+                return demo.wait_coordinator(lambda st: st["paths"] == paths and
+                                             st["paths_by_state"].get("up") == paths, CALM_ROUTES_S) is not None
+            restarted: set[int] = set()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                demo.wait_steady(jobs, True)
+                bad = calm_routes(demo.fab, demo.agents.hosts)
+                calm_checks += 1
+                calm_bad += len(bad)
+                calm_bad_restarted += len(set(bad) & restarted)
+                coordinator_wrong += not coordinator_calm()
+                restarted.clear()
+                sc = rng.choice(SCRIPT)
+                thread = chaos.strike_in(chaos.deal(), len(done) + 1, sc.hold_s) \
+                    if rng.random() < STRIKE_SHARE else None
+                done.append(demo.inject(jobs, len(done) + 1, sc))
+                if thread is not None:
+                    thread.join(timeout=180)
+                    s = chaos.strikes[-1]
+                    if s.kind == "agent":
+                        restarted.add(int(s.target[1:]))
+                    progress(f"  killed {s.target}" + (f", back after {s.back - s.at:.1f} s" if s.back else "") +
+                             (" (mid-change)" if s.mid_change else "") + (f": {s.error}" if s.error else ""))
+                if len(done) % 10 == 0:
+                    progress(f"chaos: {len(done)} faults, {len(chaos.strikes)} kills, {end - time.monotonic():.0f} s "
+                             "to go")
+            demo.wait_steady(jobs, True)
+            bad = calm_routes(demo.fab, demo.agents.hosts)
+            calm_checks, calm_bad, calm_bad_restarted = calm_checks + 1, calm_bad + len(bad), \
+                calm_bad_restarted + len(set(bad) & restarted)
+            coordinator_wrong += not coordinator_calm()
+            lost = lost_events(demo, chaos, time.time())
+            lost["coordinator_state_wrong_at_calm"] = coordinator_wrong
+            lost["calm_checks"] = calm_checks
+            runs = demo.finish_run("chaos", jobs, done, linkpass=True)
+            fired = demo.fired
+    finally:
+        if os.environ.get("LINKPASS_BENCH_KEEP"):
+            progress(f"the chaos soak's logs are kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return chaos_rows(seconds, done, chaos, runs, fired, lost, calm_checks, calm_bad, calm_bad_restarted)
+
+
+def chaos_rows(seconds, done, chaos: Chaos, runs: dict, fired: list[dict], lost: dict, calm_checks: int,
+               calm_bad: int, calm_bad_restarted: int) -> list[dict]:
+    by_kind = Counter(s.kind for s in chaos.strikes)
+    common = {"seconds": seconds, "faults": len(done), "faults_by_kind": dict(Counter(f.kind for f in done)),
+              "kills": len(chaos.strikes), "kills_by_kind": dict(by_kind),
+              "kills_failed": [f"{s.target}: {s.error}" for s in chaos.strikes if s.error],
+              "via": "default testbed, root + 2 shard Ray actors, PostgreSQL (TLS), Prometheus, gloo + plugin jobs"}
+    rows = []
+    for job, run in runs.items():
+        rows.append({"case": f"chaos-{job}", "metric": "collective_errors", "unit": "count", "n": run.steps,
+                     "median": run.restarts, "p99": None, "job": job, **common})
+        rows.append({"case": f"chaos-{job}", "metric": "wrong_results", "unit": "count", "n": run.steps,
+                     "median": run.wrong_results, "p99": None, "job": job})
+    agent_kills = [s for s in chaos.strikes if s.kind == "agent" and s.back is not None]
+    rows.append({"case": "chaos-agent-restart", "metric": "stale_or_missing_routes", "unit": "count",
+                 "n": len(agent_kills), "median": sum(s.stale + s.missing for s in agent_kills)
+                 + calm_bad_restarted, "p99": None,
+                 "right_after_reconcile": {"stale": sum(s.stale for s in agent_kills),
+                                           "missing": sum(s.missing for s in agent_kills)},
+                 "restarted_hosts_wrong_at_next_calm": calm_bad_restarted,
+                 "killed_mid_change": sum(s.mid_change for s in agent_kills),
+                 "any_host_wrong_at_calm": calm_bad, "calm_checks": calm_checks})
+    rows.append({"case": "chaos-coordinator", "metric": "lost_events", "unit": "count", "n": lost["checked"],
+                 "median": lost["lost"] + lost["lost_in_outage"], "p99": None, **lost,
+                 "note": f"agent-held bad intervals of >= {LOST_MIN_S:g} s without a detection at the coordinator"})
+    first = runs[next(iter(runs))]  # the faults' localization is the coordinator's, the same for each job
+    near = {s.fault for s in chaos.strikes if s.kind in COORDINATOR_SIDE}
+    after = [f for f in first.faults if f.index - 1 in near and f.index not in near]
+    calm = [f for f in first.faults if f.index not in near and f.index - 1 not in near]
+    during = [f for f in first.faults if f.index in near]
+    pct = lambda fs: round(100 * sum(f.localized_ms is not None for f in fs) / len(fs), 1) if fs else None  # noqa: E731
+    rows.append({"case": "chaos-localization", "metric": "localized_after_restart", "unit": "pct", "n": len(after),
+                 "median": pct(after), "p99": None, "peer": "faults with no coordinator-side restart near them",
+                 "peer_n": len(calm), "peer_median": pct(calm), "during_outage_n": len(during),
+                 "during_outage_pct": pct(during),
+                 "after_restart_by_kind": {f"{k}:{'localized' if ok else 'not'}": n for (k, ok), n in
+                                           Counter((f.kind, f.localized_ms is not None) for f in after).items()}})
+    rows.append({"case": "chaos-alerts", "metric": "still_firing_at_end", "unit": "count",
+                 "n": sum(a["fired"] for a in fired), "median": sum(not a["cleared"] for a in fired), "p99": None,
+                 "fired": {a["alert"]: a["fired"] for a in fired},
+                 "faults_with_their_alert": sum(f.alert is not None for f in first.faults)})
+    for kind in STRIKES:
+        back = [round(s.back - s.at, 2) for s in chaos.strikes if s.kind == kind and s.back and s.at]
+        if back:
+            rows.append(row("chaos-restart", f"{kind}_back", "s", back))
     return rows
 
 
@@ -1144,6 +1536,7 @@ ROWS: dict[str, Callable[[bool], list[dict] | dict]] = {
     "coordinator-flood": row_coordinator_flood,
     "actor-kill": row_actor_kill,
     "soak": row_soak,
+    "chaos": row_chaos,
 }
 
 
@@ -1164,7 +1557,7 @@ def main() -> int:
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         ap.error(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(ROWS)}")
-    if {"agent-sigkill", "soak"} & set(names) and not report.require_root():
+    if {"agent-sigkill", "soak", "chaos"} & set(names) and not report.require_root():
         return 2
     rows: list[dict] = []
     for name in names:

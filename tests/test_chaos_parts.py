@@ -1,0 +1,60 @@
+"""Parts of the chaos soak (sim/bench/reliability.py --rows chaos) that its figures rest on: a
+Prometheus killed and started again keeps what it recorded before (the alerts' history the soak
+reports), and an agent's bad intervals are read from its log across restarts."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim", "bench"))
+
+ALWAYS = "groups:\n- name: t\n  rules:\n  - alert: Always\n    expr: vector(1)\n"
+
+
+@pytest.mark.service
+def test_a_restarted_prometheus_keeps_its_alert_history():
+    from linkpass.observe.prometheus import Prometheus, PrometheusMissing
+
+    try:
+        prom = Prometheus({"none": ["127.0.0.1:9"]}, ALWAYS, scrape_s=0.5, eval_s=0.5)
+    except PrometheusMissing as exc:
+        pytest.skip(f"no Prometheus here: {exc}")
+    try:
+        start = time.time()
+        deadline = time.monotonic() + 30
+        while "Always" not in prom.firing():
+            assert time.monotonic() < deadline, "the always-firing alert never fired"
+            time.sleep(0.2)
+        time.sleep(2)
+        first = prom.firing_spans(start, time.time(), step_s=0.5)["Always"][0][0]
+        pid = prom.proc.pid
+        prom.restart()
+        assert prom.proc.pid != pid and prom.proc.poll() is None
+        # what it recorded before the kill is still there (its write-ahead log replayed)
+        assert prom.firing_spans(start, time.time(), step_s=0.5)["Always"][0][0] == first
+    finally:
+        prom.close()
+    assert not os.path.exists(prom.dir)
+
+
+def ev(kind: str, ts: float, **kw) -> dict:
+    return {"event": kind, "ts": ts, **kw}
+
+
+@pytest.mark.unit
+def test_bad_intervals_end_at_recovery_at_a_kill_and_at_the_end():
+    from reliability import bad_intervals
+
+    log = [ev("started", 0.0),
+           ev("path_state", 1.0, path=1, peer="h1", new="down"),
+           ev("path_state", 1.5, path=1, peer="h1", new="recovering"),  # not usable, not bad: ends it
+           ev("path_state", 2.0, path=2, peer="h2", new="degraded"),
+           ev("path_state", 2.5, path=2, peer="h2", new="down"),  # still bad: the same interval
+           ev("path_state", 3.0, path=3, peer="h3", new="suspect"),  # never bad
+           ev("started", 9.0),  # killed at 4.0 with path 2 bad, started again at 9.0
+           ev("path_state", 10.0, path=1, peer="h1", new="damped")]
+    got = sorted(bad_intervals(log, kills=[4.0], until=20.0))
+    assert got == [(1, "h1", 1.0, 1.5), (1, "h1", 10.0, 20.0), (2, "h2", 2.0, 4.0)]
