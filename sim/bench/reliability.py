@@ -706,23 +706,6 @@ class Chaos:
         return th
 
 
-def first_route_change(agents, until: float) -> int | None:
-    """The host whose agent logs a route change first from now on (its log tailed every 2 ms),
-    or None by `until` (monotonic s)."""
-    offsets = {h: os.path.getsize(agents.log_path(h)) for h in agents.hosts}
-    rest = {h: b"" for h in agents.hosts}
-    while time.monotonic() < until:
-        for h in agents.hosts:
-            with open(agents.log_path(h), "rb") as f:
-                f.seek(offsets[h])
-                chunk = f.read()
-            offsets[h] += len(chunk)
-            *lines, rest[h] = (rest[h] + chunk).split(b"\n")
-            if any(b'"event": "route_change"' in line for line in lines):
-                return h
-        time.sleep(0.002)
-    return None
-
     def _kill_agent(self, s: Strike, t0: float, until: float | None = None) -> None:
         agents = self.demo.agents
         if until is not None:  # the host that logs the fault's first route change, the moment it does
@@ -778,6 +761,24 @@ def first_route_change(agents, until: float) -> int | None:
         """When the root, a shard or PostgreSQL was away, the agents' way back included."""
         return [(s.at, (s.back or s.at) + OUTAGE_GRACE_S) for s in self.strikes
                 if s.kind in COORDINATOR_SIDE and s.at is not None]
+
+
+def first_route_change(agents, until: float) -> int | None:
+    """The host whose agent logs a route change first from now on (its log tailed every 2 ms),
+    or None by `until` (monotonic s)."""
+    offsets = {h: os.path.getsize(agents.log_path(h)) for h in agents.hosts}
+    rest = {h: b"" for h in agents.hosts}
+    while time.monotonic() < until:
+        for h in agents.hosts:
+            with open(agents.log_path(h), "rb") as f:
+                f.seek(offsets[h])
+                chunk = f.read()
+            offsets[h] += len(chunk)
+            *lines, rest[h] = (rest[h] + chunk).split(b"\n")
+            if any(b'"event": "route_change"' in line for line in lines):
+                return h
+        time.sleep(0.002)
+    return None
 
 
 def calm_routes(fab, hosts: list[int]) -> list[int]:
@@ -877,6 +878,11 @@ def row_chaos(quick: bool) -> list[dict]:
 
     seconds = CHAOS_QUICK_S if quick else CHAOS_S
     rng = random.Random(29)
+
+    def unwind(signum, frame):  # a SIGTERM (a timeout, an operator) removes what the soak made
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, unwind)
     work = tempfile.mkdtemp(prefix="linkpass-bench-chaos-")
     dargs = _argparse.Namespace(prefix="lpchao", keep=False, out=work, output="table", faults=None, size_mb=4.0,
                                 plugin_size_mb=1.0, compute_ms=10.0, job_timeout_s=30.0, interval_ms=5.0,
@@ -1567,7 +1573,10 @@ def main() -> int:
     show(rows)
     report.write(report.document("reliability", rows, quick=args.quick), args.json)
     crashed = [r for r in rows if r["case"] == "fuzz" and r["metric"] == "crashes" and r["median"]]
-    return 1 if crashed else 0
+    misfired = [k for r in rows for k in r.get("kills_failed") or ()]  # a chaos strike that did not happen
+    for k in misfired:
+        report.progress(f"a chaos strike failed: {k}")
+    return 1 if crashed or misfired else 0
 
 
 if __name__ == "__main__":
