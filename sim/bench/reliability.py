@@ -882,6 +882,9 @@ def row_chaos(quick: bool) -> list[dict]:
     def unwind(signum, frame):  # a SIGTERM (a timeout, an operator) removes what the soak made
         raise SystemExit(f"stopped by signal {signum}")
 
+    # pyroute2 forks a helper per namespace and SIGTERMs it: in a child the default must stand,
+    # or the helper unwinds into this code and runs on as a second soak
+    os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     signal.signal(signal.SIGTERM, unwind)
     work = tempfile.mkdtemp(prefix="linkpass-bench-chaos-")
     dargs = _argparse.Namespace(prefix="lpchao", keep=False, out=work, output="table", faults=None, size_mb=4.0,
