@@ -797,9 +797,12 @@ def calm_routes(fab, hosts: list[int]) -> list[int]:
 
 
 def bad_intervals(evs: list[dict], kills: list[float], until: float) -> list[tuple[int, str, float, float]]:
-    """(path, peer, from, to) wall s of each interval an agent held a path bad, from its log
-    (restarts included: an incarnation's intervals end at its kill)."""
-    from linkpass.core.states import is_bad
+    """(path, peer, from, to) wall s of each interval an agent held a path bad, from its log: from
+    a move to a bad state until the path is good again. Passing states (suspect, recovering) leave
+    the evidence standing, as the coordinator reads them, so a path that goes down, recovering and
+    degraded again between two reports is one interval. Restarts included: an incarnation's
+    intervals end at its kill."""
+    from linkpass.core.states import is_bad, is_good
 
     out, since, incarnation = [], {}, -1
     for e in evs + [{"event": "started", "ts": until}]:
@@ -810,7 +813,7 @@ def bad_intervals(evs: list[dict], kills: list[float], until: float) -> list[tup
         elif e.get("event") == "path_state":
             if is_bad(e.get("new")):
                 since.setdefault(e["path"], (e["peer"], e["ts"]))
-            elif e["path"] in since:
+            elif is_good(e.get("new")) and e["path"] in since:
                 peer, t = since.pop(e["path"])
                 out.append((e["path"], peer, t, e["ts"]))
     return out
