@@ -169,7 +169,12 @@ class Demo:
         if getattr(self, "_actor", None) is not None:
             ray_actor.stop_all()  # the shards, if any, then the root
             self._actor = None
+        sigterm = signal.getsignal(signal.SIGTERM)
         ray_actor.shutdown()
+        # Ray's shutdown puts the kernel's SIGTERM action back to the default behind Python's back
+        # (Python still lists ours): set ours again, so a SIGTERM in the rest of the run still
+        # unwinds through the cleanup instead of leaving the testbed behind
+        signal.signal(signal.SIGTERM, sigterm)
 
     def start_agents(self) -> None:
         from ..testbed.agents import Agents
