@@ -50,7 +50,7 @@ def lab(fabric, tmp_path_factory):
         if agents is not None:
             agents.remove_routes()  # the shared fabric's other tests expect hosts without LinkPass routes
         server.close()
-        server.coordinator.store.close()
+        server.service.coordinator.store.close()
         assert all(c == 0 for c in codes.values()), codes
 
 

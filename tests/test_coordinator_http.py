@@ -52,7 +52,7 @@ def server(tmp_path):
         yield srv, tokens
     finally:
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
 
 
 def connect(srv, token, **kw):
@@ -131,14 +131,14 @@ def test_roles(server):
         op.post("/v1/report", {"name": "h0"})
     assert exc.value.status == 403 and "needs role 'agent'" in str(exc.value)
     assert op.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "optic"})["changed"]
-    srv.flush_refusals()
+    srv.service.flush_refusals()
     refusals = op.get("/v1/events", kind="refused")
     assert {e["actor"] for e in refusals if e["subject"] == "/v1/drain"} >= {"local-reader", "h0"}
     # the unauthenticated ones are one summary, not one event each
     summary = [e for e in refusals if e["actor"] == "unauthenticated"]
     assert len(summary) == 1 and summary[0]["detail"]["requests"] == 4
     assert summary[0]["detail"]["by_address"] == {"127.0.0.1": 4}
-    assert srv.coordinator.drains["p0l0-p0s0"]["by"] == "local-operator"
+    assert srv.service.coordinator.drains["p0l0-p0s0"]["by"] == "local-operator"
     assert op.get("/v1/whoami") == {"name": "local-operator", "role": "operator", "host": None}
     assert agent.get("/v1/whoami") == {"name": "h0", "role": "agent", "host": "h0"}
     for c in (reader, agent, op):
@@ -147,7 +147,7 @@ def test_roles(server):
 
 def test_an_agent_speaks_only_for_itself(server):
     srv, tokens = server
-    c = srv.coordinator
+    c = srv.service.coordinator
     before = (sorted(c.paths), {n: a.last_seen for n, a in c.agents.items()}, len(c.store.events(limit=10**6)))
     h1 = connect(srv, tokens["h1"])
     bad_paths = [dict(p, state="down", reason="hard_failure") for p in table_of(2)]
@@ -171,7 +171,7 @@ def test_an_agent_speaks_only_for_itself(server):
             connect(srv, forged).post("/v1/report", {"name": "h2"})
         assert exc.value.status == 401, forged
     assert h1.post("/v1/report", {"name": "h1"})["drain_version"] == 0  # itself, fine
-    srv.flush_refusals()
+    srv.service.flush_refusals()
     spoof = [e for e in c.store.events(kinds=["refused"]) if e["actor"] == "h1"]
     assert len(spoof) == 3 and "cannot speak for 'h2'" in spoof[0]["detail"]["why"]
     h1.close()
@@ -198,7 +198,7 @@ def test_a_shared_agent_token_is_refused_at_start(tmp_path):
                 c.post("/v1/register", {**identity(0), "paths": []})
     finally:
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
 
 
 def test_garbage_is_answered_and_counted(server):
@@ -283,7 +283,7 @@ def test_no_body_is_read_before_the_token_is_checked(server):
     """A 12 MB body without a token: refused from the head alone (the body is never sent here, so
     a server that waited for it would not answer)."""
     srv, tokens = server
-    events = len(srv.coordinator.store.events(limit=10**6))
+    events = len(srv.service.coordinator.store.events(limit=10**6))
     for path in ("/v1/report", "/v1/drain", "/v1/register"):
         status, doc = raw_request(srv, post_head(path, 12 << 20))
         assert status == 401 and "no valid token" in doc["error"], path
@@ -291,8 +291,8 @@ def test_no_body_is_read_before_the_token_is_checked(server):
         assert status == 403, path
     # nothing written per unauthenticated refusal: one summary; of the reader's, only the refused
     # drain is recorded (refused drains of known callers are)
-    srv.flush_refusals()
-    new = srv.coordinator.store.events(limit=10**6)[events:]
+    srv.service.flush_refusals()
+    new = srv.service.coordinator.store.events(limit=10**6)[events:]
     assert sorted((e["actor"], e["subject"]) for e in new) == [("local-reader", "/v1/drain"),
                                                                ("unauthenticated", "endpoint")]
     assert next(e for e in new if e["actor"] == "unauthenticated")["detail"]["requests"] == 3
@@ -317,7 +317,7 @@ def test_bodies_over_the_cap_are_refused_before_they_are_read(tmp_path):
         assert srv.errors["too_large"] == 1 and srv.errors["length_required"] == 1
     finally:
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
 
 
 @pytest.mark.parametrize("path,body,words", [
@@ -338,12 +338,12 @@ def test_bodies_over_the_cap_are_refused_before_they_are_read(tmp_path):
 def test_bad_fields_are_400s_naming_the_field(server, path, body, words):
     srv, tokens = server
     who = tokens["operator"] if path in ("/v1/drain", "/v1/decommission") else tokens["h0"]
-    before = sorted((k, r.state, r.hops) for k, r in srv.coordinator.paths.items())
+    before = sorted((k, r.state, r.hops) for k, r in srv.service.coordinator.paths.items())
     with connect(srv, who) as c, pytest.raises(Refusal, match=words) as exc:
         c.post(path, body)
     assert exc.value.status == 400
-    assert sorted((k, r.state, r.hops) for k, r in srv.coordinator.paths.items()) == before
-    assert srv.coordinator.drains == {} and len(srv.coordinator.agents) == 4
+    assert sorted((k, r.state, r.hops) for k, r in srv.service.coordinator.paths.items()) == before
+    assert srv.service.coordinator.drains == {} and len(srv.service.coordinator.agents) == 4
     assert srv.errors["internal"] == 0
 
 
@@ -436,7 +436,7 @@ def test_no_body_is_parsed_under_the_coordinator_lock(server, monkeypatch):
     real = coordinator_http._json_body
 
     def spy(raw, max_depth):
-        held.append(srv.lock._is_owned())
+        held.append(srv.service.lock._is_owned())
         return real(raw, max_depth)
 
     monkeypatch.setattr(coordinator_http, "_json_body", spy)
@@ -456,7 +456,7 @@ def test_anonymous_metrics_are_counts_that_name_no_host_or_link_and_take_no_lock
     srv, tokens = server
     with connect(srv, tokens["h1"]) as agent:
         agent.post("/v1/report", {"name": "h1", "changes": [{"id": 1, "state": "down", "reason": "loss"}]})
-    with srv.lock:  # the lock every request against the coordinator takes: anonymous scrapes never do
+    with srv.service.lock:  # the lock every request against the coordinator takes: anonymous scrapes never do
         anonymous = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
         spec = json.loads(urlopen(srv, srv.url + "/v1/openapi.json", timeout=5).read())
     names = {f.name for f in text_string_to_metric_families(anonymous)}
@@ -492,8 +492,8 @@ def test_the_path_counts_kept_as_paths_change_match_a_count_of_every_path(server
             agent.post("/v1/report", {"name": host, "changes": changes})
     with connect(srv, tokens["operator"]) as op:
         op.post("/v1/decommission", {"host": "h3", "reason": "rebuilt"})
-    c = srv.coordinator
-    with srv.lock:
+    c = srv.service.coordinator
+    with srv.service.lock:
         truth = collections.Counter(rec.state for rec in c.paths.values())
         assert dict(c.state_counts) == dict(truth) and sum(truth.values()) == len(c.paths)
         assert c.paths_unmapped == sum(1 for rec in c.paths.values() if not rec.links)
@@ -505,10 +505,10 @@ def test_decommission_over_http_and_the_cli(server):
     assert out.returncode == 3 and "needs role 'operator'" in out.stderr
     out = cli(srv, tokens["operator"], "coordinator", "decommission", "h3", "--reason", "retired", "--dry-run")
     assert out.returncode == 0 and "would forget agent h3 and the 10 paths" in out.stdout
-    assert "h3" in srv.coordinator.agents
+    assert "h3" in srv.service.coordinator.agents
     out = cli(srv, tokens["operator"], "coordinator", "decommission", "h3", "--reason", "retired")
     assert out.returncode == 0 and "forgot agent h3" in out.stdout, out.stderr
-    assert "h3" not in srv.coordinator.agents
+    assert "h3" not in srv.service.coordinator.agents
     out = cli(srv, tokens["operator"], "coordinator", "decommission", "h3", "--reason", "again")
     assert out.returncode == 3 and "no agent named 'h3'" in out.stderr
 
@@ -532,7 +532,7 @@ def test_agent_token_command(server, tmp_path):
 def test_refusals_are_rate_limited_and_summarised(tmp_path):
     srv, tokens = start(tmp_path, refusal_burst=20, refusal_rate_per_s=1.0)
     try:
-        before = len(srv.coordinator.store.events(limit=10**6))
+        before = len(srv.service.coordinator.store.events(limit=10**6))
         codes = []
         t0 = time.monotonic()
         with connect(srv, None) as anon:
@@ -543,8 +543,8 @@ def test_refusals_are_rate_limited_and_summarised(tmp_path):
                     codes.append(exc.status)
         refill = (time.monotonic() - t0) * 1.0 + 1  # refusal_rate_per_s over the run (each 429 costs a handshake)
         assert codes.count(401) <= 20 + refill and codes.count(429) >= 200 - 20 - refill  # the burst, then the refill
-        srv.flush_refusals()
-        new = srv.coordinator.store.events(limit=10**6)[before:]
+        srv.service.flush_refusals()
+        new = srv.service.coordinator.store.events(limit=10**6)[before:]
         assert len(new) == 1 and new[0]["actor"] == "unauthenticated" and new[0]["detail"]["requests"] == len(codes)
         metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
         assert f'linkpass_coordinator_request_errors_total{{kind="unauthenticated"}} {float(len(codes))}' in metrics
@@ -553,7 +553,7 @@ def test_refusals_are_rate_limited_and_summarised(tmp_path):
             assert c.get("/v1/status")["agents"] == 4
     finally:
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
 
 
 def test_a_flood_of_half_sent_requests_does_not_lock_anyone_out(tmp_path):
@@ -590,7 +590,7 @@ def test_a_flood_of_half_sent_requests_does_not_lock_anyone_out(tmp_path):
         for sk in socks:
             sk.close()
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
 
 
 
@@ -630,14 +630,14 @@ def test_one_host_s_token_is_revoked_and_nothing_else_changes(server, tmp_path):
     for host in ("h0", "h2", "h3"):  # every other host, and the fleet's state, as they were
         with connect(srv, tokens[host]) as c:
             assert "drain_version" in c.post("/v1/report", {"name": host})
-    assert len(srv.coordinator.agents) == 4 and refusal_of(srv, tokens["reader"]) is None
+    assert len(srv.service.coordinator.agents) == 4 and refusal_of(srv, tokens["reader"]) is None
     revoked = srv.errors["revoked"]
     assert revoked >= 2 and srv.errors["unauthenticated"] == 0
     metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
     assert f'linkpass_coordinator_request_errors_total{{kind="revoked"}} {float(revoked)}' in metrics
     # the history: who revoked and why, once; the refusals as one summary, not an event each
-    srv.flush_refusals()
-    events = srv.coordinator.store.events(kinds=["agent", "refused"])
+    srv.service.flush_refusals()
+    events = srv.service.coordinator.store.events(kinds=["agent", "refused"])
     done = [e for e in events if e["detail"].get("what") == "token revoked"]
     assert len(done) == 1 and done[0]["subject"] == "h1" and done[0]["actor"].endswith("(local)")
     assert done[0]["detail"] == {"what": "token revoked", "epoch": 1, "reason": "key left on a laptop"}
@@ -652,7 +652,7 @@ def test_a_revocation_works_with_the_coordinator_down_and_outlives_restarts(tmp_
     srv, tokens = start(tmp_path)
     state = tmp_path / "state"
     srv.close()
-    srv.coordinator.store.close()
+    srv.service.coordinator.store.close()
     first = token_cli(state, "h1", "--revoke")
     second = token_cli(state, "h1", "--revoke")
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
@@ -667,7 +667,7 @@ def test_a_revocation_works_with_the_coordinator_down_and_outlives_restarts(tmp_
         assert refusal_of(srv, tokens["h2"]) is None
     finally:
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
 
 
 def test_the_token_command_refuses_bad_usage_and_then_changes_nothing(server, tmp_path):
@@ -680,8 +680,8 @@ def test_the_token_command_refuses_bad_usage_and_then_changes_nothing(server, tm
     nowhere = tmp_path / "nowhere"
     out = token_cli(nowhere, "h1", "--revoke")
     assert out.returncode == 3 and "agent.secret" in out.stderr and not nowhere.exists()
-    with srv.lock:
-        assert srv.coordinator.store.agent_epochs() == {}
+    with srv.service.lock:
+        assert srv.service.coordinator.store.agent_epochs() == {}
     assert refusal_of(srv, tokens["h1"]) is None
 
 
@@ -719,8 +719,8 @@ def test_a_timed_drain_and_the_history_of_one_link_through_the_cli(server):
     out = cli(srv, tokens["operator"], "drain", "p0l0-p0s1", "--reason", "optic swap", "--for", "2h")
     assert out.returncode == 0, out.stderr
     assert "drain p0l0-p0s1, until " in out.stdout and "(then undrained by itself)" in out.stdout
-    with srv.lock:
-        d = srv.coordinator.drains["p0l0-p0s1"]
+    with srv.service.lock:
+        d = srv.service.coordinator.drains["p0l0-p0s1"]
         assert 7190 < d["until"] - d["since"] <= 7200
     out = cli(srv, tokens["operator"], "drain", "p1l0-p1s1", "--reason", "x", "--for", "soon")
     assert out.returncode == 3 and "--for 'soon': use a duration such as 30m" in out.stderr and out.stdout == ""
@@ -762,7 +762,7 @@ def test_a_person_gets_an_operator_token_their_drains_carry_their_name_and_revok
     wait_until(lambda: answered(cli(srv, alice, "status")), 10, "the coordinator taking alice's token")
     out = cli(srv, alice, "drain", "p0l0-p0s1", "--reason", "optic swap")
     assert out.returncode == 0, out.stderr
-    drain = [e for e in srv.coordinator.store.events(kinds=["drain"])][-1]
+    drain = [e for e in srv.service.coordinator.store.events(kinds=["drain"])][-1]
     assert drain["actor"] == "alice"
     listed = token("list", "-o", "json")
     doc = json.loads(listed.stdout)
@@ -780,7 +780,7 @@ def test_a_broken_tokens_file_is_refused_and_the_tokens_in_use_kept(server):
     path = os.path.join(srv.state_dir, "tokens.yaml")
     good = open(path).read()
     logged = []
-    srv.log = lambda event, **f: logged.append((event, f))
+    srv.service.log = lambda event, **f: logged.append((event, f))
     with open(path, "w") as f:
         f.write("tokens: [{name: x, role: admin, sha256: 00}]\n")
     wait_until(lambda: any(e == "tokens_reload_refused" for e, _ in logged), 10, "the reload refused")
@@ -815,20 +815,20 @@ def test_an_agent_sends_digests_and_a_lost_report_is_healed_by_one(server, tmp_p
     try:
         wait_until(lambda: link.stats["digests"] >= 3, 10, "three digests", lambda: link.stats)
         assert link.digests and link.stats["tables"] == 0 and link.stats["tables_asked"] == 0, link.stats
-        assert srv.coordinator.counters["digest_mismatches"] == 0
+        assert srv.service.coordinator.counters["digest_mismatches"] == 0
         # the agent's path 1 goes down, and the report that said so is lost on the way
         rows[0] = {**rows[0], "state": "down", "reason": "hard_failure"}
         link.sent[rows[0]["id"]] = ("down", "hard_failure")
         # the link counts the table once the coordinator has answered it: after its copy changed
-        wait_until(lambda: srv.coordinator.paths["h1/1"].state == "down" and link.stats["tables"] >= 1, 10,
-                   "the coordinator's copy healed", lambda: (link.stats, dict(srv.coordinator.counters)))
+        wait_until(lambda: srv.service.coordinator.paths["h1/1"].state == "down" and link.stats["tables"] >= 1, 10,
+                   "the coordinator's copy healed", lambda: (link.stats, dict(srv.service.coordinator.counters)))
         assert link.stats["tables_asked"] >= 1
-        assert srv.coordinator.counters["digest_mismatches"] >= 1
+        assert srv.service.coordinator.counters["digest_mismatches"] >= 1
         asked = link.stats["tables_asked"]
         time.sleep(1.0)  # healed: digests match again, no more tables
         assert link.stats["tables_asked"] == asked
         metrics = urlopen(srv, srv.url + "/metrics", timeout=5).read().decode()
-        assert f"linkpass_coordinator_tables_asked_total {float(srv.coordinator.counters['digest_mismatches'])}" in metrics
+        assert f"linkpass_coordinator_tables_asked_total {float(srv.service.coordinator.counters['digest_mismatches'])}" in metrics
         assert "linkpass_coordinator_digests_total" in metrics
     finally:
         link.stop()
@@ -871,7 +871,7 @@ def test_one_token_has_a_request_budget_and_others_are_not_slowed(tmp_path):
         assert srv.errors["token_budget"] == codes.count(429)
     finally:
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
 
 
 def test_a_report_checks_its_digest_against_the_changes_alone(server, monkeypatch):
@@ -892,4 +892,4 @@ def test_a_report_checks_its_digest_against_the_changes_alone(server, monkeypatc
                                            "digest": table_digest((i, s, r) for i, (s, r) in rows.items())})
     assert "send_paths" not in answer  # the digest matched
     assert len(hashed) == 2, hashed  # the changed row out, its new self in: not the 10 rows held
-    assert srv.coordinator.counters["digests"] == 1
+    assert srv.service.coordinator.counters["digests"] == 1

@@ -90,8 +90,8 @@ def test_the_roots_internal_methods_refuse_a_driver_without_the_actors_credentia
     _, url, settings = actor
     root = ray.get_actor(ray_actor.ACTOR_NAME, namespace=ray_actor.NAMESPACE)  # no LinkPass code needed
     down = parse_report({"name": "h1", "changes": [{"id": 2, "state": "down", "reason": "hard_failure"}]})
-    calls = {"forwarded_register": (parse_register({**identity(1), "paths": table_of(1)}),),
-             "forwarded_report": (down,), "forwarded_reports": ([down],), "heard": (0, ["h1"]),
+    calls = {"shard_register": (parse_register({**identity(1), "paths": table_of(1)}),),
+             "shard_report": (down,), "shard_reports": ([down],), "heard": (0, ["h1"]),
              "add_events": ([(1.0, "agent", "intruder", "h1", {"what": "lost"})],)}
     for method, args in calls.items():
         with pytest.raises(PermissionError, match=f"{method}: refused: no credential"):
@@ -102,7 +102,7 @@ def test_the_roots_internal_methods_refuse_a_driver_without_the_actors_credentia
     assert not [e for e in op.get("/v1/events", since=0) if e.get("actor") == "intruder"]  # none of it arrived
     op.close()
     credential = ray_actor.actor_credential(settings)
-    assert ray.get(root.forwarded_reports.remote([], credential=credential), timeout=60) == []
+    assert ray.get(root.shard_reports.remote([], credential=credential), timeout=60) == []
     assert ray.get(root.add_events.remote([], credential=credential), timeout=60) is None
 
 

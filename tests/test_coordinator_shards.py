@@ -56,7 +56,7 @@ class Sharded:
         for s in self.shards:
             s.close()
         self.root.close()
-        self.root.coordinator.store.close()
+        self.root.service.coordinator.store.close()
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def sharded(tmp_path):
 
 
 def owner(s, host):
-    return s.root.router.owner(host)
+    return s.root.service.router.owner(host)
 
 
 def register_all(s):
@@ -92,14 +92,14 @@ def test_the_root_sends_each_agent_to_its_shard(sharded):
     with s.client(s.shards[0].url, "h2") as c, pytest.raises(Moved) as exc:  # the wrong shard, too
         c.post("/v1/report", {"name": "h2"})
     assert exc.value.url == s.shards[1].url
-    assert s.root.coordinator.agents == {}  # nothing was registered on the way
+    assert s.root.service.coordinator.agents == {}  # nothing was registered on the way
 
 
 def test_agents_registered_at_their_shards_are_the_roots_fleet(sharded):
     s = sharded
     answers = register_all(s)
-    assert sorted(s.root.coordinator.agents) == ["h0", "h1", "h2", "h3"]
-    assert len(s.root.coordinator.paths) == sum(len(table_of(i)) for i in range(4))
+    assert sorted(s.root.service.coordinator.agents) == ["h0", "h1", "h2", "h3"]
+    assert len(s.root.service.coordinator.paths) == sum(len(table_of(i)) for i in range(4))
     time.sleep(1.1)  # the plan is revised at most once a second
     with s.client(s.shards[0].url, "h0") as c:
         answer = c.post("/v1/report", {"name": "h0", "drain_version": answers["h0"]["drain_version"],
@@ -115,24 +115,24 @@ def test_a_shard_answers_heartbeats_itself_and_the_root_hears_of_them(sharded):
     with s.client(s.shards[0].url, "h0") as c:
         beat = {"name": "h0", "drain_version": answers["h0"]["drain_version"],
                 "plan_version": answers["h0"]["plan_version"], "digests": True}
-        wait_until(lambda: s.shards[0].coordinator.versions is not None, 5, "the shard learns the root's versions")
-        beat["plan_version"] = s.shards[0].coordinator.versions[0]
-        with s.root.lock:
-            s.root.coordinator.agents["h0"].last_seen = before = time.time() - 5
+        wait_until(lambda: s.shards[0].service.coordinator.versions is not None, 5, "the shard learns the root's versions")
+        beat["plan_version"] = s.shards[0].service.coordinator.versions[0]
+        with s.root.service.lock:
+            s.root.service.coordinator.agents["h0"].last_seen = before = time.time() - 5
         for _ in range(5):
             assert c.post("/v1/report", beat) == {"drain_version": beat["drain_version"],
                                                   "plan_version": beat["plan_version"], "digests": True}
         digest = table_digest((r["id"], r["state"], r["reason"]) for r in table_of(0))
         assert "send_paths" not in c.post("/v1/report", {**beat, "digest": digest})
-    assert s.shards[0].coordinator.counters["answered"] == 6
+    assert s.shards[0].service.coordinator.counters["answered"] == 6
     assert s.root.requests == root_reports  # none of them reached the root's endpoint
-    wait_until(lambda: s.root.coordinator.agents["h0"].last_seen > before + 4, 5, "the root hears h0 is alive")
+    wait_until(lambda: s.root.service.coordinator.agents["h0"].last_seen > before + 4, 5, "the root hears h0 is alive")
 
 
 def current(s, k, answers, host):
     """A report's versions as the agent holds them once its shard knows the root's."""
-    wait_until(lambda: s.shards[k].coordinator.versions is not None, 5, "the shard learns the root's versions")
-    return {"drain_version": answers[host]["drain_version"], "plan_version": s.shards[k].coordinator.versions[0],
+    wait_until(lambda: s.shards[k].service.coordinator.versions is not None, 5, "the shard learns the root's versions")
+    return {"drain_version": answers[host]["drain_version"], "plan_version": s.shards[k].service.coordinator.versions[0],
             "digests": True}
 
 
@@ -144,14 +144,14 @@ def test_changes_are_queued_for_the_root_and_the_rest_forwarded_at_once(sharded)
         answer = c.post("/v1/report", {"name": "h2", **v, "changes": [{"id": 1, "state": "down",
                                                                          "reason": "hard_failure"}]})
         assert answer == {"drain_version": v["drain_version"], "plan_version": v["plan_version"], "digests": True}
-        wait_until(lambda: s.root.coordinator.paths["h2/1"].state == "down", 5, "the queued change reaches the root")
-        assert s.shards[1].coordinator.counters["queued"] == 1
-        assert s.shards[1].coordinator.counters.get("forwarded", 0) == 0
+        wait_until(lambda: s.root.service.coordinator.paths["h2/1"].state == "down", 5, "the queued change reaches the root")
+        assert s.shards[1].service.coordinator.counters["queued"] == 1
+        assert s.shards[1].service.coordinator.counters.get("forwarded", 0) == 0
         # a digest that differs from the shard's copy (it says h2/1 is up): the root is asked at once
         stale = table_digest((r["id"], r["state"], r["reason"]) for r in table_of(2))
         answer = c.post("/v1/report", {"name": "h2", **v, "digest": stale})
     assert answer.get("send_paths") is True  # the root holds h2/1 down too: it asks for the table
-    assert s.shards[1].coordinator.counters["forwarded"] == 1
+    assert s.shards[1].service.coordinator.counters["forwarded"] == 1
 
 
 def test_a_full_queue_is_503_and_nothing_of_the_report_is_kept(tmp_path):
@@ -168,11 +168,11 @@ def test_a_full_queue_is_503_and_nothing_of_the_report_is_kept(tmp_path):
                 c.post("/v1/report", {"name": "h0", **v, "changes": [{"id": 3, "state": "down",
                                                                         "reason": "hard_failure"}]})
             assert exc.value.status == 503 and "max_queue" in str(exc.value)
-            assert s.shards[0].coordinator.tables["h0"][3] == ("up", None)  # the refused change is not held
+            assert s.shards[0].service.coordinator.tables["h0"][3] == ("up", None)  # the refused change is not held
             s.link.server = s.root  # back: the queue drains in order, and takes the resent change
-            wait_until(lambda: not s.shards[0].coordinator.queue, 5, "the queue drains")
+            wait_until(lambda: not s.shards[0].service.coordinator.queue, 5, "the queue drains")
             c.post("/v1/report", {"name": "h0", **v, "changes": [{"id": 3, "state": "down", "reason": "hard_failure"}]})
-        wait_until(lambda: all(s.root.coordinator.paths[f"h0/{p}"].state == "down" for p in (1, 2, 3)), 5,
+        wait_until(lambda: all(s.root.service.coordinator.paths[f"h0/{p}"].state == "down" for p in (1, 2, 3)), 5,
                    "every change at the root")
     finally:
         s.close()
@@ -186,9 +186,9 @@ def test_a_restarted_shard_asks_each_agent_for_its_table_once(sharded):
         beat = {"name": "h1", "drain_version": answers["h1"]["drain_version"], "digests": True}
         assert c.post("/v1/report", beat).get("send_paths") is True
         c.post("/v1/report", {**beat, "paths": table_of(1)})
-        wait_until(lambda: s.shards[0].coordinator.versions is not None, 5, "the shard learns the root's versions")
-        assert "send_paths" not in c.post("/v1/report", {**beat, "plan_version": s.shards[0].coordinator.versions[0]})
-    assert s.shards[0].coordinator.counters["answered"] == 1
+        wait_until(lambda: s.shards[0].service.coordinator.versions is not None, 5, "the shard learns the root's versions")
+        assert "send_paths" not in c.post("/v1/report", {**beat, "plan_version": s.shards[0].service.coordinator.versions[0]})
+    assert s.shards[0].service.coordinator.counters["answered"] == 1
 
 
 def test_with_the_root_away_heartbeats_and_changes_are_answered_and_the_rest_is_503(sharded):
@@ -205,10 +205,10 @@ def test_with_the_root_away_heartbeats_and_changes_are_answered_and_the_rest_is_
         with s.client(s.shards[0].url, "h1") as c1, pytest.raises(Refusal) as exc:
             c1.post("/v1/report", {"name": "h1", **current(s, 0, answers, "h1"), "paths": table_of(1)})
         assert exc.value.status == 503 and "cannot reach the root" in str(exc.value)
-    wait_until(lambda: s.shards[0].coordinator.counters["root_unreachable"] >= 2, 5, "the failed calls are counted")
-    assert s.root.coordinator.paths["h0/1"].state == "up"
+    wait_until(lambda: s.shards[0].service.coordinator.counters["root_unreachable"] >= 2, 5, "the failed calls are counted")
+    assert s.root.service.coordinator.paths["h0/1"].state == "up"
     s.link.server = s.root
-    wait_until(lambda: s.root.coordinator.paths["h0/1"].state == "down", 5, "the queued change arrives")
+    wait_until(lambda: s.root.service.coordinator.paths["h0/1"].state == "down", 5, "the queued change arrives")
 
 
 def test_a_registration_does_not_overtake_the_agents_queued_changes(sharded):
@@ -224,9 +224,9 @@ def test_a_registration_does_not_overtake_the_agents_queued_changes(sharded):
             c.post("/v1/register", {**identity(0), "paths": table_of(0)})
         assert exc.value.status == 503 and "earlier reports" in str(exc.value)
         s.link.server = s.root
-        wait_until(lambda: not s.shards[0].coordinator.queue, 5, "the queue drains")
+        wait_until(lambda: not s.shards[0].service.coordinator.queue, 5, "the queue drains")
         c.post("/v1/register", {**identity(0), "paths": table_of(0)})
-    assert s.root.coordinator.paths["h0/1"].state == "up"  # the registration's table, applied last
+    assert s.root.service.coordinator.paths["h0/1"].state == "up"  # the registration's table, applied last
 
 
 def test_a_shard_serves_agents_only(sharded):
@@ -261,10 +261,10 @@ def test_status_shows_the_shards_and_one_that_is_away(sharded):
 def test_a_shards_metrics_say_what_it_did_with_reports(sharded):
     s = sharded
     answers = register_all(s)
-    wait_until(lambda: s.shards[0].coordinator.versions is not None, 5, "the shard learns the root's versions")
+    wait_until(lambda: s.shards[0].service.coordinator.versions is not None, 5, "the shard learns the root's versions")
     with s.client(s.shards[0].url, "h0") as c:
         c.post("/v1/report", {"name": "h0", "drain_version": answers["h0"]["drain_version"],
-                              "plan_version": s.shards[0].coordinator.versions[0]})
+                              "plan_version": s.shards[0].service.coordinator.versions[0]})
     with s.client(s.shards[0].url, "h3") as c, pytest.raises(Moved):
         c.post("/v1/report", {"name": "h3"})
     got = scrape(s, s.shards[0].url)
@@ -285,10 +285,10 @@ def test_an_agent_given_the_roots_address_finds_its_shard(sharded, tmp_path):
                            lambda event, **f: logged.append((event, f)), rules=AnswerRules("h3", 4, 1024))
     link.start()
     try:
-        wait_until(lambda: "h3" in s.root.coordinator.agents, 10, "h3 registered through its shard")
+        wait_until(lambda: "h3" in s.root.service.coordinator.agents, 10, "h3 registered through its shard")
         assert link.url == s.shards[1].url
         assert ("coordinator_moved", {"url": s.shards[1].url, "was": s.root.url}) in logged
-        wait_until(lambda: s.shards[1].coordinator.counters["answered"] > 0, 10, "its heartbeats answered by the shard")
+        wait_until(lambda: s.shards[1].service.coordinator.counters["answered"] > 0, 10, "its heartbeats answered by the shard")
     finally:
         link.stop()
 
@@ -310,7 +310,7 @@ def test_a_shard_that_stays_away_sends_the_agent_back_to_the_root(sharded, tmp_p
         s.shards[0].close()  # shard 0 is gone, and comes back elsewhere
         s.settings["shard_listen"][0] = f"127.0.0.1:{free_port()}"
         s.root.close()
-        s.root.coordinator.store.close()
+        s.root.service.coordinator.store.close()
         s.root = runner.start(s.settings)
         s.link.server = s.root
         s.shards[0] = runner.start_shard(s.settings, 0, s.link)
@@ -335,10 +335,10 @@ def report_cut(s):
     register_all(s)
     link = "p0l0-p0s1"
     crossing = {f"{link}:up", f"{link}:down"}
-    c = s.root.coordinator
+    c = s.root.service.coordinator
     for i in range(4):
         h = f"h{i}"
-        with s.root.lock:
+        with s.root.service.lock:
             changes = [{"id": int(k.split("/")[1]), "state": "down", "reason": "hard_failure"}
                        for k, rec in c.paths.items() if rec.reporter == h and set(rec.links) & crossing]
         with s.client(s.shards[owner(s, h)].url, h) as agent:
@@ -378,7 +378,7 @@ def test_a_restarted_shards_part_gets_its_evidence_again(sharded):
     assert whole == 2  # each part once, at the root's start
     s.restart_shard(1)
     assert len(s.shards[1].shard.part) == 0
-    with s.root.lock:  # the next news for shard 1's part finds it empty
+    with s.root.service.lock:  # the next news for shard 1's part finds it empty
         c.localizer.update(next(iter(c.localizer.parts.held[1].values())))
         c.relocalize(time.time())
     assert set(c.findings) == crossing
@@ -393,20 +393,20 @@ def test_the_root_explains_the_part_of_a_shard_that_is_away_until_it_is_back(sha
     parts = c.localizer.parts
     away, s.shards[0] = s.shards[0], None
     try:
-        with s.root.lock:
+        with s.root.service.lock:
             c.localizer.update(next(iter(parts.held[0].values())))  # a path of shard 0's again: it is asked
             c.relocalize(time.time())
         assert set(c.findings) == crossing and set(parts.standing_in) == {0}
-        assert [x["localized_by"] for x in s.root.shards_status(time.time())] == ["root", "shard"]
+        assert [x["localized_by"] for x in s.root.service.shards_status(time.time())] == ["root", "shard"]
     finally:
         s.shards[0] = away
-    with s.root.lock:
+    with s.root.service.lock:
         c.localizer.update(next(iter(parts.held[0].values())))
         c.relocalize(time.time())
     assert set(parts.standing_in) == {0}, "tried again only after RETRY_S"
     parts.clock = lambda: time.monotonic() + parts.RETRY_S
-    with s.root.lock:
+    with s.root.service.lock:
         c.localizer.update(next(iter(parts.held[0].values())))
         c.relocalize(time.time())
     assert set(c.findings) == crossing and parts.standing_in == {}
-    assert [x["localized_by"] for x in s.root.shards_status(time.time())] == ["shard", "shard"]
+    assert [x["localized_by"] for x in s.root.service.shards_status(time.time())] == ["shard", "shard"]

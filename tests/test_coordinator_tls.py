@@ -28,7 +28,7 @@ def start(tmp_path, **settings):
 
 def stop(srv) -> None:
     srv.close()
-    srv.coordinator.store.close()
+    srv.service.coordinator.store.close()
 
 
 @pytest.fixture
@@ -213,8 +213,8 @@ def test_with_mutual_tls_an_agent_token_travels_only_with_its_own_host_s_certifi
                     assert exc.value.status == 403
                     assert f"the token of agent 'h1' came with the client certificate of '{cert}'" in str(exc.value)
         assert srv.errors["forbidden"] == forbidden + 4
-        srv.flush_refusals()
-        refused = [e for e in srv.coordinator.store.events(kinds=["refused"]) if e["actor"] == "h1"]
+        srv.service.flush_refusals()
+        refused = [e for e in srv.service.coordinator.store.events(kinds=["refused"]) if e["actor"] == "h1"]
         assert len(refused) == 4 and "certificate of 'h0'" in refused[0]["detail"]["why"]
         # people's tokens take any certificate the CA signed
         for token, cert in ((reader, "h0"), (operator, "h1"), (reader, "cli")):

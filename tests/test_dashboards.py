@@ -302,7 +302,7 @@ def test_expressions_name_only_metrics_linkpass_exports(tmp_path):
     finally:
         shard.close()
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
     assert {"linkpass_coordinator_link_fault", "linkpass_coordinator_request_duration_seconds_bucket",
             "linkpass_coordinator_shard_queue"} <= coordinator
     wrong = unexported(exposition_names(GOLDEN.read_text()) | coordinator | rule_names())

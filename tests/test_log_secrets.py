@@ -118,7 +118,7 @@ def test_no_secret_reaches_a_log_line(tmp_path, capfd, monkeypatch):
         def broken(now):
             raise RuntimeError(f"a bug that quotes the request: Authorization: Bearer {tokens['reader']}")
 
-        monkeypatch.setattr(srv.coordinator, "status", broken)
+        monkeypatch.setattr(srv.service.coordinator, "status", broken)
         with pytest.raises(Refusal, match="internal error"):
             reader.get("/v1/status")
         reader.close()
@@ -127,7 +127,7 @@ def test_no_secret_reaches_a_log_line(tmp_path, capfd, monkeypatch):
         if link is not None:
             link.stop()
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()
     captured = capfd.readouterr()
     text = captured.out + captured.err
 

@@ -107,4 +107,4 @@ def test_the_coordinator_serves_it_and_reads_every_typed_query_parameter(tmp_pat
                         c.get(path, **{name: bad})
     finally:
         srv.close()
-        srv.coordinator.store.close()
+        srv.service.coordinator.store.close()

@@ -286,14 +286,14 @@ def test_a_server_without_tls_is_refused_unless_plaintext_is_asked_for_by_name(t
         srv = runner.start({**settings, **server.settings}, log=Logger("coordinator", stream=out))
         try:
             assert server.settings["store_insecure_plaintext"] is True
-            assert ssl_in_use(srv.coordinator.store) is False
+            assert ssl_in_use(srv.service.coordinator.store) is False
             lines = [json.loads(line) for line in out.getvalue().splitlines()]
             warned = [x for x in lines if x["event"] == "store_insecure_plaintext"]
             assert len(warned) == 1 and warned[0]["level"] == "warning" and warned[0]["store"] == server.url
             assert "without TLS" in warned[0]["warning"]
         finally:
             srv.close()
-            srv.coordinator.store.close()
+            srv.service.coordinator.store.close()
 
 
 @pytest.mark.unit

@@ -38,17 +38,16 @@ A client address that keeps being refused is rate-limited (429, connection close
 never each reach the store: unauthenticated ones become one summary event per
 `refusal_summary_s` (how many, from which addresses); refused drains and decommissions by known
 callers and attempts to report as another host are recorded individually up to a cap per window,
-the rest in the summary. The tick thread runs liveness, retention and localization every
-COORDINATOR_TICK_S, writes those summaries, and never dies (an exception is counted and logged).
+the rest in the summary (refusals.py). The coordinator itself, its lock and its tick are the
+service's (service.py): this module frames, authenticates, limits and routes requests to it;
+its Prometheus view is metrics.py.
 """
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import functools
 import json
-import os
 import re
 import socket
 import ssl
@@ -61,24 +60,21 @@ from itertools import accumulate
 from urllib.parse import parse_qs, urlparse
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from .. import __version__
-from ..observe.log import Logger
-from ..core.constants import COORDINATOR_PORT, COORDINATOR_TICK_S
-from .auth import NEEDS, AuthError, Caller, Revoked, Tokens
-from .coordinator import Coordinator
-from .shard import Router, ShardFront, ShardParts
+from ..core.constants import COORDINATOR_PORT
+from .auth import NEEDS, Caller, Revoked
+from .metrics import CountsCollector, NamedCollector, RequestLatency, ShardCollector
+from .refusals import Buckets
 from .requests import (CoordinatorError, DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal,
                        parse_decommission, parse_drain, parse_events_query, parse_register, parse_report, query_host)
 from .store import EVENT_KINDS
+from .service import CoordinatorService
 from .tls import HANDSHAKE_TIMEOUT_S, certificate_names, mutual, names_host
 
 MAX_HEAD = 64 << 10  # request line and headers
 INLINE_MAX_BYTES = 64 << 10  # bodies up to this are run by the loop itself when the coordinator is free
 MAX_HEADERS = 100
-FORBIDDEN_EVENTS_PER_WINDOW = 20  # refused drains etc. recorded one by one per summary window
-TRACKED_ADDRESSES = 4096  # rate-limit buckets kept (least recently refused dropped first)
+SHARD_PATHS = ("/v1/healthz", "/metrics", "/v1/register", "/v1/report", "/v1/whoami")  # what a shard serves
 
 
 @dataclass(frozen=True)
@@ -102,45 +98,34 @@ class Limits:
 
 
 class CoordinatorServer:
-    def __init__(self, coordinator: Coordinator | ShardFront, tokens: Tokens, host: str = "127.0.0.1",
-                 port: int = COORDINATOR_PORT, log=None, limits: Limits | None = None, tls: ssl.SSLContext | None = None,
-                 tokens_path: str | None = None, router: Router | None = None):
-        """`coordinator`: a Coordinator (the whole coordinator, or the root of a sharded one,
-        which then sends agents to their shards as `router` says), or a ShardFront (a shard:
-        agents' registrations and reports, its health and metrics; the rest is the root's)."""
-        self.coordinator = coordinator
-        self.shard = coordinator if isinstance(coordinator, ShardFront) else None
-        self.router = router
-        self.shards_heard: dict[int, float] = {}  # a root's shards: when each last told it who is alive
-        self.tokens = tokens
-        # the tokens file, re-read at a tick after it changed (`linkpass coordinator token create|revoke`)
-        self.tokens_path = tokens_path
-        self._tokens_stamp = self._stamp()
+    def __init__(self, service: CoordinatorService, host: str = "127.0.0.1", port: int = COORDINATOR_PORT,
+                 limits: Limits | None = None, tls: ssl.SSLContext | None = None):
+        """Serve `service` (service.py: the coordinator, or a shard's front, behind its lock) over
+        HTTP; starts the service's threads and stops them on close()."""
+        self.service = service
+        self.shard = service.shard  # a shard serves SHARD_PATHS only
         self.limits = limits or Limits()
-        self.lock = threading.RLock()  # re-entered by a request the loop runs itself (see _one_request)
-        self.log = log or Logger("coordinator")  # observe/log.py: JSON lines on stderr
+        self.log = service.log
         self.errors = dict.fromkeys(("bad_request", "unauthenticated", "forbidden", "too_large", "length_required",
-                                     "rate_limited", "timeout", "evicted", "busy", "not_found", "internal", "tick",
+                                     "rate_limited", "timeout", "evicted", "busy", "not_found", "internal",
                                      "tls", "revoked", "token_budget"), 0)
         self.requests = 0
-        self.reports = 0
         self.pending = 0  # requests past the max_pending gate (the loop's own count)
         self._count_lock = threading.Lock()
-        self._refusals = _Refusals(self.limits)
-        self._per_token = _Buckets(self.limits.token_rate_per_s, self.limits.token_burst)  # by caller name
+        self._refusals = service.refusals
+        self._per_token = Buckets(self.limits.token_rate_per_s, self.limits.token_burst)  # by caller name
         self._stop = threading.Event()
         self.tls = tls  # an ssl.SSLContext (tls.build_server_context): HTTPS; None: plain HTTP
         self.scheme = "https" if tls is not None else "http"
         self.mutual = mutual(tls)  # agent tokens then travel only with their own host's certificate
-        self.refresh_revocations()
         self._conns: collections.OrderedDict[_Conn, None] = collections.OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=self.limits.workers, thread_name_prefix="coordinator-worker")
         self.latency = RequestLatency(p for _, p in _ROUTES)
         # /metrics without a token: counts, read without the lock; with one, also the series that
         # name hosts and links (their values are a reader's to see)
-        counts = [_ShardMetrics(self) if self.shard is not None else _Metrics(self),
+        counts = [ShardCollector(self) if self.shard is not None else CountsCollector(self),
                   ProcessCollector(registry=None), PlatformCollector(registry=None)]
-        named = [_NamedMetrics(self)] if self.shard is None else []
+        named = [NamedCollector(self)] if self.shard is None else []
         self.registry, self.named_registry = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
         for c in counts:
             self.registry.register(c)
@@ -150,14 +135,11 @@ class CoordinatorServer:
         self.address = sock.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
-        self._threads = [threading.Thread(target=self._serve_forever, args=(sock, started), name="coordinator-http",
-                                          daemon=True),
-                         threading.Thread(target=self._tick_loop, name="coordinator-tick", daemon=True)]
-        if self.shard is not None:
-            self._threads.append(threading.Thread(target=self._flush_loop, name="shard-flush", daemon=True))
-        for t in self._threads:
-            t.start()
+        self._thread = threading.Thread(target=self._serve_forever, args=(sock, started), name="coordinator-http",
+                                        daemon=True)
+        self._thread.start()
         started.wait(10)
+        service.start()
 
     @property
     def url(self) -> str:
@@ -167,45 +149,12 @@ class CoordinatorServer:
         self._stop.set()
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
-        for t in self._threads:
-            t.join(timeout=10)
+        self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self.log("stopped", url=self.url, requests=self.requests, reports=self.reports,
-                 errors={k: v for k, v in self.errors.items() if v})
-
-    def refresh_revocations(self) -> None:
-        """The lowest agent-token epoch per host, from the store (where `linkpass coordinator token
-        HOST --revoke` writes it, from another process): at start, and at a tick after another
-        process wrote to the store (reading the table every tick would cost ~2 ms at 1000 rows)."""
-        with self.lock:
-            if not self.coordinator.store.written_elsewhere():
-                return
-            epochs = self.coordinator.store.agent_epochs()
-        self.tokens.set_min_epochs(epochs)
-
-    def _stamp(self) -> tuple | None:
-        try:
-            st = os.stat(self.tokens_path) if self.tokens_path else None
-        except OSError:
-            return None
-        return None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def refresh_tokens(self) -> None:
-        """Take the tokens file again when it changed: a listed token created or revoked works or
-        is refused from the next tick on, without a restart. A file that does not parse is logged
-        and the tokens in use are kept."""
-        stamp = self._stamp()
-        if stamp is None or stamp == self._tokens_stamp:
-            return
-        self._tokens_stamp = stamp
-        try:
-            with open(self.tokens_path) as f:
-                fresh = Tokens.parse(f.read(), self.tokens_path)
-        except (OSError, AuthError) as exc:
-            self.log("tokens_reload_refused", error=str(exc), note="the tokens in use are kept")
-            return
-        self.tokens = self.tokens.with_entries_of(fresh)  # one reference, swapped whole
-        self.log("tokens_reloaded", path=self.tokens_path, listed=len(fresh))
+        self.service.close()
+        errors = {**self.errors, "tick": self.service.tick_failures}
+        self.log("stopped", url=self.url, requests=self.requests, reports=self.service.reports,
+                 errors={k: v for k, v in errors.items() if v})
 
     def count(self, kind: str, n: int = 1) -> None:
         with self._count_lock:
@@ -228,49 +177,6 @@ class CoordinatorServer:
                 t.cancel()
             self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.close()
-
-    def _tick_loop(self) -> None:
-        next_summary = time.monotonic() + self.limits.refusal_summary_s
-        while not self._stop.wait(COORDINATOR_TICK_S):
-            try:
-                if self.shard is not None:
-                    self.shard.tick(time.time())  # a call to the root: not under the endpoint's lock
-                with self.lock:
-                    if self.shard is None:
-                        self.coordinator.tick(time.time())
-                    self.refresh_revocations()
-                    self.refresh_tokens()
-                    self._write_refusals(final=time.monotonic() >= next_summary)
-                if time.monotonic() >= next_summary:
-                    next_summary = time.monotonic() + self.limits.refusal_summary_s
-            except Exception:  # noqa: BLE001 - the loop must outlive any one failure
-                self.count("tick")
-                self.log("tick_failed", error=traceback.format_exc(limit=5))
-
-    def _flush_loop(self) -> None:
-        """A shard: its queued reports to the root as they come (batched while a call is out);
-        with the root away, again every tick."""
-        while not self._stop.is_set():
-            try:
-                if self.shard.wait_queued(COORDINATOR_TICK_S):
-                    self.shard.flush()
-                    if self.shard.queue:
-                        self._stop.wait(COORDINATOR_TICK_S)  # the root did not take them: not a busy loop
-            except Exception:  # noqa: BLE001 - the loop must outlive any one failure
-                self.count("tick")
-                self.log("tick_failed", error=traceback.format_exc(limit=5))
-
-    def flush_refusals(self) -> None:
-        """Write the refusals gathered so far into the history now (tests; shutdown)."""
-        with self.lock:
-            self._write_refusals(final=True)
-
-    def _write_refusals(self, final: bool) -> None:
-        """Under the lock: the individual refusal events gathered since the last call; at the end
-        of a window, one summary of the rest."""
-        events = self._refusals.take(final, time.time())
-        if events:
-            self.coordinator.store.add_events(events)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Conn(writer)
@@ -367,7 +273,7 @@ class CoordinatorServer:
                                       "as before sharding)", close=req.length != 0, limited=False)
         caller = None
         if route.action is not None and not (route.token_optional and "authorization" not in req.headers):
-            caller = self.tokens.caller(req.headers.get("authorization"))
+            caller = self.service.tokens.caller(req.headers.get("authorization"))
             if isinstance(caller, Revoked):
                 self._refusals.revoked(caller.host, remote)
                 return await self._refuse(writer, remote, 401, "revoked", caller.message(), close=req.length != 0,
@@ -435,14 +341,14 @@ class CoordinatorServer:
                     # a shard's small report: the loop answers it itself when it brings nothing new;
                     # one for the root goes to a worker (a call to the root must not hold the loop)
                     status, doc = self._serve(route, req, arg, caller, remote, inline=True)
-                elif doc is None and self.lock.acquire(blocking=False):
+                elif doc is None and self.service.lock.acquire(blocking=False):
                     # the coordinator is free and the request small (a report, a status): the loop runs
                     # it itself; two thread hops per request cost more than the request (measured:
                     # ~40 % of ingest). Otherwise a worker waits for the lock, not the loop.
                     try:
                         status, doc = self._serve(route, req, arg, caller, remote)
                     finally:
-                        self.lock.release()
+                        self.service.lock.release()
             if doc is None:
                 status, doc = await self._loop.run_in_executor(self._pool, self._serve, route, req, arg, caller,
                                                                remote, False, raw)
@@ -526,44 +432,29 @@ class CoordinatorServer:
             raise _HttpError(403, f"{why}: an agent registers and reports as its own host only (its token names "
                                   "it; `linkpass coordinator token HOST` makes one per host)")
 
+    # ---- the handlers: the service's API (service.py), for an authenticated caller ---------
     def _get_status(self, req, body, caller, remote):
-        with self.lock:
-            now = time.time()
-            doc = self.coordinator.status(now)
-            shards = self.shards_status(now)
-        if shards is not None:
-            doc["shards"] = shards
-            if doc["health"] == "ok" and any(x["away"] for x in shards):
-                doc["health"] = "warning"  # its agents' reports are not arriving: they soon count as lost
-        return 200, doc
+        return 200, self.service.status()
 
     def _get_links(self, req, body, caller, remote):
-        with self.lock:
-            return 200, self.coordinator.links(only_problems=req.query.get("problems") == "1")
+        return 200, self.service.links(only_problems=req.query.get("problems") == "1")
 
     def _get_paths(self, req, body, caller, remote):
-        host, peer = query_host(req.query, "host"), query_host(req.query, "peer")
-        with self.lock:
-            return 200, self.coordinator.path_rows(host, peer)
+        return 200, self.service.path_rows(query_host(req.query, "host"), query_host(req.query, "peer"))
 
     def _get_agents(self, req, body, caller, remote):
-        with self.lock:
-            return 200, self.coordinator.agent_rows(time.time())
+        return 200, self.service.agent_rows()
 
     def _get_plan(self, req, body, caller, remote):
         host = query_host(req.query, "host", required=True)
-        with self.lock:
-            plan = self.coordinator.plan_for(host, time.time())
+        plan = self.service.plan_for(host)
         if plan is None:
             raise _HttpError(404, f"no agent named {host!r} is in the current plan "
                                   "(not registered, or joined less than a second ago)")
         return 200, plan
 
     def _get_events(self, req, body, caller, remote):
-        q = parse_events_query(req.query, EVENT_KINDS, self.limits.events_limit_max)
-        with self.lock:
-            return 200, self.coordinator.store.events(since=q.since, after_id=q.after_id, limit=q.limit,
-                                                      kinds=q.kinds, link=q.link, host=q.host)
+        return 200, self.service.events(parse_events_query(req.query, EVENT_KINDS, self.limits.events_limit_max))
 
     def _get_whoami(self, req, body, caller, remote):
         return 200, {"name": caller.name, "role": caller.role, "host": caller.host}
@@ -579,94 +470,24 @@ class CoordinatorServer:
 
     def _post_register(self, req, r: RegisterIn, caller, remote):
         self._as_itself(caller, r.name, remote, req.path)
-        if self.router is not None:  # the root of a sharded coordinator: agents go to their shards
-            raise self.router.moved(r.name, self.url)
-        return 200, self.forwarded_register(r)
+        if self.service.router is not None:  # the root of a sharded coordinator: agents go to their shards
+            raise self.service.router.moved(r.name, self.url)
+        return 200, self.service.register(r)
 
     def _post_report(self, req, r: ReportIn, caller, remote):
         self._as_itself(caller, r.name, remote, req.path)
-        if self.router is not None:
-            raise self.router.moved(r.name, self.url)
-        return 200, self.forwarded_report(r)
-
-    # ---- what a shard asks of the root (shard.RootLink), and the endpoint's own calls ------
-    def forwarded_register(self, r: RegisterIn) -> dict:
-        if self.shard is not None:  # thread-safe itself, and calls the root outside any lock
-            out = self.shard.register(r, time.time())
-        else:
-            with self.lock:
-                out = self.coordinator.register(r, time.time())
-        self.count_reports(len(r.paths))
-        return out
-
-    def forwarded_report(self, r: ReportIn) -> dict:
-        if self.shard is not None:
-            out = self.shard.report(r, time.time())
-        else:
-            with self.lock:
-                out = self.coordinator.report(r, time.time())
-        self.count_reports(len(r.changes) + len(r.paths or ()))
-        return out
-
-    def forwarded_reports(self, batch: list[ReportIn]) -> list[str | None]:
-        """A shard's queued reports, in order, under one hold of the lock; per report None, or
-        the refusal's message (the rest are applied all the same)."""
-        out: list[str | None] = []
-        with self.lock:
-            now = time.time()
-            for r in batch:
-                try:
-                    self.coordinator.report(r, now)
-                    out.append(None)
-                except CoordinatorError as exc:
-                    out.append(str(exc))
-        self.count_reports(sum(len(r.changes) for r in batch))
-        return out
-
-    def count_reports(self, n: int) -> None:
-        with self._count_lock:
-            self.reports += n
-
-    def heard(self, shard: int, names: list[str]) -> tuple[int, int, dict[str, int]]:
-        with self.lock:
-            c = self.coordinator
-            now = time.time()
-            self.shards_heard[shard] = now
-            c.heard_from(names, now)
-            return c.plan_version, c.drain_version, self.tokens.min_epochs()
-
-    def shards_status(self, now: float) -> list[dict] | None:
-        """A root's shards for `status`: address, hosts, how long since each was heard from, and
-        where its part of localization runs (the shard, or the root standing in for it)."""
-        if self.router is None:
-            return None
-        parts = _shard_parts(self.coordinator)
-        here = set(range(len(self.router.urls))) if parts is None else set(parts.standing_in)
-        out = []
-        for k, url in enumerate(self.router.urls):
-            at = self.shards_heard.get(k)
-            out.append({"shard": k, "url": url, "hosts": len(self.router.map.hosts_of(k)),
-                        "heard_s": None if at is None else round(now - at, 1),
-                        "away": at is None or now - at > SHARD_AWAY_S,
-                        "localized_by": "root" if k in here else "shard"})
-        return out
-
-    def add_events(self, events: list[tuple]) -> None:
-        with self.lock:
-            self.coordinator.store.add_events(events)
+        if self.service.router is not None:
+            raise self.service.router.moved(r.name, self.url)
+        return 200, self.service.report(r)
 
     def _post_drain(self, req, d: DrainIn, caller, remote):
-        with self.lock:
-            return 200, self.coordinator.drain(d.link, d.reason, caller.name, time.time(), dry_run=d.dry_run,
-                                               force=d.force, for_s=d.for_s)
+        return 200, self.service.drain(d, caller.name)
 
     def _post_undrain(self, req, d: DrainIn, caller, remote):
-        with self.lock:
-            return 200, self.coordinator.undrain(d.link, caller.name, time.time(), dry_run=d.dry_run)
+        return 200, self.service.undrain(d, caller.name)
 
     def _post_decommission(self, req, d: DecommissionIn, caller, remote):
-        with self.lock:
-            return 200, self.coordinator.decommission(d.host, d.reason, caller.name, time.time(), dry_run=d.dry_run)
+        return 200, self.service.decommission(d, caller.name)
 
 
 @dataclass(frozen=True)
@@ -863,302 +684,3 @@ def _response(status: int, doc, close: bool, extra=()) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
 
 
-class _Buckets:
-    """A token bucket per key (a client address, a caller), the least recently used forgotten
-    beyond `keep`. Thread-safe."""
-
-    def __init__(self, rate: float, burst: int, keep: int = TRACKED_ADDRESSES):
-        self.rate, self.burst, self.keep = rate, float(burst), keep
-        self._lock = threading.Lock()
-        self._buckets: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
-
-    def take(self, key: str) -> bool:
-        """One from `key`'s bucket; False when it is empty."""
-        now = time.monotonic()
-        with self._lock:
-            b = self._buckets.pop(key, None) or [self.burst, now]
-            b[0] = min(self.burst, b[0] + (now - b[1]) * self.rate)
-            b[1] = now
-            ok = b[0] >= 1.0
-            if ok:
-                b[0] -= 1.0
-            self._buckets[key] = b
-            while len(self._buckets) > self.keep:
-                self._buckets.popitem(last=False)
-        return ok
-
-
-class _Refusals:
-    """Refused requests: a token bucket per client address (rate limit), and what of them goes
-    into the history. Called from the loop and the workers; `take` from the tick thread."""
-
-    def __init__(self, limits: Limits):
-        self._rate = _Buckets(limits.refusal_rate_per_s, limits.refusal_burst)
-        self.window_s = limits.refusal_summary_s
-        self._lock = threading.Lock()
-        self._unauth: collections.Counter = collections.Counter()
-        self._unauth_paths: collections.Counter = collections.Counter()
-        self._revoked: collections.Counter = collections.Counter()  # host -> requests with a revoked token
-        self._revoked_from: collections.Counter = collections.Counter()  # ... by client address
-        self._events: list[tuple] = []
-        self._recorded = 0  # individual events this window
-        self._unrecorded = 0  # refusals of known callers beyond the cap, this window
-        self._window_start = time.time()
-
-    def note(self, remote: str | None) -> bool:
-        """One refusal from `remote`; False if it is over its rate."""
-        return remote is None or self._rate.take(remote)
-
-    def unauthenticated(self, remote: str, path: str) -> None:
-        with self._lock:
-            if remote in self._unauth or len(self._unauth) < 100:
-                self._unauth[remote] += 1
-            else:
-                self._unauth["other addresses"] += 1
-            if path in self._unauth_paths or len(self._unauth_paths) < 20:
-                self._unauth_paths[path] += 1
-
-    def revoked(self, host: str, remote: str) -> None:
-        """A revoked agent token shown: its agent not yet given the new one, or someone who took
-        the old one. One summary a window, like unauthenticated refusals (an agent retries)."""
-        with self._lock:
-            if host in self._revoked or len(self._revoked) < 100:
-                self._revoked[host] += 1
-            else:
-                self._revoked["other hosts"] += 1
-            if remote in self._revoked_from or len(self._revoked_from) < 100:
-                self._revoked_from[remote] += 1
-
-    def forbidden(self, caller: Caller, remote: str, path: str, why: str, record: bool) -> None:
-        if not record:
-            return
-        with self._lock:
-            if self._recorded < FORBIDDEN_EVENTS_PER_WINDOW:
-                self._recorded += 1
-                self._events.append((time.time(), "refused", caller.name, path,
-                                     {"action": path.rsplit("/", 1)[-1], "why": why, "remote": remote}))
-            else:
-                self._unrecorded += 1
-
-    def take(self, final: bool, now: float) -> list[tuple]:
-        with self._lock:
-            out, self._events = self._events, []
-            if final:
-                if self._unauth:
-                    out.append((now, "refused", "unauthenticated", "endpoint",
-                                 {"why": "no valid token", "requests": sum(self._unauth.values()),
-                                  "window_s": round(now - self._window_start, 1),
-                                  "by_address": dict(self._unauth.most_common(10)),
-                                  "paths": dict(self._unauth_paths.most_common(5))}))
-                if self._revoked:
-                    out.append((now, "refused", "revoked", "endpoint",
-                                {"why": "revoked agent token", "requests": sum(self._revoked.values()),
-                                 "window_s": round(now - self._window_start, 1),
-                                 "by_host": dict(self._revoked.most_common(10)),
-                                 "by_address": dict(self._revoked_from.most_common(10))}))
-                if self._unrecorded:
-                    out.append((now, "refused", "coordinator", "endpoint",
-                                 {"why": f"{self._unrecorded} more refusals of known callers than "
-                                         f"{FORBIDDEN_EVENTS_PER_WINDOW} a window (not recorded one by one)",
-                                  "window_s": round(now - self._window_start, 1)}))
-                self._unauth.clear()
-                self._unauth_paths.clear()
-                self._revoked.clear()
-                self._revoked_from.clear()
-                self._recorded = self._unrecorded = 0
-                self._window_start = now
-        return out
-
-
-LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class RequestLatency:
-    """Time from a request's head read to its answer ready, per endpoint path (a bounded set: the
-    routes; anything else is not timed), as cumulative histogram counts. Called from the loop."""
-
-    def __init__(self, paths):
-        self._lock = threading.Lock()
-        self._by_path = {p: [[0] * (len(LATENCY_BUCKETS_S) + 1), 0.0] for p in paths}
-
-    def observe(self, path: str, seconds: float) -> None:
-        h = self._by_path.get(path)
-        if h is None:
-            return
-        with self._lock:
-            h[0][bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
-            h[1] += seconds
-
-    def family(self) -> HistogramMetricFamily:
-        fam = HistogramMetricFamily("linkpass_coordinator_request_duration_seconds",
-                                    "Time from a request's head to its answer (waiting for a worker included), "
-                                    "by endpoint", labels=["path"])
-        with self._lock:
-            rows = [(p, list(c), total) for p, (c, total) in sorted(self._by_path.items())]
-        for path, counts, total in rows:
-            acc, buckets = 0, []
-            for bound, n in zip(LATENCY_BUCKETS_S + (float("inf"),), counts):
-                acc += n
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
-            fam.add_metric([path], buckets, total)
-        return fam
-
-
-def _endpoint_families(s: CoordinatorServer):
-    """The endpoint's own families: refusals, connections, pending requests, latency, version."""
-    e = CounterMetricFamily("linkpass_coordinator_request_errors", "Requests refused or failed", labels=["kind"])
-    with s._count_lock:
-        errors = sorted(s.errors.items())
-    for k, v in errors:
-        e.add_metric([k], v)
-    o = GaugeMetricFamily("linkpass_coordinator_connections", "Open client connections")
-    o.add_metric([], len(s._conns))
-    q = GaugeMetricFamily("linkpass_coordinator_requests_pending",
-                          "Requests holding a body, waiting for or in a worker (beyond the limit: 503)")
-    q.add_metric([], s.pending)
-    ql = GaugeMetricFamily("linkpass_coordinator_requests_pending_limit", "The endpoint's max_pending")
-    ql.add_metric([], s.limits.max_pending)
-    n = CounterMetricFamily("linkpass_coordinator_requests", "Requests whose head was read")
-    n.add_metric([], s.requests)
-    b = GaugeMetricFamily("linkpass_build_info", "1, labelled with the running LinkPass's version",
-                          labels=["version"])
-    b.add_metric([__version__], 1.0)
-    yield from (e, o, q, ql, n, s.latency.family(), b)
-
-
-SHARD_AWAY_S = 3.0  # a shard tells the root who is alive every tick (100 ms); silent this long, it is away
-SHARD_PATHS = ("/v1/healthz", "/metrics", "/v1/register", "/v1/report", "/v1/whoami")
-
-
-def _shard_parts(c: Coordinator) -> ShardParts | None:
-    """A sharded root's parts of localization in its shards (None: it localizes alone)."""
-    parts = getattr(c.localizer, "parts", None)
-    return parts if isinstance(parts, ShardParts) else None
-
-
-# a shard's part of localization: (family, name, help, its key in ShardFront.status())
-_SHARD_PART_FAMILIES = (
-    (GaugeMetricFamily, "linkpass_coordinator_shard_localization_paths",
-     "Paths whose evidence this shard's part of localization holds (sent by the root)", "part_paths"),
-    (CounterMetricFamily, "linkpass_coordinator_shard_localization_rounds",
-     "The root's localization rounds this shard answered", "part_rounds"),
-    (CounterMetricFamily, "linkpass_coordinator_shard_localization_seconds",
-     "Seconds this shard spent answering them", "part_seconds"),
-)
-
-
-class _ShardMetrics:
-    """A shard's Prometheus view: its agents and what it answered, forwarded, redirected."""
-
-    def __init__(self, server: CoordinatorServer):
-        self.server = server
-
-    def collect(self):
-        s = self.server
-        st = s.shard.status()  # under the shard's own lock
-        labels = [str(st["shard"])]
-        a = GaugeMetricFamily("linkpass_coordinator_shard_agents", "Agents whose verdicts this shard holds",
-                              labels=["shard"])
-        a.add_metric(labels, st["agents"])
-        yield a
-        c = CounterMetricFamily("linkpass_coordinator_shard_reports",
-                                "Agents' reports and registrations, by what this shard did with them",
-                                labels=["shard", "outcome"])
-        for outcome in ("answered", "queued", "forwarded", "registrations", "redirected", "queue_full",
-                        "refused_by_root", "root_unreachable"):
-            c.add_metric(labels + [outcome], st.get(outcome, 0))
-        yield c
-        q = GaugeMetricFamily("linkpass_coordinator_shard_queue", "Reports this shard answered and holds for the root",
-                              labels=["shard"])
-        q.add_metric(labels, st["queue"])
-        yield q
-        ql = GaugeMetricFamily("linkpass_coordinator_shard_queue_limit", "The shard's max_queue (beyond: 503)",
-                               labels=["shard"])
-        ql.add_metric(labels, st["max_queue"])
-        yield ql
-        for family, name, doc, key in _SHARD_PART_FAMILIES:
-            m = family(name, doc, labels=["shard"])
-            m.add_metric(labels, st[key])
-            yield m
-        yield from _endpoint_families(s)
-
-
-class _Metrics:
-    """Prometheus view, read at scrape time: counts only, which name no host or link, read without
-    the lock (the coordinator keeps them as paths change; a copy of a dict is one step for Python)."""
-
-    def __init__(self, server: CoordinatorServer):
-        self.server = server
-
-    def collect(self):
-        s = self.server
-        c = s.coordinator
-        agents = list(c.agents.values())
-        lost = sum(a.lost for a in agents)
-        states = dict(c.state_counts)
-        unmapped = c.paths_unmapped
-        unknown_changes = c.counters["changes_unknown_path"]
-        findings, drains = len(c.findings), len(c.drains)
-        digests, tables_asked = c.counters["digests"], c.counters["digest_mismatches"]
-        parts = _shard_parts(c)
-        parts = parts and parts.status()
-        g = GaugeMetricFamily("linkpass_coordinator_agents", "Registered agents", labels=["status"])
-        g.add_metric(["reporting"], len(agents) - lost)
-        g.add_metric(["lost"], lost)
-        p = GaugeMetricFamily("linkpass_coordinator_paths", "Paths reported, by state", labels=["state"])
-        for st, n in sorted(states.items()):
-            p.add_metric([st], n)
-        f = GaugeMetricFamily("linkpass_coordinator_localized_faults", "Directed links currently localized as faulty")
-        f.add_metric([], findings)
-        d = GaugeMetricFamily("linkpass_coordinator_drained_links", "Links drained by operators")
-        d.add_metric([], drains)
-        r = CounterMetricFamily("linkpass_coordinator_path_reports", "Path verdicts received")
-        r.add_metric([], s.reports)
-        dg = CounterMetricFamily("linkpass_coordinator_digests", "Digests of agents' verdicts received")
-        dg.add_metric([], digests)
-        ta = CounterMetricFamily("linkpass_coordinator_tables_asked",
-                                 "Answers asking an agent for its whole table (its digest differed: a lost report)")
-        ta.add_metric([], tables_asked)
-        um = GaugeMetricFamily("linkpass_coordinator_paths_unmapped",
-                               "Paths whose hops fit no path of the fleet model (a stale model, a miscabled link): "
-                               "localization cannot use them")
-        um.add_metric([], unmapped)
-        uc = CounterMetricFamily("linkpass_coordinator_changes_unknown_path",
-                                 "Reported changes naming a path the coordinator does not hold (it asks for the table)")
-        uc.add_metric([], unknown_changes)
-        yield from (g, p, um, f, d, r, dg, ta, uc)
-        yield from _endpoint_families(s)
-        if parts is not None:
-            si = GaugeMetricFamily("linkpass_coordinator_localization_stood_in",
-                                   "Shards whose part of localization the root explains itself (they do not answer)")
-            si.add_metric([], len(parts["standing_in"]))
-            rs = CounterMetricFamily("linkpass_coordinator_localization_parts_sent_whole",
-                                     "Times a shard's part was sent its whole evidence: at the root's start, and "
-                                     "again after the shard restarted or stopped answering")
-            rs.add_metric([], parts.get("parts_sent_whole", 0))
-            yield from (si, rs)
-
-
-class _NamedMetrics:
-    """The series that name hosts and links (each localized link's confidence, each agent's
-    liveness): with a token only, read under the lock."""
-
-    def __init__(self, server: CoordinatorServer):
-        self.server = server
-
-    def collect(self):
-        s = self.server
-        c = s.coordinator
-        with s.lock:
-            findings_now = [dict(fd) for fd in c.findings.values()]
-            agents_now = sorted((a.name, a.lost) for a in c.agents.values())
-        lf = GaugeMetricFamily("linkpass_coordinator_link_fault",
-                               "Confidence of each directed link localized as faulty (direction: forward, reverse "
-                               "or either)", labels=["link", "direction", "a", "b"])
-        for fd in findings_now:
-            lf.add_metric([fd["link"], fd["direction"], fd["a"], fd["b"]], fd["confidence"])
-        au = GaugeMetricFamily("linkpass_coordinator_agent_up", "1 for each registered agent reporting, 0 when lost",
-                               labels=["host"])
-        for host, is_lost in agents_now:
-            au.add_metric([host], 0.0 if is_lost else 1.0)
-        yield from (lf, au)

@@ -12,8 +12,9 @@ files (`log_to_driver=False`): `linkpass coordinator` copies that file to its ow
 
 Who may call the actors. A driver connected to the Ray cluster can find every named actor and call
 its methods; the methods by which a sharded coordinator's actors feed each other (the root's
-`forwarded_*`, `heard` and `add_events`, a shard's `localize_part`) take agents' reports and write
-history as if an authenticated agent had sent them. Two walls keep other drivers out:
+`shard_register`, `shard_report`, `shard_reports`, `heard` and `add_events`, a shard's
+`localize_part`) take agents' reports and write history as if an authenticated agent had sent
+them. Two walls keep other drivers out:
   1. Ray's token authentication (RAY_AUTH_MODE=token): a process without the cluster's token does
      not reach Ray at all. `ray.init()` of a local Ray turns it on by itself; a cluster started
      with `ray start` (KubeRay) has it only when every node is given the token
@@ -22,7 +23,7 @@ history as if an authenticated agent had sent them. Two walls keep other drivers
      refuses a call without the right one (ActorCredentialError). The actors derive it themselves
      from the agent secret they already read (every actor of one coordinator reads the same one),
      so it never travels in the actors' creation arguments; a driver that merely connected to Ray
-     and calls `ray.get_actor("coordinator", namespace="linkpass").forwarded_report.remote(...)`
+     and calls `ray.get_actor("coordinator", namespace="linkpass").shard_report.remote(...)`
      is refused. This is a second wall, not a sandbox: a driver inside the cluster can still run
      its own code on the actors' node (a task reading the secret file) or kill the actors, which
      only the first wall prevents. `endpoint`, `pid` and `close` stay open: they give nothing
@@ -129,25 +130,28 @@ class CoordinatorActor(_Serving):
 
     # what shards ask of the root (shard.RootLink, through RayRoot); each refuses a call without
     # the actors' credential (module docstring, Who may call)
-    def forwarded_register(self, req, *, credential=None):
-        self._admit("forwarded_register", credential)
-        return self.server.forwarded_register(req)
+    def shard_register(self, req, *, credential=None):
+        """An agent's registration a shard passes on (its table, for the root's view)."""
+        self._admit("shard_register", credential)
+        return self.server.service.register(req)
 
-    def forwarded_report(self, req, *, credential=None):
-        self._admit("forwarded_report", credential)
-        return self.server.forwarded_report(req)
+    def shard_report(self, req, *, credential=None):
+        """An agent's report a shard could not answer alone."""
+        self._admit("shard_report", credential)
+        return self.server.service.report(req)
 
-    def forwarded_reports(self, batch, *, credential=None):
-        self._admit("forwarded_reports", credential)
-        return self.server.forwarded_reports(batch)
+    def shard_reports(self, batch, *, credential=None):
+        """Reports a shard answered itself and queued for the root, in order."""
+        self._admit("shard_reports", credential)
+        return self.server.service.reports_batch(batch)
 
     def heard(self, shard, names, *, credential=None):
         self._admit("heard", credential)
-        return self.server.heard(shard, names)
+        return self.server.service.heard(shard, names)
 
     def add_events(self, events, *, credential=None):
         self._admit("add_events", credential)
-        self.server.add_events(events)
+        self.server.service.add_events(events)
 
 
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0)
@@ -202,13 +206,13 @@ class RayRoot:
             raise RootUnreachable(f"the root actor does not answer ({type(exc).__name__})") from None
 
     def register(self, req):
-        return self._call("forwarded_register", req)
+        return self._call("shard_register", req)
 
     def report(self, req):
-        return self._call("forwarded_report", req)
+        return self._call("shard_report", req)
 
     def reports(self, batch):
-        return self._call("forwarded_reports", batch)
+        return self._call("shard_reports", batch)
 
     def heard(self, shard, names):
         return self._call("heard", shard, names)

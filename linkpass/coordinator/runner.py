@@ -67,6 +67,8 @@ from ..observe.log import RANK, LogFile, Logger
 from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
 from ..core.shards import ShardedLocalizer, ShardError, ShardMap
 from .http import CoordinatorServer, Limits
+from .refusals import Refusals
+from .service import CoordinatorService
 from .shard import RootLink, Router, ShardFront, ShardLink, ShardParts
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import StoreError, open_store, parse_postgres_url, redacted
@@ -348,6 +350,10 @@ def _credentials(settings: dict, state_dir: str) -> tuple[Tokens, str]:
         raise CoordinatorError(str(exc)) from None
 
 
+def _refusals(limits: Limits) -> Refusals:
+    return Refusals(limits.refusal_rate_per_s, limits.refusal_burst, limits.refusal_summary_s)
+
+
 def start_shard(settings: dict, shard: int, root: RootLink, log: Logger | None = None) -> CoordinatorServer:
     """Shard `shard` of a sharded coordinator serving (shard.py), with the root reached by `root`.
     The same settings as the root's: the same tokens, TLS and fabric model."""
@@ -361,8 +367,8 @@ def start_shard(settings: dict, shard: int, root: RootLink, log: Logger | None =
     tls = server_context(settings, state_dir, host)
     tokens, tokens_path = _credentials(settings, state_dir)
     front = ShardFront(router, shard, root, max_queue=limits.max_queue)
-    server = CoordinatorServer(front, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
-                               tokens_path=tokens_path)
+    service = CoordinatorService(front, tokens, _refusals(limits), tokens_path=tokens_path, log=log)
+    server = CoordinatorServer(service, host, port, limits=_open_files_for(limits), tls=tls)
     log("started", url=server.url, pid=os.getpid(), shard=shard, hosts=len(router.map.hosts_of(shard)),
         tls=tls is not None, client_certs=server.mutual)
     return server
@@ -393,8 +399,9 @@ def start(settings: dict, log: Logger | None = None, shards: ShardLink | None = 
         localizer = ShardedLocalizer(model, router.map, ShardParts(model, router.map, shards))
     with collector_paused():  # the restored state: the whole fleet's paths at once (core/heap.py)
         coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter, localizer=localizer)
-    server = CoordinatorServer(coordinator, tokens, host, port, log=log, limits=_open_files_for(limits), tls=tls,
-                               tokens_path=tokens_path, router=router)
+    service = CoordinatorService(coordinator, tokens, _refusals(limits), tokens_path=tokens_path, router=router,
+                                 log=log)
+    server = CoordinatorServer(service, host, port, limits=_open_files_for(limits), tls=tls)
     log("started", url=server.url, pid=os.getpid(), state_dir=state_dir, store=store.kind, agents=len(coordinator.agents),
         paths=len(coordinator.paths), tls=tls is not None, client_certs=server.mutual,
         **({"shards": router.urls} if router else {}))

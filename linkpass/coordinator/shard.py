@@ -517,7 +517,7 @@ class ShardFront:
 
 class LocalRoot:
     """The root in this process (tests, a single-host sharded coordinator without Ray): its
-    endpoint's own calls. `server` None: the root is away."""
+    service's own calls (service.py). `server`: the root's endpoint; None: the root is away."""
 
     def __init__(self, server):
         self.server = server
@@ -525,16 +525,16 @@ class LocalRoot:
     def _root(self):
         if self.server is None:
             raise RootUnreachable("the root is not running")
-        return self.server
+        return self.server.service
 
     def register(self, req: RegisterIn) -> dict:
-        return self._root().forwarded_register(req)
+        return self._root().register(req)
 
     def report(self, req: ReportIn) -> dict:
-        return self._root().forwarded_report(req)
+        return self._root().report(req)
 
     def reports(self, batch: list[ReportIn]) -> list[str | None]:
-        return self._root().forwarded_reports(batch)
+        return self._root().reports_batch(batch)
 
     def heard(self, shard: int, names: list[str]) -> tuple[int, int, dict[str, int]]:
         return self._root().heard(shard, names)
