@@ -205,7 +205,7 @@ def fail_paths(c: Coordinator, now: float, crossing: set[str], reason="hard_fail
 
 def lab_ca_file(state_dir) -> str:
     """The CA certificate of the lab CA a coordinator made in its state dir on first start."""
-    from linkpass.coordinator.tls import lab_dir, lab_paths
+    from linkpass.control.tls import lab_dir, lab_paths
 
     return lab_paths(lab_dir(str(state_dir)), "ca")[0]
 
@@ -224,8 +224,8 @@ def coordinator_on_testbed(fabric, state_dir: str, port: int) -> tuple[dict, dic
 def coordinator_client(url: str, token: str | None, state_dir, client_cert: str | None = None, **kw):
     """A client of the coordinator at `url` that verifies it against its lab CA, as agents and the
     CLI do; `client_cert`: the name of a lab client certificate to show (mutual TLS)."""
-    from linkpass.coordinator.client import Client
-    from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths
+    from linkpass.control.client import Client
+    from linkpass.control.tls import build_client_context, lab_dir, lab_paths
 
     cert = lab_paths(lab_dir(str(state_dir)), client_cert) if client_cert else (None, None)
     return Client(url, token, tls=build_client_context(lab_ca_file(state_dir), *cert), **kw)
@@ -442,7 +442,7 @@ def role_token(settings, role):
 
 def wait_answering(client, timeout_s: float = 60.0) -> dict:
     """The coordinator's status, once its endpoint answers again (after a restart)."""
-    from linkpass.coordinator.client import Unreachable
+    from linkpass.control.client import Unreachable
 
     deadline = time.monotonic() + timeout_s
     while True:

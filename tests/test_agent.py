@@ -220,7 +220,7 @@ def test_healthz_says_503_when_the_probe_thread_stops_moving():
 @pytest.mark.unit
 def test_the_main_loop_survives_any_one_step_raising(monkeypatch):
     from linkpass.agent import daemon as D
-    from linkpass.agent.answer import Drain, PlanAnswer
+    from linkpass.control.answers import Drain, PlanAnswer
     from linkpass.agent.config import Peer
 
     logs = []

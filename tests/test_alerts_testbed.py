@@ -12,7 +12,7 @@ import time
 import pytest
 
 from linkpass.coordinator import runner
-from linkpass.coordinator.tls import lab_dir
+from linkpass.control.tls import lab_dir
 from linkpass.core.constants import AGENT_METRICS_PORT
 from linkpass.observe.prometheus import for_lab
 from linkpass.testbed import faults

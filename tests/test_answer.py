@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from linkpass.agent.answer import AnswerError, AnswerRules, Drain, parse_answer
+from linkpass.control.answers import AnswerError, AnswerRules, Drain, parse_answer
 from linkpass.agent.config import CoordinatorLinkConfig, Peer
 
 pytestmark = pytest.mark.unit
@@ -213,7 +213,7 @@ def _one_answer_server(answer: bytes):
     (b"Transfer-Encoding: chunked\r\n", b"100010\r\n" + b" " * 0x100010 + b"\r\n0\r\n\r\n"),
 ])
 def test_an_oversized_answer_is_dropped_unread(head, body):
-    from linkpass.coordinator.client import AnswerTooLarge, Client
+    from linkpass.control.client import AnswerTooLarge, Client
     port = _one_answer_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + head + b"\r\n" + body)
     c = Client(f"http://127.0.0.1:{port}", "t", insecure_http=True, max_answer_bytes=1 << 20)
     with pytest.raises(AnswerTooLarge, match="hostile server"):

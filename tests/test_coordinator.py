@@ -232,7 +232,7 @@ def test_the_agent_link_sends_its_budget_at_registration_and_when_a_reload_chang
     import threading
     import time
 
-    from linkpass.agent.answer import AnswerRules
+    from linkpass.control.answers import AnswerRules
     from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
     from linkpass.agent.coordinator_link import CoordinatorLink, probe_budget
 
@@ -370,7 +370,7 @@ def test_every_report_field_is_checked(coord, body, field):
     ({"since": "1e400"}, "since"), ({"kind": "drain,bogus"}, "kind: 'bogus' is not an event kind"),
 ])
 def test_events_queries_are_checked(query, field):
-    from linkpass.coordinator.requests import parse_events_query
+    from linkpass.control.requests import parse_events_query
     from linkpass.coordinator.store import EVENT_KINDS
 
     with pytest.raises(CoordinatorError, match=field):
@@ -378,7 +378,7 @@ def test_events_queries_are_checked(query, field):
 
 
 def test_events_query_defaults_and_cap():
-    from linkpass.coordinator.requests import parse_events_query
+    from linkpass.control.requests import parse_events_query
     from linkpass.coordinator.store import EVENT_KINDS
 
     q = parse_events_query({}, EVENT_KINDS, 500)
@@ -577,7 +577,7 @@ def test_an_agent_applying_deltas_holds_the_coordinators_plan(tmp_path, seed):
     coordinator's whole plan names, with their current addresses."""
     import random
 
-    from linkpass.agent.answer import AnswerRules
+    from linkpass.control.answers import AnswerRules
     from linkpass.agent.config import CoordinatorLinkConfig
     from linkpass.agent.coordinator_link import CoordinatorLink
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from linkpass.coordinator.client import Unreachable
+from linkpass.control.client import Unreachable
 
 from helpers import LogDrain, coordinator_client, free_port, wait_until
 

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from linkpass.coordinator import ray_actor
-from linkpass.coordinator.client import Client
-from linkpass.coordinator.tls import lab_dir
+from linkpass.control.client import Client
+from linkpass.control.tls import lab_dir
 from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from linkpass.coordinator import runner
-from linkpass.coordinator.client import Refusal
+from linkpass.control.client import Refusal
 from linkpass.coordinator.http import json_depth_ok
 from linkpass.observe.prometheus import promtool
 
@@ -179,7 +179,7 @@ def test_an_agent_speaks_only_for_itself(server):
 
 def test_a_shared_agent_token_is_refused_at_start(tmp_path):
     from linkpass.coordinator.auth import token_hash
-    from linkpass.coordinator.requests import CoordinatorError
+    from linkpass.control.errors import CoordinatorError
 
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "tokens.yaml").write_text(
@@ -513,6 +513,26 @@ def test_decommission_over_http_and_the_cli(server):
     assert out.returncode == 3 and "no agent named 'h3'" in out.stderr
 
 
+def test_each_refusal_names_its_kind_for_programs_to_match(server):
+    """A refusal carries a kind (control/errors.py) besides its message: the agent matches
+    `not_registered` to register again, never the message's words, which are for people."""
+    from linkpass.control.client import Refusal
+
+    srv, tokens = server
+    with connect(srv, tokens["operator"]) as op:
+        op.post("/v1/decommission", {"host": "h3", "reason": "retired"})
+        with pytest.raises(Refusal) as missing:
+            op.post("/v1/drain", {"link": "p9l9-p9s9", "reason": "x"})
+    with connect(srv, tokens["h3"]) as h3:
+        with pytest.raises(Refusal) as forgotten:
+            h3.post("/v1/report", {"name": "h3", "changes": [{"id": 1, "state": "down", "reason": "hard_failure"}]})
+        with pytest.raises(Refusal) as bad:
+            h3.post("/v1/report", {"name": "h3", "changes": [{"id": 1, "state": "sideways"}]})
+    assert (forgotten.value.status, forgotten.value.kind) == (404, "not_registered")
+    assert (missing.value.status, missing.value.kind) == (404, "not_found")
+    assert (bad.value.status, bad.value.kind) == (400, "bad_request")
+
+
 def test_agent_token_command(server, tmp_path):
     srv, tokens = server
     out = subprocess.run([*LINKPASS, "coordinator", "token", "h2", "--state-dir", str(tmp_path / "state")],
@@ -688,7 +708,7 @@ def test_the_token_command_refuses_bad_usage_and_then_changes_nothing(server, tm
 def test_an_agent_takes_the_new_token_put_in_its_token_file(server, tmp_path):
     """After a revocation the agent is refused; once its token_file holds the new token, it
     registers again without a restart."""
-    from linkpass.agent.answer import AnswerRules
+    from linkpass.control.answers import AnswerRules
     from linkpass.agent.config import CoordinatorLinkConfig
     from linkpass.agent.coordinator_link import CoordinatorLink
 
@@ -800,7 +820,7 @@ def test_an_agent_sends_digests_and_a_lost_report_is_healed_by_one(server, tmp_p
     """Between whole tables the link sends only the digest of its verdicts; a change the
     coordinator never got (a report lost) makes the digests differ, the coordinator asks for
     the table, and its copy is right again."""
-    from linkpass.agent.answer import AnswerRules
+    from linkpass.control.answers import AnswerRules
     from linkpass.agent.config import CoordinatorLinkConfig
     from linkpass.agent.coordinator_link import CoordinatorLink
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from linkpass.coordinator import ray_actor
-from linkpass.coordinator.client import Moved, Refusal, Unreachable
+from linkpass.control.client import Moved, Refusal, Unreachable
 from linkpass.core.shards import ShardMap
 
 from helpers import (MODEL, agent_tokens, coordinator_client, free_port, identity, ray_coordinator, role_token, table_of,

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from linkpass.agent.answer import AnswerRules
+from linkpass.control.answers import AnswerRules
 from linkpass.agent.config import CoordinatorLinkConfig
 from linkpass.agent.coordinator_link import CoordinatorLink
 from linkpass.coordinator import runner
-from linkpass.coordinator.client import Moved, Refusal
-from linkpass.coordinator.requests import CoordinatorError
+from linkpass.control.client import Moved, Refusal
+from linkpass.control.errors import CoordinatorError
 from linkpass.coordinator.shard import LocalRoot, LocalShards
 from linkpass.core.report_digest import table_digest
 from linkpass.observe.prometheus import promtool

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from linkpass.coordinator import lab_ca, runner
-from linkpass.coordinator.client import Client, Refusal, TlsFailure, Unreachable
+from linkpass.control.client import Client, Refusal, TlsFailure, Unreachable
 from linkpass.coordinator.coordinator import CoordinatorError
-from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths
+from linkpass.control.tls import build_client_context, lab_dir, lab_paths
 
 from helpers import coordinator_client, free_port, lab_ca_file
 

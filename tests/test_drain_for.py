@@ -10,7 +10,8 @@ import pytest
 
 from linkpass.cli.coordinator import parse_duration, render_drain, render_events
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
-from linkpass.coordinator.requests import CoordinatorError, parse_drain, parse_events_query
+from linkpass.control.errors import CoordinatorError
+from linkpass.control.requests import parse_drain, parse_events_query
 from linkpass.coordinator.store import EVENT_KINDS, Store
 
 from helpers import MODEL, fail_paths, four_agents_registered

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from linkpass.agent import daemon
-from linkpass.agent.answer import AnswerRules
+from linkpass.control.answers import AnswerRules
 from linkpass.agent.coordinator_link import CoordinatorLink
 from linkpass.coordinator import lab_ca, runner
-from linkpass.coordinator.client import Refusal
-from linkpass.coordinator.tls import lab_dir
+from linkpass.control.client import Refusal
+from linkpass.control.tls import lab_dir
 
 from helpers import MODEL, agent_tokens, coordinator_client, identity, table_of, wait_until
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from linkpass.coordinator import requests as R
+from linkpass.control import requests as R
 from linkpass.coordinator.auth import NEEDS
 from linkpass.coordinator.http import _ROUTES
 from linkpass.coordinator.openapi import spec

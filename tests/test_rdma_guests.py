@@ -216,7 +216,7 @@ def guest_coordinator(rfab, tmp_path_factory):
 def guest_agents(rfab, ctl, guest_coordinator):
     """A LinkPass agent in each guest, probing its peer through UD QPs (plane 0 and 1, both spines)
     and reporting to the coordinator over the management network."""
-    from linkpass.coordinator.tls import lab_dir
+    from linkpass.control.tls import lab_dir
 
     settings, url, d = guest_coordinator
     link = {"url": url, "agent_secret_file": str(d / "state" / "agent.secret"), "report_ms": 200, "summary_s": 5}

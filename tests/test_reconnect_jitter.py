@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from linkpass.agent.answer import AnswerRules
+from linkpass.control.answers import AnswerRules
 from linkpass.agent.config import CoordinatorLinkConfig
 from linkpass.agent.coordinator_link import REREGISTER_SPREAD_S, Backoff, CoordinatorLink
 
@@ -60,7 +60,7 @@ class _Forgetful(BaseHTTPRequestHandler):
                 code, body = 200, {"drain_version": 0, "drains": [], "plan_version": None}
             elif srv.forgot:
                 srv.refused_at.append(time.monotonic())
-                code, body = 404, {"error": "agent h1 has not registered"}
+                code, body = 404, {"error": "agent h1 has not registered", "kind": "not_registered"}
             else:
                 srv.reports += 1
                 if srv.reports == 1:

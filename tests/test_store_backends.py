@@ -223,7 +223,7 @@ def test_a_postgresql_store_is_reached_over_verified_tls_only(tmp_path, monkeypa
     """verify-full: the server's certificate chains to store_tls_ca_file (without it, to the
     system's trust store) and names the URL's host; never an unverified or a plaintext fallback."""
     from linkpass.coordinator import lab_ca
-    from linkpass.coordinator.tls import lab_paths
+    from linkpass.control.tls import lab_paths
 
     with PostgresServer(tls=True) as server:
         s = open_store(server.url, server.password_file, str(tmp_path), tls_ca_file=server.ca_file)
@@ -269,7 +269,7 @@ def test_a_server_without_tls_is_refused_unless_plaintext_is_asked_for_by_name(t
     """The coordinator's default against a server that has no TLS: it does not start (it used to
     connect in plaintext). With store_insecure_plaintext it does, and logs a warning."""
     from linkpass.coordinator import runner
-    from linkpass.coordinator.requests import CoordinatorError
+    from linkpass.control.errors import CoordinatorError
     from linkpass.observe.log import Logger
 
     with PostgresServer() as server:
@@ -305,7 +305,7 @@ def test_a_server_without_tls_is_refused_unless_plaintext_is_asked_for_by_name(t
      "settings.store_tls_ca_file: not used with settings.store_insecure_plaintext"),
 ])
 def test_the_plaintext_setting_is_checked_by_name(settings, says):
-    from linkpass.coordinator.requests import CoordinatorError
+    from linkpass.control.errors import CoordinatorError
     from linkpass.coordinator.runner import check_settings
 
     with pytest.raises(CoordinatorError, match=says):
@@ -396,7 +396,7 @@ def test_nothing_of_the_password_is_sent_to_a_server_that_asks_for_it_otherwise(
     """pg8000 by itself answers a cleartext or an MD5 request with the password: here the request
     is refused before a PasswordMessage ('p') goes out, whatever TLS carries it."""
     from linkpass.coordinator import lab_ca
-    from linkpass.coordinator.tls import SERVER, lab_paths
+    from linkpass.control.tls import SERVER, lab_paths
 
     context, ca = None, None
     if over_tls:

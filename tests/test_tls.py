@@ -15,8 +15,9 @@ from cryptography.x509.oid import NameOID
 from linkpass.agent.config import ConfigError, parse
 from linkpass.cli.main import build_parser
 from linkpass.coordinator import lab_ca
-from linkpass.coordinator.client import Client
-from linkpass.coordinator.tls import TlsError, build_client_context, build_server_context, lab_paths
+from linkpass.control.client import Client
+from linkpass.control.tls import TlsError, build_client_context, lab_paths
+from linkpass.coordinator.tls import build_server_context
 from linkpass.testbed.agents import write_agent_configs
 
 from helpers import FAB

@@ -67,7 +67,7 @@
       report_ms: 200                 # path changes are sent this often (batched)
       summary_s: 10                  # the verdicts' digest (or the whole table) is sent this often (heals lost reports)
       follow_plan: true              # probe the peers the coordinator's probe plan names
-      max_plan_peers: 1024           # a plan naming more peers is refused whole (linkpass/agent/answer.py)
+      max_plan_peers: 1024           # a plan naming more peers is refused whole (linkpass/control/answers.py)
 
 Pure: parsing and validation only; reading the files and the host's addresses (`HostFacts`,
 agent/hostfacts.py) is the daemon's.
@@ -80,6 +80,7 @@ from typing import Callable
 
 from ..core.constants import AGENT_API_PORT, AGENT_METRICS_PORT, BATCH_S, ENTROPY_PATH
 from ..core.detector import DetectorConfig
+from ..core.peer import Peer
 from ..core.wire import FLEET_KEY_MAX, FLEET_KEY_MIN
 
 
@@ -93,14 +94,6 @@ class Nic:
     ifname: str
     addr: str
     gateway: str | None = None  # next hop for this plane's routes (needed when routes are enabled)
-
-
-@dataclass(frozen=True)
-class Peer:
-    name: str
-    agent_id: int
-    service: str
-    nics: dict[int, str]  # plane -> address
 
 
 @dataclass(frozen=True)

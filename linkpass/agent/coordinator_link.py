@@ -57,12 +57,13 @@ import time
 from typing import Callable
 from urllib.parse import urlparse
 
-from ..coordinator.auth import read_token
-from ..coordinator.client import Client, Moved, Refusal, Unreachable
-from ..coordinator.tls import TlsError, build_client_context
+from ..control.tokens import TokenFileError, read_token
+from ..control.client import Client, Moved, Refusal, Unreachable
+from ..control.errors import NOT_REGISTERED
+from ..control.tls import TlsError, build_client_context
 from ..core.constants import REPORT_HEARTBEAT_S
 from ..core.report_digest import table_digest
-from .answer import AnswerError, AnswerRules, PlanAnswer, StaleDelta, apply_delta, parse_answer
+from ..control.answers import AnswerError, AnswerRules, PlanAnswer, StaleDelta, apply_delta, parse_answer
 from .config import AgentConfig, ConfigError, CoordinatorLinkConfig
 
 
@@ -265,7 +266,7 @@ class CoordinatorLink:
                     self._stop.wait(self.backoff.next())
                     continue
                 self.registered = False
-                if exc.status == 404 and "has not registered" in str(exc):
+                if exc.kind == NOT_REGISTERED:
                     # a coordinator that lost its memory: every agent hears this at once; register
                     # again within the spread, not all in the same second
                     self._stop.wait(self.backoff.spread(REREGISTER_SPREAD_S))
@@ -283,7 +284,7 @@ class CoordinatorLink:
         """After a 401: read token_file again; True if it now holds another token (then used)."""
         try:
             token = read_token(self.cfg.token_file)
-        except (OSError, ValueError):  # AuthError (empty file) is a ValueError
+        except (OSError, TokenFileError):
             return False
         if token == self.client.token:
             return False

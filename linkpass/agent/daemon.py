@@ -44,7 +44,8 @@ from ..core.entropy_table import EntropyError
 from ..kernel import caps
 from ..kernel.rdma import Device, RdmaUnavailable, port_packets
 from ..kernel.sockdiag import TcpActivity, peer_addresses
-from ..core.budget import ACTIVE as B_ACTIVE, COVERAGE, REST, STANDBY as B_STANDBY, Apportioned, CpuGovernor, apportion
+from ..core.budget import (ACTIVE as B_ACTIVE, COVERAGE, REST, STANDBY as B_STANDBY, Apportioned, CpuGovernor,
+                           apportion)
 from .lanes_reader import LanesReader
 from ..core.probe_event import EV_MISS
 from ..core.states import DARK, HELD_OUT
@@ -53,7 +54,7 @@ from ..observe.sdnotify import Notifier, Watchdog
 from ..probe.common import PathSpec
 from ..probe.discovery import DiscoveryConfig, discover, discovery_targets
 from ..probe.engine import CoreProbeEngine
-from .answer import AnswerRules, Drain, PlanAnswer
+from ..control.answers import AnswerRules, Drain, PlanAnswer
 from .api import LocalApi, PathLabels, ProbeProgress, TelemetryView, metrics_registry, metrics_routes, serve
 from .config import AgentConfig, ConfigError, load_text
 from .coordinator_link import CoordinatorLink, probe_budget, tls_context

@@ -250,9 +250,9 @@ def tls_args(p: argparse.ArgumentParser) -> None:
 def _client(args, timeout_s: float = 5.0):
     """A client for the coordinator the settings name (flag > environment > context > default);
     raises ValueError (settings.ConfigError, tls.TlsError, _Usage) with a one-line reason."""
-    from ..coordinator.auth import read_token
-    from ..coordinator.client import Client
-    from ..coordinator.tls import build_client_context
+    from ..control.tokens import read_token
+    from ..control.client import Client
+    from ..control.tls import build_client_context
     from .settings import from_args
 
     s = from_args(args)
@@ -291,7 +291,7 @@ def _call(args, fn, write: bool = False):
     Whatever fails, the fleet's health is unknown (3); only a write (`write`) the coordinator
     refused on purpose (409: its blast-radius guard, a stranded host pair) is critical (2): what
     on-call asked for did not happen, for a reason about the fleet."""
-    from ..coordinator.client import AnswerTooLarge, Refusal, TlsFailure, Unreachable
+    from ..control.client import AnswerTooLarge, Refusal, TlsFailure, Unreachable
 
     try:
         client = _client(args)
@@ -680,7 +680,8 @@ def _token(args) -> int:
 
 
 def _listed_token(args, action: str, rest: list[str]) -> int:
-    from ..coordinator.auth import AuthError, create_listed_token, listed_tokens, remove_listed_token, write_private
+    from ..coordinator.auth import (AuthError, create_listed_token, listed_tokens, remove_listed_token,
+                                    write_private)
     from ..coordinator.runner import DEFAULT_STATE_DIR
     from ..coordinator.store import DB_FILE, StoreError, open_store
 
@@ -872,7 +873,7 @@ def _first_line(exc: BaseException) -> str:
 def run_coordinator(args) -> int:
     from ..coordinator import ray_actor
     from ..coordinator.runner import DEFAULT_STATE_DIR, log_path
-    from ..coordinator.tls import SERVER, lab_dir, lab_paths
+    from ..control.tls import SERVER, lab_dir, lab_paths
     from ..observe.log import Follower, level_from_env
 
     try:
@@ -900,7 +901,7 @@ def run_coordinator(args) -> int:
     if args.event_retention_days is not None:
         settings["event_retention_s"] = args.event_retention_days * 86400
     from ..coordinator.runner import check_settings
-    from ..coordinator.requests import CoordinatorError
+    from ..control.errors import CoordinatorError
 
     try:
         check_settings(settings)  # refused here, by name, rather than inside the Ray actor

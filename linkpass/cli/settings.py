@@ -35,7 +35,7 @@ from typing import Mapping
 from urllib.parse import urlparse
 
 from ..coordinator.runner import DEFAULT_STATE_DIR
-from ..coordinator.tls import LOCAL_CLIENT, lab_dir, lab_paths
+from ..control.tls import LOCAL_CLIENT, lab_dir, lab_paths
 from ..core.constants import COORDINATOR_URL
 
 FIELDS = ("coordinator", "token-file", "ca-file", "cert-file", "key-file")

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_init(args) -> int:
     from ..coordinator import lab_ca
-    from ..coordinator.tls import LOCAL_CLIENT, SERVER, lab_paths
+    from ..control.tls import LOCAL_CLIENT, SERVER, lab_paths
 
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
     try:

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from ..control.requests import HOST_NAME_RE
+
 ROLES = ("reader", "agent", "operator")
 # what each role may do, by action name (the HTTP endpoint names its action)
 _ALLOWED = {
@@ -59,7 +61,6 @@ _ALLOWED = {
 }
 NEEDS = {"report": "agent", "drain": "operator", "decommission": "operator", "read": "reader"}
 # a host's name as agents and the fleet model use it (h0, gpu-017.rack3); no "/" (path keys), no space
-HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 AGENT_TOKEN_PREFIX = "lpa1."
 _AGENT_MAC_CONTEXT = b"linkpass agent v1\0"  # epoch 0: the form every token had before epochs
 _AGENT_EPOCH_MAC_CONTEXT = b"linkpass agent v2\0"  # epoch >= 1
@@ -366,11 +367,3 @@ def write_private(path: str, data: str | bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def read_token(path: str) -> str:
-    with open(path) as f:
-        token = f.read().strip()
-    if not token:
-        raise AuthError(f"{path}: the token file is empty")
-    return token

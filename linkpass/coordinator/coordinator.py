@@ -23,14 +23,16 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..core.fabric import DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror, split_directed
+from ..core.fabric import (DOWN, EITHER, LINK_DIRECTIONS, UP, FabricError, FabricModel, directed, mirror,
+                           split_directed)
 from ..core.localize import Localizer, Observation, path_evidence
 from ..core.plan import plan_cap, plan_probes
 from ..core.report_digest import digest_of, row_hash
 from ..core.shards import ShardedLocalizer
 from ..core.states import Level, health_of, is_bad, is_good, worst
-from .requests import (ChangeIn, CoordinatorError, NotFound, PathIn, ProbeBudget, Refused, RegisterIn,  # noqa: F401
-                       ReportIn, is_decimal, parse_register, parse_report)
+from ..control.requests import (ChangeIn, PathIn, ProbeBudget, RegisterIn, ReportIn, is_decimal,
+                                parse_register, parse_report)
+from ..control.errors import NOT_REGISTERED, CoordinatorError, NotFound, Refused
 from .store import Store
 
 PLAN_REVISE_S = 1.0
@@ -240,7 +242,7 @@ class Coordinator:
         agent = self.agents.get(name)
         if agent is None:
             raise NotFound(f"agent {name!r} has not registered; it registers by itself on start "
-                           "(restart it if this persists)")
+                           "(restart it if this persists)", kind=NOT_REGISTERED)
         self._alive(agent, now)
         budget = _budget_doc(req.probe_budget)
         if budget is not None and budget != agent.info.get("probe_budget"):

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 from ..observe.log import say
 from ..observe.sdnotify import Notifier
-from .tls import LOCAL_CLIENT, lab_dir, lab_paths
+from ..control.tls import LOCAL_CLIENT, lab_dir, lab_paths
 
 CHECK_TIMEOUT_S = 5.0
 START_CHECK_EVERY_S = 0.5  # until the endpoint first answers

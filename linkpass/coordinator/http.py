@@ -65,8 +65,9 @@ from ..core.constants import COORDINATOR_PORT
 from .auth import NEEDS, Caller, Revoked
 from .metrics import CountsCollector, NamedCollector, RequestLatency, ShardCollector
 from .refusals import Buckets
-from .requests import (CoordinatorError, DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal,
-                       parse_decommission, parse_drain, parse_events_query, parse_register, parse_report, query_host)
+from ..control.errors import CoordinatorError
+from ..control.requests import (DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal, parse_decommission,
+                                parse_drain, parse_events_query, parse_register, parse_report, query_host)
 from .store import EVENT_KINDS
 from .service import CoordinatorService
 from .tls import HANDSHAKE_TIMEOUT_S, certificate_names, mutual, names_host
@@ -393,7 +394,7 @@ class CoordinatorServer:
             return _UNPARSED, exc.status, {"error": exc.message}
         except CoordinatorError as exc:
             self.count("bad_request")
-            return _UNPARSED, exc.status, {"error": str(exc), **getattr(exc, "doc", {})}
+            return _UNPARSED, exc.status, _refusal_doc(exc)
 
     def _serve(self, route: "_Route", req: "_Head", arg, caller: Caller | None, remote: str,
                inline: bool = False, raw: bytes = b""):
@@ -419,7 +420,7 @@ class CoordinatorServer:
         except CoordinatorError as exc:
             if exc.status == 400:
                 self.count("bad_request")
-            return exc.status, {"error": str(exc), **getattr(exc, "doc", {})}
+            return exc.status, _refusal_doc(exc)
         except Exception:  # noqa: BLE001 - one bad request must not take the endpoint down
             self.count("internal")
             self.log("request_failed", path=req.path, error=traceback.format_exc(limit=5))
@@ -641,6 +642,11 @@ def json_depth_ok(raw: bytes, max_depth: int) -> bool:
 
 
 _UNPARSED = object()  # a request whose body has not been parsed yet
+
+
+def _refusal_doc(exc: CoordinatorError) -> dict:
+    """A refusal's answer: its message for a person, its kind for a program (control/errors.py)."""
+    return {"error": str(exc), "kind": exc.kind, **getattr(exc, "doc", {})}
 
 
 @functools.cache

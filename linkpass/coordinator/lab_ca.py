@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .auth import write_private
-from .tls import SERVER, lab_paths as paths
+from ..control.tls import SERVER, lab_paths as paths
 
 CA_DAYS = 3650
 LEAF_DAYS = 825

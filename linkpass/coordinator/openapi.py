@@ -12,7 +12,7 @@ import typing
 
 from .. import __version__
 from .auth import NEEDS
-from .requests import REQUIRED
+from ..control.requests import REQUIRED
 
 _SCALAR = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"}}
 

@@ -62,7 +62,7 @@ def actor_credential(settings: dict) -> str:
     made if missing as the coordinator itself does), under a label of its own. The same for the
     root and every shard, and again after Ray restarts one; a new agent secret makes a new one."""
     from .auth import SECRET_FILE, AuthError, ensure_secret, read_agent_secret  # noqa: PLC0415
-    from .requests import CoordinatorError  # noqa: PLC0415
+    from ..control.errors import CoordinatorError  # noqa: PLC0415
     from .runner import DEFAULT_STATE_DIR  # noqa: PLC0415
 
     state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
@@ -190,7 +190,7 @@ class RayRoot:
         self._credential = credential
 
     def _call(self, method: str, *args):
-        from .requests import CoordinatorError  # noqa: PLC0415
+        from ..control.errors import CoordinatorError  # noqa: PLC0415
         from .shard import RootUnreachable  # noqa: PLC0415
 
         try:

@@ -72,8 +72,9 @@ from .service import CoordinatorService
 from .shard import RootLink, Router, ShardFront, ShardLink, ShardParts
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import StoreError, open_store, parse_postgres_url, redacted
-from .requests import is_decimal
-from .tls import LOCAL_CLIENT, SERVER, TlsError, build_server_context, lab_dir, lab_paths
+from ..control.requests import is_decimal
+from ..control.tls import LOCAL_CLIENT, SERVER, TlsError, lab_dir, lab_paths
+from .tls import build_server_context
 
 DEFAULT_STATE_DIR = "/var/lib/linkpass/coordinator"
 LOG_FILE = "coordinator.log"  # in the state directory: the actor's log lines (actor_log)

@@ -32,7 +32,8 @@ from ..observe.log import Logger
 from .auth import AuthError, Tokens
 from .coordinator import Coordinator
 from .refusals import Refusals
-from .requests import CoordinatorError, DecommissionIn, DrainIn, EventsQuery, RegisterIn, ReportIn
+from ..control.errors import CoordinatorError
+from ..control.requests import DecommissionIn, DrainIn, EventsQuery, RegisterIn, ReportIn
 from .shard import Router, ShardFront, ShardParts
 
 SHARD_AWAY_S = 3.0  # a shard tells the root who is alive every tick (100 ms); silent this long, it is away

@@ -57,7 +57,8 @@ from ..core.fabric import FabricModel
 from ..core.heap import collector_paused
 from ..core.localize import Observation
 from ..core.shards import ROOT, Call, Part, ShardError, ShardMap
-from .requests import Moved, NotFound, RegisterIn, ReportIn, Unavailable, parse_register, parse_report
+from ..control.errors import Moved, NotFound, Unavailable
+from ..control.requests import RegisterIn, ReportIn, parse_register, parse_report
 
 
 class RootUnreachable(ConnectionError):

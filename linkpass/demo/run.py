@@ -131,7 +131,7 @@ class Demo:
         """The coordinator as a detached Ray actor; `extra`: more of its settings (shards, a
         PostgreSQL store), over the demo's."""
         from ..coordinator import ray_actor
-        from ..coordinator.tls import lab_dir
+        from ..control.tls import lab_dir
         from ..core.fabric import from_testbed
 
         self.step("starting the coordinator: a Ray actor on a local Ray")
@@ -157,8 +157,8 @@ class Demo:
 
     def client(self):
         """A reader's client of the coordinator, with the lab CA and the CLI's client certificate."""
-        from ..coordinator.client import Client
-        from ..coordinator.tls import LOCAL_CLIENT, build_client_context, lab_paths
+        from ..control.client import Client
+        from ..control.tls import LOCAL_CLIENT, build_client_context, lab_paths
 
         return Client(self.coordinator_url, self.reader_token,
                       tls=build_client_context(lab_paths(self.tls_dir, "ca")[0], *lab_paths(self.tls_dir, LOCAL_CLIENT)))
@@ -250,7 +250,7 @@ class Demo:
 
     def wait_coordinator(self, pred, timeout_s: float) -> dict | None:
         """The coordinator's status once pred(status) holds, or None at the timeout."""
-        from ..coordinator.client import Refusal, Unreachable
+        from ..control.client import Refusal, Unreachable
 
         c = self.client()
         deadline = time.monotonic() + timeout_s

@@ -124,11 +124,11 @@ def _ask_coordinator(f: Facts, netns: str | None, link) -> None:
 
     from ..agent.config import ConfigError
     from ..agent.coordinator_link import tls_context
-    from ..coordinator.auth import AuthError, read_token
+    from ..control.tokens import TokenFileError, read_token
 
     try:
         token = read_token(link.token_file)
-    except (OSError, AuthError) as exc:
+    except (OSError, TokenFileError) as exc:
         f.coordinator_refused, f.coordinator_error = True, f"token_file: {getattr(exc, 'strerror', None) or exc}"
         return
     try:

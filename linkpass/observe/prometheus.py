@@ -198,7 +198,7 @@ def for_lab(agents: list[str], coordinator: str | None = None, tls_dir: str | No
     (host:port) and the coordinator's (host:port, over HTTPS with the lab CA's client
     certificate when `tls_dir` is given, with the reader token in `token_file` for the series that
     name hosts and links) every second, with the project's rules at LAB durations."""
-    from ..coordinator.tls import LOCAL_CLIENT, lab_paths
+    from ..control.tls import LOCAL_CLIENT, lab_paths
     from .rules import LAB, render
 
     targets = {AGENT_JOB: agents, **({COORDINATOR_JOB: [coordinator]} if coordinator else {})}

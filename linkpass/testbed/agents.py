@@ -242,7 +242,7 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     tls = bool(tls_dir and coordinator and str(coordinator.get("url", "")).startswith("https://"))
     if tls:
         from ..coordinator import lab_ca
-        from ..coordinator.tls import lab_paths
+        from ..control.tls import lab_paths
 
         lab_ca.ensure(tls_dir, clients=[host_name(i) for i in chosen])
     for i in chosen:

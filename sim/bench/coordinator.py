@@ -68,8 +68,8 @@ from linkpass.core.detector import Reason  # noqa: E402
 from linkpass.core.states import State  # noqa: E402
 from linkpass.coordinator import ray_actor  # noqa: E402
 from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: E402
-from linkpass.coordinator.client import Client  # noqa: E402
-from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths  # noqa: E402
+from linkpass.control.client import Client  # noqa: E402
+from linkpass.control.tls import build_client_context, lab_dir, lab_paths  # noqa: E402
 from linkpass.testbed import build, faults, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.trials import linkpass_hard  # noqa: E402

@@ -109,8 +109,8 @@ from linkpass_sim import report  # noqa: E402
 from linkpass_sim.benchkit import A, B  # noqa: E402
 from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: E402
-from linkpass.coordinator.client import Client, Refusal, Unreachable  # noqa: E402
-from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths  # noqa: E402
+from linkpass.control.client import Client, Refusal, Unreachable  # noqa: E402
+from linkpass.control.tls import build_client_context, lab_dir, lab_paths  # noqa: E402
 from linkpass.core import wire as W  # noqa: E402
 from linkpass.core.constants import RTPROT_LINKPASS  # noqa: E402
 from linkpass.core.names import host_name, leaf_name, link_name  # noqa: E402

@@ -271,7 +271,7 @@ def coordinator_on_ray(model, shards: int):
 
 def cpu_seconds(urls: list[str], tls) -> dict[str, float]:
     """Each endpoint's process CPU seconds so far (its `process_cpu_seconds_total`)."""
-    from linkpass.coordinator.client import Client  # noqa: PLC0415
+    from linkpass.control.client import Client  # noqa: PLC0415
 
     out = {}
     for u in urls:
@@ -289,8 +289,8 @@ def ingest_through_shards(cb, model, tables, shards: int, trials: int) -> tuple[
     import threading  # noqa: PLC0415
 
     from linkpass.coordinator.auth import agent_token, read_agent_secret  # noqa: PLC0415
-    from linkpass.coordinator.client import Client  # noqa: PLC0415
-    from linkpass.coordinator.tls import build_client_context, lab_dir, lab_paths  # noqa: PLC0415
+    from linkpass.control.client import Client  # noqa: PLC0415
+    from linkpass.control.tls import build_client_context, lab_dir, lab_paths  # noqa: PLC0415
     from linkpass.core.report_digest import table_digest  # noqa: PLC0415
     from linkpass.core.shards import ShardMap  # noqa: PLC0415
 

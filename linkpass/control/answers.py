@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .config import Peer
+from ..core.peer import Peer
 
 MAX_DRAINS = 65536  # drained links in one answer (a 16k-GPU fabric has ~50 000 links)
 MAX_LINK_ADDRS = 8  # interface addresses per drained link (two ends; room for more per end)

@@ -5,20 +5,21 @@ sizes. A refusal names the field (`paths[3].hops[1]`), says what is allowed, and
 because the coordinator applies a request only once all of it has parsed. Unknown fields are
 ignored (a newer agent may send more). Pure: no I/O.
 
-The refusals themselves (`CoordinatorError` and its kinds) live here too, so the HTTP endpoint
-and the coordinator share them.
+Refusals are `CoordinatorError`s (errors.py).
 """
 from __future__ import annotations
 
 import functools
 import ipaddress
 import math
+import re
 from dataclasses import dataclass
 
 from ..core.report_digest import DIGEST_CHARS
 from ..core.states import STATE_NAMES
-from .auth import HOST_NAME_RE
+from .errors import CoordinatorError
 
+HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a host's name, as agents report it and tokens name it
 MAX_PATHS = 65_536  # paths (or changes) in one request: far above any agent's table
 MAX_HOPS = 32  # a path's routers: a leaf-spine fabric has 1..3, a 3-tier one 5
 MAX_PLANES = 64
@@ -31,38 +32,6 @@ MAX_EVENT_ID = 2**62
 MIN_DRAIN_FOR_S, MAX_DRAIN_FOR_S = 60.0, 30 * 86400.0  # `drain --for`: a minute to a month
 MAX_BUDGET_PPS = 10_000_000  # probe_budget.pps, as the agent's config allows (probe.budget_pps)
 MIN_IDLE_MS, MAX_IDLE_MS = 0.1, 60_000  # probe_budget.idle_interval_ms (probe.idle_interval_ms)
-
-
-class CoordinatorError(ValueError):
-    """A caller's request cannot be done; the message says why and what would work."""
-
-    status = 400
-
-
-class NotFound(CoordinatorError):
-    status = 404
-
-
-class Refused(CoordinatorError):
-    """A safety guard said no (blast radius, last path)."""
-
-    status = 409
-
-
-class Moved(CoordinatorError):
-    """The agent belongs to another coordinator shard: it registers and reports there (`url`)."""
-
-    status = 307
-
-    def __init__(self, message: str, url: str, shard: int):
-        super().__init__(message)
-        self.doc = {"url": url, "shard": shard}
-
-
-class Unavailable(CoordinatorError):
-    """What the request needs is away for now (a shard's root): the caller backs off and retries."""
-
-    status = 503
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,13 @@ MAX_ANSWER_BYTES = 64 << 20
 
 
 class Refusal(RuntimeError):
-    def __init__(self, status: int, message: str):
+    """The coordinator answered with a refusal: `status`, its message (for a person) and, when it
+    names one, its `kind` (control/errors.py; what a program matches)."""
+
+    def __init__(self, status: int, message: str, kind: str | None = None):
         super().__init__(message)
         self.status = status
+        self.kind = kind
 
 
 class Moved(Refusal):
@@ -125,7 +129,8 @@ class Client:
             msg = doc.get("error") if isinstance(doc, dict) else data[:200].decode(errors="replace")
             if resp.status in (307, 308):
                 raise Moved(resp.status, msg or f"HTTP {resp.status}", resp.getheader("Location"))
-            raise Refusal(resp.status, msg or f"HTTP {resp.status}")
+            kind = doc.get("kind") if isinstance(doc, dict) and isinstance(doc.get("kind"), str) else None
+            raise Refusal(resp.status, msg or f"HTTP {resp.status}", kind)
         return doc if doc is not None else data
 
     def _read_bounded(self, resp) -> bytes:
