@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from linkpass.coordinator.auth import MAX_EPOCH
-from linkpass.coordinator.store import Store, StoreError, open_store, parse_postgres_url
+from linkpass.coordinator.store import PathRow, StateRow, Store, StoreError, open_store, parse_postgres_url
 
 from pgserver import PostgresServer
 
@@ -61,10 +61,10 @@ def test_both_backends_keep_the_same_state(opener):
     s.set_drain("p0l0-p0s0", "optic swapped", "bob", 101.5, until=200.0)  # an upsert, not a second row
     s.upsert_agent("h1", 1, {"version": "1"}, 50.0)
     s.upsert_agent("h1", 7, {"version": "2"}, 60.0)
-    s.put_paths([("h1/1", "h1", {"peer": "h2", "plane": 0}, "up", None, 70.0),
-                 ("h1/2", "h1", {"peer": "h3", "plane": 1}, "up", None, 70.0)])
-    s.put_paths([("h1/1", "h1", {"peer": "h2", "plane": 0}, "down", "hard_failure", 71.0)])
-    s.put_states([("degraded", "gray_loss_fwd", 72.0, "h1/2")])
+    s.put_paths([PathRow("h1/1", "h1", {"peer": "h2", "plane": 0}, "up", None, 70.0),
+                 PathRow("h1/2", "h1", {"peer": "h3", "plane": 1}, "up", None, 70.0)])
+    s.put_paths([PathRow("h1/1", "h1", {"peer": "h2", "plane": 0}, "down", "hard_failure", 71.0)])
+    s.put_states([StateRow(key="h1/2", state="degraded", reason="gray_loss_fwd", updated=72.0)])
     assert s.drains() == {"p0l0-p0s0": {"reason": "optic swapped", "by": "bob", "since": 101.5, "until": 200.0}}
     assert s.agents() == {"h1": {"agent_id": 7, "version": "2", "first_seen": 50.0, "last_seen": 60.0}}
     assert sorted((p["key"], p["state"], p["reason"], p["updated"]) for p in s.paths()) == [

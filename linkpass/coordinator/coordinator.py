@@ -33,7 +33,7 @@ from ..core.states import Level, health_of, is_bad, is_good, worst
 from ..control.requests import (ChangeIn, PathIn, ProbeBudget, RegisterIn, ReportIn, is_decimal,
                                 parse_register, parse_report)
 from ..control.errors import NOT_REGISTERED, CoordinatorError, NotFound, Refused
-from .store import Store
+from .store import EventRow, PathRow, StateRow, Store
 
 PLAN_REVISE_S = 1.0
 PLAN_HISTORY = 16  # plan versions kept to answer agents with a delta from theirs
@@ -95,9 +95,9 @@ class AgentRecord:
 
 @dataclass
 class _Changes:
-    events: list = field(default_factory=list)
-    paths: list = field(default_factory=list)
-    states: list = field(default_factory=list)
+    events: list[EventRow] = field(default_factory=list)
+    paths: list[PathRow] = field(default_factory=list)
+    states: list[StateRow] = field(default_factory=list)
 
 
 class Coordinator:
@@ -298,10 +298,10 @@ class Coordinator:
         if old is not None:
             self._drop_path(key)
         self._index(rec)
-        changes.paths.append((key, reporter, rec.info(), p.state, p.reason, now))
+        changes.paths.append(PathRow(key, reporter, rec.info(), p.state, p.reason, now))
         if is_bad(p.state):
-            changes.events.append((now, "detection", reporter, key, {"peer": rec.peer, "plane": rec.plane,
-                                                                     "state": p.state, "reason": p.reason}))
+            changes.events.append(EventRow(now, "detection", reporter, key, {"peer": rec.peer, "plane": rec.plane,
+                                                                             "state": p.state, "reason": p.reason}))
         return key
 
     def _change(self, reporter: str, c: ChangeIn, now: float, changes: _Changes) -> None:
@@ -317,12 +317,12 @@ class Coordinator:
         rec.state, rec.reason, rec.updated = state, reason, now
         self._tally(rec, 1)
         self.counters["path_changes"] += 1
-        changes.states.append((state, reason, now, rec.key))
+        changes.states.append(StateRow(rec.key, state, reason, now))
         self._observe(rec)
         now_bad = is_bad(state)
         if now_bad != was_bad:
-            changes.events.append((now, "detection" if now_bad else "recovery", rec.reporter, rec.key,
-                                   {"peer": rec.peer, "plane": rec.plane, "state": state, "reason": reason}))
+            changes.events.append(EventRow(now, "detection" if now_bad else "recovery", rec.reporter, rec.key,
+                                           {"peer": rec.peer, "plane": rec.plane, "state": state, "reason": reason}))
 
     def _drop_path(self, key: str) -> None:
         rec = self.paths.pop(key, None)
@@ -481,10 +481,10 @@ class Coordinator:
         events = []
         for dl, d in found.items():
             if dl not in self.findings:
-                events.append((now, "localization", "coordinator", dl, d))
+                events.append(EventRow(now, "localization", "coordinator", dl, d))
         for dl, d in self.findings.items():
             if dl not in found:
-                events.append((now, "cleared", "coordinator", dl, {"was": d}))
+                events.append(EventRow(now, "cleared", "coordinator", dl, {"was": d}))
         self.findings = found
         self.store.add_events(events)
         return list(found.values())

@@ -14,6 +14,7 @@ import threading
 import time
 
 from .auth import Caller
+from .store import EventRow
 
 FORBIDDEN_EVENTS_PER_WINDOW = 20  # refused drains etc. recorded one by one per summary window
 TRACKED_ADDRESSES = 4096  # rate-limit buckets kept (least recently refused dropped first)
@@ -58,7 +59,7 @@ class Refusals:
         self._unauth_paths: collections.Counter = collections.Counter()
         self._revoked: collections.Counter = collections.Counter()  # host -> requests with a revoked token
         self._revoked_from: collections.Counter = collections.Counter()  # ... by client address
-        self._events: list[tuple] = []
+        self._events: list[EventRow] = []
         self._recorded = 0  # individual events this window
         self._unrecorded = 0  # refusals of known callers beyond the cap, this window
         self._window_start = time.time()
@@ -93,32 +94,32 @@ class Refusals:
         with self._lock:
             if self._recorded < FORBIDDEN_EVENTS_PER_WINDOW:
                 self._recorded += 1
-                self._events.append((time.time(), "refused", caller.name, path,
-                                     {"action": path.rsplit("/", 1)[-1], "why": why, "remote": remote}))
+                self._events.append(EventRow(time.time(), "refused", caller.name, path,
+                                             {"action": path.rsplit("/", 1)[-1], "why": why, "remote": remote}))
             else:
                 self._unrecorded += 1
 
-    def take(self, final: bool, now: float) -> list[tuple]:
+    def take(self, final: bool, now: float) -> list[EventRow]:
         with self._lock:
             out, self._events = self._events, []
             if final:
                 if self._unauth:
-                    out.append((now, "refused", "unauthenticated", "endpoint",
-                                 {"why": "no valid token", "requests": sum(self._unauth.values()),
-                                  "window_s": round(now - self._window_start, 1),
-                                  "by_address": dict(self._unauth.most_common(10)),
-                                  "paths": dict(self._unauth_paths.most_common(5))}))
+                    out.append(EventRow(now, "refused", "unauthenticated", "endpoint",
+                                        {"why": "no valid token", "requests": sum(self._unauth.values()),
+                                         "window_s": round(now - self._window_start, 1),
+                                         "by_address": dict(self._unauth.most_common(10)),
+                                         "paths": dict(self._unauth_paths.most_common(5))}))
                 if self._revoked:
-                    out.append((now, "refused", "revoked", "endpoint",
-                                {"why": "revoked agent token", "requests": sum(self._revoked.values()),
-                                 "window_s": round(now - self._window_start, 1),
-                                 "by_host": dict(self._revoked.most_common(10)),
-                                 "by_address": dict(self._revoked_from.most_common(10))}))
+                    out.append(EventRow(now, "refused", "revoked", "endpoint",
+                                        {"why": "revoked agent token", "requests": sum(self._revoked.values()),
+                                         "window_s": round(now - self._window_start, 1),
+                                         "by_host": dict(self._revoked.most_common(10)),
+                                         "by_address": dict(self._revoked_from.most_common(10))}))
                 if self._unrecorded:
-                    out.append((now, "refused", "coordinator", "endpoint",
-                                 {"why": f"{self._unrecorded} more refusals of known callers than "
-                                         f"{FORBIDDEN_EVENTS_PER_WINDOW} a window (not recorded one by one)",
-                                  "window_s": round(now - self._window_start, 1)}))
+                    out.append(EventRow(now, "refused", "coordinator", "endpoint",
+                                        {"why": f"{self._unrecorded} more refusals of known callers than "
+                                                f"{FORBIDDEN_EVENTS_PER_WINDOW} a window (not recorded one by one)",
+                                         "window_s": round(now - self._window_start, 1)}))
                 self._unauth.clear()
                 self._unauth_paths.clear()
                 self._revoked.clear()

@@ -28,7 +28,7 @@ import ssl
 import struct
 import time
 import urllib.parse
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 DB_FILE = "coordinator.db"  # in the state directory
 SCHEMA_VERSION = 3  # 2: agent_epochs; 3: drains.until (older databases are upgraded in place)
@@ -420,8 +420,35 @@ def _pg_message(exc: BaseException) -> str:
     return str(arg.get("M", arg)) if isinstance(arg, dict) else str(arg)
 
 
+class EventRow(NamedTuple):
+    """One event of the history, as it is added."""
+    ts: float
+    kind: str  # one of EVENT_KINDS
+    actor: str  # who did it or reported it
+    subject: str  # what it is about: a path key, a link, a host
+    detail: dict
+
+
+class PathRow(NamedTuple):
+    """A reported path, whole (a registration, a table)."""
+    key: str
+    reporter: str
+    info: dict  # peer, plane, hops, links
+    state: str
+    reason: str | None
+    updated: float
+
+
+class StateRow(NamedTuple):
+    """A stored path's new state (a change)."""
+    key: str
+    state: str
+    reason: str | None
+    updated: float
+
+
 def open_store(url: str | None, password_file: str | None, state_dir: str,
-               on_committed: Callable[[list[tuple]], None] | None = None, tls_ca_file: str | None = None,
+               on_committed: Callable[[list[EventRow]], None] | None = None, tls_ca_file: str | None = None,
                insecure_plaintext: bool = False) -> Store:
     """The store a coordinator's settings name: `url` (settings.store, a postgresql:// URL) with
     its user's password in `password_file` (settings.store_password_file), over TLS with the
@@ -456,7 +483,7 @@ def open_store(url: str | None, password_file: str | None, state_dir: str,
 
 
 class Store:
-    def __init__(self, path: str, on_committed: Callable[[list[tuple]], None] | None = None,
+    def __init__(self, path: str, on_committed: Callable[[list[EventRow]], None] | None = None,
                  password: str | None = None, tls: ssl.SSLContext | None | bool = None):
         """`path`: an SQLite file, or a `postgresql://USER@HOST[:PORT]/DATABASE` URL (`password`: its
         user's, `tls`: verify the server with it, None: with the system's trust store, False: no
@@ -464,7 +491,7 @@ class Store:
         committed (never for one rolled back): what the coordinator's log shows of its history."""
         self.path = path
         self.on_committed = on_committed
-        self._uncommitted: list[tuple] = []  # events of the open transaction
+        self._uncommitted: list[EventRow] = []  # events of the open transaction
         self._data_version: Any = None  # written_elsewhere's last look
         self._tx_depth = 0  # transactions open on the connection (an inner one joins the outer)
         # the backend: every query below goes through it, whichever database it is
@@ -491,9 +518,9 @@ class Store:
         self.db.close()
 
     # ---- events ------------------------------------------------------------------------
-    def add_events(self, events: Iterable[tuple[float, str, str, str, dict]]) -> None:
-        events = list(events)
-        rows = [(ts, kind, actor, subject, json.dumps(detail, sort_keys=True)) for ts, kind, actor, subject, detail in events]
+    def add_events(self, events: Iterable[EventRow]) -> None:
+        events = [EventRow(*e) for e in events]  # a tuple in EventRow's order (from another actor) too
+        rows = [(e.ts, e.kind, e.actor, e.subject, json.dumps(e.detail, sort_keys=True)) for e in events]
         if rows:
             with self._tx():
                 self.db.executemany("INSERT INTO events (ts, kind, actor, subject, detail) VALUES (?,?,?,?,?)", rows)
@@ -501,7 +528,7 @@ class Store:
                     self._uncommitted.extend(events)
 
     def event(self, kind: str, actor: str, subject: str, **detail) -> None:
-        self.add_events([(time.time(), kind, actor, subject, detail)])
+        self.add_events([EventRow(time.time(), kind, actor, subject, detail)])
 
     def events(self, since: float = 0.0, after_id: int = 0, limit: int = 1000, kinds: Iterable[str] | None = None,
                link: str | None = None, host: str | None = None) -> list[dict]:
@@ -581,17 +608,17 @@ class Store:
                 for n, i, info, f, ls in self.db.execute("SELECT * FROM agents")}
 
     # ---- paths -------------------------------------------------------------------------
-    def put_paths(self, rows: Iterable[tuple[str, str, dict, str, str | None, float]]) -> None:
-        rows = [(k, r, json.dumps(i, sort_keys=True), s, rsn, t) for k, r, i, s, rsn, t in rows]
+    def put_paths(self, rows: Iterable[PathRow]) -> None:
+        rows = [(r.key, r.reporter, json.dumps(r.info, sort_keys=True), r.state, r.reason, r.updated) for r in rows]
         if rows:
             with self._tx():
                 self.db.executemany("INSERT INTO paths VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
                                     "reporter=excluded.reporter, info=excluded.info, state=excluded.state, "
                                     "reason=excluded.reason, updated=excluded.updated", rows)
 
-    def put_states(self, rows: Iterable[tuple[str, str | None, float, str]]) -> None:
-        """(state, reason, updated, key) for paths already stored."""
-        rows = list(rows)
+    def put_states(self, rows: Iterable[StateRow]) -> None:
+        """New states of paths already stored."""
+        rows = [(r.state, r.reason, r.updated, r.key) for r in rows]
         if rows:
             with self._tx():
                 self.db.executemany("UPDATE paths SET state=?, reason=?, updated=? WHERE key=?", rows)
