@@ -370,7 +370,7 @@ def test_every_report_field_is_checked(coord, body, field):
     ({"since": "1e400"}, "since"), ({"kind": "drain,bogus"}, "kind: 'bogus' is not an event kind"),
 ])
 def test_events_queries_are_checked(query, field):
-    from linkpass.control.requests import parse_events_query
+    from linkpass.control.bodies import parse_events_query
     from linkpass.coordinator.store import EVENT_KINDS
 
     with pytest.raises(CoordinatorError, match=field):
@@ -378,7 +378,7 @@ def test_events_queries_are_checked(query, field):
 
 
 def test_events_query_defaults_and_cap():
-    from linkpass.control.requests import parse_events_query
+    from linkpass.control.bodies import parse_events_query
     from linkpass.coordinator.store import EVENT_KINDS
 
     q = parse_events_query({}, EVENT_KINDS, 500)

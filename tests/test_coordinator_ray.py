@@ -85,7 +85,7 @@ def test_the_roots_internal_methods_refuse_a_driver_without_the_actors_credentia
     this keeps a driver that got on from speaking for agents."""
     import ray
 
-    from linkpass.control.requests import parse_register, parse_report
+    from linkpass.control.bodies import parse_register, parse_report
 
     _, url, settings = actor
     root = ray.get_actor(ray_actor.ACTOR_NAME, namespace=ray_actor.NAMESPACE)  # no LinkPass code needed

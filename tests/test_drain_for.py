@@ -11,7 +11,7 @@ import pytest
 from linkpass.cli.coordinator import parse_duration, render_drain, render_events
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.control.errors import CoordinatorError
-from linkpass.control.requests import parse_drain, parse_events_query
+from linkpass.control.bodies import parse_drain, parse_events_query
 from linkpass.coordinator.store import EVENT_KINDS, Store
 
 from helpers import MODEL, fail_paths, four_agents_registered

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from linkpass.control import requests as R
+from linkpass.control import bodies as R
+from linkpass.control.errors import CoordinatorError
 from linkpass.coordinator.auth import NEEDS
 from linkpass.coordinator.http import _ROUTES
 from linkpass.coordinator.openapi import spec
@@ -79,7 +80,7 @@ def test_required_fields_are_exactly_what_the_parser_cannot_do_without(cls):
         try:
             parser(partial)
             refused = False
-        except R.CoordinatorError as exc:
+        except CoordinatorError as exc:
             refused = field in str(exc)
         assert refused == (field in schema["required"]), (cls.__name__, field)
 

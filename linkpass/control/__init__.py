@@ -1,6 +1,6 @@
 """The control path between agents, the CLI and the coordinator, as every end of it uses it:
 
-- `requests.py` (pure): what a caller may send the coordinator, parsed whole into frozen
+- `bodies.py` (pure): what a caller may send the coordinator, parsed whole into frozen
   requests, and the coordinator's refusals, each with a `kind` callers match;
 - `answers.py` (pure): the coordinator's answer to an agent, checked whole before any of it is
   applied;

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from ..control.requests import HOST_NAME_RE
+from ..control.bodies import HOST_NAME_RE
 
 ROLES = ("reader", "agent", "operator")
 # what each role may do, by action name (the HTTP endpoint names its action)

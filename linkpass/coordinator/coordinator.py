@@ -30,7 +30,7 @@ from ..core.plan import plan_cap, plan_probes
 from ..core.report_digest import digest_of, row_hash
 from ..core.shards import ShardedLocalizer
 from ..core.states import Level, health_of, is_bad, is_good, worst
-from ..control.requests import (ChangeIn, PathIn, ProbeBudget, RegisterIn, ReportIn, is_decimal,
+from ..control.bodies import (ChangeIn, PathIn, ProbeBudget, RegisterIn, ReportIn, is_decimal,
                                 parse_register, parse_report)
 from ..control.errors import NOT_REGISTERED, CoordinatorError, NotFound, Refused
 from .store import EventRow, PathRow, StateRow, Store

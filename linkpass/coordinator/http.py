@@ -66,7 +66,7 @@ from .auth import NEEDS, Caller, Revoked
 from .metrics import CountsCollector, NamedCollector, RequestLatency, ShardCollector
 from .refusals import Buckets
 from ..control.errors import CoordinatorError
-from ..control.requests import (DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal, parse_decommission,
+from ..control.bodies import (DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal, parse_decommission,
                                 parse_drain, parse_events_query, parse_register, parse_report, query_host)
 from .store import EVENT_KINDS
 from .service import CoordinatorService
@@ -383,7 +383,7 @@ class CoordinatorServer:
 
     # ---- the workers -------------------------------------------------------------------
     def _prepare(self, route: "_Route", req: "_Head", raw: bytes):
-        """The request's argument (its body parsed and checked whole: requests.py), never under
+        """The request's argument (its body parsed and checked whole: control/bodies.py), never under
         the lock; (argument, None, None), or (_UNPARSED, status, document) for a refused body."""
         try:
             if req.method != "POST":
@@ -498,7 +498,7 @@ class _Route:
     fn: object
     summary: str = ""
     query: tuple[tuple[str, str, bool], ...] = ()  # (name, JSON type, required) the handler reads
-    body: type | None = None  # the request dataclass its parser (requests.py) makes
+    body: type | None = None  # the request dataclass its parser (control/bodies.py) makes
     parse: object = None  # that parser: the body's JSON document -> the handler's argument
     token_optional: bool = False  # without a token it answers what needs none (the action's role: more)
     lock_free: bool = False  # answered without a token by the loop itself: takes no lock, no worker

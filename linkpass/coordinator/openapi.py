@@ -1,7 +1,7 @@
 """The coordinator's HTTP API as an OpenAPI 3.1 document, made from the endpoint's own route table
 (`http._ROUTES`: method, path, the action that decides who may call it, the query parameters its
 handler reads, the request dataclass its parser makes) and the request dataclasses' fields
-(requests.py, with REQUIRED). Served at GET /v1/openapi.json without a token and printed by
+(control/bodies.py, with REQUIRED). Served at GET /v1/openapi.json without a token and printed by
 `linkpass coordinator openapi`; deploy/schema/coordinator-openapi.json is the checked-in copy.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import typing
 
 from .. import __version__
 from .auth import NEEDS
-from ..control.requests import REQUIRED
+from ..control.bodies import REQUIRED
 
 _SCALAR = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"}}
 

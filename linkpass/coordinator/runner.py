@@ -72,7 +72,7 @@ from .service import CoordinatorService
 from .shard import RootLink, Router, ShardFront, ShardLink, ShardParts
 from .coordinator import Coordinator, CoordinatorConfig, CoordinatorError
 from .store import StoreError, open_store, parse_postgres_url, redacted
-from ..control.requests import is_decimal
+from ..control.bodies import is_decimal
 from ..control.tls import LOCAL_CLIENT, SERVER, TlsError, lab_dir, lab_paths
 from .tls import build_server_context
 

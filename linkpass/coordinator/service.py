@@ -14,7 +14,7 @@ both call, behind one lock, and the threads that keep it going.
   runs under its own guard: one that raises is counted (`tick_failures`) and logged, and the
   others still run, this tick and every later one.
 - **The flush** (a shard only): reports it answered itself go to the root as they come.
-- **The API** takes typed requests (control/requests.py) that the caller has already checked, and
+- **The API** takes typed requests (control/bodies.py) that the caller has already checked, and
   returns the answer documents; refusals are `CoordinatorError`s.
 
 The wall clock (`time.time()`) is read here and passed into the coordinator, as every call of it
@@ -33,7 +33,7 @@ from .auth import AuthError, Tokens
 from .coordinator import Coordinator
 from .refusals import Refusals
 from ..control.errors import CoordinatorError
-from ..control.requests import DecommissionIn, DrainIn, EventsQuery, RegisterIn, ReportIn
+from ..control.bodies import DecommissionIn, DrainIn, EventsQuery, RegisterIn, ReportIn
 from .shard import Router, ShardFront, ShardParts
 
 SHARD_AWAY_S = 3.0  # a shard tells the root who is alive every tick (100 ms); silent this long, it is away

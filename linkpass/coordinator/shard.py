@@ -58,7 +58,7 @@ from ..core.heap import collector_paused
 from ..core.localize import Observation
 from ..core.shards import ROOT, Call, Part, ShardError, ShardMap
 from ..control.errors import Moved, NotFound, Unavailable
-from ..control.requests import RegisterIn, ReportIn, parse_register, parse_report
+from ..control.bodies import RegisterIn, ReportIn, parse_register, parse_report
 
 
 class RootUnreachable(ConnectionError):
