@@ -15,13 +15,15 @@ coordinator said (drained link addresses, the probe plan) for the main loop to a
                                                   does not take digests (heals lost reports)
     quiet for 1 s              POST /v1/report    a heartbeat (no changes)
 
+(What goes in each report is decided by control/reports.py, from what was sent before.)
+
 While the coordinator is unreachable the thread retries with backoff (0.5 s doubling to 5 s, each
 wait drawn between half and all of it: `Backoff`) and logs once when it goes away and once when it
 is back. A busy coordinator (503, 429) gets the same backoff, the agent's registration standing:
 what it did not accept is sent with the next report. A coordinator that comes back without the fleet's state (404: not registered) is
 registered with again after a random wait of up to `REREGISTER_SPREAD_S`, so thousands of agents
 do not arrive in the same second. Every answer is checked whole first
-(`answer.parse_answer`): a refused one is counted, logged once per distinct fault, and applied not
+(`control/answers.py`, `parse_answer`): a refused one is counted, logged once per distinct fault, and applied not
 at all; the versions stay, so the coordinator sends its drains and plan again. HTTPS, verified
 against coordinator.ca_file and showing this host's certificate when one is configured
 (`tls_context`); plain HTTP only with insecure_http, logged as a warning at start.
@@ -43,7 +45,7 @@ Plans come whole (`plan`) or, once the agent holds one, as the change from its v
 (`plan_delta`: peers to add or refresh, names to drop), so a plan change costs the coordinator
 what changed rather than the fleet. This thread applies a delta to the plan it holds and hands
 the main loop a whole plan either way. The delta is part of the answer checked whole: its peers
-and the plan it makes (`answer.apply_delta`) pass the same rules as a whole plan before drains
+and the plan it makes (`answers.apply_delta`) pass the same rules as a whole plan before drains
 or plan are applied. A refused answer that carried a delta also asks for the whole plan next
 (plan_version None), since the same delta would come again; a well-formed delta that does not
 start from the version held is dropped the same way, and the rest of its answer applied.
@@ -60,9 +62,9 @@ from urllib.parse import urlparse
 from ..control.tokens import TokenFileError, read_token
 from ..control.client import Client, Moved, Refusal, Unreachable
 from ..control.errors import NOT_REGISTERED
+from ..control.reports import layout, mark, next_report
 from ..control.tls import TlsError, build_client_context
 from ..core.constants import REPORT_HEARTBEAT_S
-from ..core.report_digest import table_digest
 from ..control.answers import AnswerError, AnswerRules, PlanAnswer, StaleDelta, apply_delta, parse_answer
 from .config import AgentConfig, ConfigError, CoordinatorLinkConfig
 
@@ -196,40 +198,26 @@ class CoordinatorLink:
                     self._register()
                     last_sent = last_summary = now
                 else:
-                    body = self._versions()
-                    rows = self.rows()
-                    changes = [r for r in rows if self.sent.get(r["id"]) != _mark(r)]
-                    layout = {r["id"]: _layout(r) for r in rows}
-                    due = now - last_summary >= self.cfg.summary_s
-                    if self.send_table or (due and (not self.digests or layout != self.sent_layout)):
-                        body["paths"] = rows
+                    report = next_report(self.rows(), self.sent, self.sent_layout, send_table=self.send_table,
+                                         digests=self.digests, summary_due=now - last_summary >= self.cfg.summary_s,
+                                         heartbeat_due=now - last_sent >= REPORT_HEARTBEAT_S,
+                                         budget=self._budget_now(), budget_sent=self.budget_sent)
+                    if report is None:
+                        self._stop.wait(self.cfg.report_ms / 1000)
+                        continue
+                    if report.summary:
                         last_summary = now
-                    else:
-                        if changes:
-                            body["changes"] = [{"id": r["id"], "state": r["state"], "reason": r["reason"]}
-                                               for r in changes]
-                        if due:
-                            body["digest"] = table_digest((r["id"], r["state"], r["reason"]) for r in rows)
-                            last_summary = now
-                        elif not changes and now - last_sent < REPORT_HEARTBEAT_S \
-                                and self._budget_now() == self.budget_sent:
-                            self._stop.wait(self.cfg.report_ms / 1000)
-                            continue
-                    budget = self._budget_now()
-                    if budget is not None and budget != self.budget_sent:
-                        body["probe_budget"] = budget  # a reload changed it: the coordinator re-plans
-                    whole = "paths" in body
-                    if whole:
+                    if report.whole:
                         self.send_table = False  # before the answer: it may ask again
-                    self._answer(self.client.post("/v1/report", body))
-                    for r in rows if whole else changes:
-                        self.sent[r["id"]] = _mark(r)
-                    if whole:
-                        self.sent_layout = layout
-                    self.stats["digests"] += "digest" in body
-                    self.stats["tables"] += whole
-                    if "probe_budget" in body:
-                        self.budget_sent = budget
+                    self._answer(self.client.post("/v1/report", {**self._versions(), **report.body}))
+                    for r in report.sent:
+                        self.sent[r["id"]] = mark(r)
+                    if report.whole:
+                        self.sent_layout = report.layout
+                    self.stats["digests"] += report.digest
+                    self.stats["tables"] += report.whole
+                    if report.budget is not None:
+                        self.budget_sent = report.budget
                     self.stats["reports"] += 1
                     last_sent = now
                 if not self.reachable or self.busy:
@@ -305,8 +293,8 @@ class CoordinatorLink:
         answer = self.client.post("/v1/register", {**self.identity(), "paths": rows, "drain_version": None,
                                                    "plan_version": None, "plan_deltas": True, "digests": True,
                                                    **({} if budget is None else {"probe_budget": budget})})
-        self.sent = {r["id"]: _mark(r) for r in rows}
-        self.sent_layout = {r["id"]: _layout(r) for r in rows}
+        self.sent = {r["id"]: mark(r) for r in rows}
+        self.sent_layout = {r["id"]: layout(r) for r in rows}
         self.send_table = False
         self.budget_sent = budget
         self.registered = True
@@ -345,12 +333,3 @@ class CoordinatorLink:
             self.plan_held = plan
             self.on_plan(plan)
         self.plan_version = got.plan_version
-
-
-def _mark(row: dict) -> tuple:
-    return row["state"], row["reason"]
-
-
-def _layout(row: dict) -> tuple:
-    """What of a path only a whole table tells the coordinator (a digest covers the rest)."""
-    return row["peer"], row["plane"], row["sport"], tuple(row["hops"] or ()), row["peer_addr"]

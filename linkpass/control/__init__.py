@@ -5,6 +5,7 @@
 - `answers.py` (pure): the coordinator's answer to an agent, checked whole before any of it is
   applied;
 - `errors.py` (pure): the refusal kinds, by name;
+- `reports.py` (pure): what an agent reports next, from what it sent before;
 - `client.py`: the HTTP/JSON client (agents, the CLI, benchmarks);
 - `tls.py`: the client's TLS context and the lab CA's file layout;
 - `tokens.py`: reading a bearer token from its file.
