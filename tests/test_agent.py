@@ -192,7 +192,9 @@ def loop_under_test(engine, logs):
     agent.reload_requested, agent.pending_plan, agent.pending_drains = False, None, None
     agent.config_peers = {p.name: p for p in agent.cfg.peers}
     agent.paths_of_peer, agent.drain_addrs = {}, ()
-    agent.batch_s = agent.cfg.batch_ms / 1000
+    agent.rates = D.Rates(lambda: agent.cfg, engine, {}, lambda peer: True, agent.errors, agent.stopping, True,
+                          lambda *a, **k: None)
+    agent.rates.activity = None  # rates off: the loop's other steps are under test
     return agent
 
 

@@ -131,26 +131,26 @@ def test_rdma_traffic_no_lane_names_makes_its_plane_active_and_only_that_plane()
 
 
 @pytest.mark.unit
-def test_the_agent_takes_its_own_probes_from_the_counters_and_says_which_planes_went_active(monkeypatch):
+def test_the_agent_takes_its_own_probes_from_the_counters_and_says_which_planes_went_active():
     """The agent's step between the sampler's counter reads and the rates: its own exchanges
     (requests sent and reflected, two packets each) come off, each new read is taken once, and
     the planes made active are logged when they change. The engine and config are stand-ins;
     the logic under test is the agent's."""
     from types import SimpleNamespace
 
-    from linkpass.agent import daemon
+    from linkpass.agent.rates import Rates
 
     logged = []
-    monkeypatch.setattr(daemon, "log", lambda event, **kw: logged.append((event, kw.get("planes"), kw.get("pps"))))
     agent = SimpleNamespace(cfg=SimpleNamespace(unreported_rdma_pps=5000), rdma_ports=None, unreported=None,
                             _rdma_fed=0, _rdma_said=[], _rdma_pps={}, activity=Activity(idle_after_ns=1000 * MS),
-                            engine=SimpleNamespace(stats={"sent": 0, "reflected": 0}))
+                            engine=SimpleNamespace(stats={"sent": 0, "reflected": 0}),
+                            log=lambda event, **kw: logged.append((event, kw.get("planes"), kw.get("pps"))))
 
     def see(when, counts, sent, reflected, lane_planes=(), now=None):
         if counts is not None:
             agent.rdma_ports = (when, counts)
         agent.engine.stats = {"sent": sent, "reflected": reflected}
-        daemon.Agent._see_unreported_rdma(agent, set(lane_planes), when if now is None else now)
+        Rates._see_unreported_rdma(agent, set(lane_planes), when if now is None else now)
 
     see(1, {0: 0, 1: 0}, 0, 0)
     # 0.1 s: 400 exchanges of the agent's own (800 packets) and 1 000 more on plane 0: 10 000/s
