@@ -26,6 +26,7 @@ MEASURES = (
     "linkpass/agent/failover.py",
     "linkpass/agent/decide.py",
     "linkpass/agent/daemon.py",
+    "linkpass/agent/rates.py",
     "linkpass/agent/routes.py",
     "linkpass/agent/netlink.py",
     "linkpass/probe/_probecore.c",

@@ -58,6 +58,7 @@ MEASURES = (
     "linkpass/core/activity.py",
     "linkpass/core/budget.py",
     "linkpass/agent/daemon.py",
+    "linkpass/agent/rates.py",
     "sim/bench/host_cost.py",
 )
 

@@ -78,6 +78,7 @@ MEASURES = (
     "linkpass/agent/failover.py",
     "linkpass/agent/routes.py",
     "linkpass/agent/daemon.py",
+    "linkpass/agent/rates.py",
     "sim/bench/reliability.py",
 )
 
