@@ -19,7 +19,9 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
-JSON_REF = re.compile(r"(?<![\w/.-])(20\d\d-\d\d-\d\d)/([\w.-]+\.json)")
+# a run's JSON as docs name it: "2026-12-05/failover.json", also after "benchmarks/" or
+# "docs/benchmarks/" (not inside another path)
+JSON_REF = re.compile(r"(?:(?<=benchmarks/)|(?<![\w/.-]))(20\d\d-\d\d-\d\d)/([\w.-]+\.json)")
 
 
 def git(root: Path, *args: str) -> str | None:
@@ -168,3 +170,10 @@ def stale_runs(root: Path) -> dict[str, str]:
 if __name__ == "__main__":  # `python tests/test_benchmark_freshness.py`: what is stale, and why
     for name, why in stale_runs(ROOT).items():
         print(f"{name}: {why}")
+
+
+def test_a_quoted_run_is_found_however_the_doc_names_its_folder():
+    text = ("bare 2026-12-05/failover.json, docs/benchmarks/2026-12-06/chaos.json, benchmarks/2026-12-04/a.json; "
+            "not out/2026-12-03/b.json")
+    assert [m.group(0) for m in JSON_REF.finditer(text)] == ["2026-12-05/failover.json", "2026-12-06/chaos.json",
+                                                           "2026-12-04/a.json"]
