@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from linkpass.cli import coordinator as fleet_cli
+from linkpass.cli import fleet as fleet_cli
 from linkpass.cli.main import main
 from linkpass.cli.output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNKNOWN
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig

@@ -239,7 +239,7 @@ def test_a_shard_serves_agents_only(sharded):
 
 
 def test_status_shows_the_shards_and_one_that_is_away(sharded):
-    from linkpass.cli.coordinator import render_status
+    from linkpass.cli.fleet import render_status
 
     s = sharded
     register_all(s)

@@ -8,7 +8,9 @@ import sqlite3
 
 import pytest
 
-from linkpass.cli.coordinator import parse_duration, render_drain, render_events
+from linkpass.cli.drains import render_drain
+from linkpass.cli.fleet import render_events
+from linkpass.cli.times import parse_duration
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.control.errors import CoordinatorError
 from linkpass.control.bodies import parse_drain, parse_events_query

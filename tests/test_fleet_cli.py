@@ -9,7 +9,9 @@ import json
 
 import pytest
 
-from linkpass.cli import coordinator as fleet_cli
+from linkpass.cli import fleet as fleet_cli
+from linkpass.cli import drains as drains_cli, times as times_cli
+from linkpass.cli.coordinator_client import Usage
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.coordinator.store import Store
 
@@ -63,22 +65,22 @@ def test_events_golden(coord):
 
 def test_drain_what_if_golden(coord):
     doc = json.loads(json.dumps(coord.drain("p0l0-p0s1", "maintenance", "bob", NOW, dry_run=True)))
-    check_golden("drain_dry_run.txt", fleet_cli.render_drain(doc, "drain") + "\n")
+    check_golden("drain_dry_run.txt", drains_cli.render_drain(doc, "drain") + "\n")
     coord.drain("p0l0-p0s1", "maintenance", "bob", NOW)
     doc = json.loads(json.dumps(coord.drain("p0l1-p0s0", "more", "bob", NOW, dry_run=True)))
-    text = fleet_cli.render_drain(doc, "drain")
+    text = drains_cli.render_drain(doc, "drain")
     check_golden("drain_refused.txt", text + "\n")
     assert "REFUSED: blast-radius guard" in text
 
 
 @pytest.mark.parametrize("text,ago", [("30s", 30), ("15m", 900), ("2h", 7200), ("7d", 604800)])
 def test_since(text, ago):
-    assert fleet_cli.parse_since(text, NOW) == NOW - ago
+    assert times_cli.parse_since(text, NOW) == NOW - ago
 
 
 def test_since_iso_and_garbage():
-    assert fleet_cli.parse_since("2026-11-30T14:00", NOW) == 1796047200.0
-    with pytest.raises(fleet_cli._Usage, match="use 30s, 15m"):
-        fleet_cli.parse_since("yesterday", NOW)
-    with pytest.raises(fleet_cli._Usage, match="use 30s, 15m"):
-        fleet_cli.parse_since("²m", NOW)  # a Unicode digit float() refuses
+    assert times_cli.parse_since("2026-11-30T14:00", NOW) == 1796047200.0
+    with pytest.raises(Usage, match="use 30s, 15m"):
+        times_cli.parse_since("yesterday", NOW)
+    with pytest.raises(Usage, match="use 30s, 15m"):
+        times_cli.parse_since("²m", NOW)  # a Unicode digit float() refuses

@@ -489,7 +489,7 @@ def complete_main(argv: list[str]) -> int:
 
 
 def complete_parser() -> argparse.ArgumentParser:
-    from .coordinator import client_args
+    from .coordinator_client import client_args
     from .main import Parser
 
     p = Parser(prog="linkpass __complete", add_help=False)
@@ -502,9 +502,9 @@ def run_complete(args) -> int:
     out = io.StringIO()
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            from .coordinator import _client
+            from .coordinator_client import make_client
 
-            client = _client(args, timeout_s=COMPLETE_TIMEOUT_S)
+            client = make_client(args, timeout_s=COMPLETE_TIMEOUT_S)
             try:
                 if args.what == "hosts":
                     names = [r["name"] for r in client.get("/v1/agents")]

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", choices=FORMATS, default="table", metavar="FORMAT",
                    help="table (default), wide (more columns), json or yaml: a document on stdout, errors "
                         "on stderr")
-    from .coordinator import add_coordinator_paths_args
+    from .fleet import add_coordinator_paths_args
 
     add_coordinator_paths_args(p)
     p.set_defaults(func=dispatch)
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def dispatch(args) -> int:
     if args.host and not (args.local or args.port is not None):
-        from .coordinator import paths_from_coordinator
+        from .fleet import paths_from_coordinator
 
         return paths_from_coordinator(args)
     args.peer = args.peer_opt or args.host
