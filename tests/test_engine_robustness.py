@@ -15,7 +15,7 @@ from linkpass.core import wire as W
 from linkpass.core.clock import Exchange, PairEstimator, PurePairFilter, SyntheticClock
 from linkpass.probe.common import PathSpec
 from linkpass.probe.engine import CoreProbeEngine
-from linkpass.probe.reference import ProbeEngine
+from linkpass.probe.reference import ReferenceEngine
 from linkpass.testbed.mesh import Mesh
 
 pytestmark = pytest.mark.root
@@ -28,7 +28,7 @@ def attacker_socket(fab, host: int, sport: int) -> socket.socket:
     return s
 
 
-@pytest.mark.parametrize("engine_cls", [CoreProbeEngine, ProbeEngine], ids=["c-core", "python"])
+@pytest.mark.parametrize("engine_cls", [CoreProbeEngine, ReferenceEngine], ids=["c-core", "python"])
 def test_hostile_packets_are_counted_and_dropped(fabric, engine_cls):
     fab = fabric
     victim = engine_cls(1, KEY, netns=fab.netns("h0"))
@@ -123,7 +123,7 @@ def test_clock_estimates_converge_on_the_testbed(fabric):
     assert abs(est.offset_at(clocks[0].read(now)) - truth) < 2_000
 
 
-@pytest.mark.parametrize("engine_cls", [CoreProbeEngine, ProbeEngine], ids=["c-core", "python"])
+@pytest.mark.parametrize("engine_cls", [CoreProbeEngine, ReferenceEngine], ids=["c-core", "python"])
 def test_idle_paths_probe_slower_and_speed_up_when_active(fabric, engine_cls):
     fab = fabric
     a, b = engine_cls(1, KEY, netns=fab.netns("h0")), engine_cls(2, KEY, netns=fab.netns("h1"))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from linkpass.agent.routes import RTPROT_LINKPASS, Plan, PeerRoutes, RouteActuator, desired_route
+from linkpass.agent.routes import RTPROT_LINKPASS, PeerRoutes, RouteActuator, RouteChoice, desired_route
 from linkpass.testbed import faults, traffic
 from linkpass.testbed.faults import FaultSpec
 from linkpass.testbed.agents import peer_routes
@@ -20,7 +20,7 @@ from linkpass.testbed.agents import peer_routes
 @pytest.mark.unit
 def test_desired_route_never_removes_the_last_plane():
     peer = PeerRoutes("h1", "198.18.0.2", {0: ("198.18.64.0", "p0"), 1: ("198.18.72.0", "p1")})
-    assert desired_route(peer, {1}, (0, 1)) == Plan("h1", (1,))
+    assert desired_route(peer, {1}, (0, 1)) == RouteChoice("h1", (1,))
     kept = desired_route(peer, set(), (1,))
     assert kept.planes == (1,) and kept.refused == (1,) and "fail static" in kept.reason
     assert desired_route(peer, {5}, (0, 1)).planes == (0, 1)  # an unknown plane is not usable

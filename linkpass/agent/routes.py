@@ -23,7 +23,7 @@ this host's service address and carrying `rto_min` so TCP retransmits reach the 
   (returned as such), not dropped, so the caller retries on its next tick.
 - **Dry run.** Decisions are computed, journaled to memory and returned, and nothing is touched.
 
-The pure part (`desired_route`, `Plan`) decides; `RouteActuator` talks netlink.
+The pure part (`desired_route`, `RouteChoice`) decides; `RouteActuator` talks netlink.
 """
 from __future__ import annotations
 
@@ -52,14 +52,14 @@ class PeerRoutes:
 
 
 @dataclass(frozen=True)
-class Plan:
+class RouteChoice:
     peer: str
     planes: tuple[int, ...]  # planes the route will use
     refused: tuple[int, ...] = ()  # planes the caller wanted gone but that stay (last usable path)
     reason: str = ""
 
 
-def desired_route(peer: PeerRoutes, usable: set[int], current: tuple[int, ...]) -> Plan:
+def desired_route(peer: PeerRoutes, usable: set[int], current: tuple[int, ...]) -> RouteChoice:
     """Which planes a peer's route should use. Pure.
 
     Usable planes only; but if none is usable, keep what is installed (fail static): removing
@@ -67,9 +67,9 @@ def desired_route(peer: PeerRoutes, usable: set[int], current: tuple[int, ...]) 
     """
     want = tuple(sorted(p for p in usable if p in peer.hops))
     if want:
-        return Plan(peer.peer, want)
+        return RouteChoice(peer.peer, want)
     keep = current or tuple(sorted(peer.hops))
-    return Plan(peer.peer, keep, refused=keep, reason="no usable plane: keeping the current route (fail static)")
+    return RouteChoice(peer.peer, keep, refused=keep, reason="no usable plane: keeping the current route (fail static)")
 
 
 MAX_PLANE = 63  # as in the agent's config

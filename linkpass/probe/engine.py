@@ -40,7 +40,7 @@ SENT_EVERY_S = 0.1  # judging mode: each path's requests-sent count (for the vie
 
 class CoreProbeEngine:
     """One agent's probes and reflector, the per-packet loop in C (linkpass.probe._probecore);
-    the interface of reference.ProbeEngine, plus the background thread and judging mode.
+    the interface of reference.ReferenceEngine, plus the background thread and judging mode.
 
     `run()` hands the loop to C in slices (GIL released) and, between slices, turns the
     completed exchanges into per-path telemetry and `on_exchange` calls. The clock is a linear

@@ -56,7 +56,7 @@ class _Path(ProbedPath):
     next_seq: int = 0
 
 
-class ProbeEngine:
+class ReferenceEngine:
     """One agent's probes and reflector. Not thread-safe: drive it from one thread."""
 
     def __init__(self, agent_id: int, key: bytes, netns: str | None = None, clock: Clock = _identity,

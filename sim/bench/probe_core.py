@@ -50,7 +50,7 @@ from linkpass.core.constants import ROCE_PORT  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
 from linkpass.probe.common import PathSpec  # noqa: E402
 from linkpass.probe.engine import CoreProbeEngine  # noqa: E402
-from linkpass.probe.reference import ProbeEngine  # noqa: E402
+from linkpass.probe.reference import ReferenceEngine  # noqa: E402
 from linkpass.testbed import build, topology  # noqa: E402
 
 KEY = bytes(range(32))
@@ -124,7 +124,7 @@ def main() -> int:
                 print(f"trial {k + 1}/{trials}", file=sys.stderr, flush=True)
                 c_rates.append(ours(fab, CoreProbeEngine, seconds))
                 peer_rates.append(peer(fab, binary, seconds))
-                py_rates.append(ours(fab, ProbeEngine, seconds))
+                py_rates.append(ours(fab, ReferenceEngine, seconds))
         finally:
             build.down(args.prefix)
     pm = statistics.median(peer_rates)
