@@ -31,7 +31,7 @@ import os
 
 import pytest
 
-from helpers import prefix_for
+from helpers import four_agents_registered, prefix_for
 
 IS_ROOT = os.geteuid() == 0
 TIERS = ("unit", "root", "service", "sim")
@@ -86,3 +86,11 @@ def clean_faults(fabric):
 
     yield fabric
     faults.clear(fabric.prefix)
+
+
+@pytest.fixture
+def coord(tmp_path):
+    """A Coordinator (no Ray, no sockets) with h0..h3 registered at t=1000 (helpers.four_agents_registered)."""
+    c, store = four_agents_registered(str(tmp_path / "c.db"))
+    yield c
+    store.close()

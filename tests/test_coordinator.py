@@ -7,16 +7,9 @@ import pytest
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig, CoordinatorError, NotFound, Refused
 from linkpass.coordinator.store import Store
 
-from helpers import FAB, MODEL, bare, fail_paths, four_agents_registered, identity, table_of
+from helpers import FAB, MODEL, bare, fail_paths, identity, table_of
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def coord(tmp_path):
-    c, store = four_agents_registered(str(tmp_path / "c.db"))
-    yield c
-    store.close()
 
 
 def test_registration_maps_every_path_onto_fabric_links(coord):
@@ -452,7 +445,6 @@ def test_events_are_kept_by_age_and_by_count(tmp_path):
     ts = [e["ts"] for e in store.events(limit=1000)]
     assert len(ts) <= 20 and min(ts) >= 4940.0
     store.close()
-
 
 from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402
 

@@ -16,16 +16,9 @@ from linkpass.control.errors import CoordinatorError
 from linkpass.control.bodies import parse_drain, parse_events_query
 from linkpass.coordinator.store import EVENT_KINDS, Store
 
-from helpers import MODEL, fail_paths, four_agents_registered
+from helpers import MODEL, fail_paths
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def coord(tmp_path):
-    c, store = four_agents_registered(str(tmp_path / "c.db"))
-    yield c
-    store.close()
 
 
 def test_a_timed_drain_ends_by_itself_and_the_history_says_who_and_why(coord, tmp_path):

@@ -23,7 +23,7 @@ NOW = 1_796_000_000.0
 
 
 @pytest.fixture
-def coord(tmp_path, monkeypatch):
+def fleet_with_a_fault(tmp_path, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     store = Store(str(tmp_path / "c.db"))
     c = Coordinator(store, MODEL, CoordinatorConfig(), now=NOW - 3600)
@@ -36,15 +36,15 @@ def coord(tmp_path, monkeypatch):
     store.close()
 
 
-def test_status_golden(coord):
-    doc = json.loads(json.dumps(coord.status(NOW)))
+def test_status_golden(fleet_with_a_fault):
+    doc = json.loads(json.dumps(fleet_with_a_fault.status(NOW)))
     check_golden("status_table.txt", fleet_cli.render_status(doc, NOW) + "\n")
     check_golden("status_wide.txt", fleet_cli.render_status(doc, NOW, wide=True) + "\n")
     assert doc["health"] == "critical"
 
 
-def test_links_golden_and_exit(coord):
-    rows = coord.links()
+def test_links_golden_and_exit(fleet_with_a_fault):
+    rows = fleet_with_a_fault.links()
     check_golden("links_table.txt", fleet_cli.render_links(rows, NOW) + "\n")
     check_golden("links_wide.txt", fleet_cli.render_links(rows, NOW, wide=True) + "\n")
     assert fleet_cli.links_exit(rows) == 2
@@ -52,22 +52,22 @@ def test_links_golden_and_exit(coord):
     assert fleet_cli.links_exit([r for r in rows if r["health"] == "ok"]) == 0
 
 
-def test_paths_golden(coord):
-    rows = coord.path_rows("h1", "h2")
+def test_paths_golden(fleet_with_a_fault):
+    rows = fleet_with_a_fault.path_rows("h1", "h2")
     check_golden("paths_host_table.txt", fleet_cli.render_paths(rows, NOW) + "\n")
     check_golden("paths_host_wide.txt", fleet_cli.render_paths(rows, NOW, wide=True) + "\n")
 
 
-def test_events_golden(coord):
-    rows = [dict(e, ts=NOW - 100 + i) for i, e in enumerate(coord.store.events(kinds=["drain", "localization", "refused"]))]
+def test_events_golden(fleet_with_a_fault):
+    rows = [dict(e, ts=NOW - 100 + i) for i, e in enumerate(fleet_with_a_fault.store.events(kinds=["drain", "localization", "refused"]))]
     check_golden("events_table.txt", fleet_cli.render_events(rows) + "\n")
 
 
-def test_drain_what_if_golden(coord):
-    doc = json.loads(json.dumps(coord.drain("p0l0-p0s1", "maintenance", "bob", NOW, dry_run=True)))
+def test_drain_what_if_golden(fleet_with_a_fault):
+    doc = json.loads(json.dumps(fleet_with_a_fault.drain("p0l0-p0s1", "maintenance", "bob", NOW, dry_run=True)))
     check_golden("drain_dry_run.txt", drains_cli.render_drain(doc, "drain") + "\n")
-    coord.drain("p0l0-p0s1", "maintenance", "bob", NOW)
-    doc = json.loads(json.dumps(coord.drain("p0l1-p0s0", "more", "bob", NOW, dry_run=True)))
+    fleet_with_a_fault.drain("p0l0-p0s1", "maintenance", "bob", NOW)
+    doc = json.loads(json.dumps(fleet_with_a_fault.drain("p0l1-p0s0", "more", "bob", NOW, dry_run=True)))
     text = drains_cli.render_drain(doc, "drain")
     check_golden("drain_refused.txt", text + "\n")
     assert "REFUSED: blast-radius guard" in text

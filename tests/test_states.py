@@ -153,16 +153,6 @@ def test_doctor_judges_a_path_by_its_health(state):
     assert D.check_agent(f).status == (D.OK if state.health is Level.OK else D.WARN)
 
 
-@pytest.fixture
-def coord(tmp_path):
-    store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, now=1000.0)
-    for i in range(4):
-        c.register({**identity(i), "paths": table_of(i)}, 1000.0)
-    yield c
-    store.close()
-
-
 @pytest.mark.parametrize("state", list(State))
 def test_fleet_status_warns_for_every_path_that_is_not_ok(coord, state):
     coord.report({"name": "h0", "changes": [{"id": 1, "state": state.value, "reason": None}]}, 1001.0)
