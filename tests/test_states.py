@@ -249,3 +249,11 @@ def test_the_wide_table_says_what_a_recovering_path_waits_for():
     text = local_cli.render([rec, local_row("up")], wide=True)
     assert "waiting for hold-down 120 ms more; 37/100 good probes in a row" in text
     assert "waiting for" not in local_cli.render([rec], wide=False)
+
+
+def test_every_state_has_its_own_colour_in_every_view():
+    from linkpass.core.states import COLOR
+    from linkpass.observe.dashboards import STATE_COLORS
+
+    assert set(COLOR) == set(State) and len(set(COLOR.values())) == len(State)
+    assert STATE_COLORS == {s.value: c for s, c in COLOR.items()}

@@ -12,17 +12,19 @@ import re
 
 from .. import __version__
 from .completion import Command, commands
+from .output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_MEANING, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
 
 # the top page's reference sections: what docs/cli.md says at length
-EXIT_STATUS = [
-    (0, "ok: healthy, or the command did what was asked"),
-    (1, "warning: something is degraded (a drained or unwatched link, a lossy path), or a --dry-run found "
-        "the change would be refused"),
-    (2, "critical: a localized fault, a lost agent, a dark path; or a drain the coordinator's guard refused"),
-    (3, "unknown: the health could not be told: bad usage or config file, the coordinator or agent does not "
-        "answer, TLS failed, the token was refused (HTTP 401/403), or an unexpected error"),
-    (130, "interrupted (Ctrl-C, SIGTERM)"),
-]
+_EXIT_WHEN = {  # what each of the shared exit codes (cli/output.py) means, at length
+    EXIT_OK: "healthy, or the command did what was asked",
+    EXIT_WARNING: "something is degraded (a drained or unwatched link, a lossy path), or a --dry-run found the "
+                  "change would be refused",
+    EXIT_CRITICAL: "a localized fault, a lost agent, a dark path; or a drain the coordinator's guard refused",
+    EXIT_UNKNOWN: "the health could not be told: bad usage or config file, the coordinator or agent does not "
+                  "answer, TLS failed, the token was refused (HTTP 401/403), or an unexpected error",
+}
+EXIT_STATUS = [(code, f"{EXIT_MEANING[code]}: {_EXIT_WHEN[code]}") for code in sorted(_EXIT_WHEN)]
+EXIT_STATUS.append((EXIT_INTERRUPTED, f"{EXIT_MEANING[EXIT_INTERRUPTED]} (Ctrl-C, SIGTERM)"))
 ENVIRONMENT = [
     ("LINKPASS_COORDINATOR", "the coordinator's URL (after --coordinator, before the config file)"),
     ("LINKPASS_TOKEN", "your token itself (after --token-file, before the config file)"),

@@ -84,6 +84,9 @@ HEALTH: dict[State, Level] = {
     State.DAMPED: Level.CRITICAL,
 }
 
+# how views colour a state (the dashboards' series; Grafana's colour names): one per state
+COLOR = {State.UP: "green", State.SUSPECT: "yellow", State.RECOVERING: "blue", State.DEGRADED: "orange",
+         State.DOWN: "red", State.DAMPED: "purple"}
 STATE_NAMES = tuple(s.value for s in State)  # every state as reported, in declaration order
 _BY_NAME = {s.value: s for s in State}
 

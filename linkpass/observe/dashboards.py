@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from ..core.states import State
+from ..core.states import COLOR, State
 
 SCHEMA_VERSION = 39
 GRID_WIDTH = 24
@@ -36,8 +36,7 @@ AGENT = 'job="linkpass-agent"'
 COORDINATOR = 'job="linkpass-coordinator"'
 RATE = "$__rate_interval"  # Grafana picks a range that holds at least four scrapes
 USABLE = "|".join(s.value for s in State if s.usable)  # the states traffic may use (up, suspect)
-STATE_COLORS = {"up": "green", "suspect": "yellow", "recovering": "blue", "degraded": "orange", "down": "red",
-                "damped": "purple"}
+STATE_COLORS = {s.value: c for s, c in COLOR.items()}  # core/states.py: one colour per state
 UIDS = {"fleet": "linkpass-fleet", "host": "linkpass-host", "link": "linkpass-link"}
 
 # where data links lead; ${datasource:queryparam} and ${__url_time_range} keep the data source and the time range

@@ -18,7 +18,9 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
-USABLE = 'state=~"up|suspect"'  # linkpass.core.states.USABLE: traffic may use these paths
+from ..core.states import USABLE as USABLE_STATES
+
+USABLE = f'state=~"{"|".join(s.value for s in USABLE_STATES)}"'  # the states traffic may use (core/states.py)
 
 
 @dataclass(frozen=True)

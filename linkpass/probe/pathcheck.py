@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..core.paths import PathTable
+from ..core.states import DARK, State
 from .discovery import IP_RECVERR, MSG_ERRQUEUE, SO_BINDTODEVICE, DiscoveryConfig, Target, discover
 
 PROBE_BASE_PORT = 31000  # below Linux's ephemeral range and the agent's own probe ports (49152+)
@@ -87,7 +88,7 @@ class Live:
                 if (hops is None or lp.hops == hops) and (sport is None or lp.sport == sport)]
 
 
-ANSWERING = ("up", "suspect", "degraded", "recovering")  # the agent's probes get replies over it
+ANSWERING = tuple(s.value for s in State if s not in DARK)  # the agent's probes get replies over it
 
 
 # ---- documents (pure, given the sweep's results) -----------------------------------------------
