@@ -154,14 +154,14 @@ typedef struct {
     xrec_t *ring;
     uint32_t ring_cap, ring_head, ring_len;
     /* sent requests (only while tracking) and the evidence time: every packet that reached a
-     * socket before `drained_local` is in the rings. A detector may judge a probe missed only up
+     * socket before `evidence_local` is in the rings. A detector may judge a probe missed only up
      * to that time, so neither a late Python nor a descheduled loop can fake a miss. */
     ev_t *evring;
     uint32_t ev_head, ev_len, tracking;
     int efd; /* eventfd: readable when a MISS or LATE is waiting (Python sleeps on it) */
     int wfd; /* eventfd the other way: Python changed something the loop's sleep depends on */
     int notify; /* set under `mu` when one was pushed; the loop signals efd after unlocking */
-    int64_t drained_local;
+    int64_t evidence_local;
     uint64_t sent, reflected, replies, received, wakeups, evidence_updates;
     /* confirmation rounds (set_confirm; 0: off), and what they did */
     uint32_t confirm_threshold, confirm_burst;
@@ -538,7 +538,7 @@ static void signal_python(Core *c) {
 }
 
 static void set_evidence(Core *c, int64_t t) {
-    c->drained_local = t;
+    c->evidence_local = t;
     c->evidence_updates++;
     if (c->tracking)
         for (int i = 0; i < c->npaths; i++) expire(c, &c->paths[i], t);
@@ -611,7 +611,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         }
         /* every NIC is read until empty (a no-op recvmmsg on a quiet one) so that, if all come
          * back empty, everything that arrived before t_check is known: the evidence time */
-        int drained = 1;
+        int all_emptied = 1;
         pthread_mutex_lock(&c->mu);
         for (int nic = 0; nic < c->nnics; nic++) {
             int emptied = 0;
@@ -646,9 +646,9 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
                 if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
                 if (got < BATCH) { emptied = 1; break; }
             }
-            drained &= emptied;
+            all_emptied &= emptied;
         }
-        if (drained) set_evidence(c, local_clock(c, t_check));
+        if (all_emptied) set_evidence(c, local_clock(c, t_check));
         signal_python(c);
         pthread_mutex_unlock(&c->mu);
     }
@@ -1070,7 +1070,7 @@ static PyObject *Core_take_events(Core *self, PyObject *args) {
     uint32_t n = self->ev_len;
     self->notify = 0; /* whatever was pushed is being taken now */
     char *buf = malloc((size_t)n * sizeof(ev_t) + 1);
-    int64_t evidence = self->drained_local;
+    int64_t evidence = self->evidence_local;
     if (buf) {
         for (uint32_t i = 0; i < n; i++)
             memcpy(buf + (size_t)i * sizeof(ev_t), &self->evring[(self->ev_head + i) % self->ring_cap], sizeof(ev_t));

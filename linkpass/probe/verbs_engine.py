@@ -340,7 +340,7 @@ class VerbsProbeEngine:
                 os.read(self._kick_r, 4096)
             except BlockingIOError:
                 pass
-        drained = True
+        all_emptied = True
         for nic in self.nics.values():
             # a CQ whose channel is quiet has had no completion since it was emptied and re-armed
             if nic.channel_fd is None or nic.channel_fd in ready:
@@ -348,10 +348,10 @@ class VerbsProbeEngine:
                     nic.channel.get_cq_event(nic.cq)
                     nic.cq.ack_events(1)
                     nic.cq.req_notify()
-                drained &= self._drain_cq(nic)
+                all_emptied &= self._empty_cq(nic)
             if nic.hello.fileno() in ready:
                 self._hellos(nic)
-        if drained:
+        if all_emptied:
             with self._lock:
                 self._evidence_ns = t_check
                 self._expire(t_check)
@@ -415,7 +415,7 @@ class VerbsProbeEngine:
         path.out[seq] = (t1, t1 + path.rto_ns, size)
 
     # ---- receiving -----------------------------------------------------------------------
-    def _drain_cq(self, nic: _Nic) -> bool:
+    def _empty_cq(self, nic: _Nic) -> bool:
         """Read the CQ until empty (bounded); True if it was emptied."""
         for _ in range(MAX_ROUNDS):
             n, wcs = nic.cq.poll(MAX_POLL)
