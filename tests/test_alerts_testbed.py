@@ -14,7 +14,7 @@ import pytest
 from linkpass.coordinator import runner
 from linkpass.control.tls import lab_dir
 from linkpass.core.constants import AGENT_METRICS_PORT
-from linkpass.observe.prometheus import for_lab
+from linkpass.testbed.prometheus import for_lab
 from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec

@@ -16,7 +16,7 @@ ALWAYS = "groups:\n- name: t\n  rules:\n  - alert: Always\n    expr: vector(1)\n
 
 @pytest.mark.service
 def test_a_restarted_prometheus_keeps_its_alert_history():
-    from linkpass.observe.prometheus import Prometheus, PrometheusMissing
+    from linkpass.testbed.prometheus import Prometheus, PrometheusMissing
 
     try:
         prom = Prometheus({"none": ["127.0.0.1:9"]}, ALWAYS, scrape_s=0.5, eval_s=0.5)

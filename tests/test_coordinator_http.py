@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from linkpass.coordinator import runner
 from linkpass.control.client import Refusal
 from linkpass.coordinator.http import json_depth_ok
-from linkpass.observe.prometheus import promtool
+from linkpass.testbed.prometheus import promtool
 
 from helpers import MODEL, agent_tokens, coordinator_client, identity, lab_ca_file, table_of, wait_until
 

@@ -18,7 +18,7 @@ from linkpass.control.client import Moved, Refusal
 from linkpass.control.errors import CoordinatorError
 from linkpass.coordinator.shard import LocalRoot, LocalShards
 from linkpass.core.report_digest import table_digest
-from linkpass.observe.prometheus import promtool
+from linkpass.testbed.prometheus import promtool
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import (MODEL, agent_tokens, coordinator_client, free_port, identity, lab_ca_file, role_token, table_of,

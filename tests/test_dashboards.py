@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from linkpass.observe import dashboards as D
-from linkpass.observe.prometheus import promtool
+from linkpass.testbed.prometheus import promtool
 
 from helpers import MODEL, free_port, lab_ca_file
 

@@ -18,7 +18,7 @@ from linkpass.core.budget import apportion
 from linkpass.agent.metrics import SPECS, AgentCollector, DecisionCollector, HttpCollector, TelemetryCollector
 from linkpass.core.detector import Detector, DetectorConfig
 from linkpass.core.telemetry import PathTelemetry
-from linkpass.observe.prometheus import promtool
+from linkpass.testbed.prometheus import promtool
 from linkpass.probe.common import PathSpec, ProbedPath
 
 pytestmark = pytest.mark.unit

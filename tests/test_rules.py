@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from linkpass.observe import rules as R
-from linkpass.observe.prometheus import promtool
+from linkpass.testbed.prometheus import promtool
 
 pytestmark = pytest.mark.unit
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

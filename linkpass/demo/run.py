@@ -87,7 +87,7 @@ class Demo:
         self.reader_token = None
         self.reader_token_file = None  # Prometheus reads it for the series that name hosts and links
         self.tls_dir = None  # the coordinator's lab CA
-        self.prom = None  # the demo's Prometheus (linkpass.observe.prometheus), when it could start
+        self.prom = None  # the demo's Prometheus (linkpass.testbed.prometheus), when it could start
         self.alerts: dict[str, list[tuple[float, float]]] = {}  # alertname -> firing spans, LinkPass on
         self.alert_instances: dict[str, list[tuple[float, float]]] = {}  # ... each instance's own
         self.fired: list[dict] = []  # alert_summary of the run with LinkPass
@@ -206,7 +206,7 @@ class Demo:
         """Prometheus scraping every agent over the management network and the coordinator over
         mutual TLS, the project's rules loaded at lab durations; its alerts join the timeline."""
         from ..core.constants import AGENT_METRICS_PORT
-        from ..observe.prometheus import PrometheusMissing, for_lab
+        from ..testbed.prometheus import PrometheusMissing, for_lab
         from ..observe.rules import LAB, alerts
 
         self.step("starting Prometheus (Debian's package, a private data dir removed on exit): scraping the agents "

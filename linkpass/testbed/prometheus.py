@@ -17,6 +17,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from .ports import free_port
+
 VERSION = "2.42.0"
 DEFAULT_DIR = f"/var/cache/linkpass/prometheus/{VERSION}/bin"
 INSTALLER = "deploy/install-prometheus.sh"
@@ -40,14 +42,6 @@ def promtool(*args: str, stdin: str | None = None, timeout: float = 60) -> subpr
     return subprocess.run([binary("promtool"), *args], input=stdin, capture_output=True, text=True, timeout=timeout)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Prometheus:
     """A private Prometheus: scrapes `targets` ({job: [host:port, ...]}) every `scrape_s`,
     evaluates `rules_text` every `eval_s`, keeps its data in a temporary folder removed by
@@ -59,7 +53,7 @@ class Prometheus:
         import yaml
 
         self.dir = tempfile.mkdtemp(prefix="linkpass-prometheus-")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.log = None  # Prometheus' own output, in the folder
@@ -199,7 +193,7 @@ def for_lab(agents: list[str], coordinator: str | None = None, tls_dir: str | No
     certificate when `tls_dir` is given, with the reader token in `token_file` for the series that
     name hosts and links) every second, with the project's rules at LAB durations."""
     from ..control.tls import LOCAL_CLIENT, lab_paths
-    from .rules import LAB, render
+    from ..observe.rules import LAB, render
 
     targets = {AGENT_JOB: agents, **({COORDINATOR_JOB: [coordinator]} if coordinator else {})}
     tls = None
