@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from linkpass.probe import fuzz
+from linkpass.testbed import fuzz
 
 pytestmark = pytest.mark.unit
 
@@ -32,15 +32,15 @@ def test_the_receive_path_survives_hostile_packets_under_sanitizers(harness):
 def test_a_sanitizer_report_fails_the_run(harness, tmp_path):
     """The check can fail: a harness built from a receive path that trusts the padding (the
     decoder's bound removed) is caught writing a reply past its send slot."""
-    src = (fuzz.HERE / "probe_wire.h").read_text()
+    src = (fuzz.PROBE_DIR / "probe_wire.h").read_text()
     bound = "if (pad > MAX_PAD || n != (size_t)MIN_PAYLOAD + pad) return D_BAD_LENGTH;"
     assert bound in src
-    rx = (fuzz.HERE / "probe_rx.h").read_text()
+    rx = (fuzz.PROBE_DIR / "probe_rx.h").read_text()
     gate = "if (!r->pad_ok[pad]) return"
     assert gate in rx
     for name, text in (("probe_wire.h", src.replace(bound, "if (n != (size_t)MIN_PAYLOAD + pad) return D_BAD_LENGTH;")),
                        ("probe_rx.h", rx.replace(gate, "if (pad <= MAX_PAD && !r->pad_ok[pad]) return")),
-                       ("blake2b.h", (fuzz.HERE / "blake2b.h").read_text()),
+                       ("blake2b.h", (fuzz.PROBE_DIR / "blake2b.h").read_text()),
                        ("fuzz_harness.c", fuzz.HARNESS.read_text())):
         (tmp_path / name).write_text(text)
     broken = fuzz.build(tmp_path, src_dir=tmp_path)

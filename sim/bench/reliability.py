@@ -6,7 +6,7 @@
 Rows (ROWS below maps each name to its function; a function takes `quick` and returns its rows):
 
 - `fuzz`: the probe core's receive path (decoder, size and budget checks, reflector:
-  linkpass/probe/probe_rx.h) built with AddressSanitizer and UBSan (linkpass/probe/fuzz.py),
+  linkpass/probe/probe_rx.h) built with AddressSanitizer and UBSan (linkpass/testbed/fuzz.py),
   fed random, truncated, mutated, over-long (signed too) and replayed packets, with time jumping
   past the reflector's idle timeout: 10^6 inputs in two seeded runs (--quick: 10^5). Metrics
   `inputs` and `crashes` (runs that ended in a sanitizer report or a broken invariant).
@@ -115,7 +115,7 @@ from linkpass.control.tls import build_client_context, lab_dir, lab_paths  # noq
 from linkpass.core import wire as W  # noqa: E402
 from linkpass.core.constants import RTPROT_LINKPASS  # noqa: E402
 from linkpass.core.names import host_name, leaf_name, link_name  # noqa: E402
-from linkpass.probe import fuzz  # noqa: E402
+from linkpass.testbed import fuzz  # noqa: E402
 from linkpass.testbed import build, faults, topology  # noqa: E402
 from linkpass.testbed.agents import LINKPASS, write_agent_configs  # noqa: E402
 from linkpass.testbed.faults import FaultSpec  # noqa: E402

@@ -1,5 +1,6 @@
-"""The probe core's receive path under a sanitizer: builds fuzz_harness.c (beside the core; it
-includes the same probe_wire.h and probe_rx.h the extension compiles) and runs it.
+"""The probe core's receive path under a sanitizer: builds fuzz_harness.c (lab tooling, here; it
+includes the same probe_wire.h and probe_rx.h the extension compiles, from linkpass/probe) and
+runs it.
 
 `build(out_dir)` compiles it with AddressSanitizer and UBSan (every report fatal), or optimised
 and without them (`sanitize=False`, for timing); `fuzz(binary, count, seed)` feeds it `count`
@@ -16,8 +17,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).parent
-HARNESS = HERE / "fuzz_harness.c"
+HARNESS = Path(__file__).parent / "fuzz_harness.c"
+PROBE_DIR = Path(__file__).parent.parent / "probe"  # the receive path's headers
 COMMON = ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-unused-function"]
 SANITIZE = ["-O2", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 OPTIMISE = ["-O2"]  # as the extension is built (setup.py)
@@ -32,15 +33,16 @@ class BuildError(RuntimeError):
 
 
 def build(out_dir: str | os.PathLike, sanitize: bool = True, cc: str | None = None,
-          src_dir: str | os.PathLike = HERE) -> Path:
-    """Compile the harness (src_dir's fuzz_harness.c and the headers beside it) into out_dir;
-    returns the binary's path."""
+          src_dir: str | os.PathLike | None = None) -> Path:
+    """Compile the harness into out_dir; returns the binary's path. `src_dir`: a folder holding its
+    own fuzz_harness.c and headers (a test's altered copies); default: this harness and the probe
+    core's headers."""
     cc = cc or os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
         raise BuildError("no C compiler: install gcc (apt-get install gcc), which the extension needs too")
     out = Path(out_dir) / ("fuzz_harness-asan" if sanitize else "fuzz_harness")
-    src = Path(src_dir)
-    cmd = [cc, *COMMON, f"-I{src}", *(SANITIZE if sanitize else OPTIMISE), str(src / HARNESS.name), "-o", str(out)]
+    harness, headers = (HARNESS, PROBE_DIR) if src_dir is None else (Path(src_dir) / HARNESS.name, Path(src_dir))
+    cmd = [cc, *COMMON, f"-I{headers}", *(SANITIZE if sanitize else OPTIMISE), str(harness), "-o", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise BuildError(f"{' '.join(cmd)} failed:\n{done.stderr}")
