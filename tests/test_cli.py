@@ -17,7 +17,7 @@ import pytest
 
 from linkpass.cli import fleet as fleet_cli
 from linkpass.cli.main import main
-from linkpass.cli.output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNKNOWN
+from linkpass.console.output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNKNOWN
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.coordinator.store import Store
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from linkpass.cli import manpage, settings
-from linkpass.cli.output import EXIT_MEANING, EXIT_OK, EXIT_UNKNOWN
+from linkpass.console.output import EXIT_MEANING, EXIT_OK, EXIT_UNKNOWN
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from linkpass.cli import fleet as fleet_cli
-from linkpass.cli import output
+from linkpass.console import output
 from linkpass.cli import paths as local_cli
 from linkpass.coordinator import coordinator as coordinator_module
 from linkpass.coordinator.coordinator import Coordinator

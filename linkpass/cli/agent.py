@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ..observe.log import RANK
-from .files import absolute
+from ..console.files import absolute
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +41,7 @@ def run(args) -> int:
         print(json.dumps(schema(), indent=2))
         return 0
     if not args.config:
-        from .output import error
+        from ..console.output import error
 
         return error("agent: --config FILE is required (or --schema to print the config's JSON Schema)")
     if args.check_config:
@@ -58,7 +58,7 @@ def check_config(path: str, dry_run: bool, fmt: str) -> int:
     from ..agent.config import ConfigError
     from ..agent.daemon import capability_refusal, load, probe_engine_kind
     from ..kernel import caps
-    from .output import EXIT_CRITICAL, EXIT_OK, error
+    from ..console.output import EXIT_CRITICAL, EXIT_OK, error
 
     try:
         cfg, _key, accept_key = load(path)

@@ -14,8 +14,7 @@ import contextlib
 import io
 from dataclasses import dataclass, field
 
-from .output import EXIT_OK, error
-from .files import absolute
+from ..console.output import EXIT_OK
 
 SHELLS = ("bash", "zsh", "fish")
 COMPLETE_TIMEOUT_S = 1.0  # `__complete`: per connect and read; a Tab must not stall the shell
@@ -421,59 +420,6 @@ SCRIPTS = {"bash": bash, "zsh": zsh, "fish": fish}
 
 
 # ---- the commands ------------------------------------------------------------------------------
-def register(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("completion", help="shell completion script for bash, zsh or fish",
-                       description="Print the completion script for SHELL: subcommands, flags, their choices, files, "
-                                   "and link and host names from the coordinator. Install: bash: linkpass "
-                                   "completion bash > /etc/bash_completion.d/linkpass (or `source <(linkpass "
-                                   "completion bash)` in ~/.bashrc); zsh: linkpass completion zsh > "
-                                   "\"${fpath[1]}/_linkpass\"; fish: linkpass completion fish > "
-                                   "~/.config/fish/completions/linkpass.fish.")
-    c.add_argument("shell", choices=SHELLS)
-    c.set_defaults(func=run_completion)
-
-    m = sub.add_parser("man", help="the manual pages (roff), made from the commands themselves",
-                       description="Print the manual page of a command (default: linkpass itself) as roff, to read "
-                                   "with `man -l -`; or write every page to DIR (--out) for MANPATH: linkpass.1, "
-                                   "linkpass-status.1, linkpass-coordinator-token.1, ...")
-    m.add_argument("command", nargs="*", help="the command whose page to print, e.g. status or coordinator token")
-    m.add_argument("--out", metavar="DIR", type=absolute, help="write every page into DIR (made if missing) instead")
-    m.set_defaults(func=run_man)
-
-
-def _root_parser() -> argparse.ArgumentParser:
-    from .main import build_parser  # the whole CLI, as the user runs it
-
-    return build_parser()
-
-
-def run_completion(args) -> int:
-    print(SCRIPTS[args.shell](_root_parser()), end="")
-    return EXIT_OK
-
-
-def run_man(args) -> int:
-    import os
-
-    from . import manpage
-
-    root = _root_parser()
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        for name, text in manpage.pages(root).items():
-            path = os.path.join(args.out, name)
-            with open(path, "w") as f:
-                f.write(text)
-            print(path)
-        return EXIT_OK
-    want = tuple(args.command)
-    for cmd in commands(root):
-        if cmd.path == want:
-            print(manpage.page(cmd, commands(root)), end="")
-            return EXIT_OK
-    return error(f"no such command: linkpass {' '.join(want)} (`linkpass --help` lists them)")
-
-
 def complete_main(argv: list[str]) -> int:
     """`linkpass __complete links` (or hosts) and the connection flags of the line: kept out of the
     CLI's parser (so out of its help, its errors and the generated scripts) and quick: only what
@@ -490,7 +436,7 @@ def complete_main(argv: list[str]) -> int:
 
 def complete_parser() -> argparse.ArgumentParser:
     from .coordinator_client import client_args
-    from .main import Parser
+    from .parser import Parser
 
     p = Parser(prog="linkpass __complete", add_help=False)
     p.add_argument("what", choices=("links", "hosts"))

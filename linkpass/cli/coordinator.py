@@ -18,9 +18,9 @@ import signal
 import time
 
 from ..core.constants import COORDINATOR_LISTEN, COORDINATOR_PORT
-from .output import EXIT_OK, EXIT_WARNING, CliError, error, paint
+from ..console.output import EXIT_OK, EXIT_WARNING, CliError, error, paint
 from ..observe.log import RANK
-from .files import absolute
+from ..console.files import absolute
 from . import drains, fleet
 from .coordinator_client import Usage
 from .drains import add_decommission
@@ -104,9 +104,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _openapi(args) -> int:
-    from ..coordinator.openapi import spec
+    from ..coordinator.http import openapi_doc
 
-    print(json.dumps(spec(), indent=2))
+    print(json.dumps(openapi_doc(), indent=2))
     return EXIT_OK
 
 

@@ -11,8 +11,8 @@ import sys
 import time
 
 from ..core.constants import COORDINATOR_URL
-from .output import EXIT_CRITICAL, EXIT_UNKNOWN, FORMATS, error, paint, warn
-from .files import absolute
+from ..console.output import EXIT_CRITICAL, EXIT_UNKNOWN, FORMATS, error, paint, warn
+from ..console.files import absolute
 
 
 def output_args(p: argparse.ArgumentParser, watch: bool = True) -> None:

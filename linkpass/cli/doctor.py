@@ -9,8 +9,8 @@ import socket
 from ..core.constants import AGENT_API_PORT
 from ..doctor.checks import FAIL, OK, SKIP, WARN, Check, report, run_checks
 from ..doctor.gather import gather
-from .output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
-from .files import absolute
+from ..console.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
+from ..console.files import absolute
 
 
 def exit_code(checks: list[Check]) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from .output import EXIT_OK, EXIT_WARNING, emit, error, paint
+from ..console.output import EXIT_OK, EXIT_WARNING, emit, error, paint
 from .coordinator_client import call, output_args
 from .times import parse_duration, when
 

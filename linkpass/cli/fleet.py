@@ -8,7 +8,7 @@ import argparse
 import json
 import time
 
-from .output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, emit, error, paint, paint_level,
+from ..console.output import (EXIT_CRITICAL, EXIT_OF_LEVEL, EXIT_OK, EXIT_UNKNOWN, emit, error, paint, paint_level,
                      printable_doc, table)
 from ..core.fabric import DOWN, UP
 from ..core.states import BAD, Level, health_of, state_of, worst

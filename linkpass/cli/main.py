@@ -8,7 +8,8 @@ import sys
 import traceback
 
 from .. import __version__
-from .output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_UNKNOWN, CliError, error, paint
+from ..console.output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_UNKNOWN, CliError, error, paint
+from .parser import Parser
 
 
 def _root_required(what: str) -> None:
@@ -33,15 +34,6 @@ def _raise_interrupt(_sig, _frame):
     raise KeyboardInterrupt
 
 
-class Parser(argparse.ArgumentParser):
-    """Every parser of the CLI (`add_subparsers` makes subcommands of the parent's class): a usage
-    error exits 3, unknown, never argparse's 2, which scripts and monitoring read as critical."""
-
-    def error(self, message: str):
-        self.exit(EXIT_UNKNOWN, f"{self.prog}: error: {message}\n"
-                                f"(`{self.prog} --help` lists the arguments)\n")
-
-
 DEBUG_HELP = "on an unexpected error, show its traceback (also $LINKPASS_DEBUG=1)"
 
 
@@ -50,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     # benchmarks imports the testbed
     from ..testbed import cli as testbed_cli
     from .. import demo
-    from . import agent as agent_cli, completion, coordinator as coordinator_cli, doctor, pathcheck, paths, tls
+    from . import agent as agent_cli, coordinator as coordinator_cli, doctor, pathcheck, paths, selfdoc, tls
 
     ap = Parser(prog="linkpass", description="Network-level link failover for GPU fabrics: the host agent, the "
                                              "coordinator that sees the fleet, and the commands on-call runs "
@@ -68,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     pathcheck.register(sub)
     doctor.register(sub)
     demo.register(sub)
-    completion.register(sub)
+    selfdoc.register(sub, build_parser)
     for p in subparsers(ap):  # `linkpass status --debug` as well as `linkpass --debug status`
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return ap

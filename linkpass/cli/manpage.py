@@ -12,10 +12,10 @@ import re
 
 from .. import __version__
 from .completion import Command, commands
-from .output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_MEANING, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
+from ..console.output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_MEANING, EXIT_OK, EXIT_UNKNOWN, EXIT_WARNING
 
 # the top page's reference sections: what docs/cli.md says at length
-_EXIT_WHEN = {  # what each of the shared exit codes (cli/output.py) means, at length
+_EXIT_WHEN = {  # what each of the shared exit codes (console/output.py) means, at length
     EXIT_OK: "healthy, or the command did what was asked",
     EXIT_WARNING: "something is degraded (a drained or unwatched link, a lossy path), or a --dry-run found the "
                   "change would be refused",

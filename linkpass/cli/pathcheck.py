@@ -32,7 +32,7 @@ import urllib.request
 
 from ..core.constants import AGENT_API_PORT, PROBE_PORT_BASE, ROCE_PORT
 from ..probe.pathcheck import MAX_PORTS, PROBE_BASE_PORT, PROBE_PORTS
-from .output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
+from ..console.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
 from .paths import no_agent
 
 AGENT_TIMEOUT_S = 30.0  # a sweep takes up to 5 s, and RTTs up to ~1 s per path

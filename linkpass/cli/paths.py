@@ -11,7 +11,7 @@ import json
 import urllib.error
 import urllib.request
 
-from .output import EXIT_OF_LEVEL, FORMATS, emit, error, paint, paint_level, table
+from ..console.output import EXIT_OF_LEVEL, FORMATS, emit, error, paint, paint_level, table
 from ..core.constants import AGENT_API_PORT
 from ..core.states import DARK, HELD_OUT, Level, State, health_of, state_of, worst
 

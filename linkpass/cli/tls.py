@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .output import EXIT_OK, EXIT_UNKNOWN, error
-from .files import absolute
+from ..console.output import EXIT_OK, EXIT_UNKNOWN, error
+from ..console.files import absolute
 
 
 def register(sub: argparse._SubParsersAction) -> None:

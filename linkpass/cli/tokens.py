@@ -10,8 +10,8 @@ import os
 import sys
 import time
 
-from .output import EXIT_OK, error, table, warn
-from .files import absolute
+from ..console.output import EXIT_OK, error, table, warn
+from ..console.files import absolute
 
 
 def add_token(actions: argparse._SubParsersAction) -> None:

@@ -64,6 +64,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from ..core.constants import COORDINATOR_PORT
 from .auth import NEEDS, Caller, Revoked
 from .metrics import CountsCollector, NamedCollector, RequestLatency, ShardCollector
+from .openapi import spec
 from .refusals import Buckets
 from ..control.errors import CoordinatorError
 from ..control.bodies import (DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal, parse_decommission,
@@ -467,7 +468,7 @@ class CoordinatorServer:
         return 200, {"ok": True}
 
     def _get_openapi(self, req, body, caller, remote):
-        return 200, _openapi()
+        return 200, openapi_doc()
 
     def _post_register(self, req, r: RegisterIn, caller, remote):
         self._as_itself(caller, r.name, remote, req.path)
@@ -650,11 +651,10 @@ def _refusal_doc(exc: CoordinatorError) -> dict:
 
 
 @functools.cache
-def _openapi() -> dict:
-    """The API's description: made once (the routes are fixed), never under the lock."""
-    from .openapi import spec
-
-    return spec()
+def openapi_doc() -> dict:
+    """The API's description (openapi.py), from this endpoint's route table: made once (the routes
+    are fixed), never under the lock."""
+    return spec(_ROUTES)
 
 
 def _json_body(raw: bytes, max_depth: int) -> dict:

@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import TYPE_CHECKING
-
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .. import __version__
 from .service import shard_parts
-
-if TYPE_CHECKING:
-    from .http import CoordinatorServer
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -55,7 +50,7 @@ class RequestLatency:
         return fam
 
 
-def _endpoint_families(s: "CoordinatorServer"):
+def _endpoint_families(s):
     """The endpoint's own families: refusals, connections, pending requests, latency, version."""
     e = CounterMetricFamily("linkpass_coordinator_request_errors", "Requests refused or failed", labels=["kind"])
     with s._count_lock:
@@ -93,7 +88,7 @@ _SHARD_PART_FAMILIES = (
 class ShardCollector:
     """A shard's Prometheus view: its agents and what it answered, forwarded, redirected."""
 
-    def __init__(self, server: "CoordinatorServer"):
+    def __init__(self, server):
         self.server = server
 
     def collect(self):
@@ -130,7 +125,7 @@ class CountsCollector:
     """Prometheus view, read at scrape time: counts only, which name no host or link, read without
     the lock (the coordinator keeps them as paths change; a copy of a dict is one step for Python)."""
 
-    def __init__(self, server: "CoordinatorServer"):
+    def __init__(self, server):
         self.server = server
 
     def collect(self):
@@ -186,7 +181,7 @@ class NamedCollector:
     """The series that name hosts and links (each localized link's confidence, each agent's
     liveness): with a token only, read under the lock."""
 
-    def __init__(self, server: "CoordinatorServer"):
+    def __init__(self, server):
         self.server = server
 
     def collect(self):

@@ -48,12 +48,11 @@ def _component(cls, components: dict) -> str:
     return name
 
 
-def spec() -> dict:
-    from .http import _ROUTES  # the endpoint's own table
-
+def spec(routes: dict) -> dict:
+    """The document for `routes` (http._ROUTES: the endpoint hands in its own table)."""
     components: dict = {}
     paths: dict = {}
-    for (method, path), route in sorted(_ROUTES.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (method, path), route in sorted(routes.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         op: dict = {"summary": route.summary, "operationId": f"{method.lower()}_{path.strip('/').replace('/', '_')}",
                     "responses": {"200": {"description": "done", "content": {"application/json": {}}},
                                   "4XX": {"description": "refused: the message names the field and the fix",

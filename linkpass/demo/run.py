@@ -29,11 +29,11 @@ import sys
 import time
 from contextlib import ExitStack
 
-from ..cli.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, paint, table
+from ..console.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, paint, table
 from ..core.names import host_name
 from . import timeline
 from .script import SCRIPT, Scripted, select
-from ..cli.files import absolute
+from ..console.files import absolute
 from ..testbed.agents import LAB_INTERVAL_MS
 from ..testbed.ports import free_port
 

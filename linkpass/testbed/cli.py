@@ -7,11 +7,11 @@ import os
 import sys
 import time
 
-from ..cli.output import EXIT_CRITICAL, EXIT_OK, FORMATS, emit, paint, table
+from ..console.output import EXIT_CRITICAL, EXIT_OK, FORMATS, emit, paint, table
 from . import build, faults, traffic
 from ..core.names import host_name
 from .topology import Fabric, load_spec_text, parse_rdma_hosts, preset, check_prefix, PRESETS
-from ..cli.files import absolute
+from ..console.files import absolute
 
 DEFAULT_PREFIX = os.environ.get("LINKPASS_PREFIX", "lp")
 

@@ -42,7 +42,7 @@ from linkpass_sim.report import row  # noqa: E402
 from linkpass.demo import timeline  # noqa: E402
 from linkpass.demo.run import Demo  # noqa: E402
 from linkpass.demo.script import select  # noqa: E402
-from linkpass.cli.output import table  # noqa: E402
+from linkpass.console.output import table  # noqa: E402
 
 OFF = "linkpass-off (testbed ECMP routes, no failover)"
 

@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
-from linkpass.cli.output import table  # noqa: E402
+from linkpass.console.output import table  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
 from linkpass.demo import timeline  # noqa: E402
 from linkpass.demo.run import BASELINE, HOSTS, PLUGIN, Demo  # noqa: E402

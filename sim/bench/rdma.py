@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "rdma"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402
-from linkpass.cli.output import table  # noqa: E402
+from linkpass.console.output import table  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402
 from linkpass.testbed import agents, build, guest_ring, guests, roce_paths, topology  # noqa: E402
 from linkpass_rdma import channel  # noqa: E402
