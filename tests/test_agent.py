@@ -180,7 +180,7 @@ class FlakyEngine:
 def loop_under_test(engine, logs):
     """An Agent's main loop over a stand-in engine: its config, failover and step guard are real."""
     from linkpass.agent import daemon as D
-    from linkpass.agent.failover import Failover
+    from linkpass.core.failover import Failover
     from linkpass.core.detector import Detector, DetectorConfig
 
     agent = D.Agent.__new__(D.Agent)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from linkpass.agent.decide import PathInfo
+from linkpass.core.decide import PathInfo
 from linkpass.core.constants import CONFIRM_BURST, CONFIRM_PER_PEER_PER_S, PROBE_PORT_BASE
 from linkpass.core.detector import DetectorConfig, State
 from linkpass_sim.virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from linkpass.agent.decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
+from linkpass.core.decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
 from linkpass.core.detector import State
 from linkpass.core.entropy_table import ENTRY_FAIL_STATIC, PORT_VERIFIED
 

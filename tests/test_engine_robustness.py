@@ -234,7 +234,7 @@ def test_the_c_cores_events_and_the_simulators_are_one_type_with_the_same_fields
     import numpy as np
     from linkpass_sim import calibration
 
-    from linkpass.agent.failover import Failover
+    from linkpass.core.failover import Failover
     from linkpass.core.probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
 
     a, b = one_path_pair(fabric)

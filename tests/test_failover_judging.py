@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from linkpass.agent.decide import PathInfo
-from linkpass.agent.failover import Failover, reported_state
+from linkpass.core.decide import PathInfo
+from linkpass.core.failover import Failover, reported_state
 from linkpass.core.detector import Detector, DetectorConfig, State
 from linkpass.core.probe_event import ProbeEvent
 from linkpass.core.telemetry import LossCounters, feed_events

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from linkpass.agent.decide import PathInfo
-from linkpass.agent.failover import Failover
+from linkpass.core.decide import PathInfo
+from linkpass.core.failover import Failover
 from linkpass.core.detector import Detector, DetectorConfig
 from linkpass.core.probe_event import EV_LATE, EV_MISS, ProbeEvent
 from linkpass.core.telemetry import LossCounters, feed_events

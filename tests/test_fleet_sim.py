@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from linkpass.agent import decide, failover
+from linkpass.core import decide, failover
 from linkpass.coordinator import coordinator as service
 from linkpass.core import detector, localize, plan
 from linkpass_sim import calibration, failures, fleet, jobmodel, virtual

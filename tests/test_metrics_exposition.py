@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from linkpass import __version__
 from linkpass.agent.api import PathLabels, TelemetryView, metrics_registry
 from linkpass.agent.daemon import LOOP_STEPS
-from linkpass.agent.decide import PathInfo
-from linkpass.agent.failover import Failover
+from linkpass.core.decide import PathInfo
+from linkpass.core.failover import Failover
 from linkpass.core.budget import apportion
 from linkpass.agent.metrics import SPECS, AgentCollector, DecisionCollector, HttpCollector, TelemetryCollector
 from linkpass.core.detector import Detector, DetectorConfig

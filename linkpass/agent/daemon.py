@@ -53,8 +53,8 @@ from ..control.answers import AnswerRules, Drain, PlanAnswer
 from .api import LocalApi, PathLabels, ProbeProgress, TelemetryView, metrics_registry, metrics_routes, serve
 from .config import AgentConfig, ConfigError, load_text
 from .coordinator_link import CoordinatorLink, probe_budget, tls_context
-from .decide import PathInfo, crosses
-from .failover import Failover, reported_state
+from ..core.decide import PathInfo, crosses
+from ..core.failover import Failover, reported_state
 from .hostfacts import read_host_facts
 from .keyfile import load_fleet_keys
 from .metrics import AgentCollector, DecisionCollector

@@ -65,7 +65,7 @@ EVENTS = {
     "path_check_failed": "error",
     "watchdog_withheld": "error",
     "watchdog_resumed": "info",
-    # the agent's decisions (agent/failover.py, agent/routes.py)
+    # the agent's decisions (core/failover.py, agent/routes.py)
     "path_state": "info",
     "route_change": "warning",
     "host_lateness": "warning",

@@ -20,7 +20,7 @@ from __future__ import annotations
 MEASURES = (
     "linkpass/demo",
     "linkpass/core/detector.py",
-    "linkpass/agent/failover.py",
+    "linkpass/core/failover.py",
     "linkpass/agent/routes.py",
     "rdma/nccl/lp_plugin.c",
     "rdma/nccl/lp_lanes.c",

@@ -23,8 +23,8 @@ from __future__ import annotations
 # from it stale (tests/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/core/detector.py",
-    "linkpass/agent/failover.py",
-    "linkpass/agent/decide.py",
+    "linkpass/core/failover.py",
+    "linkpass/core/decide.py",
     "linkpass/agent/daemon.py",
     "linkpass/agent/rates.py",
     "linkpass/agent/routes.py",

@@ -27,8 +27,8 @@ from __future__ import annotations
 MEASURES = (
     "sim/linkpass_sim",
     "linkpass/core/detector.py",
-    "linkpass/agent/failover.py",
-    "linkpass/agent/decide.py",
+    "linkpass/core/failover.py",
+    "linkpass/core/decide.py",
     "sim/bench/fleet.py",
 )
 

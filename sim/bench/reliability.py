@@ -75,7 +75,7 @@ MEASURES = (
     "linkpass/coordinator/store.py",
     "linkpass/coordinator/ray_actor.py",
     "linkpass/agent/coordinator_link.py",
-    "linkpass/agent/failover.py",
+    "linkpass/core/failover.py",
     "linkpass/agent/routes.py",
     "linkpass/agent/daemon.py",
     "linkpass/agent/rates.py",

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from linkpass.agent.config import AgentConfig
-from linkpass.agent.decide import PathInfo
+from linkpass.core.decide import PathInfo
 from linkpass.core.constants import PROBE_PORT_BASE
 from linkpass.core.detector import DetectorConfig
 from linkpass.core.fabric import DOWN, UP, directed, generated

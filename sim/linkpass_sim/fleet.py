@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from linkpass.agent.config import AgentConfig, CoordinatorLinkConfig
-from linkpass.agent.decide import PathInfo
+from linkpass.core.decide import PathInfo
 from linkpass.core import wire
 from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S

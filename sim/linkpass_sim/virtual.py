@@ -4,9 +4,9 @@ What is real here and what is simulated:
 
     simulated (this module)                         real (imported, not copied)
     ─────────────────────────────────────────       ───────────────────────────────────────────
-    the fabric: per directed link, faults that      linkpass.agent.failover.Failover
+    the fabric: per directed link, faults that      linkpass.core.failover.Failover
       drop probes (down, flap, loss, MTU)             ├─ linkpass.core.detector (every state change)
-    the probe data path: one probe per path per     ├─ linkpass.agent.decide (planes, ports)
+    the probe data path: one probe per path per     ├─ linkpass.core.decide (planes, ports)
       interval, round trips, and the C core's         ├─ linkpass.core.probe_event.ProbeEvent
       judging (ANSWERED batches, MISS at the          └─ linkpass.core.telemetry: feed_events,
       deadline, LATE), as _probecore.c does it            LossCounters (loss per direction)
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from linkpass.agent.decide import PathInfo
-from linkpass.agent.failover import Failover
+from linkpass.core.decide import PathInfo
+from linkpass.core.failover import Failover
 from linkpass.core.constants import BATCH_S, CONFIRM_BURST, CONFIRM_PER_PEER_PER_S, HOST_STALL_SPREAD_NS
 from linkpass.core.detector import Detector, DetectorConfig, State, Transition
 from linkpass.core.probe_event import EV_MISS, ProbeEvent

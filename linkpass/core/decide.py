@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..core.detector import State
-from ..core.entropy_table import ENTRY_FAIL_STATIC, MAX_PORTS, PORT_VERIFIED, Entry
+from .detector import State
+from .entropy_table import ENTRY_FAIL_STATIC, MAX_PORTS, PORT_VERIFIED, Entry
 
 
 @dataclass(frozen=True)

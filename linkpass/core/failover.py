@@ -50,12 +50,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..core.constants import HOST_STALL_SPREAD_NS
-from ..core.clock import Exchange, PairEstimator
-from ..core.detector import Detector, Reason, State, Transition
-from ..core.entropy_table import Entry
-from ..core.probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
-from ..core.telemetry import LossCounters
+from .constants import HOST_STALL_SPREAD_NS
+from .clock import Exchange, PairEstimator
+from .detector import Detector, Reason, State, Transition
+from .entropy_table import Entry
+from .probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
+from .telemetry import LossCounters
 from .decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
 
 
