@@ -114,15 +114,13 @@ class CoordinatorService:
         """A shard: its queued reports to the root as they come (batched while a call is out);
         with the root away, again every tick."""
         while not self._stop.is_set():
-            try:
-                if self.shard.wait_queued(COORDINATOR_TICK_S):
-                    self.shard.flush()
-                    if self.shard.queue:
-                        self._stop.wait(COORDINATOR_TICK_S)  # the root did not take them: not a busy loop
-            except Exception:  # noqa: BLE001 - the loop must outlive any one failure
-                with self._count_lock:
-                    self.tick_failures += 1
-                self.log("tick_failed", step="flush", error=traceback.format_exc(limit=5))
+            self._guarded("flush", self._flush_once)
+
+    def _flush_once(self) -> None:
+        if self.shard.wait_queued(COORDINATOR_TICK_S):
+            self.shard.flush()
+            if self.shard.queue:
+                self._stop.wait(COORDINATOR_TICK_S)  # the root did not take them: not a busy loop
 
     # ---- credentials and refusals --------------------------------------------------------
     def refresh_revocations(self) -> None:
