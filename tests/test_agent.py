@@ -186,7 +186,8 @@ def loop_under_test(engine, logs):
     agent = D.Agent.__new__(D.Agent)
     agent.cfg = load_text(GOOD, "agent.yaml")
     agent.engine, agent.entropy, agent.link, agent.routes = engine, None, None, None
-    agent.failover = Failover(Detector(DetectorConfig()), lambda pid: None, lambda *a, **k: None)
+    agent.failover = Failover(Detector(DetectorConfig()), lambda pid: None)
+    agent.data_path = D.DataPath(log=lambda *a, **k: None)
     agent.errors = D.LoopErrors(lambda ev, **f: logs.append((ev, f)))
     agent.stopping = threading.Event()
     agent.reload_requested, agent.pending_plan, agent.pending_drains = False, None, None

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from linkpass.agent.data_path import DataPath
 from linkpass.core.decide import PathInfo
+from linkpass.core.decisions import RouteResult
 from linkpass.core.failover import Failover, reported_state
 from linkpass.core.detector import Detector, DetectorConfig, State
 from linkpass.core.probe_event import ProbeEvent
@@ -32,7 +34,7 @@ class _Routes:
         if changed:
             self._now[peer] = planes
             self.sets.append((peer, planes))
-        return {"deferred": False, "changed": changed, "planes": planes}
+        return RouteResult(peer, planes, changed=changed)
 
 
 class _Rig:
@@ -43,8 +45,8 @@ class _Rig:
         self.loss = {pid: LossCounters() for pid in (1, 2, 3, 4)}
         self.routes = _Routes(["h2"])
         self.logs = []
-        self.fo = Failover(Detector(DetectorConfig()), self.loss.__getitem__,
-                           lambda event, **f: self.logs.append((event, f)), routes=self.routes, **failover_kw)
+        self.fo = Failover(Detector(DetectorConfig()), self.loss.__getitem__, **failover_kw)
+        self.data_path = DataPath(self.routes, log=lambda event, **f: self.logs.append((event, f)))
         for pid in (1, 2, 3, 4):
             self.fo.add_path(PathInfo(pid, "h2", (pid - 1) // 2, 49151 + pid, f"198.18.64.{pid}"))
         self.seq = 0
@@ -73,7 +75,9 @@ class _Rig:
         events += [e for _, e in due]
         events.sort(key=lambda e: e.t4)
         feed_events(events, self.loss)
-        self.transitions += self.fo.step(events, now, mono_ns=now)
+        decided = self.fo.step(events, now, mono_ns=now)
+        self.data_path.carry_out(self.fo, decided, now)
+        self.transitions += decided.transitions
 
     def state(self, pid):
         return self.fo.detector[pid].state

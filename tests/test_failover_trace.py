@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from linkpass.agent.data_path import DataPath
 from linkpass.core.decide import PathInfo
 from linkpass.core.failover import Failover
 from linkpass.core.detector import Detector, DetectorConfig
@@ -38,9 +39,9 @@ def test_a_recorded_event_sequence_gives_the_recorded_decisions():
         trace = json.load(f)
     loss = {p[0]: LossCounters() for p in trace["paths"]}
     rto, entropy, logs, step = [], _Entropy(), [], [0]
-    fo = Failover(Detector(DetectorConfig(**trace["detector"])), loss.__getitem__,
-                  lambda event, **fields: logs.append((event, fields)), entropy=entropy,
-                  set_rto=lambda pid, ns: rto.append([step[0], pid, ns]))
+    fo = Failover(Detector(DetectorConfig(**trace["detector"])), loss.__getitem__, entropy=True)
+    data_path = DataPath(entropy=entropy, set_rto=lambda pid, ns: rto.append([step[0], pid, ns]),
+                         log=lambda event, **fields: logs.append((event, fields)))
     for p in trace["paths"]:
         fo.add_path(PathInfo(*p))
     transitions = []
@@ -49,7 +50,9 @@ def test_a_recorded_event_sequence_gives_the_recorded_decisions():
         events = [ProbeEvent._make(r) for r in records]
         feed_events(events, loss)  # what the engine does before Failover sees them
         entropy.now = now
-        transitions += fo.step(events, now, mono_ns=now)
+        decided = fo.step(events, now, mono_ns=now)
+        data_path.carry_out(fo, decided, now)
+        transitions += decided.transitions
     assert {e.kind for s in trace["steps"] for e in map(ProbeEvent._make, s[1])} >= {EV_MISS, EV_LATE}
     assert [[t.path, t.old.value, t.new.value, t.reason.value, t.detail, t.at_ns] for t in transitions] \
         == trace["transitions"]

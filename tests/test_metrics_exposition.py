@@ -40,7 +40,7 @@ def agent_exposition(per_path: bool, layout=(("h1", 0, 0), ("h1", 0, 1), ("h1", 
     planes, two paths on one of them — fed with replies of known delays and losses; with
     `process`, the process and runtime collectors too (not golden: their values vary)."""
     engine, labels = Engine(), {}
-    fo = Failover(Detector(DetectorConfig()), lambda pid: engine.paths[pid].telemetry.loss, lambda *a, **k: None)
+    fo = Failover(Detector(DetectorConfig()), lambda pid: engine.paths[pid].telemetry.loss)
     for pid, (peer, plane, path) in enumerate(layout, start=1):
         tel = PathTelemetry()
         for seq in range(10):

@@ -6,7 +6,8 @@ host, where the NIC takes every RoCEv2 packet before a socket could, through UD 
 (`probe/verbs_engine.py`; config `probe.engine`), judges every
 path with the detector, and rewrites the data path: the routes to peers' service addresses
 (whole planes; `routes.py`) and the healthy source ports per (peer, plane) in the entropy table
-(single paths; `entropy_writer.py`). `failover.py` is the loop between the two.
+(single paths; `entropy_writer.py`). `core/failover.py` decides between the two, and
+`data_path.py` carries its decisions out.
 
 Lifecycle: SIGTERM/SIGINT stop it cleanly: routes left as decided (a plane known bad stays out
 across a rolling restart; every peer keeps at least one plane), entropy table withdrawn, sockets
@@ -60,6 +61,7 @@ from .keyfile import load_fleet_keys
 from .metrics import AgentCollector, DecisionCollector
 from .oneshot import OneShot, live_paths
 from .rates import Rates
+from .data_path import DataPath
 from .routes import PeerRoutes, RouteActuator
 
 # one JSON line per event on stderr, with its level (observe/log.py); the coordinator thread logs
@@ -279,8 +281,8 @@ class Agent:
             if self.entropy.replaced:
                 log("entropy_table_replaced", path=cfg.entropy_path, why=self.entropy.replaced)
         self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
-                                 log, routes=self.routes, entropy=self.entropy,
-                                 set_rto=self.engine.set_rto)
+                                 entropy=self.entropy is not None)
+        self.data_path = DataPath(self.routes, self.entropy, self.engine.set_rto, log)
         if hasattr(self.engine, "set_confirm"):  # the C core; the verbs engine has no confirmation rounds
             self.engine.set_confirm(self.failover.detector.config.miss_threshold,
                                     spread_ns=self.failover.stall_spread_ns)
@@ -363,7 +365,7 @@ class Agent:
         return added
 
     def remove_peer(self, name: str) -> None:
-        self.failover.remove_peer(name)
+        self.data_path.carry_out(self.failover, self.failover.remove_peer(name), time.monotonic_ns())
         for pid in self.paths_of_peer.pop(name, []):
             self.engine.remove_path(pid)
             self.labels.pop(pid, None)
@@ -464,7 +466,8 @@ class Agent:
         addrs = [a for d in drains for a in d.addrs]
         drained = [pid for pid, info in list(self.failover.paths.items())
                    if addrs and crosses(self.hops.get(pid, ()), info.peer_addr, addrs)]
-        self.failover.set_drained(drained, time.monotonic_ns())
+        mono_ns = time.monotonic_ns()
+        self.data_path.carry_out(self.failover, self.failover.set_drained(drained, mono_ns), mono_ns)
         log("drains_applied", links=[d.link for d in drains], paths=len(drained))
 
     def apply_plan(self, plan: PlanAnswer) -> None:
@@ -548,11 +551,15 @@ class Agent:
             if polled is None:
                 self.stopping.wait(self.cfg.batch_ms / 1000)  # a failing engine must not turn this loop into a spin
                 continue
-            run("decide", self.failover.step, *polled, time.monotonic_ns())
+            run("decide", self._decide, *polled)
             self.rates.tick(run)
             if self.entropy is not None and time.monotonic() >= self._next_beat:
                 self._next_beat = time.monotonic() + ENTROPY_HEARTBEAT_S
                 run("entropy", self.entropy.heartbeat)
+
+    def _decide(self, events: list, evidence_ns: int) -> None:
+        mono_ns = time.monotonic_ns()
+        self.data_path.carry_out(self.failover, self.failover.step(events, evidence_ns, mono_ns), mono_ns)
 
     def _reload(self, config_path: str) -> None:
         try:

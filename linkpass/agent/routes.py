@@ -30,12 +30,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from pyroute2 import IPRoute
 
 from ..core.constants import RTPROT_LINKPASS
+from ..core.decisions import RouteResult
 from .netlink import RouteSocket
 
 
@@ -252,29 +253,26 @@ class RouteActuator:
             os.replace(tmp, self.journal_path)
         return dict(self.installed)
 
-    def set_usable(self, peer: str, usable: set[int], now: float | None = None) -> dict:
+    def set_usable(self, peer: str, usable: set[int], now: float | None = None) -> RouteResult:
         """Point `peer`'s route at its usable planes. Returns what happened, as data."""
         pr = self.peers[peer]
         current = self.installed.get(peer, tuple(sorted(pr.hops)))
         plan = desired_route(pr, usable, current)
-        result = {"peer": peer, "planes": plan.planes, "changed": False, "refused": plan.refused,
-                  "reason": plan.reason, "deferred": False}
+        result = RouteResult(peer, plan.planes, refused=plan.refused, reason=plan.reason, dry_run=self.dry_run)
         if plan.refused:
             self.stats["refused_last_path"] += 1
         if plan.planes == current:
             return result
         if not self._bucket.take(time.monotonic() if now is None else now):
             self.stats["deferred"] += 1
-            result["deferred"] = True
-            return result
+            return replace(result, deferred=True)
         self._journal(peer, plan.planes)
         if not self.dry_run:
             self._kernel_replace(pr, plan.planes)
         self.installed[peer] = plan.planes
         self.stats["changes"] += 1
-        result["changed"] = True
-        result["mono_ns"] = time.monotonic_ns()  # when the route was replaced (the route_change log's time)
-        return result
+        # stamped when the route was replaced: the route_change log's time
+        return replace(result, changed=True, mono_ns=time.monotonic_ns())
 
     def leave(self) -> dict[str, tuple[int, ...]]:
         """A clean stop: every route stays as it is, planes known bad left out. Nothing to write:

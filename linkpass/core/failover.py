@@ -1,14 +1,18 @@
-"""The agent's decision loop: probe events in, path states out, the data path rewritten.
+"""The agent's decision loop: probe events in, path states and decisions out.
 
-    engine.poll() ──events (ANSWERED / MISS / LATE), evidence time──► Failover.step()
+    engine.poll() ──events (ANSWERED / MISS / LATE), evidence time──► Failover.step() ──► Decisions
         ├─ Detector (pure): on_answered / on_miss / on_reply / on_loss (every `loss_batch_ns`) / tick
-        ├─ transitions ──► log, counters, peers to re-decide
-        └─ decide.usable_planes ──► RouteActuator.set_usable      (routes: whole planes)
-           decide.entropy_entry ──► EntropyWriter.update          (ports: single paths)
+        ├─ transitions ──► log records, counters, peers to re-decide
+        └─ decide.usable_planes ──► RouteWant per peer      (routes: whole planes)
+           decide.entropy_entry ──► entropy-table entries   (ports: single paths)
+
+Failover acts on nothing: it returns `Decisions` (core/decisions.py), which the agent's data
+path carries out (agent/data_path.py: routes, entropy table, the probe core's deadlines, the
+log) and the simulator reads. What the route actuator did comes back through `routes_done`.
 
 Time is the agent's clock (the one t1..t4 are stamped with). Per-probe bookkeeping is the C
 core's (judging mode): it matches each reply to its request against the deadline the detector
-sets (`set_rto`, pushed when the detector's timeout moves), and reports on-time replies in
+sets (`Decisions.rto`, decided when the detector's timeout moves), and reports on-time replies in
 batches, misses and late replies one by one, in order. A probe counts as missed only once every
 reply that reached a socket before its deadline has been read (the *evidence time*), so a late
 Python loop, or a probe thread the scheduler kept waiting, cannot turn a slow poll into a false
@@ -57,6 +61,7 @@ from .entropy_table import Entry
 from .probe_event import EV_ANSWERED, EV_MISS, ProbeEvent
 from .telemetry import LossCounters
 from .decide import PathInfo, entropy_entry, silence_confirmed, usable_planes
+from .decisions import Decisions, LogRecord, RouteResult, RouteWant
 
 
 @dataclass
@@ -92,17 +97,14 @@ def reported_state(row: dict) -> str:
 
 
 class Failover:
-    def __init__(self, detector: Detector, loss_of: Callable[[int], LossCounters], log: Callable[..., None], *,
-                 routes=None, entropy=None, loss_batch_ns: int = 10_000_000,
-                 set_rto: Callable[[int, int], None] | None = None, lateness_window_ns: int = 50_000_000,
+    def __init__(self, detector: Detector, loss_of: Callable[[int], LossCounters], *,
+                 entropy: bool = False, loss_batch_ns: int = 10_000_000, lateness_window_ns: int = 50_000_000,
                  lateness_factor: float = 1.5, lateness_cap_ns: int = 100_000_000,
                  lateness_half_life_ns: int = 60_000_000_000, confirm_window_ns: int = 100_000_000,
                  unanswered_grace_ns: int = 5_000_000_000, stall_spread_ns: int = HOST_STALL_SPREAD_NS):
         self.detector = detector
         self.loss_of = loss_of
-        self.log = log
-        self.routes = routes  # RouteActuator or None (routes disabled)
-        self.entropy = entropy  # EntropyWriter or None
+        self.entropy = entropy  # whether this host has an entropy table: decide its entries
         self.loss_batch_ns = loss_batch_ns
         # path -> send time of its newest answered probe. A path never answered is judged only from
         # `unanswered_grace_ns` after its first miss (peers start at their own pace); after that it
@@ -116,7 +118,6 @@ class Failover:
         self._last_late: dict[int, int] = {}  # path -> send time of its newest late-answered probe
         self.stall_spread_ns = stall_spread_ns
         self.peer_silent: set[str] = set()
-        self.set_rto = set_rto  # pushes a path's timeout to the data path that judges deadlines
         self._rto_pushed: dict[int, int] = {}
         self.paths: dict[int, PathInfo] = {}
         self.by_peer: dict[str, dict[int, list[int]]] = {}
@@ -128,6 +129,7 @@ class Failover:
         self._clocks: dict[str, PairEstimator] = {}
         self._pending: set[str] = set()
         self._entries: dict[tuple[str, int], Entry] = {}
+        self._wanted: dict[str, RouteWant] = {}  # the newest route decision per peer
         self.fail_static: set[str] = set()
         self.planes: dict[str, tuple[int, ...]] = {}
         self.counters: Counter = Counter()
@@ -148,7 +150,7 @@ class Failover:
         self.confirm_window_ns = confirm_window_ns
         self._decision_at: int | None = None  # when a DOWN held back from the data path may be decided
 
-    def set_drained(self, path_ids, mono_ns: int) -> None:
+    def set_drained(self, path_ids, mono_ns: int) -> Decisions:
         """Paths crossing a drained link: unusable for the data path (still probed and judged,
         so `linkpass paths` shows the link's health while drained). Re-decides their peers."""
         new = frozenset(path_ids)
@@ -157,7 +159,7 @@ class Failover:
             if info is not None:
                 self._pending.add(info.peer)
         self.drained = new
-        self.apply(mono_ns)
+        return self.decide(mono_ns)
 
     # ---- paths ---------------------------------------------------------------------------
     def add_path(self, info: PathInfo) -> None:
@@ -167,7 +169,9 @@ class Failover:
         self._clocks.setdefault(info.peer, PairEstimator(compare_ntp=False))
         self._pending.add(info.peer)
 
-    def remove_peer(self, peer: str) -> None:
+    def remove_peer(self, peer: str) -> Decisions:
+        """Forget the peer's paths; the decisions drop its entropy-table entries."""
+        out = Decisions()
         for ids in self.by_peer.pop(peer, {}).values():
             for pid in ids:
                 self.paths.pop(pid, None)
@@ -189,10 +193,11 @@ class Failover:
         self._pending.discard(peer)
         self.fail_static.discard(peer)
         self.peer_silent.discard(peer)
+        self._wanted.pop(peer, None)
         for key in [k for k in self._entries if k[0] == peer]:
             entry = self._entries.pop(key)
-            if self.entropy is not None:
-                self.entropy.remove(entry.peer, entry.plane)
+            out.removed.append((entry.peer, entry.plane))
+        return out
 
     def offset_ns(self, peer: str, t_ns: int) -> float | None:
         """The peer's clock minus ours at `t_ns` (our clock), once the estimator has converged."""
@@ -202,10 +207,11 @@ class Failover:
         return est.offset_at(t_ns)
 
     # ---- the step ------------------------------------------------------------------------
-    def step(self, events: Iterable[ProbeEvent], evidence_ns: int, mono_ns: int) -> list[Transition]:
+    def step(self, events: Iterable[ProbeEvent], evidence_ns: int, mono_ns: int) -> Decisions:
         """Feed one poll's events (engine.poll(), in order, already in telemetry) judged up to
-        `evidence_ns`; returns the transitions they caused (already acted on). `mono_ns`: now, for
-        the log lines."""
+        `evidence_ns`; returns the transitions they caused and what to do about them. `mono_ns`:
+        now, for the log lines."""
+        decided = Decisions()
         det = self.detector
         answered, on_time = self._last_answered, self._last_on_time
         if evidence_ns > self._now_ns:
@@ -251,7 +257,7 @@ class Failover:
                 out += det.on_answered(pid, ev.count, ev.seq, t4, t4 - t1, owd_fwd, owd_rev, bool(ev.size_probe),
                                        ev.worst_rtt_ns)
             else:  # EV_LATE
-                self._late_reply(info, t4, t4 - t1 - det[pid].rto_ns, mono_ns)
+                self._late_reply(decided, info, t4, t4 - t1 - det[pid].rto_ns, mono_ns)
                 out += det.on_reply(pid, ev.seq, t4, t4 - t1, owd_fwd, owd_rev)
         # a little slack: the daemon wakes every 10 ms by its own clock and the evidence time it
         # reads trails the wake by up to a probe-thread loop, so an exact comparison lets every
@@ -263,14 +269,13 @@ class Failover:
         if evidence_ns:
             out += det.tick(evidence_ns)  # hold-downs and flap reuse (deadlines are judged in C)
         for pid in touched:
-            self._push_rto(pid)
-        logs = [line for t in out if (line := self._on_transition(t, mono_ns)) is not None]
-        self.apply(mono_ns)
-        for fields in logs:  # after acting: a log line costs tens of µs, the route change should not wait for it
-            self.log("path_state", **fields)
-        return out
+            self._push_rto(decided, pid)
+        decided.transitions = out
+        decided.path_logs = [LogRecord("path_state", fields) for t in out
+                             if (fields := self._on_transition(t, mono_ns)) is not None]
+        return self.decide(mono_ns, decided)
 
-    def _late_reply(self, info: PathInfo, arrival_ns: int, beyond_ns: int, mono_ns: int) -> None:
+    def _late_reply(self, decided: Decisions, info: PathInfo, arrival_ns: int, beyond_ns: int, mono_ns: int) -> None:
         """Note a late reply; when every answering path to its peer has one within the window, the
         burst is the host's: raise the peer's lateness allowance."""
         lat = self._lateness.setdefault(info.peer, _Lateness())
@@ -292,7 +297,7 @@ class Failover:
             # on a host starved for minutes every burst raises it, and the log must not flood
             if now_allow < 1e6 or lat.logged_ns is None or arrival_ns - lat.logged_ns >= LATENESS_LOG_EVERY_NS:
                 lat.logged_ns = arrival_ns
-                self.log("host_lateness", peer=info.peer, late_ms=round(worst / 1e6, 3),
+                decided.log("host_lateness", peer=info.peer, late_ms=round(worst / 1e6, 3),
                          allowance_ms=round(new / 1e6, 3), mono_ns=mono_ns,
                          note="replies on every path to this peer came late together: a host kept waiting, "
                               "not a link; DOWNs are acted on only after the allowance")
@@ -308,14 +313,13 @@ class Failover:
         lat = self._lateness.get(peer)
         return int(lat.allowance_at(self._now_ns, self.lateness_half_life_ns)) if lat else 0
 
-    def _push_rto(self, pid: int) -> None:
+    def _push_rto(self, decided: Decisions, pid: int) -> None:
         """Tell the data path the detector's current timeout when it moved by more than 5 %."""
         rto = self.detector[pid].rto_ns
         old = self._rto_pushed.get(pid)
         if old is None or abs(rto - old) * 20 > old:
             self._rto_pushed[pid] = rto
-            if self.set_rto is not None:
-                self.set_rto(pid, rto)
+            decided.rto.append((pid, rto))
 
     def _loss_batches(self, now_ns: int) -> list[Transition]:
         out: list[Transition] = []
@@ -369,56 +373,68 @@ class Failover:
         return dict(peer=info.peer, plane=info.plane, sport=info.sport, path=t.path, old=t.old.value,
                     new=t.new.value, reason=t.reason.value, detail=t.detail, at_ns=t.at_ns, mono_ns=mono_ns)
 
-    # ---- acting on decisions ---------------------------------------------------------------
-    def apply(self, mono_ns: int) -> None:
-        """Re-decide every peer whose paths changed usability (and retry deferred ones). `mono_ns`:
-        now, for the log lines; a route change is stamped with when the actuator made it."""
+    # ---- deciding ----------------------------------------------------------------------------
+    def decide(self, mono_ns: int, decided: Decisions | None = None) -> Decisions:
+        """Re-decide every peer whose paths changed usability (and retry deferred ones), into
+        `decided` (a new Decisions if None). `mono_ns`: now, for the log records."""
+        decided = Decisions() if decided is None else decided
         self._decision_at = None
         for peer in sorted(self._pending):
             planes = self.by_peer.get(peer, {})
             eff, unconfirmed, held = self._effective_states(peer, planes)
             self._note_decision_time(peer, unconfirmed, held)
             choice = usable_planes({plane: [eff[pid] for pid in ids] for plane, ids in planes.items()})
-            done = not unconfirmed and not held  # re-decide on every step until the silence is explained
             if unconfirmed and peer not in self.peer_silent:
                 self.peer_silent.add(peer)
                 self.counters["peer_silent"] += 1
-                self.log("peer_silent", peer=peer, paths=sorted(unconfirmed),
-                         note="paths went dark with no other path to this peer answering since: "
-                              "the peer itself is the likelier cause; routes stay until it is heard again")
+                decided.log("peer_silent", peer=peer, paths=sorted(unconfirmed),
+                            note="paths went dark with no other path to this peer answering since: "
+                                 "the peer itself is the likelier cause; routes stay until it is heard again")
             elif not unconfirmed:
                 self.peer_silent.discard(peer)
-            if self.routes is not None and peer in self.routes.peers:
-                r = self.routes.set_usable(peer, set(choice.planes))
-                if r["deferred"]:
-                    done = False
-                    self.counters["route_deferred"] += 1
-                elif r["changed"]:
-                    self.counters["route_changes"] += 1
-                    self.log("route_change", peer=peer, planes=list(r["planes"]), quality=choice.quality,
-                             dry_run=self.routes.dry_run, mono_ns=r.get("mono_ns", mono_ns))
-                self.planes[peer] = tuple(r["planes"])
-            else:
-                self.planes[peer] = tuple(sorted(choice.planes))
-            if choice.quality == "none":
-                if peer not in self.fail_static:
-                    self.fail_static.add(peer)
-                    self.counters["fail_static"] += 1
-                    self.log("fail_static", peer=peer, planes=list(self.planes.get(peer, ())),
-                             note="no usable path to this peer: keeping the current route rather than none")
-            elif peer in self.fail_static:
-                self.fail_static.discard(peer)
-                self.log("fail_static_cleared", peer=peer)
-            if self.entropy is not None:
+            want = RouteWant(peer, tuple(sorted(choice.planes)), choice.quality)
+            self._wanted[peer] = want
+            decided.routes.append(want)
+            if self.entropy:
                 for plane, ids in planes.items():
                     entry = entropy_entry([(self.paths[i], eff[i]) for i in ids])
                     if self._entries.get((peer, plane)) != entry:
-                        self.entropy.update(entry.peer, entry.plane, entry.ports, entry.path_ids, entry.port_flags,
-                                            entry.flags)
+                        decided.entropy.append(entry)
                         self._entries[(peer, plane)] = entry
                         self.counters["entropy_updates"] += 1
-            if done:
+            if not unconfirmed and not held:  # else re-decide on every step until the silence is explained
                 self._pending.discard(peer)
+        return decided
+
+    def routes_done(self, results: Iterable[RouteResult], mono_ns: int) -> list[LogRecord]:
+        """What the data path did with `Decisions.routes`, one result per RouteWant (a peer
+        without a route to rewrite: `RouteResult.not_routed`). A deferred change keeps its peer
+        pending; returns the log records of route changes and fail-static peers."""
+        logs: list[LogRecord] = []
+        for r in results:
+            peer = r.peer
+            want = self._wanted.get(peer)
+            if want is None:
+                continue  # the peer left between the decision and its result
+            if r.deferred:
+                self._pending.add(peer)
+                self.counters["route_deferred"] += 1
+            elif r.changed:
+                self.counters["route_changes"] += 1
+                logs.append(LogRecord.of("route_change", peer=peer, planes=list(r.planes), quality=want.quality,
+                                         dry_run=r.dry_run, mono_ns=mono_ns if r.mono_ns is None else r.mono_ns))
+            self.planes[peer] = tuple(r.planes)
+            if want.quality == "none":
+                if peer not in self.fail_static:
+                    self.fail_static.add(peer)
+                    self.counters["fail_static"] += 1
+                    logs.append(LogRecord.of(
+                        "fail_static", peer=peer, planes=list(self.planes.get(peer, ())),
+                        note="no usable path to this peer: keeping the current route rather than none"))
+            elif peer in self.fail_static:
+                self.fail_static.discard(peer)
+                logs.append(LogRecord.of("fail_static_cleared", peer=peer))
+        return logs
 
     def _note_decision_time(self, peer: str, unconfirmed: list[int], held: list[int]) -> None:
         """A held DOWN is decided when its allowance ends (or sooner, by its re-probe's miss, an

@@ -15,7 +15,8 @@ What is real here and what is simulated:
 `VirtualAgent.run_until` advances one agent; its `Failover` sees exactly the events the C core
 would hand the daemon (the same `ProbeEvent`s, fed into the paths' loss counters by the engine's
 own feed first), so its transitions, plane choices and entropy entries are the ones the agent
-would make. Probe outcomes are drawn with numpy per step; Python work per step is one ANSWERED
+would make: the simulation reads them from the `Decisions` Failover returns, the same ones the
+agent's data path carries out (agent/data_path.py). Probe outcomes are drawn with numpy per step; Python work per step is one ANSWERED
 event per path unless a probe was lost.
 
 Confirmation rounds are the C core's too: the miss that completes a path's streak pulls the next
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from linkpass.core.decide import PathInfo
+from linkpass.core.decisions import Decisions, RouteResult
 from linkpass.core.failover import Failover
 from linkpass.core.constants import BATCH_S, CONFIRM_BURST, CONFIRM_PER_PEER_PER_S, HOST_STALL_SPREAD_NS
 from linkpass.core.detector import Detector, DetectorConfig, State, Transition
@@ -151,9 +153,7 @@ class VirtualAgent:
         self.transitions: list[Transition] = []
         self.now_ns = 0
         self._next_batch = batch_phase_ns
-        self._step_now = 0
-        self.failover = Failover(Detector(config), lambda pid: self.paths[pid - 1].loss, self._log,
-                                 entropy=self, set_rto=self._set_rto)
+        self.failover = Failover(Detector(config), lambda pid: self.paths[pid - 1].loss, entropy=True)
         self._initial_rto = config.initial_timeout_ns
         self._ready = False
         self._pend = {c: np.zeros(0, np.int64) for c in _COLS}
@@ -163,19 +163,16 @@ class VirtualAgent:
         self._confirm_period = round(1e9 / CONFIRM_PER_PEER_PER_S)
         self.confirm = {"rounds": 0, "probes": 0, "refused": 0}
 
-    # ---- what Failover calls ------------------------------------------------------------
-    def _log(self, event: str, **fields) -> None:
-        pass  # the agent's log lines; the simulation reads transitions and decisions instead
-
-    def _set_rto(self, pid: int, rto_ns: int) -> None:
-        self._rto[pid - 1] = rto_ns
-
-    def update(self, peer, plane, ports, path_ids=(), port_flags=(), flags=0) -> None:
-        """The entropy table's writer (EntropyWriter.update): record what the transports would use."""
-        self.entropy_log.append((self._step_now, peer, plane, tuple(path_ids), flags))
-
-    def remove(self, peer, plane) -> int:
-        return 0
+    # ---- what Failover decided ------------------------------------------------------------
+    def _take(self, decided: Decisions, now: int) -> None:
+        """Read the decisions as the agent's data path would carry them out: the probe deadlines
+        for the judging here, the entropy entries the transports would use, the planes (no
+        kernel routes in the simulation). Log records are not kept: transitions and decisions are."""
+        for pid, rto_ns in decided.rto:
+            self._rto[pid - 1] = rto_ns
+        self.failover.routes_done([RouteResult.not_routed(w) for w in decided.routes], now)
+        for e in decided.entropy:
+            self.entropy_log.append((now, e.peer, e.plane, tuple(e.path_ids), e.flags))
 
     # ---- set-up ---------------------------------------------------------------------------
     def add_path(self, path: VirtualPath) -> None:
@@ -416,8 +413,9 @@ class VirtualAgent:
             self._prepare()
         events = self._judge(now, all_paths)
         events.sort(key=lambda e: e.t4)  # the C loop learns them in time order
-        self._step_now = now
-        out = self.failover.step(events, now, now)
+        decided = self.failover.step(events, now, now)
+        self._take(decided, now)
+        out = decided.transitions
         self.now_ns = now
         if out:
             self.transitions += out
