@@ -1,4 +1,4 @@
-"""The collector around a large built state (core/heap.py): paused while it is built, frozen
+"""The collector around a large built state (kernel/heap.py): paused while it is built, frozen
 while it is worked over, and as it was afterwards."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from linkpass.core import heap
+from linkpass.kernel import heap
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +52,7 @@ def test_localization_runs_with_the_collector_paused(monkeypatch):
     from linkpass.core.shards import Part, ShardMap
 
     model = rail_optimized(8, 1, 4, 2)
-    loc = Localizer(model)
+    loc = Localizer(model, pause=heap.collector_paused)  # as the coordinator and the simulator make theirs
     loc.update(Observation("h0", "h0/0", model.node_path("h0", "h5", 0, 1), None, True, "forward"))
     seen = []
     greedy = Localizer._greedy
@@ -60,5 +60,17 @@ def test_localization_runs_with_the_collector_paused(monkeypatch):
     loc.findings()
     named = Localizer.named
     monkeypatch.setattr(Localizer, "named", lambda self: seen.append(gc.isenabled()) or named(self))
-    Part(model, ShardMap(model, 2), 0).cleared()
+    Part(model, ShardMap(model, 2), 0, pause=heap.collector_paused).cleared()
     assert seen == [False, False] and gc.isenabled()
+
+
+def test_the_coordinator_and_its_shards_localize_with_the_collector_paused():
+    from linkpass.coordinator.coordinator import Coordinator
+    from linkpass.coordinator.shard import PartHost
+    from linkpass.coordinator.store import Store
+    from linkpass.core.fabric import rail_optimized
+    from linkpass.core.shards import ShardMap
+
+    model = rail_optimized(8, 1, 4, 2)
+    assert Coordinator(Store(":memory:"), model, now=0.0).localizer.pause is heap.collector_paused
+    assert PartHost(ShardMap(model, 2), 0).part.loc.pause is heap.collector_paused

@@ -1,10 +1,14 @@
 """Rules about the layout itself: test modules stand alone (shared code lives in helpers.py), and
-the import contracts in pyproject.toml name every part of LinkPass they must keep out, and the C
+each import contract in pyproject.toml breaks when a deliberate violation is added, and the C
 sources' copies of shared constants agree with core/constants.py."""
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -14,8 +18,6 @@ pytestmark = pytest.mark.unit
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
-PURE = {"linkpass", "linkpass.core", "linkpass.agent", "linkpass.agent.config"}  # what the simulator and the
-# agent's config may import: core, and the config
 
 
 def imported_names(path: Path) -> set[str]:
@@ -38,29 +40,61 @@ def test_no_test_module_imports_another_or_the_conftest():
     assert not wrong, f"import shared code from helpers.py instead: {wrong}"
 
 
-def linkpass_modules() -> set[str]:
-    out = set()
-    for path in (ROOT / "linkpass").rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        out.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return out
+def contracts() -> list[dict]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
 
 
-def contract(cid: str) -> dict:
-    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    return next(c for c in contracts if c.get("id") == cid)
+# one deliberate violation per contract: (file, line appended to it) pairs
+VIOLATIONS = {
+    "layers": [("linkpass/kernel/proc.py", "from linkpass.agent import daemon")],
+    "acyclic": [("linkpass/core/decide.py", "from . import decisions"),
+                ("linkpass/core/decisions.py", "from . import decide")],
+    "core-pure": [("linkpass/core/decide.py", "import gc")],
+    "config-pure": [("linkpass/agent/config.py", "import os")],
+    "control-pure": [("linkpass/control/reports.py", "import time")],
+    "control-path": [("linkpass/agent/rates.py", "from linkpass.coordinator import store")],
+    "sim": [("sim/linkpass_sim/digest.py", "from linkpass.probe import engine")],
+    "testbed": [("linkpass/doctor/checks.py", "from linkpass.testbed import build")],
+    "rdma-base": [("rdma/linkpass_rdma/entropy.py", "from linkpass.agent import routes")],
+    "rdma-users": [("linkpass/agent/rates.py", "import linkpass_rdma")],
+    "ray": [("linkpass/coordinator/store.py", "import ray")],
+    "pg8000": [("linkpass/coordinator/auth.py", "import pg8000")],
+    "cryptography": [("linkpass/coordinator/auth.py", "import cryptography")],
+    "pyroute2": [("linkpass/agent/netlink.py", "import pyroute2")],
+    "prometheus_client": [("linkpass/agent/rates.py", "import prometheus_client")],
+    "yaml": [("linkpass/cli/times.py", "import yaml")],
+}
 
 
-@pytest.mark.parametrize("cid", ["agent-pure", "sim", "control-pure"])
-def test_the_pure_contracts_forbid_every_other_part_of_linkpass(cid):
-    forbidden = contract(cid)["forbidden_modules"]
-    covered = lambda m: any(m == f or m.startswith(f + ".") for f in forbidden)  # noqa: E731
-    # the contract's own modules may import one another, and their package's __init__
-    own = set(contract(cid)["source_modules"])
-    own |= {m.rsplit(".", 1)[0] for m in own}
-    missing = sorted(m for m in linkpass_modules() - PURE - own
-                     if not m.startswith("linkpass.core.") and not covered(m))
-    assert not missing, f"add these to the {cid!r} contract's forbidden_modules in pyproject.toml: {missing}"
+def lint_copy(tmp_path: Path, appended=()) -> subprocess.CompletedProcess:
+    """`lint-imports` over a copy of the three packages and pyproject.toml, with lines appended."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.o", "build")
+    for part in ("linkpass", "rdma/linkpass_rdma", "sim/linkpass_sim", "lint"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for rel, line in appended:
+        with open(tmp_path / rel, "a") as f:
+            f.write(f"\n{line}\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{tmp_path}/rdma:{tmp_path}/sim"}
+    return subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-logo", "--no-cache"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_every_contract_has_a_violation_that_shows_it_can_fail():
+    assert sorted(c["id"] for c in contracts()) == sorted(VIOLATIONS)
+
+
+def test_the_copy_the_violations_are_added_to_keeps_every_contract(tmp_path):
+    out = lint_copy(tmp_path)
+    assert out.returncode == 0 and "0 broken" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("cid", sorted(VIOLATIONS))
+def test_each_contract_breaks_on_its_violation(tmp_path, cid):
+    out = lint_copy(tmp_path, VIOLATIONS[cid])
+    name = next(c["name"] for c in contracts() if c["id"] == cid)
+    flat = " ".join(out.stdout.split())  # the tool wraps long names over lines
+    assert out.returncode == 1 and f"{name} BROKEN" in flat, out.stdout + out.stderr
 
 
 def test_the_c_sources_copies_of_shared_constants_match_core_constants():

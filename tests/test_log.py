@@ -29,7 +29,8 @@ LOGGING_PACKAGES = ("linkpass/agent", "linkpass/core/failover.py", "linkpass/coo
 
 def log_calls():
     """(where, first argument node, keywords) of every `log(...)`, `_log(...)` and `x.log(...)` call
-    in the packages that log through observe/log.py."""
+    in the packages that log through observe/log.py, and of every log record made for later
+    (`LogRecord(...)`, `LogRecord.of(...)`: the failover's decisions, written by the agent)."""
     for package in LOGGING_PACKAGES:
         place = ROOT / package
         for path in [place] if place.is_file() else sorted(place.rglob("*.py")):
@@ -38,7 +39,9 @@ def log_calls():
                     continue
                 f = node.func
                 name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-                if name in ("log", "_log"):
+                record = name == "LogRecord" or (isinstance(f, ast.Attribute) and f.attr == "of"
+                                                  and isinstance(f.value, ast.Name) and f.value.id == "LogRecord")
+                if name in ("log", "_log") or record:
                     where = f"{path.relative_to(ROOT)}:{node.lineno}"
                     yield where, (node.args[0] if node.args else None), node.keywords
 

@@ -650,7 +650,7 @@ def _optional_str(value, where: str) -> str | None:
 
 
 def load_text(text: str, where: str, host: "HostFacts | Callable[[], HostFacts] | None" = None) -> AgentConfig:
-    import yaml
+    from ..formats import yaml_doc as yaml
 
     try:
         raw = yaml.safe_load(text)

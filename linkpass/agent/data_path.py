@@ -23,7 +23,7 @@ class DataPath:
         self.routes = routes  # RouteActuator
         self.entropy = entropy  # EntropyWriter
         self.set_rto = set_rto
-        self.log = log
+        self.write_log = log  # writes records whose event names were checked where they were made
 
     def carry_out(self, failover: Failover, decided: Decisions, mono_ns: int) -> list[RouteResult]:
         """Apply `decided`, tell `failover` what the routes did; returns the route results."""
@@ -37,9 +37,9 @@ class DataPath:
         if self.set_rto is not None:
             for pid, rto_ns in decided.rto:
                 self.set_rto(pid, rto_ns)
-        if self.log is not None:
+        if self.write_log is not None:
             for rec in (*decided.logs, *route_logs, *decided.path_logs):
-                self.log(rec.event, **rec.fields)
+                self.write_log(rec.event, **rec.fields)
         return results
 
     def _route(self, want: RouteWant) -> RouteResult:

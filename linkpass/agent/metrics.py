@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Iterable, NamedTuple
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from ..observe.exposition import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from ..core.states import Direction, State
 from ..core.telemetry import RTT_BUCKETS_NS

@@ -33,10 +33,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from pyroute2 import IPRoute
-
 from ..core.constants import RTPROT_LINKPASS
 from ..core.decisions import RouteResult
+from ..kernel.rtnl import IPRoute
 from .netlink import RouteSocket
 
 

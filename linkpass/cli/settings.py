@@ -91,7 +91,7 @@ def load_config(path: str, named: bool) -> CliConfig:
 
 def parse_config(text: str, path: str) -> CliConfig:
     """The file's contexts, checked whole: a wrong field is named before anything is used."""
-    import yaml
+    from ..formats import yaml_doc as yaml
 
     try:
         doc = yaml.safe_load(text)

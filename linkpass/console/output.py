@@ -88,7 +88,7 @@ def emit(doc: Any, fmt: str, render_table) -> None:
     if fmt == "json":
         print(json.dumps(doc, indent=2, default=str))
     elif fmt == "yaml":
-        import yaml
+        from ..formats import yaml_doc as yaml
 
         print(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False), end="")
     else:

@@ -47,7 +47,7 @@ import secrets
 import tempfile
 from dataclasses import dataclass
 
-import yaml
+from ..formats import yaml_doc as yaml
 
 from ..control.bodies import HOST_NAME_RE
 

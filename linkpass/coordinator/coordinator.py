@@ -33,6 +33,7 @@ from ..core.states import Level, health_of, is_bad, is_good, worst
 from ..control.bodies import (ChangeIn, PathIn, ProbeBudget, RegisterIn, ReportIn, is_decimal,
                                 parse_register, parse_report)
 from ..control.errors import NOT_REGISTERED, CoordinatorError, NotFound, Refused
+from ..kernel.heap import collector_paused
 from .store import EventRow, PathRow, StateRow, Store
 
 PLAN_REVISE_S = 1.0
@@ -113,7 +114,7 @@ class Coordinator:
         self._cost_clock = cost_clock
         self.config = config or CoordinatorConfig()
         self.model = model
-        self.localizer = localizer if localizer is not None else Localizer(model) if model is not None else None
+        self.localizer = localizer if localizer is not None else Localizer(model, pause=collector_paused) if model is not None else None
         self.paths: dict[str, PathRecord] = {}
         # kept as paths come, change and go, so counting them costs no walk of every path (and
         # no lock: /metrics reads a copy)

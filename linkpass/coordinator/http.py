@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from urllib.parse import parse_qs, urlparse
 
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
+from ..observe.exposition import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 
 from ..core.constants import COORDINATOR_PORT
 from .auth import NEEDS, Caller, Revoked

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from ..observe.exposition import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .. import __version__
 from .service import shard_parts

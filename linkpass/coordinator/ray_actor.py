@@ -40,7 +40,7 @@ import time
 
 import ray
 
-from ..core import heap
+from ..kernel import heap
 
 NAMESPACE = "linkpass"
 ACTOR_NAME = "coordinator"  # the coordinator, or the root of a sharded one
@@ -165,7 +165,7 @@ class ShardActor(_Serving):
         check_settings(settings)
         self._credential = actor_credential(settings)  # the root's too: derived from the same agent secret
         self.server = start_shard(settings, shard, RayRoot(self._credential), log=actor_log(settings))
-        heap.settle()  # the fleet model, out of the collector's sight (core/heap.py)
+        heap.settle()  # the fleet model, out of the collector's sight (kernel/heap.py)
 
     def localize_part(self, *call, credential=None):
         """A round of the root's localization at this shard's part (shard.PartHost); only from the

@@ -61,7 +61,7 @@ import resource
 import time
 
 from ..core.fabric import FabricError, FabricModel
-from ..core.heap import collector_paused
+from ..kernel.heap import collector_paused
 from ..core.constants import COORDINATOR_LISTEN
 from ..observe.log import RANK, LogFile, Logger
 from .auth import SECRET_FILE, AuthError, Tokens, ensure_secret, ensure_tokens, read_agent_secret
@@ -398,7 +398,7 @@ def start(settings: dict, log: Logger | None = None, shards: ShardLink | None = 
     localizer = None
     if router is not None and shards is not None:
         localizer = ShardedLocalizer(model, router.map, ShardParts(model, router.map, shards))
-    with collector_paused():  # the restored state: the whole fleet's paths at once (core/heap.py)
+    with collector_paused():  # the restored state: the whole fleet's paths at once (kernel/heap.py)
         coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter, localizer=localizer)
     service = CoordinatorService(coordinator, tokens, _refusals(limits), tokens_path=tokens_path, router=router,
                                  log=log)

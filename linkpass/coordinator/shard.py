@@ -54,7 +54,7 @@ from typing import Protocol
 
 from ..core.report_digest import RunningDigest
 from ..core.fabric import FabricModel
-from ..core.heap import collector_paused
+from ..kernel.heap import collector_paused
 from ..core.localize import Observation
 from ..core.shards import ROOT, Call, Part, ShardError, ShardMap
 from ..control.errors import Moved, NotFound, Unavailable
@@ -166,7 +166,7 @@ class PartHost:
     def __init__(self, shard_map: ShardMap, shard: int):
         self.map = shard_map
         self.shard = shard
-        self.part = Part(shard_map.model, shard_map, shard)
+        self.part = Part(shard_map.model, shard_map, shard, pause=collector_paused)
         self.session: str | None = None  # the root that fed it, and how far
         self.generation = 0
         self.rounds = 0  # the root's questions answered, and the seconds they took here
@@ -179,12 +179,12 @@ class PartHost:
         with self._lock:
             t = time.perf_counter()
             if before is None:
-                self.part = Part(self.map.model, self.map, self.shard)
+                self.part = Part(self.map.model, self.map, self.shard, pause=collector_paused)
             elif (session, before) != (self.session, self.generation):
                 raise PartLost(f"shard {self.shard}'s part is at {self.generation} from {self.session}, not {before} "
                                f"from {session}")
             self.session, self.generation = None, 0  # a failure below leaves it to start afresh
-            with collector_paused() if before is None else nullcontext():  # whole: ~10^5 paths (core/heap.py)
+            with collector_paused() if before is None else nullcontext():  # whole: ~10^5 paths (kernel/heap.py)
                 self.part.apply(changes)
             self.session, self.generation = session, after
             out = getattr(self.part, method)(*args)
@@ -218,7 +218,7 @@ class ShardParts:
         self.link = link
         self.clock = clock
         self.session = secrets.token_hex(8)  # a restarted root's parts start afresh
-        self.root = Part(model, shard_map, ROOT)
+        self.root = Part(model, shard_map, ROOT, pause=collector_paused)
         self.held: dict[int, dict[str, Observation]] = {k: {} for k in range(shard_map.shards)}
         self.generation: dict[int, int | None] = dict.fromkeys(range(shard_map.shards))  # None: start afresh
         self.standing_in: dict[int, Part] = {}
@@ -256,7 +256,7 @@ class ShardParts:
                 self._retry_at[p] = now + min(self.RETRY_MAX_S, self.RETRY_S * 2 ** (n - 1))
                 if p not in self.standing_in:
                     self.counters["parts_stood_in"] += 1
-                    self.standing_in[p] = Part(self.model, self.map, p)
+                    self.standing_in[p] = Part(self.model, self.map, p, pause=collector_paused)
                     self.standing_in[p].apply(self.held[p].values())
                 out[p] = getattr(self.standing_in[p], sent[p][4])(*sent[p][5])
             else:

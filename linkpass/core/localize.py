@@ -52,12 +52,12 @@ only the bad observations and the links on them.
 from __future__ import annotations
 
 import heapq
-
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Iterable
 
 from linkpass.core.fabric import HOST_LEAF, FabricError, FabricModel, split_directed
-from linkpass.core.heap import collector_paused
 from linkpass.core.detector import DIRECTION_OF_REASON
 from linkpass.core.states import Direction, is_bad, is_good
 
@@ -138,8 +138,12 @@ class _Claims:
 class Localizer:
     def __init__(self, model: FabricModel, *, min_reporters: int = 2, min_claims: int = 2,
                  exonerate_margin: int = 0, suspect_claims: int = 2, suspect_share: float = 0.25,
-                 max_candidates: int = MAX_CANDIDATES, min_support: float = 1.0):
+                 max_candidates: int = MAX_CANDIDATES, min_support: float = 1.0,
+                 pause: Callable[[], AbstractContextManager] = nullcontext):
         self.model = model
+        # what the host does around a localization pass; a coordinator pauses its cyclic
+        # collector (kernel/heap.py), which core may not touch
+        self.pause = pause
         self.min_support = min_support
         self.max_candidates = max_candidates
         self.suspect_claims = suspect_claims
@@ -357,10 +361,10 @@ class Localizer:
         reporters found noisy elsewhere; `cleared`, directed links exonerated by a localizer
         holding all of their evidence (here a part of it may not be enough).
 
-        The cyclic collector is paused meanwhile (core/heap.py): what this allocates is acyclic
-        and freed as it goes, and a full pass it would trigger walks the fleet's evidence (at
-        131 072 GPUs ~100 ms, more than the localization itself)."""
-        with collector_paused():
+        Runs inside `pause()`: a coordinator pauses its cyclic collector (kernel/heap.py), since
+        what this allocates is acyclic and freed as it goes, and a full pass it would trigger
+        walks the fleet's evidence (at 131 072 GPUs ~100 ms, more than the localization itself)."""
+        with self.pause():
             claims = self._claims()
             if reporter_claims:
                 per = claims.per_reporter

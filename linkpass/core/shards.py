@@ -45,7 +45,6 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from .fabric import HOST_LEAF, LEAF_SPINE, FabricError, FabricModel, split_directed
-from .heap import collector_paused
 from .localize import Finding, Localizer, Observation
 
 ROOT = -1  # the place of a path between shards
@@ -237,7 +236,7 @@ class Part:
     def cleared(self) -> tuple[set[str], set[str], dict[str, int]]:
         """The first round: the links the bad paths held here name, those of them this place owns
         and its evidence exonerates, and each reporter's claims here."""
-        with collector_paused():  # as in Localizer.explain
+        with self.loc.pause():  # as in Localizer.explain
             named = self.loc.named()
             return named, self.loc.cleared(d for d in named if self.map.owner(d) == self.place), self.loc.claim_counts()
 

@@ -219,7 +219,7 @@ def write_agent_configs(fab: Fabric, directory: str, key: bytes, api_port: int =
     certificate that it holds a key the CA vouched for."""
     import os
 
-    import yaml
+    from ..formats import yaml_doc as yaml
 
     from .topology import host_link_addrs
 
@@ -318,7 +318,7 @@ class GuestAgents:
     def start(self, wait_s: float = 120.0) -> "GuestAgents":
         """Write each guest's config, start its agent and wait until every one has logged `started`
         (discovery under emulation takes seconds)."""
-        import yaml
+        from ..formats import yaml_doc as yaml
 
         from .guests import Control
 

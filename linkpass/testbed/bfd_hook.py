@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pyroute2 import IPRoute
+from ..kernel.rtnl import IPRoute
 
 from .frr import Bfd, FrrError, StateChange, parse_state_change
 from ..core.names import host_index, host_name

@@ -16,7 +16,7 @@ import signal
 import time
 from typing import Callable
 
-from pyroute2 import IPRoute, netns as pr_netns
+from ..kernel.rtnl import IPRoute, netns as pr_netns
 
 from ..core.names import HOST, host_index, host_name
 from ..kernel import netns as ns_io

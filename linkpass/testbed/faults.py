@@ -28,8 +28,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.rtnl import TC_H_ROOT
+from ..kernel.rtnl import TC_H_ROOT, IPRoute
 
 from ..kernel import netns as ns_io
 from . import state

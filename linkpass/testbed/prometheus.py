@@ -50,7 +50,7 @@ class Prometheus:
     def __init__(self, targets: dict[str, list[str]], rules_text: str, scrape_s: float = 1.0, eval_s: float = 1.0,
                  tls: dict[str, dict] | None = None, start_timeout_s: float = 30.0,
                  token_files: dict[str, str] | None = None):
-        import yaml
+        from ..formats import yaml_doc as yaml
 
         self.dir = tempfile.mkdtemp(prefix="linkpass-prometheus-")
         self.port = free_port()

@@ -360,7 +360,7 @@ def _parse_mgmt_subnet(value: object, where: str) -> str:
 
 
 def load_spec_text(text: str, where: str) -> Spec:
-    import yaml  # local: the pure core does not need YAML unless it parses a file
+    from ..formats import yaml_doc as yaml  # local: only a file to parse needs YAML
 
     try:
         raw = yaml.safe_load(text)

@@ -12,7 +12,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from pyroute2 import IPRoute
+from ..kernel.rtnl import IPRoute
 
 from ..kernel import netns as ns_io
 from ..core.constants import ROCE_PORT  # flows hash like RDMA traffic

@@ -58,7 +58,7 @@ MEASURES = (
     "linkpass/core/fabric.py",
     "linkpass/core/plan.py",
     "linkpass/core/shards.py",
-    "linkpass/core/heap.py",
+    "linkpass/kernel/heap.py",
     "linkpass/coordinator/shard.py",
     "linkpass/coordinator/coordinator.py",
     "sim/linkpass_sim",

@@ -38,7 +38,7 @@ from linkpass.core import wire
 from linkpass.core.activity import ACTIVE, IDLE, PROGRESSING, RATES, STANDBY, Activity, LaneSeen, PathKey
 from linkpass.core.constants import COORDINATOR_TICK_S, PROBE_PORT_BASE, REPORT_HEARTBEAT_S
 from linkpass.core.detector import DetectorConfig
-from linkpass.core import heap
+from linkpass.kernel import heap
 from linkpass.core.fabric import DOWN, HOST_LEAF, LEAF_SPINE, UP, FabricError, FabricModel, directed, generated, split_directed
 from linkpass.core.names import plane_of
 from linkpass.core.localize import Localizer, Observation, path_evidence
@@ -91,7 +91,7 @@ class Fleet:
     def __init__(self, shape: Shape, config: SimConfig | None = None, seed: int = 0):
         self.shape = shape
         self.config = config or SimConfig()
-        with heap.collector_paused():  # millions of paths, none of them garbage (linkpass/core/heap.py)
+        with heap.collector_paused():  # millions of paths, none of them garbage (linkpass/kernel/heap.py)
             self._build(seed)
 
     def _build(self, seed: int) -> None:
@@ -149,8 +149,9 @@ class Fleet:
         for h, planned in self.plan.paths.items():
             for p in planned:
                 add(h, p.peer, p.plane, 0 if p.spine is None else p.spine, 0 if p.core is None else p.core, False)
-        self.localizer = (Localizer(self.model) if self.config.shards == 1 else
-                          ShardedLocalizer(self.model, ShardMap(self.model, self.config.shards)))
+        self.localizer = (Localizer(self.model, pause=heap.collector_paused) if self.config.shards == 1 else
+                          ShardedLocalizer(self.model, ShardMap(self.model, self.config.shards),
+                                           pause=heap.collector_paused))
         for sp in self.paths:
             self.localizer.update(Observation(sp.reporter, sp.key, sp.forward, None, False))
         if isinstance(self.localizer, ShardedLocalizer):
@@ -563,7 +564,7 @@ def run(gpus: int = 16_384, days: float = 1.0, scenario: str = "llama3", seed: i
     fails = fm.draw(scenario, shape, days, rng)
     outcomes, hits_with, hits_without = [], [], []
     network = [f for f in fails if f.network]
-    with heap.frozen():  # the fleet's millions of paths out of the collector's passes (core/heap.py)
+    with heap.frozen():  # the fleet's millions of paths out of the collector's passes (kernel/heap.py)
         for f in fails:
             o = None
             if f.network:

@@ -32,7 +32,7 @@ import gc
 import random
 import time
 
-from linkpass.core import heap
+from linkpass.kernel import heap
 from linkpass.core.localize import BOTH, Localizer, Observation
 from linkpass.core.plan import plan_probes
 from linkpass.core.shards import ROOT, LocalParts, ShardedLocalizer, ShardMap
@@ -84,7 +84,7 @@ class TrialFleet:
                 for d in rev:
                     self.rev_index.setdefault(d, []).append(i)
         self.tiers = self.model.links_by_tier()
-        self.localizer: Localizer | ShardedLocalizer = Localizer(self.model)
+        self.localizer: Localizer | ShardedLocalizer = Localizer(self.model, pause=heap.collector_paused)
         self.initial_ingest_us = self._ingest()
         self.setup_s = time.perf_counter() - t
         progress(f"fleet: {len(self.model.links)} links, {len(self.keys)} planned paths, "
@@ -93,7 +93,7 @@ class TrialFleet:
     def _ingest(self) -> float:
         """The healthy fleet into self.localizer; microseconds per observation."""
         t = time.perf_counter()
-        with heap.collector_paused():  # as the coordinator loads its state (core/heap.py)
+        with heap.collector_paused():  # as the coordinator loads its state (kernel/heap.py)
             for i in range(len(self.keys)):
                 self.localizer.update(self.observation(i, False, None))
             if isinstance(self.localizer, ShardedLocalizer):
@@ -110,9 +110,10 @@ class TrialFleet:
         self.localizer = None
         gc.collect()
         if shards == 1:
-            self.localizer = Localizer(self.model)
+            self.localizer = Localizer(self.model, pause=heap.collector_paused)
         else:
-            self.localizer = ShardedLocalizer(self.model, ShardMap(self.model, shards), parts)
+            self.localizer = ShardedLocalizer(self.model, ShardMap(self.model, shards), parts,
+                                              pause=heap.collector_paused)
             if parts is None:
                 self.localizer.parts.clock = time.perf_counter
         self.initial_ingest_us = self._ingest()
