@@ -33,9 +33,10 @@ test-unit: deps prometheus
 lint-imports: deps
 	$(VENV)/bin/lint-imports --no-logo --no-cache
 
+# every benchmark: the lab's (bench/: testbed, agents, C core, coordinator, plugin) and the simulator's (sim/bench/)
 bench: deps
 	@mkdir -p out
-	for b in sim/bench/*.py; do $(PY) $$b --json out/bench-$$(basename $$b .py).json || exit 1; done
+	for b in bench/*.py sim/bench/*.py; do $(PY) $$b --json out/bench-$$(basename $$b .py).json || exit 1; done
 
 deps: $(STAMP) nccl-plugin
 

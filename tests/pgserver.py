@@ -1,4 +1,4 @@
-"""A real PostgreSQL server for the tests and the chaos soak (sim/bench/reliability.py): made in
+"""A real PostgreSQL server for the tests and the chaos soak (bench/reliability.py): made in
 a temporary directory, run as the user the caller runs as (as root: the `postgres` system user,
 since the server refuses root), on 127.0.0.1 at a free port, with a password; stopped and
 removed when the block ends, also when it fails."""

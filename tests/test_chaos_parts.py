@@ -1,4 +1,4 @@
-"""Parts of the chaos soak (sim/bench/reliability.py --rows chaos) that its figures rest on: a
+"""Parts of the chaos soak (bench/reliability.py --rows chaos) that its figures rest on: a
 Prometheus killed and started again keeps what it recorded before (the alerts' history the soak
 reports), and an agent's bad intervals are read from its log across restarts."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 
 ALWAYS = "groups:\n- name: t\n  rules:\n  - alert: Always\n    expr: vector(1)\n"
 

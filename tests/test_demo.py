@@ -85,7 +85,7 @@ def test_demo_keeps_the_job_running_and_compares_without_linkpass(tmp_path):
         assert f["load_mbps"] > 10, f  # the fault hit the job's traffic
         assert f["detect_ms"] is not None and f["reroute_ms"] is not None and f["localized_ms"] is not None, f
         # the timing targets (stall ≤ 100 ms hard / 500 ms gray, back to 95 % within 1 s) are
-        # measured over many trials by sim/bench/demo.py; one run on this shared 2-core machine
+        # measured over many trials by bench/demo.py; one run on this shared 2-core machine
         # carries its scheduling noise (fault-free windows read as ~50-90 ms "stalls"), so a
         # single run is held to twice the stall target and three times the recovery one (the
         # recovery waits out a 0.5 s hold-down and reads throughput, both stretched by the noise;

@@ -40,7 +40,7 @@ def test_discovered_paths_match_the_topology(fabric):
     tables = D.discover_fabric(fab)
     total = D.total_stats(tables)
     assert not total["deadline_hit"] and total["unfinished"] == 0 and total["socket_errors"] == 0, total
-    # how fast is the benchmark's business (sim/bench/discovery.py holds the 1 s target)
+    # how fast is the benchmark's business (bench/discovery.py holds the 1 s target)
     S, K, ports = fab.spec.spines_per_plane, D.DiscoveryConfig().k, len(D.DiscoveryConfig().ports)
     for i in range(fab.spec.hosts):
         table = tables[f"h{i}"]

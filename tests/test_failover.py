@@ -4,7 +4,7 @@ real faults, the kernel's routes and the entropy table read back.
 Each fault kind is detected with the right reason (and direction), routed around, and the path
 returns once the fault clears and the hold-down passes; the entropy table follows single paths;
 the last path is never removed. (SIGKILL and --dry-run: test_failover_lifecycle.py. Timings are
-the benchmark's business: sim/bench/failover.py.)
+the benchmark's business: bench/failover.py.)
 """
 from __future__ import annotations
 

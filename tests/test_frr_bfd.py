@@ -71,7 +71,7 @@ def test_bfd_hook_moves_the_route_off_a_cut_plane_and_back(clean_faults):
         assert off, why
         took_ms = (off[0].mono_ns - rec["effective_mono_ns"]) / 1e6
         # BFD's 30 ms detection plus the hook's read and replace; its timing is the benchmark's
-        # (sim/bench/failover.py), a single run on a loaded machine only shows it acted promptly
+        # (bench/failover.py), a single run on a loaded machine only shows it acted promptly
         assert took_ms <= 1000, (took_ms, why)
         assert off[0].event_mono_ns <= off[0].seen_mono_ns <= off[0].mono_ns
         # a loaded VM can flap the plane-1 session too; the route then waits for it (never no plane)

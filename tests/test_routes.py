@@ -120,7 +120,7 @@ def test_failover_moves_every_flow_to_the_usable_plane(actuator):
     t0 = time.perf_counter()
     result = act.set_usable("h3", {1})
     change_ms = (time.perf_counter() - t0) * 1000
-    # one netlink replace (~1 ms; sim/bench/failover.py times it): bounded loosely for a loaded machine
+    # one netlink replace (~1 ms; bench/failover.py times it): bounded loosely for a loaded machine
     assert result["changed"] and result["planes"] == (1,) and change_ms < 1000
     for sp in range(42000, 42016):
         res = traffic.send_flow(fab, 0, 3, target="service", sport=sp, count=10)

@@ -41,7 +41,7 @@ every other path of the peer that is not dark itself answered on time every prob
 path's silence began (a stall then would explain the silence). The probe core sends those probes at the DOWN (its
 confirmation round), so a real cut on a host with a standing allowance is routed around about
 one timeout after the DOWN. On a calm host the allowance is zero and detection is as fast as the
-detector (sim/bench/failover.py, rows healthy-saturated and cut-saturated).
+detector (bench/failover.py, rows healthy-saturated and cut-saturated).
 
 A stall does not reach all of a peer's paths at the same instant (threads and softirqs are kept
 waiting one after another): an on-time answer on another path confirms a DOWN only for a probe

@@ -278,7 +278,7 @@ class Demo:
     # ---- the jobs and the faults ---------------------------------------------------------
     def start_jobs(self, name: str, linkpass: bool, kinds: tuple[str, ...] | None = None) -> dict:
         """The jobs `--job` asks for (or `kinds`), started and running: kind -> job. BASELINE is
-        the same ring over one TCP connection per peer (sim/bench/nccl_plugin.py's peer)."""
+        the same ring over one TCP connection per peer (bench/nccl_plugin.py's peer)."""
         from .ranks import PluginRingJob, TrainingJob
 
         jobs = {}

@@ -1,5 +1,5 @@
-"""Timed fault trials on the testbed, for the benchmarks that run agents (sim/bench/failover.py,
-sim/bench/coordinator.py): a fault applied with its kernel-stamped time, and the hard-fault trial
+"""Timed fault trials on the testbed, for the benchmarks that run agents (bench/failover.py,
+bench/coordinator.py): a fault applied with its kernel-stamped time, and the hard-fault trial
 that times fault -> DOWN verdict and fault -> route rewritten at the agent's host."""
 from __future__ import annotations
 

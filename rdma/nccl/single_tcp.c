@@ -4,7 +4,7 @@
  * header, then the bytes, in posting order; no lanes, no failover. A path that fails under the
  * connection stalls it until the path heals (or TCP gives up, and then this returns an error).
  * Exports ncclNetPlugin_v8 (name "SingleTCP"). Devices: LINKPASS_NICS, IPv4 addresses only.
- * It is a measuring stick for sim/bench/nccl_plugin.py and the fault tests, not a product.
+ * It is a measuring stick for bench/nccl_plugin.py and the fault tests, not a product.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>

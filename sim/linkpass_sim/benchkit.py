@@ -1,4 +1,4 @@
-"""What the testbed benchmarks that run agents share (sim/bench/failover.py and coordinator.py):
+"""What the testbed benchmarks that run agents share (bench/failover.py and coordinator.py):
 which hosts run them and their flap-damping half-life. No benchmark imports
 another; both import this, and the simulator's calibration reads the agents' set-up from here.
 The timed fault trials themselves run on the testbed: linkpass/testbed/trials.py."""

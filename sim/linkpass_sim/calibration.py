@@ -1,6 +1,6 @@
 """Calibration: the simulator against the testbed, on the testbed's own cases.
 
-`sim/bench/failover.py` measures, on the default testbed (4 hosts, 2 planes, 2 leaves and 2
+`bench/failover.py` measures, on the default testbed (4 hosts, 2 planes, 2 leaves and 2
 spines per plane), how long the real agent on h0 takes to call its paths to h2 bad after a fault.
 This module replays those cases in the simulator, with the same agent set-up (1 ms probes, every
 100th full-size, flap half-life 1 s, 4 paths h0 -> h2) and the same measure (fault to the first
@@ -29,7 +29,7 @@ from . import benchkit
 from .virtual import MS, Effect, Rtt, VirtualAgent, VirtualPath, peer_addr
 
 TOLERANCE_PCT = 20.0
-# the testbed's detection figures (sim/bench/failover.py's detect rows, 20 trials per case), shipped with the package
+# the testbed's detection figures (bench/failover.py's detect rows, 20 trials per case), shipped with the package
 TESTBED_JSON = os.path.join(os.path.dirname(__file__), "data", "failover-detect.json")
 A, B = host_name(benchkit.A), host_name(benchkit.B)  # the hosts the benchmark's agents run on
 # measured on the testbed's h0 -> h2 paths (60 s, agents idle): p50 8-9 µs, p99 70-127 µs, no

@@ -496,9 +496,9 @@ def probe_overhead(fleet: Fleet, link_gbps: float = 400.0) -> dict:
 
 
 # What one exchange costs a host's CPU, measured (docs/agent-cost.md): sending and judging one,
-# the agent's whole process per exchange sent (sim/bench/host_cost.py, rail8-h0 with idle rates:
+# the agent's whole process per exchange sent (bench/host_cost.py, rail8-h0 with idle rates:
 # 85.8 % of a core for 24 511 exchanges/s); reflecting one, at most what a whole exchange costs
-# both ends and the kernel together (sim/bench/probe_core.py: ~67 500 exchanges per CPU-second).
+# both ends and the kernel together (bench/probe_core.py: ~67 500 exchanges per CPU-second).
 SEND_CPU_US = 35.0
 REFLECT_CPU_US_MAX = 14.8
 

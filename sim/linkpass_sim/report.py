@@ -1,7 +1,8 @@
-"""The benchmark report format (docs/benchmarks/README.md), in one place for every
-`sim/bench/*.py`: trial statistics, the JSON document, the progress line and the root check
-they all need. Each document records the commit it ran on (and whether the tree had uncommitted
-changes), so a figure quoted from it can be checked against later changes to the code it measures."""
+"""The benchmark report format (docs/benchmarks/README.md), in one place for every benchmark
+(`bench/*.py`, `sim/bench/*.py`): trial statistics, the JSON document, the progress line and
+the root check they all need. Each document records the commit it ran on (and whether the tree
+had uncommitted changes), so a figure quoted from it can be checked against later changes to the
+code it measures."""
 from __future__ import annotations
 
 import datetime as dt

@@ -3,7 +3,7 @@
 stall when its path dies — LinkPass's channel (standby QP, short QP timeout) against a QP with
 NCCL's defaults (timeout 20, retry count 7) on the same fault in the same run.
 
-    python sim/bench/rdma.py [--quick] [--trials N] [--json FILE]
+    python bench/rdma.py [--quick] [--trials N] [--json FILE]
 
 Two hosts of the default testbed are QEMU guests with rdma_rxe (TCG emulation: every time here
 is guest time under emulation, far slower than a real NIC; the rows say so). Rows:
@@ -30,7 +30,7 @@ MEASURES = (
     "rdma/linkpass_rdma",
     "rdma/guest",
     "linkpass/testbed/guests.py",
-    "sim/bench/rdma.py",
+    "bench/rdma.py",
 )
 
 
@@ -39,9 +39,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "rdma"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "rdma"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402

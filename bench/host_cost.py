@@ -2,7 +2,7 @@
 """What the agent costs a host: its CPU with its rates off and on, the same host in one run, and
 how fast it finds a failure under the job's traffic.
 
-    python sim/bench/host_cost.py [--quick] [--seconds S] [--json FILE]
+    python bench/host_cost.py [--quick] [--seconds S] [--json FILE]
 
 The agent's whole process CPU (probe thread, decision loop, API, the traffic sampler, the lane
 reports) from /proc/PID/stat, in windows of `seconds / 10` over `seconds` (60 s by default) per
@@ -59,7 +59,7 @@ MEASURES = (
     "linkpass/core/budget.py",
     "linkpass/agent/daemon.py",
     "linkpass/agent/rates.py",
-    "sim/bench/host_cost.py",
+    "bench/host_cost.py",
 )
 
 
@@ -75,8 +75,8 @@ import time
 
 import yaml
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass.core.names import host_name  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reliability under hostile input: one function per row, picked by name.
 
-    python sim/bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost,agent-sigkill,coordinator-flood,actor-kill,soak,chaos] [--json FILE]
+    python bench/reliability.py [--quick] [--rows fuzz,spoof,junk-cost,agent-sigkill,coordinator-flood,actor-kill,soak,chaos] [--json FILE]
 
 Rows (ROWS below maps each name to its function; a function takes `quick` and returns its rows):
 
@@ -57,7 +57,7 @@ Rows (ROWS below maps each name to its function; a function takes `quick` and re
   how long each kind of process took to come back (the comment above `Strike` has the rules).
 
 healthy-saturated and cut-saturated are the failover
-benchmark's (sim/bench/failover.py). Others are added as functions of the same shape and an
+benchmark's (bench/failover.py). Others are added as functions of the same shape and an
 entry in ROWS.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ MEASURES = (
     "linkpass/agent/routes.py",
     "linkpass/agent/daemon.py",
     "linkpass/agent/rates.py",
-    "sim/bench/reliability.py",
+    "bench/reliability.py",
 )
 
 
@@ -103,8 +103,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.benchkit import A, B  # noqa: E402
@@ -873,7 +873,7 @@ def row_chaos(quick: bool) -> list[dict]:
     import argparse as _argparse
     from contextlib import ExitStack
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
     from pgserver import PostgresServer  # the tests' real PostgreSQL server (TLS, SCRAM)
 
     from linkpass.demo.run import Demo
@@ -1022,7 +1022,7 @@ def start_server(work: str, port: int) -> subprocess.Popen:
                 "max_connections": MAX_CONNECTIONS, "read_timeout_s": READ_TIMEOUT_S, "idle_timeout_s": 5.0}
     code = ("import time; from linkpass.coordinator import runner; "
             f"runner.start({settings!r}); print('up', flush=True); time.sleep(3600)")
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    root = os.path.join(os.path.dirname(__file__), "..")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "sim")])}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     if proc.stdout.readline().strip() != "up":

@@ -17,7 +17,7 @@ that uses only the plugin API, every byte checked, one rank per host:
   returned, each of which would end an NCCL communicator: the job's restarts). Targets with
   agents: ≤ 20 ms hard, ≤ 200 ms gray.
 
-    python sim/bench/nccl_plugin.py [--quick] [--rounds N] [--faults KINDS] [--json FILE]
+    python bench/nccl_plugin.py [--quick] [--rounds N] [--faults KINDS] [--json FILE]
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ MEASURES = (
     "rdma/nccl/lp_netload.c",
     "rdma/nccl/lp_shims.c",
     "rdma/nccl/allreduce.c",
-    "sim/bench/nccl_plugin.py",
+    "bench/nccl_plugin.py",
 )
 
 
@@ -44,9 +44,9 @@ import tempfile
 import time
 from contextlib import ExitStack
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sim"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "rdma"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rdma"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402

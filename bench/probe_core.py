@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Probe engine throughput: completed exchanges per CPU-second, beside a minimal C echo.
 
-    python sim/bench/probe_core.py [--quick] [--trials N] [--seconds S] [--json FILE]
+    python bench/probe_core.py [--quick] [--trials N] [--seconds S] [--json FILE]
 
 On the default testbed, agent h0 probes h1 (same leaf: one router hop each way) over 64 source ports as fast as its loop can go and
 h1 reflects; an exchange counts when its authenticated reply is back and in the telemetry.
@@ -28,7 +28,7 @@ MEASURES = (
     "linkpass/probe/blake2b.h",
     "linkpass/probe/engine.py",
     "linkpass/probe/reference.py",
-    "sim/bench/probe_core.py",
+    "bench/probe_core.py",
 )
 
 
@@ -42,8 +42,8 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass.core.constants import ROCE_PORT  # noqa: E402

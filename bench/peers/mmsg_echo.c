@@ -1,5 +1,5 @@
 /*
- * The peer for sim/bench/probe_core.py: the least work a UDP round trip can cost.
+ * The peer for bench/probe_core.py: the least work a UDP round trip can cost.
  * `mmsg_echo server ADDR PORT SECONDS` echoes every datagram back (recvmmsg/sendmmsg batches);
  * `mmsg_echo client SRC DST PORT SECONDS SIZE` keeps a window of datagrams in flight and counts
  * round trips. No authentication, no timestamps, no statistics: a floor, not a competitor.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Coordinator: fault localization over a 16 384-GPU fleet model, without a testbed.
 
-    python sim/bench/coordinator.py [--quick] [--trials N] [--seed S] [--json FILE]
+    python bench/coordinator.py [--quick] [--trials N] [--seed S] [--json FILE]
 
 Fleet: rail_optimized(2048 hosts, 8 rails, 32 hosts per leaf, 32 spines per plane), 32 768
 physical links; the probe plan of `linkpass.core.plan` (3 paths per host and plane, 49 152
@@ -39,7 +39,7 @@ MEASURES = (
     "linkpass/coordinator/store.py",
     "linkpass/coordinator/shard.py",
     "sim/linkpass_sim/localize_trials.py",
-    "sim/bench/coordinator.py",
+    "bench/coordinator.py",
 )
 
 
@@ -54,8 +54,8 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.benchkit import A, B, FLAP_HALF_LIFE_MS  # noqa: E402

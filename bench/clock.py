@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Clock sync on the testbed: estimated offsets and drifts against the ground truth.
 
-    python sim/bench/clock.py [--quick] [--seconds S] [--json FILE]
+    python bench/clock.py [--quick] [--seconds S] [--json FILE]
 
 All testbed hosts share one kernel clock, so each agent gets a synthetic clock (offset up to
 ±50 ms, drift up to ±100 ppm, a slow random walk) that the C core applies to every timestamp it
@@ -24,7 +24,7 @@ from __future__ import annotations
 # from it stale (tests/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/core/clock.py",
-    "sim/bench/clock.py",
+    "bench/clock.py",
 )
 
 
@@ -36,8 +36,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass.core.clock import Exchange, MeshCorrector, PairEstimator, PurePairFilter, SyntheticClock  # noqa: E402

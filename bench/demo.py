@@ -11,7 +11,7 @@ LinkPass-off run as the peer, time back to 95 % throughput, and for LinkPass the
 time; plus the all-reduce time without faults in both runs (what running LinkPass on the same
 two cores costs the job here).
 
-    python sim/bench/demo.py [--quick] [--rounds N] [--faults KINDS] --json FILE
+    python bench/demo.py [--quick] [--rounds N] [--faults KINDS] --json FILE
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ MEASURES = (
     "linkpass/agent/routes.py",
     "rdma/nccl/lp_plugin.c",
     "rdma/nccl/lp_lanes.c",
-    "sim/bench/demo.py",
+    "bench/demo.py",
 )
 
 
@@ -34,8 +34,8 @@ import sys
 import tempfile
 from contextlib import ExitStack
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sim"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.report import row  # noqa: E402

@@ -3,7 +3,7 @@
 traceroute way (one probe at a time: send TTL t, wait for its answer, then TTL t+1), over the
 same flows (every host, NIC, peer and source port), measured in the same run.
 
-    python sim/bench/discovery.py [--quick] [--runs N] [--json FILE]
+    python bench/discovery.py [--quick] [--runs N] [--json FILE]
 
 Case path-discovery, metric time (s): the whole fabric (4 hosts x 2 planes, 2 leaves + 2 spines
 per plane, 32 source ports per (NIC, peer)) until every trace has ended. Both sides open their
@@ -18,7 +18,7 @@ from __future__ import annotations
 MEASURES = (
     "linkpass/probe/discovery.py",
     "linkpass/core/paths.py",
-    "sim/bench/discovery.py",
+    "bench/discovery.py",
 )
 
 
@@ -31,8 +31,8 @@ import struct
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass.kernel import netns as ns_io  # noqa: E402

@@ -2,7 +2,7 @@
 """Failover: from a fault on the testbed to the route rewritten, LinkPass against FRR bfdd
 (10 ms × 3) driving the same route change, measured in the same run on the same fabric.
 
-    python sim/bench/failover.py [--quick] [--trials N] [--soak-s S] [--saturated-only] [--json FILE]
+    python bench/failover.py [--quick] [--trials N] [--soak-s S] [--saturated-only] [--json FILE]
 
 Agents run on h0 and h2 (different leaves, so every fault kind has a path through it); on this
 2-core machine four agents plus the software fabric's forwarding (every probe crosses four
@@ -31,7 +31,7 @@ MEASURES = (
     "linkpass/agent/netlink.py",
     "linkpass/probe/_probecore.c",
     "linkpass/probe/engine.py",
-    "sim/bench/failover.py",
+    "bench/failover.py",
 )
 
 
@@ -45,8 +45,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass_sim.benchkit import A, B, FLAP_HALF_LIFE_MS  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Scale: the coordinator's fabric logic and the fleet simulator at 131 072 GPUs on a 3-tier fabric.
 
-    python sim/bench/scale.py [--quick] [--trials N] [--seeds N] [--seed S] [--json FILE] [--only CASE]
+    python bench/scale.py [--quick] [--trials N] [--seeds N] [--seed S] [--json FILE] [--only CASE]
 
 Fleet: 16 384 hosts x 8 rails, radix-64 switches (`Shape.for_gpus(131072)`): per plane 512
 leaves of 32 hosts, 16 pods of 32 leaves and 32 spines, 32 core groups of 32 cores; 393 216
@@ -62,7 +62,7 @@ MEASURES = (
     "linkpass/coordinator/shard.py",
     "linkpass/coordinator/coordinator.py",
     "sim/linkpass_sim",
-    "sim/bench/scale.py",
+    "bench/scale.py",
 )
 
 
@@ -74,8 +74,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import fleet as fleet_sim  # noqa: E402
 from linkpass_sim import report  # noqa: E402

@@ -2,7 +2,7 @@
 """Testbed build and teardown time: LinkPass (netlink via pyroute2) against the same fabric
 built the usual way, one `ip`/`sysctl` process per object, measured in the same run.
 
-    python sim/bench/testbed.py [--quick] [--runs N] [--json FILE]
+    python bench/testbed.py [--quick] [--runs N] [--json FILE]
 
 Cases hosts-4, hosts-16, hosts-32 (× 2 planes, 2 leaves + 2 spines per plane); metrics up_s,
 down_s. Each peer build is checked for reachability once, so both sides build a working fabric.
@@ -16,7 +16,7 @@ MEASURES = (
     "linkpass/testbed/build.py",
     "linkpass/testbed/topology.py",
     "linkpass/kernel/netns.py",
-    "sim/bench/testbed.py",
+    "bench/testbed.py",
 )
 
 
@@ -27,8 +27,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sim"))
 
 from linkpass_sim import report  # noqa: E402
 from linkpass.core.names import HOST, host_index, host_name  # noqa: E402
