@@ -865,6 +865,17 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* events judged for a path that is being removed, not yet taken: they are about a path gone, and
+ * a path added later under the same id must not be handed them */
+static void drop_events_of(Core *c, uint32_t path_id) {
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < c->ev_len; i++) {
+        const ev_t *e = &c->evring[(c->ev_head + i) % c->ring_cap];
+        if (e->path_id != path_id) c->evring[(c->ev_head + kept++) % c->ring_cap] = *e;
+    }
+    c->ev_len = kept;
+}
+
 static PyObject *Core_remove_path(Core *self, PyObject *args) {
     NEED_READY(self);
     unsigned int path_id;
@@ -876,6 +887,7 @@ static PyObject *Core_remove_path(Core *self, PyObject *args) {
         gone = self->paths[i].out;
         uint64_t after = (self->paths[i].next_seq + 1) & ~1ULL;
         if (after > self->seq_floor) self->seq_floor = after;
+        drop_events_of(self, path_id);
         self->paths[i] = self->paths[--self->npaths];
         update_pads(self);
     }
