@@ -340,6 +340,13 @@ static void track_reply(Core *c, path_t *pt, const probe_t *p, int64_t t_rx) {
     }
 }
 
+/* a request has gone out (sendmmsg took it): counted, and awaited while judging */
+static void request_sent(Core *c, path_t *pt, uint64_t seq, int64_t t1, uint8_t size, uint8_t confirm) {
+    pt->sent++;
+    c->sent++;
+    if (c->tracking) track_sent(c, pt, seq, t1, size, confirm);
+}
+
 static void tx_flush(Core *c, int nic, txbatch_t *b) {
     int off = 0;
     while (off < b->n) {
@@ -351,10 +358,7 @@ static void tx_flush(Core *c, int nic, txbatch_t *b) {
         }
         for (int i = off; i < off + r; i++) {
             if (b->what[i] < 0) { c->reflected++; continue; }
-            c->paths[b->what[i]].sent++;
-            c->sent++;
-            if (c->tracking)
-                track_sent(c, &c->paths[b->what[i]], b->seq[i], b->t1[i], b->size_probe[i], b->confirm[i]);
+            request_sent(c, &c->paths[b->what[i]], b->seq[i], b->t1[i], b->size_probe[i], b->confirm[i]);
         }
         off += r;
     }
@@ -384,6 +388,24 @@ static int path_index(Core *c, uint32_t path_id) {
 
 static int64_t stamp_now(void *ctx) { return local_clock((Core *)ctx, now_ns(CLOCK_REALTIME)); }
 
+/* an authenticated reply from `src`, received at t_rx (local clock): matched to the path that sent
+ * its request, then judged (tracking) or handed over as an exchange; dropped and counted if it
+ * is not a reply to a request of that path, or was taken before */
+static void take_reply(Core *c, const probe_t *p, const uint8_t src[4], int64_t t_rx) {
+    int pi = (p->sender == c->agent_id) ? path_index(c, p->path) : -1;
+    if (pi < 0 || memcmp(c->paths[pi].peer, src, 4) != 0) { c->rx.drops[D_UNEXPECTED]++; return; }
+    path_t *pt = &c->paths[pi];
+    /* a reply to a request this path never sent: an earlier path with the same id, or forged */
+    if (p->seq < pt->first_seq || p->seq >= pt->next_seq) { c->rx.drops[D_UNEXPECTED]++; return; }
+    if (!replay_accept(&pt->replay, p->seq)) { c->rx.drops[D_REPLAY]++; return; }
+    c->replies++;
+    if (c->tracking) { track_reply(c, pt, p, t_rx); return; }
+    if (c->ring_len == c->ring_cap) { c->rx.drops[D_RING_FULL]++; return; }
+    xrec_t *x = &c->ring[(c->ring_head + c->ring_len++) % c->ring_cap];
+    x->path_id = p->path; x->rx_count = p->rx_count; x->seq = p->seq;
+    x->t1 = p->t1; x->t2 = p->t2; x->t3 = p->t3; x->t4 = t_rx;
+}
+
 /* one received packet: the receive path (probe_rx.h) drops it, reflects it into the NIC's send
  * batch, or hands over an authenticated reply, matched here to the path that sent its request */
 static void handle_packet(Core *c, int nic, const uint8_t *data, size_t n, const struct sockaddr_in *from,
@@ -402,18 +424,7 @@ static void handle_packet(Core *c, int nic, const uint8_t *data, size_t n, const
         return;
     }
     if (what != RX_REPLY) return; /* dropped, and counted */
-    int pi = (p.sender == c->agent_id) ? path_index(c, p.path) : -1;
-    if (pi < 0 || memcmp(c->paths[pi].peer, src, 4) != 0) { c->rx.drops[D_UNEXPECTED]++; return; }
-    path_t *pt = &c->paths[pi];
-    /* a reply to a request this path never sent: an earlier path with the same id, or forged */
-    if (p.seq < pt->first_seq || p.seq >= pt->next_seq) { c->rx.drops[D_UNEXPECTED]++; return; }
-    if (!replay_accept(&pt->replay, p.seq)) { c->rx.drops[D_REPLAY]++; return; }
-    c->replies++;
-    if (c->tracking) { track_reply(c, pt, &p, t_rx); return; }
-    if (c->ring_len == c->ring_cap) { c->rx.drops[D_RING_FULL]++; return; }
-    xrec_t *x = &c->ring[(c->ring_head + c->ring_len++) % c->ring_cap];
-    x->path_id = p.path; x->rx_count = p.rx_count; x->seq = p.seq;
-    x->t1 = p.t1; x->t2 = p.t2; x->t3 = p.t3; x->t4 = t_rx;
+    take_reply(c, &p, src, t_rx);
 }
 
 static void queue_probe(Core *c, int nic, int i, txbatch_t *tx, uint8_t confirm) {
@@ -854,6 +865,17 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* events judged for a path that is being removed, not yet taken: they are about a path gone, and
+ * a path added later under the same id must not be handed them */
+static void drop_events_of(Core *c, uint32_t path_id) {
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < c->ev_len; i++) {
+        const ev_t *e = &c->evring[(c->ev_head + i) % c->ring_cap];
+        if (e->path_id != path_id) c->evring[(c->ev_head + kept++) % c->ring_cap] = *e;
+    }
+    c->ev_len = kept;
+}
+
 static PyObject *Core_remove_path(Core *self, PyObject *args) {
     NEED_READY(self);
     unsigned int path_id;
@@ -865,6 +887,7 @@ static PyObject *Core_remove_path(Core *self, PyObject *args) {
         gone = self->paths[i].out;
         uint64_t after = (self->paths[i].next_seq + 1) & ~1ULL;
         if (after > self->seq_floor) self->seq_floor = after;
+        drop_events_of(self, path_id);
         self->paths[i] = self->paths[--self->npaths];
         update_pads(self);
     }
@@ -1370,6 +1393,67 @@ static PyObject *Core_receive_test(Core *self, PyObject *args) {
     return res;
 }
 
+/* Test hooks for judging mode: the loop's own bookkeeping, with times given instead of read from
+ * the clocks, so a test can lay out a timeline (tests/test_probe_judging.py). judge_send is what
+ * queue_probe and tx_flush record for a request sendmmsg took; judge_receive hands a UDP payload
+ * to the receive path as the loop does for a packet read on NIC 0 (a request is reflected into a
+ * batch that is never sent); judge_evidence moves the evidence time as an emptied wake-up does. */
+static PyObject *Core_judge_send(Core *self, PyObject *args) {
+    NEED_READY(self);
+    unsigned int path_id, size;
+    long long t1;
+    if (!PyArg_ParseTuple(args, "ILI", &path_id, &t1, &size)) return NULL;
+    pthread_mutex_lock(&self->mu);
+    int i = path_index(self, path_id);
+    uint64_t seq = 0;
+    if (i >= 0) {
+        seq = self->paths[i].next_seq++;
+        request_sent(self, &self->paths[i], seq, t1, size ? 1 : 0, 0);
+    }
+    pthread_mutex_unlock(&self->mu);
+    if (i < 0) return PyErr_Format(PyExc_KeyError, "no path %u", path_id);
+    return PyLong_FromUnsignedLongLong(seq);
+}
+
+static PyObject *Core_judge_receive(Core *self, PyObject *args) {
+    NEED_READY(self);
+    Py_buffer data;
+    PyObject *src;
+    unsigned int sport;
+    long long t_rx;
+    if (!PyArg_ParseTuple(args, "y*OIL", &data, &src, &sport, &t_rx)) return NULL;
+    struct sockaddr_in from;
+    memset(&from, 0, sizeof from);
+    from.sin_family = AF_INET;
+    from.sin_port = htons((uint16_t)sport);
+    txbatch_t *tx = PyMem_Calloc(1, sizeof(txbatch_t));
+    uint8_t *buf = PyMem_Malloc((size_t)BATCH * MAX_PKT);
+    int bad = get_addr(src, (uint8_t *)&from.sin_addr) < 0;
+    if (!bad && (!tx || !buf)) { PyErr_NoMemory(); bad = 1; }
+    if (!bad && !self->nnics) { PyErr_SetString(PyExc_ValueError, "add a NIC first"); bad = 1; }
+    if (!bad) {
+        tx->buf = buf;
+        pthread_mutex_lock(&self->mu);
+        handle_packet(self, 0, data.buf, (size_t)data.len, &from, t_rx, now_ns(CLOCK_MONOTONIC), tx);
+        pthread_mutex_unlock(&self->mu);
+    }
+    PyMem_Free(buf);
+    PyMem_Free(tx);
+    PyBuffer_Release(&data);
+    if (bad) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_judge_evidence(Core *self, PyObject *args) {
+    NEED_READY(self);
+    long long t;
+    if (!PyArg_ParseTuple(args, "L", &t)) return NULL;
+    pthread_mutex_lock(&self->mu);
+    set_evidence(self, t);
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Core_methods[] = {
     {"add_nic", (PyCFunction)Core_add_nic, METH_VARARGS, "add_nic(rx_fd, tx_fd, addr4) -> index"},
     {"add_path", (PyCFunction)Core_add_path, METH_VARARGS,
@@ -1415,6 +1499,12 @@ static PyMethodDef Core_methods[] = {
     {"encode", (PyCFunction)Core_encode, METH_VARARGS, "test hook: the loop's encoder"},
     {"decode", (PyCFunction)Core_decode, METH_VARARGS, "test hook: the loop's decoder; a str is a drop reason"},
     {"replay_test", (PyCFunction)Core_replay_test, METH_VARARGS, "test hook: replay window decisions"},
+    {"judge_send", (PyCFunction)Core_judge_send, METH_VARARGS,
+     "test hook: judge_send(path_id, t1, size_probe) -> seq, a request sent at t1 (local clock)"},
+    {"judge_receive", (PyCFunction)Core_judge_receive, METH_VARARGS,
+     "test hook: judge_receive(udp_payload, src_addr4, sport, t_rx): a packet read on NIC 0 at t_rx"},
+    {"judge_evidence", (PyCFunction)Core_judge_evidence, METH_VARARGS,
+     "test hook: judge_evidence(t): every packet before t (local clock) has been read"},
     {"receive_test", (PyCFunction)Core_receive_test, METH_VARARGS,
      "test hook: receive_test(payload, src4, dst4, sport, now_ns) through the loop's receive path -> the reply "
      "it reflects (an IP packet, bytes), an authenticated reply (a wire.Probe tuple), or a drop reason (str)"},

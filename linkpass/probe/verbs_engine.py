@@ -89,6 +89,7 @@ class _Path(ProbedPath):
     nic: _Nic | None = None
     peer_b: bytes = b""
     next_due_ns: int = 0
+    first_seq: int = 0  # replies are to requests in [first_seq, next_seq)
     next_seq: int = 0
     sent: int = 0
     rto_ns: int = DEFAULT_RTO_NS
@@ -233,7 +234,7 @@ class VerbsProbeEngine:
             seq = max(self._seq_floor, time.time_ns())
             self._seq_floor = seq + 1
             path = _Path(spec, PathTelemetry(), nic=nic, peer_b=socket.inet_aton(spec.peer_addr),
-                         next_due_ns=time.monotonic_ns() + int(first_due_s * 1e9), next_seq=seq)
+                         next_due_ns=time.monotonic_ns() + int(first_due_s * 1e9), first_seq=seq, next_seq=seq)
             self.paths[spec.path_id] = path
             peer = self.peers.get(spec.peer_addr)
             if peer is None or peer.agent_id != spec.peer_id:
@@ -483,6 +484,9 @@ class VerbsProbeEngine:
         if rep.sender != self.agent_id or path is None or path.peer_b != src_b:
             self.drop_counts["unexpected"] += 1
             return
+        if not path.first_seq <= rep.seq < path.next_seq:  # never sent: an earlier path with the same id, or forged
+            self.drop_counts["unexpected"] += 1
+            return
         if not path.replay.accept(rep.seq):
             self.drop_counts["replay"] += 1
             return
@@ -490,10 +494,11 @@ class VerbsProbeEngine:
         peer = self.peers.get(path.spec.peer_addr)
         if peer is not None:
             peer.heard_ns = time.monotonic_ns()
+        self._expire_path(path, t4)  # requests whose deadline passed before this reply came are missed
         pending = path.out.pop(rep.seq, None)
         if pending is not None and t4 <= pending[1]:
             a = path.agg
-            rtt = min(t4 - rep.t1 - (rep.t3 - rep.t2), 2**32 - 1)
+            rtt = min(t4 - rep.t1, 2**32 - 1)  # the whole round trip, the reflector's hold too: the timeout must cover it
             if a is None:
                 path.agg = [rep.seq, 1, rep.rx_count, pending[2], rtt, rep.t1, rep.t2, rep.t3, t4]
             else:
@@ -526,12 +531,16 @@ class VerbsProbeEngine:
     def _expire(self, evidence_ns: int) -> None:
         """Every request whose deadline is before the evidence time and has no reply is missed."""
         for path in self.paths.values():
-            while path.out:
-                seq, (t1, deadline, size) = next(iter(path.out.items()))
-                if deadline >= evidence_ns:
-                    break
-                del path.out[seq]
-                self._push(path, ProbeEvent.miss(path.spec.path_id, seq, size, t1, deadline))
+            self._expire_path(path, evidence_ns)
+
+    def _expire_path(self, path: _Path, until_ns: int) -> None:
+        """The path's unanswered requests whose deadline is before `until_ns`, oldest first, are missed."""
+        while path.out:
+            seq, (t1, deadline, size) = next(iter(path.out.items()))
+            if deadline >= until_ns:
+                break
+            del path.out[seq]
+            self._push(path, ProbeEvent.miss(path.spec.path_id, seq, size, t1, deadline))
 
     def _sweep_reflector(self, now_wall: int) -> None:
         for _ in range(64):
