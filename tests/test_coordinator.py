@@ -627,14 +627,14 @@ def test_an_agent_applying_deltas_holds_the_coordinators_plan(tmp_path, seed):
     ({"store": "postgresql://lp@db/lp", "store_password_file": "pw"}, "settings.store_password_file: 'pw' is not"),
 ])
 def test_coordinator_settings_are_checked_by_name(settings, words):
-    from linkpass.coordinator.runner import check_settings
+    from linkpass.coordinator.startup import check_settings
 
     with pytest.raises(CoordinatorError, match=words):
         check_settings(settings)
 
 
 def test_coordinator_settings_reach_the_coordinator_and_the_endpoint():
-    from linkpass.coordinator.runner import check_settings
+    from linkpass.coordinator.startup import check_settings
 
     config, limits = check_settings({"event_retention_s": 3600, "event_retention_count": 500, "agent_expire_s": 600,
                                      "max_body_bytes": 65536, "read_timeout_s": 2, "state_dir": "/x"})

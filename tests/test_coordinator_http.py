@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from linkpass.coordinator import runner
+from linkpass.coordinator import startup
 from linkpass.control.client import Refusal
 from linkpass.coordinator.http import json_depth_ok
 from linkpass.testbed.prometheus import promtool
@@ -33,7 +33,7 @@ LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 def start(tmp_path, **settings):
     fabric = tmp_path / "fabric.json"
     fabric.write_text(json.dumps(MODEL.to_dict()))
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric),
+    srv = startup.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric),
                         **settings})
     state = tmp_path / "state"
     tokens = {role: (state / f"{role}.token").read_text().strip() for role in ("reader", "operator")}
@@ -189,7 +189,7 @@ def test_a_shared_agent_token_is_refused_at_start(tmp_path):
         start(tmp_path)
     (tmp_path / "state" / "tokens.yaml").write_text(
         f"tokens:\n  - {{name: h7-static, role: agent, host: h7, sha256: {token_hash('t7')}}}\n")
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0"})
+    srv = startup.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0"})
     srv.state_dir = tmp_path / "state"
     try:
         with connect(srv, "t7") as c:
@@ -677,7 +677,7 @@ def test_a_revocation_works_with_the_coordinator_down_and_outlives_restarts(tmp_
     second = token_cli(state, "h1", "--revoke")
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert second.stdout.strip().startswith("lpa1.h1.2.")
-    srv = runner.start({"state_dir": str(state), "listen": "127.0.0.1:0"})
+    srv = startup.start({"state_dir": str(state), "listen": "127.0.0.1:0"})
     srv.state_dir = state
     try:
         for stale in (tokens["h1"], first.stdout.strip()):  # refused from the first request on

@@ -87,13 +87,13 @@ def test_required_fields_are_exactly_what_the_parser_cannot_do_without(cls):
 
 @pytest.mark.service
 def test_the_coordinator_serves_it_and_reads_every_typed_query_parameter(tmp_path):
-    from linkpass.coordinator import runner
+    from linkpass.coordinator import startup
 
     from helpers import MODEL, coordinator_client
 
     fabric = tmp_path / "fabric.json"
     fabric.write_text(json.dumps(MODEL.to_dict()))
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric)})
+    srv = startup.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric)})
     try:
         with coordinator_client(srv.url, None, tmp_path / "state") as anonymous:  # no token needed
             assert anonymous.get("/v1/openapi.json") == spec_of(_ROUTES)

@@ -1,4 +1,4 @@
-"""Assemble a coordinator from settings: store, fabric model, tokens, endpoint. No Ray here:
+"""Start a coordinator from its settings, each checked first: store, fabric model, tokens, endpoint. No Ray here:
 `ray_actor.py` calls `start(settings)` inside the actor; tests call it directly.
 
 settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
