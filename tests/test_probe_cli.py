@@ -16,7 +16,7 @@ import pytest
 from linkpass.cli import pathcheck as CP
 from linkpass.core import paths as P
 from linkpass.probe import pathcheck as PC
-from linkpass.testbed import pathcheck as TP
+from linkpass.testbed import pathcheck_hosts as TP
 from linkpass.testbed import topology
 
 from helpers import check_golden
