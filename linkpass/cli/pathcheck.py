@@ -32,8 +32,8 @@ import urllib.parse
 import urllib.request
 
 from ..core.constants import AGENT_API_PORT, PROBE_PORT_BASE, ROCE_PORT
-from ..probe.pathcheck import MAX_PORTS, PROBE_BASE_PORT, PROBE_PORTS, unprobed_planes
-from ..console.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
+from ..probe.pathcheck import MAX_PORTS, PROBE_BASE_PORT, PROBE_PORTS, health, unprobed_planes
+from ..console.output import EXIT_OF_LEVEL, FORMATS, emit, error, paint, table
 from .paths import no_agent
 
 AGENT_TIMEOUT_S = 30.0  # a sweep takes up to 5 s, and RTTs up to ~1 s per path
@@ -42,12 +42,7 @@ SILENT_HINT = ("an agent listening there swallows them; retry with a closed --dp
 
 
 def exit_code(doc: dict) -> int:
-    s = doc["summary"]
-    if s["planes_reached"] == 0:
-        return EXIT_CRITICAL
-    if s["planes_reached"] < s["planes"] or s.get("paths_reached", 0) < s.get("paths", 0):
-        return EXIT_WARNING
-    return EXIT_OK
+    return EXIT_OF_LEVEL[health(doc)]
 
 
 # ---- rendering --------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..core.paths import PathTable
-from ..core.states import DARK, State
+from ..core.states import DARK, Level, State
 from .discovery import IP_RECVERR, MSG_ERRQUEUE, SO_BINDTODEVICE, DiscoveryConfig, Target, discover
 
 PROBE_BASE_PORT = 31000  # below Linux's ephemeral range and the agent's own probe ports (49152+)
@@ -201,6 +201,17 @@ def trace_doc(src: str, dst: str, where: dict, table: PathTable, legs: list[Leg]
     return {**where, "src": src, "dst": dst, "sport": sport, "dport": dport, "planes": rows,
             "summary": {"planes": len(rows), "planes_reached": sum(r["reached"] for r in rows)},
             "stats": dict(table.stats)}
+
+
+def health(doc: dict) -> Level:
+    """How a `probe` or `trace` document judges the peer's reachability: critical when no plane
+    reaches it, a warning when some plane or some path does not, ok otherwise."""
+    s = doc["summary"]
+    if s["planes_reached"] == 0:
+        return Level.CRITICAL
+    if s["planes_reached"] < s["planes"] or s.get("paths_reached", 0) < s.get("paths", 0):
+        return Level.WARNING
+    return Level.OK
 
 
 def unprobed_planes(doc: dict) -> list[int]:
