@@ -533,6 +533,24 @@ def test_each_refusal_names_its_kind_for_programs_to_match(server):
     assert (bad.value.status, bad.value.kind) == (400, "bad_request")
 
 
+def test_who_may_ask_is_refused_with_a_kind_too(server):
+    """The endpoint's own refusals of a caller carry a kind as the service's do: no valid token is
+    `unauthenticated`; a token that may not do this is `forbidden`, naming the role that may when
+    the role is what is wrong. The CLI matches these, never the message's words."""
+    srv, tokens = server
+    with pytest.raises(Refusal) as nobody:
+        connect(srv, "not-a-token").get("/v1/status")
+    assert (nobody.value.status, nobody.value.kind) == (401, "unauthenticated")
+    with connect(srv, tokens["reader"]) as reader, pytest.raises(Refusal) as role:
+        reader.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
+    assert (role.value.status, role.value.kind, role.value.doc) == (403, "forbidden", {"needs_role": "operator"})
+    with connect(srv, tokens["h0"]) as h0, pytest.raises(Refusal) as other:
+        h0.post("/v1/report", {"name": "h1"})
+    assert (other.value.status, other.value.kind, other.value.doc) == (403, "forbidden", {})
+    status, doc = raw_request(srv, b"GET /v1/nowhere HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (status, doc["kind"]) == (404, "not_found"), doc
+
+
 def test_agent_token_command(server, tmp_path):
     srv, tokens = server
     out = subprocess.run([*LINKPASS, "coordinator", "token", "h2", "--state-dir", str(tmp_path / "state")],
@@ -640,6 +658,7 @@ def test_one_host_s_token_is_revoked_and_nothing_else_changes(server, tmp_path):
     # the running coordinator reads the revocation from its store within a tick
     exc = wait_until(lambda: refusal_of(srv, old), 10, "the running coordinator refusing h1's old token")
     assert exc.status == 401 and "the agent token of h1 was revoked" in str(exc)
+    assert exc.kind == "unauthenticated"  # revoked is one way of having no valid token
     assert old.rpartition(".")[2] not in str(exc) and "lpa1." not in str(exc)  # no secret material
     with connect(srv, old) as c, pytest.raises(Refusal, match="was revoked") as exc:
         c.post("/v1/report", {"name": "h1"})
@@ -883,7 +902,7 @@ def test_one_token_has_a_request_budget_and_others_are_not_slowed(tmp_path):
                     codes.append(200)
                 except Refusal as exc:
                     codes.append(exc.status)
-                    assert "more than 1 requests a second" in str(exc)
+                    assert "more than 1 requests a second" in str(exc) and exc.kind == "throttled"
         # the burst (one of it went on the registration), then a refill at most
         assert 4 <= codes.count(200) <= 6 and set(codes[7:]) == {429}, codes
         with connect(srv, tokens["h1"]) as other:
