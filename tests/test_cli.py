@@ -339,7 +339,7 @@ def test_other_commands_ignore_a_broken_config_file(capsys, tmp_path):
 @pytest.fixture
 def agent_rows(tmp_path):
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, CoordinatorConfig(), now=NOW - 7200)
+    c = Coordinator(store, MODEL, CoordinatorConfig(), wall_s=NOW - 7200)
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, NOW - (3600 if i == 3 else 5))
     c.tick(NOW)
