@@ -245,7 +245,7 @@ def case_plan_round(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     def rounds(deltas: bool, trials: int) -> list[float]:
         work = tempfile.mkdtemp(prefix="linkpass-bench-plan-")
         store = Store(os.path.join(work, "c.db"))
-        c = Coordinator(store, None, now=0.0)
+        c = Coordinator(store, None, wall_s=0.0)
         for i in range(PLAN_ROUND_AGENTS):
             c.register(ident(i), 0.0)
         now = 2.0
@@ -287,7 +287,7 @@ def case_summary_round(fleet: TrialFleet, args, shared: dict) -> list[dict]:
     work = tempfile.mkdtemp(prefix="linkpass-bench-summary-")
     store = Store(os.path.join(work, "c.db"))
     try:
-        c = Coordinator(store, model, now=0.0)
+        c = Coordinator(store, model, wall_s=0.0)
         for i, h in enumerate(hosts):
             c.register({"name": h, "agent_id": i + 1, "service": "198.18.0.1", "nics": {}, "paths": tables[h],
                         "digests": True}, 0.0)

@@ -27,7 +27,7 @@ Rows (ROWS below maps each name to its function; a function takes `quick` and re
   missing routes after the restarts' reconciles (`stale_or_missing_routes` per trial, 100 trials;
   --quick: 10), with the route changes made before the kills and the reconciles' fixes.
 
-- `coordinator-flood`: the real endpoint (`runner.start`, its own process, HTTPS on 127.0.0.1,
+- `coordinator-flood`: the real endpoint (`startup.start`, its own process, HTTPS on 127.0.0.1,
   max_connections 256, read_timeout_s 2) with 4 registered agents, flooded by HALF_SENT
   connections that each send part of a request head after the TLS handshake and stop (re-opened
   as the server closes them) plus a client posting unauthenticated drains as fast as it can:
@@ -1020,8 +1020,8 @@ def free_port() -> int:
 def start_server(work: str, port: int) -> subprocess.Popen:
     settings = {"state_dir": os.path.join(work, "state"), "listen": f"127.0.0.1:{port}",
                 "max_connections": MAX_CONNECTIONS, "read_timeout_s": READ_TIMEOUT_S, "idle_timeout_s": 5.0}
-    code = ("import time; from linkpass.coordinator import runner; "
-            f"runner.start({settings!r}); print('up', flush=True); time.sleep(3600)")
+    code = ("import time; from linkpass.coordinator import startup; "
+            f"startup.start({settings!r}); print('up', flush=True); time.sleep(3600)")
     root = os.path.join(os.path.dirname(__file__), "..")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.path.join(root, "sim")])}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)

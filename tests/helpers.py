@@ -390,7 +390,7 @@ def four_agents_registered(db_path: str):
     from linkpass.coordinator.store import Store
 
     store = Store(db_path)
-    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=0.05), now=1000.0)
+    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=0.05), wall_s=1000.0)
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, 1000.0)
     return c, store

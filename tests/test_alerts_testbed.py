@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from linkpass.coordinator import runner
+from linkpass.coordinator import startup
 from linkpass.control.tls import lab_dir
 from linkpass.core.constants import AGENT_METRICS_PORT
 from linkpass.testbed.prometheus import for_lab
@@ -31,7 +31,7 @@ def lab(fabric, tmp_path_factory):
     d = tmp_path_factory.mktemp("alerts")
     port = free_port()
     settings, link = coordinator_on_testbed(fabric, str(d / "state"), port)
-    server = runner.start(settings)
+    server = startup.start(settings)
     agents = prom = None
     try:
         agents = Agents(fabric, str(d / "agents"), HOSTS, interval_ms=10.0, coordinator=link,

@@ -152,8 +152,9 @@ def test_no_command_prints_help_on_stderr_and_exits_3(capsys):
 ])
 def test_a_refused_token_is_unknown_for_reads_and_writes(capsys, fake, monkeypatch, status, argv, method, path):
     monkeypatch.setenv("LINKPASS_TOKEN", "not-a-token")
-    fake.routes[(method, path)] = (status, {"error": "no valid token" if status == 401 else
-                                            "local-reader has role 'reader'; this needs role 'operator'"})
+    fake.routes[(method, path)] = (status, {"error": "no valid token", "kind": "unauthenticated"} if status == 401 else
+                                   {"error": "local-reader has role 'reader'; this needs role 'operator'",
+                                    "kind": "forbidden", "needs_role": "operator"})
     code, out, err = ask(capsys, fake, *argv, "-o", "json")
     assert code == EXIT_UNKNOWN and out == ""
     line = one_error_line(err)
@@ -165,10 +166,31 @@ def test_a_refused_token_is_unknown_for_reads_and_writes(capsys, fake, monkeypat
 
 
 def test_a_write_the_guard_refuses_is_critical(capsys, fake):
-    fake.routes[("POST", "/v1/drain")] = (409, {"error": "blast-radius guard: 2 of 4 spine links of plane 0"})
+    fake.routes[("POST", "/v1/drain")] = (409, {"error": "blast-radius guard: 2 of 4 spine links of plane 0",
+                                                "kind": "refused"})
     code, out, err = ask(capsys, fake, "drain", "p0l0-p0s0", "--reason", "optic", "-o", "json")
     assert code == EXIT_CRITICAL and out == ""
     assert "blast-radius guard" in one_error_line(err) and "HTTP 409" in err
+
+
+@pytest.mark.parametrize("doc, hint", [
+    ({"error": "Zugriff verweigert", "kind": "forbidden", "needs_role": "operator"}, "operator.token"),
+    ({"error": "the token of agent 'h0' cannot speak for 'h1'", "kind": "forbidden"}, None),
+    ({"error": "Token ungültig", "kind": "unauthenticated"}, "give a valid one with --token-file"),
+])
+def test_the_hint_for_a_refused_token_follows_its_kind_not_its_words(capsys, fake, monkeypatch, doc, hint):
+    """What the CLI advises about a refused token comes from the refusal's kind (and the role it
+    names), so a reworded message changes nothing; a refusal that names no role gets no role hint."""
+    monkeypatch.setenv("LINKPASS_TOKEN", "not-a-token")
+    status = 401 if doc["kind"] == "unauthenticated" else 403
+    fake.routes[("POST", "/v1/drain")] = (status, doc)
+    code, out, err = ask(capsys, fake, "drain", "p0l0-p0s0", "--reason", "optic", "-o", "json")
+    line = one_error_line(err)
+    assert code == EXIT_UNKNOWN and out == "" and f"refused (HTTP {status})" in line
+    if hint is None:
+        assert "operator.token" not in line and "--token-file" not in line
+    else:
+        assert hint in line
 
 
 @pytest.mark.parametrize("status", [400, 404, 429, 500, 503])
@@ -317,7 +339,7 @@ def test_other_commands_ignore_a_broken_config_file(capsys, tmp_path):
 @pytest.fixture
 def agent_rows(tmp_path):
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, CoordinatorConfig(), now=NOW - 7200)
+    c = Coordinator(store, MODEL, CoordinatorConfig(), wall_s=NOW - 7200)
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, NOW - (3600 if i == 3 else 5))
     c.tick(NOW)

@@ -66,7 +66,7 @@ def test_a_lone_lying_agent_produces_no_finding(coord):
 def test_restart_recovers_agents_paths_drains_and_history(tmp_path):
     path = str(tmp_path / "c.db")
     store = Store(path)
-    c = Coordinator(store, MODEL, now=1000.0)
+    c = Coordinator(store, MODEL, wall_s=1000.0)
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, 1000.0)
     c.drain("p0l0-p0s1", "optic flapping, ticket 42", "alice", 1001.0)
@@ -76,7 +76,7 @@ def test_restart_recovers_agents_paths_drains_and_history(tmp_path):
     store.close()  # the actor process dies; a new one opens the same file
 
     store2 = Store(path)
-    c2 = Coordinator(store2, MODEL, now=2000.0)
+    c2 = Coordinator(store2, MODEL, wall_s=2000.0)
     c2.relocalize(2000.0)
     after = (c2.status(1003.0), c2.links(), c2.path_rows(), c2.drain_addresses())
     for a, b in zip(before, after):
@@ -129,7 +129,7 @@ def test_blast_radius_guard_refuses_and_logs(coord):
 
 def test_drain_refuses_to_strand_a_host_pair(tmp_path):
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=1.0), now=0.0)
+    c = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=1.0), wall_s=0.0)
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, 0.0)
     c.drain("h0-p0l0", "a", "alice", 1.0)
@@ -281,7 +281,7 @@ def test_the_agent_link_sends_its_budget_at_registration_and_when_a_reload_chang
 
 def test_without_a_fabric_model_reports_still_work(tmp_path):
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, None, now=0.0)
+    c = Coordinator(store, None, wall_s=0.0)
     c.register({**identity(0), "paths": table_of(0)}, 0.0)
     c.register({**identity(1), "paths": []}, 0.0)
     assert c.status(1.0)["paths"] == 10 and c.relocalize(1.0) == []
@@ -397,14 +397,14 @@ def test_decommission_forgets_an_agent_and_its_paths(coord, tmp_path):
     with pytest.raises(NotFound, match="no agent named 'h3'"):
         coord.decommission("h3", "again", "alice", 1004.0)
     # a restarted coordinator does not bring it back
-    c2 = Coordinator(Store(coord.store.path), MODEL, now=1005.0)
+    c2 = Coordinator(Store(coord.store.path), MODEL, wall_s=1005.0)
     assert "h3" not in c2.agents and not [k for k in c2.paths if k.startswith("h3/")]
     c2.store.close()
 
 
 def test_a_silent_agent_expires_and_the_fleet_is_healthy_again(tmp_path):
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, CoordinatorConfig(agent_timeout_s=10, agent_expire_s=100), now=0.0)
+    c = Coordinator(store, MODEL, CoordinatorConfig(agent_timeout_s=10, agent_expire_s=100), wall_s=0.0)
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, 0.0)
     # a name registered once and never heard from again (a spoofed or a dead host)
@@ -439,7 +439,7 @@ def test_events_are_kept_by_age_and_by_count(tmp_path):
     assert store.prune_events(before_ts=0.0, keep=50) == 850
     assert [e["detail"]["n"] for e in store.events(limit=1000)] == list(range(950, 1000))
     # the coordinator prunes by its settings on its tick
-    c = Coordinator(store, MODEL, CoordinatorConfig(event_retention_s=60, event_retention_count=20), now=5000.0)
+    c = Coordinator(store, MODEL, CoordinatorConfig(event_retention_s=60, event_retention_count=20), wall_s=5000.0)
     store.add_events([(4900.0 + t, "agent", "x", "h0", {"n": t}) for t in range(100)])
     c.tick(5000.0)
     ts = [e["ts"] for e in store.events(limit=1000)]
@@ -526,7 +526,7 @@ def test_garbage_reports_are_refused_cleanly(coord, body):
 
 def _fleet_without_model(tmp_path, n: int):
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, None, now=0.0)
+    c = Coordinator(store, None, wall_s=0.0)
     for i in range(n):
         c.register(_ident(i), 0.0)
     c.tick(2.0)
@@ -627,14 +627,14 @@ def test_an_agent_applying_deltas_holds_the_coordinators_plan(tmp_path, seed):
     ({"store": "postgresql://lp@db/lp", "store_password_file": "pw"}, "settings.store_password_file: 'pw' is not"),
 ])
 def test_coordinator_settings_are_checked_by_name(settings, words):
-    from linkpass.coordinator.runner import check_settings
+    from linkpass.coordinator.startup import check_settings
 
     with pytest.raises(CoordinatorError, match=words):
         check_settings(settings)
 
 
 def test_coordinator_settings_reach_the_coordinator_and_the_endpoint():
-    from linkpass.coordinator.runner import check_settings
+    from linkpass.coordinator.startup import check_settings
 
     config, limits = check_settings({"event_retention_s": 3600, "event_retention_count": 500, "agent_expire_s": 600,
                                      "max_body_bytes": 65536, "read_timeout_s": 2, "state_dir": "/x"})
@@ -645,7 +645,7 @@ def test_coordinator_settings_reach_the_coordinator_and_the_endpoint():
 def test_digests_are_answered_only_to_agents_that_take_them_and_a_mismatch_asks_for_the_table(tmp_path):
     from linkpass.core.report_digest import table_digest
 
-    coord = Coordinator(Store(str(tmp_path / "c.db")), MODEL, now=1000.0)
+    coord = Coordinator(Store(str(tmp_path / "c.db")), MODEL, wall_s=1000.0)
     coord.register({**identity(1), "paths": table_of(1)}, 1000.0)
     rows = [(r["id"], r["state"], r["reason"]) for r in table_of(1)]
     old = coord.report({"name": "h1", "digest": table_digest(rows)}, 1001.0)  # an agent that does not say it takes them
@@ -677,7 +677,7 @@ def test_a_three_tier_fleet_maps_5_router_paths_and_localizes_a_core_link(tmp_pa
     plan = plan_probes(model, full_mesh_max=4)
     store = Store(str(tmp_path / "c.db"))
     try:
-        c = Coordinator(store, model, CoordinatorConfig(), now=1000.0)
+        c = Coordinator(store, model, CoordinatorConfig(), wall_s=1000.0)
         for i, host in enumerate(model.hosts):
             rows = []
             for pid, p in enumerate(plan.paths[host], 1):

@@ -28,7 +28,7 @@ from linkpass.core.fabric import FabricModel
 
 db, model, method, key, call, args = sys.argv[1:7]
 store = Store(db)
-c = Coordinator(store, FabricModel.from_dict(json.load(open(model))), now=2000.0)
+c = Coordinator(store, FabricModel.from_dict(json.load(open(model))), wall_s=2000.0)
 real = getattr(Store, method)
 
 def die(self, *a, **kw):
@@ -54,7 +54,7 @@ def crash_during(tmp_path, method: str, key: str, call: str, args: list) -> None
 @pytest.fixture
 def registered(tmp_path):
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, now=1000.0)
+    c = Coordinator(store, MODEL, wall_s=1000.0)
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, 1000.0)
     versions = c.drain_version
@@ -63,7 +63,7 @@ def registered(tmp_path):
 
 
 def restarted(tmp_path) -> Coordinator:
-    return Coordinator(Store(str(tmp_path / "c.db")), MODEL, now=3000.0)
+    return Coordinator(Store(str(tmp_path / "c.db")), MODEL, wall_s=3000.0)
 
 
 def test_a_report_killed_before_its_event_is_written_leaves_the_event_to_its_retry(tmp_path, registered):

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from linkpass.coordinator import runner
+from linkpass.coordinator import startup
 from linkpass.control.client import Refusal
 from linkpass.coordinator.http import json_depth_ok
 from linkpass.testbed.prometheus import promtool
@@ -33,7 +33,7 @@ LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 def start(tmp_path, **settings):
     fabric = tmp_path / "fabric.json"
     fabric.write_text(json.dumps(MODEL.to_dict()))
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric),
+    srv = startup.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric),
                         **settings})
     state = tmp_path / "state"
     tokens = {role: (state / f"{role}.token").read_text().strip() for role in ("reader", "operator")}
@@ -189,7 +189,7 @@ def test_a_shared_agent_token_is_refused_at_start(tmp_path):
         start(tmp_path)
     (tmp_path / "state" / "tokens.yaml").write_text(
         f"tokens:\n  - {{name: h7-static, role: agent, host: h7, sha256: {token_hash('t7')}}}\n")
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0"})
+    srv = startup.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0"})
     srv.state_dir = tmp_path / "state"
     try:
         with connect(srv, "t7") as c:
@@ -533,6 +533,24 @@ def test_each_refusal_names_its_kind_for_programs_to_match(server):
     assert (bad.value.status, bad.value.kind) == (400, "bad_request")
 
 
+def test_who_may_ask_is_refused_with_a_kind_too(server):
+    """The endpoint's own refusals of a caller carry a kind as the service's do: no valid token is
+    `unauthenticated`; a token that may not do this is `forbidden`, naming the role that may when
+    the role is what is wrong. The CLI matches these, never the message's words."""
+    srv, tokens = server
+    with pytest.raises(Refusal) as nobody:
+        connect(srv, "not-a-token").get("/v1/status")
+    assert (nobody.value.status, nobody.value.kind) == (401, "unauthenticated")
+    with connect(srv, tokens["reader"]) as reader, pytest.raises(Refusal) as role:
+        reader.post("/v1/drain", {"link": "p0l0-p0s0", "reason": "x"})
+    assert (role.value.status, role.value.kind, role.value.doc) == (403, "forbidden", {"needs_role": "operator"})
+    with connect(srv, tokens["h0"]) as h0, pytest.raises(Refusal) as other:
+        h0.post("/v1/report", {"name": "h1"})
+    assert (other.value.status, other.value.kind, other.value.doc) == (403, "forbidden", {})
+    status, doc = raw_request(srv, b"GET /v1/nowhere HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (status, doc["kind"]) == (404, "not_found"), doc
+
+
 def test_agent_token_command(server, tmp_path):
     srv, tokens = server
     out = subprocess.run([*LINKPASS, "coordinator", "token", "h2", "--state-dir", str(tmp_path / "state")],
@@ -640,6 +658,7 @@ def test_one_host_s_token_is_revoked_and_nothing_else_changes(server, tmp_path):
     # the running coordinator reads the revocation from its store within a tick
     exc = wait_until(lambda: refusal_of(srv, old), 10, "the running coordinator refusing h1's old token")
     assert exc.status == 401 and "the agent token of h1 was revoked" in str(exc)
+    assert exc.kind == "unauthenticated"  # revoked is one way of having no valid token
     assert old.rpartition(".")[2] not in str(exc) and "lpa1." not in str(exc)  # no secret material
     with connect(srv, old) as c, pytest.raises(Refusal, match="was revoked") as exc:
         c.post("/v1/report", {"name": "h1"})
@@ -677,7 +696,7 @@ def test_a_revocation_works_with_the_coordinator_down_and_outlives_restarts(tmp_
     second = token_cli(state, "h1", "--revoke")
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert second.stdout.strip().startswith("lpa1.h1.2.")
-    srv = runner.start({"state_dir": str(state), "listen": "127.0.0.1:0"})
+    srv = startup.start({"state_dir": str(state), "listen": "127.0.0.1:0"})
     srv.state_dir = state
     try:
         for stale in (tokens["h1"], first.stdout.strip()):  # refused from the first request on
@@ -883,7 +902,7 @@ def test_one_token_has_a_request_budget_and_others_are_not_slowed(tmp_path):
                     codes.append(200)
                 except Refusal as exc:
                     codes.append(exc.status)
-                    assert "more than 1 requests a second" in str(exc)
+                    assert "more than 1 requests a second" in str(exc) and exc.kind == "throttled"
         # the burst (one of it went on the registration), then a refill at most
         assert 4 <= codes.count(200) <= 6 and set(codes[7:]) == {429}, codes
         with connect(srv, tokens["h1"]) as other:

@@ -13,7 +13,7 @@ import pytest
 from linkpass.control.answers import AnswerRules
 from linkpass.agent.config import CoordinatorLinkConfig
 from linkpass.agent.coordinator_link import CoordinatorLink
-from linkpass.coordinator import runner
+from linkpass.coordinator import startup
 from linkpass.control.client import Moved, Refusal
 from linkpass.control.errors import CoordinatorError
 from linkpass.coordinator.shard import LocalRoot, LocalShards
@@ -40,9 +40,9 @@ class Sharded:
     def __init__(self, settings):
         self.settings = settings
         self.shards = []  # the root reaches their parts of localization through this same list
-        self.root = runner.start(settings, shards=LocalShards(self.shards))
+        self.root = startup.start(settings, shards=LocalShards(self.shards))
         self.link = LocalRoot(self.root)
-        self.shards.extend(runner.start_shard(settings, k, self.link) for k in range(2))
+        self.shards.extend(startup.start_shard(settings, k, self.link) for k in range(2))
         self.tokens = agent_tokens(settings["state_dir"])
 
     def client(self, url, host):
@@ -50,7 +50,7 @@ class Sharded:
 
     def restart_shard(self, k):
         self.shards[k].close()
-        self.shards[k] = runner.start_shard(self.settings, k, self.link)
+        self.shards[k] = startup.start_shard(self.settings, k, self.link)
 
     def close(self):
         for s in self.shards:
@@ -311,9 +311,9 @@ def test_a_shard_that_stays_away_sends_the_agent_back_to_the_root(sharded, tmp_p
         s.settings["shard_listen"][0] = f"127.0.0.1:{free_port()}"
         s.root.close()
         s.root.service.coordinator.store.close()
-        s.root = runner.start(s.settings)
+        s.root = startup.start(s.settings)
         s.link.server = s.root
-        s.shards[0] = runner.start_shard(s.settings, 0, s.link)
+        s.shards[0] = startup.start_shard(s.settings, 0, s.link)
         wait_until(lambda: link.url == s.shards[0].url and link.registered, 30, "h0 back through the root at the new shard")
     finally:
         link.stop()
@@ -326,7 +326,7 @@ def test_sharding_settings_are_checked_by_name(tmp_path):
                      ({"shard_listen": ["127.0.0.1:1", "nonsense"]}, "shard_listen: expected HOST:PORT"),
                      ({"fabric": None}, "shards: a sharded coordinator needs a fabric model")):
         with pytest.raises(CoordinatorError, match=why):
-            runner.start({k: v for k, v in {**settings_of(tmp_path), **bad}.items() if v is not None})
+            startup.start({k: v for k, v in {**settings_of(tmp_path), **bad}.items() if v is not None})
 
 
 def report_cut(s):

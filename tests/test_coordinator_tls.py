@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from linkpass.coordinator import lab_ca, runner
+from linkpass.coordinator import lab_ca, startup
 from linkpass.control.client import Client, Refusal, TlsFailure, Unreachable
 from linkpass.coordinator.coordinator import CoordinatorError
 from linkpass.control.tls import build_client_context, lab_dir, lab_paths
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.service
 
 
 def start(tmp_path, **settings):
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", **settings})
+    srv = startup.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", **settings})
     token = (tmp_path / "state" / "reader.token").read_text().strip()
     return srv, token
 
@@ -159,7 +159,7 @@ def test_plain_http_only_when_asked_for_by_name_and_then_with_a_warning(tmp_path
 def test_bad_tls_settings_name_the_setting_and_start_nothing(tmp_path, settings, field):
     port = free_port()
     with pytest.raises(CoordinatorError, match=field):
-        runner.start({"state_dir": str(tmp_path / "state"), "listen": f"127.0.0.1:{port}", **settings})
+        startup.start({"state_dir": str(tmp_path / "state"), "listen": f"127.0.0.1:{port}", **settings})
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # nothing listens there
     assert not (tmp_path / "state" / "tokens.yaml").exists()

@@ -281,7 +281,7 @@ def test_expressions_name_only_metrics_the_agent_or_the_rules_export():
 
 @pytest.mark.service
 def test_expressions_name_only_metrics_linkpass_exports(tmp_path):
-    from linkpass.coordinator import runner
+    from linkpass.coordinator import startup
     from linkpass.coordinator.shard import LocalRoot
 
     # a sharded coordinator: the root exports the coordinator's families, a shard its own
@@ -289,8 +289,8 @@ def test_expressions_name_only_metrics_linkpass_exports(tmp_path):
     settings = {"state_dir": str(tmp_path / "state"), "listen": f"127.0.0.1:{free_port()}",
                 "fabric": str(tmp_path / "fabric.json"), "shards": 2,
                 "shard_listen": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
-    srv = runner.start(settings)
-    shard = runner.start_shard(settings, 0, LocalRoot(srv))
+    srv = startup.start(settings)
+    shard = startup.start_shard(settings, 0, LocalRoot(srv))
     coordinator = set()
     try:
         ctx = ssl.create_default_context(cafile=lab_ca_file(tmp_path / "state"))

@@ -296,3 +296,25 @@ def test_doctor_in_a_testbed_namespace(fabric, tmp_path, capsys):
 def test_coordinator_check(change, status, words):
     c = D.check_coordinator(dataclasses.replace(healthy(), **change))
     assert c.status == status and words in c.detail, c
+
+
+@pytest.mark.unit
+def test_statuses_derive_their_exit_code_and_colour_from_the_health_levels(monkeypatch):
+    """A status says which health level (core/states.py) it counts as, and nothing more: doctor's
+    exit code and colours come from the CLI's one table per level (console/output.py). Changing
+    that table changes doctor, so no copy of it can hide here."""
+    from linkpass.console import output
+    from linkpass.core.states import Level
+
+    assert D.OK == Level.OK.value
+    assert set(D.LEVEL_OF_STATUS) == set(D.STATUSES)
+    assert all(lv is None or isinstance(lv, Level) for lv in D.LEVEL_OF_STATUS.values())
+    for level, code in zip(Level, (97, 98, 99)):
+        monkeypatch.setitem(output.EXIT_OF_LEVEL, level, code)
+    monkeypatch.setitem(output.COLOUR_OF_LEVEL, Level.WARNING, "bold")
+    monkeypatch.setattr(output, "use_color", lambda stream=None: True)
+    for status, level in D.LEVEL_OF_STATUS.items():
+        check = D.Check("c", status, "detail")
+        assert DC.exit_code([check]) == output.EXIT_OF_LEVEL[level or Level.OK], status
+    text = DC.render(D.report([D.Check("c", D.WARN, "d")], "h0", None, None))
+    assert "\033[1mwarn\033[0m" in text and "\033[1mready, with warnings\033[0m" in text

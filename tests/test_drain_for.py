@@ -45,7 +45,7 @@ def test_a_timed_drain_survives_a_restart_and_still_ends(coord, tmp_path):
     coord.drain("p0l0-p0s1", "optic swap", "alice", 1001.0, for_s=600)
     coord.store.close()
     store = Store(str(tmp_path / "c.db"))
-    again = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=0.05), now=1100.0)
+    again = Coordinator(store, MODEL, CoordinatorConfig(max_drain_share=0.05), wall_s=1100.0)
     assert again.drains["p0l0-p0s1"]["until"] == 1601.0
     again.tick(1602.0)
     assert again.drains == {}

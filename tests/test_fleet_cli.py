@@ -26,7 +26,7 @@ NOW = 1_796_000_000.0
 def fleet_with_a_fault(tmp_path, monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, CoordinatorConfig(), now=NOW - 3600)
+    c = Coordinator(store, MODEL, CoordinatorConfig(), wall_s=NOW - 3600)
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, NOW - 3600)
     c.drain("h2-p1l1", "replace optic, ticket NET-1234", "alice", NOW - 600)

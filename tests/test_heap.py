@@ -72,5 +72,5 @@ def test_the_coordinator_and_its_shards_localize_with_the_collector_paused():
     from linkpass.core.shards import ShardMap
 
     model = rail_optimized(8, 1, 4, 2)
-    assert Coordinator(Store(":memory:"), model, now=0.0).localizer.pause is heap.collector_paused
+    assert Coordinator(Store(":memory:"), model, wall_s=0.0).localizer.pause is heap.collector_paused
     assert PartHost(ShardMap(model, 2), 0).part.loc.pause is heap.collector_paused

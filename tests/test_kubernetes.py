@@ -140,7 +140,7 @@ def head_start(rc: dict) -> tuple[dict, str, list[str]]:
 
 def test_the_ray_cluster_starts_a_sharded_coordinator_the_service_reaches():
     from linkpass.cli.main import build_parser
-    from linkpass.coordinator.runner import shard_addresses
+    from linkpass.coordinator.startup import shard_addresses
 
     rc, svc = kind(RAYCLUSTER, "RayCluster"), kind(RAYCLUSTER, "Service")
     assert rc["apiVersion"] == "ray.io/v1" and rc["spec"]["workerGroupSpecs"] == []  # every actor on the head pod

@@ -275,7 +275,7 @@ def test_the_coordinators_history_reaches_its_log_once_committed(tmp_path):
     """Localizations, drains and agents lost are in the coordinator's own log (its journal), once
     the store has committed them; a rolled-back transaction logs nothing, per-path events stay
     in the store only."""
-    from linkpass.coordinator.runner import log_history
+    from linkpass.coordinator.startup import log_history
     from linkpass.coordinator.store import Store
 
     lines = io.StringIO()
@@ -303,7 +303,7 @@ def test_the_coordinators_history_reaches_its_log_once_committed(tmp_path):
 def test_the_plans_coverage_under_the_budgets_reaches_the_log(tmp_path):
     """Links the agents' probe budgets leave short of 2 reporters are logged at warning; their
     being covered again at info."""
-    from linkpass.coordinator.runner import log_history
+    from linkpass.coordinator.startup import log_history
     from linkpass.coordinator.store import Store
 
     lines = io.StringIO()

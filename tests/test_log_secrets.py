@@ -17,7 +17,7 @@ import yaml
 from linkpass.agent import daemon
 from linkpass.control.answers import AnswerRules
 from linkpass.agent.coordinator_link import CoordinatorLink
-from linkpass.coordinator import lab_ca, runner
+from linkpass.coordinator import lab_ca, startup
 from linkpass.control.client import Refusal
 from linkpass.control.tls import lab_dir
 
@@ -61,7 +61,7 @@ def test_no_secret_reaches_a_log_line(tmp_path, capfd, monkeypatch):
     lab_ca.ensure(lab, clients=["cli", "h1"])  # mutual TLS: the agent shows h1's certificate
     fabric = tmp_path / "fabric.json"
     fabric.write_text(json.dumps(MODEL.to_dict()))
-    srv = runner.start({"state_dir": str(state), "listen": "127.0.0.1:0", "fabric": str(fabric),
+    srv = startup.start({"state_dir": str(state), "listen": "127.0.0.1:0", "fabric": str(fabric),
                         "require_client_cert": True})
     seen: list[str] = []  # secrets made along the way (the wrong token, the revoked one's successor)
     link = None

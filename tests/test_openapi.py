@@ -87,13 +87,13 @@ def test_required_fields_are_exactly_what_the_parser_cannot_do_without(cls):
 
 @pytest.mark.service
 def test_the_coordinator_serves_it_and_reads_every_typed_query_parameter(tmp_path):
-    from linkpass.coordinator import runner
+    from linkpass.coordinator import startup
 
     from helpers import MODEL, coordinator_client
 
     fabric = tmp_path / "fabric.json"
     fabric.write_text(json.dumps(MODEL.to_dict()))
-    srv = runner.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric)})
+    srv = startup.start({"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "fabric": str(fabric)})
     try:
         with coordinator_client(srv.url, None, tmp_path / "state") as anonymous:  # no token needed
             assert anonymous.get("/v1/openapi.json") == spec_of(_ROUTES)
@@ -109,3 +109,27 @@ def test_the_coordinator_serves_it_and_reads_every_typed_query_parameter(tmp_pat
     finally:
         srv.close()
         srv.service.coordinator.store.close()
+
+
+@pytest.mark.unit
+def test_a_refusal_s_kinds_are_published():
+    """Programs match a refusal's kind: the document lists every one (control/errors.py)."""
+    from linkpass.control.errors import KINDS
+
+    error = spec_of(_ROUTES)["components"]["schemas"]["Error"]
+    assert error["required"] == ["error", "kind"] and error["properties"]["kind"]["enum"] == list(KINDS)
+
+
+@pytest.mark.unit
+def test_every_refusal_the_endpoint_answers_itself_has_a_kind():
+    """Each way the endpoint refuses before a handler runs (what its metric counts it as) maps to
+    a refusal kind; a new one without a kind would fail here, not at a caller's request."""
+    import inspect
+    import re
+
+    from linkpass.control.errors import KINDS
+    from linkpass.coordinator import http
+
+    counted = set(re.findall(r'_refuse\(writer, \w+, [\w.]+, "(\w+)"', inspect.getsource(http)))
+    assert counted and counted | {"rate_limited", "busy"} <= set(http._KIND_OF_COUNTED)
+    assert set(http._KIND_OF_COUNTED.values()) <= set(KINDS)

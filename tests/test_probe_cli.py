@@ -16,7 +16,7 @@ import pytest
 from linkpass.cli import pathcheck as CP
 from linkpass.core import paths as P
 from linkpass.probe import pathcheck as PC
-from linkpass.testbed import pathcheck as TP
+from linkpass.testbed import pathcheck_hosts as TP
 from linkpass.testbed import topology
 
 from helpers import check_golden
@@ -270,3 +270,21 @@ def test_a_silent_dst_behind_its_leaf_gets_a_hint(monkeypatch):
     doc = trace_doc(fab, 0, 3, table, [0], 31000, 4791, {})
     assert doc["planes"][0]["dst_silent"] and CP.exit_code(doc) == 2
     assert "an agent listening there swallows them" in CP.render_trace(doc)
+
+
+@pytest.mark.unit
+def test_the_exit_code_derives_from_the_checks_health_level(monkeypatch):
+    """A path check judges a health level (core/states.py); its exit code is the CLI's one for
+    that level (console/output.py). Changing that table changes `probe` and `trace`, so no copy of
+    it can hide here."""
+    from linkpass.console import output
+    from linkpass.core.states import Level
+
+    for level, code in zip(Level, (97, 98, 99)):
+        monkeypatch.setitem(output.EXIT_OF_LEVEL, level, code)
+    for summary, level in [({"planes": 2, "planes_reached": 2, "paths": 3, "paths_reached": 3}, Level.OK),
+                           ({"planes": 2, "planes_reached": 2, "paths": 3, "paths_reached": 2}, Level.WARNING),
+                           ({"planes": 2, "planes_reached": 1}, Level.WARNING),
+                           ({"planes": 2, "planes_reached": 0}, Level.CRITICAL)]:
+        assert PC.health({"summary": summary}) is level
+        assert CP.exit_code({"summary": summary}) == output.EXIT_OF_LEVEL[level]

@@ -219,7 +219,7 @@ def test_the_coordinator_reads_no_clock():
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not {"time", "datetime", "monotonic", "perf_counter"} & (imported | modules)
     with pytest.raises(TypeError):
-        Coordinator(None, None)  # the time comes from the caller: `now` is required
+        Coordinator(None, None)  # the time comes from the caller: `wall_s` is required
 
 
 def test_localization_takes_no_more_of_the_time_than_the_cost_clock_allows(tmp_path):
@@ -227,7 +227,7 @@ def test_localization_takes_no_more_of_the_time_than_the_cost_clock_allows(tmp_p
     "takes" 1 s, so the next may run 4 s later at the earliest."""
     ticks = iter(range(0, 1000))
     store = Store(str(tmp_path / "c.db"))
-    c = Coordinator(store, MODEL, now=1000.0, cost_clock=lambda: float(next(ticks)))
+    c = Coordinator(store, MODEL, wall_s=1000.0, cost_clock=lambda: float(next(ticks)))
     for i in range(4):
         c.register({**identity(i), "paths": table_of(i)}, 1000.0)
     c.tick(1000.0)

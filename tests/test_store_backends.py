@@ -268,7 +268,7 @@ def test_a_certificate_that_does_not_name_the_url_s_host_is_refused(tmp_path):
 def test_a_server_without_tls_is_refused_unless_plaintext_is_asked_for_by_name(tmp_path):
     """The coordinator's default against a server that has no TLS: it does not start (it used to
     connect in plaintext). With store_insecure_plaintext it does, and logs a warning."""
-    from linkpass.coordinator import runner
+    from linkpass.coordinator import startup
     from linkpass.control.errors import CoordinatorError
     from linkpass.observe.log import Logger
 
@@ -278,12 +278,12 @@ def test_a_server_without_tls_is_refused_unless_plaintext_is_asked_for_by_name(t
         settings = {"state_dir": str(tmp_path / "state"), "listen": "127.0.0.1:0", "store": server.url,
                     "store_password_file": server.password_file}
         with pytest.raises(CoordinatorError, match="does not offer TLS .* store_insecure_plaintext"):
-            runner.start(settings)
+            startup.start(settings)
         with pytest.raises(CoordinatorError, match="settings.store_tls_ca_file: not used with "
                                                    "settings.store_insecure_plaintext"):
-            runner.start({**settings, "store_insecure_plaintext": True, "store_tls_ca_file": "/etc/ssl/ca.crt"})
+            startup.start({**settings, "store_insecure_plaintext": True, "store_tls_ca_file": "/etc/ssl/ca.crt"})
         out = io.StringIO()
-        srv = runner.start({**settings, **server.settings}, log=Logger("coordinator", stream=out))
+        srv = startup.start({**settings, **server.settings}, log=Logger("coordinator", stream=out))
         try:
             assert server.settings["store_insecure_plaintext"] is True
             assert ssl_in_use(srv.service.coordinator.store) is False
@@ -306,7 +306,7 @@ def test_a_server_without_tls_is_refused_unless_plaintext_is_asked_for_by_name(t
 ])
 def test_the_plaintext_setting_is_checked_by_name(settings, says):
     from linkpass.control.errors import CoordinatorError
-    from linkpass.coordinator.runner import check_settings
+    from linkpass.coordinator.startup import check_settings
 
     with pytest.raises(CoordinatorError, match=says):
         check_settings(settings)

@@ -9,8 +9,8 @@ plain rows. `LocalApi` serves them over HTTP on 127.0.0.1 inside the host's name
     GET /healthz      "ok", or 503 saying why when the probe thread has stalled (liveness)
     GET /readyz       "ready ...", or 503 saying what it waits for: the probe thread stalled, or
                       the coordinator's first probe plan when the agent has no peers of its own
-    GET /v1/probe     a one-shot check of every ECMP path to a peer, and /v1/trace of one flow
-                      (`linkpass probe DST`, `linkpass trace DST`: linkpass/agent/oneshot.py)
+    GET /v1/probe     a path check of every ECMP path to a peer, and /v1/trace of one flow
+                      (`linkpass probe DST`, `linkpass trace DST`: linkpass/agent/pathcheck_routes.py)
 
 The agent serves /metrics and /healthz a second time on `metrics.address:metrics.port` (the
 host's management address, for a Prometheus elsewhere); the /v1 routes stay on 127.0.0.1.

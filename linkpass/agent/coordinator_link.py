@@ -61,7 +61,7 @@ from urllib.parse import urlparse
 
 from ..control.tokens import TokenFileError, read_token
 from ..control.client import Client, Moved, Refusal, Unreachable
-from ..control.errors import NOT_REGISTERED
+from ..control.errors import NOT_REGISTERED, UNAUTHENTICATED
 from ..control.reports import layout, mark, next_report
 from ..control.tls import TlsError, build_client_context
 from ..core.constants import REPORT_HEARTBEAT_S
@@ -259,7 +259,7 @@ class CoordinatorLink:
                     # again within the spread, not all in the same second
                     self._stop.wait(self.backoff.spread(REREGISTER_SPREAD_S))
                     continue
-                if exc.status == 401 and self._token_replaced():
+                if exc.kind == UNAUTHENTICATED and self._token_replaced():
                     continue  # a new token in token_file (its host's old one revoked): use it at once
                 self.log("coordinator_refused", status=exc.status, error=str(exc))
                 self._stop.wait(5.0)

@@ -59,7 +59,7 @@ from ..core.failover import Failover, reported_state
 from .hostfacts import read_host_facts
 from .keyfile import load_fleet_keys
 from .metrics import AgentCollector, DecisionCollector
-from .oneshot import OneShot, live_paths
+from .pathcheck_routes import PathCheckRoutes, live_paths
 from .rates import Rates
 from .data_path import DataPath
 from .routes import PeerRoutes, RouteActuator
@@ -391,7 +391,7 @@ class Agent:
         per_path = lambda: self.cfg.metrics_per_path  # noqa: E731 - a reload may change it
         registry = metrics_registry(self.view, [DecisionCollector(lambda: self.failover, per_path),
                                                 AgentCollector(self.health_counters)], per_path)
-        checks = OneShot(self.cfg.name, lambda: self.cfg.nics, lambda: {p.name: p for p in self.cfg.peers},
+        checks = PathCheckRoutes(self.cfg.name, lambda: self.cfg.nics, lambda: {p.name: p for p in self.cfg.peers},
                          lambda peer: live_paths(self.view.rows(), dict(self.hops), peer), log=log)
         self.api = LocalApi(self.view, port=self.cfg.api_port, registry=registry, progress=self.progress,
                             extra_routes={"/v1/state": self.failover.path_rows}, waiting_for=self.waiting_for,

@@ -120,7 +120,7 @@ def _testbed_model(prefix: str) -> dict:
 
 
 def _tls_settings(args) -> dict:
-    """The TLS part of the coordinator's settings (runner.py); --testbed adds its management address."""
+    """The TLS part of the coordinator's settings (startup.py); --testbed adds its management address."""
     if args.insecure_http:
         given = [flag for flag, v in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--tls-ca", args.tls_ca),
                                       ("--tls-san", args.tls_san), ("--require-client-cert", args.require_client_cert)) if v]
@@ -192,7 +192,7 @@ def _first_line(exc: BaseException) -> str:
 
 def run_coordinator(args) -> int:
     from ..coordinator import ray_actor
-    from ..coordinator.runner import DEFAULT_STATE_DIR, log_path
+    from ..coordinator.startup import DEFAULT_STATE_DIR, log_path
     from ..control.tls import SERVER, lab_dir, lab_paths
     from ..observe.log import Follower, level_from_env
 
@@ -220,7 +220,7 @@ def run_coordinator(args) -> int:
             settings[name] = getattr(args, name)
     if args.event_retention_days is not None:
         settings["event_retention_s"] = args.event_retention_days * 86400
-    from ..coordinator.runner import check_settings
+    from ..coordinator.startup import check_settings
     from ..control.errors import CoordinatorError
 
     try:

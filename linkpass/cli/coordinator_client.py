@@ -13,6 +13,7 @@ import time
 from ..core.constants import COORDINATOR_URL
 from ..console.output import EXIT_CRITICAL, EXIT_UNKNOWN, FORMATS, error, paint, warn
 from ..console.files import absolute
+from ..control.errors import FORBIDDEN, REFUSED, UNAUTHENTICATED
 
 
 def output_args(p: argparse.ArgumentParser, watch: bool = True) -> None:
@@ -112,9 +113,9 @@ def call(args, fn, write: bool = False):
     except Unreachable as exc:
         return error(f"{exc}; {_where_hint(client.settings)}")
     except Refusal as exc:
-        if exc.status in (401, 403):
+        if exc.kind in (UNAUTHENTICATED, FORBIDDEN):
             return error(f"refused (HTTP {exc.status}): {exc}{_auth_hint(exc, client.settings)}")
-        if write and exc.status == 409:
+        if write and exc.kind == REFUSED:
             return error(f"{paint('refused:', 'red', sys.stderr)} {exc} (HTTP 409)", EXIT_CRITICAL)
         return error(f"{exc} (HTTP {exc.status})")
     finally:
@@ -131,10 +132,10 @@ def _where_hint(s) -> str:
 def _auth_hint(exc, s) -> str:
     """What to do about a refused token, naming where this one came from and files that exist."""
     reader, operator = os.path.join(s.state_dir, "reader.token"), os.path.join(s.state_dir, "operator.token")
-    if exc.status == 403 and "needs role 'operator'" in str(exc):
+    if exc.kind == FORBIDDEN and exc.doc.get("needs_role") == "operator":
         return (f"; {s.token_source()}; this needs an operator token: --token-file {operator} on the "
                 "coordinator's host, or an operator entry of its tokens.yaml (docs/security.md, Roles and tokens)")
-    if exc.status == 401:
+    if exc.kind == UNAUTHENTICATED:
         return (f"; {s.token_source()}; give a valid one with --token-file FILE, $LINKPASS_TOKEN or a context's "
                 f"token-file: on the coordinator's host, {reader} (reads) or {operator} (drain, undrain, "
                 "decommission)")

@@ -7,18 +7,20 @@ import os
 import socket
 
 from ..core.constants import AGENT_API_PORT
-from ..doctor.checks import FAIL, OK, SKIP, WARN, Check, report, run_checks
+from ..core.states import worst
+from ..doctor.checks import FAIL, LEVEL_OF_STATUS, OK, SKIP, STATUSES, WARN, Check, health, report, run_checks
 from ..doctor.gather import gather
-from ..console.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
+from ..console.output import EXIT_OF_LEVEL, FORMATS, emit, error, paint, paint_level, table
 from ..console.files import absolute
 
 
 def exit_code(checks: list[Check]) -> int:
-    statuses = {c.status for c in checks}
-    return EXIT_CRITICAL if FAIL in statuses else EXIT_WARNING if WARN in statuses else EXIT_OK
+    return EXIT_OF_LEVEL[health(checks)]
 
 
-_COLOUR = {OK: "green", WARN: "yellow", FAIL: "red", SKIP: "dim"}
+def _paint_status(status: str) -> str:
+    """A status in its level's colour; a skipped check, which told nothing, dim."""
+    return paint(status, "dim") if status == SKIP else paint_level(status, LEVEL_OF_STATUS[status])
 
 
 def render(doc: dict, wide: bool = False) -> str:
@@ -27,7 +29,7 @@ def render(doc: dict, wide: bool = False) -> str:
     headers = ["check", "status", "detail"] + (["reads", "fix"] if wide else [])
     rows = []
     for c in doc["checks"]:
-        row = [c["name"], paint(c["status"], _COLOUR[c["status"]]), c["detail"]]
+        row = [c["name"], _paint_status(c["status"]), c["detail"]]
         if wide:
             row += [c["reads"] or "-", c["fix"] or "-"]
         rows.append(row)
@@ -39,9 +41,9 @@ def render(doc: dict, wide: bool = False) -> str:
         lines += [f"  {c['name']}: {c['fix']}" for c in fixes]
     n = doc["counts"]
     verdict = doc["verdict"]
-    colour = "red" if n[FAIL] else "yellow" if n[WARN] else "green"
+    level = worst(LEVEL_OF_STATUS[s] for s in STATUSES if n[s])
     lines.append("")
-    lines.append(f"{paint(verdict, colour)}: {n[OK]} ok, {n[WARN]} warn, {n[FAIL]} fail, {n[SKIP]} skipped")
+    lines.append(f"{paint_level(verdict, level)}: {n[OK]} ok, {n[WARN]} warn, {n[FAIL]} fail, {n[SKIP]} skipped")
     return "\n".join(lines)
 
 

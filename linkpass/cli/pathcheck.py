@@ -1,14 +1,15 @@
-"""`linkpass probe` and `linkpass trace`: one-shot checks of the paths from one host to a peer.
+"""`linkpass probe` and `linkpass trace`: the commands of the path checks (linkpass/probe/pathcheck.py)
+from one host to a peer.
 
 Two forms:
 
 - `linkpass probe DST` / `linkpass trace DST --sport N` on any host: the local agent runs the
-  check from its own NICs (127.0.0.1:PORT/v1/probe, /v1/trace; linkpass/agent/oneshot.py) and
+  check from its own NICs (127.0.0.1:PORT/v1/probe, /v1/trace; linkpass/agent/pathcheck_routes.py) and
   joins in what its authenticated probes see on the same paths. No root needed: the agent holds
   the capabilities. On the testbed, run it inside SRC's namespace (`ip netns exec`).
 - `linkpass probe SRC DST` / `linkpass trace SRC DST --sport N` on the testbed: the CLI sweeps
   from SRC's namespace itself (root), no agent needed, routers and links named
-  (linkpass/testbed/pathcheck.py).
+  (linkpass/testbed/pathcheck_hosts.py).
 
 `probe` sweeps source ports 31000-31031 (`--base-port`, `--ports`) on every plane and lists
 every distinct ECMP path found: the ports that take it, the routers on the way, whether DST
@@ -31,8 +32,8 @@ import urllib.parse
 import urllib.request
 
 from ..core.constants import AGENT_API_PORT, PROBE_PORT_BASE, ROCE_PORT
-from ..probe.pathcheck import MAX_PORTS, PROBE_BASE_PORT, PROBE_PORTS
-from ..console.output import EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, FORMATS, emit, error, paint, table
+from ..probe.pathcheck import MAX_PORTS, PROBE_BASE_PORT, PROBE_PORTS, health, unprobed_planes
+from ..console.output import EXIT_OF_LEVEL, FORMATS, emit, error, paint, table
 from .paths import no_agent
 
 AGENT_TIMEOUT_S = 30.0  # a sweep takes up to 5 s, and RTTs up to ~1 s per path
@@ -41,12 +42,7 @@ SILENT_HINT = ("an agent listening there swallows them; retry with a closed --dp
 
 
 def exit_code(doc: dict) -> int:
-    s = doc["summary"]
-    if s["planes_reached"] == 0:
-        return EXIT_CRITICAL
-    if s["planes_reached"] < s["planes"] or s.get("paths_reached", 0) < s.get("paths", 0):
-        return EXIT_WARNING
-    return EXIT_OK
+    return EXIT_OF_LEVEL[health(doc)]
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -187,7 +183,7 @@ def _ask_agent(args, route: str, query: dict) -> int:
 
 
 def _on_testbed(args, src: str, dst: str, check) -> int:
-    from ..testbed import pathcheck as TP
+    from ..testbed import pathcheck_hosts as TP
 
     if os.geteuid() != 0:
         return error(f"`linkpass {args.command} SRC DST` sweeps inside the testbed's namespaces and needs root; run "
@@ -239,7 +235,7 @@ def run_trace(args) -> int:
 
     def check(TP, fab, s, d, legs):
         doc = TP.trace(fab, s, d, legs, args.sport, args.dport)
-        unprobed = [r["plane"] for r in doc["planes"] if r["end"] == "not probed"]
+        unprobed = unprobed_planes(doc)
         if unprobed:
             return error(f"could not trace sport {args.sport} from {src} on plane(s) {unprobed}: the port is in use "
                          f"on that NIC (an agent's probe socket? its ports start at {PROBE_PORT_BASE}); pick another "

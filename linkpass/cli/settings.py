@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 from urllib.parse import urlparse
 
-from ..coordinator.runner import DEFAULT_STATE_DIR
+from ..coordinator.startup import DEFAULT_STATE_DIR
 from ..control.tls import LOCAL_CLIENT, lab_dir, lab_paths
 from ..core.constants import COORDINATOR_URL
 

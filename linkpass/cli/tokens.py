@@ -78,7 +78,7 @@ def _token(args) -> int:
 def _listed_token(args, action: str, rest: list[str]) -> int:
     from ..coordinator.auth import (AuthError, create_listed_token, listed_tokens, remove_listed_token,
                                     write_private)
-    from ..coordinator.runner import DEFAULT_STATE_DIR
+    from ..coordinator.startup import DEFAULT_STATE_DIR
     from ..coordinator.store import DB_FILE, StoreError, open_store
 
     want = {"create": 1, "list": 0, "revoke": 1}[action]
@@ -135,7 +135,7 @@ def _agent_token(args) -> int:
     The revocation goes into the coordinator's store, which the running coordinator reads every
     tick; the token printed is of the host's current epoch."""
     from ..coordinator.auth import MAX_EPOCH, SECRET_FILE, AuthError, agent_token, read_agent_secret, write_private
-    from ..coordinator.runner import DEFAULT_STATE_DIR
+    from ..coordinator.startup import DEFAULT_STATE_DIR
     from ..coordinator.store import DB_FILE, StoreError, open_store
 
     if args.reason is not None and not args.revoke:

@@ -34,12 +34,14 @@ MAX_ANSWER_BYTES = 64 << 20
 
 class Refusal(RuntimeError):
     """The coordinator answered with a refusal: `status`, its message (for a person) and, when it
-    names one, its `kind` (control/errors.py; what a program matches)."""
+    names one, its `kind` (control/errors.py; what a program matches); `doc`, the answer's other
+    fields (a role refusal's `needs_role`)."""
 
-    def __init__(self, status: int, message: str, kind: str | None = None):
+    def __init__(self, status: int, message: str, kind: str | None = None, doc: dict | None = None):
         super().__init__(message)
         self.status = status
         self.kind = kind
+        self.doc = doc or {}
 
 
 class Moved(Refusal):
@@ -130,7 +132,8 @@ class Client:
             if resp.status in (307, 308):
                 raise Moved(resp.status, msg or f"HTTP {resp.status}", resp.getheader("Location"))
             kind = doc.get("kind") if isinstance(doc, dict) and isinstance(doc.get("kind"), str) else None
-            raise Refusal(resp.status, msg or f"HTTP {resp.status}", kind)
+            rest = {k: v for k, v in doc.items() if k not in ("error", "kind")} if isinstance(doc, dict) else None
+            raise Refusal(resp.status, msg or f"HTTP {resp.status}", kind, rest)
         return doc if doc is not None else data
 
     def _read_bounded(self, resp) -> bytes:

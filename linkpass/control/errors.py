@@ -10,7 +10,12 @@ NOT_REGISTERED = "not_registered"  # a report from an agent the coordinator does
 REFUSED = "refused"  # a safety guard said no (blast radius, last path)
 MOVED = "moved"  # the agent belongs to another shard (its URL in the answer)
 UNAVAILABLE = "unavailable"  # what the request needs is away for now: back off and retry
-KINDS = (BAD_REQUEST, NOT_FOUND, NOT_REGISTERED, REFUSED, MOVED, UNAVAILABLE)
+# who may ask, checked by the endpoint before any of the above
+UNAUTHENTICATED = "unauthenticated"  # no valid token: none, an unknown one or a revoked one (HTTP 401)
+FORBIDDEN = "forbidden"  # the token may not do this: its role (the answer's `needs_role` names the one
+#                          that may), or an agent's token speaking for another host (HTTP 403)
+THROTTLED = "throttled"  # too many requests from this token, or refused ones from this address: slow down
+KINDS = (BAD_REQUEST, NOT_FOUND, NOT_REGISTERED, REFUSED, MOVED, UNAVAILABLE, UNAUTHENTICATED, FORBIDDEN, THROTTLED)
 
 
 class CoordinatorError(ValueError):

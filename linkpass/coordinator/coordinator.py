@@ -103,9 +103,9 @@ class _Changes:
 
 class Coordinator:
     def __init__(self, store: Store, model: FabricModel | None = None, config: CoordinatorConfig | None = None, *,
-                 now: float, cost_clock: Callable[[], float] = _no_cost,
+                 wall_s: float, cost_clock: Callable[[], float] = _no_cost,
                  localizer: Localizer | ShardedLocalizer | None = None):
-        """`now`: the time on the clock every later call's `now` is on (the host's wall clock);
+        """`wall_s`: the host's wall clock in seconds (time.time()), the clock of every later call's `wall_s`;
         `cost_clock`: a monotonic clock in seconds (the host passes time.perf_counter) that
         bounds how much of the time localization and plan revision may take; `localizer`: one
         for the whole fleet by default, or a sharded coordinator's root's, split over its
@@ -127,7 +127,7 @@ class Coordinator:
         self.counters: dict[str, int] = defaultdict(int)
         # reporter -> [window start, events written in it, {kind: events held back}] (see _flush)
         self._detections: dict[str, list] = {}
-        self.started = now
+        self.started = wall_s
         self._dirty = False
         self._recover()
 
@@ -202,7 +202,7 @@ class Coordinator:
         self.localizer.update(Observation(rec.reporter, rec.key, rec.links, None, *evidence))
 
     # ---- agents ------------------------------------------------------------------------
-    def register(self, body, now: float) -> dict:
+    def register(self, body, wall_s: float) -> dict:
         """An agent (re)starts or the coordinator came back: its identity and its whole path table.
         The body is checked whole first: a refused registration changes nothing."""
         req = body if isinstance(body, RegisterIn) else parse_register(body)
@@ -220,18 +220,18 @@ class Coordinator:
             self._members_changed = True
         if known is not None and known.info.get("probe_budget") != info["probe_budget"]:
             self._members_changed = True  # its cap changed: the plan is revised (see _current_plan)
-        first = known.first_seen if known else now
-        self.agents[name] = AgentRecord(name, req.agent_id, info, first, now)
-        self.store.upsert_agent(name, req.agent_id, info, now)
+        first = known.first_seen if known else wall_s
+        self.agents[name] = AgentRecord(name, req.agent_id, info, first, wall_s)
+        self.store.upsert_agent(name, req.agent_id, info, wall_s)
         changes = _Changes()
-        keep = {self._put_path(name, p, now, changes) for p in req.paths}
+        keep = {self._put_path(name, p, wall_s, changes) for p in req.paths}
         for key in self.by_reporter.get(name, set()) - keep:
             self._drop_path(key)
         self.store.drop_paths(name, keep)
         self._flush(changes)
-        return self._answer(name, req, now)
+        return self._answer(name, req, wall_s)
 
-    def report(self, body, now: float) -> dict:
+    def report(self, body, wall_s: float) -> dict:
         """Path verdicts from one agent: `changes` (state moves since the last report) and, now
         and then, `paths` (the full table: a summary that heals anything a lost report missed)
         or `digest` (core/report_digest.py: the same check for an agent that sends digests; one
@@ -244,22 +244,22 @@ class Coordinator:
         if agent is None:
             raise NotFound(f"agent {name!r} has not registered; it registers by itself on start "
                            "(restart it if this persists)", kind=NOT_REGISTERED)
-        self._alive(agent, now)
+        self._alive(agent, wall_s)
         budget = _budget_doc(req.probe_budget)
         if budget is not None and budget != agent.info.get("probe_budget"):
             agent.info["probe_budget"] = budget
-            self.store.upsert_agent(name, agent.agent_id, agent.info, now)
+            self.store.upsert_agent(name, agent.agent_id, agent.info, wall_s)
             self._members_changed = True  # its cap changed: the plan is revised (see _current_plan)
         changes = _Changes()
         if req.paths is not None:
-            keep = {self._put_path(name, p, now, changes) for p in req.paths}
+            keep = {self._put_path(name, p, wall_s, changes) for p in req.paths}
             for key in self.by_reporter.get(name, set()) - keep:
                 self._drop_path(key)
             self.store.drop_paths(name, keep)
         for c in req.changes:
-            self._change(name, c, now, changes)
+            self._change(name, c, wall_s, changes)
         self._flush(changes)
-        answer = self._answer(name, req, now)
+        answer = self._answer(name, req, wall_s)
         if req.digests and req.paths is None:
             stale = any(f"{name}/{c.id}" not in self.paths for c in req.changes)
             if req.digest is not None and not stale:
@@ -270,59 +270,59 @@ class Coordinator:
                 answer["send_paths"] = True
         return answer
 
-    def heard_from(self, names, now: float) -> None:
+    def heard_from(self, names, wall_s: float) -> None:
         """Agents a coordinator shard heard from (reports it answered itself, having nothing new):
         alive now, as a report would make them. Names not registered here are skipped (the shard
         sends them to register)."""
         for name in names:
             agent = self.agents.get(name)
             if agent is not None:
-                self._alive(agent, max(agent.last_seen, now))
+                self._alive(agent, max(agent.last_seen, wall_s))
 
-    def _alive(self, agent: AgentRecord, now: float) -> None:
-        """The agent was heard from at `now`: a lost one has returned."""
+    def _alive(self, agent: AgentRecord, wall_s: float) -> None:
+        """The agent was heard from at `wall_s`: a lost one has returned."""
         if agent.lost:
             agent.lost = False
             self._members_changed = True
             self.store.event("agent", agent.name, agent.name, what="returned")
-        agent.last_seen = now
+        agent.last_seen = wall_s
 
-    def _put_path(self, reporter: str, p: PathIn, now: float, changes: _Changes) -> str:
+    def _put_path(self, reporter: str, p: PathIn, wall_s: float, changes: _Changes) -> str:
         key = f"{reporter}/{p.id}"
         old = self.paths.get(key)
         if old is not None and old.hops == p.hops and old.peer == p.peer and old.plane == p.plane \
                 and old.sport == p.sport and old.peer_addr == p.peer_addr:
             if old.state != p.state or old.reason != p.reason:
-                self._set_state(old, p.state, p.reason, now, changes)
+                self._set_state(old, p.state, p.reason, wall_s, changes)
             return key
-        rec = PathRecord(key, reporter, p.peer, p.plane, p.sport, p.hops, p.peer_addr, p.state, p.reason, now)
+        rec = PathRecord(key, reporter, p.peer, p.plane, p.sport, p.hops, p.peer_addr, p.state, p.reason, wall_s)
         if old is not None:
             self._drop_path(key)
         self._index(rec)
-        changes.paths.append(PathRow(key, reporter, rec.info(), p.state, p.reason, now))
+        changes.paths.append(PathRow(key, reporter, rec.info(), p.state, p.reason, wall_s))
         if is_bad(p.state):
-            changes.events.append(EventRow(now, "detection", reporter, key, {"peer": rec.peer, "plane": rec.plane,
+            changes.events.append(EventRow(wall_s, "detection", reporter, key, {"peer": rec.peer, "plane": rec.plane,
                                                                              "state": p.state, "reason": p.reason}))
         return key
 
-    def _change(self, reporter: str, c: ChangeIn, now: float, changes: _Changes) -> None:
+    def _change(self, reporter: str, c: ChangeIn, wall_s: float, changes: _Changes) -> None:
         rec = self.paths.get(f"{reporter}/{c.id}")
         if rec is None:
             self.counters["changes_unknown_path"] += 1  # the next summary brings the path (or at once: send_paths)
             return
-        self._set_state(rec, c.state, c.reason, now, changes)
+        self._set_state(rec, c.state, c.reason, wall_s, changes)
 
-    def _set_state(self, rec: PathRecord, state: str, reason: str | None, now: float, changes: _Changes) -> None:
+    def _set_state(self, rec: PathRecord, state: str, reason: str | None, wall_s: float, changes: _Changes) -> None:
         was_bad = is_bad(rec.state)
         self._tally(rec, -1)
-        rec.state, rec.reason, rec.updated = state, reason, now
+        rec.state, rec.reason, rec.updated = state, reason, wall_s
         self._tally(rec, 1)
         self.counters["path_changes"] += 1
-        changes.states.append(StateRow(rec.key, state, reason, now))
+        changes.states.append(StateRow(rec.key, state, reason, wall_s))
         self._observe(rec)
         now_bad = is_bad(state)
         if now_bad != was_bad:
-            changes.events.append(EventRow(now, "detection" if now_bad else "recovery", rec.reporter, rec.key,
+            changes.events.append(EventRow(wall_s, "detection" if now_bad else "recovery", rec.reporter, rec.key,
                                            {"peer": rec.peer, "plane": rec.plane, "state": state, "reason": reason}))
 
     def _drop_path(self, key: str) -> None:
@@ -362,11 +362,11 @@ class Coordinator:
         self.counters["detections_summarized"] += 1
         return False
 
-    def _summarize_detections(self, now: float, only: str | None = None) -> None:
+    def _summarize_detections(self, wall_s: float, only: str | None = None) -> None:
         """One event per reporter whose window ended with detections held back."""
         for reporter in [only] if only is not None else list(self._detections):
             w = self._detections.get(reporter)
-            if w is None or now - w[0] < DETECTION_WINDOW_S:
+            if w is None or wall_s - w[0] < DETECTION_WINDOW_S:
                 continue
             del self._detections[reporter]
             if w[2]:
@@ -375,25 +375,25 @@ class Coordinator:
                                  note=f"beyond {DETECTION_EVENTS_PER_WINDOW} a window one by one, this reporter's "
                                       "changes are counted here; its paths' states are current all the same")
 
-    def _answer(self, name: str, req: RegisterIn | ReportIn, now: float) -> dict:
+    def _answer(self, name: str, req: RegisterIn | ReportIn, wall_s: float) -> dict:
         """What the agent needs back: drains and its probe plan, when its copies are stale."""
         out: dict = {"drain_version": self.drain_version, "plan_version": self.plan_version}
         if req.digests:  # only to agents that asked: an older one refuses an answer with a field it does not know
             out["digests"] = True
         if req.drain_version != self.drain_version:
             out["drains"] = self.drain_addresses()
-        self._current_plan(now)
+        self._current_plan(wall_s)
         planned = name in self._plan_members
         if planned and req.plan_version != self.plan_version:
             delta = self._plan_delta(name, req.plan_version) if req.plan_deltas else None
             if delta is not None:
                 out["plan_delta"] = delta
             else:
-                out["plan"] = self.plan_for(name, now)
+                out["plan"] = self.plan_for(name, wall_s)
         out["plan_version"] = self.plan_version if planned else None
         return out
 
-    def decommission(self, host: str, reason: str, by: str, now: float, dry_run: bool = False) -> dict:
+    def decommission(self, host: str, reason: str, by: str, wall_s: float, dry_run: bool = False) -> dict:
         """Forget an agent: its record, its paths and what they told the localizer. A host that
         still runs an agent comes back by itself at its next registration."""
         a = self.agents.get(host)
@@ -406,7 +406,7 @@ class Coordinator:
         with self.store.transaction():
             self._forget_agent(host)
             self.store.event("agent", by, host, what="decommissioned", reason=reason, paths=result["paths"],
-                             silent_s=round(now - a.last_seen, 1))
+                             silent_s=round(wall_s - a.last_seen, 1))
         result["changed"] = True
         return result
 
@@ -420,45 +420,45 @@ class Coordinator:
         self._info_changed.add(host)  # back within the same plan revision, it may have new addresses
 
     # ---- periodic ----------------------------------------------------------------------
-    def tick(self, now: float) -> None:
+    def tick(self, wall_s: float) -> None:
         """Liveness, expiry, retention and localization; the host calls it every ~100 ms."""
-        expired = [a for a in self.agents.values() if now - a.last_seen > self.config.agent_expire_s]
+        expired = [a for a in self.agents.values() if wall_s - a.last_seen > self.config.agent_expire_s]
         for a in expired:
             n = len(self.by_reporter.get(a.name, ()))
             self._forget_agent(a.name)
             self.store.event("agent", "coordinator", a.name, what="expired", paths=n,
-                             silent_s=round(now - a.last_seen, 1),
+                             silent_s=round(wall_s - a.last_seen, 1),
                              note=f"silent longer than agent_expire_s ({self.config.agent_expire_s:g} s): forgotten; "
                                   "it registers again if it comes back")
-        self._summarize_detections(now)
-        if now >= self._retain_at:
-            self._retain_at = now + RETAIN_EVERY_S
-            removed = self.store.prune_events(now - self.config.event_retention_s, self.config.event_retention_count)
+        self._summarize_detections(wall_s)
+        if wall_s >= self._retain_at:
+            self._retain_at = wall_s + RETAIN_EVERY_S
+            removed = self.store.prune_events(wall_s - self.config.event_retention_s, self.config.event_retention_count)
             self.counters["events_pruned"] += removed
         for a in self.agents.values():
-            if not a.lost and now - a.last_seen > self.config.agent_timeout_s:
+            if not a.lost and wall_s - a.last_seen > self.config.agent_timeout_s:
                 a.lost = True
                 self._members_changed = True
                 self.store.event("agent", "coordinator", a.name, what="lost",
-                                 silent_s=round(now - a.last_seen, 1),
+                                 silent_s=round(wall_s - a.last_seen, 1),
                                  note="no report from this agent: it keeps failing over locally if it runs")
         for name, d in sorted(self.drains.items()):
-            if d.get("until") is not None and now >= d["until"]:  # a timed drain ran out
-                self.undrain(name, "coordinator", now,
+            if d.get("until") is not None and wall_s >= d["until"]:  # a timed drain ran out
+                self.undrain(name, "coordinator", wall_s,
                              note=f"drain --for ran out (drained by {d['by']}: {d['reason']})")
-        if now - self._touched_at >= TOUCH_S:  # last-seen times reach the disk coarsely
-            self._touched_at = now
+        if wall_s - self._touched_at >= TOUCH_S:  # last-seen times reach the disk coarsely
+            self._touched_at = wall_s
             self.store.touch_agents({a.name: a.last_seen for a in self.agents.values()})
-        self._current_plan(now)  # joins and leaves since the last revision
+        self._current_plan(wall_s)  # joins and leaves since the last revision
         if isinstance(self.localizer, ShardedLocalizer):
             self.localizer.send()  # the shards take this tick's evidence in now, side by side
-        if self._dirty and now >= self._localize_at:
+        if self._dirty and wall_s >= self._localize_at:
             t = self._cost_clock()
-            self.relocalize(now)
+            self.relocalize(wall_s)
             # under a storm of bad reports findings() grows; keep it under ~20 % of the lock
-            self._localize_at = now + 4 * (self._cost_clock() - t)
+            self._localize_at = wall_s + 4 * (self._cost_clock() - t)
 
-    def relocalize(self, now: float) -> list[dict]:
+    def relocalize(self, wall_s: float) -> list[dict]:
         """Recompute findings; log the ones that appeared and the ones that cleared."""
         self._dirty = False
         if self.localizer is None:
@@ -482,19 +482,19 @@ class Coordinator:
         events = []
         for dl, d in found.items():
             if dl not in self.findings:
-                events.append(EventRow(now, "localization", "coordinator", dl, d))
+                events.append(EventRow(wall_s, "localization", "coordinator", dl, d))
         for dl, d in self.findings.items():
             if dl not in found:
-                events.append(EventRow(now, "cleared", "coordinator", dl, {"was": d}))
+                events.append(EventRow(wall_s, "cleared", "coordinator", dl, {"was": d}))
         self.findings = found
         self.store.add_events(events)
         return list(found.values())
 
     # ---- probe plans -------------------------------------------------------------------
-    def _current_plan(self, now: float):
+    def _current_plan(self, wall_s: float):
         """The plan for the agents present now; recomputed when hosts joined or left, but at most
         every PLAN_REVISE_S (hosts start in waves: one plan per joiner would be quadratic)."""
-        if not self._members_changed or (self._plan_at is not None and now - self._plan_at < self._plan_every_s):
+        if not self._members_changed or (self._plan_at is not None and wall_s - self._plan_at < self._plan_every_s):
             return self._plan
         self._members_changed = False
         hosts = tuple(sorted(n for n, a in self.agents.items() if not a.lost))
@@ -503,7 +503,7 @@ class Coordinator:
             self._plan_hosts = hosts
             self._plan_members = frozenset(hosts)
             self._plan_caps = caps
-            self._plan_at = now
+            self._plan_at = wall_s
             if self.model is not None:
                 known = [h for h in hosts if h in self.model.hosts]
                 t = self._cost_clock()
@@ -589,12 +589,12 @@ class Coordinator:
                             "nics": {str(k): v for k, v in a.info["nics"].items()}})
         return out
 
-    def plan_for(self, host: str, now: float) -> dict | None:
+    def plan_for(self, host: str, wall_s: float) -> dict | None:
         """Which peers `host` should probe, with what the agent needs to reach them; None if
         the host is not in the current plan yet (it gets one with a later answer)."""
         if host not in self.agents:
             return None
-        plan = self._current_plan(now)
+        plan = self._current_plan(wall_s)
         if host not in self._plan_members:
             return None
         if plan is not None and host in self.model.hosts:
@@ -645,7 +645,7 @@ class Coordinator:
         return {"hosts": sorted(moved), "paths": {h: v for h, v in sorted(moved.items())},
                 "paths_moved": sum(len(v) for v in moved.values()), "stranded": stranded}
 
-    def drain(self, link: str, reason: str, by: str, now: float, dry_run: bool = False, force: bool = False,
+    def drain(self, link: str, reason: str, by: str, wall_s: float, dry_run: bool = False, force: bool = False,
               for_s: float | None = None) -> dict:
         """Steer every agent off `link` (guarded; recorded with `by` and `reason`). `for_s`: the
         drain ends by itself that long from now (the tick undrains it, recorded as the coordinator's)."""
@@ -671,7 +671,7 @@ class Coordinator:
             problem = (f"draining {name} would leave {len(impact['stranded'])} host pairs without a usable path "
                        f"({', '.join(impact['stranded'][:5])}); agents never remove a last path, so these would keep "
                        "using it anyway. Fix or undrain the other links first (or --force to record it regardless)")
-        until = None if for_s is None else now + for_s
+        until = None if for_s is None else wall_s + for_s
         result = {"link": name, "kind": lk.kind, "plane": lk.plane, "dry_run": dry_run, "impact": impact,
                   "limit": limit, "drained_in_tier": sorted(drained_here), "until": until}
         if problem:
@@ -685,16 +685,16 @@ class Coordinator:
         # the drain, its version and its event in one transaction: a drain stored without its new
         # version would reach no agent (they hold the old version; the retry finds it drained)
         with self.store.transaction():
-            self.store.set_drain(name, reason, by, now, until)
+            self.store.set_drain(name, reason, by, wall_s, until)
             self._bump_drains()
             self.store.event("drain", by, name, reason=reason, hosts=impact["hosts"],
                              paths_moved=impact["paths_moved"], **({} if for_s is None else {"for_s": for_s,
                                                                                              "until": until}))
-        self.drains[name] = {"reason": reason, "by": by, "since": now, "until": until}
+        self.drains[name] = {"reason": reason, "by": by, "since": wall_s, "until": until}
         result["changed"] = True
         return result
 
-    def undrain(self, link: str, by: str, now: float, dry_run: bool = False, note: str | None = None) -> dict:
+    def undrain(self, link: str, by: str, wall_s: float, dry_run: bool = False, note: str | None = None) -> dict:
         name = self._link(link)
         if name not in self.drains:
             return {"link": name, "changed": False, "dry_run": dry_run}
@@ -708,7 +708,7 @@ class Coordinator:
         with self.store.transaction():
             self.store.clear_drain(name)
             self._bump_drains()
-            self.store.event("undrain", by, name, drained_by=was["by"], drained_for_s=round(now - was["since"], 1),
+            self.store.event("undrain", by, name, drained_by=was["by"], drained_for_s=round(wall_s - was["since"], 1),
                              **({"note": note} if note else {}))
         del self.drains[name]
         result["changed"] = True
@@ -719,7 +719,7 @@ class Coordinator:
         self.store.set_meta("drain_version", str(self.drain_version))
 
     # ---- views (the CLI and dashboards) -------------------------------------------------
-    def status(self, now: float) -> dict:
+    def status(self, wall_s: float) -> dict:
         states = dict(self.state_counts)
         lost = sorted(n for n, a in self.agents.items() if a.lost)
         # a fault is critical for the fleet once it is localized (or an agent is lost); before
@@ -733,7 +733,7 @@ class Coordinator:
                 "fabric": None if self.model is None else {"hosts": len(self.model.hosts), "planes": self.model.planes,
                                                            "links": len(self.model.links)},
                 "plan_version": self.plan_version, "drain_version": self.drain_version,
-                "uptime_s": round(now - self.started, 1)}
+                "uptime_s": round(wall_s - self.started, 1)}
 
     def links(self, only_problems: bool = False) -> list[dict]:
         if self.model is None:
@@ -777,8 +777,8 @@ class Coordinator:
                          "links": [_pretty(self.model, dl) for dl in rec.links] if self.model else []})
         return rows
 
-    def agent_rows(self, now: float) -> list[dict]:
-        return [{"name": a.name, "agent_id": a.agent_id, "lost": a.lost, "last_seen_s": round(now - a.last_seen, 1),
+    def agent_rows(self, wall_s: float) -> list[dict]:
+        return [{"name": a.name, "agent_id": a.agent_id, "lost": a.lost, "last_seen_s": round(wall_s - a.last_seen, 1),
                  "paths": len(self.by_reporter.get(a.name, ())), "version": a.info.get("version"),
                  "service": a.info.get("service")} for a in sorted(self.agents.values(), key=lambda a: a.name)]
 

@@ -104,8 +104,8 @@ def hold(url: str, settings: dict, end: float | None, notifier: Notifier | None 
     failing: str | None = None
     try:
         while end is None or clock() < end:
-            now = clock()
-            if n.enabled and now >= next_check:
+            mono_s = clock()
+            if n.enabled and mono_s >= next_check:
                 why = problem(url, settings)
                 if why is None:
                     if not ready:

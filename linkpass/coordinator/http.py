@@ -66,7 +66,8 @@ from .auth import NEEDS, Caller, Revoked
 from .metrics import CountsCollector, NamedCollector, RequestLatency, ShardCollector
 from .openapi import spec
 from .refusals import Buckets
-from ..control.errors import CoordinatorError
+from ..control.errors import (BAD_REQUEST, FORBIDDEN, NOT_FOUND, THROTTLED, UNAUTHENTICATED, UNAVAILABLE,
+                              CoordinatorError)
 from ..control.bodies import (DecommissionIn, DrainIn, RegisterIn, ReportIn, is_decimal, parse_decommission,
                                 parse_drain, parse_events_query, parse_register, parse_report, query_host)
 from .store import EVENT_KINDS
@@ -184,7 +185,8 @@ class CoordinatorServer:
         conn = _Conn(writer)
         if len(self._conns) >= self.limits.max_connections and not self._evict():
             self.count("busy")
-            writer.write(_response(503, {"error": "the coordinator has too many open connections; retry"}, True))
+            writer.write(_response(503, {"error": "the coordinator has too many open connections; retry",
+                                         "kind": _KIND_OF_COUNTED["busy"]}, True))
             writer.close()
             return
         self._conns[conn] = None
@@ -304,7 +306,8 @@ class CoordinatorServer:
                                          record=route.action in ("drain", "decommission"))
                 return await self._refuse(writer, remote, 403, "forbidden",
                                           f"{caller.name} has role {caller.role!r}; this needs role "
-                                          f"{NEEDS[route.action]!r}", close=req.length != 0)
+                                          f"{NEEDS[route.action]!r}", close=req.length != 0,
+                                          doc={"needs_role": NEEDS[route.action]})
         if route.lock_free and caller is None and not req.length:
             # liveness, the API's description, the anonymous counts: never a worker, never the lock
             status, doc = self._serve(route, req, None, caller, remote)
@@ -369,13 +372,17 @@ class CoordinatorServer:
             return False
         return not req.close
 
-    async def _refuse(self, writer, remote, status: int, kind: str, message: str, close: bool = False,
-                      limited: bool = True, extra=()) -> bool:
-        self.count(kind)
+    async def _refuse(self, writer, remote, status: int, counted: str, message: str, close: bool = False,
+                      limited: bool = True, extra=(), doc: dict | None = None) -> bool:
+        """Answer a refusal before any handler runs: counted as `counted` (the request errors'
+        metric), answered with its kind (control/errors.py) and any other fields in `doc`."""
+        self.count(counted)
         if limited and remote is not None and not self._refusals.note(remote):
-            self.count("rate_limited")
-            status, message, close = 429, "too many refused requests from this address; slow down", True
-        writer.write(_response(status, {"error": message}, close, extra))
+            counted = "rate_limited"
+            self.count(counted)
+            status, message, close, doc = 429, "too many refused requests from this address; slow down", True, None
+        answer = {"error": message, "kind": _KIND_OF_COUNTED[counted], **(doc or {})}
+        writer.write(_response(status, answer, close, extra))
         try:
             await _within(writer.drain(), self.limits.read_timeout_s)
         except asyncio.TimeoutError:
@@ -391,8 +398,8 @@ class CoordinatorServer:
                 return None, None, None
             return route.parse(_json_body(raw, self.limits.json_max_depth)), None, None
         except _HttpError as exc:
-            self.count("bad_request")
-            return _UNPARSED, exc.status, {"error": exc.message}
+            self.count(exc.kind)
+            return _UNPARSED, exc.status, {"error": exc.message, "kind": exc.kind}
         except CoordinatorError as exc:
             self.count("bad_request")
             return _UNPARSED, exc.status, _refusal_doc(exc)
@@ -416,8 +423,8 @@ class CoordinatorServer:
                 return (None, None) if answer is None else (200, answer)
             return route.fn(self, req, arg, caller, remote)
         except _HttpError as exc:
-            self.count("bad_request" if exc.status == 400 else "forbidden" if exc.status == 403 else "not_found")
-            return exc.status, {"error": exc.message}
+            self.count(exc.kind)
+            return exc.status, {"error": exc.message, "kind": exc.kind}
         except CoordinatorError as exc:
             if exc.status == 400:
                 self.count("bad_request")
@@ -432,7 +439,7 @@ class CoordinatorServer:
             why = f"the token of agent {caller.host!r} cannot speak for {name!r}"
             self._refusals.forbidden(caller, remote, path, why, record=True)
             raise _HttpError(403, f"{why}: an agent registers and reports as its own host only (its token names "
-                                  "it; `linkpass coordinator token HOST` makes one per host)")
+                                  "it; `linkpass coordinator token HOST` makes one per host)", FORBIDDEN)
 
     # ---- the handlers: the service's API (service.py), for an authenticated caller ---------
     def _get_status(self, req, body, caller, remote):
@@ -452,7 +459,7 @@ class CoordinatorServer:
         plan = self.service.plan_for(host)
         if plan is None:
             raise _HttpError(404, f"no agent named {host!r} is in the current plan "
-                                  "(not registered, or joined less than a second ago)")
+                                  "(not registered, or joined less than a second ago)", NOT_FOUND)
         return 200, plan
 
     def _get_events(self, req, body, caller, remote):
@@ -576,9 +583,20 @@ async def _within(awaitable, seconds: float):
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str):
+    """A refusal of the endpoint's own (the request's form, who sent it), with its kind
+    (control/errors.py), which is also what it is counted as."""
+
+    def __init__(self, status: int, message: str, kind: str = BAD_REQUEST):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.kind = status, message, kind
+
+
+# the kind a refusal answered before any handler runs is given (control/errors.py), by what the
+# request errors' metric counts it as (finer: a revoked token is one way to be unauthenticated)
+_KIND_OF_COUNTED = {"bad_request": BAD_REQUEST, "length_required": BAD_REQUEST, "too_large": BAD_REQUEST,
+                    "not_found": NOT_FOUND, "unauthenticated": UNAUTHENTICATED, "revoked": UNAUTHENTICATED,
+                    "forbidden": FORBIDDEN, "token_budget": THROTTLED, "rate_limited": THROTTLED,
+                    "busy": UNAVAILABLE}
 
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")

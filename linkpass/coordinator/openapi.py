@@ -13,6 +13,7 @@ import typing
 from .. import __version__
 from .auth import NEEDS
 from ..control.bodies import REQUIRED
+from ..control.errors import KINDS
 
 _SCALAR = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"}}
 
@@ -55,7 +56,7 @@ def spec(routes: dict) -> dict:
     for (method, path), route in sorted(routes.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         op: dict = {"summary": route.summary, "operationId": f"{method.lower()}_{path.strip('/').replace('/', '_')}",
                     "responses": {"200": {"description": "done", "content": {"application/json": {}}},
-                                  "4XX": {"description": "refused: the message names the field and the fix",
+                                  "4XX": {"description": "refused: the message names the field and the fix, the kind what it is",
                                           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}}
         if route.action is None:
             op["security"] = []
@@ -83,7 +84,14 @@ def spec(routes: dict) -> dict:
                                "`url` and `shard` in the body)",
                 "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
         paths.setdefault(path, {})[method.lower()] = op
-    components["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+    components["Error"] = {
+        "type": "object", "required": ["error", "kind"],
+        "properties": {"error": {"type": "string", "description": "for a person: what was refused and what would work"},
+                       "kind": {"type": "string", "enum": list(KINDS),
+                                "description": "for a program to match (the message's words may change)"},
+                       "needs_role": {"type": "string", "description": "kind forbidden: the role that may do this"},
+                       "url": {"type": "string", "description": "kind moved: where this agent registers and reports"},
+                       "shard": {"type": "integer", "description": "kind moved: that coordinator shard"}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "LinkPass coordinator", "version": __version__,

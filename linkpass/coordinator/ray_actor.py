@@ -7,7 +7,7 @@ Ray starts a new one with the same settings; it reopens the same SQLite database
 the same address, so agents and the CLI carry on after a few failed requests. Agents are ordinary
 daemons and never talk to Ray: they use the actor's HTTP endpoint.
 
-The actor's log lines go to <state_dir>/coordinator.log (runner.actor_log), not to Ray's worker
+The actor's log lines go to <state_dir>/coordinator.log (startup.actor_log), not to Ray's worker
 files (`log_to_driver=False`): `linkpass coordinator` copies that file to its own stderr.
 
 Who may call the actors. A driver connected to the Ray cluster can find every named actor and call
@@ -63,7 +63,7 @@ def actor_credential(settings: dict) -> str:
     root and every shard, and again after Ray restarts one; a new agent secret makes a new one."""
     from .auth import SECRET_FILE, AuthError, ensure_secret, read_agent_secret  # noqa: PLC0415
     from ..control.errors import CoordinatorError  # noqa: PLC0415
-    from .runner import DEFAULT_STATE_DIR  # noqa: PLC0415
+    from .startup import DEFAULT_STATE_DIR  # noqa: PLC0415
 
     state_dir = settings.get("state_dir") or DEFAULT_STATE_DIR
     try:
@@ -118,7 +118,7 @@ class _Serving:
 @ray.remote(max_restarts=-1, max_task_retries=-1, num_cpus=0, max_concurrency=16)
 class CoordinatorActor(_Serving):
     def __init__(self, settings: dict):
-        from .runner import actor_log, check_settings, start  # noqa: PLC0415 (imported in the actor's process)
+        from .startup import actor_log, check_settings, start  # noqa: PLC0415 (imported in the actor's process)
 
         self._prompt()
         check_settings(settings)  # a bad setting is refused by its name before any file is read
@@ -159,7 +159,7 @@ class ShardActor(_Serving):
     """Shard `shard` of a sharded coordinator (shard.py): its own endpoint; the root by name."""
 
     def __init__(self, settings: dict, shard: int):
-        from .runner import actor_log, check_settings, start_shard  # noqa: PLC0415 (imported in the actor's process)
+        from .startup import actor_log, check_settings, start_shard  # noqa: PLC0415 (imported in the actor's process)
 
         self._prompt()
         check_settings(settings)
@@ -317,7 +317,7 @@ def shard(settings: dict, k: int):
 
 def shards() -> list:
     """The running shard actors, in order (none for an unsharded coordinator)."""
-    from .runner import MAX_SHARDS  # noqa: PLC0415 (the settings' bound; runner is heavy to import)
+    from .startup import MAX_SHARDS  # noqa: PLC0415 (the settings' bound; startup is heavy to import)
 
     out = []
     for k in range(MAX_SHARDS):

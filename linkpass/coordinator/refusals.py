@@ -31,11 +31,11 @@ class Buckets:
 
     def take(self, key: str) -> bool:
         """One from `key`'s bucket; False when it is empty."""
-        now = time.monotonic()
+        mono_s = time.monotonic()
         with self._lock:
-            b = self._buckets.pop(key, None) or [self.burst, now]
-            b[0] = min(self.burst, b[0] + (now - b[1]) * self.rate)
-            b[1] = now
+            b = self._buckets.pop(key, None) or [self.burst, mono_s]
+            b[0] = min(self.burst, b[0] + (mono_s - b[1]) * self.rate)
+            b[1] = mono_s
             ok = b[0] >= 1.0
             if ok:
                 b[0] -= 1.0
@@ -99,31 +99,31 @@ class Refusals:
             else:
                 self._unrecorded += 1
 
-    def take(self, final: bool, now: float) -> list[EventRow]:
+    def take(self, final: bool, wall_s: float) -> list[EventRow]:
         with self._lock:
             out, self._events = self._events, []
             if final:
                 if self._unauth:
-                    out.append(EventRow(now, "refused", "unauthenticated", "endpoint",
+                    out.append(EventRow(wall_s, "refused", "unauthenticated", "endpoint",
                                         {"why": "no valid token", "requests": sum(self._unauth.values()),
-                                         "window_s": round(now - self._window_start, 1),
+                                         "window_s": round(wall_s - self._window_start, 1),
                                          "by_address": dict(self._unauth.most_common(10)),
                                          "paths": dict(self._unauth_paths.most_common(5))}))
                 if self._revoked:
-                    out.append(EventRow(now, "refused", "revoked", "endpoint",
+                    out.append(EventRow(wall_s, "refused", "revoked", "endpoint",
                                         {"why": "revoked agent token", "requests": sum(self._revoked.values()),
-                                         "window_s": round(now - self._window_start, 1),
+                                         "window_s": round(wall_s - self._window_start, 1),
                                          "by_host": dict(self._revoked.most_common(10)),
                                          "by_address": dict(self._revoked_from.most_common(10))}))
                 if self._unrecorded:
-                    out.append(EventRow(now, "refused", "coordinator", "endpoint",
+                    out.append(EventRow(wall_s, "refused", "coordinator", "endpoint",
                                         {"why": f"{self._unrecorded} more refusals of known callers than "
                                                 f"{FORBIDDEN_EVENTS_PER_WINDOW} a window (not recorded one by one)",
-                                         "window_s": round(now - self._window_start, 1)}))
+                                         "window_s": round(wall_s - self._window_start, 1)}))
                 self._unauth.clear()
                 self._unauth_paths.clear()
                 self._revoked.clear()
                 self._revoked_from.clear()
                 self._recorded = self._unrecorded = 0
-                self._window_start = now
+                self._window_start = wall_s
         return out

@@ -197,10 +197,10 @@ class CoordinatorService:
         the refusal's message (the rest are applied all the same)."""
         out: list[str | None] = []
         with self.lock:
-            now = time.time()
+            wall_s = time.time()
             for r in batch:
                 try:
-                    self.coordinator.report(r, now)
+                    self.coordinator.report(r, wall_s)
                     out.append(None)
                 except CoordinatorError as exc:
                     out.append(str(exc))
@@ -212,9 +212,9 @@ class CoordinatorService:
         accepted agent-token epochs (the shard's revocations)."""
         with self.lock:
             c = self.coordinator
-            now = time.time()
-            self.shards_heard[shard] = now
-            c.heard_from(names, now)
+            wall_s = time.time()
+            self.shards_heard[shard] = wall_s
+            c.heard_from(names, wall_s)
             return c.plan_version, c.drain_version, self.tokens.min_epochs()
 
     def add_events(self, events: list[tuple]) -> None:
@@ -224,16 +224,16 @@ class CoordinatorService:
     # ---- what readers ask --------------------------------------------------------------
     def status(self) -> dict:
         with self.lock:
-            now = time.time()
-            doc = self.coordinator.status(now)
-            shards = self.shards_status(now)
+            wall_s = time.time()
+            doc = self.coordinator.status(wall_s)
+            shards = self.shards_status(wall_s)
         if shards is not None:
             doc["shards"] = shards
             if doc["health"] == "ok" and any(x["away"] for x in shards):
                 doc["health"] = "warning"  # its agents' reports are not arriving: they soon count as lost
         return doc
 
-    def shards_status(self, now: float) -> list[dict] | None:
+    def shards_status(self, wall_s: float) -> list[dict] | None:
         """A root's shards for `status`: address, hosts, how long since each was heard from, and
         where its part of localization runs (the shard, or the root standing in for it)."""
         if self.router is None:
@@ -244,8 +244,8 @@ class CoordinatorService:
         for k, url in enumerate(self.router.urls):
             at = self.shards_heard.get(k)
             out.append({"shard": k, "url": url, "hosts": len(self.router.map.hosts_of(k)),
-                        "heard_s": None if at is None else round(now - at, 1),
-                        "away": at is None or now - at > SHARD_AWAY_S,
+                        "heard_s": None if at is None else round(wall_s - at, 1),
+                        "away": at is None or wall_s - at > SHARD_AWAY_S,
                         "localized_by": "root" if k in here else "shard"})
         return out
 

@@ -230,7 +230,7 @@ class ShardParts:
     def run(self, calls: dict[int, Call], round_: int) -> dict[int, object]:
         out: dict[int, object] = {}
         sent: dict[int, PartCall] = {}
-        now = self.clock()
+        mono_s = self.clock()
         for p, (changes, method, args) in calls.items():
             if p == ROOT:
                 self.root.apply(changes)
@@ -240,7 +240,7 @@ class ShardParts:
             stand_in = self.standing_in.get(p)
             if stand_in is not None:
                 stand_in.apply(changes)
-                if now < self._retry_at[p]:
+                if mono_s < self._retry_at[p]:
                     out[p] = getattr(stand_in, method)(*args)
                     continue
             sent[p] = self._call(p, changes, method, args)
@@ -253,7 +253,7 @@ class ShardParts:
             if isinstance(a, Exception):
                 self.generation[p] = None
                 n = self._failures[p] = self._failures.get(p, 0) + 1
-                self._retry_at[p] = now + min(self.RETRY_MAX_S, self.RETRY_S * 2 ** (n - 1))
+                self._retry_at[p] = mono_s + min(self.RETRY_MAX_S, self.RETRY_S * 2 ** (n - 1))
                 if p not in self.standing_in:
                     self.counters["parts_stood_in"] += 1
                     self.standing_in[p] = Part(self.model, self.map, p, pause=collector_paused)
@@ -359,7 +359,7 @@ class ShardFront:
         self.part = PartHost(router.map, shard)  # its part of localization, fed by the root
 
     # ---- what agents send ---------------------------------------------------------------
-    def register(self, body, now: float) -> dict:
+    def register(self, body, wall_s: float) -> dict:
         req = body if isinstance(body, RegisterIn) else parse_register(body)
         self._mine(req.name)
         self._after_queued(req.name)
@@ -402,7 +402,7 @@ class ShardFront:
         return {"drain_version": drain_version, "plan_version": plan_version,
                 **({"digests": True} if req.digests else {})}
 
-    def report(self, body, now: float) -> dict:
+    def report(self, body, wall_s: float) -> dict:
         req = body if isinstance(body, ReportIn) else parse_report(body)
         name = req.name
         answer = self.local_answer(req)
@@ -492,7 +492,7 @@ class ShardFront:
                     self.counters["flushed"] += len(batch)
 
     # ---- periodic ----------------------------------------------------------------------
-    def tick(self, now: float) -> None:
+    def tick(self, wall_s: float) -> None:
         """Tell the root who was heard from; learn its versions. The root away: try again next tick."""
         with self._lock:
             names, self._heard = sorted(self._heard), set()

@@ -586,11 +586,11 @@ class Store:
                 for lk, r, b, s, u in self.db.execute("SELECT link, reason, by, since, until FROM drains")}
 
     # ---- agents ------------------------------------------------------------------------
-    def upsert_agent(self, name: str, agent_id: int, info: dict, now: float) -> None:
+    def upsert_agent(self, name: str, agent_id: int, info: dict, wall_s: float) -> None:
         with self._tx():
             self.db.execute("INSERT INTO agents VALUES (?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET "
                             "agent_id=excluded.agent_id, info=excluded.info, last_seen=excluded.last_seen",
-                            (name, agent_id, json.dumps(info, sort_keys=True), now, now))
+                            (name, agent_id, json.dumps(info, sort_keys=True), wall_s, wall_s))
 
     def touch_agents(self, seen: dict[str, float]) -> None:
         if seen:
@@ -648,7 +648,7 @@ class Store:
         """host -> the lowest agent-token epoch accepted, for every host ever revoked."""
         return dict(self.db.execute("SELECT host, min_epoch FROM agent_epochs"))
 
-    def revoke_agent(self, host: str, by: str, reason: str, now: float, max_epoch: int) -> int:
+    def revoke_agent(self, host: str, by: str, reason: str, wall_s: float, max_epoch: int) -> int:
         """Refuse every agent token of `host` issued so far: its lowest accepted epoch goes up by
         one, with an event saying who and why, in one transaction. Returns the new epoch."""
         with self._tx(immediate=True):  # read and raise under the write lock: two revokes make two epochs
@@ -659,9 +659,9 @@ class Store:
                                  "rotate the agent secret instead (docs/security.md, Revocation)")
             self.db.execute("INSERT INTO agent_epochs VALUES (?,?,?,?,?) ON CONFLICT(host) DO UPDATE SET "
                             "min_epoch=excluded.min_epoch, since=excluded.since, by=excluded.by, reason=excluded.reason",
-                            (host, epoch, now, by, reason))
+                            (host, epoch, wall_s, by, reason))
             self.db.execute("INSERT INTO events (ts, kind, actor, subject, detail) VALUES (?,?,?,?,?)",
-                            (now, "agent", by, host, json.dumps({"what": "token revoked", "epoch": epoch,
+                            (wall_s, "agent", by, host, json.dumps({"what": "token revoked", "epoch": epoch,
                                                                  "reason": reason}, sort_keys=True)))
         return epoch
 

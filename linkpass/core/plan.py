@@ -39,7 +39,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from linkpass.core.fabric import FabricError, FabricModel
+from linkpass.core.fabric import DOWN, UP, FabricError, FabricModel, directed
 
 # of an agent's probe budget, the share its plan may take; the rest is for its job's own paths
 PLAN_BUDGET_SHARE = 0.5
@@ -475,7 +475,7 @@ class _Sparse:
                     for core in range(self.cores):
                         if len(self.cov_sc.get((pod, s, core), ())) < 2:
                             names.append(self.model.spine_core(spine, core).name)
-        return [f"{n}:{d}" for n in names for d in ("up", "down")]
+        return [directed(n, d) for n in names for d in (UP, DOWN)]
 
     def _least_covered_route(self, reporter: str, peer: str) -> tuple[int | None, int | None]:
         a, b = self.group_of[reporter], self.group_of[peer]

@@ -7,9 +7,11 @@ from dataclasses import asdict, dataclass, field
 from ..core.constants import AGENT_API_PORT, PROBE_PORT_BASE, RTPROT_LINKPASS
 from ..core.states import DARK, HELD_OUT, USABLE, Level, State, health_of, state_of, worst
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+# A check's status, as doctor prints it, and the health level it counts as (core/states.py): the
+# exit code and colour of every command derive from that level. A skipped check told nothing.
+OK, WARN, FAIL, SKIP = Level.OK.value, "warn", "fail", "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
-_RANK = {SKIP: 0, OK: 1, WARN: 2, FAIL: 3}
+LEVEL_OF_STATUS: dict[str, Level | None] = {OK: Level.OK, WARN: Level.WARNING, FAIL: Level.CRITICAL, SKIP: None}
 
 CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_NICE = 12, 13, 23
 STA_UNSYNC = 0x0040
@@ -20,7 +22,7 @@ RDMA_DIR = "/sys/class/infiniband"
 @dataclass(frozen=True)
 class Check:
     name: str
-    status: str  # ok | warn | fail | skip
+    status: str  # one of STATUSES
     detail: str
     fix: str = ""
     reads: str = ""  # what it looked at (wide / json)
@@ -495,8 +497,16 @@ def run_checks(f: Facts) -> list[Check]:
     return out
 
 
+_VERDICT = {Level.OK: "ready", Level.WARNING: "ready, with warnings", Level.CRITICAL: "not ready"}
+
+
+def health(checks: list[Check]) -> Level:
+    """The worst level among the checks: what doctor's exit code and verdict follow."""
+    return worst(LEVEL_OF_STATUS[c.status] for c in checks)
+
+
 def report(checks: list[Check], host: str, netns: str | None, config: str | None) -> dict:
     counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
-    verdict = ("not ready" if counts[FAIL] else "ready, with warnings" if counts[WARN] else "ready")
+    verdict = _VERDICT[health(checks)]
     return {"host": host, "netns": netns, "config": config, "verdict": verdict, "counts": counts,
             "checks": [c.to_dict() for c in checks]}

@@ -84,10 +84,10 @@ EVENTS = {
     "coordinator_insecure_http": "warning",
     "coordinator_refused": "error",
     "coordinator_link_error": "error",
-    # the coordinator (coordinator/http.py, coordinator/runner.py)
+    # the coordinator (coordinator/http.py, coordinator/startup.py)
     "insecure_http": "warning",
     "store_insecure_plaintext": "warning",
-    # the coordinator's history, as it commits it (coordinator/runner.py: log_history)
+    # the coordinator's history, as it commits it (coordinator/startup.py: log_history)
     "localized": "warning",
     "localization_cleared": "info",
     "link_drained": "warning",

@@ -1,5 +1,6 @@
-"""One-shot path checks from one host to one peer: every ECMP path (`probe`) or the path of one
-flow (`trace`), on each plane, as a JSON-ready document.
+"""Path checks from one host to one peer: every ECMP path (`probe`) or the path of one flow
+(`trace`), on each plane, run once and answered as a JSON-ready document. This module is the
+check itself (the sweep, its timing and its documents); the agent's API and the testbed run it.
 
 Both run the agent's own Paris-style discovery (discovery.py) from the host's NIC on each plane
 towards the peer's address there, UDP destination port 4791 by default (RoCEv2's, so the
@@ -9,12 +10,12 @@ port unreachable (`measure_rtt`; software timestamps, tens of microseconds of no
 Who runs them:
 
 - the local agent, for `linkpass probe DST` on any host (its API's /v1/probe and /v1/trace:
-  linkpass/agent/oneshot.py). It joins in what its own authenticated probes see on the same
+  linkpass/agent/pathcheck_routes.py). It joins in what its own authenticated probes see on the same
   paths (`Live`): a peer running an agent listens on 4791 and answers no stray datagram, so
   the sweep ends silent after the peer's leaf while the agent's probes over that very path are
   answered;
 - the CLI itself inside a testbed host's namespace (`linkpass probe SRC DST`,
-  linkpass/testbed/pathcheck.py), which names every router and link (`Namer`).
+  linkpass/testbed/pathcheck_hosts.py), which names every router and link (`Namer`).
 
 On a real fabric hops are router interface addresses (what the routers' ICMP names).
 """
@@ -26,9 +27,10 @@ import statistics
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..core.paths import PathTable
-from ..core.states import DARK, State
+from ..core.states import DARK, Level, State
 from .discovery import IP_RECVERR, MSG_ERRQUEUE, SO_BINDTODEVICE, DiscoveryConfig, Target, discover
 
 PROBE_BASE_PORT = 31000  # below Linux's ephemeral range and the agent's own probe ports (49152+)
@@ -201,7 +203,42 @@ def trace_doc(src: str, dst: str, where: dict, table: PathTable, legs: list[Leg]
             "stats": dict(table.stats)}
 
 
+def health(doc: dict) -> Level:
+    """How a `probe` or `trace` document judges the peer's reachability: critical when no plane
+    reaches it, a warning when some plane or some path does not, ok otherwise."""
+    s = doc["summary"]
+    if s["planes_reached"] == 0:
+        return Level.CRITICAL
+    if s["planes_reached"] < s["planes"] or s.get("paths_reached", 0) < s.get("paths", 0):
+        return Level.WARNING
+    return Level.OK
+
+
+def unprobed_planes(doc: dict) -> list[int]:
+    """The planes of a `trace` document whose flow could not be sent (its source port in use there)."""
+    return [r["plane"] for r in doc["planes"] if r["end"] == "not probed"]
+
+
 # ---- running ----------------------------------------------------------------------------------
+
+def probe(netns: str | None, host: str, dst: str, where: dict, legs: list[Leg], ports: tuple[int, ...], dport: int,
+          namer: Namer | None = None, live: Callable[[], Live] | None = None) -> dict | None:
+    """The `probe` document of a sweep from `host` (inside `netns`, if given) to `dst`; None if
+    not one probe socket could be bound. `live` gives the agent's own view, once the sweep is done."""
+    table = sweep(netns, host, legs, ports, dport)
+    if bound_nothing(table, legs, ports):
+        return None
+    return probe_doc(host, dst, where, table, legs, ports, dport, path_rtts(netns, table, legs, dport), namer,
+                     live() if live else None)
+
+
+def trace(netns: str | None, host: str, dst: str, where: dict, legs: list[Leg], sport: int, dport: int,
+          namer: Namer | None = None, live: Callable[[], Live] | None = None) -> dict:
+    """The `trace` document of the flow from `sport`, swept from `host` (inside `netns`, if given)."""
+    table = sweep(netns, host, legs, (sport,), dport)
+    return trace_doc(host, dst, where, table, legs, sport, dport, path_rtts(netns, table, legs, dport, sport=sport),
+                     namer, live() if live else None)
+
 
 def sweep(netns: str | None, host: str, legs: list[Leg], ports: tuple[int, ...], dport: int) -> PathTable:
     """Discover the paths of every leg over `ports` (all of them kept per path)."""

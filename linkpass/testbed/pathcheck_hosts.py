@@ -1,6 +1,6 @@
-"""`linkpass probe SRC DST` and `linkpass trace SRC DST --sport N` on the testbed: the one-shot
-path checks of linkpass/probe/pathcheck.py run inside SRC's namespace, with every router and
-link named from the testbed's fabric.
+"""`linkpass probe SRC DST` and `linkpass trace SRC DST --sport N` on the testbed: the path
+checks of linkpass/probe/pathcheck.py between two of its hosts, run inside SRC's namespace, with
+every router and link named from the testbed's fabric.
 
 SRC and DST are host names (h0, h3, ...) of a running testbed (`--testbed PREFIX`; default: the
 only one running). No agent is needed: the CLI sweeps from SRC's namespace itself. An agent on
@@ -104,17 +104,11 @@ def setup(fab, src_name: str, dst_name: str, plane: int | None) -> tuple[int, in
 
 def probe(fab, src: int, dst: int, legs_: list[PC.Leg], ports: tuple[int, ...], dport: int) -> dict | None:
     """The `probe` document, swept from SRC's namespace; None if no probe socket could be bound."""
-    ns = fab.netns(host_name(src))
-    table = PC.sweep(ns, host_name(src), legs_, ports, dport)
-    if PC.bound_nothing(table, legs_, ports):
-        return None
-    return PC.probe_doc(host_name(src), host_name(dst), {"testbed": fab.prefix}, table, legs_, ports, dport,
-                        PC.path_rtts(ns, table, legs_, dport), FabricNamer(fab, dst))
+    return PC.probe(fab.netns(host_name(src)), host_name(src), host_name(dst), {"testbed": fab.prefix}, legs_, ports,
+                    dport, FabricNamer(fab, dst))
 
 
 def trace(fab, src: int, dst: int, legs_: list[PC.Leg], sport: int, dport: int) -> dict:
     """The `trace` document of SRC's flow from `sport`, swept from SRC's namespace."""
-    ns = fab.netns(host_name(src))
-    table = PC.sweep(ns, host_name(src), legs_, (sport,), dport)
-    return PC.trace_doc(host_name(src), host_name(dst), {"testbed": fab.prefix}, table, legs_, sport, dport,
-                        PC.path_rtts(ns, table, legs_, dport, sport=sport), FabricNamer(fab, dst))
+    return PC.trace(fab.netns(host_name(src)), host_name(src), host_name(dst), {"testbed": fab.prefix}, legs_, sport,
+                    dport, FabricNamer(fab, dst))

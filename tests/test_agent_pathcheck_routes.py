@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from linkpass.agent.config import Nic, Peer
-from linkpass.agent.oneshot import OneShot, live_paths
+from linkpass.agent.pathcheck_routes import PathCheckRoutes, live_paths
 from linkpass.core import paths as P
 from linkpass.core.names import host_name
 from linkpass.probe import pathcheck as PC
@@ -19,12 +19,12 @@ PEERS = {"h3": Peer("h3", 4, "198.19.0.7", {0: "198.18.0.7", 1: "198.18.1.7"}),
          "h5": Peer("h5", 6, "198.19.0.9", {2: "198.18.2.9"})}
 
 
-def oneshot(monkeypatch) -> OneShot:
+def routes(monkeypatch) -> PathCheckRoutes:
     def no_sweep(*_a):
         raise AssertionError("a refused query must not sweep")
 
     monkeypatch.setattr(PC, "sweep", no_sweep)
-    return OneShot("h0", lambda: NICS, lambda: PEERS, lambda peer: PC.Live())
+    return PathCheckRoutes("h0", lambda: NICS, lambda: PEERS, lambda peer: PC.Live())
 
 
 @pytest.mark.unit
@@ -41,7 +41,7 @@ def oneshot(monkeypatch) -> OneShot:
     ("trace", "peer=h3&sport=70000", 400, "sport", "sport=70000 is outside 1024..65535"),
 ])
 def test_a_bad_query_is_refused_naming_the_field_and_sends_nothing(route, query, status, field, says, monkeypatch):
-    code, body, ctype = getattr(oneshot(monkeypatch), route)(query)
+    code, body, ctype = getattr(routes(monkeypatch), route)(query)
     doc = json.loads(body)
     assert (code, ctype, doc.get("field")) == (status, "application/json", field), doc
     assert says in doc["error"]
@@ -49,7 +49,7 @@ def test_a_bad_query_is_refused_naming_the_field_and_sends_nothing(route, query,
 
 @pytest.mark.unit
 def test_one_check_at_a_time(monkeypatch):
-    shot = oneshot(monkeypatch)
+    shot = routes(monkeypatch)
     assert shot._busy.acquire(blocking=False)  # another request's check is running
     try:
         code, body, _ = shot.probe("peer=h3")
@@ -65,8 +65,8 @@ def test_a_check_that_raises_is_a_500_and_a_journal_line(monkeypatch):
 
     logged = []
     monkeypatch.setattr(PC, "sweep", broken)
-    shot = OneShot("h0", lambda: NICS, lambda: PEERS, lambda peer: PC.Live(),
-                   log=lambda event, **kw: logged.append((event, kw)))
+    shot = PathCheckRoutes("h0", lambda: NICS, lambda: PEERS, lambda peer: PC.Live(),
+                           log=lambda event, **kw: logged.append((event, kw)))
     code, body, _ = shot.probe("peer=h3")
     assert code == 500 and "RuntimeError: boom" in json.loads(body)["error"]
     assert logged == [("path_check_failed", {"kind": "probe", "query": "peer=h3", "error": "RuntimeError: boom"})]

@@ -1,4 +1,4 @@
-"""Assemble a coordinator from settings: store, fabric model, tokens, endpoint. No Ray here:
+"""Start a coordinator from its settings, each checked first: store, fabric model, tokens, endpoint. No Ray here:
 `ray_actor.py` calls `start(settings)` inside the actor; tests call it directly.
 
 settings (a plain dict, so Ray can pass it to a restarted actor unchanged):
@@ -399,7 +399,7 @@ def start(settings: dict, log: Logger | None = None, shards: ShardLink | None = 
     if router is not None and shards is not None:
         localizer = ShardedLocalizer(model, router.map, ShardParts(model, router.map, shards))
     with collector_paused():  # the restored state: the whole fleet's paths at once (kernel/heap.py)
-        coordinator = Coordinator(store, model, config, now=time.time(), cost_clock=time.perf_counter, localizer=localizer)
+        coordinator = Coordinator(store, model, config, wall_s=time.time(), cost_clock=time.perf_counter, localizer=localizer)
     service = CoordinatorService(coordinator, tokens, _refusals(limits), tokens_path=tokens_path, router=router,
                                  log=log)
     server = CoordinatorServer(service, host, port, limits=_open_files_for(limits), tls=tls)

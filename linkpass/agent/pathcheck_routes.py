@@ -4,7 +4,7 @@ and /v1/trace, run by the agent from its own NICs towards a peer it knows.
     GET /v1/probe?peer=h3[&plane=P][&base_port=31000][&ports=32][&dport=4791]
     GET /v1/trace?peer=h3&sport=N[&plane=P][&dport=4791]
 
-The agent runs the one-shot sweep of linkpass/probe/pathcheck.py (it has the NIC addresses, the
+The agent runs the path check of linkpass/probe/pathcheck.py (it has the NIC addresses, the
 peer's addresses per plane and the capability to bind probe sockets to a device) and joins in
 what its own authenticated probes see on the same paths: the paths of the sweep with the same
 hops (probe), or the agent's path with that very source port (trace). A peer running an agent
@@ -59,7 +59,7 @@ def _int(query: dict[str, list[str]], name: str, default: int | None, lo: int, h
     return v
 
 
-class OneShot:
+class PathCheckRoutes:
     """The two routes. `nics` and `peers` are read at each request: a reload or a coordinator
     plan changes them while the agent runs. `live(peer)` gives the agent's probed paths to it."""
 
@@ -118,12 +118,12 @@ class OneShot:
             base = _int(q, "base_port", PC.PROBE_BASE_PORT, 1024, 65536 - ports_n)
             dport = _int(q, "dport", ROCE_PORT, 1, 65535)
             ports = tuple(range(base, base + ports_n))
-            table = PC.sweep(self.netns, self.name, legs, ports, dport)
-            if PC.bound_nothing(table, legs, ports):
+            doc = PC.probe(self.netns, self.name, peer, {"agent": self.name}, legs, ports, dport,
+                           live=lambda: self.live(peer))
+            if doc is None:
                 raise BadQuery(409, f"could not bind any probe socket on ports {ports[0]}-{ports[-1]} (in use?); "
                                     "try another base_port", "base_port")
-            return PC.probe_doc(self.name, peer, {"agent": self.name}, table, legs, ports, dport,
-                                PC.path_rtts(self.netns, table, legs, dport), live=self.live(peer))
+            return doc
         return self._run("probe", query_string, check)
 
     def trace(self, query_string: str) -> Answer:
@@ -131,10 +131,9 @@ class OneShot:
             peer, legs = self._legs(q)
             sport = _int(q, "sport", None, 1024, 65535)
             dport = _int(q, "dport", ROCE_PORT, 1, 65535)
-            table = PC.sweep(self.netns, self.name, legs, (sport,), dport)
-            doc = PC.trace_doc(self.name, peer, {"agent": self.name}, table, legs, sport, dport,
-                               PC.path_rtts(self.netns, table, legs, dport, sport=sport), live=self.live(peer))
-            unprobed = [r["plane"] for r in doc["planes"] if r["end"] == "not probed"]
+            doc = PC.trace(self.netns, self.name, peer, {"agent": self.name}, legs, sport, dport,
+                           live=lambda: self.live(peer))
+            unprobed = PC.unprobed_planes(doc)
             if unprobed:
                 raise BadQuery(409, f"could not trace sport {sport} on plane(s) {unprobed}: the port is in use on "
                                     "that NIC; pick another sport", "sport")
