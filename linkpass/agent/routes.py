@@ -99,11 +99,11 @@ class TokenBucket:
     tokens: float = 0.0
     last: float | None = None
 
-    def take(self, now: float) -> bool:
+    def take(self, mono_s: float) -> bool:
         if self.last is None:
-            self.tokens, self.last = float(self.burst), now
-        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate_per_s)
-        self.last = now
+            self.tokens, self.last = float(self.burst), mono_s
+        self.tokens = min(self.burst, self.tokens + (mono_s - self.last) * self.rate_per_s)
+        self.last = mono_s
         if self.tokens >= 1:
             self.tokens -= 1
             return True
@@ -252,7 +252,7 @@ class RouteActuator:
             os.replace(tmp, self.journal_path)
         return dict(self.installed)
 
-    def set_usable(self, peer: str, usable: set[int], now: float | None = None) -> RouteResult:
+    def set_usable(self, peer: str, usable: set[int], mono_s: float | None = None) -> RouteResult:
         """Point `peer`'s route at its usable planes. Returns what happened, as data."""
         pr = self.peers[peer]
         current = self.installed.get(peer, tuple(sorted(pr.hops)))
@@ -262,7 +262,7 @@ class RouteActuator:
             self.stats["refused_last_path"] += 1
         if plan.planes == current:
             return result
-        if not self._bucket.take(time.monotonic() if now is None else now):
+        if not self._bucket.take(time.monotonic() if mono_s is None else mono_s):
             self.stats["deferred"] += 1
             return replace(result, deferred=True)
         self._journal(peer, plan.planes)

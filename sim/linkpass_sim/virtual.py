@@ -164,15 +164,15 @@ class VirtualAgent:
         self.confirm = {"rounds": 0, "probes": 0, "refused": 0}
 
     # ---- what Failover decided ------------------------------------------------------------
-    def _take(self, decided: Decisions, now: int) -> None:
+    def _take(self, decided: Decisions, now_ns: int) -> None:
         """Read the decisions as the agent's data path would carry them out: the probe deadlines
         for the judging here, the entropy entries the transports would use, the planes (no
         kernel routes in the simulation). Log records are not kept: transitions and decisions are."""
         for pid, rto_ns in decided.rto:
             self._rto[pid - 1] = rto_ns
-        self.failover.routes_done([RouteResult.not_routed(w) for w in decided.routes], now)
+        self.failover.routes_done([RouteResult.not_routed(w) for w in decided.routes], now_ns)
         for e in decided.entropy:
-            self.entropy_log.append((now, e.peer, e.plane, tuple(e.path_ids), e.flags))
+            self.entropy_log.append((now_ns, e.peer, e.plane, tuple(e.path_ids), e.flags))
 
     # ---- set-up ---------------------------------------------------------------------------
     def add_path(self, path: VirtualPath) -> None:
@@ -284,18 +284,18 @@ class VirtualAgent:
             first = min(first, max(int(arr[answers].min()), self.now_ns + 1))
         return first
 
-    def _judge(self, now: int, all_paths: bool) -> list[ProbeEvent]:
-        """The C core's events up to `now`, in order (see _probecore.c). Not `all_paths`: a miss
+    def _judge(self, now_ns: int, all_paths: bool) -> list[ProbeEvent]:
+        """The C core's events up to `now_ns`, in order (see _probecore.c). Not `all_paths`: a miss
         woke the loop, and only the paths to the peers concerned are taken (the daemon takes every
         path; the others' on-time replies wait for the next batch here, which changes nothing the
         decisions for those peers see, and saves the simulation most of its work)."""
         P = self._pend
         arr, dl = P["arr"], P["dl"]
         on_time = arr <= dl
-        decided = np.where(on_time, arr, dl) <= now
+        decided = np.where(on_time, arr, dl) <= now_ns
         if not all_paths and len(self.paths) > 1:
             woke = set(self._peer_of[P["j"][decided & (~on_time | (P["conf"] == 1))]].tolist())
-            woke |= {int(self._peer_of[x[1]]) for x in self._late if x[0] <= now}
+            woke |= {int(self._peer_of[x[1]]) for x in self._late if x[0] <= now_ns}
             decided &= np.isin(self._peer_of[P["j"]], list(woke))
         events: list[ProbeEvent] = []
         if decided.any():
@@ -324,7 +324,7 @@ class VirtualAgent:
                         heapq.heappush(self._late, (a, jj, seq, t1, rx, hold))
                 if run:
                     events += self._answered_groups({c: D[c][run] for c in _COLS})
-        while self._late and self._late[0][0] <= now:
+        while self._late and self._late[0][0] <= now_ns:
             a, jj, seq, t1, rx, hold = heapq.heappop(self._late)
             half = (a - t1 - REFLECT_NS - hold) // 2
             events.append(ProbeEvent.late(jj + 1, seq, rx, t1, t1 + half, t1 + half + REFLECT_NS + hold, a))
@@ -408,21 +408,21 @@ class VirtualAgent:
         return out
 
     # ---- the agent loop -------------------------------------------------------------------------
-    def step_at(self, now: int, all_paths: bool = True) -> list[Transition]:
+    def step_at(self, now_ns: int, all_paths: bool = True) -> list[Transition]:
         if not self._ready:
             self._prepare()
-        events = self._judge(now, all_paths)
+        events = self._judge(now_ns, all_paths)
         events.sort(key=lambda e: e.t4)  # the C loop learns them in time order
-        decided = self.failover.step(events, now, now)
-        self._take(decided, now)
+        decided = self.failover.step(events, now_ns, now_ns)
+        self._take(decided, now_ns)
         out = decided.transitions
-        self.now_ns = now
+        self.now_ns = now_ns
         if out:
             self.transitions += out
         for peer, planes in self.failover.planes.items():
             if self._planes.get(peer) != planes:
                 self._planes[peer] = planes
-                self.plane_log.append((now, peer, planes))
+                self.plane_log.append((now_ns, peer, planes))
         return out
 
     def run_until(self, end_ns: int, batch_ns: int = BATCH_NS, stop=None) -> None:
