@@ -18,10 +18,10 @@ none or two, so `-m` selects every test into exactly one tier.
     pytest -m service              the service tier (likewise -m sim, -m root)
     sudo make test                 the import contracts (lint-imports), then every test
 
-Shared code lives in tests/helpers.py; no test module imports another test module or this file
+Shared code lives in tests/support/, by subject; no test module imports another test module or this file
 (tests/test_layout.py checks).
 
-Every testbed a test makes carries a prefix unique to this pytest run (helpers.prefix_for), and
+Every testbed a test makes carries a prefix unique to this pytest run (support.testbed.prefix_for), and
 is torn down in a finally block, also when the test fails; a session-end hook reaps anything
 left over.
 """
@@ -31,7 +31,8 @@ import os
 
 import pytest
 
-from helpers import four_agents_registered, prefix_for
+from support.fleet import four_agents_registered
+from support.testbed import prefix_for
 
 IS_ROOT = os.geteuid() == 0
 TIERS = ("unit", "root", "service", "sim")
@@ -90,7 +91,7 @@ def clean_faults(fabric):
 
 @pytest.fixture
 def coord(tmp_path):
-    """A Coordinator (no Ray, no sockets) with h0..h3 registered at t=1000 (helpers.four_agents_registered)."""
+    """A Coordinator (no Ray, no sockets) with h0..h3 registered at t=1000 (support.fleet.four_agents_registered)."""
     c, store = four_agents_registered(str(tmp_path / "c.db"))
     yield c
     store.close()

@@ -24,7 +24,10 @@ from linkpass.agent.keyfile import load_fleet_key
 from linkpass.core.constants import AGENT_API_PORT, AGENT_METRICS_PORT
 from linkpass.testbed.agents import Agents, write_agent_configs
 
-from helpers import FAB, LogDrain, free_port, routes_of
+from support.fleet import FAB
+from support.ports import free_port
+from support.processes import LogDrain
+from support.testbed import routes_of
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 KEY = bytes(range(32))

@@ -17,7 +17,8 @@ from linkpass.agent.config import agent_id_of
 from linkpass.core.names import host_name
 from linkpass.testbed.topology import host_link_addrs, nic_ifname, plane_host_block
 
-from helpers import LogDrain, free_port, stop_processes
+from support.ports import free_port
+from support.processes import LogDrain, stop_processes
 
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]
 HOSTS = range(4)

@@ -19,7 +19,9 @@ from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
 
-from helpers import free_port, coordinator_on_testbed, wait_until
+from support.coordinator import coordinator_on_testbed
+from support.ports import free_port
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.root
 HOSTS = [0, 1, 2, 3]

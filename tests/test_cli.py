@@ -21,7 +21,9 @@ from linkpass.console.output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_OK, EX
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.coordinator.store import Store
 
-from helpers import MODEL, check_golden, identity, send_json, table_of
+from support.fleet import MODEL, identity, table_of
+from support.golden import check_golden
+from support.http_stub import send_json
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import pytest
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig, CoordinatorError, NotFound, Refused
 from linkpass.coordinator.store import Store
 
-from helpers import FAB, MODEL, bare, fail_paths, identity, table_of
+from support.fleet import FAB, MODEL, bare, fail_paths, identity, table_of
 
 pytestmark = pytest.mark.unit
 
@@ -733,7 +733,7 @@ def test_one_reporter_s_flapping_table_reaches_the_history_in_a_bounded_number_o
     the rest as one summary when the window ends; another reporter's are not held back, and every
     path's state is current all the same."""
     from linkpass.coordinator import coordinator as C
-    from helpers import four_agents_registered
+    from support.fleet import four_agents_registered
 
     c, store = four_agents_registered(str(tmp_path / "c.db"))
     try:

@@ -13,7 +13,10 @@ import pytest
 
 from linkpass.control.client import Unreachable
 
-from helpers import LogDrain, coordinator_client, free_port, wait_until
+from support.coordinator import coordinator_client
+from support.ports import free_port
+from support.processes import LogDrain
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.service
 

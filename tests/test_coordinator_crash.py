@@ -15,7 +15,7 @@ import pytest
 from linkpass.coordinator.coordinator import Coordinator
 from linkpass.coordinator.store import Store
 
-from helpers import MODEL, identity, table_of
+from support.fleet import MODEL, identity, table_of
 
 pytestmark = pytest.mark.unit
 

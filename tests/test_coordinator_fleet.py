@@ -20,7 +20,10 @@ from linkpass.testbed import faults
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
 
-from helpers import coordinator_client, free_port, routes_of, coordinator_on_testbed, wait_until
+from support.coordinator import coordinator_client, coordinator_on_testbed
+from support.ports import free_port
+from support.testbed import routes_of
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.root
 HOSTS = [0, 1, 2, 3]

@@ -23,7 +23,9 @@ from linkpass.control.client import Refusal
 from linkpass.coordinator.http import json_depth_ok
 from linkpass.testbed.prometheus import promtool
 
-from helpers import MODEL, agent_tokens, coordinator_client, identity, lab_ca_file, table_of, wait_until
+from support.coordinator import agent_tokens, coordinator_client, lab_ca_file
+from support.fleet import MODEL, identity, table_of
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.service
 

@@ -13,8 +13,9 @@ import pytest
 
 from linkpass.coordinator import ray_actor
 
-from helpers import (agent_tokens, coordinator_client, free_port, identity, ray_coordinator, role_token as token,
-                     table_of, wait_answering)
+from support.coordinator import agent_tokens, coordinator_client, ray_coordinator, role_token as token, wait_answering
+from support.fleet import identity, table_of
+from support.ports import free_port
 
 pytestmark = pytest.mark.service
 

@@ -14,8 +14,10 @@ from linkpass.coordinator import ray_actor
 from linkpass.control.client import Moved, Refusal, Unreachable
 from linkpass.core.shards import ShardMap
 
-from helpers import (MODEL, agent_tokens, coordinator_client, free_port, identity, ray_coordinator, role_token, table_of,
-                     wait_answering, wait_until)
+from support.coordinator import agent_tokens, coordinator_client, ray_coordinator, role_token, wait_answering
+from support.fleet import MODEL, identity, table_of
+from support.ports import free_port
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.service
 

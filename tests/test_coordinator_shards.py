@@ -21,8 +21,10 @@ from linkpass.core.report_digest import table_digest
 from linkpass.testbed.prometheus import promtool
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import (MODEL, agent_tokens, coordinator_client, free_port, identity, lab_ca_file, role_token, table_of,
-                     wait_until)
+from support.coordinator import agent_tokens, coordinator_client, lab_ca_file, role_token
+from support.fleet import MODEL, identity, table_of
+from support.ports import free_port
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.service
 

@@ -15,7 +15,8 @@ from linkpass.control.client import Client, Refusal, TlsFailure, Unreachable
 from linkpass.coordinator.coordinator import CoordinatorError
 from linkpass.control.tls import build_client_context, lab_dir, lab_paths
 
-from helpers import coordinator_client, free_port, lab_ca_file
+from support.coordinator import coordinator_client, lab_ca_file
+from support.ports import free_port
 
 pytestmark = pytest.mark.service
 

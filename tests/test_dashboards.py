@@ -23,7 +23,9 @@ import yaml
 from linkpass.observe import dashboards as D
 from linkpass.testbed.prometheus import promtool
 
-from helpers import MODEL, free_port, lab_ca_file
+from support.coordinator import lab_ca_file
+from support.fleet import MODEL
+from support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"

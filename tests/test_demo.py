@@ -19,7 +19,7 @@ from linkpass.agent.routes import RTPROT_LINKPASS
 from linkpass.demo.script import SHORT
 from linkpass.testbed import build
 
-from helpers import prefix_for
+from support.testbed import prefix_for
 
 pytestmark = pytest.mark.root
 HOSTS = range(4)

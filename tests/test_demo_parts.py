@@ -19,7 +19,7 @@ from linkpass.demo.script import KINDS, SCRIPT, select
 from linkpass.demo.timeline import Fault
 from linkpass.testbed.topology import make_fabric, preset
 
-from helpers import free_port
+from support.ports import free_port
 
 MS = 1_000_000
 T0 = 1_700_000_000 * 1_000_000_000  # a wall-clock instant, in ns

@@ -21,7 +21,8 @@ from linkpass.cli import doctor as DC
 from linkpass.doctor import checks as D
 from linkpass.doctor import gather as G
 
-from helpers import BASELINE, DEFAULT_ROUTE, NICS, check_golden, healthy
+from support.doctor import BASELINE, DEFAULT_ROUTE, NICS, healthy
+from support.golden import check_golden
 
 def by_name(checks) -> dict[str, D.Check]:
     return {c.name: c for c in checks}

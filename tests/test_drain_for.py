@@ -16,7 +16,7 @@ from linkpass.control.errors import CoordinatorError
 from linkpass.control.bodies import parse_drain, parse_events_query
 from linkpass.coordinator.store import EVENT_KINDS, Store
 
-from helpers import MODEL, fail_paths
+from support.fleet import MODEL, fail_paths
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,8 @@ from linkpass.testbed import faults, traffic
 from linkpass.testbed.agents import Agents
 from linkpass.testbed.faults import FaultSpec
 
-from helpers import A, B, routes_of, wait_until
+from support.testbed import A, B, routes_of
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.root
 

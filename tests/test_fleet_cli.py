@@ -15,7 +15,8 @@ from linkpass.cli.coordinator_client import Usage
 from linkpass.coordinator.coordinator import Coordinator, CoordinatorConfig
 from linkpass.coordinator.store import Store
 
-from helpers import MODEL, check_golden, fail_paths, identity, table_of
+from support.fleet import MODEL, fail_paths, identity, table_of
+from support.golden import check_golden
 
 pytestmark = pytest.mark.unit
 

@@ -23,7 +23,8 @@ import yaml
 from linkpass import __version__
 from linkpass.testbed.agents import write_agent_configs
 
-from helpers import LogDrain, free_port, stop_processes
+from support.ports import free_port
+from support.processes import LogDrain, stop_processes
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = [sys.executable, str(REPO / "deploy" / "package.py")]

@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from helpers import prefix_for
+from support.testbed import prefix_for
 
 pytestmark = pytest.mark.root
 

@@ -425,7 +425,7 @@ def test_the_kernel_sends_only_sockets_to_the_peers_among_thousands(monkeypatch)
     (~56 KiB of conditions) pass the kernel's audit and still filter."""
     import resource
 
-    from helpers import prefix_for
+    from support.testbed import prefix_for
 
     ns = f"{prefix_for('s')}-sockdiag"
     socks: list[socket.socket] = []

@@ -17,7 +17,7 @@ import yaml
 from linkpass.core.names import host_name
 from linkpass.testbed.agents import Agents
 
-from helpers import wait_until
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.root
 

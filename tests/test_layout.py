@@ -1,4 +1,4 @@
-"""Rules about the layout itself: test modules stand alone (shared code lives in helpers.py), and
+"""Rules about the layout itself: test modules stand alone (shared code lives in support/), and
 the import contracts in pyproject.toml name every part of LinkPass they must keep out, and the C
 sources' copies of shared constants agree with core/constants.py."""
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_no_test_module_imports_another_or_the_conftest():
                      if n.split(".")[0] in ("tests", "conftest") or n.split(".")[0].startswith("test_"))
         if bad:
             wrong[path.name] = bad
-    assert not wrong, f"import shared code from helpers.py instead: {wrong}"
+    assert not wrong, f"import shared code from support/ instead: {wrong}"
 
 
 def linkpass_modules() -> set[str]:

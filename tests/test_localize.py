@@ -10,7 +10,7 @@ from linkpass.core.fabric import rail_optimized
 from linkpass.core.localize import Finding, Localizer, Observation, localize
 from linkpass.core.plan import plan_probes
 
-from helpers import untraced_observations
+from support.localize import untraced_observations
 
 pytestmark = pytest.mark.unit
 

@@ -21,7 +21,9 @@ from linkpass.coordinator import lab_ca, runner
 from linkpass.control.client import Refusal
 from linkpass.control.tls import lab_dir
 
-from helpers import MODEL, agent_tokens, coordinator_client, identity, table_of, wait_until
+from support.coordinator import agent_tokens, coordinator_client
+from support.fleet import MODEL, identity, table_of
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.service
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import HarnessRun, harness_fields, nccl_harness
+from support.nccl import harness_fields, HarnessRun, nccl_harness
 from linkpass.agent.entropy_writer import EntropyWriter
 from linkpass.core.entropy_table import ENTRY_FAIL_STATIC
 

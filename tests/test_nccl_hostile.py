@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import harness_fields, nccl_build
+from support.nccl import harness_fields, nccl_build
 
 pytestmark = pytest.mark.unit
 

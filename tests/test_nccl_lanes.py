@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from helpers import HarnessRun, harness_fields, nccl_harness, wait_until
+from support.nccl import harness_fields, HarnessRun, nccl_harness
+from support.waiting import wait_until
 from linkpass.core import lanes as L
 
 pytestmark = pytest.mark.unit

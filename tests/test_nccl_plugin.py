@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from helpers import NCCL_DIR, harness_fields, nccl_build, nccl_harness
+from support.nccl import NCCL_DIR, harness_fields, nccl_build, nccl_harness
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from helpers import HarnessRun, harness_fields, prefix_for
+from support.nccl import harness_fields, HarnessRun
+from support.testbed import prefix_for
 
 pytestmark = pytest.mark.root
 

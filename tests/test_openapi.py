@@ -89,7 +89,8 @@ def test_required_fields_are_exactly_what_the_parser_cannot_do_without(cls):
 def test_the_coordinator_serves_it_and_reads_every_typed_query_parameter(tmp_path):
     from linkpass.coordinator import runner
 
-    from helpers import MODEL, coordinator_client
+    from support.coordinator import coordinator_client
+    from support.fleet import MODEL
 
     fabric = tmp_path / "fabric.json"
     fabric.write_text(json.dumps(MODEL.to_dict()))

@@ -19,7 +19,7 @@ from linkpass.probe import pathcheck as PC
 from linkpass.testbed import pathcheck as TP
 from linkpass.testbed import topology
 
-from helpers import check_golden
+from support.golden import check_golden
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from linkpass.probe import _probecore
 from linkpass.core import wire as W
 
-from helpers import signed_probe
+from support.probes import signed_probe
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,10 @@ from linkpass.kernel import netns as ns_io
 from linkpass.testbed import agents, build, faults, guest_ring, guests, roce_paths, topology
 from linkpass.testbed.faults import FaultSpec
 
-from helpers import coordinator_client, free_port, prefix_for, wait_until
+from support.coordinator import coordinator_client
+from support.ports import free_port
+from support.testbed import prefix_for
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.root
 

@@ -16,7 +16,9 @@ from linkpass.control.answers import AnswerRules
 from linkpass.agent.config import CoordinatorLinkConfig
 from linkpass.agent.coordinator_link import REREGISTER_SPREAD_S, Backoff, CoordinatorLink
 
-from helpers import identity, send_json, table_of, wait_until
+from support.fleet import identity, table_of
+from support.http_stub import send_json
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from helpers import untraced_observations
+from support.localize import untraced_observations
 from linkpass.core.fabric import rail_optimized, three_tier
 from linkpass.core.localize import Localizer, Observation, localize
 from linkpass.core.plan import plan_probes

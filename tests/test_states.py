@@ -21,7 +21,8 @@ from linkpass.core.localize import BOTH, Localizer, Observation
 from linkpass.core.states import DARK, HEALTH, Direction, Level, State
 from linkpass.demo.timeline import Fault, first_verdict
 from linkpass.doctor import checks as D
-from helpers import MODEL, fail_paths, healthy, identity, table_of
+from support.doctor import healthy
+from support.fleet import MODEL, fail_paths, identity, table_of
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ import pytest
 from linkpass.coordinator.auth import MAX_EPOCH
 from linkpass.coordinator.store import PathRow, StateRow, Store, StoreError, open_store, parse_postgres_url
 
-from pgserver import PostgresServer
+from support.pgserver import PostgresServer
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from linkpass.doctor import gather as DG
 from linkpass.kernel import caps
 from linkpass.observe import sdnotify as N
 
-from helpers import healthy
+from support.doctor import healthy
 
 pytestmark = pytest.mark.unit
 

@@ -31,7 +31,11 @@ import yaml
 
 from linkpass.testbed.agents import write_agent_configs
 
-from helpers import FAB, LogDrain, coordinator_client, free_port, routes_of
+from support.coordinator import coordinator_client
+from support.fleet import FAB
+from support.ports import free_port
+from support.processes import LogDrain
+from support.testbed import routes_of
 
 ROOT = Path(__file__).parent.parent
 UNITS = ROOT / "deploy" / "systemd"

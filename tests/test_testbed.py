@@ -10,7 +10,7 @@ import pytest
 
 from linkpass.testbed import build, faults, state, topology, traffic
 
-from helpers import prefix_for
+from support.testbed import prefix_for
 
 pytestmark = pytest.mark.root
 LINKPASS = [sys.executable, "-m", "linkpass.cli"]

@@ -20,7 +20,7 @@ from linkpass.control.tls import TlsError, build_client_context, lab_paths
 from linkpass.coordinator.tls import build_server_context
 from linkpass.testbed.agents import write_agent_configs
 
-from helpers import FAB
+from support.fleet import FAB
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from scapy.packet import Raw
 
 from linkpass.core import wire as W
 
-from helpers import signed_probe
+from support.probes import signed_probe
 
 pytestmark = pytest.mark.unit
 

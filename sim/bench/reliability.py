@@ -874,7 +874,7 @@ def row_chaos(quick: bool) -> list[dict]:
     from contextlib import ExitStack
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
-    from pgserver import PostgresServer  # the tests' real PostgreSQL server (TLS, SCRAM)
+    from support.pgserver import PostgresServer  # the tests' real PostgreSQL server (TLS, SCRAM)
 
     from linkpass.demo.run import Demo
     from linkpass.demo.script import SCRIPT

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 
-from helpers import free_port
+from support.ports import free_port
 
 USER, DATABASE = "linkpass", "linkpass"
 
