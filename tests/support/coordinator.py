@@ -9,6 +9,7 @@ import os
 import time
 
 from linkpass.core.fabric import from_testbed
+
 from support.fleet import MODEL
 from support.ports import free_port
 
