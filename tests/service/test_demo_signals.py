@@ -8,7 +8,6 @@ import signal
 from contextlib import ExitStack
 
 
-
 def sigterm_caught() -> bool:
     """Whether the kernel delivers SIGTERM to a handler of this process (not Python's view)."""
     with open("/proc/self/status") as f:
