@@ -1,6 +1,6 @@
 """One agent config for every testbed host: `--check-config` shows what `auto` found in each
-host's namespace, four agents started from that one file probe each other, and /readyz says
-when an agent is ready (and, unit-level, what it waits for)."""
+host's namespace, and four agents started from that one file probe each other (what /readyz
+waits for: tests/unit/test_agent_readyz.py)."""
 from __future__ import annotations
 
 import json

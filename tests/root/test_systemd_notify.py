@@ -1,12 +1,11 @@
-"""The real `linkpass agent` and `linkpass coordinator` against a real $NOTIFY_SOCKET, as systemd
-runs them (docs/systemd.md): READY=1 when up, WATCHDOG=1 at half of $WATCHDOG_USEC and only for
+"""The real `linkpass agent` against a real $NOTIFY_SOCKET, as systemd runs it (docs/systemd.md): READY=1 when up, WATCHDOG=1 at half of $WATCHDOG_USEC and only for
 the process $WATCHDOG_PID names, RELOADING=1 with MONOTONIC_USEC then READY=1 around a SIGHUP,
 STOPPING=1 on SIGTERM. The agent also runs as its unit runs it: an unprivileged user holding only
 CAP_NET_RAW and CAP_NET_ADMIN, under a seccomp filter built from the unit's SystemCallFilter= and
 RestrictAddressFamilies= lines and MemoryDenyWriteExecute='s rules, with routes and the entropy
 table; it refuses, in one line, to start without its capabilities; and doctor, run as root,
-accepts the key the unit gives it. The coordinator runs under its own unit's filter, with no
-capabilities.
+accepts the key the unit gives it. The coordinator, under its own unit's filter with no
+capabilities: tests/service/test_systemd_notify_coordinator.py.
 
 What a stalled probe thread does to the pings, and the rest of the protocol in detail:
 tests/unit/test_systemd.py."""

@@ -1,4 +1,6 @@
-"""Simulator sweeps: cells, their seeded results, and the same sweep on Ray equal to it run serially."""
+"""Simulator sweeps: a cell's seeded result is the same twice and reads no wall clock, and the
+command prints JSON and names a bad option (cells: tests/unit/test_sweep_cells.py; on Ray:
+tests/service/test_sweep_ray.py)."""
 from __future__ import annotations
 
 import json

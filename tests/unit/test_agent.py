@@ -1,5 +1,6 @@
-"""`linkpass agent` as a daemon on every testbed host: discovers, probes, serves `linkpass paths`;
-SIGHUP reloads without dropping probe state; SIGTERM stops cleanly; bad config is refused."""
+"""`linkpass agent` without a testbed: bad config names the field, fleet key files (formats,
+permissions, owner), /healthz when the probe thread stops moving, and a main loop that survives any
+one step raising (the daemon on every testbed host: tests/root/test_agent_daemon.py)."""
 from __future__ import annotations
 
 import os

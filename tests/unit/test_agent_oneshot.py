@@ -1,5 +1,6 @@
-"""`linkpass probe DST` / `trace DST` through the local agent's API: the query's checks, the join
-with the agent's own probes, and the real thing on the testbed."""
+"""`linkpass probe DST` / `trace DST` through the local agent's API: the query's checks and the
+join with the agent's own probes (the real thing on the testbed:
+tests/root/test_agent_oneshot_testbed.py)."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
-"""Parts of the chaos soak (sim/bench/reliability.py --rows chaos) that its figures rest on: a
-Prometheus killed and started again keeps what it recorded before (the alerts' history the soak
-reports), and an agent's bad intervals are read from its log across restarts."""
+"""Parts of the chaos soak (sim/bench/reliability.py --rows chaos) that its figures rest on: an
+agent's bad intervals are read from its log across restarts, and every kind of strike has its kill
+(a restarted Prometheus keeping its alert history: tests/service/test_chaos_prometheus.py)."""
 from __future__ import annotations
 
 import os

@@ -5,8 +5,8 @@ variable), and every PromQL expression names only metrics LinkPass exports: the 
 exposition, the coordinator's real /metrics, the recording rules, and Prometheus' own `up`,
 `process_*` and `python_*`. promtool parses every expression.
 
-The coordinator's families come from a coordinator started in-process, a service; so the unit
-tests check every other name, and one service test checks them all."""
+The coordinator's families come from a coordinator started in-process, a service; so these
+tests check every other name, and tests/service/test_dashboards_metrics.py checks them all."""
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """The demo's parts that need no root: the timeline analysis (hand-computed cases), the fault
-script, the aim at the busiest link, the pictures, and the training job itself on loopback."""
+script, the aim at the busiest link, and the pictures (the training job itself on loopback:
+tests/service/test_demo_job.py)."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
-"""`linkpass doctor`: the pure checks on fake facts, the rendering against golden files, and one
-real run inside a testbed host's namespace (root).
+"""`linkpass doctor`: the pure checks on fake facts and the rendering against golden files (one
+real run inside a testbed host's namespace: tests/root/test_doctor_testbed.py).
 
 Golden files live in tests/golden/doctor_*.txt; regenerate them after an intended change with
 

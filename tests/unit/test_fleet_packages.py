@@ -1,7 +1,7 @@
-"""Packages for fleets: the wheel (built from the sdist, manylinux-tagged), a fresh venv that
-holds only the agent's dependencies and runs the agent on the testbed, and the Debian package's
-contents (deploy/package.py); one version source; the OS-package scripts never touch a service
-they did not install."""
+"""Packages for fleets: the wheel (built from the sdist, manylinux-tagged) and the Debian
+package's contents (deploy/package.py); one version source; the OS-package scripts never touch a
+service they did not install; the example configs (installed and run on the testbed:
+tests/root/test_fleet_packages_install.py)."""
 from __future__ import annotations
 
 import hashlib

@@ -1,5 +1,6 @@
 """Active and idle rates: which peers move data (the kernel's TCP socket diagnostics) sets how
-often each path is probed; the pure bookkeeping, the netlink parser, and the agent on the testbed."""
+often each path is probed; the pure bookkeeping and the netlink parser (the kernel's filter among
+thousands of sockets, and the agent on the testbed: tests/root/test_idle_rates_testbed.py)."""
 from __future__ import annotations
 
 import ipaddress

@@ -1,5 +1,6 @@
 """Lane reports (docs/lanes.md): the codec, the Python writer, the agent's reader with real files,
-the rates they give paths, and the agent on the testbed following a job's lanes."""
+and the rates they give paths (the agent on the testbed following a job's lanes:
+tests/root/test_lanes_testbed.py)."""
 from __future__ import annotations
 
 import mmap

@@ -1,6 +1,7 @@
 """Lane reports from hostile local users: the lanes directory takes files from any job, so files
 one user makes must neither hide another user's reports nor make the agent's reader or its probe
-thread read without bound. Real files, the agent's reader and the probe core's watch."""
+thread read without bound. Real files, the agent's reader and the probe core's watch (users
+of their own: tests/root/test_lanes_hostile_users.py)."""
 from __future__ import annotations
 
 import os

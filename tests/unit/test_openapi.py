@@ -1,8 +1,7 @@
 """The coordinator's OpenAPI document is made from its own route table and request dataclasses,
 and says what the endpoint does: the checked-in copy is current, every route is in it with the
-role that may call it, each body's required fields are exactly the ones its parser refuses to
-go without, each declared query parameter is read (a bad value is refused naming it), and the
-running coordinator serves the same document without a token."""
+role that may call it, and each body's required fields are exactly the ones its parser refuses to
+go without (the running coordinator serving it: tests/service/test_openapi_served.py)."""
 from __future__ import annotations
 
 import copy

@@ -1,5 +1,5 @@
 """`linkpass probe` / `linkpass trace`: documents and rendering from fake path tables (golden
-files), usage errors, and real runs on the shared testbed (root), including a cut link.
+files) and usage errors (real runs on the shared testbed: tests/root/test_probe_cli_testbed.py).
 
 Golden files live in tests/golden/{probe,trace}_*.txt; regenerate them after an intended change with
 
