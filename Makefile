@@ -26,9 +26,9 @@ demo: deps prometheus
 test: lint-imports prometheus
 	$(PY) -m pytest -q
 
-# the unit tier: no root, no service (tests/conftest.py defines the tiers)
+# the unit tier, tests/unit: no root, no service (tests/conftest.py defines the tiers)
 test-unit: deps prometheus
-	$(PY) -m pytest -q -m unit
+	$(PY) -m pytest -q tests/unit
 
 lint-imports: deps
 	$(VENV)/bin/lint-imports --no-logo --no-cache

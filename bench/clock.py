@@ -21,7 +21,7 @@ drift error <= 0.1 ppm.
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/core/clock.py",
     "bench/clock.py",

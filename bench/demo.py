@@ -16,7 +16,7 @@ two cores costs the job here).
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/demo",
     "linkpass/core/detector.py",

@@ -14,7 +14,7 @@ Target: every distinct spine path of every (NIC, peer) in <= 1 s.
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/probe/discovery.py",
     "linkpass/core/paths.py",

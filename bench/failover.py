@@ -20,7 +20,7 @@ uplink cuts under the same load), route_ops (per_s; peer pyroute2).
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/core/detector.py",
     "linkpass/core/failover.py",

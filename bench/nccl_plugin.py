@@ -22,7 +22,7 @@ that uses only the plugin API, every byte checked, one rank per host:
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "rdma/nccl/lp_plugin.c",
     "rdma/nccl/lp_lanes.c",

@@ -20,7 +20,7 @@ the figures are reported as measured.)
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/probe/_probecore.c",
     "linkpass/probe/probe_rx.h",

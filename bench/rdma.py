@@ -25,7 +25,7 @@ is guest time under emulation, far slower than a real NIC; the rows say so). Row
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "rdma/linkpass_rdma",
     "rdma/guest",

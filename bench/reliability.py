@@ -63,7 +63,7 @@ entry in ROWS.
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/probe/_probecore.c",
     "linkpass/probe/probe_rx.h",
@@ -874,7 +874,7 @@ def row_chaos(quick: bool) -> list[dict]:
     from contextlib import ExitStack
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from pgserver import PostgresServer  # the tests' real PostgreSQL server (TLS, SCRAM)
+    from support.pgserver import PostgresServer  # the tests' real PostgreSQL server (TLS, SCRAM)
 
     from linkpass.demo.run import Demo
     from linkpass.demo.script import SCRIPT

@@ -11,7 +11,7 @@ Target: 32 hosts up in <= 15 s on this 2-core machine.
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "linkpass/testbed/build.py",
     "linkpass/testbed/topology.py",

@@ -15,7 +15,7 @@ from ..core.states import Level
 FORMATS = ("table", "wide", "json", "yaml")
 
 # exit codes shared by all commands, for scripts and monitoring (the Nagios plugin convention);
-# docs/cli.md has the table, and tests/test_cli_docs.py holds it to this one
+# docs/cli.md has the table, and tests/unit/test_cli_docs.py holds it to this one
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNKNOWN = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM, as a shell reports a process killed by SIGINT
 EXIT_MEANING = {EXIT_OK: "ok", EXIT_WARNING: "warning", EXIT_CRITICAL: "critical", EXIT_UNKNOWN: "unknown",

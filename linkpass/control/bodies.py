@@ -106,7 +106,7 @@ class DecommissionIn:
 
 
 # the fields each parser below refuses a request without (the rest have defaults); openapi.py
-# publishes them as required, and tests/test_openapi.py checks each parser against this
+# publishes them as required, and tests/unit/test_openapi.py checks each parser against this
 REQUIRED = {RegisterIn: ("name", "agent_id", "service", "nics", "paths"), ReportIn: ("name",),
             DrainIn: ("link",), DecommissionIn: ("host", "reason"), PathIn: ("id", "peer", "plane", "state"),
             ChangeIn: ("id", "state"), ProbeBudget: ("pps", "idle_interval_ms")}

@@ -14,7 +14,7 @@
 Every query goes through the `datasource` variable (a Prometheus data source picked on the
 dashboard), so the files import as they are and provision unchanged. The output is deterministic
 (sorted keys, ids and grid positions assigned in order), so the checked-in files under
-deploy/grafana can be compared with what this module builds (tests/test_dashboards.py does,
+deploy/grafana can be compared with what this module builds (tests/unit/test_dashboards.py does,
 and also checks every expression names only metrics LinkPass exports).
 
 Nothing here does I/O but `main()`.

@@ -1394,7 +1394,7 @@ static PyObject *Core_receive_test(Core *self, PyObject *args) {
 }
 
 /* Test hooks for judging mode: the loop's own bookkeeping, with times given instead of read from
- * the clocks, so a test can lay out a timeline (tests/test_probe_judging.py). judge_send is what
+ * the clocks, so a test can lay out a timeline (tests/unit/test_probe_judging.py). judge_send is what
  * queue_probe and tx_flush record for a request sendmmsg took; judge_receive hands a UDP payload
  * to the receive path as the loop does for a packet read on NIC 0 (a request is reflected into a
  * batch that is never sent); judge_evidence moves the evidence time as an emptied wake-up does. */

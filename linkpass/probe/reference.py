@@ -3,7 +3,7 @@
 `CoreProbeEngine` (engine.py, over linkpass/probe/_probecore.c) is what the agent runs. This
 engine does the same per-packet work (send due probes, reflect peers' probes, match replies,
 feed telemetry) in plain Python, so the C core has something to be tested against
-(tests/test_engine_robustness.py runs both) and measured against (bench/probe_core.py:
+(tests/root/test_engine_robustness.py runs both) and measured against (bench/probe_core.py:
 see docs/architecture.md for the figures). Sockets: see common.py.
 
 Timestamps: t2 and t4 are kernel RX stamps; t1 and t3 are read just before the send call (user

@@ -5,7 +5,7 @@ runs it.
 `build(out_dir)` compiles it with AddressSanitizer and UBSan (every report fatal), or optimised
 and without them (`sanitize=False`, for timing); `fuzz(binary, count, seed)` feeds it `count`
 hostile packets and says whether it came through (`FuzzRun.clean`); `cost(binary, kind, count)`
-is the receive path's ns per packet for one kind of junk. tests/test_fuzz_harness.py and
+is the receive path's ns per packet for one kind of junk. tests/unit/test_fuzz_harness.py and
 bench/reliability.py run these; the harness's header says what it sends.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 /*
  * The probe core's receive path (probe_rx.h: decoder, size and budget checks, reflector) fed
  * hostile input outside Python, to be built with AddressSanitizer and UBSan (linkpass/testbed/fuzz.py
- * builds and runs it; tests/test_fuzz_harness.py and bench/reliability.py use that).
+ * builds and runs it; tests/unit/test_fuzz_harness.py and bench/reliability.py use that).
  *
  *   fuzz_harness fuzz COUNT SEED     COUNT packets: random, truncated, mutated, over-long (also
  *                                    signed ones), replays; time jumps past the reflector's idle

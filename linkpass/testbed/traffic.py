@@ -192,7 +192,7 @@ def reachability(fab: Fabric, tries: int = 3) -> list[dict]:
     for i in range(H):
         for j in range(H):
             if i == j or fab.is_guest(i) or fab.is_guest(j):
-                continue  # guests: tests/test_rdma_guests.py checks their reachability
+                continue  # guests: tests/root/test_rdma_guests.py checks their reachability
             for p in range(P):
                 for target in ("nic", "service"):
                     res = send_flow(fab, i, j, plane=p, target=target, sport=41000 + p, count=tries,

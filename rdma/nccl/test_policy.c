@@ -1,4 +1,4 @@
-/* test_policy: every decision of lp_policy.c, without a network (tests/test_nccl_plugin.py builds
+/* test_policy: every decision of lp_policy.c, without a network (tests/unit/test_nccl_plugin.py builds
  * and runs it). Prints "ok N" and exits 0, or names the failed check and exits 1. */
 #include <stdio.h>
 #include <stdlib.h>

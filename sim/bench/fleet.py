@@ -23,7 +23,7 @@ Rows:
 from __future__ import annotations
 
 # what this benchmark measures: a change to any of these after a run makes the figures quoted
-# from it stale (tests/test_benchmark_freshness.py lists them)
+# from it stale (tests/unit/test_benchmark_freshness.py lists them)
 MEASURES = (
     "sim/linkpass_sim",
     "linkpass/core/detector.py",

@@ -28,7 +28,7 @@ the plugin: the ABI version it loaded, the devices, the net used, the channels),
 logs/ (every rank's NCCL log, stdout and event stream).
 
 Standard library only, except the `rank` command, which imports torch (lazily: this module
-imports without it, and its pure functions are unit-tested on a CPU, tests/test_gpu_nccl.py).
+imports without it, and its pure functions are unit-tested on a CPU, tests/unit/test_gpu_nccl.py).
 """
 from __future__ import annotations
 
