@@ -22,19 +22,9 @@ from linkpass.testbed.agents import Agents, write_agent_configs
 
 from support.ports import free_port
 from support.processes import LogDrain
+from support.agent_config import GOOD, KEY, LINKPASS
 from support.testbed import routes_of
 
-LINKPASS = [sys.executable, "-m", "linkpass.cli"]
-KEY = bytes(range(32))
-
-GOOD = """
-agent_id: 1
-name: h0
-fleet_key_file: /tmp/k
-service: 198.18.0.1
-nics: [{plane: 0, ifname: p0, addr: 198.18.64.1}]
-peers: [{name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}]
-"""
 
 
 def paths_json(fab, host, port):

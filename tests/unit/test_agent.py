@@ -4,10 +4,8 @@ one step raising (the daemon on every testbed host: tests/root/test_agent_daemon
 from __future__ import annotations
 
 import os
-import re
 import stat
 import subprocess
-import sys
 import threading
 import time
 
@@ -19,19 +17,9 @@ from linkpass.agent.config import ConfigError, load_text, read_fleet_key
 from linkpass.agent.keyfile import load_fleet_key
 from linkpass.testbed.agents import write_agent_configs
 
+from support.agent_config import GOOD, KEY, LINKPASS
 from support.fleet import FAB
 
-LINKPASS = [sys.executable, "-m", "linkpass.cli"]
-KEY = bytes(range(32))
-
-GOOD = """
-agent_id: 1
-name: h0
-fleet_key_file: /tmp/k
-service: 198.18.0.1
-nics: [{plane: 0, ifname: p0, addr: 198.18.64.1}]
-peers: [{name: h1, agent_id: 2, service: 198.18.0.2, nics: {0: 198.18.64.3}}]
-"""
 
 
 @pytest.mark.parametrize("edit, message", [

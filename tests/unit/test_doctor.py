@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import argparse
-import json
 from dataclasses import replace
 
 import pytest

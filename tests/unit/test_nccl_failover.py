@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import struct
 import time
 
 import pytest
