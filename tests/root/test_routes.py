@@ -84,13 +84,13 @@ def test_failover_moves_every_flow_to_the_usable_plane(actuator):
     result = act.set_usable("h3", {1})
     change_ms = (time.perf_counter() - t0) * 1000
     # one netlink replace (~1 ms; bench/failover.py times it): bounded loosely for a loaded machine
-    assert result["changed"] and result["planes"] == (1,) and change_ms < 1000
+    assert result.changed and result.planes == (1,) and change_ms < 1000
     for sp in range(42000, 42016):
         res = traffic.send_flow(fab, 0, 3, target="service", sport=sp, count=10)
         assert res.loss_pct == 0 and set(res.ingress) == {"p1"}
     # recovery: both planes again
     faults.clear(fab.prefix)
-    assert act.set_usable("h3", {0, 1})["planes"] == (0, 1)
+    assert act.set_usable("h3", {0, 1}).planes == (0, 1)
     assert "nexthop" in ip_routes(fab)
 
 
@@ -99,7 +99,7 @@ def test_the_last_usable_path_is_never_removed(actuator):
     act.reconcile()
     act.set_usable("h2", {0})
     out = act.set_usable("h2", set())
-    assert out["refused"] == (0,) and not out["changed"]
+    assert out.refused == (0,) and not out.changed
     assert act.kernel_routes()[fab.service_addr(2)] == (0,)
     assert act.stats["refused_last_path"] == 1
 
@@ -109,7 +109,7 @@ def test_dry_run_touches_nothing(clean_faults, tmp_path):
     act = RouteActuator(fab.netns("h1"), fab.service_addr(1), peer_routes(fab, 1), str(tmp_path / "j"), dry_run=True)
     try:
         act.reconcile()
-        assert act.set_usable("h0", {1})["changed"]
+        assert act.set_usable("h0", {1}).changed
         assert ip_routes(fab, 1) == "" and not os.path.exists(tmp_path / "j")
     finally:
         act.close()
