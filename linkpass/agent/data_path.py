@@ -25,8 +25,8 @@ class DataPath:
         self.set_rto = set_rto
         self.write_log = log  # writes records whose event names were checked where they were made
 
-    def carry_out(self, failover: Failover, decided: Decisions, mono_ns: int) -> list[RouteResult]:
-        """Apply `decided`, tell `failover` what the routes did; returns the route results."""
+    def carry_out(self, failover: Failover, decided: Decisions, mono_ns: int) -> None:
+        """Apply `decided`, and tell `failover` what the routes did."""
         results = [self._route(want) for want in decided.routes]
         route_logs = failover.routes_done(results, mono_ns)
         if self.entropy is not None:
@@ -40,7 +40,6 @@ class DataPath:
         if self.write_log is not None:
             for rec in (*decided.logs, *route_logs, *decided.path_logs):
                 self.write_log(rec.event, **rec.fields)
-        return results
 
     def _route(self, want: RouteWant) -> RouteResult:
         if self.routes is None or want.peer not in self.routes.peers:
