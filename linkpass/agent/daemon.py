@@ -58,6 +58,7 @@ from ..core.decide import PathInfo, crosses
 from ..core.failover import Failover, reported_state
 from .hostfacts import read_host_facts
 from .keyfile import load_fleet_keys
+from .loop_priority import LoopPriority, loop_rt_priority
 from .metrics import AgentCollector, DecisionCollector
 from .pathcheck_routes import PathCheckRoutes, live_paths
 from .rates import Rates
@@ -83,7 +84,7 @@ def load(path: str) -> tuple[AgentConfig, bytes, bytes | None]:
     return (cfg, *load_fleet_keys(cfg.fleet_key_file, cfg.fleet_key_accept_file))
 
 
-LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "rates", "entropy")  # the main loop's steps, in order
+LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "priority", "rates", "entropy")  # the main loop's steps, in order
 
 
 class LoopErrors:
@@ -283,9 +284,13 @@ class Agent:
         self.failover = Failover(Detector(DetectorConfig(**cfg.detect)), lambda pid: self.engine.telemetry(pid).loss,
                                  entropy=self.entropy is not None)
         self.data_path = DataPath(self.routes, self.entropy, self.engine.set_rto, log)
-        if hasattr(self.engine, "set_confirm"):  # the C core; the verbs engine has no confirmation rounds
+        c_core = hasattr(self.engine, "set_confirm")  # the verbs engine has no confirmation rounds
+        if c_core:
             self.engine.set_confirm(self.failover.detector.config.miss_threshold,
                                     spread_ns=self.failover.stall_spread_ns)
+        # the verbs engine judges in a Python thread of normal priority: a real-time loop would
+        # wait for the answers it preempts
+        self.loop_priority = LoopPriority(loop_rt_priority(cfg.rt_priority) if c_core else 0, log)
         self.view = TelemetryView(self.engine, self.labels, offset_ns=self._offset_of_peer, state_of=self._state_of)
         self.api: LocalApi | None = None
         self.metrics_server = None
@@ -552,6 +557,7 @@ class Agent:
                 self.stopping.wait(self.cfg.batch_ms / 1000)  # a failing engine must not turn this loop into a spin
                 continue
             run("decide", self._decide, *polled)
+            run("priority", self._prioritize)
             self.rates.tick(run)
             if self.entropy is not None and time.monotonic() >= self._next_beat:
                 self._next_beat = time.monotonic() + ENTROPY_HEARTBEAT_S
@@ -560,6 +566,10 @@ class Agent:
     def _decide(self, events: list, evidence_ns: int) -> None:
         mono_ns = time.monotonic_ns()
         self.data_path.carry_out(self.failover, self.failover.step(events, evidence_ns, mono_ns), mono_ns)
+
+    def _prioritize(self) -> None:
+        """Real time while a failure is being decided (agent/loop_priority.py)."""
+        self.loop_priority.set(self.failover.in_flight())
 
     def _reload(self, config_path: str) -> None:
         try:
@@ -595,6 +605,7 @@ class Agent:
         """Clean stop: the routes stay as the last decisions left them (a plane known bad stays
         out; every peer keeps at least one plane, as always), the entropy table is withdrawn."""
         self.stopping.set()  # also after --max-seconds: the sampler thread ends with the loop
+        self.loop_priority.set(False)
         if self.link is not None:
             self.link.stop()
         if self.routes is not None:

@@ -449,6 +449,18 @@ class Failover:
             t = min(times)
             self._decision_at = t if self._decision_at is None else min(self._decision_at, t)
 
+    def in_flight(self) -> bool:
+        """Whether a failure is being decided: a path that still counts as up is in a streak of
+        misses, or a DOWN is held back from the data path until answers confirm it or its
+        allowance ends. Each lasts a few timeouts, at most `confirm_window_ns` or the lateness cap;
+        a path already DOWN that keeps missing is not in flight. The agent runs its loop at
+        real-time priority meanwhile (agent/loop_priority.py), so the answers that settle it are
+        read when they come, not when the scheduler gets round to the loop."""
+        if self._decision_at is not None:
+            return True
+        det = self.detector
+        return any(det[pid].state in (State.UP, State.SUSPECT) for pid in self._silent_from)
+
     def decision_wait_ns(self) -> int | None:
         """How long after the newest evidence time a DOWN held back from the data path may be
         decided (0: as soon as fresh answers are in), or None: nothing waits. The caller wakes

@@ -55,6 +55,7 @@ EVENTS = {
     "reload_partial": "warning",
     "reload_rejected": "warning",
     "rt_priority_refused": "warning",
+    "loop_priority_refused": "warning",
     "entropy_table_replaced": "warning",
     "lanes_unread": "warning",
     "loop_error": "error",

@@ -77,9 +77,9 @@ typedef struct {
  * Confirmation (set_confirm), a poll sequence: each miss of a streak, up to the one that
  * completes `threshold` misses in a row (the one the detector declares the path DOWN on), sends
  * one probe on every path to the same peer, that path's own included, besides their schedule:
- * at once, so a streak's misses come a timeout apart, not a probe interval apart; the DOWN-making
- * miss's round no sooner than `spread_ns` after the streak's first miss was sent. That round's
- * probes are the evidence the data path waits for before it acts on a DOWN (another path of the
+ * at once, so a streak's misses come a timeout apart, not a probe interval apart; in the
+ * DOWN-making miss's round, the other paths' probes no sooner than `spread_ns` after the streak's
+ * first miss was sent (the missed path's own at once). That round's probes are the evidence the data path waits for before it acts on a DOWN (another path of the
  * peer answering on time a probe sent then, agent/decide.py silence_confirmed; the missed path's
  * own probe missing too is what lets it act while the peer's lateness allowance would hold it),
  * instead of the other paths' next scheduled probes (an idle path's is 100 ms away); their
@@ -247,14 +247,16 @@ static void flush_answered(Core *c, path_t *pt) {
 
 static void wake_loop(Core *c);
 
-/* a confirmation round for pt's peer, if its budget allows (see the judging-mode comment); the
- * round of the DOWN-making miss goes out no sooner than a host stall's spread after the streak's
- * first miss was sent, since the answers it is for confirm only from then on (agent/failover.py) */
+/* a confirmation round for pt's peer, if its budget allows (see the judging-mode comment); in
+ * the round of the DOWN-making miss, the other paths' probes go out no sooner than a host stall's
+ * spread after the streak's first miss was sent, since their answers confirm only from then on
+ * (agent/failover.py), and the DOWN path's own at once: its miss, due a timeout later, is what
+ * rules a stall out, and it is in hand before the others' answers are */
 static void confirm_round(Core *c, const path_t *pt, int last) {
-    int64_t now = now_ns(CLOCK_MONOTONIC), tat = now, due = now;
+    int64_t now = now_ns(CLOCK_MONOTONIC), tat = now, later = now;
     if (last) {
         int64_t wait = pt->streak_t1 + c->confirm_spread_ns - local_clock(c, now_ns(CLOCK_REALTIME));
-        if (wait > 0) due = now + wait;
+        if (wait > 0) later = now + wait;
     }
     int pending = 1; /* the peer's previous round of this kind has not gone out yet: the same round */
     for (int i = 0; i < c->npaths; i++) { /* the peer's budget: the latest its paths hold */
@@ -271,6 +273,7 @@ static void confirm_round(Core *c, const path_t *pt, int last) {
     for (int i = 0; i < c->npaths; i++) {
         path_t *q = &c->paths[i];
         if (q->peer_id != pt->peer_id) continue;
+        int64_t due = q == pt ? now : later;
         if (!pending) q->confirm_tat = tat;
         if (!q->confirm_due[last]) c->confirm_probes++;
         if (!q->confirm_due[last] || q->confirm_due[last] > due) q->confirm_due[last] = due;

@@ -348,13 +348,16 @@ class VirtualAgent:
                 if self._misses[j] <= self._confirm_threshold:
                     last = int(self._misses[j] == self._confirm_threshold)
                     at = e.t4 + 1  # the C loop sends on its next turn, after the miss at t4 is judged
-                    self._round(j, max(at, int(self._streak_t1[j]) + HOST_STALL_SPREAD_NS) if last else at, last)
+                    later = max(at, int(self._streak_t1[j]) + HOST_STALL_SPREAD_NS) if last else at
+                    self._round(j, at, later, last)
 
-    def _round(self, j: int, at: int, last: int) -> None:
+    def _round(self, j: int, at: int, later: int, last: int) -> None:
+        """A round for path j's peer: j's own probe at `at`, the other paths' at `later` (the
+        DOWN-making miss's round waits a stall's spread for them, as the C core's does)."""
         peer = self._peer_of[j]
-        if self._round_at[last, peer] == at:
+        if self._round_at[last, peer] == later:
             return  # the peer's round of this loop turn, asked for again: the same round
-        self._round_at[last, peer] = at
+        self._round_at[last, peer] = later
         tat = max(int(self._confirm_tat[peer]), at)
         if tat - at > (CONFIRM_BURST - 1) * self._confirm_period:
             self.confirm["refused"] += 1
@@ -362,7 +365,7 @@ class VirtualAgent:
         self._confirm_tat[peer] = tat + self._confirm_period
         self.confirm["rounds"] += 1
         for q in np.flatnonzero(self._peer_of == peer).tolist():
-            self._extra_probe(q, at)
+            self._extra_probe(q, at if q == j else later)
             self.confirm["probes"] += 1
 
     def _extra_probe(self, q: int, at: int) -> None:

@@ -163,6 +163,7 @@ def loop_under_test(engine, logs):
     agent.engine, agent.entropy, agent.link, agent.routes = engine, None, None, None
     agent.failover = Failover(Detector(DetectorConfig()), lambda pid: None)
     agent.data_path = D.DataPath(log=lambda *a, **k: None)
+    agent.loop_priority = D.LoopPriority(0)  # scheduling is tested in test_loop_priority
     agent.errors = D.LoopErrors(lambda ev, **f: logs.append((ev, f)))
     agent.stopping = threading.Event()
     agent.reload_requested, agent.pending_plan, agent.pending_drains = False, None, None

@@ -223,3 +223,34 @@ def test_a_path_out_of_use_is_out_of_the_route_however_it_got_there(seed):
     ours = [(t.old, t.new) for t in rig.transitions if t.path == 1]
     assert (State.DOWN, State.RECOVERING) in ours and (State.RECOVERING, State.DEGRADED) in ours, ours[:6]
     assert not kept, (len(kept), kept[:5])
+
+
+def test_a_failure_is_in_flight_from_the_first_miss_until_the_route_moves():
+    """What keeps the agent's loop at real-time priority: a streak on a usable path, then the
+    DOWN waiting for its confirming answers; not a healthy fabric, nor a dead path that keeps
+    missing after the route left it."""
+    rig = _Rig()
+    for _ in range(50):
+        rig.tick()
+    assert not rig.fo.in_flight()
+    rig.tick(lambda pid: "lost" if pid <= 2 else "ok")
+    assert rig.state(1) is State.SUSPECT and rig.fo.in_flight()
+    while rig.state(1) is not State.DOWN:
+        rig.tick(lambda pid: "lost" if pid <= 2 else "ok")
+        assert rig.fo.in_flight()
+    for _ in range(10):
+        rig.tick(lambda pid: "lost" if pid <= 2 else "ok")
+    assert rig.routes.sets[-1] == ("h2", (1,))
+    assert not rig.fo.in_flight()  # decided: paths 1 and 2 are DOWN and keep missing
+
+
+def test_a_single_late_reply_is_in_flight_only_until_it_arrives():
+    rig = _Rig()
+    for _ in range(50):
+        rig.tick()
+    rig.tick(lambda pid: ("late", 1500 * 1000) if pid == 3 else "ok")
+    assert rig.fo.in_flight()
+    rig.tick()
+    rig.tick()
+    assert rig.state(3) is State.UP and not rig.fo.in_flight()
+    assert rig.routes.sets == [("h2", (0, 1))]
