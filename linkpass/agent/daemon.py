@@ -535,6 +535,13 @@ class Agent:
         and the loop goes on; the data path keeps what the last good step left."""
         end = None if max_seconds is None else time.monotonic() + max_seconds
         self._next_beat = self.rates.next_batch = self.rates.next_cpu = 0.0
+        try:
+            self._loop(end, config_path)
+        finally:  # in the loop's own thread: the scheduling switch is per thread
+            self.loop_priority.set(False)
+            self.data_path.flush_logs()
+
+    def _loop(self, end: float | None, config_path: str) -> None:
         run = self.errors.run
         while not self.stopping.is_set() and (end is None or time.monotonic() < end):
             if self.service is not None:  # the watchdog pings from here: a hung loop stops them too
@@ -605,7 +612,6 @@ class Agent:
         """Clean stop: the routes stay as the last decisions left them (a plane known bad stays
         out; every peer keeps at least one plane, as always), the entropy table is withdrawn."""
         self.stopping.set()  # also after --max-seconds: the sampler thread ends with the loop
-        self.loop_priority.set(False)
         if self.link is not None:
             self.link.stop()
         if self.routes is not None:
