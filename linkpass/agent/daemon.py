@@ -32,6 +32,7 @@ from __future__ import annotations
 import faulthandler
 import gc
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -84,6 +85,7 @@ def load(path: str) -> tuple[AgentConfig, bytes, bytes | None]:
     return (cfg, *load_fleet_keys(cfg.fleet_key_file, cfg.fleet_key_accept_file))
 
 
+GIL_SWITCH_S = 0.0005
 LOOP_STEPS = ("reload", "plan", "drains", "poll", "decide", "priority", "rates", "entropy")  # the main loop's steps, in order
 
 
@@ -258,6 +260,7 @@ class AgentService:
 class Agent:
     service: AgentService | None = None  # the service manager's protocol, once main() attaches it
     plan_applied = False  # a coordinator probe plan was taken (what an agent without peers of its own waits for)
+    deciding = False  # a failure is in flight (Failover.in_flight, as of the last step)
 
     def __init__(self, cfg: AgentConfig, key: bytes, dry_run: bool = False, accept_key: bytes | None = None):
         self.cfg = cfg
@@ -565,7 +568,8 @@ class Agent:
                 continue
             run("decide", self._decide, *polled)
             run("priority", self._prioritize)
-            self.rates.tick(run)
+            if not self.deciding:  # a rates look (up to ~1 ms) waits for the decision in flight
+                self.rates.tick(run)
             if self.entropy is not None and time.monotonic() >= self._next_beat:
                 self._next_beat = time.monotonic() + ENTROPY_HEARTBEAT_S
                 run("entropy", self.entropy.heartbeat)
@@ -576,7 +580,8 @@ class Agent:
 
     def _prioritize(self) -> None:
         """Real time while a failure is being decided (agent/loop_priority.py)."""
-        self.loop_priority.set(self.failover.in_flight())
+        self.deciding = self.failover.in_flight()
+        self.loop_priority.set(self.deciding)
 
     def _reload(self, config_path: str) -> None:
         try:
@@ -594,9 +599,12 @@ class Agent:
         if decide_ns is not None:
             wait_s = min(wait_s, max(decide_ns / 1e9, self.cfg.interval_ms / 1000))
         rates_wait = rates.wait_s()
-        if rates_wait is not None:
+        if rates_wait is not None and not self.deciding:
             wait_s = min(wait_s, rates_wait)
-        self.engine.wait(wait_s)
+        if self.engine.wait(wait_s):
+            # woken by the probe core: a miss or a late reply (a failure may be starting) or the
+            # answers a DOWN waits for; real time from here, not from after this step
+            self.loop_priority.set(True)
         now = time.monotonic()
         batch = now >= rates.next_batch  # on-time replies come in batches; misses at once
         if batch:
@@ -685,6 +693,9 @@ def main(config_path: str, max_seconds: float | None = None, dry_run: bool = Fal
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1` prints every thread's stack: for a stuck agent
     faulthandler.enable()  # and so does the SIGABRT systemd's watchdog sends a hung agent, into the journal
     agent.service = service = AgentService(agent)
+    # the loop waits at most this long for the GIL when it wakes while another thread (the sampler's
+    # TCP dump, a metrics scrape) holds it: 5 ms by default, longer than a whole reroute
+    sys.setswitchinterval(GIL_SWITCH_S)
     try:
         agent.start()
         service.ready()

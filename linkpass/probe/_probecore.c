@@ -252,7 +252,7 @@ static void wake_loop(Core *c);
  * spread after the streak's first miss was sent, since their answers confirm only from then on
  * (agent/failover.py), and the DOWN path's own at once: its miss, due a timeout later, is what
  * rules a stall out, and it is in hand before the others' answers are */
-static void confirm_round(Core *c, const path_t *pt, int last) {
+static int confirm_round(Core *c, const path_t *pt, int last) { /* 1: a round is on its way */
     int64_t now = now_ns(CLOCK_MONOTONIC), tat = now, later = now;
     if (last) {
         int64_t wait = pt->streak_t1 + c->confirm_spread_ns - local_clock(c, now_ns(CLOCK_REALTIME));
@@ -266,7 +266,7 @@ static void confirm_round(Core *c, const path_t *pt, int last) {
         if (!q->confirm_due[last]) pending = 0;
     }
     if (!pending) {
-        if (tat - now > (int64_t)(c->confirm_burst - 1) * c->confirm_period_ns) { c->confirm_refused++; return; }
+        if (tat - now > (int64_t)(c->confirm_burst - 1) * c->confirm_period_ns) { c->confirm_refused++; return 0; }
         tat += c->confirm_period_ns;
         c->confirm_rounds++;
     }
@@ -279,10 +279,12 @@ static void confirm_round(Core *c, const path_t *pt, int last) {
         if (!q->confirm_due[last] || q->confirm_due[last] > due) q->confirm_due[last] = due;
     }
     wake_loop(c); /* a miss judged on a reply's wake-up: the loop must not sleep before sending */
+    return 1;
 }
 
 static void emit_miss(Core *c, path_t *pt, out_t *o) {
     flush_answered(c, pt);
+    int notify = c->notify;
     ev_t *e = ev_push(c);
     if (e) {
         e->kind = EV_MISS; e->path_id = pt->path_id; e->seq = o->seq; e->size = o->size;
@@ -292,7 +294,13 @@ static void emit_miss(Core *c, path_t *pt, out_t *o) {
     /* the detector's streak: full-size probes are the MTU check's, not counted (core/detector.py) */
     if (o->size) return;
     if (++pt->misses_in_row == 1) pt->streak_t1 = o->t_sent;
-    if (pt->misses_in_row <= c->confirm_threshold) confirm_round(c, pt, pt->misses_in_row == c->confirm_threshold);
+    if (pt->misses_in_row <= c->confirm_threshold
+        && confirm_round(c, pt, pt->misses_in_row == c->confirm_threshold) && pt->misses_in_row > 1)
+        /* a streak's later misses, up to the DOWN, do not wake Python: the round they sent wakes it
+         * a round trip later (its answers, or its own misses), and one step then takes the DOWN
+         * and its evidence together, instead of a step per miss that the evidence queues behind.
+         * The first miss wakes it, so the loop is ready (agent/loop_priority.py) by then */
+        c->notify = notify;
 }
 
 /* judge every request of the path, oldest first, whose deadline is before `until` */
