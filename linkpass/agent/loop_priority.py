@@ -3,14 +3,15 @@
 From a path's first miss to its route change the loop's work is on the reroute's critical path:
 the confirming answers arrive about a round trip after the probe core sends them, and a loop the
 scheduler keeps waiting behind other work (a training job's threads, the softirqs of a busy NIC)
-acts on them milliseconds late. So while `Failover.in_flight()` holds (a few timeouts per
-failure; at most the confirmation window or the lateness cap) the loop's thread runs SCHED_FIFO
-one step below the probe thread (which must still send, reflect and time-stamp first), and
-returns to normal scheduling as soon as the decision is made. The rest of the time, the loop's
-batches, logs and metrics wait their turn like any other work.
+acts on them milliseconds late. So from the moment the probe core wakes the loop (a miss, a late
+reply, the answers a DOWN waits for) and while `Failover.in_flight()` holds after the step (a few
+timeouts per failure; at most the confirmation window or the lateness cap) the loop's thread
+runs SCHED_FIFO one step below the probe thread (which must still send, reflect and time-stamp
+first), and returns to normal scheduling as soon as nothing is in flight. The rest of the time,
+the loop's batches, logs and metrics wait their turn like any other work.
 
 Needs what the probe thread needs (CAP_SYS_NICE or RLIMIT_RTPRIO, the unit's LimitRTPRIO=);
-refused, the loop stays at normal priority, which is logged once and counted.
+refused, the loop stays at normal priority, which is logged once.
 """
 from __future__ import annotations
 

@@ -79,8 +79,9 @@ typedef struct {
  * one probe on every path to the same peer, that path's own included, besides their schedule:
  * at once, so a streak's misses come a timeout apart, not a probe interval apart; in the
  * DOWN-making miss's round, the other paths' probes no sooner than `spread_ns` after the streak's
- * first miss was sent (the missed path's own at once). That round's probes are the evidence the data path waits for before it acts on a DOWN (another path of the
- * peer answering on time a probe sent then, agent/decide.py silence_confirmed; the missed path's
+ * first miss was sent (the missed path's own at once). That round's probes are the evidence the
+ * data path waits for before it acts on a DOWN (another path of the peer answering on time a
+ * probe sent then, agent/decide.py silence_confirmed; the missed path's
  * own probe missing too is what lets it act while the peer's lateness allowance would hold it),
  * instead of the other paths' next scheduled probes (an idle path's is 100 ms away); their
  * on-time answers go to Python at once instead of with the next batch. A round asked for while
