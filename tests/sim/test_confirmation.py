@@ -44,7 +44,7 @@ def test_a_cut_is_detected_a_few_timeouts_after_it_and_routed_around_at_once_tho
     assert moved, agent.plane_log
     # a round at each miss of the streak, on every path to h2 (the idle ones included): the three
     # misses a timeout (250 us) apart, not a probe interval (1 ms), so the DOWN comes within
-    # ~1.3 ms of the cut; the DOWN's round goes out 2 ms after the silence began (the stall
+    # ~1.3 ms of the cut; the DOWN's round goes out 1.5 ms after the silence began (the stall
     # spread) and its answers (a ~10 us round trip) are the evidence: no wait for plane 1's next
     # probe, up to 100 ms away
     assert agent.confirm["rounds"] >= 3 and agent.confirm["probes"] >= 12 and agent.confirm["refused"] == 0
