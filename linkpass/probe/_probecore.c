@@ -150,6 +150,7 @@ typedef struct {
      * faster than any path's sequence), so a reflector's replay window for a path id that is
      * reused, now or after a restart, accepts the new path at once */
     uint64_t seq_floor;
+    uint64_t paths_gen; /* bumped when a path is added or removed: a path's index may have moved */
     uint16_t declared[MAX_DECLARED]; /* paddings the agent expects from peers (declare_pads) */
     int ndeclared;
     xrec_t *ring;
@@ -227,6 +228,9 @@ typedef struct txbatch {
     int64_t t1[BATCH];
     uint8_t size_probe[BATCH];
     uint8_t confirm[BATCH];
+    uint32_t pid[BATCH]; /* path id for requests */
+    int8_t err[BATCH]; /* after tx_send: -1 sent, else the drop it counts as */
+    uint64_t gen; /* the paths' generation when the batch was filled (Core.paths_gen) */
 } txbatch_t;
 
 static ev_t *ev_push(Core *c) {
@@ -248,12 +252,16 @@ static void flush_answered(Core *c, path_t *pt) {
 
 static void wake_loop(Core *c);
 
+/* a DOWN-making miss whose round's other probes go out at least this much later wakes Python at
+ * once (emit_miss): a step taking a DOWN and its streak costs ~0.2-0.7 ms of CPU on the testbed */
+#define DOWN_STEP_AHEAD_NS 200000
+
 /* a confirmation round for pt's peer, if its budget allows (see the judging-mode comment); in
  * the round of the DOWN-making miss, the other paths' probes go out no sooner than a host stall's
  * spread after the streak's first miss was sent, since their answers confirm only from then on
  * (agent/failover.py), and the DOWN path's own at once: its miss, due a timeout later, is what
  * rules a stall out, and it is in hand before the others' answers are */
-static int confirm_round(Core *c, const path_t *pt, int last) { /* 1: a round is on its way */
+static int64_t confirm_round(Core *c, const path_t *pt, int last) { /* when the round's probes go; 0: refused */
     int64_t now = now_ns(CLOCK_MONOTONIC), tat = now, later = now;
     if (last) {
         int64_t wait = pt->streak_t1 + c->confirm_spread_ns - local_clock(c, now_ns(CLOCK_REALTIME));
@@ -280,7 +288,7 @@ static int confirm_round(Core *c, const path_t *pt, int last) { /* 1: a round is
         if (!q->confirm_due[last] || q->confirm_due[last] > due) q->confirm_due[last] = due;
     }
     wake_loop(c); /* a miss judged on a reply's wake-up: the loop must not sleep before sending */
-    return 1;
+    return later;
 }
 
 static void emit_miss(Core *c, path_t *pt, out_t *o) {
@@ -295,12 +303,17 @@ static void emit_miss(Core *c, path_t *pt, out_t *o) {
     /* the detector's streak: full-size probes are the MTU check's, not counted (core/detector.py) */
     if (o->size) return;
     if (++pt->misses_in_row == 1) pt->streak_t1 = o->t_sent;
-    if (pt->misses_in_row <= c->confirm_threshold
-        && confirm_round(c, pt, pt->misses_in_row == c->confirm_threshold) && pt->misses_in_row > 1)
-        /* a streak's later misses, up to the DOWN, do not wake Python: the round they sent wakes it
-         * a round trip later (its answers, or its own misses), and one step then takes the DOWN
-         * and its evidence together, instead of a step per miss that the evidence queues behind.
-         * The first miss wakes it, so the loop is ready (agent/loop_priority.py) by then */
+    if (pt->misses_in_row > c->confirm_threshold) return;
+    int last = pt->misses_in_row == c->confirm_threshold;
+    int64_t round_at = confirm_round(c, pt, last);
+    /* A streak's misses between its first and the DOWN do not wake Python: they come a timeout
+     * apart, and a step for each would leave the round's answers queued behind the last one; the
+     * round wakes it a round trip later (its answers, or its own misses). The first miss wakes
+     * it, so the loop is ready (agent/loop_priority.py), and so does the DOWN-making miss when
+     * its round waits for the stall spread: the step that takes the DOWN and the streak's misses
+     * then ends before the round's answers arrive, and the step for those is a short one */
+    if (round_at && pt->misses_in_row > 1
+        && !(last && round_at - now_ns(CLOCK_MONOTONIC) > DOWN_STEP_AHEAD_NS))
         c->notify = notify;
 }
 
@@ -359,22 +372,56 @@ static void request_sent(Core *c, path_t *pt, uint64_t seq, int64_t t1, uint8_t 
     if (c->tracking) track_sent(c, pt, seq, t1, size, confirm);
 }
 
-static void tx_flush(Core *c, int nic, txbatch_t *b) {
+/* sends the batch; touches nothing shared, so the probe thread calls it without `mu`: the
+ * kernel forwards what it sends through a software fabric within the call (hundreds of µs for
+ * a burst on the testbed), and Python's take_events must not wait for that */
+static void tx_send(Core *c, int nic, txbatch_t *b) {
     int off = 0;
     while (off < b->n) {
         int r = sendmmsg(c->nics[nic].tx_fd, b->msgs + off, b->n - off, MSG_DONTWAIT);
-        if (r < 0) {
-            c->rx.drops[(errno == EAGAIN || errno == ENOBUFS) ? D_SEND_FULL : D_SEND_ERROR]++;
-            off++; /* drop the packet at the head and go on: never wait on a peer */
+        if (r < 0) { /* drop the packet at the head and go on: never wait on a peer */
+            b->err[off++] = (int8_t)((errno == EAGAIN || errno == ENOBUFS) ? D_SEND_FULL : D_SEND_ERROR);
             continue;
         }
-        for (int i = off; i < off + r; i++) {
-            if (b->what[i] < 0) { c->reflected++; continue; }
-            request_sent(c, &c->paths[b->what[i]], b->seq[i], b->t1[i], b->size_probe[i], b->confirm[i]);
-        }
+        for (int i = off; i < off + r; i++) b->err[i] = -1;
         off += r;
     }
+}
+
+static int path_index(Core *c, uint32_t path_id);
+
+/* under `mu`, after tx_send: counts the batch, and awaits its requests. A path added or removed
+ * in between may have moved: its requests are found by id, and a new path with an old one's id
+ * (its sequence numbers start above the old one's) does not take the old one's requests */
+static void tx_account(Core *c, txbatch_t *b) {
+    for (int i = 0; i < b->n; i++) {
+        if (b->err[i] >= 0) { c->rx.drops[b->err[i]]++; continue; }
+        if (b->what[i] < 0) { c->reflected++; continue; }
+        int pi = b->gen == c->paths_gen ? b->what[i] : path_index(c, b->pid[i]);
+        if (pi < 0) continue;
+        path_t *pt = &c->paths[pi];
+        if (b->seq[i] < pt->first_seq || b->seq[i] >= pt->next_seq) continue;
+        request_sent(c, pt, b->seq[i], b->t1[i], b->size_probe[i], b->confirm[i]);
+    }
     b->n = 0;
+}
+
+/* a full batch, mid-work under `mu` */
+static void tx_flush(Core *c, int nic, txbatch_t *b) {
+    tx_send(c, nic, b);
+    tx_account(c, b);
+}
+
+/* the probe thread's batches, with `mu` released while they are sent */
+static void tx_flush_unlocked(Core *c, txbatch_t *tx) {
+    int any = 0;
+    for (int nic = 0; nic < c->nnics; nic++)
+        if (tx[nic].n) { tx_send(c, nic, &tx[nic]); any = 1; }
+    if (!any) return;
+    pthread_mutex_lock(&c->mu);
+    for (int nic = 0; nic < c->nnics; nic++)
+        if (tx[nic].n) tx_account(c, &tx[nic]);
+    pthread_mutex_unlock(&c->mu);
 }
 
 static uint8_t *tx_slot(txbatch_t *b, const uint8_t dst[4], int what) {
@@ -452,6 +499,8 @@ static void queue_probe(Core *c, int nic, int i, txbatch_t *tx, uint8_t confirm)
     tx[nic].t1[tx[nic].n - 1] = p.t1;
     tx[nic].size_probe[tx[nic].n - 1] = (uint8_t)size_probe;
     tx[nic].confirm[tx[nic].n - 1] = confirm;
+    tx[nic].pid[tx[nic].n - 1] = pt->path_id;
+    tx[nic].gen = c->paths_gen;
     size_t len = encode(&c->rx.keyed, &p, c->nics[nic].addr, pt->peer, pt->sport, ROCE_PORT, pkt + IP_UDP_LEN);
     build_ip_udp(pkt, c->nics[nic].addr, pt->peer, pt->sport, len);
     tx[nic].iov[tx[nic].n - 1].iov_len = IP_UDP_LEN + len;
@@ -503,8 +552,8 @@ static void send_due(Core *c, int64_t now_mono, txbatch_t *tx) {
             pt->next_due += pt->interval_ns + j;
             if (pt->next_due < now_mono) pt->next_due = now_mono + pt->interval_ns / 2;
         }
-        if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
     }
+    /* the caller sends the batches once `mu` is released (tx_flush_unlocked) */
 }
 
 /* one look at the watched lane reports (under lane_mu); returns whether the digest changed.
@@ -612,6 +661,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
             }
         }
         pthread_mutex_unlock(&c->mu);
+        tx_flush_unlocked(c, tx);
         int64_t wait = next - now_ns(CLOCK_MONOTONIC);
         if (wait > MAX_SLEEP_NS) wait = MAX_SLEEP_NS;
         struct timespec ts = {0, 0};
@@ -635,7 +685,6 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
         /* every NIC is read until empty (a no-op recvmmsg on a quiet one) so that, if all come
          * back empty, everything that arrived before t_check is known: the evidence time */
         int all_emptied = 1;
-        pthread_mutex_lock(&c->mu);
         for (int nic = 0; nic < c->nnics; nic++) {
             int emptied = 0;
             for (int round = 0; round < 4; round++) { /* bounded work per wake-up */
@@ -653,6 +702,7 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
                 int got = recvmmsg(c->nics[nic].rx_fd, msgs, BATCH, MSG_DONTWAIT, NULL);
                 if (got <= 0) { emptied = got == 0 || errno == EAGAIN || errno == EWOULDBLOCK; break; }
                 int64_t fallback = now_ns(CLOCK_REALTIME), mono = now_ns(CLOCK_MONOTONIC);
+                pthread_mutex_lock(&c->mu);
                 for (int i = 0; i < got; i++) {
                     int64_t t_rx = fallback;
                     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr); cm; cm = CMSG_NXTHDR(&msgs[i].msg_hdr, cm)) {
@@ -666,11 +716,16 @@ static void core_run(Core *c, int64_t duration_ns, txbatch_t *tx, uint8_t *rxbuf
                     handle_packet(c, nic, rxbuf + (size_t)i * MAX_PKT, msgs[i].msg_len, &from[i], t_rx, mono,
                                   &tx[nic]);
                 }
-                if (tx[nic].n) tx_flush(c, nic, &tx[nic]);
+                /* what this round made Python wait for (a round's answers, a late reply) goes to
+                 * it before the round's reflections are sent */
+                signal_python(c);
+                pthread_mutex_unlock(&c->mu);
+                tx_flush_unlocked(c, tx);
                 if (got < BATCH) { emptied = 1; break; }
             }
             all_emptied &= emptied;
         }
+        pthread_mutex_lock(&c->mu);
         if (all_emptied) set_evidence(c, local_clock(c, t_check));
         signal_python(c);
         pthread_mutex_unlock(&c->mu);
@@ -867,6 +922,7 @@ static PyObject *Core_add_path(Core *self, PyObject *args) {
         uint64_t base = (uint64_t)now_ns(CLOCK_REALTIME) & ~1ULL; /* even: a coded pair starts on an even seq */
         np.first_seq = np.next_seq = np.exp_seq = base > self->seq_floor ? base : self->seq_floor;
         self->paths[self->npaths++] = np;
+        self->paths_gen++;
         update_pads(self);
     }
     pthread_mutex_unlock(&self->mu);
@@ -901,6 +957,7 @@ static PyObject *Core_remove_path(Core *self, PyObject *args) {
         if (after > self->seq_floor) self->seq_floor = after;
         drop_events_of(self, path_id);
         self->paths[i] = self->paths[--self->npaths];
+        self->paths_gen++;
         update_pads(self);
     }
     pthread_mutex_unlock(&self->mu);
