@@ -3,12 +3,14 @@
 From a path's first miss to its route change the loop's work is on the reroute's critical path:
 the confirming answers arrive about a round trip after the probe core sends them, and a loop the
 scheduler keeps waiting behind other work (a training job's threads, the softirqs of a busy NIC)
-acts on them milliseconds late. So from the moment the probe core wakes the loop (a miss, a late
-reply, the answers a DOWN waits for) and while `Failover.in_flight()` holds after the step (a few
-timeouts per failure; at most the confirmation window or the lateness cap) the loop's thread
-runs SCHED_FIFO one step below the probe thread (which must still send, reflect and time-stamp
-first), and returns to normal scheduling as soon as nothing is in flight. The rest of the time,
-the loop's batches, logs and metrics wait their turn like any other work.
+acts on them milliseconds late. So the loop's thread runs SCHED_FIFO one step below the probe
+thread (which must still send, reflect and time-stamp first) while it sleeps for the probe core
+(a thread asleep takes no CPU at any priority, and one that wakes at real time runs at once),
+through every step the probe core wakes it for (a miss, a late reply, the answers a DOWN waits
+for), and while `Failover.in_flight()` holds after the step (a few timeouts per failure; at most
+the confirmation window or the lateness cap). A wake-up of its own timer, with nothing in
+flight, goes back to normal scheduling: the loop's batches, logs and metrics wait their turn
+like any other work. Two system calls a loop turn; `set` makes none when nothing changes.
 
 Needs what the probe thread needs (CAP_SYS_NICE or RLIMIT_RTPRIO, the unit's LimitRTPRIO=);
 refused, the loop stays at normal priority, which is logged once.
