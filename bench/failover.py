@@ -34,6 +34,7 @@ MEASURES = (
     "linkpass/agent/netlink.py",
     "linkpass/probe/_probecore.c",
     "linkpass/probe/engine.py",
+    "linkpass/testbed/faults.py",
     "bench/failover.py",
 )
 
