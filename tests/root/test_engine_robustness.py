@@ -425,3 +425,47 @@ def test_each_miss_of_a_streak_probes_the_peers_paths_at_once(clean_faults):
     finally:
         a.close()
         b.close()
+
+
+def test_a_down_making_miss_whose_round_is_still_far_is_handed_to_python_at_once(clean_faults):
+    """The DOWN-making miss of a streak wakes Python when its round waits for the stall spread
+    (here 300 ms after the silence began; timeouts of 30 ms; the dark path probed every 200 ms,
+    so its streak is its own re-probes), and the step that takes the DOWN and the streak is done
+    before the round's answers arrive. Without that wake-up the miss would reach Python a
+    timeout later, with the miss of the dark path's own re-probe."""
+    from linkpass.core.probe_event import EV_MISS
+    from linkpass.testbed import faults
+    from linkpass.testbed.faults import FaultSpec
+
+    fab = clean_faults
+    a, b = CoreProbeEngine(1, KEY, netns=fab.netns("h0")), CoreProbeEngine(2, KEY, netns=fab.netns("h3"))
+    try:
+        for plane in (0, 1):
+            a.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(0, plane))
+            b.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(3, plane))
+        a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.2))
+        a.add_path(PathSpec(2, "p1", 2, fab.nic_addr(3, 1), 50001, interval_s=5.0))
+        a.track(True)
+        for pid in (1, 2):
+            a.set_rto(pid, 30_000_000)
+        a.set_confirm(3, 100.0, 12, spread_ns=300_000_000)
+        b.start_background()
+        a.start_background()
+        time.sleep(0.3)
+        a.poll(True)
+        faults.apply(fab.prefix, FaultSpec("down", "h0-p0l0"))
+        deadline = time.monotonic() + 2.0
+        handed = []  # (wall clock when Python took it, the miss)
+        while time.monotonic() < deadline and len(handed) < 3:
+            a.wait(0.1)
+            events = a.poll(False)[0]
+            now = time.time_ns()
+            handed += [(now, e) for e in events if e.kind == EV_MISS and e.path_id == 1]
+        assert len(handed) >= 3, handed
+        took, third = handed[2]
+        # t4 of a miss is its deadline, on the engine's clock (the wall clock: no clock set here)
+        assert 0 <= took - third.t4 < 15_000_000, (took - third.t4) / 1e6
+        assert a.stats["confirm_rounds"] == 3
+    finally:
+        a.close()
+        b.close()
