@@ -366,6 +366,20 @@ def test_a_wake_up_no_probe_is_due_in_sends_nothing_early(fabric, tmp_path):
         b.close()
 
 
+def _h0_and_h3(fab) -> tuple[CoreProbeEngine, CoreProbeEngine]:
+    """h0's engine and h3's (its reflector), each on both planes' NICs; the caller closes them."""
+    a, b = CoreProbeEngine(1, KEY, netns=fab.netns("h0")), CoreProbeEngine(2, KEY, netns=fab.netns("h3"))
+    try:
+        for plane in (0, 1):
+            a.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(0, plane))
+            b.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(3, plane))
+    except BaseException:
+        a.close()
+        b.close()
+        raise
+    return a, b
+
+
 def test_each_miss_of_a_streak_probes_the_peers_paths_at_once(clean_faults):
     """Confirmation rounds, a poll sequence: plane 0's path to h3 (probed every 50 ms) goes dark;
     each miss of the detector's streak (3) sends a probe on every path to h3 at once, the slow
@@ -379,11 +393,8 @@ def test_each_miss_of_a_streak_probes_the_peers_paths_at_once(clean_faults):
     from linkpass.testbed.faults import FaultSpec
 
     fab = clean_faults
-    a, b = CoreProbeEngine(1, KEY, netns=fab.netns("h0")), CoreProbeEngine(2, KEY, netns=fab.netns("h3"))
+    a, b = _h0_and_h3(fab)
     try:
-        for plane in (0, 1):
-            a.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(0, plane))
-            b.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(3, plane))
         a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.05))
         a.add_path(PathSpec(2, "p1", 2, fab.nic_addr(3, 1), 50001, interval_s=5.0))
         a.add_path(PathSpec(3, "p1", 7, fab.nic_addr(1, 1), 50002, interval_s=5.0))  # another peer, no reflector
@@ -438,11 +449,8 @@ def test_a_down_making_miss_whose_round_is_still_far_is_handed_to_python_at_once
     from linkpass.testbed.faults import FaultSpec
 
     fab = clean_faults
-    a, b = CoreProbeEngine(1, KEY, netns=fab.netns("h0")), CoreProbeEngine(2, KEY, netns=fab.netns("h3"))
+    a, b = _h0_and_h3(fab)
     try:
-        for plane in (0, 1):
-            a.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(0, plane))
-            b.add_nic(f"p{plane}", f"p{plane}", fab.nic_addr(3, plane))
         a.add_path(PathSpec(1, "p0", 2, fab.nic_addr(3, 0), 50000, interval_s=0.2))
         a.add_path(PathSpec(2, "p1", 2, fab.nic_addr(3, 1), 50001, interval_s=5.0))
         a.track(True)
