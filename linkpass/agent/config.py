@@ -33,7 +33,7 @@
       discovery_ports: 32            # source ports swept per (NIC, peer)
       size_probe_every: 100          # every Nth probe is full-size (MTU black holes); 0 = never
       mtu: 1500                      # IP size of those probes
-      rt_priority: 10                # SCHED_FIFO for the probe thread, one below for the loop while a failure is in flight (0 = off)
+      rt_priority: 10                # SCHED_FIFO for the probe thread, one below for the decision loop (asleep, deciding) (0 = off)
       engine: auto                   # sockets | verbs | auto (verbs where every NIC has a RoCE v2 RDMA device)
       batch_ms: 10                   # on-time replies are taken this often (misses at once); more is cheaper
     detect:                          # linkpass/core/detector.py explains each
@@ -147,7 +147,7 @@ class AgentConfig:
     discovery_ports: int = 32
     size_probe_every: int = 100
     mtu: int = 1500
-    rt_priority: int = 10  # SCHED_FIFO priority of the probe thread (the loop's, while deciding: one below); 0 = normal scheduling
+    rt_priority: int = 10  # SCHED_FIFO priority of the probe thread (the loop's, asleep or deciding: one below); 0 = normal scheduling
     engine: str = "auto"  # how probes are sent and received: PROBE_ENGINES
     batch_ms: float = BATCH_S * 1000  # how often the loop takes on-time replies (misses wake it at once)
     api_port: int = AGENT_API_PORT
