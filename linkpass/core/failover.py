@@ -38,10 +38,12 @@ allowance*: `lateness_factor` × the burst's lateness beyond the timeout, capped
 for the allowance with no late reply undoing it, or sooner, once the stall is ruled out: the
 path missed a probe sent after the DOWN while another path of the peer answered one on time, and
 every other path of the peer that is not dark itself answered on time every probe sent since the
-path's silence began (a stall then would explain the silence). The probe core sends those probes at the DOWN (its
-confirmation round), so a real cut on a host with a standing allowance is routed around about
-one timeout after the DOWN. On a calm host the allowance is zero and detection is as fast as the
-detector (bench/failover.py, rows healthy-saturated and cut-saturated).
+path's silence began, or since `stall_end_margin_ns` before that missed probe (a stall then
+would explain the silence; one that ended before cannot). The probe core sends those probes at
+the DOWN (its confirmation round), so a real cut on a host with a standing allowance is routed
+around about one timeout after the DOWN, or a margin after another path's last late answer.
+On a calm host the allowance is zero and detection is as fast as the detector
+(bench/failover.py, rows healthy-saturated and cut-saturated).
 
 A stall does not reach all of a peer's paths at the same instant (threads and softirqs are kept
 waiting one after another): an on-time answer on another path confirms a DOWN only for a probe
@@ -54,7 +56,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .constants import HOST_STALL_SPREAD_NS
+from .constants import HOST_STALL_END_MARGIN_NS, HOST_STALL_SPREAD_NS
 from .clock import Exchange, PairEstimator
 from .detector import Detector, Reason, State, Transition
 from .entropy_table import Entry
@@ -101,7 +103,8 @@ class Failover:
                  entropy: bool = False, loss_batch_ns: int = 10_000_000, lateness_window_ns: int = 50_000_000,
                  lateness_factor: float = 1.5, lateness_cap_ns: int = 100_000_000,
                  lateness_half_life_ns: int = 60_000_000_000, confirm_window_ns: int = 100_000_000,
-                 unanswered_grace_ns: int = 5_000_000_000, stall_spread_ns: int = HOST_STALL_SPREAD_NS):
+                 unanswered_grace_ns: int = 5_000_000_000, stall_spread_ns: int = HOST_STALL_SPREAD_NS,
+                 stall_end_margin_ns: int = HOST_STALL_END_MARGIN_NS):
         self.detector = detector
         self.loss_of = loss_of
         self.entropy = entropy  # whether this host has an entropy table: decide its entries
@@ -117,6 +120,7 @@ class Failover:
         self._silent_from: dict[int, int] = {}  # path -> send time of the first miss of its current streak
         self._last_late: dict[int, int] = {}  # path -> send time of its newest late-answered probe
         self.stall_spread_ns = stall_spread_ns
+        self.stall_end_margin_ns = stall_end_margin_ns
         self.peer_silent: set[str] = set()
         self._rto_pushed: dict[int, int] = {}
         self.paths: dict[int, PathInfo] = {}
@@ -510,12 +514,18 @@ class Failover:
         """Whether a confirmed DOWN is a path's, not a stall's, before the lateness allowance has
         run out: the path missed a probe sent after the DOWN, and every other path of the peer
         that is not dark itself answered on time every probe sent since the path's silence began
-        (a miss there may be a late reply still on its way)."""
-        since = down_at if silent_from is None else silent_from
+        (a miss there may be a late reply still on its way), or at least since
+        `stall_end_margin_ns` before that missed probe was sent, one of them answering on time a
+        probe sent since: a stall that ended before then cannot explain the miss, and one still
+        going would show on them too."""
+        missed = self._last_missed.get(pid, 0)
+        if missed <= down_at:
+            return False
+        since = max(down_at if silent_from is None else silent_from, missed - self.stall_end_margin_ns)
         det = self.detector
-        return (self._last_missed.get(pid, 0) > down_at
-                and all(max(self._last_late.get(q, 0), self._last_missed.get(q, 0)) < since
-                        for q in peer_paths if q != pid and det[q].state not in (State.DOWN, State.DAMPED)))
+        others = [q for q in peer_paths if q != pid and det[q].state not in (State.DOWN, State.DAMPED)]
+        return (any(self._last_on_time.get(q, 0) >= since for q in others)
+                and all(max(self._last_late.get(q, 0), self._last_missed.get(q, 0)) < since for q in others))
 
     def waiting_for(self, pid: int) -> list[str]:
         """What still keeps a RECOVERING path out of use, in words (the detector's, as of the newest

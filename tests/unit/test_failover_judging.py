@@ -169,16 +169,38 @@ def test_after_an_allowance_a_real_cut_moves_the_route_once_a_stall_is_ruled_out
     assert rig.fo.counters["route_changes"] == 2  # installed, then moved once
 
 
-def test_after_an_allowance_a_cut_with_another_path_late_since_waits_out_the_allowance():
+def test_after_an_allowance_a_cut_with_another_path_late_as_it_began_moves_once_that_stall_is_over():
     """The same cut, but a probe of plane 0 sent as the silence began is answered late: a stall
-    reaching the paths one after another could explain the silence, so the DOWN is acted on
-    only once it has stood for the allowance."""
+    reaching the paths one after another could explain the first misses, not the miss of a probe
+    sent a margin (`stall_end_margin_ns`) after that late one while plane 0 answers on time
+    again. The route moves at that miss, not an allowance later."""
     rig = _rig_with_an_allowance()
     allowance = rig.fo.allowance_ns("h2")
     assert allowance > 10 * MS
     cut = rig.seq
     for k in range(200):
         rig.tick(lambda pid: "lost" if pid >= 3 else (("late", 2 * MS) if k == 0 and pid == 1 else "ok"))
+        if rig.routes.sets[-1] == ("h2", (0,)):
+            break
+    took_ms = rig.seq - cut
+    assert rig.routes.sets[-1] == ("h2", (0,))
+    # the late probe was sent with the cut's first; the miss that rules the stall out is of a probe
+    # sent a margin later, judged within a probe interval
+    margin_ms = rig.fo.stall_end_margin_ns / MS
+    assert margin_ms < allowance / MS / 2  # else this would not tell the two apart
+    assert 3 <= took_ms <= margin_ms + 2, (took_ms, allowance / MS)
+
+
+def test_after_an_allowance_a_cut_while_other_paths_keep_answering_late_waits_out_the_allowance():
+    """The same cut while plane 0's answers keep coming late every few probes (a stall that goes
+    on, one that could explain the silence): the DOWN is acted on only once it has stood for the
+    allowance."""
+    rig = _rig_with_an_allowance()
+    allowance = rig.fo.allowance_ns("h2")
+    assert allowance > 10 * MS
+    cut = rig.seq
+    for k in range(200):
+        rig.tick(lambda pid: "lost" if pid >= 3 else (("late", 2 * MS) if k % 2 == 0 and pid == 1 else "ok"))
         if rig.routes.sets[-1] == ("h2", (0,)):
             break
     took_ms = rig.seq - cut
