@@ -58,7 +58,7 @@ from linkpass_sim.report import progress, row  # noqa: E402
 from linkpass.core.constants import RTPROT_LINKPASS  # noqa: E402
 from linkpass.core.names import host_name, leaf_name, link_name, spine_name  # noqa: E402
 from linkpass.core.states import State  # noqa: E402
-from linkpass.testbed import build, faults, frr, tcpflow, topology  # noqa: E402
+from linkpass.testbed import build, faults, frr, steal, tcpflow, topology  # noqa: E402
 from linkpass.testbed.agents import Agents  # noqa: E402
 from linkpass.testbed.bfd_hook import BfdRouteHook  # noqa: E402
 from linkpass.testbed.faults import FaultSpec  # noqa: E402
@@ -100,6 +100,7 @@ class Settings:
 class Measured:
     """Everything one run measured; the rows are made from it."""
     hard: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # case -> (detect, reroute) ms
+    hard_steal: dict[str, list[tuple]] = field(default_factory=dict)  # case -> per trial (reroute ms | None, steal ms)
     gray: dict[str, list[tuple]] = field(default_factory=dict)  # case -> per trial (detect ms | None, reason, wrong)
     windows: dict[str, list[float]] = field(default_factory=lambda: {"hard": [], "nft": []})  # fault calls' ms
     stall_lp: tcpflow.StallResult | None = None
@@ -109,6 +110,7 @@ class Measured:
     flap_detect: list[float] = field(default_factory=list)
     flap_changes: int = 0
     bfd_hard: dict[str, tuple[list[float], int]] = field(default_factory=dict)  # case -> (reroute ms, missed)
+    bfd_steal: dict[str, list[tuple]] = field(default_factory=dict)  # case -> per trial (reroute ms | None, steal ms)
     bfd_gray: dict[str, int] = field(default_factory=dict)  # case -> session downs
     route_ops: tuple[float, float] = (0.0, 0.0)  # per second: ours, pyroute2's
 
@@ -195,7 +197,9 @@ def measure_linkpass(fab, prefix, workdir, st: Settings, m: Measured) -> None:
             m.false_positives, m.cut_saturated = soak(prefix, agents, st.soak_s, BURNERS, st.trials)
             return
         for case, links in HARD_CASES:
-            m.hard[case] = linkpass_hard(prefix, agents, A, B, links, st.trials, SPACING_S, progress, m.windows["hard"])
+            m.hard_steal[case] = []
+            m.hard[case] = linkpass_hard(prefix, agents, A, B, links, st.trials, SPACING_S, progress, m.windows["hard"],
+                                         m.hard_steal[case])
             progress("letting the flap penalties of these DOWNs fade (20 s)")
             time.sleep(20)
         for case, spec, reasons, window in GRAY_CASES:
@@ -222,12 +226,13 @@ def measure_linkpass(fab, prefix, workdir, st: Settings, m: Measured) -> None:
 
 # ---- BFD -------------------------------------------------------------------------------------
 
-def bfd_hard(fab, prefix, hook, links, trials):
+def bfd_hard(fab, prefix, hook, links, trials, stolen: list[tuple]):
     reroute, missed = [], 0
     for i in range(trials):
         n0 = len(hook.records())
         link = links[i % len(links)]
         plane = link_plane(link)
+        steal_before = steal.sample()
         rec = apply_fault(prefix, FaultSpec("down", link))
         t0 = rec["effective_mono_ns"]
         deadline = time.monotonic() + 1.0
@@ -236,7 +241,9 @@ def bfd_hard(fab, prefix, hook, links, trials):
             change = first(hook.records()[n0:], lambda c: c.mono_ns >= t0 and c.peer == host_name(B)
                            and plane not in c.planes)
             time.sleep(0.005)
+        took_steal = steal.stolen_ms(steal_before, steal.sample())
         faults.clear(prefix)
+        stolen.append((None if change is None else ms(change.mono_ns - t0), took_steal))
         if change is None:
             missed += 1
         else:
@@ -275,7 +282,8 @@ def measure_bfd(fab, prefix, st: Settings, m: Measured) -> None:
     hook.start()
     try:
         for case, links in HARD_CASES:
-            m.bfd_hard[case] = bfd_hard(fab, prefix, hook, links, st.trials)
+            m.bfd_steal[case] = []
+            m.bfd_hard[case] = bfd_hard(fab, prefix, hook, links, st.trials, m.bfd_steal[case])
         for case, spec, _, window in GRAY_CASES:
             m.bfd_gray[case] = bfd_under(fab, prefix, bfd, spec, min(window, 3))
             progress(f"bfd under {case}: {m.bfd_gray[case]} session downs")
@@ -366,6 +374,21 @@ def detect_only_rows(st: Settings, m: Measured) -> list[dict]:
     return rows
 
 
+def steal_fields(trials: list[tuple]) -> dict:
+    """What the hypervisor took during a case's trials (linkpass.testbed.steal): how many trials
+    saw a CPU lose two ticks or more (at least one tick, 10 ms, stolen), the figures of the others,
+    and the slowest trials with their steal."""
+    timed = [(t, s) for t, s in trials if t is not None]
+    if not timed:
+        return {}
+    tick_ms = steal.TICK_NS / 1e6
+    calm = [t for t, s in timed if s < 2 * tick_ms]
+    return {"host_steal_trials": len(timed) - len(calm), "without_steal_n": len(calm),
+            "without_steal_median": round(statistics.median(calm), 3) if calm else None,
+            "without_steal_max": max(calm) if calm else None,
+            "slowest_with_steal_ms": sorted(timed, reverse=True)[:3]}
+
+
 def rows_of(st: Settings, m: Measured) -> list[dict]:
     rows = []
     for case, _ in HARD_CASES:
@@ -374,6 +397,8 @@ def rows_of(st: Settings, m: Measured) -> list[dict]:
         rows.append(row(case, "detect", "ms", detect))
         rows.append(row(case, "fault_to_reroute", "ms", reroute, PEER_BFD, b_reroute,
                         trials=st.trials, rerouted=len(reroute), peer_rerouted=len(b_reroute),
+                        **steal_fields(m.hard_steal.get(case, [])),
+                        **{f"peer_{k}": v for k, v in steal_fields(m.bfd_steal.get(case, [])).items()},
                         note=None if case == "host-uplink-down" else
                         "a multihop BFD session follows one ECMP path: a spine link it does not cross goes unseen"))
     for case, results in m.gray.items():
