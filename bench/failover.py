@@ -164,8 +164,10 @@ def flap(prefix, agents) -> tuple[list[float], int]:
     verdict's time (ms) and how many route changes the 3 s caused."""
     n0 = len(agents.events(A, "route_change"))
     rec = apply_fault(prefix, FaultSpec("flap", UPLINKS[0], params={"period": "50ms", "duration": "3s"}))
-    t0 = rec["effective_mono_ns"]
     time.sleep(3)
+    # from the flapper's first link-down, not its launch (a process start: tens of ms here)
+    t0 = next((t for t, what in faults.flap_transitions(prefix, rec["id"]) if what == "down"),
+              rec["effective_mono_ns"])
     faults.clear(prefix)
     down = first(agents.events(A, "path_state"), lambda e: e["mono_ns"] >= t0 and e["new"] == DOWN)
     detect = [ms(down["at_ns"] - MONO_TO_WALL - t0)] if down else []
