@@ -1,4 +1,4 @@
-"""LinkPass's Grafana dashboards, built as plain dicts by a few small helpers and written as JSON:
+"""LinkPass's Grafana dashboards, built with Grafana Labs' grafana-foundation-sdk and written as JSON:
 
     fleet   the whole fleet: agents, paths by state, localized link faults, gray loss, reactions,
             the agents' own cost, the coordinator
@@ -11,27 +11,45 @@
     python -m linkpass.observe.dashboards --out deploy/grafana            write the three files
     python -m linkpass.observe.dashboards --out deploy/grafana --check    exit 1 if they are stale
 
+The SDK (grafana-foundation-sdk 1769699379!11.6.0, its build for Grafana 11.6: dashboard schema 41)
+is Grafana Labs' own, generated from Grafana's schemas, with a typed builder per panel plugin: an
+option a panel does not have is no method of its builder, a value of the wrong kind a type error.
+(grafanalib, the older choice, is hand-written, last released in January 2024 and defaults to
+schema 12.) It is a test dependency: nothing but this generator imports it, and nothing the agent
+or the CLI runs imports this.
+
 Every query goes through the `datasource` variable (a Prometheus data source picked on the
 dashboard), so the files import as they are and provision unchanged. The output is deterministic
 (sorted keys, ids and grid positions assigned in order), so the checked-in files under
 deploy/grafana can be compared with what this module builds (tests/unit/test_dashboards.py does,
-and also checks every expression names only metrics LinkPass exports).
+loads them back through the SDK's types, and checks every expression names only metrics LinkPass
+exports).
 
 Nothing here does I/O but `main()`.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
 
 from ..core.states import COLOR, State
 
-SCHEMA_VERSION = 39
+try:
+    from grafana_foundation_sdk.builders import common as bcommon, dashboard as bdash, heatmap as bheatmap
+    from grafana_foundation_sdk.builders import prometheus as bprom, stat as bstat, table as btable
+    from grafana_foundation_sdk.builders import timeseries as btimeseries
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import common, dashboard as mdash, heatmap as mheatmap, prometheus as mprom
+except ImportError as e:  # a test dependency, absent from an agent's install
+    raise ImportError("the dashboards generator needs grafana-foundation-sdk: "
+                      "pip install 'grafana-foundation-sdk==1769699379!11.6.0' (or the `test` extra)") from e
+
 GRID_WIDTH = 24
 TAGS = ["linkpass"]
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = mdash.DataSourceRef(type_val="prometheus", uid="${datasource}")
 AGENT = 'job="linkpass-agent"'
 COORDINATOR = 'job="linkpass-coordinator"'
 RATE = "$__rate_interval"  # Grafana picks a range that holds at least four scrapes
@@ -49,16 +67,16 @@ def dashboard_url(name: str, **variables: str) -> str:
     return f"/d/{UIDS[name]}/{UIDS[name]}?{query}{_KEEP}"
 
 
-def data_link(title: str, url: str) -> dict:
-    return {"title": title, "url": url}
+def data_link(title: str, url: str) -> bdash.DashboardLink:
+    return bdash.DashboardLink(title).url(url)
 
 
-def to_host() -> dict:
+def to_host() -> bdash.DashboardLink:
     """A data link to the host dashboard of the series' instance."""
     return data_link("Host ${__field.labels.instance}", dashboard_url("host", instance="${__field.labels.instance}"))
 
 
-def to_link(instance: str, peer: str, plane: str) -> dict:
+def to_link(instance: str, peer: str, plane: str) -> bdash.DashboardLink:
     """A data link to the link dashboard of one host's peer-plane pair."""
     return data_link("This peer-plane", dashboard_url("link", instance=instance, peer=peer, plane=plane))
 
@@ -66,171 +84,163 @@ def to_link(instance: str, peer: str, plane: str) -> dict:
 ROW_TO_LINK = to_link("${__data.fields.instance}", "${__data.fields.peer}", "${__data.fields.plane}")
 
 
-# ---- the helpers -----------------------------------------------------------------------------
+def to_dashboard(name: str, title: str, tooltip: str) -> bdash.DashboardLink:
+    """A link in the dashboard's header to another one, keeping the variables and the time range."""
+    return (bdash.DashboardLink(title).type(mdash.DashboardLinkType.LINK).url(f"/d/{UIDS[name]}/{UIDS[name]}")
+            .include_vars(True).keep_time(True).icon("dashboard").tooltip(tooltip))
 
-def target(expr: str, legend: str = "__auto", *, instant: bool = False, fmt: str = "time_series") -> dict:
-    """One PromQL query of a panel (its refId is given by panel())."""
-    return {"expr": expr, "legendFormat": legend, "instant": instant, "range": not instant, "format": fmt}
+
+# ---- the helpers: the SDK's builders with LinkPass's choices ---------------------------------------
+
+def target(expr: str, legend: str = "__auto") -> bprom.Dataquery:
+    """One PromQL range query of a panel (its refId is given by panel(); table() and heatmap()
+    change the kind)."""
+    return (bprom.Dataquery().expr(expr).legend_format(legend).range().format(mprom.PromQueryFormat.TIME_SERIES)
+            .editor_mode(mprom.QueryEditorMode.CODE).datasource(DATASOURCE))
 
 
-def panel(kind: str, title: str, description: str, targets: list[dict], *, unit: str, w: int, h: int,
-          defaults: dict | None = None, options: dict | None = None, links: tuple[dict, ...] = (),
-          overrides: list | None = None, **extra) -> dict:
-    """A panel of any kind, not yet placed: layout() gives it its id and position."""
-    if not 0 < w <= GRID_WIDTH:
-        raise ValueError(f"{title}: width {w} does not fit the {GRID_WIDTH}-column grid")
-    field = {"unit": unit, **(defaults or {})}
+def panel(builder, title: str, description: str, targets: list[bprom.Dataquery], *, unit: str, w: int, h: int,
+          links: tuple[bdash.DashboardLink, ...] = ()):
+    """What every panel has, on a panel builder of any kind; layout() gives it its id and position."""
+    builder.title(title).description(description).datasource(DATASOURCE).unit(unit).height(h).span(w)
+    builder.targets([t.ref_id(chr(ord("A") + i)) for i, t in enumerate(targets)])
     if links:
-        field["links"] = [dict(link) for link in links]
-    return {"type": kind, "title": title, "description": description, "datasource": DATASOURCE,
-            "targets": [{"datasource": DATASOURCE, "editorMode": "code", "refId": chr(ord("A") + i), **t}
-                        for i, t in enumerate(targets)],
-            "fieldConfig": {"defaults": field, "overrides": overrides or []},
-            "options": options or {}, "gridPos": {"h": h, "w": w, "x": 0, "y": 0}, **extra}
+        builder.data_links(list(links))
+    return builder
 
 
-def color_by_name(colors: dict[str, str]) -> list[dict]:
-    """Overrides giving the series named like a key (its legend) that fixed colour."""
-    return [{"matcher": {"id": "byName", "options": name},
-             "properties": [{"id": "color", "value": {"fixedColor": color, "mode": "fixed"}}]}
-            for name, color in colors.items()]
+def timeseries(title: str, description: str, targets: list[bprom.Dataquery], *, unit: str, w: int = 12,
+               h: int = 8, stack: bool = False, legend: str = "list", links: tuple[bdash.DashboardLink, ...] = (),
+               colors: dict[str, str] | None = None) -> btimeseries.Panel:
+    """A time series panel; `stack` stacks the series (parts of a whole, such as paths by state),
+    `colors` gives the series named like a key (its legend) that fixed colour."""
+    stacking = bcommon.StackingConfig().group("A").mode(common.StackingMode("normal" if stack else "none"))
+    legend_options = (bcommon.VizLegendOptions().calcs(["max", "lastNotNull"] if legend == "table" else [])
+                      .display_mode(common.LegendDisplayMode(legend)).placement(common.LegendPlacement.BOTTOM)
+                      .show_legend(True))
+    p = (btimeseries.Panel().draw_style(common.GraphDrawStyle.LINE).line_width(1).fill_opacity(30 if stack else 10)
+         .show_points(common.VisibilityMode.NEVER).span_nulls(False).axis_soft_min(0).stacking(stacking)
+         .color_scheme(bdash.FieldColor().mode(mdash.FieldColorModeId.PALETTE_CLASSIC)).legend(legend_options)
+         .tooltip(bcommon.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING)))
+    for name, color in (colors or {}).items():
+        fixed = mdash.FieldColor(mode=mdash.FieldColorModeId.FIXED, fixed_color=color)
+        p.override_by_name(name, [mdash.DynamicConfigValue(id_val="color", value=fixed)])
+    return panel(p, title, description, targets, unit=unit, w=w, h=h, links=links)
 
 
-def timeseries(title: str, description: str, targets: list[dict], *, unit: str, w: int = 12, h: int = 8,
-               stack: bool = False, legend: str = "list", links: tuple[dict, ...] = (),
-               colors: dict[str, str] | None = None) -> dict:
-    """A time series panel; `stack` stacks the series (parts of a whole, such as paths by state)."""
-    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 30 if stack else 10, "showPoints": "never",
-              "spanNulls": False, "axisSoftMin": 0, "stacking": {"group": "A", "mode": "normal" if stack else "none"}}
-    table = legend == "table"
-    options = {"legend": {"calcs": ["max", "lastNotNull"] if table else [], "displayMode": legend,
-                          "placement": "bottom", "showLegend": True},
-               "tooltip": {"mode": "multi", "sort": "desc"}}
-    return panel("timeseries", title, description, targets, unit=unit, w=w, h=h, options=options, links=links,
-                 defaults={"custom": custom, "color": {"mode": "palette-classic"}},
-                 overrides=color_by_name(colors or {}))
-
-
-def stat(title: str, description: str, targets: list[dict], *, unit: str = "short", w: int = 4, h: int = 4,
-         steps: tuple[tuple[str, float | None], ...] = (("green", None),), mappings: dict | None = None,
-         text: str = "auto", links: tuple[dict, ...] = ()) -> dict:
+def stat(title: str, description: str, targets: list[bprom.Dataquery], *, unit: str = "short", w: int = 4,
+         h: int = 4, steps: tuple[tuple[str, float | None], ...] = (("green", None),), mappings: dict | None = None,
+         text: str = "auto", links: tuple[bdash.DashboardLink, ...] = ()) -> bstat.Panel:
     """A single figure, coloured by `steps` (colour, from this value on); `mappings` names values."""
-    defaults = {"color": {"mode": "thresholds"},
-                "thresholds": {"mode": "absolute", "steps": [{"color": c, "value": v} for c, v in steps]}}
+    p = (bstat.Panel().color_scheme(bdash.FieldColor().mode(mdash.FieldColorModeId.THRESHOLDS))
+         .thresholds(bdash.ThresholdsConfig().mode(mdash.ThresholdsMode.ABSOLUTE)
+                     .steps([mdash.Threshold(value=v, color=c) for c, v in steps]))
+         .reduce_options(bcommon.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+         .color_mode(common.BigValueColorMode.BACKGROUND).graph_mode(common.BigValueGraphMode.NONE)
+         .justify_mode(common.BigValueJustifyMode.AUTO).orientation(common.VizOrientation.AUTO)
+         .text_mode(common.BigValueTextMode(text)).wide_layout(True).show_percent_change(False))
     if mappings:
-        defaults["mappings"] = [{"type": "value", "options": {
-            str(value): {"index": i, "text": name} for i, (value, name) in enumerate(sorted(mappings.items()))}}]
-    options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-               "colorMode": "background", "graphMode": "none", "justifyMode": "auto", "orientation": "auto",
-               "textMode": text, "wideLayout": True, "showPercentChange": False}
-    return panel("stat", title, description, targets, unit=unit, w=w, h=h, defaults=defaults, options=options,
-                 links=links)
+        p.mappings([mdash.ValueMap(options={str(value): mdash.ValueMappingResult(text=name, index=i)
+                                            for i, (value, name) in enumerate(sorted(mappings.items()))})])
+    return panel(p, title, description, targets, unit=unit, w=w, h=h, links=links)
 
 
-def table(title: str, description: str, targets: list[dict], *, unit: str, w: int = 12, h: int = 8,
+def table(title: str, description: str, targets: list[bprom.Dataquery], *, unit: str, w: int = 12, h: int = 8,
           hide: tuple[str, ...] = ("Time", "__name__", "job"), rename: dict[str, str] | None = None,
-          links: tuple[dict, ...] = ()) -> dict:
+          links: tuple[bdash.DashboardLink, ...] = ()) -> btable.Panel:
     """The series of an instant query as rows, one column per label (`hide` drops some)."""
-    instant = [{**t, "instant": True, "range": False, "format": "table"} for t in targets]
-    organize = {"id": "organize", "options": {"excludeByName": {name: True for name in hide},
-                                              "renameByName": dict(rename or {}), "indexByName": {}}}
-    options = {"showHeader": True, "cellHeight": "sm",
-               "footer": {"show": False, "reducer": ["sum"], "countRows": False, "fields": ""}}
-    return panel("table", title, description, instant, unit=unit, w=w, h=h, options=options, links=links,
-                 defaults={"custom": {"align": "auto", "filterable": True}}, transformations=[organize])
+    organize = mdash.DataTransformerConfig(id_val="organize", options={
+        "excludeByName": {name: True for name in hide}, "renameByName": dict(rename or {}), "indexByName": {}})
+    p = (btable.Panel().align(common.FieldTextAlignment.AUTO).filterable(True).show_header(True)
+         .cell_height(common.TableCellHeight.SM).with_transformation(organize)
+         .footer(bcommon.TableFooterOptions().show(False).reducer(["sum"]).count_rows(False)))
+    instant = [t.instant().format(mprom.PromQueryFormat.TABLE) for t in targets]
+    return panel(p, title, description, instant, unit=unit, w=w, h=h, links=links)
 
 
-def heatmap(title: str, description: str, targets: list[dict], *, unit: str, y_unit: str, w: int = 12,
-            h: int = 8) -> dict:
+def heatmap(title: str, description: str, targets: list[bprom.Dataquery], *, unit: str, y_unit: str, w: int = 12,
+            h: int = 8) -> bheatmap.Panel:
     """A histogram's buckets over time (targets in `heatmap` format, legend {{le}})."""
-    options = {"calculate": False, "cellGap": 1, "yAxis": {"axisPlacement": "left", "unit": y_unit},
-               "rowsFrame": {"layout": "auto"}, "cellValues": {"unit": unit},
-               "color": {"mode": "scheme", "scheme": "Oranges", "scale": "exponential", "exponent": 0.5,
-                         "steps": 64, "fill": "dark-orange", "reverse": False},
-               "filterValues": {"le": 1e-9}, "legend": {"show": True},
-               "tooltip": {"mode": "single", "yHistogram": False}, "exemplars": {"color": "rgba(255,0,255,0.7)"}}
-    return panel("heatmap", title, description, [{**t, "format": "heatmap"} for t in targets], unit=unit,
-                 w=w, h=h, options=options)
+    color = (bheatmap.HeatmapColorOptions().mode(mheatmap.HeatmapColorMode.SCHEME).scheme("Oranges")
+             .scale(mheatmap.HeatmapColorScale.EXPONENTIAL).exponent(0.5).steps(64).fill("dark-orange").reverse(False))
+    p = (bheatmap.Panel().calculate(False).cell_gap(1).color(color)
+         .y_axis(bheatmap.YAxisConfig().axis_placement(common.AxisPlacement.LEFT).unit(y_unit))
+         .rows_frame(bheatmap.RowsHeatmapOptions().layout(common.HeatmapCellLayout.AUTO))
+         .cell_values(bheatmap.CellValues().unit(unit)).filter_values(bheatmap.FilterValueRange().le(1e-9))
+         .show_legend().mode(common.TooltipDisplayMode.SINGLE).hide_y_histogram()
+         .exemplars_color("rgba(255,0,255,0.7)"))
+    p = panel(p, title, description, [t.format(mprom.PromQueryFormat.HEATMAP) for t in targets], unit=unit, w=w, h=h)
+    # the plugin's own field config, empty (its defaults): the SDK reads a heatmap back with one
+    p.build().field_config.defaults.custom = mheatmap.FieldConfig()
+    return p
 
 
-def row(title: str, panels: list[dict], *, collapsed: bool = False) -> dict:
+def row(title: str, panels: list, *, collapsed: bool = False) -> dict:
     """A row and the panels under it; a collapsed row keeps them inside itself until opened."""
-    return {"type": "row", "title": title, "collapsed": collapsed, "datasource": DATASOURCE, "panels": panels,
-            "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": 0}}
+    return {"title": title, "panels": panels, "collapsed": collapsed}
 
 
-def var(name: str, label: str, query: str, *, include_all: bool = False, multi: bool = False) -> dict:
+def var(name: str, label: str, query: str, *, include_all: bool = False, multi: bool = False) -> bdash.QueryVariable:
     """A template variable filled by a Prometheus query such as label_values(metric{...}, label)."""
-    out = {"name": name, "label": label, "type": "query", "datasource": DATASOURCE, "definition": query,
-           "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
-           "refresh": 2, "sort": 1, "regex": "", "hide": 0, "includeAll": include_all, "multi": multi,
-           "options": [], "current": {}}
+    v = (bdash.QueryVariable(name).label(label).datasource(DATASOURCE)
+         .query({"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"})
+         .refresh(mdash.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(mdash.VariableSort.ALPHABETICAL_ASC).regex("")
+         .hide(mdash.VariableHide.DONT_HIDE).include_all(include_all).multi(multi).options([]))
     if include_all:
         # every value, also when there is none yet (the coordinator's fault series come and go)
-        out["allValue"] = ".*"
-        out["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
-    return out
+        v.all_value(".*").current(mdash.VariableOption(selected=True, text=["All"], value=["$__all"]))
+    return v
 
 
-def datasource_var() -> dict:
+def datasource_var() -> bdash.DatasourceVariable:
     """The `datasource` variable every panel queries through: any Prometheus data source."""
-    return {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-            "refresh": 1, "regex": "", "hide": 0, "includeAll": False, "multi": False, "options": [],
-            "current": {}}
+    return (bdash.DatasourceVariable("datasource").label("Data source").type("prometheus").regex("")
+            .hide(mdash.VariableHide.DONT_HIDE).include_all(False).multi(False))
 
 
-def layout(sections: list[dict]) -> list[dict]:
-    """Place the rows and their panels on the 24-column grid, left to right and wrapping, and
-    number every panel. A collapsed row's panels are placed below it, as Grafana shows them when
-    the row is opened; the row itself takes one line."""
-    next_id = iter(range(1, 10_000))
-    out: list[dict] = []
+def layout(board: bdash.Dashboard, sections: list[dict]) -> None:
+    """Place the rows and their panels on the 24-column grid, left to right and wrapping, number
+    every panel, and add them to `board`. A collapsed row holds its panels, placed below it as
+    Grafana shows them when the row is opened, and takes one line itself; an open row's panels
+    follow it at the top level, where Grafana expects them (the SDK's with_row would nest them)."""
+    ids = itertools.count(1)
     y = 0
-
-    def flow(panels: list[dict], top: int) -> int:
-        x, line = 0, 0
-        for p in panels:
-            w, h = p["gridPos"]["w"], p["gridPos"]["h"]
-            if x + w > GRID_WIDTH:
-                top, x, line = top + line, 0, 0
-            p["id"] = next(next_id)
-            p["gridPos"] = {"h": h, "w": w, "x": x, "y": top}
-            x, line = x + w, max(line, h)
-        return top + line
-
     for section in sections:
-        r = dict(section)
-        children = [dict(p) for p in r.pop("panels")]
-        r["id"] = next(next_id)
-        r["gridPos"] = {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}
-        end = flow(children, y + 1)
-        if r["collapsed"]:
-            r["panels"] = children
-            out.append(r)
+        r = (bdash.Row(section["title"]).id(next(ids)).collapsed(section["collapsed"]).datasource(DATASOURCE)
+             .grid_pos(mdash.GridPos(h=1, w=GRID_WIDTH, x=0, y=y)))
+        top, x, line = y + 1, 0, 0
+        for p in section["panels"]:
+            size = p.build().grid_pos
+            if x + size.w > GRID_WIDTH:
+                top, x, line = top + line, 0, 0
+            p.id(next(ids)).grid_pos(mdash.GridPos(h=size.h, w=size.w, x=x, y=top))
+            x, line = x + size.w, max(line, size.h)
+        if section["collapsed"]:
+            for p in section["panels"]:
+                r.with_panel(p)
+            board.with_row(r)
             y += 1
         else:
-            r["panels"] = []
-            out += [r, *children]
-            y = end
-    return out
+            board.with_row(r)
+            for p in section["panels"]:
+                board.with_panel(p)
+            y = top + line
 
 
-def dashboard(name: str, title: str, description: str, sections: list[dict], variables: list[dict],
-              links: list[dict]) -> dict:
-    return {
-        "uid": UIDS[name], "title": title, "description": description, "tags": list(TAGS),
-        "schemaVersion": SCHEMA_VERSION, "version": 1, "id": None, "editable": True, "graphTooltip": 1,
-        "time": {"from": "now-6h", "to": "now"}, "timepicker": {}, "timezone": "browser", "refresh": "30s",
-        "fiscalYearStartMonth": 0, "weekStart": "", "liveNow": False,
-        "annotations": {"list": [{"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                                  "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-                                  "name": "Annotations & Alerts", "type": "dashboard"}]},
-        "links": [{"title": "LinkPass", "type": "dashboards", "tags": list(TAGS), "asDropdown": True,
-                   "includeVars": False, "keepTime": True, "targetBlank": False, "icon": "external link",
-                   "tooltip": "", "url": ""}, *links],
-        "templating": {"list": [datasource_var(), *variables]},
-        "panels": layout(sections),
-    }
+def dashboard(name: str, title: str, description: str, sections: list[dict], variables: list,
+              links: list[bdash.DashboardLink]) -> dict:
+    """A dashboard as the JSON document Grafana imports."""
+    builtin = (bdash.AnnotationQuery().name("Annotations & Alerts").type("dashboard").built_in(1).enable(True)
+               .hide(True).datasource(mdash.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+               .icon_color("rgba(0, 211, 255, 1)"))
+    to_all = (bdash.DashboardLink("LinkPass").type(mdash.DashboardLinkType.DASHBOARDS).tags(list(TAGS))
+              .as_dropdown(True).keep_time(True).icon("external link").tooltip("").url(""))
+    board = (bdash.Dashboard(title).uid(UIDS[name]).description(description).tags(list(TAGS)).version(1).editable()
+             .tooltip(mdash.DashboardCursorSync.CROSSHAIR).time("now-6h", "now").timezone("browser").refresh("30s")
+             .fiscal_year_start_month(0).week_start("").live_now(False).annotation(builtin)
+             .links([to_all, *links]).variables([datasource_var(), *variables]))
+    layout(board, sections)
+    return json.loads(json.dumps(board.build(), cls=JSONEncoder))
 
 
 def count_or_zero(expr: str) -> str:
@@ -443,11 +453,11 @@ def fleet() -> dict:
         [], [])
 
 
-def _instance_var() -> dict:
+def _instance_var() -> bdash.QueryVariable:
     return var("instance", "Host", f"label_values(linkpass_build_info{{{AGENT}}}, instance)")
 
 
-def _per_path(sel: str, *, by_peer: bool) -> list[dict]:
+def _per_path(sel: str, *, by_peer: bool) -> list:
     """The collapsed row's panels on each path's own series (only there with metrics.per_path)."""
     who = "{{peer}} plane {{plane}} path {{path}}" if by_peer else "path {{path}}"
     keys = "peer, plane, path" if by_peer else "path"
@@ -591,9 +601,7 @@ def host() -> dict:
          row("Process", process), row("Per path (needs metrics.per_path: true)", _per_path(sel, by_peer=True),
                                       collapsed=True)],
         [_instance_var()],
-        [{"title": "Link dashboard", "type": "link", "url": f"/d/{UIDS['link']}/{UIDS['link']}",
-          "includeVars": True, "keepTime": True, "asDropdown": False, "targetBlank": False, "icon": "dashboard",
-          "tags": [], "tooltip": "This host's peer-plane pairs"}])
+        [to_dashboard("link", "Link dashboard", "This host's peer-plane pairs")])
 
 
 def link() -> dict:
@@ -677,9 +685,7 @@ def link() -> dict:
          var("plane", "Plane", f'label_values(linkpass_peer_paths{{{peer}}}, plane)'),
          var("link", "Fabric link", f"label_values(linkpass_coordinator_link_fault{{{COORDINATOR}}}, link)",
              include_all=True, multi=True)],
-        [{"title": "Host dashboard", "type": "link", "url": f"/d/{UIDS['host']}/{UIDS['host']}",
-          "includeVars": True, "keepTime": True, "asDropdown": False, "targetBlank": False, "icon": "dashboard",
-          "tags": [], "tooltip": "The host this pair is seen from"}])
+        [to_dashboard("host", "Host dashboard", "The host this pair is seen from")])
 
 
 BUILDERS = {"fleet": fleet, "link": link, "host": host}

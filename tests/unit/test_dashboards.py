@@ -1,5 +1,6 @@
 """The Grafana dashboards (linkpass/observe/dashboards.py, checked in under deploy/grafana): the
-files are what the code builds, their structure is one Grafana takes (ids, a 24-column grid
+files are what the code builds, they read back unchanged through grafana-foundation-sdk's types
+(the schemas of Grafana 11.6), their structure is one Grafana takes (ids, a 24-column grid
 without overlaps, a Prometheus query, a description and a unit on every panel, the `datasource`
 variable), and every PromQL expression names only metrics LinkPass exports: the agent's golden
 exposition, the coordinator's real /metrics, the recording rules, and Prometheus' own `up`,
@@ -9,6 +10,7 @@ The coordinator's families come from a coordinator started in-process, a service
 tests check every other name, and tests/service/test_dashboards_metrics.py checks them all."""
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -21,7 +23,8 @@ from linkpass.observe import dashboards as D
 from linkpass.testbed.prometheus import promtool
 
 from support.dashboards import (_VARIABLE, GOLDEN, GRAFANA, ROOT, all_panels, checked_in, exposition_names,
-                                metric_names, not_exported, queries, query_of_variable, rule_names, unexported)
+                                metric_names, not_exported, queries, query_of_variable, rule_names, sdk_errors,
+                                unexported)
 
 REGENERATE = "regenerate them: `.venv/bin/python -m linkpass.observe.dashboards --out deploy/grafana`"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -65,7 +68,7 @@ def test_structure(name):
     board = checked_in()[name]
     for key in ("uid", "title", "schemaVersion", "panels", "templating", "tags"):
         assert key in board, f"{name}: no {key!r}"
-    assert board["uid"] == name.removesuffix(".json") and board["title"] and board["schemaVersion"] == 39
+    assert board["uid"] == name.removesuffix(".json") and board["title"] and board["schemaVersion"] == 41
     assert "linkpass" in board["tags"]
     variables = board["templating"]["list"]
     assert [v for v in variables if v["name"] == "datasource"] == [
@@ -107,6 +110,35 @@ def test_structure(name):
         for t in targets:
             used = {m.strip("${}").split(":")[0] for m in re.findall(r"\$\{?\w+(?::\w+)?\}?", t["expr"])}
             assert used <= names | GRAFANA_GLOBALS, f"{where}: unknown variables {used - names - GRAFANA_GLOBALS}"
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_the_files_read_back_through_the_sdks_types(name):
+    """Decoded by grafana-foundation-sdk's models (each panel's options and field config by its
+    plugin's, each query by the Prometheus one) and encoded again, a file is unchanged, and every
+    value has the type its field declares."""
+    errors = sdk_errors(checked_in()[name])
+    assert not errors, f"{name} departs from the SDK's types:\n  " + "\n  ".join(errors)
+
+
+def _first(board: dict, kind: str) -> dict:
+    return next(p for p in all_panels(board) if p["type"] == kind)
+
+
+@pytest.mark.parametrize("corrupt, where", [
+    (lambda b: _first(b, "stat")["gridPos"].update(w="4"), "grid_pos.w: '4' is not int"),
+    (lambda b: _first(b, "stat")["options"].update(sparkle=True), "options.sparkle: the SDK's types have no such"),
+    (lambda b: _first(b, "timeseries")["options"]["legend"].update(displayMode="tabel"), "display_mode: 'tabel'"),
+    (lambda b: _first(b, "timeseries")["fieldConfig"]["defaults"]["custom"].update(lineWidth="1"), "line_width"),
+    (lambda b: _first(b, "table")["transformations"][0].update(optoins={}), "optoins: the SDK's types have no"),
+    (lambda b: _first(b, "table")["targets"][0].update(exprr="up"), "targets[0].exprr: the SDK's types have no"),
+    (lambda b: b["templating"]["list"][0].update(refresh="1"), "refresh: '1' is none of"),
+    (lambda b: _first(b, "heatmap").update(type="heatmapp"), "no panel plugin 'heatmapp'"),
+])
+def test_the_sdk_check_reports_an_unknown_field_or_a_wrong_type(corrupt, where):
+    board = copy.deepcopy(checked_in()["linkpass-host.json"])
+    corrupt(board)
+    assert any(where in e for e in sdk_errors(board)), sdk_errors(board)
 
 
 def test_links_lead_to_the_dashboards_and_their_variables():
@@ -166,13 +198,14 @@ def test_promtool_parses_every_expression(tmp_path):
     assert f"{len(rules)} rules found" in out.stdout, out.stdout
 
 
-def test_the_generator_does_no_io_and_imports_nothing_third_party():
+def test_the_generator_does_no_io_and_imports_nothing_third_party_but_the_sdk():
     import ast
 
     tree = ast.parse(Path(D.__file__).read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
-    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    allowed = set(sys.stdlib_module_names) | {"grafana_foundation_sdk"}
+    assert imported <= allowed, imported - allowed
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
     opens = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "open"]
     assert opens and all(main.lineno <= n.lineno <= main.end_lineno for n in opens), "files are opened only in main()"
