@@ -119,7 +119,7 @@ Architecture: {arch}
 Maintainer: The LinkPass engineers <linkpass@localhost>
 Section: net
 Priority: optional
-Depends: python3 (>= 3.11), python3 (<< 3.12), iproute2
+Depends: python3 (>= 3.11), python3 (<< 3.12), iproute2, procps
 Recommends: systemd
 Installed-Size: {size_kib}
 Homepage: https://github.com/linkpass/linkpass
@@ -149,8 +149,12 @@ if [ "$1" = configure ]; then
         done
     fi
     install -d -m 0750 -o root -g linkpass /etc/linkpass
-    sysctl -q -p /usr/lib/sysctl.d/90-linkpass.conf >/dev/null 2>&1 || \\
+    # systemd's own applier where systemd is (Debian's minbase has no procps, so no sysctl)
+    if [ -x /lib/systemd/systemd-sysctl ] && /lib/systemd/systemd-sysctl /usr/lib/sysctl.d/90-linkpass.conf >/dev/null 2>&1; then
+        :
+    elif ! sysctl -q -p /usr/lib/sysctl.d/90-linkpass.conf >/dev/null 2>&1; then
         echo "linkpass: could not apply /usr/lib/sysctl.d/90-linkpass.conf now; it applies at boot" >&2
+    fi
     if [ -d /run/systemd/system ]; then
         systemctl daemon-reload || true
     fi

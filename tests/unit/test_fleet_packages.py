@@ -93,7 +93,8 @@ def test_deb_carries_the_venv_units_plugin_docs_and_safe_scripts(dist, tmp_path)
     deb = dist["deb"]
     assert _deb_field(deb, "Package") == "linkpass" and _deb_field(deb, "Version") == f"{__version__}-1"
     depends = _deb_field(deb, "Depends")
-    assert "python3 (>= 3.11)" in depends and "iproute2" in depends
+    # procps: the unit's ExecReload= is its /bin/kill (Debian's minbase has none)
+    assert "python3 (>= 3.11)" in depends and "iproute2" in depends and "procps" in depends
     assert "frr" not in depends and "qemu" not in depends and "nftables" not in depends  # the testbed's, not the agent's
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     paths = {ln.split()[5].removeprefix(".") for ln in listing.splitlines()}
