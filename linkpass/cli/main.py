@@ -8,6 +8,7 @@ import sys
 import traceback
 
 from .. import __version__
+from ..observe.log import say
 from ..console.output import EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_UNKNOWN, CliError, error, paint
 from .parser import Parser
 
@@ -19,7 +20,8 @@ def _root_required(what: str) -> None:
 
 
 def _fail(message: str, code: int = EXIT_CRITICAL) -> int:
-    print(f"{paint('linkpass: error:', 'red', sys.stderr)} {message}", file=sys.stderr)
+    # with the journal's priority prefix under systemd: `journalctl -p err` shows why a unit died
+    say(f"{paint('linkpass: error:', 'red', sys.stderr)} {message}")
     return code
 
 

@@ -318,3 +318,15 @@ def test_the_plans_coverage_under_the_budgets_reaches_the_log(tmp_path):
                                                                           ("plan_coverage", "info", 0)]
     finally:
         store.close()
+
+
+def test_a_commands_last_line_of_failure_carries_the_error_priority_in_the_journal(tmp_path):
+    """`linkpass: error: ...` (an unexpected error, an interrupt) is what `journalctl -p err` must
+    show when a unit's process dies of it."""
+    child = "import importlib, sys; sys.exit(importlib.import_module('linkpass.cli.main')._fail('boom'))"
+    for env, want in ((True, "<3>linkpass: error: boom"), (False, "linkpass: error: boom")):
+        with open(tmp_path / "err", "w+") as f:
+            extra = {"JOURNAL_STREAM": journal_stream_of(f.fileno())} if env else {}
+            environ = {k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"} | extra | {"NO_COLOR": "1"}
+            subprocess.run([sys.executable, "-c", child], stderr=f, env=environ, timeout=60, cwd=ROOT)
+        assert (tmp_path / "err").read_text().strip() == want
