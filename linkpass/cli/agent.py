@@ -47,8 +47,15 @@ def run(args) -> int:
     if args.check_config:
         return check_config(args.config, args.dry_run, args.output)
     from ..agent.daemon import main  # the daemon's imports (pyroute2, the C core) only when it runs
+    from ..probe.common import ProbePortBusy
 
-    return main(args.config, args.max_seconds, args.dry_run, args.log_level)
+    try:
+        return main(args.config, args.max_seconds, args.dry_run, args.log_level)
+    except ProbePortBusy as exc:  # probe.engine: sockets where RoCEv2's port is someone else's
+        from ..observe.log import say
+
+        say(f"linkpass agent: probe engine: {exc}")
+        return 2
 
 
 def check_config(path: str, dry_run: bool, fmt: str) -> int:

@@ -14,6 +14,7 @@ directions are RoCEv2 (destination port 4791) and the reverse path is fixed by t
 """
 from __future__ import annotations
 
+import errno
 import heapq
 import socket
 from dataclasses import dataclass
@@ -34,6 +35,11 @@ def check_engine_args(agent_id: int, jitter: float) -> None:
         raise ValueError("jitter must be in [0, 1): a fraction of the interval")
 
 
+class ProbePortBusy(RuntimeError):
+    """A NIC's RoCEv2 port is taken, so the sockets engine cannot receive there: the message says
+    by what it likely is and what to set instead."""
+
+
 def open_nic_sockets(netns: str | None, ifname: str, addr: str) -> tuple[socket.socket, socket.socket]:
     """(rx, tx) for one NIC, opened inside `netns`: UDP NIC:4791 with kernel RX timestamps, and
     a raw socket bound to the NIC for sending with any source port."""
@@ -45,7 +51,16 @@ def open_nic_sockets(netns: str | None, ifname: str, addr: str) -> tuple[socket.
     try:
         rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
         rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        rx.bind((addr, wire.ROCE_PORT))
+        try:
+            rx.bind((addr, wire.ROCE_PORT))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise ProbePortBusy(
+                f"UDP {addr}:{wire.ROCE_PORT} on {ifname} is taken: another LinkPass agent on this host, or a "
+                f"kernel RoCE driver that receives RoCEv2 itself (Soft-RoCE, rdma_rxe, holds it once loaded); "
+                f"on an RDMA host set probe.engine: verbs, else stop what holds it (ss -lunp sport = "
+                f":{wire.ROCE_PORT})") from None
         rx.setblocking(False)
         tx.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, ifname.encode())
         tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)

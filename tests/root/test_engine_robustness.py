@@ -13,7 +13,7 @@ import pytest
 from linkpass.kernel import netns as ns_io
 from linkpass.core import wire as W
 from linkpass.core.clock import Exchange, PairEstimator, PurePairFilter, SyntheticClock
-from linkpass.probe.common import PathSpec
+from linkpass.probe.common import PathSpec, ProbePortBusy
 from linkpass.probe.engine import CoreProbeEngine
 from linkpass.probe.reference import ReferenceEngine
 from linkpass.testbed.mesh import Mesh
@@ -477,3 +477,30 @@ def test_a_down_making_miss_whose_round_is_still_far_is_handed_to_python_at_once
     finally:
         a.close()
         b.close()
+
+
+def test_a_taken_roce_port_is_refused_in_one_line_naming_the_fix(fabric, tmp_path):
+    """Soft-RoCE (rdma_rxe) holds UDP 4791 from the moment it loads, as another agent would: the
+    sockets engine says so and what to set, and the agent exits 2 with that line, not a traceback."""
+    import subprocess
+
+    from linkpass.testbed.agents import LINKPASS, write_agent_configs
+
+    holder = ns_io.socket_in_netns(fabric.netns("h1"), socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        holder.bind((fabric.nic_addr(1, 0), W.ROCE_PORT))
+        engine = CoreProbeEngine(2, KEY, netns=fabric.netns("h1"))
+        try:
+            with pytest.raises(ProbePortBusy, match=rf"UDP {fabric.nic_addr(1, 0)}:4791 on p0 is taken: .*rdma_rxe.*"
+                                                    r"set probe.engine: verbs"):
+                engine.add_nic("p0", "p0", fabric.nic_addr(1, 0))
+        finally:
+            engine.close()
+        cfg = write_agent_configs(fabric, str(tmp_path), KEY, hosts=[1, 2])[1]
+        run = subprocess.run(["ip", "netns", "exec", fabric.netns("h1"), *LINKPASS, "agent", "--config", cfg],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2, run.stderr
+        assert run.stderr.strip().splitlines()[-1].startswith("linkpass agent: probe engine: UDP "), run.stderr
+        assert "Traceback" not in run.stderr
+    finally:
+        holder.close()
