@@ -83,9 +83,9 @@ def up(spec: Spec, prefix: str, progress: Progress = _quiet) -> Fabric:
         fab = make_fabric(spec, prefix, spec.mgmt_subnet or _pick_mgmt_subnet())
         image = None
         if spec.rdma_hosts:
-            progress(f"the Soft-RoCE guest image for hosts {', '.join(map(str, spec.rdma_hosts))} "
+            progress(f"the {spec.guest_image} guest image for hosts {', '.join(map(str, spec.rdma_hosts))} "
                      f"(built once, minutes; then cached in {guests.IMAGE_CACHE})")
-            image = guests.ensure_image(progress)
+            image = guests.ensure_image(progress, profile=spec.guest_image)
         state.save(prefix, {"status": "building", "spec": spec.__dict__, "mgmt_subnet": fab.mgmt_subnet,
                             "faults": [], "next_fault_id": 1})
         try:
@@ -145,7 +145,7 @@ def _build(fab: Fabric, progress: Progress, image: "guests.Image | None" = None)
 
 def _start_guests(fab: Fabric, image: "guests.Image", taps: dict[int, list[int]], progress: Progress) -> None:
     procs = {h: guests.launch(fab, h, image, fds) for h, fds in taps.items()}
-    progress(f"booting {len(procs)} Soft-RoCE guest(s) ({', '.join(host_name(h) for h in procs)}; "
+    progress(f"booting {len(procs)} {image.profile} guest(s) ({', '.join(host_name(h) for h in procs)}; "
              f"emulated, 10-60 s)")
     t0 = time.monotonic()
     for h, proc in procs.items():

@@ -62,13 +62,35 @@ class Image:
     kernel: str
     initrd: str
     manifest: dict
+    profile: str = "rdma"  # topology.GUEST_IMAGES
+
+    @property
+    def cmdline(self) -> str:
+        """The kernel's command line: the systemd image boots systemd from the initramfs, the
+        other one its own ./init."""
+        base = "console=ttyS0 panic=-1 quiet"
+        return base + " rdinit=/lib/systemd/systemd" if self.profile == "systemd" else base
+
+    @property
+    def soft_roce(self) -> bool:
+        """Whether the guest's plane NICs get Soft-RoCE devices: not in the systemd image, whose
+        agent probes through sockets (rxe would take every RoCEv2 packet before them)."""
+        return self.profile != "systemd"
+
+    @property
+    def shares_source(self) -> bool:
+        """Whether the guest gets the project's source at /opt/linkpass: not where the fleet
+        package installs itself there."""
+        return self.profile != "systemd"
 
 
-def ensure_image(progress: Progress = lambda _: None, cache: str = IMAGE_CACHE) -> Image:
-    """The guest image for the current inputs, built first if the cache lacks it (minutes, once)."""
+def ensure_image(progress: Progress = lambda _: None, cache: str = IMAGE_CACHE, profile: str = "rdma") -> Image:
+    """The guest image of `profile` for the current inputs, built first if the cache lacks it
+    (minutes, once)."""
     if not os.path.exists(IMAGE_SCRIPT):
         raise GuestError(f"{IMAGE_SCRIPT} is missing: the Soft-RoCE guest image is built from the source tree")
-    proc = subprocess.Popen(["bash", IMAGE_SCRIPT, cache], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(["bash", IMAGE_SCRIPT, cache, profile], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     tail: list[str] = []
 
     def relay() -> None:
@@ -98,7 +120,7 @@ def ensure_image(progress: Progress = lambda _: None, cache: str = IMAGE_CACHE) 
     kernel = os.path.join(directory, "vmlinux")
     if not os.path.exists(kernel):
         kernel = os.path.join(directory, "vmlinuz")
-    return Image(directory, kernel, os.path.join(directory, "initrd.img"), manifest)
+    return Image(directory, kernel, os.path.join(directory, "initrd.img"), manifest, profile)
 
 
 # ---- what a guest is told to be (pure) ----------------------------------------------------
@@ -122,9 +144,9 @@ def nic_macs(fab: Fabric, host: int) -> list[tuple[str, str]]:
     return out
 
 
-def setup_script(fab: Fabric, host: int) -> str:
+def setup_script(fab: Fabric, host: int, soft_roce: bool = True) -> str:
     """The shell script the guest runs at boot: the same addresses, neighbours, routes and sysctls
-    as a namespace host gets from build.py, then one Soft-RoCE device per plane NIC."""
+    as a namespace host gets from build.py, then (`soft_roce`) one Soft-RoCE device per plane NIC."""
     node = host_name(host)
     q = shlex.quote
     lines = ["set -eu",
@@ -152,7 +174,7 @@ def setup_script(fab: Fabric, host: int) -> str:
         lines.append(" ".join(words))
     plen = fab.mgmt_subnet.split("/")[1]
     lines += [f"ip addr add {fab.mgmt_addr(host)}/{plen} dev {MGMT_IF}", f"ip link set {MGMT_IF} up"]
-    for p in range(fab.spec.planes):
+    for p in range(fab.spec.planes) if soft_roce else ():
         lines.append(f"rdma link add rxe_{nic_ifname(p)} type rxe netdev {nic_ifname(p)}")
     return "\n".join(lines) + "\n"
 
@@ -161,15 +183,16 @@ def qemu_argv(name: str, image: Image, workdir: str, tap_fds: list[int], macs: l
               mem_mb: int = GUEST_MEM_MB) -> list[str]:
     argv = [QEMU, "-name", name, "-accel", "tcg", "-cpu", "max", "-m", str(mem_mb), "-smp", "1",
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-            "-kernel", image.kernel, "-initrd", image.initrd, "-append", "console=ttyS0 panic=-1 quiet",
+            "-kernel", image.kernel, "-initrd", image.initrd, "-append", image.cmdline,
             "-serial", f"file:{os.path.join(workdir, 'console.log')}",
             "-device", "virtio-serial-pci",
             "-chardev", f"socket,id=ctl,path={os.path.join(workdir, 'ctl.sock')},server=on,wait=off",
             "-device", f"virtserialport,chardev=ctl,name={CTL_PORT}",
             "-fsdev", f"local,id=cfg,path={os.path.join(workdir, 'lp')},security_model=none",
-            "-device", "virtio-9p-pci,fsdev=cfg,mount_tag=lpcfg",
-            "-fsdev", f"local,id=src,path={REPO},security_model=none,readonly=on",
-            "-device", "virtio-9p-pci,fsdev=src,mount_tag=lpsrc"]
+            "-device", "virtio-9p-pci,fsdev=cfg,mount_tag=lpcfg"]
+    if image.shares_source:
+        argv += ["-fsdev", f"local,id=src,path={REPO},security_model=none,readonly=on",
+                 "-device", "virtio-9p-pci,fsdev=src,mount_tag=lpsrc"]
     for i, (fd, mac) in enumerate(zip(tap_fds, macs)):
         argv += ["-netdev", f"tap,id=n{i},fd={fd},vhost=off", "-device", f"virtio-net-pci,netdev=n{i},mac={mac}"]
     return argv
@@ -201,7 +224,7 @@ def launch(fab: Fabric, host: int, image: Image, tap_fds: list[int]) -> subproce
     os.makedirs(os.path.join(workdir, "lp"), mode=0o700)
     os.chmod(workdir, 0o700)
     with open(os.path.join(workdir, "lp", "setup.sh"), "w") as f:
-        f.write(setup_script(fab, host))
+        f.write(setup_script(fab, host, image.soft_roce))
     macs = [mac for _, mac in nic_macs(fab, host)]
     leaf0 = fab.links[fab.uplinks[(host_name(host), 0)]].b
     argv = ["ip", "netns", "exec", fab.netns(leaf0)] + qemu_argv(f"{fab.prefix}-{host_name(host)}", image, workdir,

@@ -39,6 +39,9 @@ MAX_HOSTS_PER_PLANE = 1024  # /21 of /31s
 MAX_LEAF_SPINE_LINKS = 2048  # /20 of /31s
 MAX_HOSTS = 253  # management /24
 MAX_RDMA_HOSTS = 3  # each guest is a TCG-emulated VM with its own core's worth of work
+# what the guests boot (rdma/guest/build-image.sh): `rdma`, a small init of the project's own;
+# `systemd`, the same root with systemd as PID 1, where the fleet package's units run for real
+GUEST_IMAGES = ("rdma", "systemd")
 PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,5}$")
 
 PRESETS: dict[str, dict] = PRESET_SHAPES  # the shapes are the generator's; the testbed adds addresses
@@ -52,6 +55,7 @@ _SPEC_FIELDS = {
     "mtu": "integer 1280..9000",
     "management": "mapping with optional 'subnet' (a /24 inside 198.19.0.0/16)",
     "rdma_hosts": f"list of up to {MAX_RDMA_HOSTS} host indices that run as Soft-RoCE guests, e.g. [0, 3]",
+    "guest_image": f"what the guests boot: {' or '.join(GUEST_IMAGES)} (systemd as PID 1); default rdma",
 }
 
 
@@ -75,6 +79,7 @@ class Spec:
     mtu: int = 1500
     mgmt_subnet: str | None = None  # None: pick a free /24 at build time
     rdma_hosts: tuple[int, ...] = ()  # hosts that are Soft-RoCE guests (QEMU) instead of namespaces
+    guest_image: str = "rdma"  # GUEST_IMAGES: the guests' init, a small one of ours or systemd
 
 
 @dataclass(frozen=True)
@@ -231,6 +236,7 @@ class Fabric:
             "spines_per_plane": s.spines_per_plane,
             "mtu": s.mtu,
             "rdma_hosts": list(s.rdma_hosts),
+            "guest_image": s.guest_image,
             "management": {"subnet": self.mgmt_subnet, "bridge": self.mgmt_bridge, "root_addr": self.mgmt_root_addr},
             "host_list": [
                 {
@@ -324,8 +330,11 @@ def parse_spec(raw: object, where: str = "topology") -> Spec:
         if "subnet" in mgmt:
             subnet = _parse_mgmt_subnet(mgmt["subnet"], f"{where}.management.subnet")
     rdma = parse_rdma_hosts(raw.get("rdma_hosts", ()), hosts, f"{where}.rdma_hosts")
+    image = raw.get("guest_image", "rdma")
+    if image not in GUEST_IMAGES:
+        raise TopologyError(f"{where}.guest_image: {image!r} is not an image; use {' or '.join(GUEST_IMAGES)}")
     return Spec(hosts=hosts, planes=planes, leaves_per_plane=leaves, spines_per_plane=spines,
-                name=name, mtu=mtu, mgmt_subnet=subnet, rdma_hosts=rdma)
+                name=name, mtu=mtu, mgmt_subnet=subnet, rdma_hosts=rdma, guest_image=image)
 
 
 def parse_rdma_hosts(value: object, hosts: int, where: str = "rdma_hosts") -> tuple[int, ...]:

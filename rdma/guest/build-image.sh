@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# build-image.sh CACHE_DIR — builds the Soft-RoCE guest image from Debian bookworm packages.
+# build-image.sh CACHE_DIR [PROFILE] — builds a guest image from Debian bookworm packages.
 #
-# Prints one line on stdout, the result directory CACHE_DIR/<key>/, holding
+# PROFILE `rdma` (the default): the Soft-RoCE guest, whose PID 1 is ./init. PROFILE `systemd`: the
+# same root plus systemd, systemd-sysv and dbus, booted with systemd as PID 1 (rdinit=), where
+# ./init runs as the unit linkpass-guest.service: the fleet packages' units are tried there under
+# the init system they are written for.
+#
+# Prints one line on stdout, the result directory CACHE_DIR/<key>/ (CACHE_DIR/systemd-<key>/ for
+# the systemd profile), holding
 #   vmlinuz       the Debian 6.1 kernel (the newest linux-image-6.1.0-*-amd64 apt offers)
 #   vmlinux       the same kernel uncompressed, for qemu's PVH boot (faster; absent if the
 #                 payload could not be extracted)
 #   initrd.img    the whole root (debootstrap minbase + rdma-core, pyverbs, iproute2, python3, ...)
 #                 as a newc cpio compressed with zstd; the kernel unpacks it and runs ./init from it
-#   manifest.json {"key", "kernel", "packages": {name: version}, "built_in_s", "sizes"}
+#   manifest.json {"key", "profile", "kernel", "packages": {name: version}, "built_in_s", "sizes"}
 # <key> is the first 16 hex digits of a sha256 over this script, init, guestctl.py and the package
 # list, so a change to any of them builds a new image and an unchanged one is found again without
 # the network. Progress goes to stderr; a missing package or a failed step ends with one line
@@ -17,10 +23,17 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SUITE=bookworm
 MIRROR=${LINKPASS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-REQUIRED_PACKAGES=(rdma-core ibverbs-providers ibverbs-utils python3-pyverbs iproute2 kmod tcpdump python3)
+# iproute2, procps and python3 are also what the fleet package depends on: it installs in both
+# images (dpkg into this root; apt inside the systemd guest, which has no network to fetch them)
+REQUIRED_PACKAGES=(rdma-core ibverbs-providers ibverbs-utils python3-pyverbs iproute2 procps kmod tcpdump python3)
 # What the LinkPass agent imports when it runs inside a guest; left out (and said so) where the
 # suite lacks one.
 OPTIONAL_PACKAGES=(python3-pyroute2 python3-prometheus-client python3-yaml)
+# The systemd profile's init system and its bus (systemd-analyze asks the manager over D-Bus).
+SYSTEMD_PACKAGES=(systemd systemd-sysv dbus)
+# Timers of the packages above that would wake under emulation for work a test guest never needs.
+SYSTEMD_MASKED=(apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer systemd-tmpfiles-clean.timer
+                dpkg-db-backup.timer)
 # Modules init loads (and the crc32 the kernel asks for when rxe computes its ICRC); the build
 # fails if the kernel has none of one of them. Their dependencies come along.
 REQUIRED_MODULES=(virtio_pci virtio_net virtio_console 9pnet_virtio 9p rdma_rxe ib_uverbs crc32_generic)
@@ -44,14 +57,20 @@ fail() {
     exit 2
 }
 
-[[ $# -eq 1 && -n $1 && $1 != -* ]] || { echo "usage: build-image.sh CACHE_DIR" >&2; exit 2; }
+[[ ($# -eq 1 || $# -eq 2) && -n $1 && $1 != -* ]] || { echo "usage: build-image.sh CACHE_DIR [rdma|systemd]" >&2; exit 2; }
 CACHE=$(realpath -m -- "$1")
+PROFILE=${2:-rdma}
+case $PROFILE in
+    rdma) NAME_PREFIX= ;;
+    systemd) NAME_PREFIX=systemd-; REQUIRED_PACKAGES+=("${SYSTEMD_PACKAGES[@]}") ;;
+    *) echo "build-image.sh: unknown profile $PROFILE (rdma or systemd)" >&2; exit 2 ;;
+esac
 for f in build-image.sh init guestctl.py; do
     [[ -f $HERE/$f ]] || fail "$HERE/$f is missing (the image is built from it)"
 done
 KEY=$( { cat "$HERE/build-image.sh" "$HERE/init" "$HERE/guestctl.py"
-         printf '%s\n' "${REQUIRED_PACKAGES[@]}" -- "${OPTIONAL_PACKAGES[@]}"; } | sha256sum | cut -c1-16)
-OUT=$CACHE/$KEY
+         printf '%s\n' "$PROFILE" "${REQUIRED_PACKAGES[@]}" -- "${OPTIONAL_PACKAGES[@]}"; } | sha256sum | cut -c1-16)
+OUT=$CACHE/$NAME_PREFIX$KEY
 
 if [[ -f $OUT/manifest.json ]]; then
     echo "$OUT"
@@ -191,6 +210,30 @@ chmod 1777 "$ROOT/tmp"
 [[ -c $ROOT/dev/console ]] || { rm -f "$ROOT/dev/console"; mknod -m 600 "$ROOT/dev/console" c 5 1; }
 [[ -c $ROOT/dev/null ]] || { rm -f "$ROOT/dev/null"; mknod -m 666 "$ROOT/dev/null" c 1 3; }
 echo linkpass-guest >"$ROOT/etc/hostname"
+if [[ $PROFILE == systemd ]]; then
+    say "systemd profile: linkpass-guest.service runs init; timers masked"
+    cat >"$ROOT/etc/systemd/system/linkpass-guest.service" <<'UNIT'
+[Unit]
+Description=LinkPass guest setup (shares, addresses, Soft-RoCE) and its control port
+DefaultDependencies=no
+After=systemd-udevd.service systemd-journald.socket
+Before=multi-user.target
+
+[Service]
+Type=simple
+Environment=LINKPASS_GUEST_SOFT_ROCE=0
+ExecStart=/init
+KillMode=process
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+    mkdir -p "$ROOT/etc/systemd/system/multi-user.target.wants"
+    ln -sf ../linkpass-guest.service "$ROOT/etc/systemd/system/multi-user.target.wants/linkpass-guest.service"
+    for u in "${SYSTEMD_MASKED[@]}"; do ln -sf /dev/null "$ROOT/etc/systemd/system/$u"; done
+    # a machine id made at each boot (the root is new each boot); the journal stays in /run
+    : >"$ROOT/etc/machine-id"
+fi
 for d in "${TRIM[@]}"; do
     rm -rf --one-file-system "${ROOT:?}/$d"
 done
@@ -214,7 +257,7 @@ VMLINUZ_BYTES=$(stat -c %s "$RESULT/vmlinuz")
 VMLINUX_BYTES=$(stat -c %s "$RESULT/vmlinux" 2>/dev/null || echo 0)
 INITRD_BYTES=$(stat -c %s "$RESULT/initrd.img")
 {
-    printf '{\n  "key": "%s",\n  "kernel": "%s",\n  "kernel_package": "%s",\n' "$KEY" "$KVER" "$KPKG"
+    printf '{\n  "key": "%s",\n  "profile": "%s",\n  "kernel": "%s",\n  "kernel_package": "%s",\n' "$KEY" "$PROFILE" "$KVER" "$KPKG"
     printf '  "packages": {'
     sep=
     # Package names and Debian versions are [A-Za-z0-9.+~:-]: no JSON escaping needed.
@@ -231,9 +274,9 @@ INITRD_BYTES=$(stat -c %s "$RESULT/initrd.img")
 } >"$RESULT/manifest.json"
 
 mv -T "$RESULT" "$OUT" || fail "renaming the build to $OUT"
-# Keep only the current image: older keys are dead once their sources changed.
+# Keep only the current image of this profile: older keys are dead once their sources changed.
 for old in "$CACHE"/*; do
-    [[ -d $old && $old != "$OUT" && $(basename "$old") =~ ^[0-9a-f]{16}$ ]] || continue
+    [[ -d $old && $old != "$OUT" && $(basename "$old") =~ ^$NAME_PREFIX[0-9a-f]{16}$ ]] || continue
     rm -rf --one-file-system "$old"
     say "removed the older image $(basename "$old")"
 done

@@ -53,3 +53,28 @@ def test_qemu_gets_one_tap_per_nic_the_control_port_and_no_default_devices(gfab,
     assert [d.split("mac=")[1] for d in devs] == macs
     assert any(a == f"virtserialport,chardev=ctl,name={guests.CTL_PORT}" for a in argv)
     assert any("readonly=on" in a and "mount_tag" not in a for a in argv)  # the source tree, read-only
+
+
+def test_the_systemd_image_boots_systemd_without_soft_roce_or_the_source_share(gfab, tmp_path):
+    """Its agent comes from the fleet package at /opt/linkpass and probes through sockets, which
+    rxe would starve of every RoCEv2 packet: no rxe device, no source share over the package."""
+    rdma = guests.Image(str(tmp_path), "/img/vmlinux", "/img/initrd.img", {})
+    sysd = guests.Image(str(tmp_path), "/img/vmlinux", "/img/initrd.img", {}, profile="systemd")
+    macs = [m for _, m in guests.nic_macs(gfab, 3)]
+    cmdline = {im.profile: guests.qemu_argv("g", im, str(tmp_path), [7, 8, 9], macs) for im in (rdma, sysd)}
+    append = {k: argv[argv.index("-append") + 1] for k, argv in cmdline.items()}
+    assert "rdinit=/lib/systemd/systemd" in append["systemd"] and "rdinit" not in append["rdma"]
+    assert any("mount_tag=lpsrc" in a for a in cmdline["rdma"])
+    assert not any("lpsrc" in a or "readonly=on" in a for a in cmdline["systemd"])
+    plain = guests.setup_script(gfab, 3, soft_roce=False)
+    assert "rdma link" not in plain
+    assert plain == "".join(ln + "\n" for ln in guests.setup_script(gfab, 3).splitlines()
+                            if not ln.startswith("rdma link"))
+
+
+def test_a_topologys_guest_image_is_named_or_refused_naming_the_choices():
+    base = {"hosts": 4, "planes": 2, "leaves_per_plane": 2, "spines_per_plane": 2, "rdma_hosts": [0]}
+    assert T.parse_spec(base).guest_image == "rdma"
+    assert T.parse_spec({**base, "guest_image": "systemd"}).guest_image == "systemd"
+    with pytest.raises(T.TopologyError, match=r"topology\.guest_image: 'upstart' is not an image; use rdma or systemd"):
+        T.parse_spec({**base, "guest_image": "upstart"})
