@@ -174,6 +174,12 @@ exit 0
 
 POSTRM = """#!/bin/sh
 set -e
+if [ "$1" = remove ] || [ "$1" = purge ]; then
+    # the package's own tree, with what was added to its venv after the install (the coordinator's
+    # extras, byte-code compiled by later runs), which dpkg does not know and would leave behind
+    rm -rf /opt/linkpass/venv
+    rmdir /opt/linkpass/bin /opt/linkpass/lib /opt/linkpass 2>/dev/null || true
+fi
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null 2>&1 || true
 fi

@@ -45,6 +45,11 @@ READY, FAIL = "LINKPASS-GUEST-READY", "LINKPASS-GUEST-FAIL"
 PANIC = ("Kernel panic", "end Kernel panic")
 CTL_PORT = "org.linkpass.ctl"
 GUEST_MEM_MB = 768  # the whole root lives in RAM (an initramfs of ~60 MB unpacks to ~180 MB)
+# the systemd guest takes the fleet package and, for the coordinator's unit, Ray (~250 MB
+# unpacked) into that RAM, and runs a local Ray instance: on one emulated CPU its raylet misses
+# the 30 s Ray gives it to register (measured), on two the coordinator is ready in ~50 s
+SYSTEMD_GUEST_MEM_MB = 2048
+SYSTEMD_GUEST_CPUS = 2
 BOOT_TIMEOUT_S = 120.0  # TCG boots in 9-14 s on an idle core; two guests and a test suite share two
 MGMT_IF = "mgmt"
 
@@ -70,6 +75,14 @@ class Image:
         other one its own ./init."""
         base = "console=ttyS0 panic=-1 quiet"
         return base + " rdinit=/lib/systemd/systemd" if self.profile == "systemd" else base
+
+    @property
+    def mem_mb(self) -> int:
+        return SYSTEMD_GUEST_MEM_MB if self.profile == "systemd" else GUEST_MEM_MB
+
+    @property
+    def cpus(self) -> int:
+        return SYSTEMD_GUEST_CPUS if self.profile == "systemd" else 1
 
     @property
     def soft_roce(self) -> bool:
@@ -180,8 +193,8 @@ def setup_script(fab: Fabric, host: int, soft_roce: bool = True) -> str:
 
 
 def qemu_argv(name: str, image: Image, workdir: str, tap_fds: list[int], macs: list[str],
-              mem_mb: int = GUEST_MEM_MB) -> list[str]:
-    argv = [QEMU, "-name", name, "-accel", "tcg", "-cpu", "max", "-m", str(mem_mb), "-smp", "1",
+              mem_mb: int | None = None) -> list[str]:
+    argv = [QEMU, "-name", name, "-accel", "tcg", "-cpu", "max", "-m", str(mem_mb or image.mem_mb), "-smp", str(image.cpus),
             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-kernel", image.kernel, "-initrd", image.initrd, "-append", image.cmdline,
             "-serial", f"file:{os.path.join(workdir, 'console.log')}",
@@ -251,7 +264,8 @@ def wait_ready(prefix: str, host: int, proc: subprocess.Popen | None = None,
     while True:
         text = read_console(prefix, host)
         for line in text.splitlines():
-            if line.startswith(READY):
+            if READY in line:  # anywhere: another writer to the console may have left a line open
+                line = line[line.index(READY):]
                 try:
                     return json.loads(line[len(READY):].strip() or "{}")
                 except ValueError:

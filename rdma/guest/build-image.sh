@@ -31,9 +31,12 @@ REQUIRED_PACKAGES=(rdma-core ibverbs-providers ibverbs-utils python3-pyverbs ipr
 OPTIONAL_PACKAGES=(python3-pyroute2 python3-prometheus-client python3-yaml)
 # The systemd profile's init system and its bus (systemd-analyze asks the manager over D-Bus).
 SYSTEMD_PACKAGES=(systemd systemd-sysv dbus)
-# Timers of the packages above that would wake under emulation for work a test guest never needs.
+# Timers of the packages above that would wake under emulation for work a test guest never needs,
+# and the gettys.
 SYSTEMD_MASKED=(apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer systemd-tmpfiles-clean.timer
-                dpkg-db-backup.timer)
+                dpkg-db-backup.timer
+                # no login prompt on the console, whose lines the host reads (READY/FAIL)
+                serial-getty@ttyS0.service getty@tty1.service)
 # Modules init loads (and the crc32 the kernel asks for when rxe computes its ICRC); the build
 # fails if the kernel has none of one of them. Their dependencies come along.
 REQUIRED_MODULES=(virtio_pci virtio_net virtio_console 9pnet_virtio 9p rdma_rxe ib_uverbs crc32_generic)

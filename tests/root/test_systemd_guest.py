@@ -13,9 +13,16 @@ systemd's own view of the unit (its debug log names every notification it receiv
   * a probe thread stopped (ptrace-stopped, the rest of the process running) makes the agent
     withhold its pings: systemd kills it by the watchdog (SIGABRT: every thread's stack in the
     journal) and starts it again;
-  * `apt remove` stops the unit and takes the code, `apt purge` keeps /etc/linkpass.
+  * the coordinator's host as the docs have it: Ray and the other extras installed into the
+    package's venv with pip, a fleet model, `systemctl enable --now linkpass-coordinator`: active
+    once its endpoint answers, it and every Ray process run as `linkpass-coordinator` with no
+    capabilities, its security score online is the offline one, and the agent, given a token
+    of its own, reports to it;
+  * `apt remove` stops both units and takes the code, `apt purge` keeps /etc/linkpass.
 
-Times are under TCG emulation: the guest boots in about 25 s, the agent is ready in about 10."""
+Times are under TCG emulation (two emulated CPUs: on one, Ray's raylet misses the 30 s Ray gives
+it to register): the guest boots in about 25 s, the agent is ready in about 10, pip installs Ray in
+about 130 s and the coordinator is ready about 50 s after its start."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +31,7 @@ import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +46,9 @@ GUEST, PEER = 0, 2  # on different leaves: probes cross the spines
 KEY = bytes(range(32))
 UNIT = "linkpass-agent"
 # what docs/systemd.md measured offline for the agent's unit, and tests/unit/test_systemd.py bounds
-OFFLINE_EXPOSURE_MAX = 3.0
+OFFLINE_EXPOSURE_MAX = {"linkpass-agent": 3.0, "linkpass-coordinator": 4.0}
+COORDINATOR = "linkpass-coordinator"
+STATE = "/var/lib/linkpass/coordinator"
 # a slow guest: probes every 100 ms, round trips of up to 1.5 s are no failure (tests/root/test_rdma_guests.py)
 GUEST_DETECT = {"timeout_floor_us": 100_000, "timeout_ceiling_ms": 1500, "latency_floor_us": 50_000,
                 "recovery_good_probes": 50}
@@ -88,8 +98,8 @@ def sh(ctl: guests.Control, script: str, timeout_s: float = 120.0) -> str:
     return ctl.check(["sh", "-c", script], timeout_s=timeout_s)
 
 
-def show(ctl: guests.Control, *props: str) -> dict[str, str]:
-    out = sh(ctl, f"systemctl show -p {','.join(props)} {UNIT}")
+def show(ctl: guests.Control, *props: str, unit: str = UNIT) -> dict[str, str]:
+    out = sh(ctl, f"systemctl show -p {','.join(props)} {unit}")
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -102,11 +112,11 @@ def wait_show(ctl: guests.Control, want: dict[str, str], timeout_s: float) -> di
         time.sleep(1)
 
 
-def journal(ctl: guests.Control, since_cursor: str | None = None, **match: str) -> list[dict]:
-    """The unit's journal entries (JSON), optionally after a cursor and matching fields."""
+def journal(ctl: guests.Control, since_cursor: str | None = None, unit: str = UNIT, **match: str) -> list[dict]:
+    """A unit's journal entries (JSON), optionally after a cursor and matching fields."""
     args = " ".join(f"{k}={v}" for k, v in match.items())
     after = f"--after-cursor='{since_cursor}'" if since_cursor else ""
-    out = sh(ctl, f"journalctl -u {UNIT} -o json --no-pager {after} {args}")
+    out = sh(ctl, f"journalctl -u {unit} -o json --no-pager {after} {args}")
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
@@ -205,15 +215,25 @@ def test_the_unit_turns_active_only_after_the_agents_ready(guest, installed):
     print(f"enable --now returned after {took:.1f} s; active {(active - start) / 1e6:.1f} s after exec")
 
 
+def proc_status(ctl: guests.Control, pid: str) -> dict[str, str]:
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in sh(ctl, f"cat /proc/{pid}/status").splitlines()
+                                      if ":" in line)}
+
+
+def exposure(out: str) -> float:
+    """The figure of `systemd-analyze security`'s last line."""
+    return float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out).group(1))
+
+
 def test_the_agent_runs_as_its_unit_says(guest, installed, peer):
     pid = show(guest, "MainPID")["MainPID"]
-    status = dict(line.split(":", 1) for line in sh(guest, f"cat /proc/{pid}/status").splitlines() if ":" in line)
+    status = proc_status(guest, pid)
     uid = sh(guest, "id -u linkpass").strip()
     assert status["Uid"].split() == [uid] * 4
     two = 1 << 12 | 1 << 13  # CAP_NET_ADMIN, CAP_NET_RAW
     for field in ("CapPrm", "CapEff", "CapAmb", "CapBnd"):
         assert int(status[field], 16) == two, (field, status[field])
-    assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
+    assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
     # per thread: name, scheduling policy (1: SCHED_FIFO) and real-time priority (stat fields 41, 40)
     threads = sh(guest, f'for t in /proc/{pid}/task/*; do echo "$(cat $t/comm) $(cut -d" " -f40,41 $t/stat)"; done')
     rows = [line.split() for line in threads.splitlines()]
@@ -224,12 +244,9 @@ def test_the_agent_runs_as_its_unit_says(guest, installed, peer):
 
 
 def test_security_of_the_running_unit_is_what_the_offline_analysis_says(guest, installed):
-    def exposure(out: str) -> float:
-        return float(re.search(r"Overall exposure level for \S+: ([\d.]+)", out).group(1))
-
     online = exposure(sh(guest, f"systemd-analyze security --no-pager {UNIT}"))
     offline = exposure(sh(guest, f"systemd-analyze security --no-pager --offline=true /lib/systemd/system/{UNIT}.service"))
-    assert online <= offline <= OFFLINE_EXPOSURE_MAX, (online, offline)
+    assert online <= offline <= OFFLINE_EXPOSURE_MAX[UNIT], (online, offline)
     print(f"systemd-analyze security: {online} online, {offline} offline")
 
 
@@ -285,13 +302,114 @@ def test_a_stalled_probe_thread_gets_the_agent_restarted_by_the_watchdog(guest, 
         time.sleep(1)
 
 
-def test_apt_remove_stops_the_unit_and_purge_keeps_the_operators_files(guest, installed):
+@pytest.fixture(scope="module")
+def coordinator(sfab, guest, installed):
+    """The coordinator's host as docs/install.md has it: the package (installed above), then its
+    extra dependencies into the package's venv with pip (from wheels downloaded here: the guest
+    has no network; pip itself run from its wheel, the guest having no python3-pip), a fleet model
+    in /etc/linkpass, and `systemctl enable --now linkpass-coordinator`, which starts a local Ray
+    instance. (the cursor before the start, the time `enable --now` took)"""
+    import importlib.metadata
+    import sys
+
+    from linkpass.core.fabric import from_testbed
+
+    lp = f"{guests.guest_dir(sfab.prefix, GUEST)}/lp"
+    ray = importlib.metadata.version("ray")
+    get = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d",
+                          f"{lp}/wheels", "--only-binary=:all:", "--python-version", "3.11", "--platform",
+                          "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64", f"ray=={ray}",
+                          "cryptography>=42", "pg8000>=1.30", "pip"], capture_output=True, text=True, timeout=600)
+    assert get.returncode == 0, get.stderr[-2000:]
+    pip = next(Path(f"{lp}/wheels").glob("pip-*.whl"))
+    with open(f"{lp}/fabric.json", "w") as f:
+        json.dump(from_testbed(sfab).to_dict(), f)
+    t0 = time.monotonic()
+    sh(guest, f"python3 /lp/wheels/{pip.name}/pip --python /opt/linkpass/venv/bin/python install -q "
+              "--disable-pip-version-check --no-index --find-links /lp/wheels "
+              "'ray>=2.40' 'cryptography>=42' 'pg8000>=1.30' 2>&1", 900)
+    installed_s = time.monotonic() - t0
+    sh(guest, "install -o root -g linkpass -m 0640 /lp/fabric.json /etc/linkpass/fabric.json")
+    before = cursor(guest)
+    t0 = time.monotonic()
+    sh(guest, f"systemctl enable --now {COORDINATOR}", 400)
+    print(f"Ray and the coordinator's other dependencies installed in {installed_s:.0f} s; "
+          f"enable --now returned after {time.monotonic() - t0:.0f} s")
+    return before
+
+
+def test_the_coordinator_unit_turns_active_once_its_endpoint_answers(guest, coordinator):
+    props = show(guest, "ActiveState", "SubState", "MainPID", "StatusText", unit=COORDINATOR)
+    assert (props["ActiveState"], props["SubState"]) == ("active", "running"), props
+    assert props["StatusText"] == "serving https://0.0.0.0:9470", props
+    entries = journal(guest, coordinator, unit=COORDINATOR)
+    said = [str(e.get("MESSAGE")) if e.get("_PID") == "1" else "" for e in entries]
+    ready = next(i for i, m in enumerate(said) if f"notification message from PID {props['MainPID']}" in m
+                 and "READY=1" in m)
+    running = next(i for i, m in enumerate(said) if "Changed start -> running" in m)
+    assert ready < running
+    events = agent_events(entries)
+    assert any(e["event"] == "started" and e["component"] == "coordinator" for e, _ in events), events
+    assert all({"info": 6, "warning": 4, "error": 3}[e["level"]] == prio for e, prio in events), events
+    # on its host, the CLI finds the reader token and the lab CA by itself
+    doc = json.loads(sh(guest, "linkpass status -o json"))
+    assert doc["health"] == "ok" and doc["fabric"]["hosts"] == 4, doc
+
+
+def test_the_coordinator_and_its_ray_run_as_its_own_user_with_no_capabilities(guest, coordinator):
+    props = show(guest, "MainPID", "ControlGroup", unit=COORDINATOR)
+    status = proc_status(guest, props["MainPID"])
+    uid = sh(guest, "id -u linkpass-coordinator").strip()
+    assert status["Uid"].split() == [uid] * 4
+    assert sh(guest, "getent group linkpass | cut -d: -f3").strip() in status["Groups"].split()  # reads fabric.json
+    for field in ("CapPrm", "CapEff", "CapAmb", "CapBnd"):
+        assert int(status[field], 16) == 0, (field, status[field])
+    assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+    # Ray's processes (GCS, raylet, workers, the actor) are the unit's: same user, same cgroup
+    procs = sh(guest, f"cat /sys/fs/cgroup{props['ControlGroup']}/cgroup.procs").split()
+    owners = {sh(guest, f"stat -c %u /proc/{p}").strip() for p in procs if guest.run(["test", "-d", f"/proc/{p}"]).rc == 0}
+    comms = sh(guest, "ps -u linkpass-coordinator -o comm=")
+    assert len(procs) >= 4 and owners == {uid}, (procs, owners)
+    assert "raylet" in comms and "gcs_server" in comms, comms
+    online = exposure(sh(guest, f"systemd-analyze security --no-pager {COORDINATOR}"))
+    offline = exposure(sh(guest, f"systemd-analyze security --no-pager --offline=true "
+                                 f"/lib/systemd/system/{COORDINATOR}.service"))
+    assert online <= offline <= OFFLINE_EXPOSURE_MAX[COORDINATOR], (online, offline)
+    print(f"systemd-analyze security of the coordinator: {online} online, {offline} offline")
+
+
+def test_the_agent_reports_to_the_coordinator_on_its_host_with_a_token_of_its_own(sfab, guest, coordinator, peer):
+    """The documented steps: the host's token made as the coordinator's user, the lab CA's
+    certificate where the agent's user can read it, the agent's `coordinator:` section, a restart."""
+    sh(guest, f"runuser -u linkpass-coordinator -- linkpass coordinator token h{GUEST} --state-dir {STATE} "
+              f"--out /tmp/agent.token && install -o root -g linkpass -m 0640 /tmp/agent.token /etc/linkpass/agent.token "
+              f"&& install -m 0644 {STATE}/tls/ca.crt /etc/linkpass/coordinator-ca.crt && rm /tmp/agent.token")
+    doc = dict(peer, coordinator={"url": "https://127.0.0.1:9470", "token_file": "/etc/linkpass/agent.token",
+                                  "ca_file": "/etc/linkpass/coordinator-ca.crt"})
+    lp = f"{guests.guest_dir(sfab.prefix, GUEST)}/lp"
+    with open(f"{lp}/agent.yaml", "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
+    sh(guest, f"install -o root -g linkpass -m 0640 /lp/agent.yaml /etc/linkpass/agent.yaml && systemctl restart {UNIT}",
+       180)
+    deadline = time.monotonic() + 120
+    while True:
+        status = json.loads(sh(guest, "linkpass status -o json || true") or "{}")
+        if status.get("agents") == 1 and status.get("paths", 0) > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert status.get("agents") == 1 and status.get("paths", 0) > 0, status
+
+
+def test_apt_remove_stops_the_units_and_purge_keeps_the_operators_files(guest, installed):
     sh(guest, "DEBIAN_FRONTEND=noninteractive apt-get remove -y linkpass 2>&1", 300)
-    assert show(guest, "ActiveState")["ActiveState"] in ("inactive", "failed")
+    for unit in (UNIT, COORDINATOR):
+        assert show(guest, "ActiveState", unit=unit)["ActiveState"] in ("inactive", "failed"), unit
     assert sh(guest, "pgrep -u linkpass -c . || true").strip() == "0"
-    gone = sh(guest, "for p in /opt/linkpass/venv /usr/bin/linkpass /lib/systemd/system/linkpass-agent.service; "
+    assert sh(guest, "pgrep -u linkpass-coordinator -c . || true").strip() == "0"
+    # Ray, pip-installed into the package's venv, goes with it
+    gone = sh(guest, "for p in /opt/linkpass /usr/bin/linkpass /lib/systemd/system/linkpass-agent.service; "
                      "do [ -e $p ] && echo $p; done; true")
     assert gone.strip() == "", gone
     sh(guest, "DEBIAN_FRONTEND=noninteractive apt-get purge -y linkpass 2>&1", 300)
-    assert sh(guest, "ls /etc/linkpass").split() == ["agent.yaml", "fleet.key"]
+    assert set(sh(guest, "ls /etc/linkpass").split()) >= {"agent.yaml", "fleet.key", "fabric.json"}
     assert guest.run(["dpkg", "-s", "linkpass"]).rc != 0

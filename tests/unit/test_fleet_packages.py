@@ -134,6 +134,10 @@ def test_deb_carries_the_venv_units_plugin_docs_and_safe_scripts(dist, tmp_path)
             if "systemctl" in ln and "daemon-reload" not in ln:
                 assert "disable --now linkpass-agent.service linkpass-coordinator.service" in ln, ln
         assert not any(re.search(r"systemctl\s+(enable|start|restart)", ln) for ln in commands)
+        # what they delete is the package's own tree, nothing an operator wrote
+        for ln in commands:
+            if re.match(r"(rm|rmdir)\s", ln):
+                assert re.fullmatch(r"rm -rf /opt/linkpass/venv|rmdir (/opt/linkpass\S* ?)+2>/dev/null \|\| true", ln), ln
         assert "frr" not in text
 
 

@@ -64,6 +64,9 @@ def test_the_systemd_image_boots_systemd_without_soft_roce_or_the_source_share(g
     cmdline = {im.profile: guests.qemu_argv("g", im, str(tmp_path), [7, 8, 9], macs) for im in (rdma, sysd)}
     append = {k: argv[argv.index("-append") + 1] for k, argv in cmdline.items()}
     assert "rdinit=/lib/systemd/systemd" in append["systemd"] and "rdinit" not in append["rdma"]
+    sizes = {k: (argv[argv.index("-m") + 1], argv[argv.index("-smp") + 1]) for k, argv in cmdline.items()}
+    assert sizes == {"rdma": (str(guests.GUEST_MEM_MB), "1"),
+                     "systemd": (str(guests.SYSTEMD_GUEST_MEM_MB), str(guests.SYSTEMD_GUEST_CPUS))}
     assert any("mount_tag=lpsrc" in a for a in cmdline["rdma"])
     assert not any("lpsrc" in a or "readonly=on" in a for a in cmdline["systemd"])
     plain = guests.setup_script(gfab, 3, soft_roce=False)
