@@ -17,7 +17,7 @@ systemd's own view of the unit (its debug log names every notification it receiv
     package's venv with pip, a fleet model, `systemctl enable --now linkpass-coordinator`: active
     once its endpoint answers, it and every Ray process run as `linkpass-coordinator` with no
     capabilities, its security score online is the offline one, and the agent, given a token
-    of its own, reports to it;
+    of its own, reports to it; a stopped actor gets the unit restarted by its watchdog;
   * `apt remove` stops both units and takes the code, `apt purge` keeps /etc/linkpass.
 
 Times are under TCG emulation (two emulated CPUs: on one, Ray's raylet misses the 30 s Ray gives
@@ -398,6 +398,38 @@ def test_the_agent_reports_to_the_coordinator_on_its_host_with_a_token_of_its_ow
             break
         time.sleep(2)
     assert status.get("agents") == 1 and status.get("paths", 0) > 0, status
+
+
+def test_a_coordinator_whose_endpoint_stops_answering_is_restarted_by_the_watchdog(guest, coordinator):
+    """The actor's process stopped (SIGSTOP), the foreground process still running: its check of
+    the endpoint fails, it says so and withholds the pings, systemd kills the unit at
+    WatchdogSec=60 and starts it again, with a new Ray and actor."""
+    before = cursor(guest)
+    first = show(guest, "MainPID", "NRestarts", unit=COORDINATOR)
+    actor = sh(guest, "pgrep -u linkpass-coordinator -f '^ray::Coordinator'").split()
+    assert len(actor) == 1, actor
+    sh(guest, f"kill -STOP {actor[0]}")
+    deadline = time.monotonic() + 300  # a check every 30 s, the 60 s timeout, Ray's ~50 s start
+    while True:
+        now = show(guest, "MainPID", "NRestarts", "SubState", "StatusText", unit=COORDINATOR)
+        if now["NRestarts"] != first["NRestarts"] and now["SubState"] == "running" or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    assert now["NRestarts"] == str(int(first["NRestarts"]) + 1) and now["MainPID"] != first["MainPID"], (first, now)
+    assert now["StatusText"].startswith("serving "), now
+    entries = journal(guest, before, unit=COORDINATOR)
+    said = manager_lines(entries)
+    assert any("Watchdog timeout" in m for m in said), said[-20:]
+    # the foreground said so when its check first failed (under load that may have been a moment
+    # before the stop: it says it once per outage), and the endpoint never answered again
+    said_by_it = [(str(e.get("MESSAGE")), e.get("PRIORITY")) for e in
+                  journal(guest, unit=COORDINATOR, _PID=first["MainPID"], _TRANSPORT="stdout")]
+    warned = [i for i, (m, _) in enumerate(said_by_it) if "the endpoint does not answer" in m]
+    assert warned and said_by_it[warned[-1]][1] == "4", said_by_it[-20:]
+    assert not any("answers again" in m for m, _ in said_by_it[warned[-1]:]), said_by_it[warned[-1]:]
+    assert any("endpoint not answering" in m for m in manager_lines(journal(guest, unit=COORDINATOR))
+               if "STATUS=" in m), "no STATUS= naming the failing endpoint"
+    assert json.loads(sh(guest, "linkpass status -o json"))["fabric"]["hosts"] == 4
 
 
 def test_apt_remove_stops_the_units_and_purge_keeps_the_operators_files(guest, installed):
