@@ -9,22 +9,19 @@ down and 30 % one-way loss, moving its traffic to other queue pairs and back. Th
 builds the guest image (minutes; cached afterwards)."""
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import subprocess
 import time
 
 import pytest
 
 from linkpass.core.names import host_name
 from linkpass.kernel import netns as ns_io
-from linkpass.testbed import agents, build, faults, guest_ring, guests, roce_paths, topology
+from linkpass.testbed import agents, build, faults, guest_ring, guests, roce_paths
 from linkpass.testbed.faults import FaultSpec
 
 from support.coordinator import coordinator_client
 from support.ports import free_port
-from support.testbed import prefix_for
+from support.testbed import guest_fabric
 from support.waiting import wait_until
 
 
@@ -34,19 +31,8 @@ GUEST_ENV = roce_paths.GUEST_ENV
 
 @pytest.fixture(scope="module")
 def rfab():
-    prefix = prefix_for("r")
-    build.clean(prefix)
-    spec = dataclasses.replace(topology.preset("default"), rdma_hosts=(GA, GB))
-    fab = build.up(spec, prefix, progress=print)
-    try:
+    with guest_fabric("r", (GA, GB)) as fab:
         yield fab
-    finally:
-        build.down(prefix)
-        # nothing of the guests is left: no QEMU, no TAP, no work directory
-        left = subprocess.run(["pgrep", "-f", f"-name {prefix}-h"], capture_output=True, text=True).stdout.split()
-        assert not left, left
-        assert not build.root_links_with_prefix(prefix)
-        assert not os.path.exists(guests.guests_root(prefix))
 
 
 @pytest.fixture(scope="module")

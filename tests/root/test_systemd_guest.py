@@ -25,7 +25,6 @@ it to register): the guest boots in about 25 s, the agent is ready in about 10, 
 about 130 s and the coordinator is ready about 50 s after its start."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shutil
@@ -36,11 +35,11 @@ from pathlib import Path
 import pytest
 
 from linkpass.formats import yaml_doc as yaml
-from linkpass.testbed import build, guests, topology
+from linkpass.testbed import guests
 from linkpass.testbed.agents import LINKPASS, write_agent_configs
 
 from support.processes import stop_processes
-from support.testbed import prefix_for
+from support.testbed import guest_fabric
 
 GUEST, PEER = 0, 2  # on different leaves: probes cross the spines
 KEY = bytes(range(32))
@@ -75,16 +74,8 @@ print("gone", flush=True)
 
 @pytest.fixture(scope="module")
 def sfab():
-    prefix = prefix_for("s")
-    build.clean(prefix)
-    spec = dataclasses.replace(topology.preset("default"), rdma_hosts=(GUEST,), guest_image="systemd")
-    fab = build.up(spec, prefix, progress=print)
-    try:
+    with guest_fabric("s", (GUEST,), "systemd") as fab:
         yield fab
-    finally:
-        build.down(prefix)
-        left = subprocess.run(["pgrep", "-f", f"-name {prefix}-h"], capture_output=True, text=True).stdout.split()
-        assert not left, left
 
 
 @pytest.fixture(scope="module")
