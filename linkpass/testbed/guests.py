@@ -71,10 +71,10 @@ class Image:
 
     @property
     def cmdline(self) -> str:
-        """The kernel's command line: the systemd image boots systemd from the initramfs, the
-        other one its own ./init."""
+        """The kernel's command line: the systemd image boots systemd from the initramfs (with
+        udev's interface naming off: setup.sh names the NICs), the other one its own ./init."""
         base = "console=ttyS0 panic=-1 quiet"
-        return base + " rdinit=/lib/systemd/systemd" if self.profile == "systemd" else base
+        return base + " rdinit=/lib/systemd/systemd net.ifnames=0" if self.profile == "systemd" else base
 
     @property
     def mem_mb(self) -> int:
@@ -163,8 +163,10 @@ def setup_script(fab: Fabric, host: int, soft_roce: bool = True) -> str:
     node = host_name(host)
     q = shlex.quote
     lines = ["set -eu",
-             'rename() { for d in /sys/class/net/*; do if [ "$(cat "$d/address")" = "$1" ]; then '
-             'ip link set "$(basename "$d")" name "$2"; return 0; fi; done; echo "no NIC with MAC $1" >&2; return 1; }']
+             # a NIC another renamer (udev) moves under the loop is looked for again, for up to 5 s
+             'rename() { for _ in $(seq 50); do for d in /sys/class/net/*; do '
+             'if [ "$(cat "$d/address" 2>/dev/null)" = "$1" ]; then ip link set "$(basename "$d")" name "$2" && return 0; fi; '
+             'done; sleep 0.1; done; echo "no NIC with MAC $1" >&2; return 1; }']
     for ifname, mac in nic_macs(fab, host):
         lines.append(f"rename {mac} {ifname}")
     for key, value in fab.nodes[node].sysctls:

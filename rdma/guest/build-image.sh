@@ -219,12 +219,15 @@ if [[ $PROFILE == systemd ]]; then
 [Unit]
 Description=LinkPass guest setup (shares, addresses, Soft-RoCE) and its control port
 DefaultDependencies=no
-After=systemd-udevd.service systemd-journald.socket
+After=systemd-udevd.service systemd-udev-trigger.service systemd-journald.socket
 Before=multi-user.target
 
 [Service]
 Type=simple
 Environment=LINKPASS_GUEST_SOFT_ROCE=0
+# setup.sh renames the NICs by MAC: udev must have handled their add events first, or it renames
+# them again after us (the kernel's net.ifnames=0 keeps it from naming them at all)
+ExecStartPre=-/bin/udevadm settle --timeout=60
 ExecStart=/init
 KillMode=process
 

@@ -63,12 +63,17 @@ def settle(lab) -> None:
 
 
 def test_a_healthy_fabric_fires_nothing(lab):
+    prom = lab[2]
     settle(lab)
     start = time.time()
     time.sleep(20)
-    fired = lab[2].firing_spans(start, time.time())
+    # Nothing on its way to firing either. A path seen down at a single scrape (probes lost or late
+    # while this shared 2-core host is busy) is pending for one evaluation and clears well
+    # before its `for`; a state that stays pending would fire, and any that fired is in the spans.
+    wait_until(lambda: not [a for a in prom.alerts() if a["state"] == "pending"], 15,
+               "every pending alert to clear", prom.alerts)
+    fired = prom.firing_spans(start, time.time())
     assert not fired, fired
-    assert not [a for a in lab[2].alerts() if a["state"] == "pending"]
 
 
 # (fault, the alert it must fire): one of each kind the testbed makes
