@@ -1,8 +1,8 @@
 /*
  * entropy_table.h: the C reader of the LinkPass entropy table (docs/entropy-table.md), header-only.
  *
- * One reader for every C consumer: the `entropy_reader` command (rdma/entropy_reader.c) and the
- * NCCL net plugin (rdma/nccl/) include this file. Map the file read-only, take a consistent copy
+ * One reader for every C consumer: the `entropy_reader` command (rdma/entropy_reader.c), the
+ * NCCL net plugin (rdma/nccl/) and the steering shim (rdma/steer/) include this file. Map the file read-only, take a consistent copy
  * with the seqlock reader protocol (acquire load of seq, relaxed word copies, acquire fence,
  * re-load seq), look entries up in the copy. Never writes to the file, never blocks the writer.
  * No global state: every result and diagnostic lives in the caller's struct lpe_table.
