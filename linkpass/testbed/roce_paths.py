@@ -9,6 +9,7 @@ QP's packets carried exactly the port it was steered to.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -155,3 +156,90 @@ def channel_under_fault(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Cont
     served = [ln for ln in ctl_b.log("ch-serve").splitlines() if ln.startswith('{"delivered"')]
     return ChannelRun(json.loads(done[-1]), json.loads(served[-1]) if served else {},
                       [p for p in cap.packets if p.outgoing and p.src == addr_a and p.dst == addr_b])
+
+
+# ---- unmodified verbs programs under the steering shim (rdma/steer/) -------------------------------
+
+STEER_SHIM = "/opt/linkpass/rdma/nccl/build/liblinkpass-steer.so"
+WRITE_BW_PORT = 18600
+RC_OPCODES = range(0x00, 0x20)  # the BTH opcodes of reliable-connected traffic (a UD probe is 0x64)
+
+
+@dataclass(frozen=True)
+class QpPath:
+    """One RC QP's traffic as the wire saw it: the destination QP its packets named, the source
+    ports they carried and the spine ports of the sender's leaf they left on."""
+
+    dst_qpn: int
+    sports: tuple[int, ...]
+    spines: tuple[str, ...]
+    packets: int
+
+
+@dataclass
+class WriteBwRun:
+    rc: tuple[int, int]  # server's (-1: still running 30 s after the client), client's
+    output: str  # the ends of the client's output and stderr, then of the server's
+    steer_log: str  # both sides' shim lines (empty without the shim)
+    forward: dict[int, QpPath]  # a -> b, by b's QP number
+    reverse: dict[int, QpPath]  # b -> a, by a's QP number
+
+
+def qp_paths(packets, src: str, dst: str) -> dict[int, QpPath]:
+    """Per destination QP, the RC packets from src to dst that a leaf sent towards the spines."""
+    by_qp: dict[int, list] = {}
+    for p in packets:
+        if p.outgoing and p.src == src and p.dst == dst and p.qpn is not None and p.opcode in RC_OPCODES:
+            by_qp.setdefault(p.qpn, []).append(p)
+    return {q: QpPath(q, tuple(sorted({p.sport for p in ps})), tuple(sorted({p.ifname for p in ps})), len(ps))
+            for q, ps in sorted(by_qp.items())}
+
+
+def wait_listening(ctl: Control, port: int, what: str, detail=lambda: "", timeout_s: float = 60.0) -> None:
+    """Until a TCP socket in the guest listens on `port` (a program that prints only when its
+    output is flushed says nothing sooner)."""
+    wait_until(lambda: ctl.run(["ss", "-Hltn", f"sport = :{port}"]).stdout.strip() != "", timeout_s,
+               f"{what} listening on TCP port {port}", detail, poll_s=1.0)
+
+
+def write_bw(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control, qps: int, shim: bool, tag: str,
+             table: str = GUEST_TABLE, iters: int = 200, size: int = 4096, plane: int = 0) -> WriteBwRun:
+    """perftest's ib_write_bw from guest a to guest b with `qps` queue pairs on plane `plane`,
+    both sides preloaded with the steering shim or not, while both leaves' spine ports are
+    captured."""
+    addr_a, addr_b = fab.nic_addr(a, plane), fab.nic_addr(b, plane)
+    gid = {}
+    for h, ctl, addr in ((a, ctl_a, addr_a), (b, ctl_b, addr_b)):
+        out = ctl.check(["python3", "-c", "import sys; from linkpass.kernel.rdma import Device; "
+                         "d = Device.for_address(sys.argv[1]); print(d.name, d.gid_index)", addr], env=GUEST_ENV)
+        gid[h] = out.split()
+    env = {"LD_PRELOAD": STEER_SHIM, "LINKPASS_ENTROPY_TABLE": table, "LINKPASS_STEER_LOG": "stderr"} if shim else {}
+    # -u 20: an ACK timeout of 4 s (perftest's default, 67 ms, is shorter than an emulated guest's
+    # stalls beside an agent: the QPs would error out on a healthy path)
+    common = ["-q", str(qps), "-s", str(size), "-n", str(iters), "-p", str(WRITE_BW_PORT), "-F", "-u", "20"]
+    name = f"wbw-{tag}"
+    ctl_b.spawn(name, ["ib_write_bw", "-d", gid[b][0], "-x", gid[b][1], *common], env=env)
+    leaf_a, ups_a = spine_ports(fab, a, plane)
+    leaf_b, ups_b = spine_ports(fab, b, plane)
+    try:
+        wait_listening(ctl_b, WRITE_BW_PORT, "ib_write_bw's server", lambda: ctl_b.log(name)[-500:])
+        with Capture(fab.netns(leaf_a), ups_a, ROCE_V2_DPORT, limit=1_000_000) as cap_a, \
+                Capture(fab.netns(leaf_b), ups_b, ROCE_V2_DPORT, limit=1_000_000) as cap_b:
+            # the QPs' addresses travel over TCP to the management address: a fabric fault must not
+            # cut the exchange that precedes the RDMA traffic under test
+            res = ctl_a.run(["ib_write_bw", "-d", gid[a][0], "-x", gid[a][1], *common, fab.mgmt_addr(b)],
+                            timeout_s=240, env=env)
+        rc_b = None
+        deadline = time.monotonic() + 30
+        while rc_b is None and time.monotonic() < deadline:  # signal 0: its exit code, None while it runs
+            rc_b = ctl_b.kill(name, 0)
+            time.sleep(0.5 if rc_b is None else 0)
+    finally:
+        ctl_b.kill(name)
+    server = ctl_b.log(name)
+    # the shim's lines, also where one landed in the middle of a line of the program's buffered stdout
+    steer = "\n".join(re.findall(r"linkpass-steer\[\d+\]: [^\n]*", res.stderr + "\n" + server))
+    return WriteBwRun((-1 if rc_b is None else rc_b, res.rc),
+                      f"{res.stdout[-1500:]}\n--- its stderr ---\n{res.stderr[-1500:]}\n--- server ---\n{server[-1500:]}",
+                      steer,
+                      qp_paths(cap_a.packets, addr_a, addr_b), qp_paths(cap_b.packets, addr_b, addr_a))

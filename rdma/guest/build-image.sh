@@ -25,7 +25,9 @@ SUITE=bookworm
 MIRROR=${LINKPASS_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # iproute2, procps and python3 are also what the fleet package depends on: it installs in both
 # images (dpkg into this root; apt inside the systemd guest, which has no network to fetch them)
-REQUIRED_PACKAGES=(rdma-core ibverbs-providers ibverbs-utils python3-pyverbs iproute2 procps kmod tcpdump python3)
+# perftest (ib_write_bw) and ibverbs-utils (ibv_rc_pingpong): verbs programs no one here wrote, which
+# the steering shim (rdma/steer/) is tested under
+REQUIRED_PACKAGES=(rdma-core ibverbs-providers ibverbs-utils perftest python3-pyverbs iproute2 procps kmod tcpdump python3)
 # What the LinkPass agent imports when it runs inside a guest; left out (and said so) where the
 # suite lacks one.
 OPTIONAL_PACKAGES=(python3-pyroute2 python3-prometheus-client python3-yaml)

@@ -17,6 +17,7 @@ import pytest
 from linkpass.core.names import host_name
 from linkpass.kernel import netns as ns_io
 from linkpass.testbed import agents, build, faults, guest_ring, guests, roce_paths
+from linkpass.testbed.capture import Capture
 from linkpass.testbed.faults import FaultSpec
 
 from support.coordinator import coordinator_client
@@ -353,6 +354,104 @@ def test_agents_in_guests_detect_each_fault_through_verbs_with_its_reason_and_di
             assert not bad0, bad0
     finally:
         faults.clear(rfab.prefix)
+
+
+# ---- unmodified verbs programs under the steering shim (rdma/steer/, docs/steer.md) ---------------
+
+def _spread_ready(ctl, rfab, want: int) -> tuple[list[int], list[int]]:
+    """Both guests' table ports towards each other on plane 0, once each lists `want` of them."""
+    addr_a, addr_b = rfab.nic_addr(GA, 0), rfab.nic_addr(GB, 0)
+    got: dict = {}
+
+    def ready() -> bool:
+        got["a"] = roce_paths.healthy_ports(ctl[GA], addr_b)
+        got["b"] = roce_paths.healthy_ports(ctl[GB], addr_a)
+        return len(got["a"]) == want and len(got["b"]) == want
+    roce_paths.wait_until(ready, 150, f"both tables to list {want} healthy port(s) on plane 0", lambda: got, poll_s=2)
+    return got["a"], got["b"]
+
+
+def _spread(paths) -> dict[str, int]:
+    """QPs per spine port, each QP on exactly one."""
+    out: dict[str, int] = {}
+    for qp in paths.values():
+        assert len(qp.sports) == 1 and len(qp.spines) == 1, qp  # one port, one spine per QP
+        out[qp.spines[0]] = out.get(qp.spines[0], 0) + 1
+    return out
+
+
+def test_ib_write_bw_under_the_shim_spreads_its_qps_evenly_over_the_spines_per_the_table(rfab, ctl, guest_agents):
+    """perftest's ib_write_bw with 8 QPs, a program no one here wrote, preloaded with the shim on
+    both sides: every QP's packets carry a port of the agent's table for that peer, the table's
+    ports in turn (4 QPs each), so 4 QPs cross each spine in each direction. Without the shim,
+    the same run: each QP carries the port the kernel derives from the two QP numbers."""
+    from linkpass_rdma.steer import qp_sport
+
+    table_a, table_b = _spread_ready(ctl, rfab, 2)
+    plain = roce_paths.write_bw(rfab, GA, GB, ctl[GA], ctl[GB], 8, False, "plain")
+    steered = roce_paths.write_bw(rfab, GA, GB, ctl[GA], ctl[GB], 8, True, "steered")
+    for run in (plain, steered):
+        assert run.rc == (0, 0), run.output
+        assert len(run.forward) == 8 and len(run.reverse) == 8, (run.forward, run.reverse)
+    # with the shim: the table's ports, in turn, and so both spines evenly, both ways
+    for paths, table in ((steered.forward, table_a), (steered.reverse, table_b)):
+        used = sorted(qp.sports[0] for qp in paths.values())
+        assert used == sorted(table * 4), (used, table)
+        assert _spread(paths) == {"s0": 4, "s1": 4}, paths
+    assert steered.steer_log.count("steered to source port") == 16, steered.steer_log
+    assert steered.steer_log.count("8 QP transition(s) to RTR: steered 8") == 2, steered.steer_log
+    # without it: where the hash of the QP numbers puts them (and no shim line)
+    assert plain.steer_log == ""
+    a_qpns = sorted(plain.reverse)  # A's QPs: what B's packets name
+    for qpn_b, qp in plain.forward.items():
+        assert any(qp_sport(0, qpn_a, qpn_b) == qp.sports[0] for qpn_a in a_qpns), (qpn_b, qp, a_qpns)
+    print("ib_write_bw -q 8, QPs per spine (A->B, B->A): without the shim", _spread(plain.forward),
+          _spread(plain.reverse), "with it", _spread(steered.forward), _spread(steered.reverse))
+
+
+def test_ibv_rc_pingpong_under_the_shim_takes_the_tables_first_port_both_ways(rfab, ctl, guest_agents):
+    """ibverbs-utils' ibv_rc_pingpong: one RC QP each side, steered to the first port of its
+    table's entry for the other (its first QP to that peer), on the wire in both directions."""
+    table_a, table_b = _spread_ready(ctl, rfab, 2)
+    addr_a, addr_b = rfab.nic_addr(GA, 0), rfab.nic_addr(GB, 0)
+    gid = {h: ctl[h].check(["python3", "-c", "import sys; from linkpass.kernel.rdma import Device; "
+                            "d = Device.for_address(sys.argv[1]); print(d.name, d.gid_index)", a],
+                           env=GUEST_ENV).split() for h, a in ((GA, addr_a), (GB, addr_b))}
+    env = {"LD_PRELOAD": roce_paths.STEER_SHIM, "LINKPASS_ENTROPY_TABLE": TABLE, "LINKPASS_STEER_LOG": "stderr"}
+    ctl[GB].spawn("pingpong", ["ibv_rc_pingpong", "-d", gid[GB][0], "-g", gid[GB][1], "-n", "50", "-p", "18610"],
+                  env=env)
+    leaf_a, ups_a = roce_paths.spine_ports(rfab, GA, 0)
+    leaf_b, ups_b = roce_paths.spine_ports(rfab, GB, 0)
+    try:
+        roce_paths.wait_listening(ctl[GB], 18610, "ibv_rc_pingpong's server", lambda: ctl[GB].log("pingpong")[-500:])
+        with Capture(rfab.netns(leaf_a), ups_a, roce_paths.ROCE_V2_DPORT) as cap_a, \
+                Capture(rfab.netns(leaf_b), ups_b, roce_paths.ROCE_V2_DPORT) as cap_b:
+            res = ctl[GA].run(["ibv_rc_pingpong", "-d", gid[GA][0], "-g", gid[GA][1], "-n", "50", "-p", "18610",
+                               rfab.mgmt_addr(GB)], timeout_s=120, env=env)
+    finally:
+        ctl[GB].kill("pingpong")
+    assert res.rc == 0, res.stdout + res.stderr
+    fwd, rev = roce_paths.qp_paths(cap_a.packets, addr_a, addr_b), roce_paths.qp_paths(cap_b.packets, addr_b, addr_a)
+    assert [qp.sports for qp in fwd.values()] == [(table_a[0],)], fwd
+    assert [qp.sports for qp in rev.values()] == [(table_b[0],)], rev
+    assert "steered to source port %d" % table_a[0] in res.stderr, res.stderr
+    assert "steered to source port %d" % table_b[0] in ctl[GB].log("pingpong")
+
+
+def test_with_a_spine_link_down_before_they_start_no_steered_qp_lands_on_it(rfab, ctl, guest_agents):
+    """A's leaf loses its link to spine 0 before ib_write_bw starts: once the agents have taken
+    that spine's paths out of their tables, the 8 QPs of each side all take spine 1, and the run
+    completes. (Without the shim, the QPs the hash puts on spine 0 would lose every packet.)"""
+    _spread_ready(ctl, rfab, 2)
+    leaf_a, _ = roce_paths.spine_ports(rfab, GA, 0)
+    faults.apply(rfab.prefix, FaultSpec("down", rfab.leaf_spine(leaf_a, 0).name))
+    try:
+        _spread_ready(ctl, rfab, 1)
+        run = roce_paths.write_bw(rfab, GA, GB, ctl[GA], ctl[GB], 8, True, "one-spine")
+    finally:
+        faults.clear(rfab.prefix)
+    assert run.rc == (0, 0), run.output
+    assert _spread(run.forward) == {"s1": 8} and _spread(run.reverse) == {"s1": 8}, (run.forward, run.reverse)
 
 
 # ---- the NCCL plugin's verbs lanes --------------------------------------------------------------
