@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "/opt/linkpass"          # the package's own tree
 VENV = f"{PREFIX}/venv"           # the OS python3's venv holding LinkPass and its dependencies
+RDMA_LIBS = ("libnccl-net-linkpass.so", "liblinkpass-steer.so")  # built by make -C rdma/nccl, shipped in PREFIX/lib
 OS_PYTHON = "/usr/bin/python3"    # Debian's interpreter: the venv must not point into a build machine's Python
 
 
@@ -108,8 +109,8 @@ def deb_layout() -> list[tuple[str, str, int]]:
     rows += [(f, f"/usr/share/doc/linkpass/{f.name}", 0o644) for f in sorted((REPO / "docs").glob("*.md"))]
     rows.append((REPO / "README.md", "/usr/share/doc/linkpass/README.md", 0o644))
     rows.append((REPO / "LICENSE", "/usr/share/doc/linkpass/copyright", 0o644))
-    rows.append((REPO / "rdma" / "nccl" / "build" / "libnccl-net-linkpass.so",
-                 f"{PREFIX}/lib/libnccl-net-linkpass.so", 0o644))
+    for lib in RDMA_LIBS:  # the NCCL net plugin; the steering shim for unmodified verbs programs
+        rows.append((REPO / "rdma" / "nccl" / "build" / lib, f"{PREFIX}/lib/{lib}", 0o644))
     return [(str(a), b, m) for a, b, m in rows]
 
 
@@ -202,9 +203,8 @@ def build_deb(out: Path, wheel: Path | None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     wheel = wheel or build_wheel(out)
     ver, arch = version(), deb_arch()
-    plugin = REPO / "rdma" / "nccl" / "build" / "libnccl-net-linkpass.so"
-    if not plugin.exists():
-        step("building the NCCL net plugin (make -C rdma/nccl)")
+    if not all((REPO / "rdma" / "nccl" / "build" / lib).exists() for lib in RDMA_LIBS):
+        step("building the NCCL net plugin and the steering shim (make -C rdma/nccl)")
         run(["make", "-s", "-C", str(REPO / "rdma" / "nccl")])
     with tempfile.TemporaryDirectory(prefix="linkpass-deb-") as tmp:
         root = Path(tmp) / "root"

@@ -99,7 +99,8 @@ def test_deb_carries_the_venv_units_plugin_docs_and_safe_scripts(dist, tmp_path)
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     paths = {ln.split()[5].removeprefix(".") for ln in listing.splitlines()}
     want = {"/opt/linkpass/venv/bin/linkpass", "/opt/linkpass/bin/linkpass", "/usr/bin/linkpass",
-            "/opt/linkpass/lib/libnccl-net-linkpass.so", "/lib/systemd/system/linkpass-agent.service",
+            "/opt/linkpass/lib/libnccl-net-linkpass.so", "/opt/linkpass/lib/liblinkpass-steer.so",
+            "/lib/systemd/system/linkpass-agent.service",
             "/lib/systemd/system/linkpass-coordinator.service", "/usr/share/doc/linkpass/copyright",
             "/usr/share/doc/linkpass/failover.md", "/usr/share/linkpass/prometheus/linkpass-rules.yml",
             "/usr/share/linkpass/grafana/linkpass-fleet.json", "/usr/share/doc/linkpass/examples/agent-fleet.yaml",
