@@ -4,9 +4,11 @@ protocol for them (observe/sdnotify.py; docs/systemd.md).
 
 - READY=1 once the endpoint answers `GET /v1/healthz` on this host (the actor being created is
   not enough: its server must accept connections).
-- WATCHDOG=1 every half watchdog timeout while the endpoint still answers: a dead or wedged
-  actor, or an event loop that no longer serves, stops the pings, and systemd restarts the unit
-  (Ray restarts a dead actor by itself first; the timeout leaves it the time to).
+- WATCHDOG=1 after each check the endpoint answers, checking six times per watchdog timeout:
+  a dead or wedged actor, or an event loop that no longer serves, stops the pings, and systemd
+  restarts the unit (Ray restarts a dead actor by itself first; the timeout leaves it the time
+  to). One check that fails or times out on a busy host must not: at two checks per timeout the
+  next answer would come a timeout and a check's duration after the last ping, too late.
 - STOPPING=1 when SIGTERM or Ctrl-C ends the wait; the caller then stops the actor and Ray.
 
 The health check is this host talking to its own child over loopback: it sends no token, and
@@ -28,6 +30,9 @@ from ..observe.sdnotify import Notifier
 from ..control.tls import LOCAL_CLIENT, lab_dir, lab_paths
 
 CHECK_TIMEOUT_S = 5.0
+# k failed checks in a row (each up to CHECK_TIMEOUT_S) leave (k + 1) x timeout/6 + k x 5 s between
+# pings: 60 s of watchdog tolerates three (55 s), the fourth restarts the unit
+CHECKS_PER_WATCHDOG = 6
 START_CHECK_EVERY_S = 0.5  # until the endpoint first answers
 SLICE_S = 0.5  # the wait's granularity: `end` and signals are seen this quickly
 
@@ -99,7 +104,7 @@ def hold(url: str, settings: dict, end: float | None, notifier: Notifier | None 
     STOPPING=1 has been sent; the caller stops the actor."""
     n = notifier if notifier is not None else Notifier()
     ready = not n.enabled  # without a service manager there is nobody to tell
-    interval = None if n.watchdog_s is None else n.watchdog_s / 2
+    interval = None if n.watchdog_s is None else n.watchdog_s / CHECKS_PER_WATCHDOG
     next_check = clock()
     failing: str | None = None
     try:

@@ -209,12 +209,54 @@ def test_the_coordinator_is_ready_once_its_endpoint_answers_and_pings_while_it_d
     got.extend(received(sock))
     assert n.failed == 0
     assert got[0] == "READY=1\nSTATUS=serving https://0.0.0.0:9470", got
-    assert checks[:4] == [0.0, 0.5, 1.0, 1.5]  # every 0.5 s until it answers, then every 5 s
-    assert checks[4] - checks[3] == pytest.approx(5.0)
+    assert checks[:4] == [0.0, 0.5, 1.0, 1.5]  # every 0.5 s until it answers, then a sixth of the timeout
+    assert 10.0 / 6 <= checks[4] - checks[3] <= 10.0 / 6 + F.SLICE_S  # seen at the wait's next slice
     assert got.count("STATUS=endpoint not answering: wedged; watchdog pings withheld") == 1
     pings = [m for m in got if m == "WATCHDOG=1"]
     assert len(pings) == len(checks) - 3 - 2  # one per healthy check, none while it failed
     assert got[-1] == "STOPPING=1\nSTATUS=stopping: the actor and the local Ray instance"
+
+
+def _ping_gaps(notify_socket, failing: set[int], watchdog_s: float = 60.0, until_s: float = 400.0) -> list[float]:
+    """The coordinator's foreground under a watchdog of `watchdog_s`, its endpoint failing the
+    checks numbered in `failing` (each failure a timed-out check: the clock moves by the check's
+    timeout); the gaps between READY and the WATCHDOG pings, in simulated seconds."""
+    sock, path = notify_socket
+    now = [0.0]
+    checks = [0]
+    sent_at = []
+
+    def problem(url, settings):
+        checks[0] += 1
+        if checks[0] in failing:
+            now[0] += F.CHECK_TIMEOUT_S
+            return "timed out"
+        return None
+
+    def sleep(s):
+        sent_at.extend(now[0] for m in received(sock) if m == "WATCHDOG=1" or m.startswith("READY=1"))
+        now[0] += s
+        if now[0] > until_s:
+            raise KeyboardInterrupt
+
+    n = N.Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": str(int(watchdog_s * 1e6))}, pid=1)
+    F.hold("https://0.0.0.0:9470", {}, None, notifier=n, problem=problem, clock=lambda: now[0], sleep=sleep)
+    return [b - a for a, b in zip(sent_at, sent_at[1:])] + [until_s - sent_at[-1]]
+
+
+def test_one_slow_failed_check_of_a_busy_coordinator_does_not_let_the_watchdog_fire(notify_socket):
+    """systemd kills the unit when WatchdogSec (60 s) passes without a ping. A single health check
+    that times out (5 s) on a busy host must leave the next ping well inside that; so must two in
+    a row. Checking every half timeout, one such check put the next ping at 65 s: a restart."""
+    for failing in ({5}, {5, 6}, {9, 10}):
+        gaps = _ping_gaps(notify_socket, failing)
+        assert max(gaps) < 60.0 - F.CHECK_TIMEOUT_S, (failing, gaps)
+
+
+def test_an_endpoint_that_keeps_failing_stops_the_pings_for_the_watchdog_timeout(notify_socket):
+    gaps = _ping_gaps(notify_socket, set(range(5, 1000)), until_s=200.0)
+    assert gaps[-1] >= 60.0, gaps  # the last ping was before the failures began: systemd restarts it
+    assert max(gaps[:-1]) <= 10.0 + 1e-9, gaps  # while it answered: a ping every sixth of the timeout
 
 
 def test_the_coordinator_without_a_service_manager_just_waits(monkeypatch):
