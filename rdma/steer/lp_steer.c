@@ -112,7 +112,8 @@ static int lps_gid_is_roce_v2(const char *dev, unsigned port, unsigned index) {
     return got > 0 && strncmp(buf, "RoCE v2", 7) == 0;
 }
 
-/* A consistent copy of a trusted table in S.t, or 0 (the reason logged when it changes). */
+/* A consistent copy of a trusted table in S.t, or 0 (why not logged at each attempt; a missing or refused
+ * table is opened again at most once per LPS_REOPEN_NS). */
 static int lps_table(void) {
     if (S.table_open && lpe_retired(&S.t)) {
         lpe_close(&S.t);
