@@ -5,8 +5,9 @@ on the wire (both directions), each port keeps to one spine, the mlx5-only re-pa
 refused on rxe, LinkPass agents inside the guests probe through verbs (UD QPs) and write an
 entropy table that a channel of RC QPs follows off a dead spine link, verbs programs no one here
 wrote (perftest's ib_write_bw, ibv_rc_pingpong) put their QPs on that table's ports, spread over
-the spines, through the steering shim, and the NCCL plugin's verbs lanes carry a ring all-reduce between the guests through an uplink cut, a leaf-spine link
-down and 30 % one-way loss, moving its traffic to other queue pairs and back. The first run
+the spines, through the steering shim, and the NCCL plugin's verbs lanes carry a ring all-reduce
+between the guests through an uplink cut, a leaf-spine link down and 30 % one-way loss, moving
+its traffic to other queue pairs and back. The first run
 builds the guest image (minutes; cached afterwards)."""
 from __future__ import annotations
 
