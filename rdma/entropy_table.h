@@ -313,4 +313,14 @@ static inline const uint8_t *lpe_find(const struct lpe_table *t, int family, con
     return NULL;
 }
 
+/* The entry for a peer address on whichever plane has it, or NULL: a NIC address belongs to one
+ * plane, so a caller that knows only the peer's address (a QP's destination GID) finds its plane. */
+static inline const uint8_t *lpe_find_peer(const struct lpe_table *t, int family, const uint8_t addr[16]) {
+    for (uint32_t i = 0; i < t->count; i++) {
+        const uint8_t *e = t->entries + (size_t)i * LPE_ENTRY_SIZE;
+        if (e[LPE_E_FAMILY] == family && memcmp(e + LPE_E_ADDR, addr, 16) == 0) return e;
+    }
+    return NULL;
+}
+
 #endif

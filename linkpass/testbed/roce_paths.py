@@ -195,6 +195,21 @@ def qp_paths(packets, src: str, dst: str) -> dict[int, QpPath]:
             for q, ps in sorted(by_qp.items())}
 
 
+def rdma_device(ctl: Control, addr: str) -> tuple[str, str]:
+    """(RDMA device, RoCE v2 GID index) of the guest NIC that has `addr`, as a verbs program's
+    -d and -x/-g options take them."""
+    name, gid_index = ctl.check(["python3", "-c", "import sys; from linkpass.kernel.rdma import Device; "
+                                 "d = Device.for_address(sys.argv[1]); print(d.name, d.gid_index)", addr],
+                                env=GUEST_ENV).split()
+    return name, gid_index
+
+
+def steer_env(table: str = GUEST_TABLE) -> dict[str, str]:
+    """A guest program's environment with the steering shim preloaded, following `table`, its
+    lines on stderr."""
+    return {"LD_PRELOAD": STEER_SHIM, "LINKPASS_ENTROPY_TABLE": table, "LINKPASS_STEER_LOG": "stderr"}
+
+
 def wait_listening(ctl: Control, port: int, what: str, detail=lambda: "", timeout_s: float = 60.0) -> None:
     """Until a TCP socket in the guest listens on `port` (a program that prints only when its
     output is flushed says nothing sooner)."""
@@ -208,12 +223,8 @@ def write_bw(fab: Fabric, a: int, b: int, ctl_a: Control, ctl_b: Control, qps: i
     both sides preloaded with the steering shim or not, while both leaves' spine ports are
     captured."""
     addr_a, addr_b = fab.nic_addr(a, plane), fab.nic_addr(b, plane)
-    gid = {}
-    for h, ctl, addr in ((a, ctl_a, addr_a), (b, ctl_b, addr_b)):
-        out = ctl.check(["python3", "-c", "import sys; from linkpass.kernel.rdma import Device; "
-                         "d = Device.for_address(sys.argv[1]); print(d.name, d.gid_index)", addr], env=GUEST_ENV)
-        gid[h] = out.split()
-    env = {"LD_PRELOAD": STEER_SHIM, "LINKPASS_ENTROPY_TABLE": table, "LINKPASS_STEER_LOG": "stderr"} if shim else {}
+    gid = {a: rdma_device(ctl_a, addr_a), b: rdma_device(ctl_b, addr_b)}
+    env = steer_env(table) if shim else {}
     # -u 20: an ACK timeout of 4 s (perftest's default, 67 ms, is shorter than an emulated guest's
     # stalls beside an agent: the QPs would error out on a healthy path)
     common = ["-q", str(qps), "-s", str(size), "-n", str(iters), "-p", str(WRITE_BW_PORT), "-F", "-u", "20"]

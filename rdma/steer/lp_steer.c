@@ -145,15 +145,6 @@ static int lps_table(void) {
     return 1;
 }
 
-/* The entry for a peer address on whichever plane has it (a NIC address belongs to one plane). */
-static const uint8_t *lps_entry(int family, const uint8_t addr[16]) {
-    for (uint32_t i = 0; i < S.t.count; i++) {
-        const uint8_t *e = S.t.entries + (size_t)i * LPE_ENTRY_SIZE;
-        if (e[LPE_E_FAMILY] == family && memcmp(e + LPE_E_ADDR, addr, 16) == 0) return e;
-    }
-    return NULL;
-}
-
 static uint64_t lps_next_turn(int family, const uint8_t addr[16]) {
     unsigned h = 2166136261u;
     for (int i = 0; i < 16; i++) h = (h ^ addr[i]) * 16777619u;
@@ -174,7 +165,7 @@ LPS_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int at
     struct lps_call c = {0};
     c.to_rtr = attr && (attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTR;
     if (!c.to_rtr || S.disabled || !qp) {
-        __atomic_fetch_add(&S.verdicts[LPS_NOT_RTR], c.to_rtr ? 0 : 1, __ATOMIC_RELAXED);
+        if (!c.to_rtr) __atomic_fetch_add(&S.verdicts[LPS_NOT_RTR], 1, __ATOMIC_RELAXED);
         return S.real(qp, attr, attr_mask);
     }
     c.rc = qp->qp_type == IBV_QPT_RC;
@@ -193,22 +184,22 @@ LPS_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int at
     uint16_t sport = 0, plane = 0;
     uint32_t path = 0;
     int pick = -1;
+    /* the costlier facts (sysfs, the table) only for a call the cheap guards have not refused */
+    const uint8_t *e = NULL;
     if (c.rc && c.grh && (c.flow_label == 0 || c.override)) {
         c.roce_v2 = lps_gid_is_roce_v2(dev, port, gid_index);
-        if (c.roce_v2) c.table_ok = lps_table();
-        const uint8_t *e = c.table_ok ? lps_entry(family, addr) : NULL;
+        c.table_ok = c.roce_v2 && lps_table();
+        e = c.table_ok ? lpe_find_peer(&S.t, family, addr) : NULL;
         c.have_entry = e != NULL;
-        if (e) {
-            c.nports = e[LPE_E_NPORTS];
-            plane = lpe_get16(e + LPE_E_PLANE);
-            if (lps_judge(&c) == LPS_STEERED) {
-                pick = lps_pick(c.nports, lps_next_turn(family, addr));
-                sport = lpe_get16(e + LPE_E_PORTS + 2 * pick);
-                path = lpe_get32(e + LPE_E_PATH_IDS + 4 * pick);
-            }
-        }
+        c.nports = e ? e[LPE_E_NPORTS] : 0;
     }
     enum lps_verdict v = lps_judge(&c);
+    if (v == LPS_STEERED) {
+        pick = lps_pick(c.nports, lps_next_turn(family, addr));
+        plane = lpe_get16(e + LPE_E_PLANE);
+        sport = lpe_get16(e + LPE_E_PORTS + 2 * pick);
+        path = lpe_get32(e + LPE_E_PATH_IDS + 4 * pick);
+    }
     uint32_t label = v == LPS_STEERED ? lp_flow_label_for_sport(sport) : 0;
     if (v == LPS_STEERED && label == 0) v = LPS_NO_PORT; /* below 0xC000: no flow label reaches it */
     S.verdicts[v]++;

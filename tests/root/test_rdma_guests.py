@@ -54,9 +54,7 @@ def test_guests_boot_with_one_soft_roce_device_per_plane(rfab, ctl):
         by_dev = {entry["ifname"]: entry.get("netdev") for entry in json.loads(links)}
         assert by_dev == {"rxe_p0": "p0", "rxe_p1": "p1"}, links
         for p in range(rfab.spec.planes):
-            dev = ctl[h].check(["python3", "-c", "import sys; from linkpass_rdma.qp import Device; "
-                                "d = Device.for_address(sys.argv[1]); print(d.name, d.gid_index)",
-                                rfab.nic_addr(h, p)], env=GUEST_ENV).split()
+            dev = roce_paths.rdma_device(ctl[h], rfab.nic_addr(h, p))
             assert dev[0] == f"rxe_p{p}", dev
 
 
@@ -416,10 +414,8 @@ def test_ibv_rc_pingpong_under_the_shim_takes_the_tables_first_port_both_ways(rf
     table's entry for the other (its first QP to that peer), on the wire in both directions."""
     table_a, table_b = _spread_ready(ctl, rfab, 2)
     addr_a, addr_b = rfab.nic_addr(GA, 0), rfab.nic_addr(GB, 0)
-    gid = {h: ctl[h].check(["python3", "-c", "import sys; from linkpass.kernel.rdma import Device; "
-                            "d = Device.for_address(sys.argv[1]); print(d.name, d.gid_index)", a],
-                           env=GUEST_ENV).split() for h, a in ((GA, addr_a), (GB, addr_b))}
-    env = {"LD_PRELOAD": roce_paths.STEER_SHIM, "LINKPASS_ENTROPY_TABLE": TABLE, "LINKPASS_STEER_LOG": "stderr"}
+    gid = {GA: roce_paths.rdma_device(ctl[GA], addr_a), GB: roce_paths.rdma_device(ctl[GB], addr_b)}
+    env = roce_paths.steer_env(TABLE)
     ctl[GB].spawn("pingpong", ["ibv_rc_pingpong", "-d", gid[GB][0], "-g", gid[GB][1], "-n", "50", "-p", "18610"],
                   env=env)
     leaf_a, ups_a = roce_paths.spine_ports(rfab, GA, 0)
